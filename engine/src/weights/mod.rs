@@ -1,0 +1,9 @@
+//! Weights: what a model expects ([`TensorSpec`]), where tensors come from
+//! ([`TensorSource`]) and the path builder models use to ask for them
+//! ([`VarBuilder`], names mirroring the checkpoint's).
+
+pub mod source;
+pub mod spec;
+
+pub use source::{MapSource, TensorSource, VarBuilder, WeightError};
+pub use spec::{DType, TensorSpec};

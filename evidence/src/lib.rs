@@ -1,0 +1,22 @@
+//! Evidence for GPU video renders.
+//!
+//! This crate holds everything that both the engine and the harness must agree on,
+//! and the bundle format that outlives a run:
+//!
+//! * [`clock`]: the one clock (CLOCK_MONOTONIC, nanoseconds) that markers and
+//!   samples are stamped with.
+//! * [`marker`]: the marker protocol an engine speaks to the harness
+//!   (`specs/markers.md`), its parser and an emitter for engines.
+//! * [`sample`]: the sampler's column schema, with units and averaging windows.
+//! * [`rung`]: the rung file format (`rungs/N.toml`).
+//!
+//! ```
+//! use evidence::marker::{parse_marker_line, Marker};
+//! let m = parse_marker_line(r#"{"ev":"open","t_ns":5,"name":"load.dit"}"#).unwrap();
+//! assert!(matches!(m, Marker::Open { .. }));
+//! ```
+
+pub mod clock;
+pub mod marker;
+pub mod rung;
+pub mod sample;

@@ -1,0 +1,65 @@
+//! The harness's exit codes, stable and documented in the README.
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | success (a run: completed; verify: every check passed) |
+//! | 1 | the command ran and its answer is negative (a run not completed, a bundle that fails verify, a control that failed) |
+//! | 2 | usage or input error (bad arguments, malformed rung file, unknown bundle id) |
+//! | 3 | refused by a gate (volatile store, missing lease id, no headroom, failed instrument control) |
+//! | 4 | the harness itself failed (I/O error, full disk, internal error) |
+
+/// Success.
+pub const OK: u8 = 0;
+/// The command ran and its answer is negative.
+pub const NEGATIVE: u8 = 1;
+/// Usage or input error.
+pub const USAGE: u8 = 2;
+/// Refused by a gate.
+pub const REFUSED: u8 = 3;
+/// The harness itself failed.
+pub const INTERNAL: u8 = 4;
+
+/// An input error: a bad argument, file or id. Exit code [`USAGE`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// A gate refused to proceed. Exit code [`REFUSED`].
+#[derive(Debug, thiserror::Error)]
+#[error("refused by gate '{gate}': {why}")]
+pub struct Refusal {
+    /// The gate's name (`store-durable`, `lease`, `headroom`, ...).
+    pub gate: String,
+    /// What was found and what is required.
+    pub why: String,
+}
+
+/// The exit code for an error that ended a command.
+pub fn code_for(err: &anyhow::Error) -> u8 {
+    if err.chain().any(|e| e.is::<Refusal>()) {
+        REFUSED
+    } else if err.chain().any(|e| e.is::<UsageError>()) {
+        USAGE
+    } else {
+        INTERNAL
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyhow::Context;
+
+    #[test]
+    fn codes_follow_the_error_kind_through_context() {
+        let r: anyhow::Result<()> = Err(Refusal {
+            gate: "lease".into(),
+            why: "no lease id".into(),
+        }
+        .into());
+        assert_eq!(code_for(&r.context("starting run").unwrap_err()), REFUSED);
+        let u: anyhow::Error = UsageError("bad".into()).into();
+        assert_eq!(code_for(&u), USAGE);
+        assert_eq!(code_for(&anyhow::anyhow!("disk full")), INTERNAL);
+    }
+}

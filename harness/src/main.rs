@@ -1,0 +1,34 @@
+//! `harness`: drives engines, samples the machine, seals evidence bundles, and
+//! re-derives the lever ranking from them. See the README for the commands.
+
+use clap::{Parser, Subcommand};
+
+mod exit;
+
+/// Measure GPU video renders and keep the evidence.
+#[derive(Parser)]
+#[command(name = "harness", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Every subcommand; each lives in its own module with its own argument struct.
+#[derive(Subcommand)]
+enum Command {}
+
+fn dispatch(cli: Cli) -> anyhow::Result<u8> {
+    match cli.command {}
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match dispatch(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("harness: error: {err:#}");
+            exit::code_for(&err)
+        }
+    };
+    std::process::exit(i32::from(code));
+}
