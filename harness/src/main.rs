@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
-mod exit;
+use harness::exit;
 
 /// Measure GPU video renders and keep the evidence.
 #[derive(Parser)]
