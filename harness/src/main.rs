@@ -15,10 +15,19 @@ struct Cli {
 
 /// Every subcommand; each lives in its own module with its own argument struct.
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// (internal) the watchdog control's allocating child.
+    #[command(name = "__alloc-probe", hide = true)]
+    AllocProbe {
+        /// STEP EVERY_MS REPORT_AT MAX HOLD_MS
+        args: Vec<String>,
+    },
+}
 
 fn dispatch(cli: Cli) -> anyhow::Result<u8> {
-    match cli.command {}
+    match cli.command {
+        Command::AllocProbe { args } => Ok(harness::watchdog::alloc_probe_main(&args)),
+    }
 }
 
 fn main() {

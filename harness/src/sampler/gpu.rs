@@ -1,0 +1,300 @@
+//! The GPU through NVML (nvml-wrapper), loaded at run time.
+//!
+//! NVML is initialised once per run ([`Gpu::open`]); a missing library or driver is
+//! a reason, never a crash: every GPU column is then null with that reason. Per-call
+//! errors (GB10 answers `memory_info` with NOT_SUPPORTED) make only that column null,
+//! with the error recorded once. Energy and PCIe throughput block for milliseconds
+//! (PCIe for its 20 ms window), so they are read on the slow sub-cadence only.
+
+use std::collections::HashSet;
+
+use evidence::sample::Sample;
+use nvml_wrapper::enum_wrappers::device::{Clock, PcieUtilCounter, TemperatureSensor};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
+
+use super::Reasons;
+
+/// Every GPU column of [`evidence::sample::SAMPLE_COLUMNS`].
+pub const GPU_COLUMNS: &[&str] = &[
+    "gpu_util_pct",
+    "gpu_mem_util_pct",
+    "gpu_mem_used_bytes",
+    "gpu_mem_total_bytes",
+    "engine_gpu_mem_bytes",
+    "gpu_other_procs",
+    "gpu_power_mw",
+    "gpu_sm_clock_mhz",
+    "gpu_mem_clock_mhz",
+    "gpu_temp_c",
+    "gpu_energy_mj",
+    "gpu_pcie_tx_kibps",
+    "gpu_pcie_rx_kibps",
+];
+
+/// An initialised NVML and the index of the GPU the run uses.
+pub struct Gpu {
+    nvml: Nvml,
+    index: u32,
+}
+
+/// One process on the GPU as NVML lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuProcess {
+    /// Process id.
+    pub pid: u32,
+    /// GPU memory it holds in bytes, when the driver says.
+    pub used_bytes: Option<u64>,
+}
+
+impl Gpu {
+    /// Load NVML and open GPU `index`; the error is the reason to record.
+    pub fn open(index: u32) -> Result<Gpu, String> {
+        let nvml = Nvml::init().map_err(|e| format!("NVML unavailable: {e}"))?;
+        let count = nvml
+            .device_count()
+            .map_err(|e| format!("NVML device count: {e}"))?;
+        if index >= count {
+            return Err(format!("no GPU {index}: NVML sees {count} device(s)"));
+        }
+        nvml.device_by_index(index)
+            .map_err(|e| format!("NVML GPU {index}: {e}"))?;
+        Ok(Gpu { nvml, index })
+    }
+
+    /// The GPU's NVML handle.
+    pub fn device(&self) -> Result<Device<'_>, NvmlError> {
+        self.nvml.device_by_index(self.index)
+    }
+
+    /// The index of the GPU.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Whether the GPU shares host memory (NVML answers `memory_info` with
+    /// NOT_SUPPORTED, as GB10 does).
+    pub fn unified_memory(&self) -> bool {
+        matches!(
+            self.device().and_then(|d| d.memory_info()),
+            Err(NvmlError::NotSupported)
+        )
+    }
+
+    /// The `gpu` manifest fragment: name, uuid, driver, CUDA version, unified
+    /// memory, index. Fields NVML cannot answer are null.
+    pub fn facts(&self) -> serde_json::Value {
+        let dev = self.device().ok();
+        let cuda = self.nvml.sys_cuda_driver_version().ok().map(|v| {
+            format!(
+                "{}.{}",
+                nvml_wrapper::cuda_driver_version_major(v),
+                nvml_wrapper::cuda_driver_version_minor(v)
+            )
+        });
+        serde_json::json!({
+            "name": dev.as_ref().and_then(|d| d.name().ok()),
+            "uuid": dev.as_ref().and_then(|d| d.uuid().ok()),
+            "driver": self.nvml.sys_driver_version().ok(),
+            "cuda": cuda,
+            "unified_memory": self.unified_memory(),
+            "index": self.index,
+        })
+    }
+
+    /// The compute processes on the GPU now.
+    pub fn compute_processes(&self) -> Result<Vec<GpuProcess>, String> {
+        let procs = self
+            .device()
+            .and_then(|d| d.running_compute_processes())
+            .map_err(|e| format!("NVML running_compute_processes: {e}"))?;
+        Ok(procs
+            .into_iter()
+            .map(|p| GpuProcess {
+                pid: p.pid,
+                used_bytes: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => Some(b),
+                    UsedGpuMemory::Unavailable => None,
+                },
+            })
+            .collect())
+    }
+
+    /// The GPU utilization in percent now (for the GPU control).
+    pub fn utilization_pct(&self) -> Result<u32, String> {
+        self.device()
+            .and_then(|d| d.utilization_rates())
+            .map(|u| u.gpu)
+            .map_err(|e| format!("NVML utilization_rates: {e}"))
+    }
+}
+
+/// Reads the GPU columns of a sample through one device handle.
+pub struct GpuProbe<'a> {
+    gpu: &'a Gpu,
+    dev: Device<'a>,
+}
+
+fn set_or_note<T: Into<f64>>(
+    s: &mut Sample,
+    reasons: &mut Reasons,
+    col: &str,
+    call: &str,
+    r: Result<T, NvmlError>,
+) {
+    match r {
+        Ok(v) => {
+            s.set(col, Some(v.into()));
+        }
+        Err(e) => reasons.note(col, &format!("NVML {call}: {e}")),
+    }
+}
+
+impl<'a> GpuProbe<'a> {
+    /// A probe for `gpu`.
+    pub fn new(gpu: &'a Gpu) -> Result<Self, String> {
+        let dev = gpu.device().map_err(|e| format!("NVML device: {e}"))?;
+        Ok(GpuProbe { gpu, dev })
+    }
+
+    /// The engine's GPU memory (summed over `tree`) and the count of other compute
+    /// processes; what the watchdog's unified budget needs.
+    pub fn read_processes(&self, s: &mut Sample, reasons: &mut Reasons, tree: &HashSet<i32>) {
+        match self.gpu.compute_processes() {
+            Ok(procs) => {
+                let (mut mine, mut others, mut unknown) = (0u64, 0u64, false);
+                for p in procs {
+                    if tree.contains(&(p.pid as i32)) {
+                        match p.used_bytes {
+                            Some(b) => mine += b,
+                            None => unknown = true,
+                        }
+                    } else {
+                        others += 1;
+                    }
+                }
+                if unknown && mine == 0 {
+                    reasons.note(
+                        "engine_gpu_mem_bytes",
+                        "NVML lists the engine without its used GPU memory",
+                    );
+                } else {
+                    s.set("engine_gpu_mem_bytes", Some(mine as f64));
+                }
+                s.set("gpu_other_procs", Some(others as f64));
+            }
+            Err(e) => {
+                reasons.note("engine_gpu_mem_bytes", &e);
+                reasons.note("gpu_other_procs", &e);
+            }
+        }
+    }
+
+    /// The fast columns (cheap calls, microseconds each).
+    pub fn read_fast(&self, s: &mut Sample, reasons: &mut Reasons, tree: &HashSet<i32>) {
+        match self.dev.utilization_rates() {
+            Ok(u) => {
+                s.set("gpu_util_pct", Some(u.gpu as f64));
+                s.set("gpu_mem_util_pct", Some(u.memory as f64));
+            }
+            Err(e) => {
+                let why = format!("NVML utilization_rates: {e}");
+                reasons.note("gpu_util_pct", &why);
+                reasons.note("gpu_mem_util_pct", &why);
+            }
+        }
+        match self.dev.memory_info() {
+            Ok(m) => {
+                s.set("gpu_mem_used_bytes", Some(m.used as f64));
+                s.set("gpu_mem_total_bytes", Some(m.total as f64));
+            }
+            Err(e) => {
+                let why = format!("NVML memory_info: {e}");
+                reasons.note("gpu_mem_used_bytes", &why);
+                reasons.note("gpu_mem_total_bytes", &why);
+            }
+        }
+        self.read_processes(s, reasons, tree);
+        set_or_note(
+            s,
+            reasons,
+            "gpu_power_mw",
+            "power_usage",
+            self.dev.power_usage(),
+        );
+        set_or_note(
+            s,
+            reasons,
+            "gpu_sm_clock_mhz",
+            "clock_info(SM)",
+            self.dev.clock_info(Clock::SM),
+        );
+        set_or_note(
+            s,
+            reasons,
+            "gpu_mem_clock_mhz",
+            "clock_info(Memory)",
+            self.dev.clock_info(Clock::Memory),
+        );
+        set_or_note(
+            s,
+            reasons,
+            "gpu_temp_c",
+            "temperature(GPU)",
+            self.dev.temperature(TemperatureSensor::Gpu),
+        );
+    }
+
+    /// The slow columns: energy counter and PCIe throughput (tens of milliseconds).
+    pub fn read_slow(&self, s: &mut Sample, reasons: &mut Reasons) {
+        set_or_note(
+            s,
+            reasons,
+            "gpu_energy_mj",
+            "total_energy_consumption",
+            self.dev.total_energy_consumption().map(|v| v as f64),
+        );
+        set_or_note(
+            s,
+            reasons,
+            "gpu_pcie_tx_kibps",
+            "pcie_throughput(Send)",
+            self.dev.pcie_throughput(PcieUtilCounter::Send),
+        );
+        set_or_note(
+            s,
+            reasons,
+            "gpu_pcie_rx_kibps",
+            "pcie_throughput(Receive)",
+            self.dev.pcie_throughput(PcieUtilCounter::Receive),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_columns_exist_in_the_shared_schema() {
+        for c in GPU_COLUMNS {
+            assert!(evidence::sample::column_index(c).is_some(), "{c}");
+        }
+    }
+
+    #[test]
+    fn opening_without_nvml_is_a_reason_not_a_panic() {
+        // On a machine without the NVIDIA driver this is the only possible answer;
+        // on the GPU machine it opens GPU 0.
+        match Gpu::open(0) {
+            Ok(g) => assert_eq!(g.facts()["index"], 0),
+            Err(why) => assert!(
+                why.starts_with("NVML") || why.starts_with("no GPU"),
+                "{why}"
+            ),
+        }
+        let e = Gpu::open(u32::MAX).err().unwrap();
+        assert!(e.contains("NVML") || e.contains("no GPU"), "{e}");
+    }
+}

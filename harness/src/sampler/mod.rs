@@ -1,0 +1,505 @@
+//! The sampler: its own thread, one [`Sample`] per tick on absolute deadlines.
+//!
+//! Each tick reads, in this order: the engine's process tree (procfs), the system
+//! (meminfo, PSI, load, the harness's own CPU), the GPU (NVML; energy and PCIe only
+//! on the slow sub-cadence), and, on the slow sub-cadence, the page-cache residency
+//! of the weight files. It then derives `unified_bytes`, hands the row to the
+//! watchdog (which may kill the engine's process group on the spot), and passes it
+//! to the sink (the journal). Timestamps are [`evidence::clock::monotonic_ns`], the
+//! clock engines stamp markers with.
+//!
+//! With the observer off only what the watchdog needs is read and nothing is
+//! journaled: the arm that measures the instrument's own overhead.
+
+pub mod cadence;
+pub mod gpu;
+pub mod pagecache;
+pub mod procs;
+pub mod system;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use evidence::clock::monotonic_ns;
+use evidence::sample::Sample;
+
+use crate::watchdog::{Limits, Trip};
+use cadence::Ticker;
+use gpu::{Gpu, GpuProbe, GPU_COLUMNS};
+use pagecache::Residency;
+use procs::ProcessTree;
+use system::SystemProbe;
+
+/// Default cadence in milliseconds.
+pub const DEFAULT_CADENCE_MS: u64 = 100;
+/// Fastest cadence accepted, in milliseconds.
+pub const MIN_CADENCE_MS: u64 = 10;
+/// Slowest cadence accepted, in milliseconds.
+pub const MAX_CADENCE_MS: u64 = 10_000;
+/// The slow sub-cadence (energy, PCIe, page cache, process-tree scan) aims at this
+/// interval, in milliseconds.
+pub const SLOW_INTERVAL_MS: u64 = 1_000;
+
+/// Columns whose reading failed, each with the first reason seen.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reasons {
+    map: BTreeMap<String, String>,
+    changed: bool,
+}
+
+impl Reasons {
+    /// Record `reason` for `column` unless one is already recorded.
+    pub fn note(&mut self, column: &str, reason: &str) {
+        if !self.map.contains_key(column) {
+            self.map.insert(column.to_string(), reason.to_string());
+            self.changed = true;
+        }
+    }
+
+    /// The reasons by column.
+    pub fn map(&self) -> &BTreeMap<String, String> {
+        &self.map
+    }
+
+    /// Whether a reason was added since the last call.
+    pub fn take_changed(&mut self) -> bool {
+        std::mem::replace(&mut self.changed, false)
+    }
+
+    /// The `sensors_unavailable` fragment.
+    pub fn fragment(&self) -> serde_json::Value {
+        serde_json::to_value(&self.map).unwrap_or_default()
+    }
+}
+
+/// Where samples go (the journal in a run; nothing in a control).
+pub trait SampleSink: Send {
+    /// One row, in tick order.
+    fn sample(&mut self, s: &Sample);
+    /// The full set of unavailable-sensor reasons, whenever it grows.
+    fn unavailable(&mut self, reasons: &Reasons);
+}
+
+/// A sink that keeps nothing.
+pub struct NullSink;
+
+impl SampleSink for NullSink {
+    fn sample(&mut self, _: &Sample) {}
+    fn unavailable(&mut self, _: &Reasons) {}
+}
+
+/// How the sampler runs.
+#[derive(Debug, Clone)]
+pub struct SamplerConfig {
+    /// Interval between ticks, milliseconds ([`MIN_CADENCE_MS`]..=[`MAX_CADENCE_MS`]).
+    pub cadence_ms: u64,
+    /// Read and journal every column (on) or only the watchdog's (off).
+    pub observer: bool,
+    /// The watchdog's limits; `None` disarms it (controls of other things only).
+    pub limits: Option<Limits>,
+    /// The weight files whose page-cache residency is read.
+    pub weights: Vec<PathBuf>,
+}
+
+impl SamplerConfig {
+    /// Ticks between slow reads: about [`SLOW_INTERVAL_MS`], at least 1.
+    pub fn slow_every(&self) -> u64 {
+        (SLOW_INTERVAL_MS + self.cadence_ms / 2)
+            .checked_div(self.cadence_ms)
+            .unwrap_or(1)
+            .max(1)
+    }
+
+    /// The `sampler` manifest fragment (settings; the achieved cadence is derived
+    /// from the samples at seal).
+    pub fn fragment(&self) -> serde_json::Value {
+        serde_json::json!({
+            "cadence_ms": self.cadence_ms,
+            "slow_every": self.slow_every(),
+            "pagecache_every": self.slow_every(),
+            "observer": if self.observer { "on" } else { "off" },
+        })
+    }
+}
+
+/// What the sampler watches.
+#[derive(Debug, Clone, Copy)]
+pub struct Target {
+    /// The engine's pid (root of the process tree).
+    pub pid: i32,
+    /// The engine's process group, killed by the watchdog.
+    pub pgid: i32,
+}
+
+/// Per-tick work cost, microseconds.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct CostStats {
+    /// Ticks measured.
+    pub ticks: u64,
+    /// Median work per tick, microseconds.
+    pub median_us: f64,
+    /// 99th percentile, microseconds.
+    pub p99_us: f64,
+    /// Mean, microseconds.
+    pub mean_us: f64,
+    /// Largest, microseconds.
+    pub max_us: f64,
+}
+
+impl CostStats {
+    /// Statistics of `costs_ns`.
+    pub fn of(costs_ns: &mut [u64]) -> Self {
+        if costs_ns.is_empty() {
+            return CostStats::default();
+        }
+        costs_ns.sort_unstable();
+        let n = costs_ns.len();
+        let q = |p: f64| costs_ns[((n - 1) as f64 * p).round() as usize] as f64 / 1e3;
+        CostStats {
+            ticks: n as u64,
+            median_us: q(0.5),
+            p99_us: q(0.99),
+            mean_us: costs_ns.iter().sum::<u64>() as f64 / n as f64 / 1e3,
+            max_us: costs_ns[n - 1] as f64 / 1e3,
+        }
+    }
+}
+
+/// What the sampler reports when stopped.
+#[derive(Debug, Clone)]
+pub struct SamplerReport {
+    /// Ticks fired.
+    pub ticks: u64,
+    /// Deadlines skipped because a tick overran.
+    pub missed_ticks: u64,
+    /// Unavailable columns and why.
+    pub reasons: Reasons,
+    /// The watchdog's first trip, if it fired.
+    pub trip: Option<Trip>,
+    /// Cost of the work of one tick.
+    pub cost: CostStats,
+}
+
+/// A running sampler.
+pub struct Sampler {
+    stop: Arc<AtomicBool>,
+    trip: Arc<Mutex<Option<Trip>>>,
+    handle: JoinHandle<SamplerReport>,
+}
+
+impl Sampler {
+    /// Start sampling `target` on a new thread.
+    pub fn spawn(
+        config: SamplerConfig,
+        target: Target,
+        gpu: Option<Arc<Gpu>>,
+        gpu_absent_reason: Option<String>,
+        sink: Box<dyn SampleSink>,
+    ) -> std::io::Result<Sampler> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let trip = Arc::new(Mutex::new(None));
+        let (stop2, trip2) = (stop.clone(), trip.clone());
+        let handle = std::thread::Builder::new()
+            .name("sampler".into())
+            .spawn(move || {
+                run_loop(
+                    config,
+                    target,
+                    gpu.as_deref(),
+                    gpu_absent_reason,
+                    sink,
+                    &stop2,
+                    &trip2,
+                )
+            })?;
+        Ok(Sampler { stop, trip, handle })
+    }
+
+    /// The watchdog's trip, as soon as it happens.
+    pub fn tripped(&self) -> Option<Trip> {
+        self.trip.lock().map(|t| t.clone()).unwrap_or(None)
+    }
+
+    /// Stop after the current tick and return the report.
+    pub fn stop(self) -> SamplerReport {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.handle.join() {
+            Ok(r) => r,
+            Err(_) => {
+                let mut reasons = Reasons::default();
+                reasons.note("*", "the sampler thread panicked");
+                SamplerReport {
+                    ticks: 0,
+                    missed_ticks: 0,
+                    reasons,
+                    trip: self.trip.lock().map(|t| t.clone()).unwrap_or(None),
+                    cost: CostStats::default(),
+                }
+            }
+        }
+    }
+}
+
+/// Kill process group `pgid` with SIGKILL; refuses groups that are not a plain
+/// child's (0, 1, or the harness's own).
+pub fn kill_group(pgid: i32, signal: i32) -> bool {
+    // SAFETY: getpgrp has no preconditions.
+    if pgid <= 1 || pgid == unsafe { libc::getpgrp() } {
+        return false;
+    }
+    // SAFETY: killpg only sends a signal.
+    unsafe { libc::killpg(pgid, signal) == 0 }
+}
+
+/// One tick's readings, shared by the run loop and the benchmark.
+pub struct TickReader<'g> {
+    observer: bool,
+    unified: bool,
+    slow_every: u64,
+    tree: ProcessTree,
+    system: SystemProbe,
+    gpu: Option<GpuProbe<'g>>,
+    residency: Option<Residency>,
+    pids: HashSet<i32>,
+    last_weights_cached: Option<f64>,
+    last_engine_gpu: Option<f64>,
+    /// Reasons for unavailable columns.
+    pub reasons: Reasons,
+}
+
+impl<'g> TickReader<'g> {
+    /// Readers for `target`'s tree, the system, `gpu` and the weight files.
+    pub fn new(
+        config: &SamplerConfig,
+        target: Target,
+        gpu: Option<&'g Gpu>,
+        gpu_absent_reason: Option<String>,
+    ) -> Self {
+        let mut reasons = Reasons::default();
+        let gpu = match gpu.map(GpuProbe::new) {
+            Some(Ok(p)) => Some(p),
+            Some(Err(why)) => {
+                GPU_COLUMNS.iter().for_each(|c| reasons.note(c, &why));
+                None
+            }
+            None => {
+                let why = gpu_absent_reason.unwrap_or_else(|| "no GPU opened".into());
+                GPU_COLUMNS.iter().for_each(|c| reasons.note(c, &why));
+                None
+            }
+        };
+        let residency = if config.weights.is_empty() {
+            reasons.note("weights_cached_bytes", "the run names no weight files");
+            None
+        } else {
+            match Residency::open(&config.weights) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    reasons.note("weights_cached_bytes", &e.to_string());
+                    None
+                }
+            }
+        };
+        let tree = ProcessTree::new(target.pid);
+        let pids = tree.pids().collect();
+        TickReader {
+            observer: config.observer,
+            unified: config
+                .limits
+                .as_ref()
+                .is_some_and(|l| l.unified_budget_bytes.is_some()),
+            slow_every: config.slow_every(),
+            tree,
+            system: SystemProbe::default(),
+            gpu,
+            residency,
+            pids,
+            last_weights_cached: None,
+            last_engine_gpu: None,
+            reasons,
+        }
+    }
+
+    /// Read tick `index` taken at `t_ns` (CLOCK_MONOTONIC).
+    pub fn read(&mut self, index: u64, t_ns: u64) -> Sample {
+        let mut s = Sample::empty(t_ns);
+        let slow = index % self.slow_every == 0;
+        let full = self.observer;
+        if slow && index > 0 {
+            self.tree.rescan();
+            self.pids = self.tree.pids().collect();
+        }
+        if full || self.unified {
+            self.tree.read(&mut s, &mut self.reasons, !full, t_ns);
+        }
+        if full {
+            self.system.read(&mut s, &mut self.reasons);
+        } else {
+            self.system.read_memory(&mut s, &mut self.reasons);
+        }
+        if let Some(g) = &self.gpu {
+            if full {
+                g.read_fast(&mut s, &mut self.reasons, &self.pids);
+                if slow {
+                    g.read_slow(&mut s, &mut self.reasons);
+                }
+            } else if self.unified {
+                g.read_processes(&mut s, &mut self.reasons, &self.pids);
+            }
+            if let Some(v) = s.get("engine_gpu_mem_bytes") {
+                self.last_engine_gpu = Some(v);
+            }
+        }
+        if slow && (full || self.unified) {
+            if let Some(r) = &mut self.residency {
+                match r.resident_bytes() {
+                    Ok(b) => {
+                        self.last_weights_cached = Some(b as f64);
+                        s.set("weights_cached_bytes", Some(b as f64));
+                    }
+                    Err(e) => self.reasons.note("weights_cached_bytes", &e),
+                }
+            }
+        }
+        // The modelled unified footprint: the latest reading of each part; a part
+        // that cannot be read (no GPU, no weights) counts as 0 and its own column
+        // says why.
+        if let Some(rss) = s.get("rss_bytes") {
+            let total =
+                rss + self.last_weights_cached.unwrap_or(0.0) + self.last_engine_gpu.unwrap_or(0.0);
+            s.set("unified_bytes", Some(total));
+        }
+        s
+    }
+}
+
+fn run_loop(
+    config: SamplerConfig,
+    target: Target,
+    gpu: Option<&Gpu>,
+    gpu_absent_reason: Option<String>,
+    mut sink: Box<dyn SampleSink>,
+    stop: &AtomicBool,
+    trip_slot: &Mutex<Option<Trip>>,
+) -> SamplerReport {
+    let mut reader = TickReader::new(&config, target, gpu, gpu_absent_reason);
+    let mut ticker = Ticker::new(config.cadence_ms * 1_000_000);
+    let mut costs = Vec::new();
+    let mut trip: Option<Trip> = None;
+    let mut ticks = 0u64;
+    while let Some(tick) = ticker.wait(stop) {
+        ticks += 1;
+        let mut s = reader.read(tick.index, tick.fired_ns);
+        s.set("tick_lag_ns", Some(tick.lag_ns() as f64));
+        if trip.is_none() {
+            if let Some(limits) = &config.limits {
+                if let Some(t) = limits.check(&s) {
+                    kill_group(target.pgid, libc::SIGKILL);
+                    if let Ok(mut slot) = trip_slot.lock() {
+                        *slot = Some(t.clone());
+                    }
+                    trip = Some(t);
+                }
+            }
+        }
+        if config.observer {
+            sink.sample(&s);
+            if reader.reasons.take_changed() {
+                sink.unavailable(&reader.reasons);
+            }
+        }
+        costs.push(monotonic_ns().saturating_sub(tick.fired_ns));
+    }
+    if config.observer && reader.reasons.take_changed() {
+        sink.unavailable(&reader.reasons);
+    }
+    SamplerReport {
+        ticks,
+        missed_ticks: ticker.missed(),
+        reasons: reader.reasons,
+        trip,
+        cost: CostStats::of(&mut costs),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    struct VecSink(Arc<Mutex<Vec<Sample>>>, Arc<Mutex<Reasons>>);
+    impl SampleSink for VecSink {
+        fn sample(&mut self, s: &Sample) {
+            self.0.lock().unwrap().push(s.clone());
+        }
+        fn unavailable(&mut self, r: &Reasons) {
+            *self.1.lock().unwrap() = r.clone();
+        }
+    }
+
+    #[test]
+    fn slow_every_aims_at_one_second() {
+        let c = |ms| SamplerConfig {
+            cadence_ms: ms,
+            observer: true,
+            limits: None,
+            weights: vec![],
+        };
+        assert_eq!(c(100).slow_every(), 10);
+        assert_eq!(c(10).slow_every(), 100);
+        assert_eq!(c(300).slow_every(), 3);
+        assert_eq!(c(5000).slow_every(), 1);
+        assert_eq!(c(100).fragment()["observer"], "on");
+    }
+
+    #[test]
+    fn samples_a_child_at_cadence_with_reasons_for_missing_sensors() {
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let pid = child.id() as i32;
+        let rows = Arc::new(Mutex::new(Vec::new()));
+        let reasons = Arc::new(Mutex::new(Reasons::default()));
+        let config = SamplerConfig {
+            cadence_ms: 20,
+            observer: true,
+            limits: None,
+            weights: vec![],
+        };
+        let s = Sampler::spawn(
+            config,
+            Target { pid, pgid: pid },
+            None,
+            Some("NVML unavailable: test".into()),
+            Box::new(VecSink(rows.clone(), reasons.clone())),
+        )
+        .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let report = s.stop();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let rows = rows.lock().unwrap();
+        assert_eq!(rows.len() as u64, report.ticks);
+        assert!(rows.len() >= 5, "{} rows in 300 ms at 20 ms", rows.len());
+        // Deadlines are absolute: every interval is a multiple of the period
+        // minus/plus the lag of each tick.
+        for w in rows.windows(2) {
+            assert!(w[1].t_ns > w[0].t_ns);
+        }
+        let r = &rows[rows.len() - 1];
+        assert!(r.get("rss_bytes").unwrap() > 0.0);
+        assert!(r.get("mem_available_bytes").unwrap() > 0.0);
+        assert_eq!(r.get("unified_bytes"), r.get("rss_bytes"));
+        assert!(r.get("tick_lag_ns").is_some());
+        assert_eq!(r.get("gpu_util_pct"), None);
+        let reasons = reasons.lock().unwrap();
+        assert_eq!(reasons.map()["gpu_util_pct"], "NVML unavailable: test");
+        assert_eq!(
+            reasons.map()["weights_cached_bytes"],
+            "the run names no weight files"
+        );
+        assert!(report.trip.is_none());
+        assert!(report.cost.median_us > 0.0);
+    }
+}

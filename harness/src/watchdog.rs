@@ -1,0 +1,375 @@
+//! The memory watchdog (hazard H1) and its positive control.
+//!
+//! The watchdog runs inside the sampler: every row is checked against a floor on
+//! `MemAvailable` and, on unified-memory machines or when asked, a budget on the
+//! modelled unified footprint (`unified_bytes` = engine RSS + weights page cache +
+//! engine GPU memory). The first crossing kills the engine's process group with
+//! SIGKILL on the spot and is kept as the [`Trip`].
+//!
+//! The control proves the watchdog fires before any engine is trusted to it: a child
+//! (this binary in its hidden `__alloc-probe` mode) allocates past a synthetic limit
+//! just below the current reading, and must be killed by the watchdog within two
+//! ticks of crossing it.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use evidence::clock::monotonic_ns;
+use evidence::sample::Sample;
+
+use crate::sampler::{NullSink, Sampler, SamplerConfig, Target};
+
+/// The floor used when `--mem-floor` is not given: the smaller of this and
+/// [`DEFAULT_FLOOR_SHARE`] of MemTotal, in bytes.
+///
+/// 4 GiB leaves the kernel, the page cache of the harness's own journal and a
+/// shell room to work when the engine is killed; on small boxes an eighth of RAM
+/// is kept instead so the floor does not forbid every run.
+pub const DEFAULT_FLOOR_BYTES: u64 = 4 << 30;
+/// See [`DEFAULT_FLOOR_BYTES`].
+pub const DEFAULT_FLOOR_SHARE: f64 = 1.0 / 8.0;
+
+/// How far past the current reading the control's synthetic limit lies, in bytes.
+pub const CONTROL_MARGIN_BYTES: u64 = 256 << 20;
+/// The control probe stops allocating here and holds, in bytes.
+pub const CONTROL_MAX_BYTES: u64 = 1 << 30;
+/// The probe allocates this much per step, touching every page, in bytes.
+pub const CONTROL_STEP_BYTES: u64 = 8 << 20;
+/// Pause between the probe's steps, milliseconds (about 1.6 GB/s in all).
+pub const CONTROL_STEP_MS: u64 = 5;
+/// How long the probe holds its peak before giving up, milliseconds.
+pub const CONTROL_HOLD_MS: u64 = 3_000;
+/// The control must kill the probe within this many ticks of its crossing.
+pub const CONTROL_MAX_TICKS: u64 = 2;
+
+/// The watchdog's limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Kill when MemAvailable falls below this, bytes.
+    pub mem_floor_bytes: u64,
+    /// Kill when `unified_bytes` rises above this, bytes.
+    pub unified_budget_bytes: Option<u64>,
+}
+
+/// The reading that tripped the watchdog.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Trip {
+    /// The column that crossed its limit.
+    pub column: String,
+    /// Its value, bytes.
+    pub value: u64,
+    /// The limit, bytes.
+    pub limit: u64,
+    /// The sample's CLOCK_MONOTONIC time, nanoseconds.
+    pub t_ns: u64,
+}
+
+/// The default floor for a machine with `mem_total` bytes.
+pub fn default_floor(mem_total: u64) -> u64 {
+    DEFAULT_FLOOR_BYTES.min((mem_total as f64 * DEFAULT_FLOOR_SHARE) as u64)
+}
+
+impl Limits {
+    /// The first limit `s` crosses, if any. A missing reading crosses nothing.
+    pub fn check(&self, s: &Sample) -> Option<Trip> {
+        if let Some(v) = s.get("mem_available_bytes") {
+            if (v as u64) < self.mem_floor_bytes {
+                return Some(Trip {
+                    column: "mem_available_bytes".into(),
+                    value: v as u64,
+                    limit: self.mem_floor_bytes,
+                    t_ns: s.t_ns,
+                });
+            }
+        }
+        if let (Some(budget), Some(v)) = (self.unified_budget_bytes, s.get("unified_bytes")) {
+            if v as u64 > budget {
+                return Some(Trip {
+                    column: "unified_bytes".into(),
+                    value: v as u64,
+                    limit: budget,
+                    t_ns: s.t_ns,
+                });
+            }
+        }
+        None
+    }
+
+    /// The `watchdog` manifest fragment.
+    pub fn fragment(&self, trip: Option<&Trip>) -> serde_json::Value {
+        serde_json::json!({
+            "mem_floor_bytes": self.mem_floor_bytes,
+            "unified_budget_bytes": self.unified_budget_bytes,
+            "tripped": trip,
+        })
+    }
+}
+
+/// One control's outcome (an entry of the `controls` fragment).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ControlResult {
+    /// The control's name.
+    pub name: String,
+    /// `pass`, `fail` or `not-applicable`.
+    pub verdict: String,
+    /// What was measured.
+    pub detail: String,
+}
+
+impl ControlResult {
+    /// Whether the control passed.
+    pub fn passed(&self) -> bool {
+        self.verdict == "pass"
+    }
+}
+
+/// Which limit the control exercises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlKind {
+    /// The MemAvailable floor.
+    Floor,
+    /// The unified-memory budget.
+    UnifiedBudget,
+}
+
+/// Run the watchdog control for `kind` at `cadence_ms`, with `probe_exe` being this
+/// binary. `real_floor` is the run's floor, which the probe must stay well above.
+pub fn control(
+    probe_exe: &Path,
+    kind: ControlKind,
+    cadence_ms: u64,
+    real_floor: u64,
+) -> ControlResult {
+    let name = match kind {
+        ControlKind::Floor => "watchdog-floor",
+        ControlKind::UnifiedBudget => "watchdog-unified-budget",
+    };
+    let fail = |detail: String| ControlResult {
+        name: name.into(),
+        verdict: "fail".into(),
+        detail,
+    };
+    let avail = match crate::sampler::system::mem_available_bytes() {
+        Ok(a) => a,
+        Err(e) => return fail(format!("cannot read MemAvailable: {e}")),
+    };
+    if avail < real_floor + 2 * CONTROL_MAX_BYTES {
+        return fail(format!(
+            "MemAvailable {avail} B leaves no room for the {CONTROL_MAX_BYTES} B probe above the {real_floor} B floor"
+        ));
+    }
+    let limits = match kind {
+        ControlKind::Floor => Limits {
+            mem_floor_bytes: avail - CONTROL_MARGIN_BYTES,
+            unified_budget_bytes: None,
+        },
+        ControlKind::UnifiedBudget => Limits {
+            mem_floor_bytes: 0,
+            unified_budget_bytes: Some(CONTROL_MARGIN_BYTES),
+        },
+    };
+    let mut child = match Command::new(probe_exe)
+        .args([
+            "__alloc-probe",
+            &CONTROL_STEP_BYTES.to_string(),
+            &CONTROL_STEP_MS.to_string(),
+            &CONTROL_MARGIN_BYTES.to_string(),
+            &CONTROL_MAX_BYTES.to_string(),
+            &CONTROL_HOLD_MS.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            return fail(format!(
+                "cannot start the probe {}: {e}",
+                probe_exe.display()
+            ))
+        }
+    };
+    let pid = child.id() as i32;
+    let config = SamplerConfig {
+        cadence_ms,
+        observer: false,
+        limits: Some(limits.clone()),
+        weights: vec![],
+    };
+    let sampler = match Sampler::spawn(
+        config,
+        Target { pid, pgid: pid },
+        None,
+        Some("not read by the control".into()),
+        Box::new(NullSink),
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return fail(format!("cannot start the sampler: {e}"));
+        }
+    };
+    let mut crossed_ns = None;
+    let mut held = false;
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Some(t) = line.strip_prefix("crossed ") {
+                crossed_ns = t.trim().parse::<u64>().ok();
+            } else if line == "held" {
+                held = true;
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_millis(CONTROL_HOLD_MS + 5_000);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = child.kill();
+                break child.wait().ok();
+            }
+        }
+    };
+    let report = sampler.stop();
+    let signal = status.and_then(|s| s.signal());
+    let Some(trip) = report.trip else {
+        return fail(format!(
+            "the probe {} and the watchdog never fired (limit {:?}, probe exit {status:?})",
+            if held {
+                "held 1 GiB past the limit"
+            } else {
+                "ran"
+            },
+            limits
+        ));
+    };
+    if signal != Some(libc::SIGKILL) {
+        return fail(format!(
+            "the watchdog fired ({} = {} vs {}) but the probe ended with {status:?}, not SIGKILL",
+            trip.column, trip.value, trip.limit
+        ));
+    }
+    let tick_ns = cadence_ms * 1_000_000;
+    let detail = match crossed_ns {
+        Some(c) => {
+            let latency = trip.t_ns as i128 - c as i128;
+            if latency > (CONTROL_MAX_TICKS * tick_ns) as i128 {
+                return fail(format!(
+                    "the watchdog fired {:.1} ms after the probe crossed, more than {CONTROL_MAX_TICKS} ticks of {cadence_ms} ms",
+                    latency as f64 / 1e6
+                ));
+            }
+            format!(
+                "probe killed by SIGKILL {:.1} ms after crossing ({} = {} B vs limit {} B, cadence {cadence_ms} ms)",
+                latency.max(0) as f64 / 1e6,
+                trip.column,
+                trip.value,
+                trip.limit
+            )
+        }
+        None => format!(
+            "probe killed by SIGKILL before it reported crossing (other memory use moved {} first: {} B vs {} B)",
+            trip.column, trip.value, trip.limit
+        ),
+    };
+    ControlResult {
+        name: name.into(),
+        verdict: "pass".into(),
+        detail,
+    }
+}
+
+/// The hidden `__alloc-probe STEP EVERY_MS REPORT_AT MAX HOLD_MS` mode: allocate
+/// STEP bytes (touching every page) every EVERY_MS ms; print `crossed <t_ns>` once
+/// REPORT_AT bytes are held and `held` at MAX, then hold HOLD_MS ms and exit 0.
+pub fn alloc_probe_main(args: &[String]) -> u8 {
+    let nums: Vec<u64> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    let [step, every_ms, report_at, max, hold_ms] = nums[..] else {
+        eprintln!("__alloc-probe: expected STEP EVERY_MS REPORT_AT MAX HOLD_MS");
+        return crate::exit::USAGE;
+    };
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    let mut total = 0u64;
+    let mut reported = false;
+    use std::io::Write;
+    let mut out = std::io::stdout();
+    while total < max {
+        held.push(vec![0x5a; step as usize]);
+        total += step;
+        if total >= report_at && !reported {
+            reported = true;
+            let _ = writeln!(out, "crossed {}", monotonic_ns());
+            let _ = out.flush();
+        }
+        std::thread::sleep(Duration::from_millis(every_ms));
+    }
+    let _ = writeln!(out, "held");
+    let _ = out.flush();
+    std::thread::sleep(Duration::from_millis(hold_ms));
+    std::hint::black_box(&held);
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(avail: Option<f64>, unified: Option<f64>) -> Sample {
+        let mut s = Sample::empty(42);
+        s.set("mem_available_bytes", avail);
+        s.set("unified_bytes", unified);
+        s
+    }
+
+    #[test]
+    fn floor_and_budget_trip_on_the_right_side() {
+        let l = Limits {
+            mem_floor_bytes: 1000,
+            unified_budget_bytes: Some(5000),
+        };
+        assert_eq!(l.check(&row(Some(1000.0), Some(5000.0))), None);
+        let t = l.check(&row(Some(999.0), Some(10.0))).unwrap();
+        assert_eq!(
+            (t.column.as_str(), t.value, t.limit, t.t_ns),
+            ("mem_available_bytes", 999, 1000, 42)
+        );
+        let t = l.check(&row(Some(2000.0), Some(5001.0))).unwrap();
+        assert_eq!(
+            (t.column.as_str(), t.value, t.limit),
+            ("unified_bytes", 5001, 5000)
+        );
+        // Unreadable sensors never trip (and never pass as 0).
+        assert_eq!(l.check(&row(None, None)), None);
+        let no_budget = Limits {
+            mem_floor_bytes: 0,
+            unified_budget_bytes: None,
+        };
+        assert_eq!(no_budget.check(&row(Some(0.0), Some(1e18))), None);
+    }
+
+    #[test]
+    fn default_floor_is_the_smaller_of_4gib_and_an_eighth() {
+        assert_eq!(default_floor(128 << 30), 4 << 30);
+        assert_eq!(default_floor(16 << 30), 2 << 30);
+    }
+
+    #[test]
+    fn fragment_names_the_trip() {
+        let l = Limits {
+            mem_floor_bytes: 7,
+            unified_budget_bytes: None,
+        };
+        let t = l.check(&row(Some(3.0), None));
+        let f = l.fragment(t.as_ref());
+        assert_eq!(f["tripped"]["column"], "mem_available_bytes");
+        assert_eq!(f["tripped"]["value"], 3);
+        assert_eq!(f["unified_budget_bytes"], serde_json::Value::Null);
+    }
+}
