@@ -6,6 +6,7 @@
 //! * [`watchdog`]: the memory watchdog (H1) and its positive control.
 //! * [`classify`]: why a run ended (the `exit` fragment).
 //! * [`completion`]: the pixel completion check on `video.y4m`.
+//! * [`weights`]: the run's weights, their digest, synthesis into the cache.
 //! * [`units`]: byte quantities as people type them.
 //! * [`exit`]: the stable exit codes.
 
@@ -15,3 +16,4 @@ pub mod exit;
 pub mod sampler;
 pub mod units;
 pub mod watchdog;
+pub mod weights;
