@@ -5,5 +5,7 @@
 //! of the marker protocol (`specs/markers.md`), with optimisation levers switchable
 //! per run.
 
+pub mod frames;
+pub mod levers;
 pub mod tensor;
 pub mod weights;

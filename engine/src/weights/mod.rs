@@ -1,7 +1,12 @@
 //! Weights: what a model expects ([`TensorSpec`]), where tensors come from
 //! ([`TensorSource`]) and the path builder models use to ask for them
-//! ([`VarBuilder`], names mirroring the checkpoint's).
+//! ([`VarBuilder`], names mirroring the checkpoint's); the safetensors loader,
+//! checkpoint layouts, synthetic weights, the weights digest and page-cache
+//! residency.
 
+pub mod digest;
+pub mod residency;
+pub mod safetensors;
 pub mod source;
 pub mod spec;
 
