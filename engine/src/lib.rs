@@ -7,5 +7,6 @@
 
 pub mod frames;
 pub mod levers;
+pub mod text;
 pub mod tensor;
 pub mod weights;

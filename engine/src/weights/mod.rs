@@ -5,6 +5,7 @@
 //! residency.
 
 pub mod digest;
+pub mod layout;
 pub mod residency;
 pub mod safetensors;
 pub mod source;

@@ -329,6 +329,17 @@ impl SafetensorsSource {
         self.entries.keys().map(String::as_str)
     }
 
+    /// Every indexed tensor's model name and shape, sorted by name.
+    pub fn shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let mut v: Vec<_> = self
+            .entries
+            .iter()
+            .map(|(n, e)| (n.clone(), e.shape.clone()))
+            .collect();
+        v.sort();
+        v
+    }
+
     /// The files mapped, in open order.
     pub fn files(&self) -> Vec<&Path> {
         self.files.iter().map(|f| f.path.as_path()).collect()
