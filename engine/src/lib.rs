@@ -12,6 +12,7 @@
 
 pub mod models;
 pub mod presets;
+pub mod rng;
 pub mod schedule;
 pub mod tensor;
 pub mod weights;

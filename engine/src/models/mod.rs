@@ -12,6 +12,7 @@
 
 pub mod config;
 pub mod dit;
+pub mod init;
 
 pub mod t5;
 pub mod vae;
