@@ -67,14 +67,18 @@ pub fn load_prompt_embeds(file: &Path, channels: usize) -> Result<EmbedsFile, We
         widen: Widen::Single,
         release_pages: false,
     };
-    let src = SafetensorsSource::open("prompt-embeds", &[file.to_path_buf()], &|n, _| Some(n.into()), opts)?;
-    let positive = read_pair(&src, file, "embeds", "mask", channels)?.ok_or_else(|| {
-        WeightError::Missing {
+    let src = SafetensorsSource::open(
+        "prompt-embeds",
+        &[file.to_path_buf()],
+        &|n, _| Some(n.into()),
+        opts,
+    )?;
+    let positive =
+        read_pair(&src, file, "embeds", "mask", channels)?.ok_or_else(|| WeightError::Missing {
             name: "embeds".into(),
             file: file.to_path_buf(),
             expected: vec![0, channels],
-        }
-    })?;
+        })?;
     let negative = read_pair(&src, file, "negative_embeds", "negative_mask", channels)?;
     Ok(EmbedsFile { positive, negative })
 }
@@ -96,22 +100,31 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         let p = d.join("e.safetensors");
         let states: Vec<f32> = (0..6).map(|i| i as f32 * 0.5 - 1.0).collect();
-        write_st(&p, &[
-            ("embeds", Dtype::F32, vec![3, 2], f32b(&states)),
-            ("mask", Dtype::F32, vec![3], f32b(&[1.0, 1.0, 0.0])),
-        ]);
+        write_st(
+            &p,
+            &[
+                ("embeds", Dtype::F32, vec![3, 2], f32b(&states)),
+                ("mask", Dtype::F32, vec![3], f32b(&[1.0, 1.0, 0.0])),
+            ],
+        );
         let e = load_prompt_embeds(&p, 2).unwrap();
         assert_eq!(e.positive.states.shape(), &[3, 2]);
         assert_eq!(e.positive.states.data(), states.as_slice());
         assert_eq!(e.positive.mask, vec![1.0, 1.0, 0.0]);
         assert!(e.negative.is_none());
         let err = load_prompt_embeds(&p, 4).unwrap_err().to_string();
-        assert!(err.contains("'embeds'") && err.contains("e.safetensors") && err.contains("[3, 4]"), "{err}");
+        assert!(
+            err.contains("'embeds'") && err.contains("e.safetensors") && err.contains("[3, 4]"),
+            "{err}"
+        );
         let q = d.join("badmask.safetensors");
-        write_st(&q, &[
-            ("embeds", Dtype::F32, vec![3, 2], f32b(&states)),
-            ("mask", Dtype::F32, vec![3], f32b(&[1.0, 0.5, 0.0])),
-        ]);
+        write_st(
+            &q,
+            &[
+                ("embeds", Dtype::F32, vec![3, 2], f32b(&states)),
+                ("mask", Dtype::F32, vec![3], f32b(&[1.0, 0.5, 0.0])),
+            ],
+        );
         let err = load_prompt_embeds(&q, 2).unwrap_err().to_string();
         assert!(err.contains("'mask'") && err.contains("0.5"), "{err}");
         let r = d.join("nomask.safetensors");

@@ -28,7 +28,9 @@ pub enum TokenizerError {
         detail: String,
     },
     /// A token id outside the text encoder's vocabulary.
-    #[error("{file}: token '{token}' has id {id}, outside the text encoder's vocabulary of {vocab}")]
+    #[error(
+        "{file}: token '{token}' has id {id}, outside the text encoder's vocabulary of {vocab}"
+    )]
     Vocab {
         /// The tokenizer file.
         file: PathBuf,
@@ -96,7 +98,11 @@ impl PromptTokenizer {
                 detail: e.to_string(),
             })?;
         let ids = enc.get_ids().to_vec();
-        if let Some((i, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= self.vocab) {
+        if let Some((i, &id)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= self.vocab)
+        {
             return Err(TokenizerError::Vocab {
                 file: self.file.clone(),
                 token: enc.get_tokens().get(i).cloned().unwrap_or_default(),
@@ -146,7 +152,9 @@ mod tests {
     #[test]
     fn long_prompt_is_truncated_keeping_eos() {
         let t = tok(8);
-        let a = t.encode("the quick brown fox jumps over the lazy dog again and again").unwrap();
+        let a = t
+            .encode("the quick brown fox jumps over the lazy dog again and again")
+            .unwrap();
         assert_eq!(a.ids.len(), 8);
         assert!(a.mask.iter().all(|&m| m == 1.0));
         assert_eq!(a.ids[7], 1);
@@ -163,8 +171,14 @@ mod tests {
         std::fs::write(&p, synth_tokenizer_json(512).unwrap()).unwrap();
         let small = PromptTokenizer::from_file(&p, 8, 40).unwrap();
         let e = small.encode("fox").unwrap_err().to_string();
-        assert!(e.contains("outside the text encoder's vocabulary of 40"), "{e}");
-        let e = PromptTokenizer::from_file(&d.join("none.json"), 8, 40).err().unwrap().to_string();
+        assert!(
+            e.contains("outside the text encoder's vocabulary of 40"),
+            "{e}"
+        );
+        let e = PromptTokenizer::from_file(&d.join("none.json"), 8, 40)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("none.json"), "{e}");
     }
 }

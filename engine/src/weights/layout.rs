@@ -40,7 +40,11 @@ pub enum Component {
 
 impl Component {
     /// Every component, in load order.
-    pub const ALL: [Component; 3] = [Component::TextEncoder, Component::Transformer, Component::Vae];
+    pub const ALL: [Component; 3] = [
+        Component::TextEncoder,
+        Component::Transformer,
+        Component::Vae,
+    ];
 
     /// The diffusers sub-directory.
     pub fn dir_name(self) -> &'static str {
@@ -303,7 +307,11 @@ fn diffusers_component(dir: &Path, c: Component) -> Result<ComponentFiles, Layou
                 "exactly one variant, found {}",
                 variants
                     .iter()
-                    .map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned())
+                    .map(|p| p
+                        .file_name()
+                        .unwrap_or_default()
+                        .to_string_lossy()
+                        .into_owned())
                     .collect::<Vec<_>>()
                     .join(", ")
             )
@@ -328,9 +336,11 @@ fn sharded(dir: &Path, c: Component, index: &Path) -> Result<ComponentFiles, Lay
         .ok_or_else(|| bad("no \"weight_map\" object".into()))?;
     let mut shards: BTreeSet<String> = BTreeSet::new();
     for (tensor, file) in map {
-        let f = file
-            .as_str()
-            .ok_or_else(|| bad(format!("tensor '{tensor}' maps to {file}, expected a file name")))?;
+        let f = file.as_str().ok_or_else(|| {
+            bad(format!(
+                "tensor '{tensor}' maps to {file}, expected a file name"
+            ))
+        })?;
         if f.contains('/') || f.contains("..") {
             return Err(bad(format!(
                 "tensor '{tensor}' maps to '{f}', expected a file name in {}",
@@ -389,7 +399,11 @@ pub fn check_index(cf: &ComponentFiles) -> Result<(), LayoutError> {
         }
     }
     for f in &cf.files {
-        let fname = f.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let fname = f
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
         for (n, _) in stored_names(f)? {
             match want.remove(&n) {
                 Some(ref w) if *w == fname => {}
@@ -407,7 +421,9 @@ pub fn check_index(cf: &ComponentFiles) -> Result<(), LayoutError> {
         }
     }
     if let Some((t, f)) = want.into_iter().next() {
-        return Err(bad(format!("tensor '{t}' is indexed in '{f}' but that shard lacks it")));
+        return Err(bad(format!(
+            "tensor '{t}' is indexed in '{f}' but that shard lacks it"
+        )));
     }
     Ok(())
 }
@@ -502,7 +518,11 @@ fn remap_block(s: &str, kind: &str, table: &[&str]) -> String {
     let mut i = 0;
     while i < parts.len() {
         if parts[i] == kind && i + 1 < parts.len() {
-            if let Some(t) = parts[i + 1].parse::<usize>().ok().and_then(|k| table.get(k)) {
+            if let Some(t) = parts[i + 1]
+                .parse::<usize>()
+                .ok()
+                .and_then(|k| table.get(k))
+            {
                 out.push((*t).to_string());
                 i += 2;
                 continue;
@@ -574,38 +594,66 @@ mod tests {
     fn lightricks_vae_095_names_map_to_diffusers() {
         let v = VaeVersion::V095;
         let m = |n| lightricks_vae_name(n, v);
-        assert_eq!(m("vae.decoder.up_blocks.0.res_blocks.4.conv1.conv.weight").as_deref(),
-            Some("decoder.mid_block.resnets.4.conv1.conv.weight"));
-        assert_eq!(m("vae.decoder.up_blocks.1.conv.conv.weight").as_deref(),
-            Some("decoder.up_blocks.0.upsamplers.0.conv.conv.weight"));
-        assert_eq!(m("vae.decoder.up_blocks.6.res_blocks.0.scale_shift_table").as_deref(),
-            Some("decoder.up_blocks.2.resnets.0.scale_shift_table"));
-        assert_eq!(m("vae.decoder.up_blocks.8.res_blocks.2.conv2.conv.bias").as_deref(),
-            Some("decoder.up_blocks.3.resnets.2.conv2.conv.bias"));
-        assert_eq!(m("vae.decoder.last_time_embedder.timestep_embedder.linear_2.weight").as_deref(),
-            Some("decoder.time_embedder.timestep_embedder.linear_2.weight"));
-        assert_eq!(m("vae.decoder.last_scale_shift_table").as_deref(),
-            Some("decoder.scale_shift_table"));
-        assert_eq!(m("vae.per_channel_statistics.mean-of-means").as_deref(), Some("latents_mean"));
-        assert_eq!(m("vae.per_channel_statistics.std-of-means").as_deref(), Some("latents_std"));
+        assert_eq!(
+            m("vae.decoder.up_blocks.0.res_blocks.4.conv1.conv.weight").as_deref(),
+            Some("decoder.mid_block.resnets.4.conv1.conv.weight")
+        );
+        assert_eq!(
+            m("vae.decoder.up_blocks.1.conv.conv.weight").as_deref(),
+            Some("decoder.up_blocks.0.upsamplers.0.conv.conv.weight")
+        );
+        assert_eq!(
+            m("vae.decoder.up_blocks.6.res_blocks.0.scale_shift_table").as_deref(),
+            Some("decoder.up_blocks.2.resnets.0.scale_shift_table")
+        );
+        assert_eq!(
+            m("vae.decoder.up_blocks.8.res_blocks.2.conv2.conv.bias").as_deref(),
+            Some("decoder.up_blocks.3.resnets.2.conv2.conv.bias")
+        );
+        assert_eq!(
+            m("vae.decoder.last_time_embedder.timestep_embedder.linear_2.weight").as_deref(),
+            Some("decoder.time_embedder.timestep_embedder.linear_2.weight")
+        );
+        assert_eq!(
+            m("vae.decoder.last_scale_shift_table").as_deref(),
+            Some("decoder.scale_shift_table")
+        );
+        assert_eq!(
+            m("vae.per_channel_statistics.mean-of-means").as_deref(),
+            Some("latents_mean")
+        );
+        assert_eq!(
+            m("vae.per_channel_statistics.std-of-means").as_deref(),
+            Some("latents_std")
+        );
         assert_eq!(m("vae.per_channel_statistics.channel"), None);
         assert_eq!(m("vae.per_channel_statistics.mean-of-stds"), None);
-        assert_eq!(m("vae.encoder.down_blocks.7.conv.conv.weight").as_deref(),
-            Some("encoder.down_blocks.3.downsamplers.0.conv.conv.weight"));
-        assert_eq!(m("vae.encoder.down_blocks.8.res_blocks.1.conv1.conv.weight").as_deref(),
-            Some("encoder.mid_block.resnets.1.conv1.conv.weight"));
+        assert_eq!(
+            m("vae.encoder.down_blocks.7.conv.conv.weight").as_deref(),
+            Some("encoder.down_blocks.3.downsamplers.0.conv.conv.weight")
+        );
+        assert_eq!(
+            m("vae.encoder.down_blocks.8.res_blocks.1.conv1.conv.weight").as_deref(),
+            Some("encoder.mid_block.resnets.1.conv1.conv.weight")
+        );
         assert_eq!(m("model.diffusion_model.proj_in.weight"), None);
     }
 
     #[test]
     fn lightricks_vae_090_uses_its_own_block_map() {
         let m = |n| lightricks_vae_name(n, VaeVersion::V090);
-        assert_eq!(m("vae.decoder.up_blocks.4.conv.weight").as_deref(),
-            Some("decoder.up_blocks.2.conv_in.conv.weight"));
-        assert_eq!(m("vae.decoder.up_blocks.3.res_blocks.0.conv_shortcut.weight").as_deref(),
-            Some("decoder.up_blocks.1.resnets.0.conv_shortcut.conv.weight"));
-        assert_eq!(m("vae.decoder.up_blocks.9.res_blocks.0.norm3.norm.weight").as_deref(),
-            Some("decoder.up_blocks.3.resnets.0.norm3.weight"));
+        assert_eq!(
+            m("vae.decoder.up_blocks.4.conv.weight").as_deref(),
+            Some("decoder.up_blocks.2.conv_in.conv.weight")
+        );
+        assert_eq!(
+            m("vae.decoder.up_blocks.3.res_blocks.0.conv_shortcut.weight").as_deref(),
+            Some("decoder.up_blocks.1.resnets.0.conv_shortcut.conv.weight")
+        );
+        assert_eq!(
+            m("vae.decoder.up_blocks.9.res_blocks.0.norm3.norm.weight").as_deref(),
+            Some("decoder.up_blocks.3.resnets.0.norm3.weight")
+        );
     }
 
     #[test]
@@ -618,7 +666,10 @@ mod tests {
         assert_eq!(
             detect_vae_version(&[
                 n("vae.encoder.conv_out.conv.weight", &[129, 512, 3, 3, 3]),
-                n("vae.decoder.last_time_embedder.timestep_embedder.linear_1.weight", &[512, 256])
+                n(
+                    "vae.decoder.last_time_embedder.timestep_embedder.linear_1.weight",
+                    &[512, 256]
+                )
             ]),
             VaeVersion::V091
         );

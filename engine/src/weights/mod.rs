@@ -10,6 +10,7 @@ pub mod residency;
 pub mod safetensors;
 pub mod source;
 pub mod spec;
+pub mod synth;
 
 pub use source::{MapSource, TensorSource, VarBuilder, WeightError};
 pub use spec::{DType, TensorSpec};
