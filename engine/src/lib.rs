@@ -15,8 +15,10 @@
 //! [`levers`], [`frames`] (y4m and PNG output).
 
 pub mod frames;
+pub mod hostmem;
 pub mod levers;
 pub mod models;
+pub mod phase;
 pub mod presets;
 pub mod rng;
 pub mod schedule;
