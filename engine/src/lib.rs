@@ -19,6 +19,7 @@ pub mod hostmem;
 pub mod levers;
 pub mod models;
 pub mod phase;
+pub mod plan;
 pub mod presets;
 pub mod rng;
 pub mod schedule;

@@ -382,6 +382,14 @@ impl SafetensorsSource {
         }
     }
 
+    /// Give up the mappings and keep only the stored bytes retained under
+    /// `widen-f32 = double` (empty under `single`).
+    pub fn into_retained(self) -> Vec<Vec<u8>> {
+        self.retained
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Whether the options ask for released pages.
     pub fn options(&self) -> LoadOptions {
         self.opts
