@@ -11,6 +11,7 @@
 //! scaling) and [`rng`] (the seeded Gaussian generator).
 
 pub mod models;
+pub mod ops;
 pub mod presets;
 pub mod rng;
 pub mod schedule;
