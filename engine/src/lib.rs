@@ -18,6 +18,7 @@ pub mod frames;
 pub mod hostmem;
 pub mod levers;
 pub mod models;
+pub mod ops;
 pub mod phase;
 pub mod plan;
 pub mod presets;
