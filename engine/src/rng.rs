@@ -175,10 +175,7 @@ mod tests {
         assert!(a.data().iter().zip(n.data()).all(|(x, y)| x != y));
         // A longer clip extends the same stream: its first values are the shorter clip's.
         let c = initial_latents(42, 1, (1, 1, 7));
-        assert_eq!(
-            &c.data()[..5],
-            &initial_latents(42, 1, (1, 1, 5)).data()[..]
-        );
+        assert_eq!(&c.data()[..5], initial_latents(42, 1, (1, 1, 5)).data());
     }
 
     #[test]
