@@ -110,9 +110,9 @@ fn synthetic_renders_look_like_a_video() {
                     k - 1
                 );
             }
-            for j in 0..k {
+            for (j, other) in frames[..k].iter().enumerate() {
                 assert_ne!(
-                    &frames[j], f,
+                    other, f,
                     "weights {wseed}: frames {j} and {k} are identical"
                 );
             }
