@@ -2,6 +2,9 @@
 //! schedule config and the latent scaling, for `tiny` (a few MB, for tests and
 //! rung 0) and the released `ltxv-2b` and `ltxv-13b`.
 //!
+//! `ltxv-2b-0.9.0` is the first release: the same 2B transformer with the 0.9.0
+//! VAE decoder (no timestep conditioning, so no decode timestep or decode noise).
+//!
 //! `tiny` keeps every shape formula of the real models (128 latent channels,
 //! 32x spatial and 8x temporal compression, the 0.9.5+ VAE decoder layout with
 //! timestep conditioning and residual depth-to-space upsampling, RoPE with
@@ -39,7 +42,7 @@ pub struct VaeScaling {
 /// Everything that fixes the numerics of one model family.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Preset {
-    /// The preset's name (`tiny`, `ltxv-2b`, `ltxv-13b`).
+    /// The preset's name (`tiny`, `ltxv-2b`, `ltxv-13b`, `ltxv-2b-0.9.0`).
     pub name: &'static str,
     /// The transformer.
     pub dit: DitConfig,
@@ -58,7 +61,7 @@ pub struct Preset {
     pub default_fps: f32,
 }
 
-const NAMES: &[&str] = &["tiny", "ltxv-2b", "ltxv-13b"];
+const NAMES: &[&str] = &["tiny", "ltxv-2b", "ltxv-13b", "ltxv-2b-0.9.0"];
 
 /// The names [`preset`] accepts.
 pub fn preset_names() -> &'static [&'static str] {
@@ -71,6 +74,7 @@ pub fn preset(name: &str) -> Result<Preset, PresetError> {
         "tiny" => (dit_tiny(), vae_tiny(), t5_tiny(), 32, "tiny"),
         "ltxv-2b" => (dit_2b(), vae_095(), t5_xxl(), 128, "ltxv-2b"),
         "ltxv-13b" => (dit_13b(), vae_095(), t5_xxl(), 128, "ltxv-13b"),
+        "ltxv-2b-0.9.0" => (dit_2b(), vae_090(), t5_xxl(), 128, "ltxv-2b-0.9.0"),
         _ => {
             return Err(PresetError {
                 name: name.to_string(),

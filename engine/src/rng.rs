@@ -16,6 +16,37 @@
 //! Because element `i` depends only on `(seed, stream, i)`, a tensor can be
 //! filled in parallel chunks and gives the same values in any order.
 
+/// Stream of a render's initial latents.
+pub const LATENTS_STREAM: &str = "latents";
+/// Stream of the noise mixed into the latents before a timestep-conditioned decode.
+pub const DECODE_NOISE_STREAM: &str = "decode_noise";
+
+/// The initial latents of a render with `seed`: standard normals of stream
+/// [`LATENTS_STREAM`] filling `[channels, frames, height, width]` (latent grid)
+/// in row-major order, the order in which the reference draws them before
+/// packing them into tokens.
+pub fn initial_latents(
+    seed: u64,
+    channels: usize,
+    grid: (usize, usize, usize),
+) -> crate::tensor::Tensor {
+    let shape = [channels, grid.0, grid.1, grid.2];
+    let v = Gaussian::new(seed, LATENTS_STREAM).vec(shape.iter().product());
+    crate::tensor::Tensor::new(&shape, v).expect("shape and length agree")
+}
+
+/// The decode noise of a render with `seed`, `[channels, frames, height,
+/// width]`, from stream [`DECODE_NOISE_STREAM`].
+pub fn decode_noise(
+    seed: u64,
+    channels: usize,
+    grid: (usize, usize, usize),
+) -> crate::tensor::Tensor {
+    let shape = [channels, grid.0, grid.1, grid.2];
+    let v = Gaussian::new(seed, DECODE_NOISE_STREAM).vec(shape.iter().product());
+    crate::tensor::Tensor::new(&shape, v).expect("shape and length agree")
+}
+
 /// The SplitMix64 increment (the golden ratio in 64-bit fixed point).
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
@@ -131,6 +162,20 @@ mod tests {
         let d = Gaussian::new(42, "decode_noise").vec(1000);
         assert!(a.iter().zip(&c).filter(|(x, y)| x == y).count() < 5);
         assert!(a.iter().zip(&d).filter(|(x, y)| x == y).count() < 5);
+    }
+
+    #[test]
+    fn same_seed_same_latents_other_seed_other_latents() {
+        let a = initial_latents(42, 128, (2, 3, 4));
+        assert_eq!(a.shape(), &[128, 2, 3, 4]);
+        assert_eq!(a, initial_latents(42, 128, (2, 3, 4)));
+        let b = initial_latents(43, 128, (2, 3, 4));
+        assert!(a.data().iter().zip(b.data()).all(|(x, y)| x != y));
+        let n = decode_noise(42, 128, (2, 3, 4));
+        assert!(a.data().iter().zip(n.data()).all(|(x, y)| x != y));
+        // A longer clip extends the same stream: its first values are the shorter clip's.
+        let c = initial_latents(42, 1, (1, 1, 7));
+        assert_eq!(&c.data()[..5], initial_latents(42, 1, (1, 1, 5)).data());
     }
 
     #[test]

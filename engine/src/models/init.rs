@@ -1,6 +1,6 @@
 //! Deterministic synthetic weights: one rule per tensor name that keeps
 //! activations finite and non-trivial through the whole pipeline, and values
-//! drawn from the [`Gaussian`](crate::rng::Gaussian) stream named after the
+//! drawn from the [`crate::rng::Gaussian`] stream named after the
 //! tensor, so any tensor (or any slice of one) can be regenerated alone, in
 //! parallel, from `(seed, name)`.
 //!

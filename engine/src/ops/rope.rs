@@ -38,7 +38,11 @@ pub fn ltx_rope(
     let (nf, nh, nw) = grid;
     let n = dim / 6;
     let pad = dim % 6;
-    // torch.linspace(0, 1, n) in f32, then theta ** x, then * pi / 2 (two f32 ops).
+    // torch.linspace(0, 1, n) in f32 as its CPU kernel computes it: `start + step * i`
+    // below the halfway index, `end - step * (n - 1 - i)` from there on, each a fused
+    // multiply-add (torch's vectorised CPU builds contract them; for n = 10 the unfused
+    // form lands on a rounding tie at i = 6 and moves that frequency by 2.6e-4). Then
+    // theta ** x and * pi / 2 (two f32 ops).
     let freqs: Vec<f32> = (0..n)
         .map(|i| {
             let x = if n <= 1 {
@@ -46,9 +50,9 @@ pub fn ltx_rope(
             } else {
                 let step = 1.0f32 / (n - 1) as f32;
                 if i < n / 2 {
-                    i as f32 * step
+                    step.mul_add(i as f32, 0.0)
                 } else {
-                    1.0 - (n - 1 - i) as f32 * step
+                    (-step).mul_add((n - 1 - i) as f32, 1.0)
                 }
             };
             ROPE_THETA.powf(x) * std::f32::consts::PI / 2.0

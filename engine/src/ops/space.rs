@@ -172,6 +172,29 @@ mod tests {
     }
 
     #[test]
+    fn residual_upsample_by_hand() {
+        // The 0.9.5 upsampler with factor 2 on an 8-channel 1x1 input frame t = 1: the conv
+        // output (here 32 channels: c * 8 + a * 4 + b * 2 + d for c in 0..4) goes through
+        // depth-to-space to 4 channels, the input itself to 1 channel repeated 8 / 2 = 4
+        // times, and the two add. Sub-frame a = 1, pixel (b, d) = (1, 0) of channel 2:
+        // conv channel 2*8 + 4 + 2 = 22, input channel 4 + 2 = 6.
+        let conv_out: Vec<f32> = (0..32).map(|v| 100.0 * v as f32).collect();
+        let input: Vec<f32> = (0..8).map(|v| v as f32).collect();
+        let up = depth_to_space_emit(1, &conv_out, 32, 1, 1);
+        let res = depth_to_space_emit(1, &input, 8, 1, 1);
+        assert_eq!((up.len(), res.len()), (2, 2));
+        let rep = repeat_channels(&res[1], 4);
+        let sum: Vec<f32> = up[1].iter().zip(&rep).map(|(a, b)| a + b).collect();
+        // Channel 2 of the a = 1 sub-frame is the 2x2 block [[c20, c21], [c22, c23]] + [[4, 5], [6, 7]].
+        assert_eq!(&sum[8..12], &[2004.0, 2105.0, 2206.0, 2307.0]);
+        // Frame 0 emits only its a = 1 sub-frame (the first frame of the clip is dropped).
+        assert_eq!(
+            depth_to_space_emit(0, &input, 8, 1, 1),
+            vec![vec![4.0, 5.0, 6.0, 7.0]]
+        );
+    }
+
+    #[test]
     fn unpatchify_by_hand() {
         // p = 2, one colour channel, one 1x1 frame: channel ws*2 + hs -> (hs, ws).
         let out = unpatchify_frame(&[0., 1., 2., 3.], 4, 1, 1, 2);
