@@ -65,11 +65,57 @@ pub fn reset_peak() -> bool {
     std::fs::write("/proc/self/clear_refs", b"5").is_ok()
 }
 
+/// `/proc/self/status` and `/proc/self/clear_refs` kept open, so a phase
+/// boundary costs one `pread` and one `write` instead of two opens and closes.
+struct ProcFiles {
+    status: Option<std::fs::File>,
+    clear_refs: Option<std::fs::File>,
+    buf: Vec<u8>,
+}
+
+impl ProcFiles {
+    fn open() -> Self {
+        ProcFiles {
+            status: std::fs::File::open("/proc/self/status").ok(),
+            clear_refs: std::fs::OpenOptions::new()
+                .write(true)
+                .open("/proc/self/clear_refs")
+                .ok(),
+            buf: Vec::with_capacity(4096),
+        }
+    }
+
+    fn status(&mut self) -> MemStatus {
+        use std::os::unix::fs::FileExt;
+        let Some(f) = &self.status else {
+            return status();
+        };
+        self.buf.resize(8192, 0);
+        let mut n = 0;
+        while n < self.buf.len() {
+            match f.read_at(&mut self.buf[n..], n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(_) => return status(),
+            }
+        }
+        parse_status(&String::from_utf8_lossy(&self.buf[..n]))
+    }
+
+    fn reset(&mut self) -> bool {
+        use std::io::Write;
+        match &mut self.clear_refs {
+            Some(f) => f.write_all(b"5").is_ok(),
+            None => false,
+        }
+    }
+}
+
 /// Per-phase peaks over nested phases.
-#[derive(Debug)]
 pub struct PeakTracker {
     source: PeakSource,
     open: Vec<u64>,
+    proc: ProcFiles,
 }
 
 impl Default for PeakTracker {
@@ -81,7 +127,8 @@ impl Default for PeakTracker {
 impl PeakTracker {
     /// A tracker; probes whether `VmHWM` can be reset.
     pub fn new() -> Self {
-        let source = if reset_peak() {
+        let mut proc = ProcFiles::open();
+        let source = if proc.reset() {
             PeakSource::VmHwmReset
         } else {
             PeakSource::VmRssSampled
@@ -89,6 +136,7 @@ impl PeakTracker {
         PeakTracker {
             source,
             open: Vec::new(),
+            proc,
         }
     }
 
@@ -98,13 +146,13 @@ impl PeakTracker {
     }
 
     /// Read the peak since the last boundary, fold it into every open phase,
-    /// reset; returns the reading.
-    fn boundary(&mut self) -> u64 {
-        let s = status();
+    /// reset; returns the reading and the resident set at that moment.
+    fn boundary(&mut self) -> (u64, u64) {
+        let s = self.proc.status();
         let v = match self.source {
             PeakSource::VmHwmReset => {
                 let v = s.hwm_bytes.max(s.rss_bytes);
-                if !reset_peak() {
+                if !self.proc.reset() {
                     self.source = PeakSource::VmRssSampled;
                 }
                 v
@@ -114,15 +162,15 @@ impl PeakTracker {
         for m in &mut self.open {
             *m = (*m).max(v);
         }
-        v
+        (v, s.rss_bytes)
     }
 
     /// A phase opens.
     pub fn open(&mut self) {
         // The reading belongs to the window that just ended (the parents');
         // the new phase starts from the resident set now.
-        self.boundary();
-        self.open.push(status().rss_bytes);
+        let (_, rss) = self.boundary();
+        self.open.push(rss);
     }
 
     /// The innermost phase closes; returns its peak resident bytes.

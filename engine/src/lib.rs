@@ -14,12 +14,14 @@
 //! digest, page-cache residency), [`text`] (tokenizer, prompt embeddings),
 //! [`levers`], [`frames`] (y4m and PNG output).
 
+pub mod cli;
 pub mod frames;
 pub mod hostmem;
 pub mod levers;
 pub mod models;
 pub mod ops;
 pub mod phase;
+pub mod pipeline;
 pub mod plan;
 pub mod presets;
 pub mod rng;

@@ -34,8 +34,10 @@ impl Recorder {
 
     /// Open phase `name` with `attrs`; close it with [`Phase::finish`].
     pub fn phase(&self, name: &str, attrs: Attrs) -> Phase<'_> {
-        self.mem.lock().unwrap_or_else(|p| p.into_inner()).open();
+        // Marker first, then the memory reading, so the reading's cost falls
+        // inside the phase rather than in an unmarked gap.
         self.emitter.open(name, attrs);
+        self.mem.lock().unwrap_or_else(|p| p.into_inner()).open();
         Phase {
             rec: self,
             name: name.to_string(),
