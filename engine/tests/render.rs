@@ -482,11 +482,33 @@ fn baseline_profile_renders_the_same_frames_and_reports_its_levers() {
     assert_eq!(hello(&base)["widen-f32"], "double");
     assert_eq!(hello(&base)["release-pages"], "off");
     assert_eq!(hello(&def)["widen-f32"], "single");
-    eprintln!(
-        "peak host: baseline {} default {}",
-        peak_max(&base),
-        peak_max(&def)
-    );
+    let (pb, pd) = (peak_max(&base), peak_max(&def));
+    eprintln!("peak host: baseline {pb} default {pd}");
+    // Baseline keeps the stored bytes beside the f32 copies and the file pages
+    // mapped: its peak must be higher (widen_rss.rs pins the size of the step).
+    assert!(pb > pd, "baseline peak {pb} not above default {pd}");
+    // `engine plan` projects the measured peak to within a factor of two.
+    for (r, profile) in [(&base, "baseline"), (&def, "default")] {
+        let out = Command::new(bin())
+            .args([
+                "plan",
+                "--rung",
+                rung0().to_str().unwrap(),
+                "--json",
+                "--profile",
+                profile,
+            ])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let projected = v["host_peak_bytes"].as_u64().unwrap() as f64;
+        let measured = peak_max(r) as f64;
+        eprintln!("{profile}: projected {projected} measured {measured}");
+        assert!(
+            projected / measured > 0.5 && projected / measured < 2.0,
+            "{profile}: projected {projected} vs measured {measured}"
+        );
+    }
 }
 
 fn fails_with(args: &[&str], code: i32, needles: &[&str]) {
