@@ -102,9 +102,20 @@ fn render(name: &str, rung: &Path, extra: &[&str]) -> Run {
             Ok(())
         });
     }
+    // stdout and stderr go to files: a pipe would wake this test's reader
+    // thread at every marker line, and on a loaded 2-core box that wake-up
+    // preempts the engine exactly between two phases.
+    let (so, se) = (dir.join("stdout.txt"), dir.join("stderr.txt"));
+    cmd.stdout(std::fs::File::create(&so).unwrap())
+        .stderr(std::fs::File::create(&se).unwrap());
     let t0 = monotonic_ns();
-    let out = cmd.output().unwrap();
+    let status = cmd.status().unwrap();
     let wall_ns = monotonic_ns() - t0;
+    let out = Output {
+        status,
+        stdout: std::fs::read(&so).unwrap(),
+        stderr: std::fs::read(&se).unwrap(),
+    };
     drop(mfile);
     let text = std::fs::read_to_string(&mpath).unwrap();
     let markers = text
