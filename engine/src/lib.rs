@@ -5,5 +5,6 @@
 //! of the marker protocol (`specs/markers.md`), with optimisation levers switchable
 //! per run.
 
+pub mod cuda;
 pub mod tensor;
 pub mod weights;
