@@ -36,6 +36,15 @@ pub enum AttnKernel {
 }
 
 impl AttnKernel {
+    /// The fastest kernel built for head dim `hd`.
+    pub fn best_for(hd: usize) -> AttnKernel {
+        if hd == 64 || hd == 128 {
+            AttnKernel::FlashLdsm
+        } else {
+            AttnKernel::Reference
+        }
+    }
+
     /// Stable name (used in reports).
     pub fn name(self) -> &'static str {
         match self {
@@ -247,10 +256,12 @@ impl Kernels {
             nfreq: 0,
             grid: (1, 1, 1),
             scale: [0.0; 3],
+            base: [1.0; 3],
         });
         let (mut fr, mut nf, mut gh, mut gw) =
             (r.freqs, r.nfreq as i32, r.grid.1 as i32, r.grid.2 as i32);
         let (mut sf, mut sh, mut sw) = (r.scale[0], r.scale[1], r.scale[2]);
+        let (mut bf, mut bh, mut bw) = (r.base[0], r.base[1], r.base[2]);
         let mut a = [
             p(&mut x),
             p(&mut y),
@@ -264,6 +275,9 @@ impl Kernels {
             p(&mut sf),
             p(&mut sh),
             p(&mut sw),
+            p(&mut bf),
+            p(&mut bh),
+            p(&mut bw),
         ];
         self.launch(
             "qk_norm_rope",
@@ -351,6 +365,13 @@ impl Kernels {
         )
     }
 
+    /// The sinusoidal timestep embedding of `t` (cosines first) into bf16 [2 * half].
+    pub fn timestep_sinusoid(&self, s: &CudaStream, out: CUdeviceptr, t: f32, half: usize) -> Result<(), CudaError> {
+        let (mut o, mut t, mut h) = (out, t, half as i32);
+        let mut a = [p(&mut o), p(&mut t), p(&mut h)];
+        self.launch("timestep_sinusoid", (1, 1, 1), (128, 1, 1), 0, s, &mut a)
+    }
+
     /// lat += dt * v over n f32 elements.
     pub fn euler_update(
         &self,
@@ -412,9 +433,14 @@ impl Kernels {
         kbias: CUdeviceptr,
         scale: f32,
     ) -> Result<(), CudaError> {
-        if hd != 64 && hd != 128 {
+        let built: &[usize] = match kind {
+            AttnKernel::Reference => &[16, 32, 64, 128],
+            AttnKernel::Flash | AttnKernel::FlashLdsm => &[64, 128],
+        };
+        if !built.contains(&hd) {
             return Err(CudaError::Invalid(format!(
-                "attention head dim {hd}: only 64 and 128 are built"
+                "attention head dim {hd}: the {} kernel is built for {built:?}",
+                kind.name()
             )));
         }
         if nk == 0 || nq == 0 {
@@ -467,8 +493,11 @@ pub struct RopeArgs {
     pub nfreq: usize,
     /// Latent grid (frames, height, width); tokens in raster order.
     pub grid: (usize, usize, usize),
-    /// Per-axis position scale: pos = index * scale (then 2 * pos - 1).
+    /// Per-axis position scale (8 / fps, 32, 32 for LTX-Video).
     pub scale: [f32; 3],
+    /// Per-axis base divisor (20, 2048, 2048): pos = index * scale / base,
+    /// rotated by 2 * pos - 1.
+    pub base: [f32; 3],
 }
 
 fn p<T>(x: &mut T) -> *mut c_void {
@@ -517,11 +546,12 @@ mod tests {
             "bias_act",
             "euler_update",
             "fill_uniform_bf16",
+            "timestep_sinusoid",
         ] {
             assert!(e.iter().any(|n| n == k), "{k} missing from {e:?}");
         }
         let a = kernel_names(nvrtc::ATTENTION_CU);
-        assert_eq!(a.len(), 6, "{a:?}");
+        assert_eq!(a.len(), 8, "{a:?}");
         assert!(a.iter().any(|n| n == "flash_attn_ldsm_hd128"));
     }
 

@@ -24,7 +24,7 @@
 // pub mod bench;
 // pub mod burn;
 pub mod context;
-// pub mod dit;
+pub mod dit;
 pub mod gemm;
 // pub mod host_ref;
 pub mod kernels;

@@ -70,6 +70,12 @@ __device__ __forceinline__ void attn_ref(const bf16* __restrict__ q, const bf16*
     const bf16 *__restrict__ q, const bf16 *__restrict__ k, const bf16 *__restrict__ v, bf16 *__restrict__ o, \
         int nq, int nk, int ldq, int ldk, int ldv, int ldo, const float *__restrict__ kbias, float scale
 
+extern "C" __global__ void __launch_bounds__(64) attn_ref_hd16(REF_ARGS) {
+    attn_ref<16>(q, k, v, o, nq, nk, ldq, ldk, ldv, ldo, kbias, scale);
+}
+extern "C" __global__ void __launch_bounds__(64) attn_ref_hd32(REF_ARGS) {
+    attn_ref<32>(q, k, v, o, nq, nk, ldq, ldk, ldv, ldo, kbias, scale);
+}
 extern "C" __global__ void __launch_bounds__(64) attn_ref_hd64(REF_ARGS) {
     attn_ref<64>(q, k, v, o, nq, nk, ldq, ldk, ldv, ldo, kbias, scale);
 }

@@ -47,12 +47,14 @@ extern "C" __global__ void ada_norm_mod(const float* __restrict__ x, bf16* __res
 // raster order. The first `pad = D - 6*nfreq` channels are not rotated; pair p
 // (channels 2p, 2p+1) at or after the padding uses idx = p - pad/2,
 // frequency k = idx / 3, axis = idx % 3 (f, h, w) and the angle
-// freqs[k] * (2 * pos[axis] * axis_scale[axis] - 1); (a, b) -> (a cos - b sin, b cos + a sin).
+// freqs[k] * (2 * (index[axis] * scale[axis] / base[axis]) - 1);
+// (a, b) -> (a cos - b sin, b cos + a sin).
 // May run in place (x == y): each thread reads and writes only its own pairs, and
 // the sum of squares is complete (block_sum synchronises) before any write.
 extern "C" __global__ void qk_norm_rope(const bf16* x, bf16* y, const bf16* __restrict__ w, int D, float eps,
                                         const float* __restrict__ freqs, int nfreq, int gh, int gw,
-                                        float scale_f, float scale_h, float scale_w) {
+                                        float scale_f, float scale_h, float scale_w,
+                                        float base_f, float base_h, float base_w) {
     __shared__ float scratch[32];
     const long long t = blockIdx.x;
     const unsigned int* xr = (const unsigned int*)(x + t * D);
@@ -71,9 +73,9 @@ extern "C" __global__ void qk_norm_rope(const bf16* x, bf16* y, const bf16* __re
         const int f = (int)(t / hw);
         const int h = (int)((t / gw) % gh);
         const int wq = (int)(t % gw);
-        pos[0] = 2.0f * ((float)f * scale_f) - 1.0f;
-        pos[1] = 2.0f * ((float)h * scale_h) - 1.0f;
-        pos[2] = 2.0f * ((float)wq * scale_w) - 1.0f;
+        pos[0] = ((float)f * scale_f) / base_f * 2.0f - 1.0f;
+        pos[1] = ((float)h * scale_h) / base_h * 2.0f - 1.0f;
+        pos[2] = ((float)wq * scale_w) / base_w * 2.0f - 1.0f;
     }
     const int pad_pairs = (D - 6 * nfreq) / 2;
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
@@ -154,5 +156,17 @@ extern "C" __global__ void fill_uniform_bf16(bf16* __restrict__ y, long long n, 
         const unsigned long long h = splitmix64(seed ^ splitmix64((unsigned long long)i));
         const float u = (float)(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
         y[i] = f2bf((2.0f * u - 1.0f) * scale);
+    }
+}
+
+// The 256-wide sinusoidal timestep embedding, cosines first:
+// out[i] = cos(t * f_i), out[half + i] = sin(t * f_i), f_i = exp(-ln(10000) * i / half).
+// One block; t arrives by value so no host copy is needed per forward.
+extern "C" __global__ void timestep_sinusoid(bf16* __restrict__ out, float t, int half) {
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float e = (float)i * -9.210340371976184f / (float)half;  // -ln(10000)
+        const float a = t * expf(e);
+        out[i] = f2bf(cosf(a));
+        out[half + i] = f2bf(sinf(a));
     }
 }
