@@ -23,6 +23,7 @@ use super::kernels::{AttnKernel, Kernels, RopeArgs, NULL};
 use super::memory::{align_up, upload, Arena, DeviceBuffer};
 use super::staging::DeviceWeights;
 use super::CudaError;
+use crate::models::dit::DitConfig;
 use crate::weights::{DType, TensorSpec};
 
 /// Latent channels in and out of the DiT.
@@ -65,6 +66,29 @@ impl DitDims {
         caption_channels: 4096,
     };
 
+    /// The dims of a checkpoint config. The device arm supports exactly the
+    /// released architecture: 128 latent channels in and out, 1x1x1 patches,
+    /// cross-attention width equal to the model width.
+    pub fn from_config(cfg: &DitConfig) -> Result<DitDims, CudaError> {
+        let d = cfg.num_attention_heads * cfg.attention_head_dim;
+        if cfg.in_channels != LATENT_CHANNELS
+            || cfg.out_channels != LATENT_CHANNELS
+            || cfg.patch_size != 1
+            || cfg.patch_size_t != 1
+            || cfg.cross_attention_dim != d
+        {
+            return Err(CudaError::Invalid(format!(
+                "the device DiT needs in/out channels 128, 1x1x1 patches and cross_attention_dim = heads x head_dim; got {cfg:?}"
+            )));
+        }
+        Ok(DitDims {
+            layers: cfg.num_layers,
+            heads: cfg.num_attention_heads,
+            head_dim: cfg.attention_head_dim,
+            caption_channels: cfg.caption_channels,
+        })
+    }
+
     /// Model width D = heads x head_dim.
     pub fn dim(&self) -> usize {
         self.heads * self.head_dim
@@ -86,14 +110,28 @@ impl DitDims {
         };
         lin(&mut v, "proj_in", d, LATENT_CHANNELS);
         v.push(TensorSpec::new("scale_shift_table", &[2, d], bf));
-        lin(&mut v, "time_embed.emb.timestep_embedder.linear_1", d, TIMESTEP_DIM);
+        lin(
+            &mut v,
+            "time_embed.emb.timestep_embedder.linear_1",
+            d,
+            TIMESTEP_DIM,
+        );
         lin(&mut v, "time_embed.emb.timestep_embedder.linear_2", d, d);
         lin(&mut v, "time_embed.linear", 6 * d, d);
-        lin(&mut v, "caption_projection.linear_1", d, self.caption_channels);
+        lin(
+            &mut v,
+            "caption_projection.linear_1",
+            d,
+            self.caption_channels,
+        );
         lin(&mut v, "caption_projection.linear_2", d, d);
         for i in 0..self.layers {
             let b = format!("transformer_blocks.{i}");
-            v.push(TensorSpec::new(format!("{b}.scale_shift_table"), &[6, d], bf));
+            v.push(TensorSpec::new(
+                format!("{b}.scale_shift_table"),
+                &[6, d],
+                bf,
+            ));
             for a in ["attn1", "attn2"] {
                 v.push(TensorSpec::new(format!("{b}.{a}.norm_q.weight"), &[d], bf));
                 v.push(TensorSpec::new(format!("{b}.{a}.norm_k.weight"), &[d], bf));
@@ -198,7 +236,12 @@ fn resolve(w: &DeviceWeights, dims: &DitDims) -> Result<DitW, CudaError> {
     Ok(DitW {
         proj_in: lin(w, "proj_in", d, LATENT_CHANNELS)?,
         sst: w.get("scale_shift_table", &[2, d])?.ptr,
-        t1: lin(w, "time_embed.emb.timestep_embedder.linear_1", d, TIMESTEP_DIM)?,
+        t1: lin(
+            w,
+            "time_embed.emb.timestep_embedder.linear_1",
+            d,
+            TIMESTEP_DIM,
+        )?,
         t2: lin(w, "time_embed.emb.timestep_embedder.linear_2", d, d)?,
         tlin: lin(w, "time_embed.linear", 6 * d, d)?,
         cap1: lin(w, "caption_projection.linear_1", d, dims.caption_channels)?,
@@ -219,7 +262,9 @@ pub fn rope_freqs(dim: usize) -> Vec<f32> {
     let step = if n > 1 { 1.0f32 / (n - 1) as f32 } else { 0.0 };
     (0..n)
         .map(|i| {
-            let t = if i < n / 2 {
+            let t = if n == 1 {
+                0.0 // torch.linspace with one step returns its start
+            } else if i < n / 2 {
                 i as f32 * step
             } else {
                 1.0f32 - (n - 1 - i) as f32 * step
@@ -279,31 +324,31 @@ impl Workspace {
         let c = dims.caption_channels;
         let lc = LATENT_CHANNELS;
         vec![
-            n * lc * 4,          // lat
-            n * lc * 4,          // out
-            l * c * 4,           // text
-            l * 4,               // kbias
-            n * lc * 2,          // lat_bf
-            n * d * 4,           // x
-            n * d * 2,           // h
-            n * d * 2,           // q
-            n * d * 2,           // k
-            n * d * 2,           // v
-            n * d * 2,           // ao
-            n * d * 2,           // y
-            n * 4 * d * 2,       // ff
-            l * c * 2,           // text_bf
-            l * d * 2,           // cap_h
-            l * d * 2,           // text_p
-            l * d * 2,           // ck
-            l * d * 2,           // cv
-            TIMESTEP_DIM * 2,    // tsin
-            d * 2,               // t1
-            d * 2,               // t1s
-            d * 2,               // emb
-            d * 2,               // emb_s
-            6 * d * 2,           // temb
-            n * lc * 2,          // out_bf
+            n * lc * 4,       // lat
+            n * lc * 4,       // out
+            l * c * 4,        // text
+            l * 4,            // kbias
+            n * lc * 2,       // lat_bf
+            n * d * 4,        // x
+            n * d * 2,        // h
+            n * d * 2,        // q
+            n * d * 2,        // k
+            n * d * 2,        // v
+            n * d * 2,        // ao
+            n * d * 2,        // y
+            n * 4 * d * 2,    // ff
+            l * c * 2,        // text_bf
+            l * d * 2,        // cap_h
+            l * d * 2,        // text_p
+            l * d * 2,        // ck
+            l * d * 2,        // cv
+            TIMESTEP_DIM * 2, // tsin
+            d * 2,            // t1
+            d * 2,            // t1s
+            d * 2,            // emb
+            d * 2,            // emb_s
+            6 * d * 2,        // temb
+            n * lc * 2,       // out_bf
         ]
     }
 
@@ -385,7 +430,10 @@ impl DeviceDit {
         weights: Arc<DeviceWeights>,
     ) -> Result<DeviceDit, CudaError> {
         if dims.dim() % 8 != 0 {
-            return Err(CudaError::Invalid(format!("DiT width {} is not a multiple of 8", dims.dim())));
+            return Err(CudaError::Invalid(format!(
+                "DiT width {} is not a multiple of 8",
+                dims.dim()
+            )));
         }
         let w = resolve(&weights, &dims)?;
         let f = rope_freqs(dims.dim());
@@ -471,7 +519,12 @@ impl DeviceDit {
     /// One forward over the workspace's latents and text (already on the
     /// device), velocity into `workspace.out`. Enqueue only; returns at once. When
     /// `timed`, events bracket it (read them with [`DeviceDit::last_device_ms`]).
-    pub fn enqueue_forward(&mut self, sigma: f32, geo: Geometry, timed: bool) -> Result<(), CudaError> {
+    pub fn enqueue_forward(
+        &mut self,
+        sigma: f32,
+        geo: Geometry,
+        timed: bool,
+    ) -> Result<(), CudaError> {
         let ws = self
             .ws
             .as_ref()
@@ -534,13 +587,38 @@ impl DeviceDit {
         let row = |p: CUdeviceptr, i: usize| p + (i * d * 2) as u64; // row i of a [6, D] bf16 table
         for b in &w.blocks {
             // Self-attention on the modulated RMS norm.
-            k.ada_norm_mod(s, ws.x, ws.h, n, d, NORM_EPS, false, row(b.sst, 0), row(b.sst, 1), row(ws.temb, 0), row(ws.temb, 1))?;
+            k.ada_norm_mod(
+                s,
+                ws.x,
+                ws.h,
+                n,
+                d,
+                NORM_EPS,
+                false,
+                row(b.sst, 0),
+                row(b.sst, 1),
+                row(ws.temb, 0),
+                row(ws.temb, 1),
+            )?;
             linb(ws.h, &b.attn1.q, ws.q, n)?;
             linb(ws.h, &b.attn1.k, ws.k, n)?;
             linb(ws.h, &b.attn1.v, ws.v, n)?;
             k.qk_norm_rope(s, ws.q, ws.q, b.attn1.norm_q, n, d, QK_EPS, Some(&rope))?;
             k.qk_norm_rope(s, ws.k, ws.k, b.attn1.norm_k, n, d, QK_EPS, Some(&rope))?;
-            k.attention(s, self.attn, heads, hd, (ws.q, d), (ws.k, d), (ws.v, d), (ws.ao, d), n, n, NULL, scale)?;
+            k.attention(
+                s,
+                self.attn,
+                heads,
+                hd,
+                (ws.q, d),
+                (ws.k, d),
+                (ws.v, d),
+                (ws.ao, d),
+                n,
+                n,
+                NULL,
+                scale,
+            )?;
             linb(ws.ao, &b.attn1.o, ws.y, n)?;
             k.gated_residual(s, ws.x, ws.y, row(b.sst, 2), row(ws.temb, 2), d, n * d)?;
             // Cross-attention to the text: no norm, no modulation, no gate.
@@ -550,17 +628,54 @@ impl DeviceDit {
             linb(ws.text_p, &b.attn2.v, ws.cv, l)?;
             k.qk_norm_rope(s, ws.q, ws.q, b.attn2.norm_q, n, d, QK_EPS, None)?;
             k.qk_norm_rope(s, ws.ck, ws.ck, b.attn2.norm_k, l, d, QK_EPS, None)?;
-            k.attention(s, self.attn, heads, hd, (ws.q, d), (ws.ck, d), (ws.cv, d), (ws.ao, d), n, l, ws.kbias, scale)?;
+            k.attention(
+                s,
+                self.attn,
+                heads,
+                hd,
+                (ws.q, d),
+                (ws.ck, d),
+                (ws.cv, d),
+                (ws.ao, d),
+                n,
+                l,
+                ws.kbias,
+                scale,
+            )?;
             linb(ws.ao, &b.attn2.o, ws.y, n)?;
             k.gated_residual(s, ws.x, ws.y, NULL, NULL, d, n * d)?;
             // Feed-forward on the modulated RMS norm.
-            k.ada_norm_mod(s, ws.x, ws.h, n, d, NORM_EPS, false, row(b.sst, 3), row(b.sst, 4), row(ws.temb, 3), row(ws.temb, 4))?;
+            k.ada_norm_mod(
+                s,
+                ws.x,
+                ws.h,
+                n,
+                d,
+                NORM_EPS,
+                false,
+                row(b.sst, 3),
+                row(b.sst, 4),
+                row(ws.temb, 3),
+                row(ws.temb, 4),
+            )?;
             gelu(ws.h, &b.ff1, ws.ff, n)?;
             linb(ws.ff, &b.ff2, ws.y, n)?;
             k.gated_residual(s, ws.x, ws.y, row(b.sst, 5), row(ws.temb, 5), d, n * d)?;
         }
         // Output: LayerNorm (no affine) modulated by scale_shift_table + emb.
-        k.ada_norm_mod(s, ws.x, ws.h, n, d, NORM_EPS, true, row(w.sst, 0), row(w.sst, 1), ws.emb, ws.emb)?;
+        k.ada_norm_mod(
+            s,
+            ws.x,
+            ws.h,
+            n,
+            d,
+            NORM_EPS,
+            true,
+            row(w.sst, 0),
+            row(w.sst, 1),
+            ws.emb,
+            ws.emb,
+        )?;
         linb(ws.h, &w.proj_out, ws.out_bf, n)?;
         k.cast_bf16_to_f32(s, ws.out_bf, ws.out, n * lc)?;
         if timed {
@@ -616,7 +731,31 @@ mod tests {
     #[test]
     fn specs_count_the_published_parameters() {
         assert_eq!(param_count(&DitDims::LTXV_2B.tensor_specs()), 1_923_385_472);
-        assert_eq!(param_count(&DitDims::LTXV_13B.tensor_specs()), 13_042_569_344);
+        assert_eq!(
+            param_count(&DitDims::LTXV_13B.tensor_specs()),
+            13_042_569_344
+        );
+    }
+
+    #[test]
+    fn specs_match_the_cpu_arms_layout() {
+        for name in crate::presets::preset_names() {
+            let p = crate::presets::preset(name).unwrap();
+            let dims = DitDims::from_config(&p.dit).unwrap();
+            let mut mine = dims.tensor_specs();
+            let mut theirs = crate::models::dit::tensor_specs(&p.dit);
+            mine.sort_by(|a, b| a.name.cmp(&b.name));
+            theirs.sort_by(|a, b| a.name.cmp(&b.name));
+            assert_eq!(mine, theirs, "{name}");
+        }
+        assert_eq!(
+            DitDims::from_config(&crate::presets::dit_2b()).unwrap(),
+            DitDims::LTXV_2B
+        );
+        assert_eq!(
+            DitDims::from_config(&crate::presets::dit_13b()).unwrap(),
+            DitDims::LTXV_13B
+        );
     }
 
     #[test]

@@ -366,7 +366,13 @@ impl Kernels {
     }
 
     /// The sinusoidal timestep embedding of `t` (cosines first) into bf16 [2 * half].
-    pub fn timestep_sinusoid(&self, s: &CudaStream, out: CUdeviceptr, t: f32, half: usize) -> Result<(), CudaError> {
+    pub fn timestep_sinusoid(
+        &self,
+        s: &CudaStream,
+        out: CUdeviceptr,
+        t: f32,
+        half: usize,
+    ) -> Result<(), CudaError> {
         let (mut o, mut t, mut h) = (out, t, half as i32);
         let mut a = [p(&mut o), p(&mut t), p(&mut h)];
         self.launch("timestep_sinusoid", (1, 1, 1), (128, 1, 1), 0, s, &mut a)

@@ -26,7 +26,7 @@
 pub mod context;
 pub mod dit;
 pub mod gemm;
-// pub mod host_ref;
+pub mod host_ref;
 pub mod kernels;
 pub mod memory;
 pub mod nvrtc;
