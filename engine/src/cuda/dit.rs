@@ -352,6 +352,12 @@ impl Workspace {
         ]
     }
 
+    /// Fill every byte with 0xFF (NaN in f32 and bf16) on the compute stream, so
+    /// a check sees any element the forward failed to write.
+    pub fn poison(&self, gpu: &Gpu) -> Result<(), CudaError> {
+        self._arena.buffer().fill_bytes(gpu, 0xFF, &gpu.compute)
+    }
+
     /// Allocate a workspace for (n, l).
     pub fn new(gpu: &Gpu, dims: &DitDims, n: usize, l: usize) -> Result<Workspace, CudaError> {
         let sizes = Self::pieces(dims, n, l);

@@ -2,7 +2,7 @@
 //!
 //! Compiled on every machine; CUDA itself is loaded at run time (cudarc with
 //! dynamic loading), so a build or test without a GPU never touches a CUDA
-//! library. [`context::probe`] checks that the libraries exist before anything
+//! library. [`context::probe_libraries`] checks that the libraries exist before anything
 //! asks cudarc for a symbol (cudarc panics on a missing library), and turns their
 //! absence into [`CudaError::NotAvailable`].
 //!
@@ -11,18 +11,18 @@
 //! - [`memory`]: device buffers with an allocator high-water mark, and a bump
 //!   arena for workspaces.
 //! - [`nvrtc`]: run-time compilation of `kernels/*.cu` for sm_90, cached on disk.
-//! - [`kernels`]: typed launches of the elementwise / row-wise kernels.
+//! - [`kernels`]: typed launches of the elementwise, row-wise and attention
+//!   kernels (a scalar reference attention and a fused flash kernel).
 //! - [`gemm`]: cuBLASLt bf16 GEMMs with fused bias / GELU epilogues and cached plans.
-//! - [`attention`]: multi-head attention (reference kernel and fused flash kernel).
 //! - [`staging`]: weights from a safetensors file onto the device (serial | batched).
 //! - [`dit`]: the LTX-Video transformer forward, device-resident end to end.
 //! - [`backend`]: the trait the pipeline calls, with the CPU and CUDA arms.
+//! - [`host_ref`]: f32 host references the checks compare against.
 //! - [`selftest`] / [`bench`] / [`burn`]: device checks, benchmarks, the GEMM load.
 
-// pub mod attention;
-// pub mod backend;
-// pub mod bench;
-// pub mod burn;
+pub mod backend;
+pub mod bench;
+pub mod burn;
 pub mod context;
 pub mod dit;
 pub mod gemm;
@@ -30,7 +30,7 @@ pub mod host_ref;
 pub mod kernels;
 pub mod memory;
 pub mod nvrtc;
-// pub mod selftest;
+pub mod selftest;
 pub mod staging;
 
 use cudarc::cublaslt::result::CublasError;
