@@ -212,6 +212,37 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
             names.len()
         ),
     );
+    // Where the batched arm's time goes: reader threads and buffer size.
+    {
+        let mut best = (0.0f64, 0usize, 0usize);
+        let mut cells = Vec::new();
+        for threads in [8usize, 16, 32] {
+            for chunk_mib in [16usize, 64, 256] {
+                let mut o = StagingOptions::new(StagingArm::Batched);
+                o.threads = threads;
+                o.chunk_bytes = chunk_mib << 20;
+                let (_w, r) = staging::stage_file(gpu, &file, &o)?;
+                cells.push(format!("{threads}t/{chunk_mib}M={:.1}", r.gbps()));
+                if r.gbps() > best.0 {
+                    best = (r.gbps(), threads, chunk_mib);
+                }
+            }
+        }
+        push(
+            &mut rows,
+            format!(
+                "staging  batched sweep GB/s: {} (best {:.1} at {} threads, {} MiB)",
+                cells.join(" "),
+                best.0,
+                best.1,
+                best.2
+            ),
+        );
+        match staging::registered_mmap_gbps(gpu, &file) {
+            Ok((gbps, reg)) => push(&mut rows, format!("staging  experiment registered mmap (no host copy): {gbps:.1} GB/s incl. {reg:.3} s registering")),
+            Err(e) => push(&mut rows, format!("staging  experiment registered mmap: refused: {e}")),
+        }
+    }
     {
         let mut o = StagingOptions::new(StagingArm::Batched);
         o.release_pages = true;
@@ -252,7 +283,11 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
         let (lin, sa, ca) = dims.forward_flops(n, l);
         let total = lin + sa + ca;
         let mut per_kind = Vec::new();
-        for kind in [AttnKernel::FlashLdsm, AttnKernel::Flash] {
+        for kind in [
+            AttnKernel::Flash2W4,
+            AttnKernel::Flash2W8,
+            AttnKernel::FlashLdsm,
+        ] {
             dit.attn = kind;
             for _ in 0..3 {
                 dit.enqueue_forward(0.5, geo, false)?;
@@ -270,6 +305,14 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
             .min_by(|a, b| a.1.total_cmp(&b.1))
             .unwrap_or((AttnKernel::FlashLdsm, f64::NAN));
         dit.attn = best_kind;
+        dit.fused_rows = false;
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            dit.enqueue_forward(0.5, geo, true)?;
+            v.push(dit.last_device_ms()?);
+        }
+        let unfused_ms = median(v[1..].to_vec());
+        dit.fused_rows = true;
         // Components alone: self-attention of one block and the block's GEMMs.
         let d = dims.dim();
         let q = DeviceBuffer::alloc(gpu, n * d * 2, "bench q")?;
@@ -280,7 +323,12 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
             k.fill_uniform_bf16(s, b.ptr(), n * d, 5, 2.0)?;
         }
         let mut attn_ms = Vec::new();
-        for kind in [AttnKernel::FlashLdsm, AttnKernel::Flash] {
+        for kind in [
+            AttnKernel::Flash2W4,
+            AttnKernel::Flash2W8,
+            AttnKernel::FlashLdsm,
+            AttnKernel::Flash,
+        ] {
             let ms = time_ms(rig, 2, 10, || {
                 k.attention(
                     s,
@@ -299,6 +347,24 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
             })?;
             attn_ms.push((kind, ms));
         }
+        let kbias = DeviceBuffer::alloc(gpu, l * 4, "bench kbias")?;
+        crate::cuda::memory::upload(gpu, kbias.ptr(), &vec![0.0f32; l])?;
+        let cross_ms = time_ms(rig, 2, 10, || {
+            k.attention(
+                s,
+                best_kind,
+                dims.heads,
+                dims.head_dim,
+                (q.ptr(), d),
+                (kk.ptr(), d),
+                (v.ptr(), d),
+                (o.ptr(), d),
+                n,
+                l,
+                kbias.ptr(),
+                0.125,
+            )
+        })?;
         let ff = DeviceBuffer::alloc(gpu, n * 4 * d * 2, "bench ff")?;
         let wbig = DeviceBuffer::alloc(gpu, 4 * d * d * 2, "bench w")?;
         let bias = DeviceBuffer::alloc(gpu, 4 * d * 2, "bench bias")?;
@@ -368,6 +434,10 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
             flops(n, d, 4 * d) / g_dn / 1e9,
             best - best_attn * layers - block_gemm_ms * layers
         ));
+        push(&mut rows, format!(
+            "forward  {name} rows: fused residual+norm {best:.1} ms vs unfused {unfused_ms:.1} ms; cross-attn/block {cross_ms:.3} ms -> {:.1} ms",
+            cross_ms * layers
+        ));
         push(
             &mut rows,
             format!(
@@ -375,7 +445,7 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
                 gpu.mem.peak() as f64 / (1u64 << 30) as f64
             ),
         );
-        drop((q, kk, v, o, ff, wbig, bias));
+        drop((q, kk, v, o, ff, wbig, bias, kbias));
 
         if name == "ltxv-2b" {
             // Device-resident denoise loop, 20 forwards, ticks one forward behind.

@@ -19,7 +19,7 @@ use cudarc::driver::sys::CUdeviceptr;
 
 use super::context::{Gpu, Timer};
 use super::gemm::{Epilogue, Gemm};
-use super::kernels::{AttnKernel, Kernels, RopeArgs, NULL};
+use super::kernels::{AttnKernel, Kernels, RopeArgs, RowMode, NULL};
 use super::memory::{align_up, upload, Arena, DeviceBuffer};
 use super::staging::DeviceWeights;
 use super::CudaError;
@@ -423,6 +423,9 @@ pub struct DeviceDit {
     pub attn: AttnKernel,
     /// Use cuBLASLt's fused bias+GELU epilogue (else GEMM + `bias_act` kernel).
     pub fused_gelu: bool,
+    /// Fuse each residual add with the next norm / cast (`residual_norm`), else
+    /// separate `gated_residual`, `cast` and `ada_norm_mod` passes.
+    pub fused_rows: bool,
 }
 
 impl DeviceDit {
@@ -451,6 +454,7 @@ impl DeviceDit {
         Ok(DeviceDit {
             attn: AttnKernel::best_for(dims.head_dim),
             fused_gelu: true,
+            fused_rows: true,
             gpu,
             kernels,
             gemm,
@@ -591,21 +595,41 @@ impl DeviceDit {
         let heads = self.dims.heads;
         let scale = 1.0 / (hd as f32).sqrt();
         let row = |p: CUdeviceptr, i: usize| p + (i * d * 2) as u64; // row i of a [6, D] bf16 table
-        for b in &w.blocks {
-            // Self-attention on the modulated RMS norm.
-            k.ada_norm_mod(
+        let nb = w.blocks.len();
+        if self.fused_rows && nb > 0 {
+            // One fused row pass between sub-blocks: residual add (f32) and the
+            // next consumer's bf16 input in the same read of x.
+            let b0 = &w.blocks[0];
+            k.residual_norm(
                 s,
                 ws.x,
-                ws.h,
+                NULL,
+                (NULL, NULL),
                 n,
                 d,
-                NORM_EPS,
-                false,
-                row(b.sst, 0),
-                row(b.sst, 1),
-                row(ws.temb, 0),
-                row(ws.temb, 1),
+                RowMode::Rms,
+                (row(b0.sst, 0), row(ws.temb, 0)),
+                (row(b0.sst, 1), row(ws.temb, 1)),
+                ws.h,
             )?;
+        }
+        for (bi, b) in w.blocks.iter().enumerate() {
+            // Self-attention on the modulated RMS norm.
+            if !self.fused_rows {
+                k.ada_norm_mod(
+                    s,
+                    ws.x,
+                    ws.h,
+                    n,
+                    d,
+                    NORM_EPS,
+                    false,
+                    row(b.sst, 0),
+                    row(b.sst, 1),
+                    row(ws.temb, 0),
+                    row(ws.temb, 1),
+                )?;
+            }
             linb(ws.h, &b.attn1.q, ws.q, n)?;
             linb(ws.h, &b.attn1.k, ws.k, n)?;
             linb(ws.h, &b.attn1.v, ws.v, n)?;
@@ -626,9 +650,24 @@ impl DeviceDit {
                 scale,
             )?;
             linb(ws.ao, &b.attn1.o, ws.y, n)?;
-            k.gated_residual(s, ws.x, ws.y, row(b.sst, 2), row(ws.temb, 2), d, n * d)?;
             // Cross-attention to the text: no norm, no modulation, no gate.
-            k.cast_f32_to_bf16(s, ws.x, ws.h, n * d)?;
+            if self.fused_rows {
+                k.residual_norm(
+                    s,
+                    ws.x,
+                    ws.y,
+                    (row(b.sst, 2), row(ws.temb, 2)),
+                    n,
+                    d,
+                    RowMode::Cast,
+                    (NULL, NULL),
+                    (NULL, NULL),
+                    ws.h,
+                )?;
+            } else {
+                k.gated_residual(s, ws.x, ws.y, row(b.sst, 2), row(ws.temb, 2), d, n * d)?;
+                k.cast_f32_to_bf16(s, ws.x, ws.h, n * d)?;
+            }
             linb(ws.h, &b.attn2.q, ws.q, n)?;
             linb(ws.text_p, &b.attn2.k, ws.ck, l)?;
             linb(ws.text_p, &b.attn2.v, ws.cv, l)?;
@@ -649,8 +688,76 @@ impl DeviceDit {
                 scale,
             )?;
             linb(ws.ao, &b.attn2.o, ws.y, n)?;
-            k.gated_residual(s, ws.x, ws.y, NULL, NULL, d, n * d)?;
             // Feed-forward on the modulated RMS norm.
+            if self.fused_rows {
+                k.residual_norm(
+                    s,
+                    ws.x,
+                    ws.y,
+                    (NULL, NULL),
+                    n,
+                    d,
+                    RowMode::Rms,
+                    (row(b.sst, 3), row(ws.temb, 3)),
+                    (row(b.sst, 4), row(ws.temb, 4)),
+                    ws.h,
+                )?;
+            } else {
+                k.gated_residual(s, ws.x, ws.y, NULL, NULL, d, n * d)?;
+                k.ada_norm_mod(
+                    s,
+                    ws.x,
+                    ws.h,
+                    n,
+                    d,
+                    NORM_EPS,
+                    false,
+                    row(b.sst, 3),
+                    row(b.sst, 4),
+                    row(ws.temb, 3),
+                    row(ws.temb, 4),
+                )?;
+            }
+            gelu(ws.h, &b.ff1, ws.ff, n)?;
+            linb(ws.ff, &b.ff2, ws.y, n)?;
+            if self.fused_rows {
+                // The gated residual, then the next block's input norm, or the
+                // output LayerNorm modulated by scale_shift_table + emb.
+                let gate = (row(b.sst, 5), row(ws.temb, 5));
+                if bi + 1 < nb {
+                    let nx = &w.blocks[bi + 1];
+                    k.residual_norm(
+                        s,
+                        ws.x,
+                        ws.y,
+                        gate,
+                        n,
+                        d,
+                        RowMode::Rms,
+                        (row(nx.sst, 0), row(ws.temb, 0)),
+                        (row(nx.sst, 1), row(ws.temb, 1)),
+                        ws.h,
+                    )?;
+                } else {
+                    k.residual_norm(
+                        s,
+                        ws.x,
+                        ws.y,
+                        gate,
+                        n,
+                        d,
+                        RowMode::LayerNorm,
+                        (row(w.sst, 0), ws.emb),
+                        (row(w.sst, 1), ws.emb),
+                        ws.h,
+                    )?;
+                }
+            } else {
+                k.gated_residual(s, ws.x, ws.y, row(b.sst, 5), row(ws.temb, 5), d, n * d)?;
+            }
+        }
+        if !self.fused_rows || nb == 0 {
+            // Output: LayerNorm (no affine) modulated by scale_shift_table + emb.
             k.ada_norm_mod(
                 s,
                 ws.x,
@@ -658,30 +765,13 @@ impl DeviceDit {
                 n,
                 d,
                 NORM_EPS,
-                false,
-                row(b.sst, 3),
-                row(b.sst, 4),
-                row(ws.temb, 3),
-                row(ws.temb, 4),
+                true,
+                row(w.sst, 0),
+                row(w.sst, 1),
+                ws.emb,
+                ws.emb,
             )?;
-            gelu(ws.h, &b.ff1, ws.ff, n)?;
-            linb(ws.ff, &b.ff2, ws.y, n)?;
-            k.gated_residual(s, ws.x, ws.y, row(b.sst, 5), row(ws.temb, 5), d, n * d)?;
         }
-        // Output: LayerNorm (no affine) modulated by scale_shift_table + emb.
-        k.ada_norm_mod(
-            s,
-            ws.x,
-            ws.h,
-            n,
-            d,
-            NORM_EPS,
-            true,
-            row(w.sst, 0),
-            row(w.sst, 1),
-            ws.emb,
-            ws.emb,
-        )?;
         linb(ws.h, &w.proj_out, ws.out_bf, n)?;
         k.cast_bf16_to_f32(s, ws.out_bf, ws.out, n * lc)?;
         if timed {

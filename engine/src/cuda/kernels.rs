@@ -33,6 +33,10 @@ pub enum AttnKernel {
     Flash,
     /// Fused flash kernel, ldmatrix fragment loads.
     FlashLdsm,
+    /// Flash v2 (trimmed softmax, masking only in the last tile), 4 warps.
+    Flash2W4,
+    /// Flash v2 with 8 warps (128 query rows share each K/V tile).
+    Flash2W8,
 }
 
 impl AttnKernel {
@@ -51,6 +55,8 @@ impl AttnKernel {
             AttnKernel::Reference => "reference",
             AttnKernel::Flash => "flash",
             AttnKernel::FlashLdsm => "flash-ldsm",
+            AttnKernel::Flash2W4 => "flash2-w4",
+            AttnKernel::Flash2W8 => "flash2-w8",
         }
     }
 }
@@ -95,7 +101,7 @@ impl Kernels {
                 .ctx
                 .load_module(Ptx::from_binary(cubin))
                 .ctx(format!("loading kernel module '{name}'"))?;
-            for f in kernel_names(src) {
+            for f in module_kernels(name, src) {
                 let func = module
                     .load_function(&f)
                     .ctx(format!("finding kernel '{f}' in module '{name}'"))?;
@@ -110,7 +116,14 @@ impl Kernels {
             report,
         };
         // The hd128 flash kernels need more than the default 48 KiB.
-        for f in ["flash_attn_hd128", "flash_attn_ldsm_hd128"] {
+        for f in [
+            "flash_attn_hd128",
+            "flash_attn_ldsm_hd128",
+            "flash2_hd128_w4",
+            "flash2_hd128_w4_bias",
+            "flash2_hd128_w8",
+            "flash2_hd128_w8_bias",
+        ] {
             let func = k.func(f)?;
             // SAFETY: a valid function handle and a supported attribute.
             unsafe {
@@ -322,6 +335,56 @@ impl Kernels {
         )
     }
 
+    /// The fused row step of the forward (see `residual_norm` in
+    /// `kernels/elementwise.cu`): with `y` given, x (f32 [rows, d]) += y (bf16) *
+    /// gate (gate_tab + gate_emb, or 1 when gate_tab is NULL); then h (bf16) =
+    /// bf16(x) ([`RowMode::Cast`]) or the modulated RMS / LayerNorm of x.
+    #[allow(clippy::too_many_arguments)]
+    pub fn residual_norm(
+        &self,
+        s: &CudaStream,
+        x: CUdeviceptr,
+        y: CUdeviceptr,
+        gate: (CUdeviceptr, CUdeviceptr),
+        rows: usize,
+        d: usize,
+        mode: RowMode,
+        shift: (CUdeviceptr, CUdeviceptr),
+        scale: (CUdeviceptr, CUdeviceptr),
+        h: CUdeviceptr,
+    ) -> Result<(), CudaError> {
+        if d % 4 != 0 || d * 4 > 48 * 1024 {
+            return Err(CudaError::Invalid(format!(
+                "residual_norm: width {d} must be a multiple of 4 and <= 12288"
+            )));
+        }
+        let (mut x, mut y, mut g0, mut g1, mut d32) = (x, y, gate.0, gate.1, d as i32);
+        let (mut eps, mut m) = (super::dit::NORM_EPS, mode as i32);
+        let (mut a0, mut a1, mut a2, mut a3, mut h) = (shift.0, scale.0, shift.1, scale.1, h);
+        let mut a = [
+            p(&mut x),
+            p(&mut y),
+            p(&mut g0),
+            p(&mut g1),
+            p(&mut d32),
+            p(&mut eps),
+            p(&mut m),
+            p(&mut a0),
+            p(&mut a1),
+            p(&mut a2),
+            p(&mut a3),
+            p(&mut h),
+        ];
+        self.launch(
+            "residual_norm",
+            (rows as u32, 1, 1),
+            (ROW_THREADS, 1, 1),
+            (d * 4) as u32,
+            s,
+            &mut a,
+        )
+    }
+
     /// y = silu(x), n bf16 elements.
     pub fn silu(
         &self,
@@ -441,7 +504,7 @@ impl Kernels {
     ) -> Result<(), CudaError> {
         let built: &[usize] = match kind {
             AttnKernel::Reference => &[16, 32, 64, 128],
-            AttnKernel::Flash | AttnKernel::FlashLdsm => &[64, 128],
+            _ => &[64, 128],
         };
         if !built.contains(&hd) {
             return Err(CudaError::Invalid(format!(
@@ -466,8 +529,23 @@ impl Kernels {
             AttnKernel::Reference => (format!("attn_ref_hd{hd}"), 64u32, 0u32),
             AttnKernel::Flash => (format!("flash_attn_hd{hd}"), 128, flash_smem_bytes(hd)),
             AttnKernel::FlashLdsm => (format!("flash_attn_ldsm_hd{hd}"), 128, flash_smem_bytes(hd)),
+            AttnKernel::Flash2W4 | AttnKernel::Flash2W8 => {
+                let w = if kind == AttnKernel::Flash2W4 { 4 } else { 8 };
+                let bias = if kbias != NULL { "_bias" } else { "" };
+                (
+                    format!("flash2_hd{hd}_w{w}{bias}"),
+                    32 * w,
+                    flash_smem_bytes(hd),
+                )
+            }
         };
-        let grid = (nq.div_ceil(64) as u32, heads as u32, 1);
+        // Query rows per block: one per thread for the reference, 16 per warp otherwise.
+        let rows = if kind == AttnKernel::Reference {
+            block as usize
+        } else {
+            block as usize / 2
+        };
+        let grid = (nq.div_ceil(rows) as u32, heads as u32, 1);
         let (mut qp, mut kp, mut vp, mut op) = (q.0, k.0, v.0, o.0);
         let (mut nq32, mut nk32) = (nq as i32, nk as i32);
         let (mut lq, mut lk, mut lv, mut lo) = (q.1 as i32, k.1 as i32, v.1 as i32, o.1 as i32);
@@ -490,6 +568,17 @@ impl Kernels {
     }
 }
 
+/// What [`Kernels::residual_norm`] writes into `h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowMode {
+    /// bf16(x).
+    Cast = 0,
+    /// bf16(rms(x) * (1 + scale) + shift).
+    Rms = 1,
+    /// bf16(layernorm(x) * (1 + scale) + shift).
+    LayerNorm = 2,
+}
+
 /// RoPE parameters of [`Kernels::qk_norm_rope`].
 #[derive(Debug, Clone, Copy)]
 pub struct RopeArgs {
@@ -510,7 +599,30 @@ fn p<T>(x: &mut T) -> *mut c_void {
     x as *mut T as *mut c_void
 }
 
-/// The `extern "C" __global__` function names declared in a kernel source.
+/// The flash v2 entry points, generated by the `FLASH2` macro in attention.cu.
+pub fn flash2_names() -> Vec<String> {
+    let mut v = Vec::new();
+    for hd in [64, 128] {
+        for w in [4, 8] {
+            v.push(format!("flash2_hd{hd}_w{w}"));
+            v.push(format!("flash2_hd{hd}_w{w}_bias"));
+        }
+    }
+    v
+}
+
+/// Every entry point of module `name`: the declared ones plus the
+/// macro-generated ones.
+pub fn module_kernels(name: &str, src: &str) -> Vec<String> {
+    let mut v = kernel_names(src);
+    if name == "attention" {
+        v.extend(flash2_names());
+    }
+    v
+}
+
+/// The `extern "C" __global__` function names declared literally in a kernel
+/// source (names pasted together by a macro are skipped).
 pub fn kernel_names(src: &str) -> Vec<String> {
     let mut out = Vec::new();
     for line in src.lines() {
@@ -528,7 +640,9 @@ pub fn kernel_names(src: &str) -> Vec<String> {
         };
         if let Some(paren) = l.find('(') {
             if let Some(name) = l[..paren].split_whitespace().last() {
-                out.push(name.to_string());
+                if !name.contains('#') {
+                    out.push(name.to_string());
+                }
             }
         }
     }
@@ -553,11 +667,25 @@ mod tests {
             "euler_update",
             "fill_uniform_bf16",
             "timestep_sinusoid",
+            "residual_norm",
         ] {
             assert!(e.iter().any(|n| n == k), "{k} missing from {e:?}");
         }
         let a = kernel_names(nvrtc::ATTENTION_CU);
         assert_eq!(a.len(), 8, "{a:?}");
+        let a = module_kernels("attention", nvrtc::ATTENTION_CU);
+        assert_eq!(a.len(), 16, "{a:?}");
+        for f in flash2_names() {
+            let macro_line = format!(
+                "FLASH2({}, {})",
+                &f[9..f.find("_w").unwrap()],
+                &f[f.find("_w").unwrap() + 2..][..1]
+            );
+            assert!(
+                nvrtc::ATTENTION_CU.contains(&macro_line),
+                "{macro_line} not instantiated"
+            );
+        }
         assert!(a.iter().any(|n| n == "flash_attn_ldsm_hd128"));
     }
 

@@ -28,7 +28,7 @@ use super::context::Gpu;
 use super::dit::{DeviceDit, DitDims, Geometry, LATENT_CHANNELS, MASK_BIAS, NORM_EPS, QK_EPS};
 use super::gemm::{Epilogue, Gemm};
 use super::host_ref as hr;
-use super::kernels::{AttnKernel, Kernels, RopeArgs, NULL};
+use super::kernels::{AttnKernel, Kernels, RopeArgs, RowMode, NULL};
 use super::memory::{download, upload, DeviceBuffer};
 use super::staging::{self, DeviceWeights, StagingArm, StagingOptions};
 use super::CudaError;
@@ -387,6 +387,85 @@ pub fn check_kernels(rig: &Rig, rng: &mut Rng, out: &mut Vec<Check>) -> Result<(
             1e-5,
         ));
     }
+    // The fused residual + norm row step, every mode, with and without a residual.
+    for d in [64usize, 2048, 4096] {
+        for (mode, name) in [
+            (RowMode::Cast, "cast"),
+            (RowMode::Rms, "rms"),
+            (RowMode::LayerNorm, "layernorm"),
+        ] {
+            for (with_y, gated) in [(true, true), (true, false), (false, false)] {
+                if !with_y && mode == RowMode::Cast {
+                    continue;
+                }
+                let rows = 19;
+                let x: Vec<f32> = rng.normal(rows * d, 1.5).iter().map(|v| v + 0.2).collect();
+                let y = rb(&rng.normal(rows * d, 1.0));
+                let t: Vec<Vec<f32>> = (0..6).map(|_| rb(&rng.uniform(d, -0.5, 0.5))).collect();
+                let xd = rig.f32(&x)?;
+                let yd = rig.bf16(&y)?;
+                let td: Vec<DeviceBuffer> =
+                    t.iter().map(|v| rig.bf16(v)).collect::<Result<_, _>>()?;
+                let hd = rig.poisoned(rows * d * 2)?;
+                let gate = if gated {
+                    (td[4].ptr(), td[5].ptr())
+                } else {
+                    (NULL, NULL)
+                };
+                k.residual_norm(
+                    s,
+                    xd.ptr(),
+                    if with_y { yd.ptr() } else { NULL },
+                    gate,
+                    rows,
+                    d,
+                    mode,
+                    (td[0].ptr(), td[2].ptr()),
+                    (td[1].ptr(), td[3].ptr()),
+                    hd.ptr(),
+                )?;
+                let mut rx = x.clone();
+                if with_y {
+                    for i in 0..rows * d {
+                        rx[i] += y[i]
+                            * if gated {
+                                t[4][i % d] + t[5][i % d]
+                            } else {
+                                1.0
+                            };
+                    }
+                }
+                let rh = match mode {
+                    RowMode::Cast => rx.clone(),
+                    _ => {
+                        let shift: Vec<f32> = (0..d).map(|c| t[0][c] + t[2][c]).collect();
+                        let scale: Vec<f32> = (0..d).map(|c| t[1][c] + t[3][c]).collect();
+                        hr::ada_norm_mod(
+                            &rx,
+                            d,
+                            NORM_EPS,
+                            mode == RowMode::LayerNorm,
+                            &shift,
+                            &scale,
+                        )
+                    }
+                };
+                let tag = format!("residual_norm {name} d={d} y={with_y} gate={gated}");
+                out.push(Check::new(
+                    format!("{tag} h"),
+                    &rig.read_bf16(hd.ptr(), rows * d)?,
+                    &rh,
+                    5e-3,
+                ));
+                out.push(Check::new(
+                    format!("{tag} x"),
+                    &rig.read_f32(xd.ptr(), rows * d)?,
+                    &rx,
+                    1e-5,
+                ));
+            }
+        }
+    }
     // SiLU, bias + tanh-GELU, the timestep sinusoid, Euler.
     {
         let n = 70_001;
@@ -524,6 +603,7 @@ pub fn check_attention(rig: &Rig, rng: &mut Rng, out: &mut Vec<Check>) -> Result
             (333usize, 333usize, false),
             (333, 77, true),
             (64, 64, false),
+            (200, 130, true),
         ] {
             let q = rb(&rng.normal(nq * d, 1.5));
             let kx = rb(&rng.normal(nk * d, 1.5));
@@ -555,6 +635,8 @@ pub fn check_attention(rig: &Rig, rng: &mut Rng, out: &mut Vec<Check>) -> Result
                     AttnKernel::Reference,
                     AttnKernel::Flash,
                     AttnKernel::FlashLdsm,
+                    AttnKernel::Flash2W4,
+                    AttnKernel::Flash2W8,
                 ]
             };
             for kind in kinds {
@@ -673,8 +755,11 @@ pub fn check_forward(
         dims,
         weights,
     )?;
-    for kind in kinds {
+    let mut runs: Vec<(AttnKernel, bool)> = kinds.iter().map(|k| (*k, true)).collect();
+    runs.push((kinds[0], false)); // the unfused row path too
+    for (kind, fused) in &runs {
         dit.attn = *kind;
+        dit.fused_rows = *fused;
         dit.workspace(n, l)?.poison(&rig.gpu)?;
         dit.set_latents(&lat)?;
         dit.set_text(&text, &mask)?;
@@ -685,7 +770,11 @@ pub fn check_forward(
             .ok_or_else(|| CudaError::Invalid("no workspace".into()))?;
         let v = rig.read_f32(outp, n * LATENT_CHANNELS)?;
         let mut c = Check::new(
-            format!("forward {label} attn={} grid={grid:?} l={l}", kind.name()),
+            format!(
+                "forward {label} attn={}{} grid={grid:?} l={l}",
+                kind.name(),
+                if *fused { "" } else { " unfused-rows" }
+            ),
             &v,
             &r,
             2e-2,
@@ -776,8 +865,9 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
             (3, 8, 12),
             128,
             &[
+                AttnKernel::Flash2W4,
+                AttnKernel::Flash2W8,
                 AttnKernel::FlashLdsm,
-                AttnKernel::Flash,
                 AttnKernel::Reference,
             ],
             &mut checks,

@@ -483,7 +483,28 @@ fn stage_batched(
     tensors: &[FileTensor],
     opts: &StagingOptions,
 ) -> Result<(DeviceWeights, StagingReport), CudaError> {
+    // A pool of exactly `threads` readers when asked for (rayon's global pool
+    // has one per core).
+    if opts.threads != 0 && opts.threads != rayon::current_num_threads() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(opts.threads)
+            .build()
+            .map_err(|e| {
+                CudaError::Invalid(format!("cannot start {} reader threads: {e}", opts.threads))
+            })?;
+        return pool.install(|| stage_batched_in_pool(gpu, path, tensors, opts));
+    }
+    stage_batched_in_pool(gpu, path, tensors, opts)
+}
+
+fn stage_batched_in_pool(
+    gpu: &Gpu,
+    path: &Path,
+    tensors: &[FileTensor],
+    opts: &StagingOptions,
+) -> Result<(DeviceWeights, StagingReport), CudaError> {
     let t0 = Instant::now();
+    gpu.bind()?;
     let f = File::open(path).map_err(|source| io(path, source))?;
     // Arena layout: file order, each tensor on an ALIGN boundary.
     let mut offs = Vec::with_capacity(tensors.len());
@@ -516,6 +537,18 @@ fn stage_batched(
         .collect::<Result<_, _>>()?;
     let mut used = vec![false; nbuf];
     let copy = gpu.copy.cu_stream();
+    let (releaser, release_thread) = if opts.release_pages {
+        let (tx, rx) = std::sync::mpsc::channel::<(u64, u64)>();
+        let rf = f.try_clone().map_err(|source| io(path, source))?;
+        let h = std::thread::spawn(move || {
+            for (o, l) in rx {
+                release(&rf, o, l);
+            }
+        });
+        (Some(tx), Some(h))
+    } else {
+        (None, None)
+    };
 
     let result = (|| -> Result<(u64, usize), CudaError> {
         let (start, end) = match (tensors.first(), tensors.last()) {
@@ -536,8 +569,10 @@ fn stage_batched(
             }
             let buf = &mut ring[slot].as_mut_slice()[..len];
             parallel_read(&f, path, buf, pos, threads)?;
-            if opts.release_pages {
-                release(&f, pos, len as u64);
+            if let Some(tx) = &releaser {
+                // The bytes are in pinned memory now: the page cache may go,
+                // off the read path.
+                let _ = tx.send((pos, len as u64));
             }
             let cend = pos + len as u64;
             while first_t < tensors.len()
@@ -572,6 +607,10 @@ fn stage_batched(
             .ctx("waiting for the staging copies")?;
         Ok((end - start, copies))
     })();
+    drop(releaser);
+    if let Some(h) = release_thread {
+        let _ = h.join();
+    }
     for e in events {
         // SAFETY: created above; all work behind them is complete or failed.
         let _ = unsafe { dres::event::destroy(e) };
@@ -640,6 +679,64 @@ pub fn pinned_copy_gbps(gpu: &Gpu, bytes: usize) -> Result<f64, CudaError> {
         .synchronize()
         .ctx("waiting for the pinned copies")?;
     Ok(bytes as f64 / t0.elapsed().as_secs_f64() / 1e9)
+}
+
+/// An experiment beside the two arms (benchmark only): register the file's
+/// read-only mapping with the driver (`cuMemHostRegister`, READ_ONLY) and let the
+/// copy engine read the page cache directly, with no host copy at all. Returns
+/// (GB/s over the whole operation, seconds spent registering) or the driver's
+/// refusal.
+pub fn registered_mmap_gbps(gpu: &Gpu, path: &Path) -> Result<(f64, f64), CudaError> {
+    let (tensors, _) = read_header(path)?;
+    let (start, end) = match (tensors.first(), tensors.last()) {
+        (Some(a), Some(b)) => (a.offset as usize, b.offset as usize + b.bytes),
+        _ => return Err(CudaError::Invalid("no tensors".into())),
+    };
+    let f = File::open(path).map_err(|source| io(path, source))?;
+    // SAFETY: read-only mapping of a file nobody writes during the copy.
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|source| io(path, source))?;
+    let dev = DeviceBuffer::alloc(gpu, end - start, "the registered-mmap experiment")?;
+    gpu.bind()?;
+    let t0 = Instant::now();
+    // SAFETY: the mapping outlives the registration, which is undone below.
+    unsafe {
+        dsys::cuMemHostRegister_v2(
+            map.as_ptr() as *mut std::ffi::c_void,
+            map.len(),
+            dsys::CU_MEMHOSTREGISTER_READ_ONLY,
+        )
+        .result()
+        .ctx("registering the mapped weights file (cuMemHostRegister READ_ONLY)")?;
+    }
+    let reg_s = t0.elapsed().as_secs_f64();
+    let piece = 64 << 20;
+    let mut off = start;
+    let mut r = Ok(());
+    while off < end && r.is_ok() {
+        let n = piece.min(end - off);
+        // SAFETY: inside the registered mapping and the device buffer.
+        r = unsafe {
+            dres::memcpy_htod_async(
+                dev.ptr() + (off - start) as u64,
+                &map[off..off + n],
+                gpu.copy.cu_stream(),
+            )
+        }
+        .ctx("queueing a copy from the registered mapping");
+        off += n;
+    }
+    let sync = gpu
+        .copy
+        .synchronize()
+        .ctx("waiting for the registered copies");
+    let secs = t0.elapsed().as_secs_f64();
+    // SAFETY: registered above.
+    unsafe {
+        let _ = dsys::cuMemHostUnregister(map.as_ptr() as *mut std::ffi::c_void);
+    }
+    r?;
+    sync?;
+    Ok(((end - start) as f64 / secs / 1e9, reg_s))
 }
 
 #[cfg(test)]

@@ -326,3 +326,196 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) flash_attn_ldsm_hd64(RE
 extern "C" __global__ void __launch_bounds__(FA_THREADS) flash_attn_ldsm_hd128(REF_ARGS) {
     flash_fwd<128, true>(q, k, v, o, nq, nk, ldq, ldk, ldv, ldo, kbias, scale);
 }
+
+// ------------------------------------------------------------------ flash v2 ----
+// Same algorithm and fragment layouts as flash_fwd (ldmatrix loads), with the
+// softmax arithmetic trimmed: the running max is kept on raw scores (the scale is
+// positive, so the max commutes with it) and each probability is one FFMA + one
+// ex2 (p = 2^(s * scale*log2e - m * scale*log2e)); keys past the end are masked
+// only in the last tile; the key bias (text mask) is a template case, added to
+// the raw score as bias / scale. WARPS warps of 16 query rows each share every
+// K/V tile (4 -> 64 rows, 8 -> 128 rows per block).
+
+__device__ __forceinline__ float ex2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+template <int HD>
+__device__ __forceinline__ void fa2_load_tile(bf16* ks, bf16* vs, const bf16* __restrict__ k,
+                                              const bf16* __restrict__ v, int kt, int nk, int ldk, int ldv, int h) {
+    constexpr int SROW = HD + 8;
+    constexpr int CHUNKS = HD / 8;
+    for (int i = threadIdx.x; i < FA_BN * CHUNKS; i += blockDim.x) {
+        const int r = i / CHUNKS, c8 = (i % CHUNKS) * 8;
+        const int key = kt + r;
+        const bool ok = key < nk;
+        const long long kr = ok ? key : 0;
+        cp_async16(ks + r * SROW + c8, k + kr * ldk + h * HD + c8, ok);
+        cp_async16(vs + r * SROW + c8, v + kr * ldv + h * HD + c8, ok);
+    }
+    cp_async_commit();
+}
+
+template <int HD, int WARPS, bool BIAS>
+__device__ __forceinline__ void flash2_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                           const bf16* __restrict__ v, bf16* __restrict__ o, int nq, int nk,
+                                           int ldq, int ldk, int ldv, int ldo, const float* __restrict__ kbias,
+                                           float scale) {
+    constexpr int SROW = HD + 8;
+    constexpr int KSTEPS = HD / 16;
+    constexpr int DTILES = HD / 8;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    bf16* ks = (bf16*)fa_smem;
+    bf16* vs = ks + 2 * FA_BN * SROW;
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int h = blockIdx.y;
+    const int r0 = blockIdx.x * (16 * WARPS) + warp * 16 + g;
+    const int r1 = r0 + 8;
+    const float sl2 = scale * LOG2E;
+    const float inv_scale = 1.0f / scale;
+
+    unsigned int qa[KSTEPS][4];
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+        const int c = h * HD + kk * 16 + 2 * t;
+        qa[kk][0] = r0 < nq ? *(const unsigned int*)(q + (long long)r0 * ldq + c) : 0u;
+        qa[kk][1] = r1 < nq ? *(const unsigned int*)(q + (long long)r1 * ldq + c) : 0u;
+        qa[kk][2] = r0 < nq ? *(const unsigned int*)(q + (long long)r0 * ldq + c + 8) : 0u;
+        qa[kk][3] = r1 < nq ? *(const unsigned int*)(q + (long long)r1 * ldq + c + 8) : 0u;
+    }
+    float oacc[DTILES][4];
+#pragma unroll
+    for (int i = 0; i < DTILES; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
+
+    const int ntiles = (nk + FA_BN - 1) / FA_BN;
+    fa2_load_tile<HD>(ks, vs, k, v, 0, nk, ldk, ldv, h);
+    for (int it = 0; it < ntiles; ++it) {
+        const int stage = it & 1;
+        if (it + 1 < ntiles) {
+            fa2_load_tile<HD>(ks + (stage ^ 1) * FA_BN * SROW, vs + (stage ^ 1) * FA_BN * SROW, k, v,
+                              (it + 1) * FA_BN, nk, ldk, ldv, h);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const bf16* kst = ks + stage * FA_BN * SROW;
+        const bf16* vst = vs + stage * FA_BN * SROW;
+
+        float s[FA_BN / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < FA_BN / 8; ++nt) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; kk += 2) {
+                const int mi = lane >> 3;
+                const bf16* p = kst + (nt * 8 + (lane & 7)) * SROW + kk * 16 + mi * 8;
+                unsigned int b0, b1, b2, b3;
+                ldsm_x4(b0, b1, b2, b3, smem_u32(p));
+                mma16816(s[nt], qa[kk], b0, b1);
+                mma16816(s[nt], qa[kk + 1], b2, b3);
+            }
+        }
+        if (BIAS) {
+#pragma unroll
+            for (int nt = 0; nt < FA_BN / 8; ++nt) {
+                const int key = it * FA_BN + nt * 8 + 2 * t;
+                const float b0 = key < nk ? kbias[key] * inv_scale : 0.0f;
+                const float b1 = key + 1 < nk ? kbias[key + 1] * inv_scale : 0.0f;
+                s[nt][0] += b0;
+                s[nt][1] += b1;
+                s[nt][2] += b0;
+                s[nt][3] += b1;
+            }
+        }
+        if ((it + 1) * FA_BN > nk) {
+#pragma unroll
+            for (int nt = 0; nt < FA_BN / 8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (it * FA_BN + nt * 8 + 2 * t + (e & 1) >= nk) s[nt][e] = NEG_INF;
+                }
+            }
+        }
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int nt = 0; nt < FA_BN / 8; ++nt) {
+            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float base0 = mx0 == NEG_INF ? 0.0f : mx0 * sl2;
+        const float base1 = mx1 == NEG_INF ? 0.0f : mx1 * sl2;
+        const float c0 = ex2_approx(fmaf(m0, sl2, -base0)), c1 = ex2_approx(fmaf(m1, sl2, -base1));
+        m0 = mx0;
+        m1 = mx1;
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int i = 0; i < DTILES; ++i) {
+            oacc[i][0] *= c0;
+            oacc[i][1] *= c0;
+            oacc[i][2] *= c1;
+            oacc[i][3] *= c1;
+        }
+#pragma unroll
+        for (int nt = 0; nt < FA_BN / 8; ++nt) {
+            s[nt][0] = ex2_approx(fmaf(s[nt][0], sl2, -base0));
+            s[nt][1] = ex2_approx(fmaf(s[nt][1], sl2, -base0));
+            s[nt][2] = ex2_approx(fmaf(s[nt][2], sl2, -base1));
+            s[nt][3] = ex2_approx(fmaf(s[nt][3], sl2, -base1));
+            l0 += s[nt][0] + s[nt][1];
+            l1 += s[nt][2] + s[nt][3];
+        }
+#pragma unroll
+        for (int kc = 0; kc < FA_BN / 16; ++kc) {
+            unsigned int pa[4];
+            pa[0] = pack_bf16x2(s[2 * kc][0], s[2 * kc][1]);
+            pa[1] = pack_bf16x2(s[2 * kc][2], s[2 * kc][3]);
+            pa[2] = pack_bf16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+            pa[3] = pack_bf16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+#pragma unroll
+            for (int dt = 0; dt < DTILES; dt += 2) {
+                const int mi = lane >> 3;
+                const bf16* p = vst + (kc * 16 + (mi & 1) * 8 + (lane & 7)) * SROW + dt * 8 + (mi >> 1) * 8;
+                unsigned int b0, b1, b2, b3;
+                ldsm_x4_t(b0, b1, b2, b3, smem_u32(p));
+                mma16816(oacc[dt], pa, b0, b1);
+                mma16816(oacc[dt + 1], pa, b2, b3);
+            }
+        }
+        __syncthreads();
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+#pragma unroll
+    for (int dt = 0; dt < DTILES; ++dt) {
+        const int c = h * HD + dt * 8 + 2 * t;
+        if (r0 < nq) *(unsigned int*)(o + (long long)r0 * ldo + c) = pack_bf16x2(oacc[dt][0] * inv0, oacc[dt][1] * inv0);
+        if (r1 < nq) *(unsigned int*)(o + (long long)r1 * ldo + c) = pack_bf16x2(oacc[dt][2] * inv1, oacc[dt][3] * inv1);
+    }
+}
+
+#define FLASH2(HD, W)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * W) flash2_hd##HD##_w##W(REF_ARGS) {              \
+        flash2_fwd<HD, W, false>(q, k, v, o, nq, nk, ldq, ldk, ldv, ldo, kbias, scale);                \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * W) flash2_hd##HD##_w##W##_bias(REF_ARGS) {       \
+        flash2_fwd<HD, W, true>(q, k, v, o, nq, nk, ldq, ldk, ldv, ldo, kbias, scale);                 \
+    }
+FLASH2(64, 4)
+FLASH2(64, 8)
+FLASH2(128, 4)
+FLASH2(128, 8)

@@ -170,3 +170,81 @@ extern "C" __global__ void timestep_sinusoid(bf16* __restrict__ out, float t, in
         out[half + i] = f2bf(sinf(a));
     }
 }
+
+// The fused row step between sub-blocks of the DiT, one block per row of D
+// (D a multiple of 4, dynamic shared memory D * 4 bytes):
+//   if y != null: x += y * gate, gate = gate_tab + gate_emb (gate_tab == null: 1)
+//   then h = mode 0: bf16(x)
+//            mode 1: bf16(rms(x) * (1 + scale) + shift)
+//            mode 2: bf16(layernorm(x) * (1 + scale) + shift)
+// with shift = shift_tab + shift_emb, scale = scale_tab + scale_emb (bf16 [D]).
+// One pass over x and y (4-wide loads), the row kept in shared memory.
+__device__ __forceinline__ void ld_bf16x4(const bf16* p, float* o) {
+    const uint2 v = *(const uint2*)p;
+    o[0] = bf2f((bf16)(v.x & 0xffffu));
+    o[1] = bf2f((bf16)(v.x >> 16));
+    o[2] = bf2f((bf16)(v.y & 0xffffu));
+    o[3] = bf2f((bf16)(v.y >> 16));
+}
+
+extern "C" __global__ void residual_norm(float* __restrict__ x, const bf16* __restrict__ y,
+                                         const bf16* __restrict__ gate_tab, const bf16* __restrict__ gate_emb,
+                                         int D, float eps, int mode,
+                                         const bf16* __restrict__ shift_tab, const bf16* __restrict__ scale_tab,
+                                         const bf16* __restrict__ shift_emb, const bf16* __restrict__ scale_emb,
+                                         bf16* __restrict__ h) {
+    extern __shared__ float row[];
+    __shared__ float scratch[32];
+    const long long r = blockIdx.x;
+    float4* xr = (float4*)(x + r * D);
+    const int q4 = D / 4;
+    float s1 = 0.0f;
+    for (int i = threadIdx.x; i < q4; i += blockDim.x) {
+        float4 v = xr[i];
+        if (y) {
+            float yy[4], g0[4] = {1.0f, 1.0f, 1.0f, 1.0f}, g1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            ld_bf16x4(y + r * D + 4 * i, yy);
+            if (gate_tab) {
+                ld_bf16x4(gate_tab + 4 * i, g0);
+                ld_bf16x4(gate_emb + 4 * i, g1);
+            }
+            v.x += yy[0] * (g0[0] + g1[0]);
+            v.y += yy[1] * (g0[1] + g1[1]);
+            v.z += yy[2] * (g0[2] + g1[2]);
+            v.w += yy[3] * (g0[3] + g1[3]);
+            xr[i] = v;
+        }
+        row[4 * i] = v.x;
+        row[4 * i + 1] = v.y;
+        row[4 * i + 2] = v.z;
+        row[4 * i + 3] = v.w;
+        s1 += v.x + v.y + v.z + v.w;
+    }
+    uint2* hr = (uint2*)(h + r * D);
+    if (mode == 0) {
+        for (int i = threadIdx.x; i < q4; i += blockDim.x)
+            hr[i] = make_uint2(pack_bf16x2(row[4 * i], row[4 * i + 1]), pack_bf16x2(row[4 * i + 2], row[4 * i + 3]));
+        return;
+    }
+    float mean = 0.0f;
+    if (mode == 2) mean = block_sum(s1, scratch) / (float)D;  // synchronises: row[] complete
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < q4; i += blockDim.x) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float v = row[4 * i + j] - mean;
+            ss += v * v;
+        }
+    }
+    const float rs = rsqrtf(block_sum(ss, scratch) / (float)D + eps);
+    for (int i = threadIdx.x; i < q4; i += blockDim.x) {
+        float a[4], b[4], c[4], d[4], o[4];
+        ld_bf16x4(shift_tab + 4 * i, a);
+        ld_bf16x4(shift_emb + 4 * i, b);
+        ld_bf16x4(scale_tab + 4 * i, c);
+        ld_bf16x4(scale_emb + 4 * i, d);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) o[j] = (row[4 * i + j] - mean) * rs * (1.0f + c[j] + d[j]) + (a[j] + b[j]);
+        hr[i] = make_uint2(pack_bf16x2(o[0], o[1]), pack_bf16x2(o[2], o[3]));
+    }
+}
