@@ -242,6 +242,22 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
             Ok((gbps, reg)) => push(&mut rows, format!("staging  experiment registered mmap (no host copy): {gbps:.1} GB/s incl. {reg:.3} s registering")),
             Err(e) => push(&mut rows, format!("staging  experiment registered mmap: refused: {e}")),
         }
+        let mut cells = Vec::new();
+        for (threads, mib) in [(4usize, 64usize), (8, 64), (16, 64), (16, 16), (16, 256)] {
+            match staging::registered_parallel_gbps(gpu, &file, threads, mib << 20) {
+                Ok((gbps, unreg)) => cells.push(format!(
+                    "{threads}t/{mib}M={gbps:.1} (unregister {unreg:.3}s)"
+                )),
+                Err(e) => cells.push(format!("{threads}t/{mib}M refused: {e}")),
+            }
+        }
+        push(
+            &mut rows,
+            format!(
+                "staging  experiment parallel registration: {}",
+                cells.join(" ")
+            ),
+        );
     }
     {
         let mut o = StagingOptions::new(StagingArm::Batched);

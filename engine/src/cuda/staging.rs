@@ -741,6 +741,105 @@ pub fn registered_mmap_gbps(gpu: &Gpu, path: &Path) -> Result<(f64, f64), CudaEr
     Ok(((end - start) as f64 / secs / 1e9, reg_s))
 }
 
+/// The registered-mapping experiment with the registration spread over
+/// `threads` threads, `chunk` bytes (a multiple of the page size) at a time:
+/// each thread registers a chunk of the read-only mapping and queues its copy,
+/// so pinning overlaps the copy engine. Returns (GB/s until every copy has
+/// completed, seconds spent unregistering afterwards).
+pub fn registered_parallel_gbps(
+    gpu: &Gpu,
+    path: &Path,
+    threads: usize,
+    chunk: usize,
+) -> Result<(f64, f64), CudaError> {
+    let (tensors, _) = read_header(path)?;
+    let (start, end) = match (tensors.first(), tensors.last()) {
+        (Some(a), Some(b)) => (a.offset as usize, b.offset as usize + b.bytes),
+        _ => return Err(CudaError::Invalid("no tensors".into())),
+    };
+    let page = 4096usize;
+    let chunk = chunk.div_ceil(page) * page;
+    let f = File::open(path).map_err(|source| io(path, source))?;
+    // SAFETY: read-only mapping of a file nobody writes during the copy.
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|source| io(path, source))?;
+    let dev = DeviceBuffer::alloc(gpu, end - start, "the registered-mmap experiment")?;
+    let base = map.as_ptr() as usize;
+    let first = start / page * page;
+    let n_chunks = (end - first).div_ceil(chunk);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let registered = std::sync::Mutex::new(Vec::new());
+    let t0 = Instant::now();
+    let results: Vec<Result<(), CudaError>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                sc.spawn(|| -> Result<(), CudaError> {
+                    gpu.bind()?;
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        if i >= n_chunks {
+                            return Ok(());
+                        }
+                        let lo = first + i * chunk;
+                        let hi = (lo + chunk).min(map.len());
+                        // SAFETY: a page-aligned range inside the mapping, unregistered below.
+                        unsafe {
+                            dsys::cuMemHostRegister_v2(
+                                (base + lo) as *mut std::ffi::c_void,
+                                hi - lo,
+                                dsys::CU_MEMHOSTREGISTER_READ_ONLY,
+                            )
+                            .result()
+                            .ctx("registering a chunk of the mapped weights file")?;
+                        }
+                        if let Ok(mut r) = registered.lock() {
+                            r.push(base + lo);
+                        }
+                        let (s, e) = (lo.max(start), (lo + chunk).min(end));
+                        if e > s {
+                            // SAFETY: inside the registered chunk and the device buffer.
+                            unsafe {
+                                dres::memcpy_htod_async(
+                                    dev.ptr() + (s - start) as u64,
+                                    &map[s..e],
+                                    gpu.copy.cu_stream(),
+                                )
+                            }
+                            .ctx("queueing a copy from a registered chunk")?;
+                        }
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(CudaError::Invalid("a registering thread panicked".into()))
+                })
+            })
+            .collect()
+    });
+    let sync = gpu
+        .copy
+        .synchronize()
+        .ctx("waiting for the registered copies");
+    let secs = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    if let Ok(r) = registered.lock() {
+        for p in r.iter() {
+            // SAFETY: registered above.
+            unsafe {
+                let _ = dsys::cuMemHostUnregister(*p as *mut std::ffi::c_void);
+            }
+        }
+    }
+    let unreg = t1.elapsed().as_secs_f64();
+    for r in results {
+        r?;
+    }
+    sync?;
+    Ok(((end - start) as f64 / secs / 1e9, unreg))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
