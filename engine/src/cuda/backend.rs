@@ -58,6 +58,48 @@ pub trait DitBackend {
     fn reset_peak(&self);
 }
 
+/// The CPU reference arm: the `models` transformer in f32.
+pub struct CpuDit {
+    model: crate::models::dit::Transformer,
+}
+
+impl CpuDit {
+    /// Wrap a loaded CPU transformer.
+    pub fn new(model: crate::models::dit::Transformer) -> CpuDit {
+        CpuDit { model }
+    }
+}
+
+impl DitBackend for CpuDit {
+    fn arm(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn forward(
+        &mut self,
+        latents: &Tensor,
+        sigma: f32,
+        text: &Tensor,
+        text_mask: &[f32],
+        grid: (usize, usize, usize),
+        fps: f32,
+    ) -> Result<Tensor, BackendError> {
+        self.model
+            .forward(latents, sigma, text, text_mask, grid, fps)
+            .map_err(|e| BackendError::Cpu(e.to_string()))
+    }
+
+    fn last_device_ms(&self) -> Option<f64> {
+        None
+    }
+
+    fn peak_device_bytes(&self) -> Option<u64> {
+        None
+    }
+
+    fn reset_peak(&self) {}
+}
+
 /// The CUDA arm: weights staged once, forwards device-resident.
 pub struct CudaDit {
     rig: Rig,
@@ -189,6 +231,53 @@ mod tests {
             s.starts_with("no CUDA here") || s.contains("/nonexistent/transformer.safetensors"),
             "{s}"
         );
+    }
+
+    #[test]
+    fn cpu_arm_behind_the_trait_runs_the_models_transformer() {
+        use crate::cuda::selftest::{synth_host_weights, Rng};
+        use crate::weights::{MapSource, VarBuilder};
+        let cfg = crate::presets::dit_tiny();
+        let dims = DitDims::from_config(&cfg).unwrap();
+        let mut src = MapSource::new();
+        for (name, v) in synth_host_weights(&dims.tensor_specs(), 3) {
+            let spec = dims
+                .tensor_specs()
+                .into_iter()
+                .find(|s| s.name == name)
+                .unwrap();
+            src.insert(name, Tensor::new(&spec.shape, v).unwrap());
+        }
+        let model = crate::models::dit::Transformer::load(&VarBuilder::new(&src), &cfg).unwrap();
+        let mut b: Box<dyn DitBackend> = Box::new(CpuDit::new(model));
+        let mut rng = Rng::new(4);
+        let grid = (2, 2, 3);
+        let lat = Tensor::new(&[12, 128], rng.normal(12 * 128, 1.0)).unwrap();
+        let text = Tensor::new(&[8, 64], rng.normal(8 * 64, 1.0)).unwrap();
+        let mask = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0];
+        let v = b.forward(&lat, 0.6, &text, &mask, grid, 25.0).unwrap();
+        assert_eq!(b.arm(), "cpu");
+        assert!(b.last_device_ms().is_none() && b.peak_device_bytes().is_none());
+        // The CPU arm and the device checks' host reference compute the same
+        // function (f32 both: only summation order differs).
+        let hw = synth_host_weights(&dims.tensor_specs(), 3);
+        let r = crate::cuda::host_ref::dit_forward(
+            &hw,
+            &dims,
+            lat.data(),
+            0.6,
+            text.data(),
+            &mask,
+            grid,
+            25.0,
+        );
+        let (rel, _) = crate::cuda::host_ref::rel_err(v.data(), &r);
+        assert!(rel < 1e-4, "CPU arm vs host reference: rel {rel}");
+        let e = b
+            .forward(&lat, 0.6, &text, &mask[..7], grid, 25.0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("text_mask"), "{e}");
     }
 
     #[test]

@@ -748,6 +748,8 @@ pub fn check_forward(
     let hw = synth_host_weights(&dims.tensor_specs(), seed);
     let r = hr::dit_forward(&hw, &dims, &lat, sigma, &text, &mask, grid, fps);
     let host_s = t0.elapsed().as_secs_f64();
+    // The CPU arm itself (the models transformer) on the same weights.
+    let cpu = cpu_arm_forward(&dims, hw, &lat, sigma, &text, &mask, grid, fps)?;
     let mut dit = DeviceDit::new(
         rig.gpu.clone(),
         rig.kernels.clone(),
@@ -781,8 +783,78 @@ pub fn check_forward(
         );
         c.note = format!("device {ms:.2} ms, host ref {host_s:.1} s");
         out.push(c);
+        if *kind == kinds[0] && *fused {
+            out.push(Check::new(
+                format!(
+                    "forward {label} attn={} vs the CPU arm (models::Transformer)",
+                    kind.name()
+                ),
+                &v,
+                &cpu,
+                2e-2,
+            ));
+        }
     }
+    let mut c = Check::new(
+        format!("host reference vs the CPU arm, {label} (f32 both)"),
+        &r,
+        &cpu,
+        1e-4,
+    );
+    c.note = "the device checks' reference computes the CPU arm's function".into();
+    out.push(c);
     Ok(())
+}
+
+/// The DiT config of `dims` (the released architecture with these sizes).
+pub fn dims_config(dims: &DitDims) -> crate::models::dit::DitConfig {
+    let mut c = crate::presets::dit_2b();
+    c.num_layers = dims.layers;
+    c.num_attention_heads = dims.heads;
+    c.attention_head_dim = dims.head_dim;
+    c.cross_attention_dim = dims.dim();
+    c.caption_channels = dims.caption_channels;
+    c
+}
+
+/// The CPU arm's forward (models::Transformer, f32) on host weights.
+#[allow(clippy::too_many_arguments)]
+fn cpu_arm_forward(
+    dims: &DitDims,
+    hw: hr::HostWeights,
+    lat: &[f32],
+    sigma: f32,
+    text: &[f32],
+    mask: &[f32],
+    grid: (usize, usize, usize),
+    fps: f32,
+) -> Result<Vec<f32>, CudaError> {
+    use crate::tensor::Tensor;
+    use crate::weights::{MapSource, VarBuilder};
+    let bad = |e: String| CudaError::Invalid(format!("CPU arm: {e}"));
+    let mut src = MapSource::new();
+    for spec in dims.tensor_specs() {
+        let v = hw
+            .get(&spec.name)
+            .cloned()
+            .ok_or_else(|| bad(format!("no host tensor {}", spec.name)))?;
+        src.insert(
+            spec.name.clone(),
+            Tensor::new(&spec.shape, v).map_err(|e| bad(e.to_string()))?,
+        );
+    }
+    drop(hw);
+    let model = crate::models::dit::Transformer::load(&VarBuilder::new(&src), &dims_config(dims))
+        .map_err(|e| bad(e.to_string()))?;
+    drop(src);
+    let n = grid.0 * grid.1 * grid.2;
+    let lt = Tensor::new(&[n, LATENT_CHANNELS], lat.to_vec()).map_err(|e| bad(e.to_string()))?;
+    let tt = Tensor::new(&[mask.len(), dims.caption_channels], text.to_vec())
+        .map_err(|e| bad(e.to_string()))?;
+    let v = model
+        .forward(&lt, sigma, &tt, mask, grid, fps)
+        .map_err(|e| bad(e.to_string()))?;
+    Ok(v.into_data())
 }
 
 /// Options of [`run`].
@@ -944,6 +1016,13 @@ mod tests {
             .map(|c| u16::from_le_bytes([c[0], c[1]]))
             .collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn dims_config_round_trips() {
+        for d in [DitDims::LTXV_2B, DitDims::LTXV_13B.with_layers(1), DitDims::from_config(&crate::presets::dit_tiny()).unwrap()] {
+            assert_eq!(DitDims::from_config(&dims_config(&d)).unwrap(), d);
+        }
     }
 
     #[test]

@@ -12,11 +12,24 @@
 
 pub mod config;
 pub mod dit;
+pub mod init;
 
 pub mod t5;
 pub mod vae;
 
 pub use config::ConfigError;
+
+/// A model could not be built: its config is not supported or a weight is
+/// missing or malformed.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The config names something the CPU arm does not implement.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A weight is missing, mis-shaped or unreadable.
+    #[error(transparent)]
+    Weight(#[from] crate::weights::WeightError),
+}
 
 /// A model input that does not fit the model: names the input, what was
 /// expected and what was given.
