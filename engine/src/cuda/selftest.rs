@@ -694,12 +694,16 @@ pub fn check_staging(
     let mut bo = StagingOptions::new(StagingArm::Batched);
     bo.chunk_bytes = 1 << 20; // many chunks: tensors straddle buffer boundaries
     let (batched, rb_) = staging::stage_file(&rig.gpu, file, &bo)?;
+    let mut ro = StagingOptions::new(StagingArm::Batched);
+    ro.reader = staging::Reader::Registered;
+    let (registered, _) = staging::stage_file(&rig.gpu, file, &ro)?;
     let mut differ = 0usize;
     for t in &tensors {
         let want = &raw[t.offset as usize..][..t.bytes];
         let a = serial.download(&rig.gpu, &t.name)?;
         let b = batched.download(&rig.gpu, &t.name)?;
-        if a != want || b != want {
+        let c = registered.download(&rig.gpu, &t.name)?;
+        if a != want || b != want || c != want {
             differ += 1;
         }
     }
@@ -1020,7 +1024,11 @@ mod tests {
 
     #[test]
     fn dims_config_round_trips() {
-        for d in [DitDims::LTXV_2B, DitDims::LTXV_13B.with_layers(1), DitDims::from_config(&crate::presets::dit_tiny()).unwrap()] {
+        for d in [
+            DitDims::LTXV_2B,
+            DitDims::LTXV_13B.with_layers(1),
+            DitDims::from_config(&crate::presets::dit_tiny()).unwrap(),
+        ] {
             assert_eq!(DitDims::from_config(&dims_config(&d)).unwrap(), d);
         }
     }
