@@ -238,13 +238,10 @@ impl Gemm {
             CudaError::Invalid("the GEMM plan cache was poisoned by a panic".into())
         })?;
         let key = (m, n, k, ep);
-        if !plans.contains_key(&key) {
-            let plan = self.plan(m, n, k, ep, bias)?;
-            plans.insert(key, plan);
-        }
-        let plan = plans
-            .get(&key)
-            .ok_or_else(|| CudaError::Invalid("GEMM plan vanished from the cache".into()))?;
+        let plan = match plans.entry(key) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(self.plan(m, n, k, ep, bias)?),
+        };
         if ep != Epilogue::None {
             set_desc(
                 plan.desc,

@@ -692,6 +692,7 @@ pub fn check_staging(
     let (serial, rs) =
         staging::stage_file(&rig.gpu, file, &StagingOptions::new(StagingArm::Serial))?;
     let mut bo = StagingOptions::new(StagingArm::Batched);
+    bo.reader = staging::Reader::PinnedRing;
     bo.chunk_bytes = 1 << 20; // many chunks: tensors straddle buffer boundaries
     let (batched, rb_) = staging::stage_file(&rig.gpu, file, &bo)?;
     let mut ro = StagingOptions::new(StagingArm::Batched);
