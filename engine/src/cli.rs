@@ -120,6 +120,22 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check every CUDA kernel and the device DiT forward against the f32 host
+    /// reference; with --bench also run the device benchmarks (`just bench-gpu`).
+    SelftestCuda {
+        /// Also run the benchmarks.
+        #[arg(long)]
+        bench: bool,
+        /// Scratch directory for synthetic weight files (durable, a few GB free).
+        #[arg(long, default_value = "target/selftest-cuda")]
+        scratch: PathBuf,
+    },
+    /// A known bf16 GEMM load for S seconds (the harness's GPU-utilization control).
+    Burn {
+        /// Seconds of load.
+        #[arg(long)]
+        seconds: f64,
+    },
 }
 
 fn bad(msg: impl Into<String>) -> anyhow::Error {
@@ -128,7 +144,13 @@ fn bad(msg: impl Into<String>) -> anyhow::Error {
 
 /// The exit code for an error that ended a command.
 pub fn exit_code(err: &anyhow::Error) -> i32 {
-    if err.chain().any(|e| e.is::<BadInput>()) {
+    let no_device = err.chain().any(|e| {
+        matches!(
+            e.downcast_ref::<crate::cuda::CudaError>(),
+            Some(crate::cuda::CudaError::NotAvailable(_) | crate::cuda::CudaError::Invalid(_))
+        )
+    });
+    if no_device || err.chain().any(|e| e.is::<BadInput>()) {
         EXIT_BAD_INPUT
     } else {
         EXIT_FAILED
@@ -170,6 +192,23 @@ fn cores() -> usize {
 /// Run one parsed command; returns the process exit code.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
+        Command::SelftestCuda { bench, scratch } => {
+            let opts = crate::cuda::selftest::SelftestOptions { scratch, bench };
+            let all_passed = crate::cuda::selftest::run(&opts)?;
+            Ok(if all_passed { EXIT_OK } else { EXIT_FAILED })
+        }
+        Command::Burn { seconds } => {
+            let r = crate::cuda::burn::burn(seconds)?;
+            println!(
+                "burn: {} GEMMs of {n}x{n}x{n} bf16 in {:.2} s wall, {:.1} ms device, {:.1} TFLOP/s",
+                r.gemms,
+                r.wall_s,
+                r.device_ms,
+                r.tflops,
+                n = crate::cuda::burn::N
+            );
+            Ok(EXIT_OK)
+        }
         Command::Levers { json } => {
             if json {
                 println!(

@@ -19,6 +19,8 @@ pub enum Applies {
     Cpu,
     /// The device-resident CUDA arm.
     Cuda,
+    /// Both arms (e.g. releasing the weight files' page cache after loading).
+    Both,
 }
 
 /// One lever: an id, its arms, and which arm each profile takes.
@@ -44,6 +46,8 @@ pub const WIDEN_F32: &str = "widen-f32";
 pub const RELEASE_PAGES: &str = "release-pages";
 /// Lever id: the size of the host thread pool.
 pub const HOST_THREADS: &str = "host-threads";
+/// Lever id: how the CUDA arm stages weights onto the device.
+pub const STAGING: &str = "staging";
 
 static REGISTRY: &[LeverDef] = &[
     LeverDef {
@@ -60,7 +64,7 @@ static REGISTRY: &[LeverDef] = &[
         arms: &["off", "on"],
         default: "on",
         baseline: "off",
-        applies_to: Applies::Cpu,
+        applies_to: Applies::Both,
         doc: "on drops the weight files' pages (MADV_DONTNEED on the mapping, \
               POSIX_FADV_DONTNEED on the file) once a tensor is materialized",
     },
@@ -71,6 +75,16 @@ static REGISTRY: &[LeverDef] = &[
         baseline: "1",
         applies_to: Applies::Cpu,
         doc: "the host (rayon) pool size: 1 thread, or N = every core",
+    },
+    LeverDef {
+        id: STAGING,
+        arms: &["serial", "batched"],
+        default: "batched",
+        baseline: "serial",
+        applies_to: Applies::Cuda,
+        doc: "serial stages each tensor with its own cuMemAlloc, a pageable copy and a \
+              synchronize (the seed's pattern); batched reads the file with several threads \
+              straight into pinned buffers and overlaps async copies into one device arena",
     },
 ];
 
@@ -193,6 +207,19 @@ impl LeverSet {
         self.arm(RELEASE_PAGES) == "on"
     }
 
+    /// The CUDA arm's staging options from `staging` and `release-pages`.
+    pub fn staging(&self) -> crate::cuda::staging::StagingOptions {
+        use crate::cuda::staging::{StagingArm, StagingOptions};
+        let arm = if self.arm(STAGING) == "serial" {
+            StagingArm::Serial
+        } else {
+            StagingArm::Batched
+        };
+        let mut o = StagingOptions::new(arm);
+        o.release_pages = self.release_pages();
+        o
+    }
+
     /// The host pool size the `host-threads` arm asks for, given `cores` available.
     pub fn host_threads(&self, cores: usize) -> usize {
         if self.arm(HOST_THREADS) == "1" {
@@ -224,6 +251,24 @@ mod tests {
         assert_eq!(b.widen(), Widen::Double);
         assert!(!b.release_pages());
         assert_eq!(b.host_threads(8), 1);
+    }
+
+    #[test]
+    fn staging_lever_maps_to_the_cuda_staging_options() {
+        use crate::cuda::staging::StagingArm;
+        let d = LeverSet::resolve(Profile::Default, []).unwrap().staging();
+        assert_eq!((d.arm, d.release_pages), (StagingArm::Batched, true));
+        let b = LeverSet::resolve(Profile::Baseline, []).unwrap().staging();
+        assert_eq!((b.arm, b.release_pages), (StagingArm::Serial, false));
+        let o = LeverSet::resolve(Profile::Default, [("staging", "serial")])
+            .unwrap()
+            .staging();
+        assert_eq!(o.arm, StagingArm::Serial);
+        assert_eq!(registry_json()["levers"]["staging"]["applies_to"], "cuda");
+        assert_eq!(
+            registry_json()["levers"]["release-pages"]["applies_to"],
+            "both"
+        );
     }
 
     #[test]

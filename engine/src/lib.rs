@@ -15,6 +15,7 @@
 //! [`levers`], [`frames`] (y4m and PNG output).
 
 pub mod cli;
+pub mod cuda;
 pub mod frames;
 pub mod hostmem;
 pub mod levers;
