@@ -9,6 +9,9 @@
 //!   (`specs/markers.md`), its parser and an emitter for engines.
 //! * [`sample`]: the sampler's column schema, with units and averaging windows.
 //! * [`rung`]: the rung file format (`rungs/N.toml`).
+//! * [`journal`]: the crash-safe run journal (framed, checksummed, typed records).
+//! * [`store`]: the durable store, its gate, staging directories and atomic publish.
+//! * [`error`]: the typed errors of the bundle machinery.
 //!
 //! ```
 //! use evidence::marker::{parse_marker_line, Marker};
@@ -17,6 +20,9 @@
 //! ```
 
 pub mod clock;
+pub mod error;
+pub mod journal;
 pub mod marker;
 pub mod rung;
 pub mod sample;
+pub mod store;
