@@ -4,6 +4,12 @@
 use clap::{Parser, Subcommand};
 
 mod exit;
+mod ls;
+mod recover;
+mod show;
+mod store_arg;
+mod summary;
+mod verify;
 
 /// Measure GPU video renders and keep the evidence.
 #[derive(Parser)]
@@ -15,10 +21,24 @@ struct Cli {
 
 /// Every subcommand; each lives in its own module with its own argument struct.
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Re-read every file of a bundle and check every hash and schema (exit 1 on any fault).
+    Verify(verify::VerifyArgs),
+    /// Seal every dead run's staging directory as an incomplete bundle.
+    Recover(recover::RecoverArgs),
+    /// List the bundles in the store.
+    Ls(ls::LsArgs),
+    /// Print a bundle's manifest summary and phase table.
+    Show(show::ShowArgs),
+}
 
 fn dispatch(cli: Cli) -> anyhow::Result<u8> {
-    match cli.command {}
+    match cli.command {
+        Command::Verify(a) => verify::run(a),
+        Command::Recover(a) => recover::run(a),
+        Command::Ls(a) => ls::run(a),
+        Command::Show(a) => show::run(a),
+    }
 }
 
 fn main() {
