@@ -26,8 +26,8 @@ pub fn run(args: LsArgs) -> anyhow::Result<u8> {
     }
     rows.sort_by(|a, b| a.date_unix_s.cmp(&b.date_unix_s).then(a.id.cmp(&b.id)));
     println!(
-        "{:<12}  {:<8} {:<28} {:<16} {:>9}  {:<16}  {}",
-        "id", "rung", "levers", "exit", "wall", "date (UTC)", "host"
+        "{:<12}  {:<8} {:<28} {:<16} {:>9}  {:<16}  host",
+        "id", "rung", "levers", "exit", "wall", "date (UTC)"
     );
     for s in &rows {
         println!(
