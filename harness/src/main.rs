@@ -2,8 +2,7 @@
 //! re-derives the lever ranking from them. See the README for the commands.
 
 use clap::{Parser, Subcommand};
-
-mod exit;
+use harness::exit;
 
 /// Measure GPU video renders and keep the evidence.
 #[derive(Parser)]
@@ -15,10 +14,18 @@ struct Cli {
 
 /// Every subcommand; each lives in its own module with its own argument struct.
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Re-derive the lever ranking from the bundles in a store (reports/levers.md).
+    Rank(harness::cli::RankArgs),
+    /// Compare two bundles: phases, manifest differences, samples, exit, completion.
+    Diff(harness::cli::DiffArgs),
+}
 
 fn dispatch(cli: Cli) -> anyhow::Result<u8> {
-    match cli.command {}
+    match cli.command {
+        Command::Rank(a) => harness::cli::rank(&a),
+        Command::Diff(a) => harness::cli::diff(&a),
+    }
 }
 
 fn main() {
