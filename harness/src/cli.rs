@@ -159,3 +159,122 @@ pub fn diff(args: &DiffArgs) -> anyhow::Result<u8> {
     }
     Ok(exit::OK)
 }
+
+/// `harness campaign`: interleave every selected lever's arms over rounds.
+#[derive(Debug, clap::Args)]
+pub struct CampaignArgs {
+    /// Rungs, comma-separated: names (`0` = `rungs/0.toml`) or rung file paths.
+    #[arg(long, default_value = "0,2")]
+    pub rungs: String,
+    /// Levers: `all` or comma-separated ids from the spec.
+    #[arg(long, default_value = "all")]
+    pub levers: String,
+    /// Rounds per lever and rung.
+    #[arg(long, default_value_t = 5)]
+    pub repeat: u32,
+    /// Seed of the arm order (recorded in every bundle's `schedule`).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Arm order within a round.
+    #[arg(long, value_enum, default_value = "random")]
+    pub order: crate::campaign::Order,
+    /// The engine binary every run uses (hashed into the campaign id).
+    #[arg(long, default_value = "target/debug/engine")]
+    pub engine: PathBuf,
+    /// The lever spec.
+    #[arg(long, default_value = DEFAULT_SPEC)]
+    pub spec: PathBuf,
+    /// The store (same default as `rank`); sealed positions there are skipped.
+    #[arg(long)]
+    pub store: Option<PathBuf>,
+    /// Print the schedule and what is already done, run nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+fn sha256_file(p: &Path) -> anyhow::Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut f = std::fs::File::open(p).map_err(|e| UsageError(format!("{}: cannot open: {e}", p.display())))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).with_context(|| format!("reading {}", p.display()))?;
+    Ok(format!("{:x}", h.finalize()))
+}
+
+/// The rung references of a `--rungs` argument.
+pub fn campaign_rungs(arg: &str) -> anyhow::Result<Vec<crate::campaign::RungRef>> {
+    use crate::levers_spec::DeviceKind;
+    let mut out = Vec::new();
+    for item in arg.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let path = if item.ends_with(".toml") {
+            PathBuf::from(item)
+        } else {
+            Path::new("rungs").join(format!("{item}.toml"))
+        };
+        let rung = evidence::rung::Rung::load(&path).map_err(|e| UsageError(format!("--rungs: {e}")))?;
+        let name = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .ok_or_else(|| UsageError(format!("--rungs: {} has no file name", path.display())))?
+            .to_string();
+        out.push(crate::campaign::RungRef {
+            name,
+            sha256: sha256_file(&path)?,
+            device: match rung.device {
+                evidence::rung::Device::Cpu => DeviceKind::Cpu,
+                evidence::rung::Device::Cuda => DeviceKind::Cuda,
+            },
+            path,
+        });
+    }
+    if out.is_empty() {
+        return Err(UsageError("--rungs: expected at least one rung".into()).into());
+    }
+    Ok(out)
+}
+
+/// Run `harness campaign`.
+pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
+    let spec = LeverSpec::load(&args.spec).map_err(|e| UsageError(e.to_string()))?;
+    let levers = spec.select(&args.levers).map_err(UsageError)?;
+    if args.repeat == 0 {
+        return Err(UsageError("--repeat: expected at least 1 round".into()).into());
+    }
+    let rungs = campaign_rungs(&args.rungs)?;
+    let engine = sha256_file(&args.engine)?;
+    let plan = crate::campaign::plan(&engine, &rungs, &levers, args.repeat, args.order, args.seed);
+    let root = read_store_root(args.store.as_deref())?;
+    let done = match load::store_bundle_dirs(&root) {
+        Ok(dirs) => {
+            let facts: Vec<_> = dirs.iter().filter_map(|d| load::read_manifest(d).ok()).collect();
+            crate::campaign::done_positions(&plan, &facts)
+        }
+        Err(_) => Default::default(),
+    };
+    println!(
+        "campaign {} (engine {}, order {:?}, seed {}): {} runs over {} round(s), {} already sealed",
+        plan.id,
+        &engine[..12],
+        plan.order,
+        plan.seed,
+        plan.entries.len(),
+        plan.repeat,
+        done.len()
+    );
+    for s in &plan.skipped {
+        println!("  skip {} at rung {}: {}", s.lever, s.rung, s.why);
+    }
+    for e in &plan.entries {
+        let mark = if done.contains(&e.position) { "done" } else { "todo" };
+        println!(
+            "  {:>4} round {:>2} rung {} {}={} {mark}",
+            e.position, e.round, e.rung, e.lever, e.arm
+        );
+    }
+    if args.dry_run {
+        return Ok(exit::OK);
+    }
+    Err(UsageError(
+        "running a campaign needs the run machinery of `harness run` (branch `run`), which this build does not have yet; use --dry-run to see the schedule".into(),
+    )
+    .into())
+}

@@ -19,12 +19,15 @@ enum Command {
     Rank(harness::cli::RankArgs),
     /// Compare two bundles: phases, manifest differences, samples, exit, completion.
     Diff(harness::cli::DiffArgs),
+    /// Interleave every selected lever's arms round by round (ABBA or seeded random).
+    Campaign(harness::cli::CampaignArgs),
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Rank(a) => harness::cli::rank(&a),
         Command::Diff(a) => harness::cli::diff(&a),
+        Command::Campaign(a) => harness::cli::campaign(&a),
     }
 }
 

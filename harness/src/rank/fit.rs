@@ -135,7 +135,7 @@ pub fn fit(bundles: &[Bundle]) -> Result<ScalingFit, NoFit> {
                 }
             }
         }
-        if xs.iter().collect_distinct() < 2 || n_max == 0 {
+        if distinct(&xs) < 2 || n_max == 0 {
             continue;
         }
         let (fixed, slope, r2) = least_squares(&xs, &ys);
@@ -171,17 +171,12 @@ pub fn fit(bundles: &[Bundle]) -> Result<ScalingFit, NoFit> {
     })
 }
 
-trait Distinct {
-    fn collect_distinct(self) -> usize;
-}
-
-impl<'a, I: Iterator<Item = &'a f64>> Distinct for I {
-    fn collect_distinct(self) -> usize {
-        let mut v: Vec<u64> = self.map(|x| x.to_bits()).collect();
-        v.sort_unstable();
-        v.dedup();
-        v.len()
-    }
+/// The number of distinct values in `xs` (bitwise).
+fn distinct(xs: &[f64]) -> usize {
+    let mut v: Vec<u64> = xs.iter().map(|x| x.to_bits()).collect();
+    v.sort_unstable();
+    v.dedup();
+    v.len()
 }
 
 /// Ordinary least squares of `ys` on `xs`: `(intercept, slope, r2)`. Needs two

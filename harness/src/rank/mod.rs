@@ -181,12 +181,12 @@ pub fn rank(
 
 fn lever_result(spec: &LeverSpec, l: &Lever, p: &pairing::Pairing) -> LeverResult {
     let at = |rung: &str| rung_result(l, rung, p.by_lever_rung.get(&(l.id.clone(), rung.into())));
-    let reference = at(&spec.reference_rung);
+    let reference = at(spec.reference_rung.as_str());
     let other_rungs = p
         .by_lever_rung
         .keys()
         .filter(|(id, r)| id == &l.id && r != &spec.reference_rung)
-        .map(|(_, r)| at(r))
+        .map(|(_, r)| at(r.as_str()))
         .collect();
     LeverResult {
         id: l.id.clone(),
