@@ -446,7 +446,7 @@ fn valid_id(s: &str) -> bool {
 mod tests {
     use super::*;
 
-    const GOOD: &str = r#"
+    const GOOD: &str = r##"
 schema = 1
 reference_rung = "2"
 prior_rank_source = "test"
@@ -483,7 +483,7 @@ min_effect = 0.25
 statement = "s"
 refutation = "r"
 next_hypothesis = "n"
-"#;
+"##;
 
     fn p(text: &str) -> Result<LeverSpec, SpecError> {
         LeverSpec::parse(text, Path::new("specs/x.toml"))

@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 
 /// A spec of four planted levers: `fast` moves load.dit, `null` conditioning,
 /// `opposite` decode.video, `half` artifacts.frames (its treatment never runs).
-const SPEC: &str = r#"
+const SPEC: &str = r##"
 schema = 1
 reference_rung = "2"
 prior_rank_source = "planted for the test"
@@ -85,7 +85,7 @@ min_effect = 0.10
 statement = "s"
 refutation = "r"
 next_hypothesis = "n"
-"#;
+"##;
 
 const ROUNDS: u32 = 6;
 const RUNGS: [(&str, (u64, u64, u64)); 2] = [("0", (64, 64, 9)), ("2", (256, 128, 25))];

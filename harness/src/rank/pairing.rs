@@ -279,7 +279,7 @@ mod tests {
 
     pub(crate) fn spec() -> LeverSpec {
         LeverSpec::parse(
-            r#"
+            r##"
 schema = 1
 reference_rung = "2"
 prior_rank_source = "test"
@@ -298,7 +298,7 @@ min_effect = 0.3
 statement = "s"
 refutation = "r"
 next_hypothesis = "n"
-"#,
+"##,
             Path::new("t.toml"),
         )
         .unwrap()

@@ -63,20 +63,19 @@ pub struct Render {
 /// `decode.video`, `artifacts.frames`.
 pub fn render(rung: &str, dims: (u64, u64, u64), load: f64, cond: f64, denoise: f64, decode: f64, frames: f64) -> Render {
     let mut t = 0.5;
-    let mut phases = Vec::new();
-    let mut push = |name: &str, d: f64, t: &mut f64| {
+    let mut phases: Vec<(String, f64, f64)> = Vec::new();
+    fn push(phases: &mut Vec<(String, f64, f64)>, name: &str, d: f64, t: &mut f64) {
         phases.push((name.to_string(), *t, d));
         *t += d;
-    };
-    push("load.dit", load, &mut t);
-    push("conditioning", cond, &mut t);
-    let t_den = t;
-    phases.push(("denoise".to_string(), t_den, denoise));
-    phases.push(("denoise.step".to_string(), t_den, denoise / 2.0));
-    phases.push(("denoise.step".to_string(), t_den + denoise / 2.0, denoise / 2.0));
+    }
+    push(&mut phases, "load.dit", load, &mut t);
+    push(&mut phases, "conditioning", cond, &mut t);
+    phases.push(("denoise".to_string(), t, denoise));
+    phases.push(("denoise.step".to_string(), t, denoise / 2.0));
+    phases.push(("denoise.step".to_string(), t + denoise / 2.0, denoise / 2.0));
     t += denoise;
-    push("decode.video", decode, &mut t);
-    push("artifacts.frames", frames, &mut t);
+    push(&mut phases, "decode.video", decode, &mut t);
+    push(&mut phases, "artifacts.frames", frames, &mut t);
     Render {
         rung: rung.to_string(),
         dims,
