@@ -47,8 +47,10 @@ fn main() {
                         let on = arm == &l.treatment;
                         let mut x = |v: f64| v * (1.0 + 0.05 * noise.next());
                         let k = if on { 0.8 } else { 1.0 };
-                        let mut r = render(rung, dims, x(20.0) * k, x(8.0), x(16.0), x(6.0) * k, 5.0);
-                        r.schedule = Some(("bench".into(), round, n as u32, l.id.clone(), arm.clone()));
+                        let mut r =
+                            render(rung, dims, x(20.0) * k, x(8.0), x(16.0), x(6.0) * k, 5.0);
+                        r.schedule =
+                            Some(("bench".into(), round, n as u32, l.id.clone(), arm.clone()));
                         seal(&store, &r);
                         n += 1;
                         if n == BUNDLES {
@@ -60,7 +62,10 @@ fn main() {
             round += 1;
         }
         std::fs::write(&ready, BUNDLES.to_string()).expect("write READY");
-        eprintln!("bench rank: sealed {BUNDLES} bundles in {:.1} s (setup, not timed)", t.elapsed().as_secs_f64());
+        eprintln!(
+            "bench rank: sealed {BUNDLES} bundles in {:.1} s (setup, not timed)",
+            t.elapsed().as_secs_f64()
+        );
     }
     let mut times = Vec::new();
     let mut bytes = 0;
@@ -68,7 +73,12 @@ fn main() {
         let t = Instant::now();
         let dirs = store_bundle_dirs(&root).expect("list bench store");
         let loaded = load_dirs(&dirs);
-        assert_eq!(loaded.bundles.len(), BUNDLES, "{:?}", loaded.unreadable.first());
+        assert_eq!(
+            loaded.bundles.len(),
+            BUNDLES,
+            "{:?}",
+            loaded.unreadable.first()
+        );
         let r = harness::rank::rank(&spec, &loaded.bundles, &loaded.unreadable, "bench");
         let md = harness::rank::report::markdown(&r);
         times.push(t.elapsed().as_secs_f64());

@@ -291,7 +291,11 @@ pub fn execute(
     out.remaining = todo.len();
     for e in todo {
         let Some(rung) = rungs.iter().find(|r| r.name == e.rung) else {
-            anyhow::bail!("schedule position {} names rung {} that is not in the campaign", e.position, e.rung);
+            anyhow::bail!(
+                "schedule position {} names rung {} that is not in the campaign",
+                e.position,
+                e.rung
+            );
         };
         let job = Job {
             rung_path: rung.path.clone(),
@@ -307,7 +311,10 @@ pub fn execute(
             }
             Ok(r) => {
                 // Not done: it stays in `remaining` and runs again on resume.
-                progress(e, &format!("sealed {} (incomplete: {})", r.bundle_id, r.exit_reason));
+                progress(
+                    e,
+                    &format!("sealed {} (incomplete: {})", r.bundle_id, r.exit_reason),
+                );
                 out.incomplete.push((e.position, r.bundle_id));
                 if r.exit_reason == "interrupted" {
                     out.stopped = Some(format!(
@@ -375,8 +382,16 @@ mod tests {
     fn every_round_runs_both_arms_of_every_applicable_lever_once() {
         let s = spec();
         let p = all_plan(Order::Random, 7);
-        let cpu = s.levers.iter().filter(|l| l.applies_to.contains(&DeviceKind::Cpu)).count();
-        let cuda = s.levers.iter().filter(|l| l.applies_to.contains(&DeviceKind::Cuda)).count();
+        let cpu = s
+            .levers
+            .iter()
+            .filter(|l| l.applies_to.contains(&DeviceKind::Cpu))
+            .count();
+        let cuda = s
+            .levers
+            .iter()
+            .filter(|l| l.applies_to.contains(&DeviceKind::Cuda))
+            .count();
         assert_eq!(p.entries.len(), 5 * 2 * (cpu + cuda));
         assert_eq!(p.skipped.len(), 2 * s.levers.len() - cpu - cuda);
         for (i, e) in p.entries.iter().enumerate() {
@@ -384,12 +399,17 @@ mod tests {
         }
         let mut seen = BTreeMap::new();
         for e in &p.entries {
-            *seen.entry((e.round, e.rung.clone(), e.lever.clone(), e.arm.clone())).or_insert(0) += 1;
+            *seen
+                .entry((e.round, e.rung.clone(), e.lever.clone(), e.arm.clone()))
+                .or_insert(0) += 1;
         }
         assert!(seen.values().all(|&n| n == 1));
         // The two arms of a (round, rung, lever) are adjacent.
         for w in p.entries.chunks(2) {
-            assert_eq!((w[0].round, &w[0].rung, &w[0].lever), (w[1].round, &w[1].rung, &w[1].lever));
+            assert_eq!(
+                (w[0].round, &w[0].rung, &w[0].lever),
+                (w[1].round, &w[1].rung, &w[1].lever)
+            );
             assert_ne!(w[0].arm, w[1].arm);
         }
         // Rounds are the outer loop.
@@ -402,7 +422,11 @@ mod tests {
         let p = all_plan(Order::Abba, 0);
         for w in p.entries.chunks(2) {
             let l = s.lever(&w[0].lever).unwrap();
-            let first = if w[0].round % 2 == 1 { &l.baseline } else { &l.treatment };
+            let first = if w[0].round % 2 == 1 {
+                &l.baseline
+            } else {
+                &l.treatment
+            };
             assert_eq!(&w[0].arm, first);
         }
         let a = all_plan(Order::Random, 7);
@@ -500,8 +524,14 @@ mod tests {
         assert_eq!(first.schedule["campaign"], p.id.as_str());
         assert_eq!(first.schedule["seed"], 3);
         let e4 = &p.entries[4];
-        assert_eq!(first.levers, BTreeMap::from([(e4.lever.clone(), e4.arm.clone())]));
-        assert_eq!(first.rung_path, PathBuf::from(format!("rungs/{}.toml", e4.rung)));
+        assert_eq!(
+            first.levers,
+            BTreeMap::from([(e4.lever.clone(), e4.arm.clone())])
+        );
+        assert_eq!(
+            first.rung_path,
+            PathBuf::from(format!("rungs/{}.toml", e4.rung))
+        );
     }
 
     #[test]
@@ -518,6 +548,9 @@ mod tests {
         assert_eq!(out.incomplete, vec![(2, "b2".to_string())]);
         assert_eq!(out.remaining, p.entries.len() - 5);
         let why = out.stopped.unwrap();
-        assert!(why.contains("position 6") && why.contains("'headroom'") && why.contains("8 GiB floor"), "{why}");
+        assert!(
+            why.contains("position 6") && why.contains("'headroom'") && why.contains("8 GiB floor"),
+            "{why}"
+        );
     }
 }

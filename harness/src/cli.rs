@@ -52,7 +52,11 @@ pub fn read_store_root(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(p) = explicit {
         return Ok(p.to_path_buf());
     }
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(p) = env("HARNESS_STORE") {
         return Ok(p);
     }
@@ -69,7 +73,8 @@ pub fn read_store_root(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
 pub fn rank(args: &RankArgs) -> anyhow::Result<u8> {
     let spec = LeverSpec::load(&args.spec).map_err(|e| UsageError(e.to_string()))?;
     let root = read_store_root(args.store.as_deref())?;
-    let dirs = load::store_bundle_dirs(&root).map_err(|e| UsageError(format!("store {}: {e}", root.display())))?;
+    let dirs = load::store_bundle_dirs(&root)
+        .map_err(|e| UsageError(format!("store {}: {e}", root.display())))?;
     let loaded = load::load_dirs(&dirs);
     let mut command = format!("harness rank --store {}", root.display());
     if args.spec != Path::new(DEFAULT_SPEC) {
@@ -112,15 +117,26 @@ pub fn find_bundle(root: Option<&Path>, what: &str) -> anyhow::Result<PathBuf> {
         return Ok(p.to_path_buf());
     }
     let root = read_store_root(root)?;
-    let dirs = load::store_bundle_dirs(&root)
-        .map_err(|e| UsageError(format!("{what:?} is not a bundle directory, and the store cannot be listed: {e}")))?;
+    let dirs = load::store_bundle_dirs(&root).map_err(|e| {
+        UsageError(format!(
+            "{what:?} is not a bundle directory, and the store cannot be listed: {e}"
+        ))
+    })?;
     let hits: Vec<&PathBuf> = dirs
         .iter()
-        .filter(|d| d.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(what)))
+        .filter(|d| {
+            d.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(what))
+        })
         .collect();
     match hits.as_slice() {
         [one] => Ok((*one).clone()),
-        [] => Err(UsageError(format!("no bundle {what:?} in {}", root.join("bundles").display())).into()),
+        [] => Err(UsageError(format!(
+            "no bundle {what:?} in {}",
+            root.join("bundles").display()
+        ))
+        .into()),
         many => Err(UsageError(format!(
             "bundle prefix {what:?} is ambiguous in {}: {} matches; give more characters",
             root.display(),
@@ -140,8 +156,10 @@ pub fn diff(args: &DiffArgs) -> anyhow::Result<u8> {
     }
     let read = |d: &Path| -> anyhow::Result<serde_json::Value> {
         let f = d.join("manifest.json");
-        let text = std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
-        serde_json::from_str(&text).map_err(|e| UsageError(format!("{}: not JSON: {e}", f.display())).into())
+        let text =
+            std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+        serde_json::from_str(&text)
+            .map_err(|e| UsageError(format!("{}: not JSON: {e}", f.display())).into())
     };
     let (ma, mb) = (read(&da)?, read(&db)?);
     let facts = |d: &Path| load::read_manifest(d).map(|b| b.id);
@@ -194,7 +212,8 @@ pub struct CampaignArgs {
 
 fn sha256_file(p: &Path) -> anyhow::Result<String> {
     use sha2::{Digest, Sha256};
-    let mut f = std::fs::File::open(p).map_err(|e| UsageError(format!("{}: cannot open: {e}", p.display())))?;
+    let mut f = std::fs::File::open(p)
+        .map_err(|e| UsageError(format!("{}: cannot open: {e}", p.display())))?;
     let mut h = Sha256::new();
     std::io::copy(&mut f, &mut h).with_context(|| format!("reading {}", p.display()))?;
     Ok(format!("{:x}", h.finalize()))
@@ -210,7 +229,8 @@ pub fn campaign_rungs(arg: &str) -> anyhow::Result<Vec<crate::campaign::RungRef>
         } else {
             Path::new("rungs").join(format!("{item}.toml"))
         };
-        let rung = evidence::rung::Rung::load(&path).map_err(|e| UsageError(format!("--rungs: {e}")))?;
+        let rung =
+            evidence::rung::Rung::load(&path).map_err(|e| UsageError(format!("--rungs: {e}")))?;
         let name = path
             .file_stem()
             .and_then(|s| s.to_str())
@@ -245,7 +265,10 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
     let root = read_store_root(args.store.as_deref())?;
     let done = match load::store_bundle_dirs(&root) {
         Ok(dirs) => {
-            let facts: Vec<_> = dirs.iter().filter_map(|d| load::read_manifest(d).ok()).collect();
+            let facts: Vec<_> = dirs
+                .iter()
+                .filter_map(|d| load::read_manifest(d).ok())
+                .collect();
             crate::campaign::done_positions(&plan, &facts)
         }
         Err(_) => Default::default(),
@@ -264,7 +287,11 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
         println!("  skip {} at rung {}: {}", s.lever, s.rung, s.why);
     }
     for e in &plan.entries {
-        let mark = if done.contains(&e.position) { "done" } else { "todo" };
+        let mark = if done.contains(&e.position) {
+            "done"
+        } else {
+            "todo"
+        };
         println!(
             "  {:>4} round {:>2} rung {} {}={} {mark}",
             e.position, e.round, e.rung, e.lever, e.arm

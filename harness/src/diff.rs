@@ -148,7 +148,13 @@ pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
             names.push(&p.name);
         }
     }
-    let peak = |x: &Bundle, n: &str| x.phases.iter().filter(|p| p.name == n).filter_map(|p| p.peak_rss_bytes).max();
+    let peak = |x: &Bundle, n: &str| {
+        x.phases
+            .iter()
+            .filter(|p| p.name == n)
+            .filter_map(|p| p.peak_rss_bytes)
+            .max()
+    };
     let phases = names
         .into_iter()
         .map(|n| {
@@ -179,12 +185,37 @@ pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
         ratio: ratio(x, y),
     };
     let summaries = vec![
-        s("render wall", Unit::Seconds, a.render_wall_s(), b.render_wall_s()),
-        s("samples", Unit::Share, Some(pa.samples as f64), Some(pb.samples as f64)),
+        s(
+            "render wall",
+            Unit::Seconds,
+            a.render_wall_s(),
+            b.render_wall_s(),
+        ),
+        s(
+            "samples",
+            Unit::Share,
+            Some(pa.samples as f64),
+            Some(pb.samples as f64),
+        ),
         s("peak rss", Unit::Bytes, pa.rss_bytes, pb.rss_bytes),
-        s("peak unified footprint", Unit::Bytes, pa.unified_bytes, pb.unified_bytes),
-        s("peak weights page cache", Unit::Bytes, pa.weights_cached_bytes, pb.weights_cached_bytes),
-        s("peak engine gpu memory", Unit::Bytes, pa.engine_gpu_mem_bytes, pb.engine_gpu_mem_bytes),
+        s(
+            "peak unified footprint",
+            Unit::Bytes,
+            pa.unified_bytes,
+            pb.unified_bytes,
+        ),
+        s(
+            "peak weights page cache",
+            Unit::Bytes,
+            pa.weights_cached_bytes,
+            pb.weights_cached_bytes,
+        ),
+        s(
+            "peak engine gpu memory",
+            Unit::Bytes,
+            pa.engine_gpu_mem_bytes,
+            pb.engine_gpu_mem_bytes,
+        ),
         s("gpu-busy share", Unit::Share, busy(&pa), busy(&pb)),
     ];
     Diff {
@@ -252,7 +283,10 @@ fn write_md(o: &mut String, d: &Diff) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(o, "## Phases")?;
     writeln!(o)?;
-    writeln!(o, "| phase | A n | A | B n | B | B - A | B / A | A peak rss | B peak rss |")?;
+    writeln!(
+        o,
+        "| phase | A n | A | B n | B | B - A | B / A | A peak rss | B peak rss |"
+    )?;
     writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     for p in &d.phases {
         let gib = |x: Option<i64>| opt(x.map(|v| v as f64), |v| value(v, Unit::Bytes));
@@ -276,7 +310,13 @@ fn write_md(o: &mut String, d: &Diff) -> std::fmt::Result {
     writeln!(o, "| summary | A | B | B / A |")?;
     writeln!(o, "|---|---:|---:|---:|")?;
     for s in &d.summaries {
-        let f = |x: f64| if s.name == "samples" { fixed(x, 0) } else { value(x, s.unit) };
+        let f = |x: f64| {
+            if s.name == "samples" {
+                fixed(x, 0)
+            } else {
+                value(x, s.unit)
+            }
+        };
         writeln!(
             o,
             "| {} | {} | {} | {} |",
@@ -311,22 +351,46 @@ mod tests {
         let ma = json!({"engine": {"sha256": "x"}, "levers": {"vae": "host"}, "gpu": {"driver": "580"}, "exit": {"reason": "completed"}});
         let mb = json!({"engine": {"sha256": "y"}, "levers": {"vae": "host"}, "gpu": {"driver": "575"}, "exit": {"reason": "completed"}});
         let d = diff(&a, &ma, &b, &mb);
-        let differ: Vec<&str> = d.fields.iter().filter(|f| f.differs).map(|f| f.field.as_str()).collect();
+        let differ: Vec<&str> = d
+            .fields
+            .iter()
+            .filter(|f| f.differs)
+            .map(|f| f.field.as_str())
+            .collect();
         assert_eq!(differ, ["engine.sha256", "gpu.driver"]);
         let load = &d.phases[0];
-        assert_eq!((load.phase.as_str(), load.a_s, load.b_s), ("load.dit", Some(2.0), Some(1.0)));
+        assert_eq!(
+            (load.phase.as_str(), load.a_s, load.b_s),
+            ("load.dit", Some(2.0), Some(1.0))
+        );
         assert_eq!((load.delta_s, load.ratio), (Some(-1.0), Some(0.5)));
         let names: Vec<&str> = d.phases.iter().map(|p| p.phase.as_str()).collect();
-        assert_eq!(names, ["load.dit", "denoise", "denoise.step", "decode.video"]);
+        assert_eq!(
+            names,
+            ["load.dit", "denoise", "denoise.step", "decode.video"]
+        );
         let dec = d.phases.last().unwrap();
-        assert_eq!((dec.a_count, dec.a_s, dec.b_count, dec.ratio), (0, None, 1, None));
+        assert_eq!(
+            (dec.a_count, dec.a_s, dec.b_count, dec.ratio),
+            (0, None, 1, None)
+        );
         let step = &d.phases[2];
         assert_eq!((step.a_count, step.a_s), (2, Some(10.0)));
-        let busy = d.summaries.iter().find(|s| s.name == "gpu-busy share").unwrap();
+        let busy = d
+            .summaries
+            .iter()
+            .find(|s| s.name == "gpu-busy share")
+            .unwrap();
         assert_eq!(busy.a, Some(8.0 / 14.0));
         let md = markdown(&d);
-        assert!(md.contains("| engine binary sha256 | `\"x\"` | `\"y\"` |"), "{md}");
-        assert!(md.contains("| load.dit | 1 | 2.000 s | 1 | 1.000 s | -1.000 s | 0.500 |"), "{md}");
+        assert!(
+            md.contains("| engine binary sha256 | `\"x\"` | `\"y\"` |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| load.dit | 1 | 2.000 s | 1 | 1.000 s | -1.000 s | 0.500 |"),
+            "{md}"
+        );
         assert!(md.contains("Manifest differences (2 of"), "{md}");
     }
 }

@@ -531,7 +531,10 @@ next_hypothesis = "n"
         let e = err(&GOOD.replace("min_effect = 0.3", "min_effect = 0.0"));
         assert!(e.contains("min_effect"), "{e}");
         let e = err(&GOOD.replace("kind = \"phase-wall\"", "kind = \"phase-time\""));
-        assert!(e.contains("specs/x.toml") && e.contains("phase-time"), "{e}");
+        assert!(
+            e.contains("specs/x.toml") && e.contains("phase-time"),
+            "{e}"
+        );
         let e = err(&GOOD.replace("seed_issue = \"#1021\"", "seed_isue = \"#1021\""));
         assert!(e.contains("seed_isue"), "{e}");
         let e = err(&GOOD.replace("id = \"widen-f32\"", "id = \"staging\""));

@@ -237,7 +237,10 @@ impl Bundle {
 /// Whether phase `name` is `root` or a dotted descendant of it (`denoise.step` of
 /// `denoise`).
 pub fn in_subtree(name: &str, root: &str) -> bool {
-    name == root || (name.len() > root.len() && name.starts_with(root) && name.as_bytes()[root.len()] == b'.')
+    name == root
+        || (name.len() > root.len()
+            && name.starts_with(root)
+            && name.as_bytes()[root.len()] == b'.')
 }
 
 #[cfg(test)]

@@ -81,7 +81,11 @@ fn group_key(b: &Bundle) -> GroupKey {
     (
         b.engine_sha256.clone(),
         b.host.clone(),
-        format!("{}; {}", b.profile, if levers.is_empty() { "-" } else { &levers }),
+        format!(
+            "{}; {}",
+            b.profile,
+            if levers.is_empty() { "-" } else { &levers }
+        ),
     )
 }
 
@@ -98,10 +102,13 @@ pub fn fit(bundles: &[Bundle]) -> Result<ScalingFit, NoFit> {
         .filter(|(_, v)| v.iter().map(|b| b.voxels).collect::<BTreeSet<_>>().len() >= 2)
         // Most bundles; ties go to the smallest key (BTreeMap order; only a strictly
         // larger group replaces the one held).
-        .fold(None::<(&GroupKey, &Vec<&Bundle>)>, |acc, (k, v)| match acc {
-            Some((_, av)) if av.len() >= v.len() => acc,
-            _ => Some((k, v)),
-        });
+        .fold(
+            None::<(&GroupKey, &Vec<&Bundle>)>,
+            |acc, (k, v)| match acc {
+                Some((_, av)) if av.len() >= v.len() => acc,
+                _ => Some((k, v)),
+            },
+        );
     let Some((key, members)) = best else {
         return Err(NoFit {
             missing: "complete, uncontended runs of one engine, host and lever assignment at two or more rungs of different voxel counts".into(),
@@ -246,7 +253,10 @@ mod tests {
         bundles.push(other);
         let f = fit(&bundles).unwrap();
         assert_eq!(f.bundle_ids.len(), 6);
-        assert_eq!(f.rungs, vec![(400_000, "r400000".into()), (1_100_000, "r1100000".into())]);
+        assert_eq!(
+            f.rungs,
+            vec![(400_000, "r400000".into()), (1_100_000, "r1100000".into())]
+        );
         let get = |n: &str| f.phases.iter().find(|p| p.phase == n).unwrap();
         let pack = get("host.pack");
         assert!(pack.does_not_scale, "{pack:?}");
@@ -273,6 +283,9 @@ mod tests {
         let (a, b, r2) = least_squares(&[1.0, 2.0, 3.0], &[3.0, 5.0, 7.0]);
         assert!((a - 1.0).abs() < 1e-12 && (b - 2.0).abs() < 1e-12 && (r2 - 1.0).abs() < 1e-12);
         let (_, b, r2) = least_squares(&[1.0, 2.0, 3.0, 4.0], &[1.0, 3.0, 2.0, 4.0]);
-        assert!((b - 0.8).abs() < 1e-12 && (r2 - 0.64).abs() < 1e-12, "{b} {r2}");
+        assert!(
+            (b - 0.8).abs() < 1e-12 && (r2 - 0.64).abs() < 1e-12,
+            "{b} {r2}"
+        );
     }
 }

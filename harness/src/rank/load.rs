@@ -228,16 +228,19 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
     ]
     .join("|");
     let contended = match get(m, "contention.flagged").and_then(Value::as_bool) {
-        Some(true) => Some(
-            opt_string("contention.detail").unwrap_or_else(|| "flagged at start".into()),
-        ),
+        Some(true) => {
+            Some(opt_string("contention.detail").unwrap_or_else(|| "flagged at start".into()))
+        }
         _ => None,
     };
     Ok(Bundle {
         id,
         rung: string("rung.name")?,
         voxels,
-        device: cfg.get("device").and_then(Value::as_str).map(str::to_string),
+        device: cfg
+            .get("device")
+            .and_then(Value::as_str)
+            .map(str::to_string),
         profile: opt_string("profile").unwrap_or_else(|| "default".into()),
         engine_sha256: string("engine.sha256")?,
         host,
@@ -260,7 +263,14 @@ fn incompleteness(m: &Value) -> Option<String> {
         Some("completed") => {}
         Some(r) => {
             let detail = get(m, "exit.detail").and_then(Value::as_str).unwrap_or("");
-            why.push(format!("exit {r}{}", if detail.is_empty() { String::new() } else { format!(" ({detail})") }));
+            why.push(format!(
+                "exit {r}{}",
+                if detail.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({detail})")
+                }
+            ));
         }
         None => why.push("no exit recorded".to_string()),
     }
@@ -271,7 +281,14 @@ fn incompleteness(m: &Value) -> Option<String> {
                 .and_then(Value::as_array)
                 .map(|a| a.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
-            why.push(format!("completion {v}{}", if reasons.is_empty() { String::new() } else { format!(": {}", reasons.join("; ")) }));
+            why.push(format!(
+                "completion {v}{}",
+                if reasons.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", reasons.join("; "))
+                }
+            ));
         }
         None => why.push("no completion verdict".to_string()),
     }
@@ -284,7 +301,9 @@ fn incompleteness(m: &Value) -> Option<String> {
 const PATH_COL: &str = "__bundle_dir";
 
 fn scan(dirs: &[(PathBuf, Bundle)], file: &str) -> PolarsResult<LazyFrame> {
-    let paths = dirs.iter().map(|(d, _)| PlRefPath::new(d.join(file).display().to_string().as_str()));
+    let paths = dirs
+        .iter()
+        .map(|(d, _)| PlRefPath::new(d.join(file).display().to_string().as_str()));
     let args = ScanArgsParquet {
         include_file_paths: Some(PATH_COL.into()),
         glob: false,
@@ -393,15 +412,26 @@ fn samples_scan(
     let f64c = |n: &str| col(n).cast(DataType::Float64);
     let run = || -> PolarsResult<DataFrame> {
         scan(dirs, FILE)?
-            .group_by([col(PATH_COL).cast(DataType::String), col("phase").cast(DataType::String)])
+            .group_by([
+                col(PATH_COL).cast(DataType::String),
+                col("phase").cast(DataType::String),
+            ])
             .agg([
                 len().alias("n"),
                 f64c("rss_bytes").max().alias("rss"),
                 f64c("unified_bytes").max().alias("unified"),
                 f64c("weights_cached_bytes").max().alias("cached"),
                 f64c("engine_gpu_mem_bytes").max().alias("gpu_mem"),
-                f64c("gpu_util_pct").is_not_null().sum().cast(DataType::Int64).alias("util_n"),
-                f64c("gpu_util_pct").gt(lit(0.0)).sum().cast(DataType::Int64).alias("busy_n"),
+                f64c("gpu_util_pct")
+                    .is_not_null()
+                    .sum()
+                    .cast(DataType::Int64)
+                    .alias("util_n"),
+                f64c("gpu_util_pct")
+                    .gt(lit(0.0))
+                    .sum()
+                    .cast(DataType::Int64)
+                    .alias("busy_n"),
             ])
             .collect()
     };
@@ -409,7 +439,11 @@ fn samples_scan(
     let e = |x: PolarsError| err_for(dirs, FILE, x);
     let path = df.column(PATH_COL).map_err(e)?.str().map_err(e)?.clone();
     let phase = df.column("phase").map_err(e)?.str().map_err(e)?.clone();
-    let n = df.column("n").map_err(e)?.cast(&DataType::Int64).map_err(e)?;
+    let n = df
+        .column("n")
+        .map_err(e)?
+        .cast(&DataType::Int64)
+        .map_err(e)?;
     let n = n.i64().map_err(e)?.clone();
     let fcol = |name: &str| -> Result<Float64Chunked, LoadError> {
         Ok(df.column(name).map_err(e)?.f64().map_err(e)?.clone())
@@ -417,7 +451,12 @@ fn samples_scan(
     let icol = |name: &str| -> Result<Int64Chunked, LoadError> {
         Ok(df.column(name).map_err(e)?.i64().map_err(e)?.clone())
     };
-    let (rss, uni, cached, gmem) = (fcol("rss")?, fcol("unified")?, fcol("cached")?, fcol("gpu_mem")?);
+    let (rss, uni, cached, gmem) = (
+        fcol("rss")?,
+        fcol("unified")?,
+        fcol("cached")?,
+        fcol("gpu_mem")?,
+    );
     let (util_n, busy_n) = (icol("util_n")?, icol("busy_n")?);
     for r in 0..df.height() {
         let key = dir_key(path.get(r).unwrap_or(""), FILE);
@@ -463,7 +502,11 @@ mod tests {
     }
 
     fn facts(m: &Value) -> Result<Bundle, LoadError> {
-        manifest_facts(m, Path::new("b/manifest.json"), Path::new("store/bundles/deadbeef"))
+        manifest_facts(
+            m,
+            Path::new("b/manifest.json"),
+            Path::new("store/bundles/deadbeef"),
+        )
     }
 
     #[test]
@@ -474,7 +517,10 @@ mod tests {
         assert_eq!(b.host, "box|Xeon|no-gpu");
         assert_eq!(b.levers["staging"], "batched");
         let s = b.schedule.unwrap();
-        assert_eq!((s.round, s.position, s.seed, s.lever.as_str()), (2, 5, 9, "staging"));
+        assert_eq!(
+            (s.round, s.position, s.seed, s.lever.as_str()),
+            (2, 5, 9, "staging")
+        );
         assert_eq!(b.contended, None);
         assert_eq!(b.incomplete, None);
         assert_eq!(b.device.as_deref(), Some("cpu"));
@@ -499,7 +545,12 @@ mod tests {
         let mut m = manifest();
         m["engine"] = json!({});
         let e = facts(&m).unwrap_err().to_string();
-        assert!(e.contains("b/manifest.json") && e.contains("'engine.sha256'") && e.contains("a string"), "{e}");
+        assert!(
+            e.contains("b/manifest.json")
+                && e.contains("'engine.sha256'")
+                && e.contains("a string"),
+            "{e}"
+        );
         let mut m = manifest();
         m["schedule"]["round"] = json!("two");
         let e = facts(&m).unwrap_err().to_string();
@@ -512,6 +563,9 @@ mod tests {
 
     #[test]
     fn dir_key_strips_the_file_name() {
-        assert_eq!(dir_key("/s/bundles/ab/phases.parquet", "phases.parquet"), "/s/bundles/ab");
+        assert_eq!(
+            dir_key("/s/bundles/ab/phases.parquet", "phases.parquet"),
+            "/s/bundles/ab"
+        );
     }
 }

@@ -133,7 +133,12 @@ pub fn rank(
     // saving (largest first), ties by id.
     let mut ranked: Vec<(f64, String)> = levers
         .iter()
-        .filter(|l| l.reference.effect.as_ref().is_some_and(|e| e.n >= verdict::MIN_PAIRS))
+        .filter(|l| {
+            l.reference
+                .effect
+                .as_ref()
+                .is_some_and(|e| e.n >= verdict::MIN_PAIRS)
+        })
         .filter_map(|l| l.reference.saving_fraction.map(|(s, _)| (s, l.id.clone())))
         .collect();
     ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
@@ -142,7 +147,12 @@ pub fn rank(
             l.measured_rank = Some(i as u32 + 1);
         }
     }
-    let spec_pos = |id: &str| spec.levers.iter().position(|l| l.id == id).unwrap_or(usize::MAX);
+    let spec_pos = |id: &str| {
+        spec.levers
+            .iter()
+            .position(|l| l.id == id)
+            .unwrap_or(usize::MAX)
+    };
     levers.sort_by_key(|l| (l.measured_rank.unwrap_or(u32::MAX), spec_pos(&l.id)));
 
     let mut excluded = pairing.excluded.clone();
@@ -211,8 +221,12 @@ fn rung_result(l: &Lever, rung: &str, lr: Option<&LeverRungPairs>) -> RungResult
     let computed = if pairs.is_empty() {
         Err(missing_pairs(l, rung, lr))
     } else {
-        stats::paired_effect(&pairs, stats::seed_for(&l.id, rung), stats::BOOTSTRAP_RESAMPLES)
-            .map_err(|e| format!("a defined ratio for every pair ({e})"))
+        stats::paired_effect(
+            &pairs,
+            stats::seed_for(&l.id, rung),
+            stats::BOOTSTRAP_RESAMPLES,
+        )
+        .map_err(|e| format!("a defined ratio for every pair ({e})"))
     };
     let verdict = verdict::judge(&l.hypothesis, computed.as_ref().map_err(String::as_str));
     let effect = computed.ok();

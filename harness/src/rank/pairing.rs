@@ -127,7 +127,10 @@ pub fn unusable(b: &Bundle, spec: &LeverSpec) -> Option<String> {
         }
     }
     if let Err(why) = b.metric(&lever.metric) {
-        return Some(format!("metric {} unavailable: {why}", lever.metric.label()));
+        return Some(format!(
+            "metric {} unavailable: {why}",
+            lever.metric.label()
+        ));
     }
     None
 }
@@ -206,7 +209,10 @@ pub fn pair(bundles: &[Bundle], spec: &LeverSpec) -> Pairing {
         for (cell, (base, treat)) in by_cell {
             lr.baseline_runs += base.len();
             lr.treatment_runs += treat.len();
-            for (kept, rest) in [(base.first(), &base[base.len().min(1)..]), (treat.first(), &treat[treat.len().min(1)..])] {
+            for (kept, rest) in [
+                (base.first(), &base[base.len().min(1)..]),
+                (treat.first(), &treat[treat.len().min(1)..]),
+            ] {
                 for d in rest {
                     out.excluded.push(Exclusion {
                         id: d.id.clone(),
@@ -367,9 +373,21 @@ next_hypothesis = "n"
                 .map(|e| e.reason.clone())
                 .unwrap_or_default()
         };
-        assert!(reason("a3").contains("no treatment run (staging=batched)"), "{}", reason("a3"));
-        assert!(reason("a2dup").starts_with("duplicate of a2"), "{}", reason("a2dup"));
-        assert!(reason("x").contains("neither the baseline"), "{}", reason("x"));
+        assert!(
+            reason("a3").contains("no treatment run (staging=batched)"),
+            "{}",
+            reason("a3")
+        );
+        assert!(
+            reason("a2dup").starts_with("duplicate of a2"),
+            "{}",
+            reason("a2dup")
+        );
+        assert!(
+            reason("x").contains("neither the baseline"),
+            "{}",
+            reason("x")
+        );
         assert!(reason("c").starts_with("contended: load1"));
         assert!(reason("i").starts_with("incomplete: exit killed"));
         assert!(reason("o").contains("no baseline run"), "{}", reason("o"));

@@ -87,7 +87,14 @@ fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o)?;
     for l in &r.levers {
         let v = &l.reference.verdict;
-        write!(o, "- **{}** ({}) at rung {}: **{}**", l.id, l.seed_issue, r.reference_rung, v.name())?;
+        write!(
+            o,
+            "- **{}** ({}) at rung {}: **{}**",
+            l.id,
+            l.seed_issue,
+            r.reference_rung,
+            v.name()
+        )?;
         match v {
             Verdict::Confirmed => {
                 if let Some((_, ci)) = l.reference.saving_fraction {

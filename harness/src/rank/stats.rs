@@ -98,7 +98,11 @@ pub enum StatsError {
 /// split is unambiguous) and the rung name: each row has its own fixed stream.
 pub fn seed_for(lever: &str, rung: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in lever.bytes().chain(std::iter::once(0xff)).chain(rung.bytes()) {
+    for b in lever
+        .bytes()
+        .chain(std::iter::once(0xff))
+        .chain(rung.bytes())
+    {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }

@@ -116,7 +116,10 @@ fn rounds_hint(n: usize, s: f64, ci: Interval, m: f64) -> String {
     }
     let need = (n as f64 * (half / gap).powi(2)).ceil();
     if need.is_finite() && need > n as f64 && need < 1e6 {
-        format!(" (about {} pairs in all if the estimate holds)", need as u64)
+        format!(
+            " (about {} pairs in all if the estimate holds)",
+            need as u64
+        )
     } else {
         String::new()
     }
@@ -163,7 +166,10 @@ mod tests {
     fn decrease_rule_confirms_refutes_and_abstains_at_the_edges() {
         let h = hyp(Direction::Decrease, 0.3);
         // Saving interval [0.3, 0.35]: the lower bound equals the minimum -> confirmed.
-        assert_eq!(judge(&h, Ok(&effect(5, 0.68, 0.65, 0.70))), Verdict::Confirmed);
+        assert_eq!(
+            judge(&h, Ok(&effect(5, 0.68, 0.65, 0.70))),
+            Verdict::Confirmed
+        );
         // Saving interval [0.29, 0.35] straddles 0.3.
         let v = judge(&h, Ok(&effect(5, 0.68, 0.65, 0.71)));
         assert_eq!(v.name(), "insufficient");
@@ -183,7 +189,10 @@ mod tests {
         let h = hyp(Direction::Increase, 0.2);
         assert_eq!(judge(&h, Ok(&effect(4, 1.5, 1.3, 1.7))), Verdict::Confirmed);
         assert_eq!(judge(&h, Ok(&effect(4, 0.7, 0.6, 0.8))).name(), "refuted");
-        assert_eq!(judge(&h, Ok(&effect(4, 1.2, 1.1, 1.3))).name(), "insufficient");
+        assert_eq!(
+            judge(&h, Ok(&effect(4, 1.2, 1.1, 1.3))).name(),
+            "insufficient"
+        );
     }
 
     #[test]

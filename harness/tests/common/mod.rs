@@ -61,7 +61,21 @@ pub struct Render {
 /// A complete, uncontended render of `rung` with the given phase durations laid out
 /// back to back: `load.dit`, `conditioning`, `denoise` (two `denoise.step`s inside),
 /// `decode.video`, `artifacts.frames`.
-pub fn render(rung: &str, dims: (u64, u64, u64), load: f64, cond: f64, denoise: f64, decode: f64, frames: f64) -> Render {
+pub fn render(
+    rung: &str,
+    dims: (u64, u64, u64),
+    load: f64,
+    cond: f64,
+    denoise: f64,
+    decode: f64,
+    frames: f64,
+) -> Render {
+    // Durations on a 1/64 s grid: the seal's read-back check re-parses the manifest's
+    // floats, and serde_json without `float_roundtrip` does not re-parse every
+    // 17-digit float exactly (an evidence-crate issue, reported); binary fractions do.
+    let q = |x: f64| (x * 64.0).round() / 64.0;
+    let (load, cond, denoise, decode, frames) =
+        (q(load), q(cond), q(denoise), q(decode), q(frames));
     let mut t = 0.5;
     let mut phases: Vec<(String, f64, f64)> = Vec::new();
     fn push(phases: &mut Vec<(String, f64, f64)>, name: &str, d: f64, t: &mut f64) {
@@ -98,12 +112,7 @@ fn ns(s: f64) -> u64 {
 pub fn seal(store: &Store, r: &Render) -> String {
     let staging = store.open_staging().unwrap();
     let j = SharedJournal::create(&staging.journal_path()).unwrap();
-    let end = r
-        .phases
-        .iter()
-        .map(|(_, o, d)| o + d)
-        .fold(0.0, f64::max)
-        + 0.5;
+    let end = r.phases.iter().map(|(_, o, d)| o + d).fold(0.0, f64::max) + 0.5;
     let frag = |key: &str, value: serde_json::Value| {
         j.append(&Record::Fragment {
             key: key.into(),
@@ -112,19 +121,46 @@ pub fn seal(store: &Store, r: &Render) -> String {
         .unwrap()
     };
     let (w, h, f) = r.dims;
-    frag("run", json!({"start_ns": T0, "end_ns": ns(end), "argv": ["harness", "run"], "boot_id": "b", "hostname": "testhost", "harness_version": "0", "cwd": "/"}));
-    frag("rung", json!({"name": r.rung, "path": format!("rungs/{}.toml", r.rung), "sha256": "r", "config": {"preset": "tiny", "width": w, "height": h, "frames": f, "steps": 2, "guidance": 3.0, "seed": 1, "device": "cpu"}}));
+    frag(
+        "run",
+        json!({"start_ns": T0, "end_ns": ns(end), "argv": ["harness", "run"], "boot_id": "b", "hostname": "testhost", "harness_version": "0", "cwd": "/"}),
+    );
+    frag(
+        "rung",
+        json!({"name": r.rung, "path": format!("rungs/{}.toml", r.rung), "sha256": "r", "config": {"preset": "tiny", "width": w, "height": h, "frames": f, "steps": 2, "guidance": 3.0, "seed": 1, "device": "cpu"}}),
+    );
     frag("profile", json!("default"));
-    frag("engine", json!({"store_path": "/s/bin/e", "sha256": r.engine, "version": "0.1.0", "args": [], "exec": true}));
-    frag("weights", json!({"digest": "sha256:weights", "dir": "/w", "files": [], "synthesized": true}));
-    frag("host", json!({"cpu_model": "Test CPU", "cores": 2, "mem_total_bytes": 1u64 << 34, "kernel": "6", "os": "linux"}));
+    frag(
+        "engine",
+        json!({"store_path": "/s/bin/e", "sha256": r.engine, "version": "0.1.0", "args": [], "exec": true}),
+    );
+    frag(
+        "weights",
+        json!({"digest": "sha256:weights", "dir": "/w", "files": [], "synthesized": true}),
+    );
+    frag(
+        "host",
+        json!({"cpu_model": "Test CPU", "cores": 2, "mem_total_bytes": 1u64 << 34, "kernel": "6", "os": "linux"}),
+    );
     frag("gpu", serde_json::Value::Null);
-    frag("sampler", json!({"cadence_ms": 100, "slow_every": 10, "pagecache_every": 10, "observer": "on"}));
-    frag("contention", json!({"load1_at_start": if r.contended { 9.5 } else { 0.1 }, "other_gpu_procs": 0, "flagged": r.contended, "detail": if r.contended { "load1 9.5 at start on 2 cores" } else { "quiet" }}));
-    frag("gates", json!([{"name": "store-durable", "verdict": "pass", "detail": "ext4"}]));
+    frag(
+        "sampler",
+        json!({"cadence_ms": 100, "slow_every": 10, "pagecache_every": 10, "observer": "on"}),
+    );
+    frag(
+        "contention",
+        json!({"load1_at_start": if r.contended { 9.5 } else { 0.1 }, "other_gpu_procs": 0, "flagged": r.contended, "detail": if r.contended { "load1 9.5 at start on 2 cores" } else { "quiet" }}),
+    );
+    frag(
+        "gates",
+        json!([{"name": "store-durable", "verdict": "pass", "detail": "ext4"}]),
+    );
     if let Some((campaign, round, position, lever, arm)) = &r.schedule {
         frag("levers", json!({lever.as_str(): arm}));
-        frag("schedule", json!({"campaign": campaign, "round": round, "position": position, "arm": arm, "lever": lever, "seed": 7}));
+        frag(
+            "schedule",
+            json!({"campaign": campaign, "round": round, "position": position, "arm": arm, "lever": lever, "seed": 7}),
+        );
     } else {
         frag("levers", json!({}));
     }
@@ -133,31 +169,70 @@ pub fn seal(store: &Store, r: &Render) -> String {
     let mut events: Vec<(f64, u8, i64, Marker)> = Vec::new();
     for (i, (name, o, d)) in r.phases.iter().enumerate() {
         let i = i as i64;
-        events.push((*o, 1, i, Marker::Open { t_ns: ns(*o), name: name.clone(), attrs: Attrs::new() }));
+        events.push((
+            *o,
+            1,
+            i,
+            Marker::Open {
+                t_ns: ns(*o),
+                name: name.clone(),
+                attrs: Attrs::new(),
+            },
+        ));
         let mut attrs = Attrs::new();
         attrs.insert("peak_host_bytes".into(), json!(1u64 << 30));
-        events.push((o + d, 0, -i, Marker::Close { t_ns: ns(o + d), name: name.clone(), attrs }));
+        events.push((
+            o + d,
+            0,
+            -i,
+            Marker::Close {
+                t_ns: ns(o + d),
+                name: name.clone(),
+                attrs,
+            },
+        ));
     }
     events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     for (_, _, _, m) in &events {
-        j.append(&Record::Marker { recv_ns: m.t_ns(), line: m.to_line() }).unwrap();
+        j.append(&Record::Marker {
+            recv_ns: m.t_ns(),
+            line: m.to_line(),
+        })
+        .unwrap();
     }
     // Samples every 0.25 s: weights cache high in load, planted value during denoise.
-    let den = r.phases.iter().find(|p| p.0 == "denoise").map(|p| (p.1, p.1 + p.2));
+    let den = r
+        .phases
+        .iter()
+        .find(|p| p.0 == "denoise")
+        .map(|p| (p.1, p.1 + p.2));
     let mut t = 0.25;
     while t < end {
         let mut s = Sample::empty(ns(t));
         let in_den = den.is_some_and(|(a, b)| t > a && t < b);
         s.set("rss_bytes", Some(2.0 * (1u64 << 30) as f64 + t * 1e6));
-        s.set("weights_cached_bytes", Some(if in_den { r.weights_cached_bytes } else { 9.0 * (1u64 << 30) as f64 }));
+        s.set(
+            "weights_cached_bytes",
+            Some(if in_den {
+                r.weights_cached_bytes
+            } else {
+                9.0 * (1u64 << 30) as f64
+            }),
+        );
         s.set("unified_bytes", Some(12.0 * (1u64 << 30) as f64));
         s.set("gpu_util_pct", Some(if in_den { 90.0 } else { 0.0 }));
         s.set("load1", Some(0.1));
         j.append(&Record::Sample(s)).unwrap();
         t += 0.25;
     }
-    frag("exit", json!({"reason": r.exit, "code": if r.exit == "completed" { json!(0) } else { json!(null) }, "signal": null, "detail": ""}));
-    frag("completion", json!({"verdict": if r.exit == "completed" { "pass" } else { "fail" }, "reasons": [], "frames": 9}));
+    frag(
+        "exit",
+        json!({"reason": r.exit, "code": if r.exit == "completed" { json!(0) } else { json!(null) }, "signal": null, "detail": ""}),
+    );
+    frag(
+        "completion",
+        json!({"verdict": if r.exit == "completed" { "pass" } else { "fail" }, "reasons": [], "frames": 9}),
+    );
     j.finish().unwrap();
     let sealed = evidence::seal::seal(staging.dir(), store).unwrap();
     sealed.id
