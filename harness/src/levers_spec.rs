@@ -294,7 +294,7 @@ impl LeverSpec {
         if self.levers.is_empty() {
             return Err(bad(
                 "lever".into(),
-                "at least one [[lever]] table".into(),
+                "at least one [[lever]] table",
                 "none".into(),
             ));
         }
