@@ -2,14 +2,7 @@
 //! re-derives the lever ranking from them. See the README for the commands.
 
 use clap::{Parser, Subcommand};
-
-mod exit;
-mod ls;
-mod recover;
-mod show;
-mod store_arg;
-mod summary;
-mod verify;
+use harness::{exit, ls, recover, show, verify};
 
 /// Measure GPU video renders and keep the evidence.
 #[derive(Parser)]
@@ -30,6 +23,12 @@ enum Command {
     Ls(ls::LsArgs),
     /// Print a bundle's manifest summary and phase table.
     Show(show::ShowArgs),
+    /// Re-derive the lever ranking from the bundles in a store (reports/levers.md).
+    Rank(harness::cli::RankArgs),
+    /// Compare two bundles: phases, manifest differences, samples, exit, completion.
+    Diff(harness::cli::DiffArgs),
+    /// Interleave every selected lever's arms round by round (ABBA or seeded random).
+    Campaign(harness::cli::CampaignArgs),
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<u8> {
@@ -38,6 +37,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Recover(a) => recover::run(a),
         Command::Ls(a) => ls::run(a),
         Command::Show(a) => show::run(a),
+        Command::Rank(a) => harness::cli::rank(&a),
+        Command::Diff(a) => harness::cli::diff(&a),
+        Command::Campaign(a) => harness::cli::campaign(&a),
     }
 }
 

@@ -1,0 +1,24 @@
+//! The harness as a library: the `harness` binary is a thin layer over these modules,
+//! and benchmarks and integration tests call them directly.
+//!
+//! * [`campaign`]: interleaved, resumable lever campaigns (`harness campaign`).
+//! * [`cli`]: argument structs and entry points of `rank`, `diff` and `campaign`.
+//! * [`diff`]: two bundles side by side (`harness diff`).
+//! * [`exit`]: the binary's stable exit codes and the error kinds that select them.
+//! * [`levers_spec`]: `specs/levers.toml`, the levers and their hypotheses.
+//! * [`rank`]: the lever ranking re-derived from bundles (`harness rank`).
+//! * [`verify`], [`recover`], [`ls`], [`show`]: the store's bundle commands;
+//!   [`store_arg`] their `--store` option, [`summary`] the manifest fields they print.
+
+pub mod campaign;
+pub mod cli;
+pub mod diff;
+pub mod exit;
+pub mod levers_spec;
+pub mod ls;
+pub mod rank;
+pub mod recover;
+pub mod show;
+pub mod store_arg;
+pub mod summary;
+pub mod verify;
