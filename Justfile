@@ -26,3 +26,14 @@ rank *ARGS:
 # Benchmarks (release profile): sealing, sampler cost, ranking.
 bench:
     cargo bench --workspace
+
+# CUDA arm on a GPU machine: every kernel and the device DiT forward against the
+# f32 host reference, then the staging / forward / denoise benchmarks (table last).
+bench-gpu:
+    cargo build --release -p engine
+    LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-} target/release/engine selftest-cuda --bench --scratch target/selftest-cuda
+
+# The GPU-utilization control: a known bf16 GEMM load for S seconds.
+burn S="10":
+    cargo build --release -p engine
+    LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-} target/release/engine burn --seconds {{S}}

@@ -4,6 +4,29 @@
 //! trait, loading checkpoints in the layouts users have, emitting the phase markers
 //! of the marker protocol (`specs/markers.md`), with optimisation levers switchable
 //! per run.
+//!
+//! The numeric core: [`presets`] (model configs), [`models`] (layouts and
+//! forwards of the transformer, T5 and the VAE decoder), [`ops`] (the CPU
+//! kernels they are built from), [`schedule`] (sigmas, Euler, guidance, latent
+//! scaling) and [`rng`] (the seeded Gaussian generator).
+//!
+//! Around it: [`weights`] (safetensors loading, layouts, synthetic weights,
+//! digest, page-cache residency), [`text`] (tokenizer, prompt embeddings),
+//! [`levers`], [`frames`] (y4m and PNG output).
 
+pub mod cli;
+pub mod cuda;
+pub mod frames;
+pub mod hostmem;
+pub mod levers;
+pub mod models;
+pub mod ops;
+pub mod phase;
+pub mod pipeline;
+pub mod plan;
+pub mod presets;
+pub mod rng;
+pub mod schedule;
 pub mod tensor;
+pub mod text;
 pub mod weights;

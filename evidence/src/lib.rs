@@ -9,6 +9,16 @@
 //!   (`specs/markers.md`), its parser and an emitter for engines.
 //! * [`sample`]: the sampler's column schema, with units and averaging windows.
 //! * [`rung`]: the rung file format (`rungs/N.toml`).
+//! * [`journal`]: the crash-safe run journal (framed, checksummed, typed records).
+//! * [`store`]: the durable store, its gate, staging directories and atomic publish.
+//! * [`error`]: the typed errors of the bundle machinery.
+//! * [`manifest`]: `manifest.json` (typed sections, canonical JSON, the bundle id).
+//! * [`phases`]: the phase tree from markers, coverage, containment, exclusivity.
+//! * [`tables`]: the Parquet tables' schemas and fixed writer settings.
+//! * [`seal`]: journal -> bundle, deterministic, read back, published atomically.
+//! * [`verify`]: re-read a bundle and check every hash, schema and count.
+//! * [`recover`]: seal the staging directories of dead runs as incomplete bundles.
+//! * [`table`]: the phase table people read.
 //!
 //! ```
 //! use evidence::marker::{parse_marker_line, Marker};
@@ -17,6 +27,16 @@
 //! ```
 
 pub mod clock;
+pub mod error;
+pub mod journal;
+pub mod manifest;
 pub mod marker;
+pub mod phases;
+pub mod recover;
 pub mod rung;
 pub mod sample;
+pub mod seal;
+pub mod store;
+pub mod table;
+pub mod tables;
+pub mod verify;

@@ -1,19 +1,37 @@
-//! The harness as a library: what `harness` (the binary) is built from, exposed so
-//! benchmarks and tests can drive the parts directly.
+//! The harness as a library: the `harness` binary is a thin layer over these modules,
+//! and benchmarks and integration tests call them directly.
 //!
+//! * [`campaign`]: interleaved, resumable lever campaigns (`harness campaign`).
+//! * [`classify`]: why a run ended (the `exit` fragment of `harness run`).
+//! * [`cli`]: argument structs and entry points of `rank`, `diff` and `campaign`.
+//! * [`completion`]: the pixel completion check on `video.y4m`.
+//! * [`diff`]: two bundles side by side (`harness diff`).
+//! * [`exit`]: the binary's stable exit codes and the error kinds that select them.
+//! * [`levers_spec`]: `specs/levers.toml`, the levers and their hypotheses.
+//! * [`rank`]: the lever ranking re-derived from bundles (`harness rank`).
 //! * [`sampler`]: the fixed-cadence sampler thread and its readers (procfs, NVML,
 //!   page cache).
-//! * [`watchdog`]: the memory watchdog (H1) and its positive control.
-//! * [`classify`]: why a run ended (the `exit` fragment).
-//! * [`completion`]: the pixel completion check on `video.y4m`.
-//! * [`weights`]: the run's weights, their digest, synthesis into the cache.
 //! * [`units`]: byte quantities as people type them.
-//! * [`exit`]: the stable exit codes.
+//! * [`verify`], [`recover`], [`ls`], [`show`]: the store's bundle commands;
+//!   [`store_arg`] their `--store` option, [`summary`] the manifest fields they print.
+//! * [`watchdog`]: the memory watchdog (H1) and its positive control.
+//! * [`weights`]: the run's weights, their digest, synthesis into the cache.
 
+pub mod campaign;
 pub mod classify;
+pub mod cli;
 pub mod completion;
+pub mod diff;
 pub mod exit;
+pub mod levers_spec;
+pub mod ls;
+pub mod rank;
+pub mod recover;
 pub mod sampler;
+pub mod show;
+pub mod store_arg;
+pub mod summary;
 pub mod units;
+pub mod verify;
 pub mod watchdog;
 pub mod weights;

@@ -2,8 +2,7 @@
 //! re-derives the lever ranking from them. See the README for the commands.
 
 use clap::{Parser, Subcommand};
-
-use harness::exit;
+use harness::{exit, ls, recover, show, verify};
 
 /// Measure GPU video renders and keep the evidence.
 #[derive(Parser)]
@@ -16,6 +15,20 @@ struct Cli {
 /// Every subcommand; each lives in its own module with its own argument struct.
 #[derive(Subcommand)]
 enum Command {
+    /// Re-read every file of a bundle and check every hash and schema (exit 1 on any fault).
+    Verify(verify::VerifyArgs),
+    /// Seal every dead run's staging directory as an incomplete bundle.
+    Recover(recover::RecoverArgs),
+    /// List the bundles in the store.
+    Ls(ls::LsArgs),
+    /// Print a bundle's manifest summary and phase table.
+    Show(show::ShowArgs),
+    /// Re-derive the lever ranking from the bundles in a store (reports/levers.md).
+    Rank(harness::cli::RankArgs),
+    /// Compare two bundles: phases, manifest differences, samples, exit, completion.
+    Diff(harness::cli::DiffArgs),
+    /// Interleave every selected lever's arms round by round (ABBA or seeded random).
+    Campaign(harness::cli::CampaignArgs),
     /// (internal) the watchdog control's allocating child.
     #[command(name = "__alloc-probe", hide = true)]
     AllocProbe {
@@ -26,6 +39,13 @@ enum Command {
 
 fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
+        Command::Verify(a) => verify::run(a),
+        Command::Recover(a) => recover::run(a),
+        Command::Ls(a) => ls::run(a),
+        Command::Show(a) => show::run(a),
+        Command::Rank(a) => harness::cli::rank(&a),
+        Command::Diff(a) => harness::cli::diff(&a),
+        Command::Campaign(a) => harness::cli::campaign(&a),
         Command::AllocProbe { args } => Ok(harness::watchdog::alloc_probe_main(&args)),
     }
 }

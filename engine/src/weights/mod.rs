@@ -1,9 +1,16 @@
 //! Weights: what a model expects ([`TensorSpec`]), where tensors come from
 //! ([`TensorSource`]) and the path builder models use to ask for them
-//! ([`VarBuilder`], names mirroring the checkpoint's).
+//! ([`VarBuilder`], names mirroring the checkpoint's); the safetensors loader,
+//! checkpoint layouts, synthetic weights, the weights digest and page-cache
+//! residency.
 
+pub mod digest;
+pub mod layout;
+pub mod residency;
+pub mod safetensors;
 pub mod source;
 pub mod spec;
+pub mod synth;
 
 pub use source::{MapSource, TensorSource, VarBuilder, WeightError};
 pub use spec::{DType, TensorSpec};

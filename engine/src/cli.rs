@@ -1,0 +1,359 @@
+//! The `engine` command line (contracts section 1): argument structs and the
+//! dispatch `main` calls. Exit codes: 0 success, 1 a render (or synthesis)
+//! failed, 2 bad arguments or input (rung, levers, preset, weights, prompt files).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use evidence::attrs;
+use evidence::marker::Emitter;
+use evidence::rung::{Device, Profile, Rung};
+
+use crate::levers::{self, LeverSet};
+use crate::phase::Recorder;
+use crate::pipeline::{self, BadInput, RenderRequest};
+use crate::plan::{self, Geometry};
+use crate::presets;
+use crate::weights::synth::{self, SynthOptions};
+
+/// Success.
+pub const EXIT_OK: i32 = 0;
+/// The render (or synthesis) failed.
+pub const EXIT_FAILED: i32 = 1;
+/// Bad arguments or input.
+pub const EXIT_BAD_INPUT: i32 = 2;
+
+/// The LTX-Video render engine (CPU reference arm).
+#[derive(Debug, Parser)]
+#[command(name = "engine", version, about, long_about = None)]
+pub struct Cli {
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Lever profile on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ProfileArg {
+    /// Every lever in its best arm.
+    Default,
+    /// Every lever in its old arm.
+    Baseline,
+}
+
+/// Device on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum DeviceArg {
+    /// The CPU reference arm.
+    Cpu,
+    /// The CUDA arm.
+    Cuda,
+}
+
+/// Lever selection shared by `render` and `plan`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LeverArgs {
+    /// A lever arm, `NAME=ARM`, overriding the profile and the rung (repeatable).
+    #[arg(long = "lever", value_name = "NAME=ARM")]
+    pub levers: Vec<String>,
+    /// Lever profile; overrides the rung's.
+    #[arg(long, value_enum)]
+    pub profile: Option<ProfileArg>,
+}
+
+/// Every command.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Render a rung into --out (video.y4m, first/middle/last.png).
+    Render {
+        /// The rung file.
+        #[arg(long)]
+        rung: PathBuf,
+        /// Weights: a diffusers directory or a Lightricks single file (default: the rung's).
+        #[arg(long)]
+        weights: Option<PathBuf>,
+        /// Output directory for the frames (default: $HARNESS_FRAMES_DIR).
+        #[arg(long, env = "HARNESS_FRAMES_DIR")]
+        out: PathBuf,
+        /// Levers and profile.
+        #[command(flatten)]
+        levers: LeverArgs,
+        /// Device; overrides the rung's.
+        #[arg(long, value_enum)]
+        device: Option<DeviceArg>,
+        /// Also write every frame as frame_NNNNN.png.
+        #[arg(long)]
+        all_frames: bool,
+        /// Host threads, overriding the host-threads lever's pool size.
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Precomputed prompt embeddings (`embeds` [L, C], `mask` [L], and for
+        /// guidance > 1 `negative_embeds`, `negative_mask`) instead of T5.
+        #[arg(long)]
+        prompt_embeds: Option<PathBuf>,
+    },
+    /// Write deterministic synthetic weights of a preset in the diffusers layout.
+    SynthWeights {
+        /// Preset name (tiny, ltxv-2b, ltxv-13b).
+        #[arg(long)]
+        preset: String,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Projected peak memory of a render for the chosen lever arms.
+    Plan {
+        /// The rung file.
+        #[arg(long)]
+        rung: PathBuf,
+        /// Levers and profile.
+        #[command(flatten)]
+        levers: LeverArgs,
+        /// Print JSON (the contract's form).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every lever with its arms, default arm and baseline arm.
+    Levers {
+        /// Print JSON (the contract's form).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check every CUDA kernel and the device DiT forward against the f32 host
+    /// reference; with --bench also run the device benchmarks (`just bench-gpu`).
+    SelftestCuda {
+        /// Also run the benchmarks.
+        #[arg(long)]
+        bench: bool,
+        /// Scratch directory for synthetic weight files (durable, a few GB free).
+        #[arg(long, default_value = "target/selftest-cuda")]
+        scratch: PathBuf,
+    },
+    /// A known bf16 GEMM load for S seconds (the harness's GPU-utilization control).
+    Burn {
+        /// Seconds of load.
+        #[arg(long)]
+        seconds: f64,
+    },
+}
+
+fn bad(msg: impl Into<String>) -> anyhow::Error {
+    BadInput(msg.into()).into()
+}
+
+/// The exit code for an error that ended a command.
+pub fn exit_code(err: &anyhow::Error) -> i32 {
+    let no_device = err.chain().any(|e| {
+        matches!(
+            e.downcast_ref::<crate::cuda::CudaError>(),
+            Some(crate::cuda::CudaError::NotAvailable(_) | crate::cuda::CudaError::Invalid(_))
+        )
+    });
+    if no_device || err.chain().any(|e| e.is::<BadInput>()) {
+        EXIT_BAD_INPUT
+    } else {
+        EXIT_FAILED
+    }
+}
+
+fn load_rung(path: &Path) -> anyhow::Result<Rung> {
+    Rung::load(path).map_err(|e| bad(e.to_string()))
+}
+
+/// Profile (command line over rung), then the rung's `[levers]`, then `--lever`.
+/// An unknown lever or arm names where it came from (the rung file or the flag).
+fn resolve_levers(rung: &Rung, rung_path: &Path, args: &LeverArgs) -> anyhow::Result<LeverSet> {
+    let profile = match args.profile {
+        Some(ProfileArg::Default) => Profile::Default,
+        Some(ProfileArg::Baseline) => Profile::Baseline,
+        None => rung.profile,
+    };
+    let from_rung = rung.levers.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    LeverSet::resolve(profile, from_rung.clone())
+        .map_err(|e| bad(format!("{}: [levers]: {e}", rung_path.display())))?;
+    let mut flags = Vec::new();
+    for s in &args.levers {
+        flags.push(levers::parse_setting(s).map_err(|e| bad(format!("--lever: {e}")))?);
+    }
+    LeverSet::resolve(
+        profile,
+        from_rung.chain(flags.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+    )
+    .map_err(|e| bad(format!("--lever: {e}")))
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Run one parsed command; returns the process exit code.
+pub fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::SelftestCuda { bench, scratch } => {
+            let opts = crate::cuda::selftest::SelftestOptions { scratch, bench };
+            let all_passed = crate::cuda::selftest::run(&opts)?;
+            Ok(if all_passed { EXIT_OK } else { EXIT_FAILED })
+        }
+        Command::Burn { seconds } => {
+            let r = crate::cuda::burn::burn(seconds)?;
+            println!(
+                "burn: {} GEMMs of {n}x{n}x{n} bf16 in {:.2} s wall, {:.1} ms device, {:.1} TFLOP/s",
+                r.gemms,
+                r.wall_s,
+                r.device_ms,
+                r.tflops,
+                n = crate::cuda::burn::N
+            );
+            Ok(EXIT_OK)
+        }
+        Command::Levers { json } => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&levers::registry_json())?
+                );
+            } else {
+                for l in levers::registry() {
+                    println!(
+                        "{:<14} arms {:<14} default {:<7} baseline {:<7} ({:?}) {}",
+                        l.id,
+                        l.arms.join("|"),
+                        l.default,
+                        l.baseline,
+                        l.applies_to,
+                        l.doc
+                    );
+                }
+            }
+            Ok(EXIT_OK)
+        }
+        Command::SynthWeights { preset, out } => {
+            let p = presets::preset(&preset).map_err(|e| bad(e.to_string()))?;
+            let started = std::time::Instant::now();
+            let report = synth::synthesize(&p, &out, &SynthOptions::default())
+                .with_context(|| format!("synthesizing {preset} into {}", out.display()))?;
+            eprintln!(
+                "engine: wrote {} files, {} of weights, in {:.1}s on {} threads",
+                report.files.len(),
+                evidence::marker::human_bytes(report.weight_bytes),
+                started.elapsed().as_secs_f64(),
+                report.threads_used
+            );
+            println!("{}", report.digest);
+            Ok(EXIT_OK)
+        }
+        Command::Plan { rung, levers, json } => {
+            let r = load_rung(&rung)?;
+            let set = resolve_levers(&r, &rung, &levers)?;
+            let p = presets::preset(&r.preset)
+                .map_err(|e| bad(format!("{}: preset: {e}", rung.display())))?;
+            let g = Geometry {
+                frames: r.frames as usize,
+                height: r.height as usize,
+                width: r.width as usize,
+                guidance: r.uses_guidance(),
+                threads: set.host_threads(cores()),
+                chunk_latent_frames: pipeline::DECODE_CHUNK_LATENT_FRAMES,
+            };
+            let proj = plan::project(&p, &g, &set);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&proj)?);
+            } else {
+                for (k, v) in &proj.phases {
+                    println!("{k:<18} {}", evidence::marker::human_bytes(*v));
+                }
+                println!(
+                    "host peak {}  weights {}",
+                    evidence::marker::human_bytes(proj.host_peak_bytes),
+                    evidence::marker::human_bytes(proj.weights_bytes)
+                );
+            }
+            Ok(EXIT_OK)
+        }
+        Command::Render {
+            rung,
+            weights,
+            out,
+            levers,
+            device,
+            all_frames,
+            threads,
+            prompt_embeds,
+        } => {
+            let r = load_rung(&rung)?;
+            let set = resolve_levers(&r, &rung, &levers)?;
+            let device = match device {
+                Some(DeviceArg::Cpu) => Device::Cpu,
+                Some(DeviceArg::Cuda) => Device::Cuda,
+                None => r.device,
+            };
+            if device == Device::Cuda {
+                return Err(bad(
+                    "device 'cuda': this engine build has only the CPU reference arm (use --device cpu)",
+                ));
+            }
+            let p = presets::preset(&r.preset)
+                .map_err(|e| bad(format!("{}: field 'preset': {e}", rung.display())))?;
+            let weights = weights.or_else(|| r.weights.clone()).ok_or_else(|| {
+                bad(format!(
+                    "no weights: pass --weights DIR or set 'weights' in {} \
+                     (`engine synth-weights --preset {} --out DIR` writes synthetic ones)",
+                    rung.display(),
+                    r.preset
+                ))
+            })?;
+            if threads == Some(0) {
+                return Err(bad("--threads must be at least 1"));
+            }
+            let n = threads.unwrap_or_else(|| set.host_threads(cores()));
+            std::fs::create_dir_all(&out).map_err(|e| {
+                bad(format!(
+                    "--out {}: cannot create the output directory: {e}",
+                    out.display()
+                ))
+            })?;
+            // The global pool, so the render runs on this thread and hands only
+            // its data-parallel loops to the pool (no hand-off gap between phases).
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build_global()
+                .context("building the host thread pool")?;
+            let emitter = Emitter::from_env().map_err(|e| bad(e.to_string()))?;
+            let rec = Recorder::new(emitter);
+            rec.emitter().hello(
+                "engine",
+                env!("CARGO_PKG_VERSION"),
+                attrs! {
+                    "device" => "cpu",
+                    "preset" => p.name,
+                    "levers" => set.arms(),
+                    "threads" => n,
+                    "weights" => weights.display().to_string(),
+                    "rung" => rung.display().to_string(),
+                },
+            );
+            let req = RenderRequest {
+                rung: r,
+                preset: p,
+                weights,
+                out,
+                levers: set,
+                threads: n,
+                all_frames,
+                prompt_embeds,
+            };
+            let outcome = pipeline::render(&req, &rec)?;
+            eprintln!(
+                "engine: wrote {} frames of {}x{} into {}",
+                outcome.frames_written,
+                outcome.width,
+                outcome.height,
+                req.out.display()
+            );
+            Ok(EXIT_OK)
+        }
+    }
+}

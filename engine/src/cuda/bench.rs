@@ -1,0 +1,523 @@
+//! `engine selftest-cuda --bench` / `just bench-gpu`: the device benchmarks of
+//! issue 6, each beside its measured ceiling, in one run.
+//!
+//! - ceilings: device-to-device copy bandwidth, bf16 GEMM rate at 8192³;
+//! - staging GB/s of the serial and batched arms against a plain pinned copy of
+//!   the same bytes (a synthetic ltxv-2b transformer file, from page cache), and
+//!   the two arms' staged bytes compared;
+//! - the DiT forward at 6144 tokens (768x512x121) for ltxv-2b (staged weights)
+//!   and ltxv-13b (weights generated on the device), median of N after warm-up,
+//!   from CUDA events, with the attention and GEMM shares measured alone;
+//! - the GPU-busy share of a device-resident denoise loop: the sum of every
+//!   forward's event time over the loop's wall time, with the host emitting a
+//!   tick per forward one forward behind (as the render does).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::result as dres;
+
+use super::context::Timer;
+use super::dit::{DeviceDit, DitDims, Geometry, LATENT_CHANNELS};
+use super::gemm::{flops, Epilogue};
+use super::kernels::{AttnKernel, NULL};
+use super::memory::{align_up, DeviceBuffer};
+use super::selftest::{write_synth_safetensors, Rig, Rng};
+use super::staging::{self, pinned_copy_gbps, DeviceWeights, Staged, StagingArm, StagingOptions};
+use super::{CudaError, DriverContext};
+use crate::weights::DType;
+
+/// The latent grid of 768x512 at 121 frames: 6144 tokens.
+pub const GRID_6144: (usize, usize, usize) = (16, 16, 24);
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+/// Median device ms of `reps` runs of `f` on the compute stream after `warm` runs.
+fn time_ms(
+    rig: &Rig,
+    warm: usize,
+    reps: usize,
+    mut f: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    for _ in 0..warm {
+        f()?;
+    }
+    let t = Timer::new(&rig.gpu)?;
+    let mut v = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        t.start(&rig.gpu.compute)?;
+        f()?;
+        t.stop(&rig.gpu.compute)?;
+        v.push(t.elapsed_ms()?);
+    }
+    Ok(median(v))
+}
+
+/// Weights of `dims` generated on the device (uniform, small): for timing only.
+pub fn device_weights(rig: &Rig, dims: &DitDims, seed: u64) -> Result<DeviceWeights, CudaError> {
+    let specs = dims.tensor_specs();
+    let total: usize = specs.iter().map(|s| align_up(s.nbytes())).sum();
+    let arena = DeviceBuffer::alloc(&rig.gpu, total, "device-generated synthetic weights")?;
+    let mut map = HashMap::new();
+    let mut off = 0usize;
+    for (i, s) in specs.iter().enumerate() {
+        let ptr = arena.ptr() + off as u64;
+        let scale = if s.shape.len() == 2 && !s.name.ends_with("scale_shift_table") {
+            1.0 / (s.shape[1] as f32).sqrt()
+        } else {
+            0.1
+        };
+        rig.kernels.fill_uniform_bf16(
+            &rig.gpu.compute,
+            ptr,
+            s.numel(),
+            seed ^ (i as u64) << 20,
+            scale,
+        )?;
+        map.insert(
+            s.name.clone(),
+            Staged {
+                ptr,
+                bytes: s.nbytes(),
+                dtype: DType::BF16,
+                shape: s.shape.clone(),
+            },
+        );
+        off += align_up(s.nbytes());
+    }
+    rig.gpu.sync_compute()?;
+    Ok(DeviceWeights::from_arena(arena, map, "<device-generated>"))
+}
+
+/// Run every benchmark; returns the table rows (printed last by the caller).
+pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
+    let mut rows = vec!["== bench (H200 targets from issue 6) ==".to_string()];
+    let push = |rows: &mut Vec<String>, r: String| {
+        eprintln!("{r}");
+        rows.push(r);
+    };
+    let (gpu, g, k, s) = (&rig.gpu, &rig.gemm, &rig.kernels, &rig.gpu.compute);
+
+    // Ceilings.
+    {
+        let bytes = 2usize << 30;
+        let a = DeviceBuffer::alloc(gpu, bytes, "the copy ceiling")?;
+        let b = DeviceBuffer::alloc(gpu, bytes, "the copy ceiling")?;
+        let ms = time_ms(rig, 2, 10, || {
+            // SAFETY: both ranges are `bytes` long.
+            unsafe { dres::memcpy_dtod_async(b.ptr(), a.ptr(), bytes, s.cu_stream()) }
+                .ctx("device copy")
+        })?;
+        push(
+            &mut rows,
+            format!(
+                "ceiling  d2d copy            {:>8.0} GB/s (read+write)",
+                2.0 * bytes as f64 / ms / 1e6
+            ),
+        );
+        let n = 8192;
+        let ad = DeviceBuffer::alloc(gpu, n * n * 2, "gemm ceiling")?;
+        let bd = DeviceBuffer::alloc(gpu, n * n * 2, "gemm ceiling")?;
+        let cd = DeviceBuffer::alloc(gpu, n * n * 2, "gemm ceiling")?;
+        k.fill_uniform_bf16(s, ad.ptr(), n * n, 1, 1.0)?;
+        k.fill_uniform_bf16(s, bd.ptr(), n * n, 2, 1.0)?;
+        let ms = time_ms(rig, 3, 10, || {
+            g.linear(
+                s,
+                ad.ptr(),
+                bd.ptr(),
+                NULL,
+                cd.ptr(),
+                n,
+                n,
+                n,
+                Epilogue::None,
+            )
+        })?;
+        push(
+            &mut rows,
+            format!(
+                "ceiling  bf16 gemm 8192^3     {:>8.0} TFLOP/s (random data)",
+                flops(n, n, n) / ms / 1e9
+            ),
+        );
+    }
+
+    // Staging of a synthetic ltxv-2b transformer file.
+    let file = scratch.join("ltxv-2b-transformer.safetensors");
+    let t0 = Instant::now();
+    let fbytes = write_synth_safetensors(&file, &DitDims::LTXV_2B.tensor_specs(), 7)?;
+    eprintln!(
+        "bench: wrote {} ({:.2} GB) in {:.1} s",
+        file.display(),
+        fbytes as f64 / 1e9,
+        t0.elapsed().as_secs_f64()
+    );
+    let mut serial = Vec::new();
+    for _ in 0..2 {
+        let (w, r) = staging::stage_file(gpu, &file, &StagingOptions::new(StagingArm::Serial))?;
+        serial.push(r.gbps());
+        drop(w);
+    }
+    let mut batched = Vec::new();
+    let mut kept = None;
+    for _ in 0..3 {
+        let (w, r) = staging::stage_file(gpu, &file, &StagingOptions::new(StagingArm::Batched))?;
+        batched.push(r.gbps());
+        kept = Some(w);
+    }
+    let w2b = kept.ok_or_else(|| CudaError::Invalid("no batched staging ran".into()))?;
+    let (ws, _) = staging::stage_file(gpu, &file, &StagingOptions::new(StagingArm::Serial))?;
+    let mut differ = 0;
+    let names: Vec<String> = w2b.names().map(String::from).collect();
+    for n in &names {
+        if w2b.download(gpu, n)? != ws.download(gpu, n)? {
+            differ += 1;
+        }
+    }
+    drop(ws);
+    // The registered reader of the batched arm, bytes compared with serial.
+    let mut reg = Vec::new();
+    let mut reg_differ = 0;
+    for _ in 0..3 {
+        let mut o = StagingOptions::new(StagingArm::Batched);
+        o.reader = staging::Reader::PinnedRing;
+        let (w, r) = staging::stage_file(gpu, &file, &o)?;
+        reg.push(r.gbps());
+        if reg.len() == 1 {
+            for n in &names {
+                if w.download(gpu, n)? != w2b.download(gpu, n)? {
+                    reg_differ += 1;
+                }
+            }
+        }
+    }
+    let mut w2b = Some(w2b);
+    let pinned: Vec<f64> = (0..2)
+        .map(|_| pinned_copy_gbps(gpu, fbytes as usize))
+        .collect::<Result<_, _>>()?;
+    let (sm, bm, pm) = (median(serial), median(batched), median(pinned));
+    push(
+        &mut rows,
+        format!(
+            "staging  serial               {sm:>8.2} GB/s  (baseline; {:.2} GB, {} tensors)",
+            fbytes as f64 / 1e9,
+            names.len()
+        ),
+    );
+    push(&mut rows, format!("staging  batched (registered) {bm:>8.2} GB/s  target >= 40 and >= 8x serial: {:.1}x {}", bm / sm, if bm >= 40.0 && bm >= 8.0 * sm { "MET" } else { "MISSED" }));
+    push(
+        &mut rows,
+        format!(
+            "staging  pinned copy ceiling  {pm:>8.2} GB/s  batched/ceiling {:.0}%",
+            100.0 * bm / pm
+        ),
+    );
+    push(
+        &mut rows,
+        format!(
+            "staging  serial vs batched bytes: {differ} of {} tensors differ",
+            names.len()
+        ),
+    );
+    let rm = median(reg);
+    push(&mut rows, format!(
+        "staging  batched, pinned-ring reader {rm:>6.2} GB/s  ({:.1}x serial, {:.0}% of ceiling; {reg_differ} tensors differ from the default reader) {}",
+        rm / sm,
+        100.0 * rm / pm,
+        if rm >= 40.0 && rm >= 8.0 * sm { "MET" } else { "MISSED" }
+    ));
+    // Where the batched arm's time goes: reader threads and buffer size.
+    {
+        let mut best = (0.0f64, 0usize, 0usize);
+        let mut cells = Vec::new();
+        for threads in [8usize, 16, 32] {
+            for chunk_mib in [16usize, 64, 256] {
+                let mut o = StagingOptions::new(StagingArm::Batched);
+                o.reader = staging::Reader::PinnedRing;
+                o.threads = threads;
+                o.chunk_bytes = chunk_mib << 20;
+                let (_w, r) = staging::stage_file(gpu, &file, &o)?;
+                cells.push(format!("{threads}t/{chunk_mib}M={:.1}", r.gbps()));
+                if r.gbps() > best.0 {
+                    best = (r.gbps(), threads, chunk_mib);
+                }
+            }
+        }
+        push(
+            &mut rows,
+            format!(
+                "staging  batched sweep GB/s: {} (best {:.1} at {} threads, {} MiB)",
+                cells.join(" "),
+                best.0,
+                best.1,
+                best.2
+            ),
+        );
+        match staging::registered_mmap_gbps(gpu, &file) {
+            Ok((gbps, reg)) => push(&mut rows, format!("staging  experiment registered mmap (no host copy): {gbps:.1} GB/s incl. {reg:.3} s registering")),
+            Err(e) => push(&mut rows, format!("staging  experiment registered mmap: refused: {e}")),
+        }
+        let mut cells = Vec::new();
+        for (threads, mib) in [(4usize, 64usize), (8, 64), (16, 64), (16, 16), (16, 256)] {
+            match staging::registered_parallel_gbps(gpu, &file, threads, mib << 20) {
+                Ok((gbps, unreg)) => cells.push(format!(
+                    "{threads}t/{mib}M={gbps:.1} (unregister {unreg:.3}s)"
+                )),
+                Err(e) => cells.push(format!("{threads}t/{mib}M refused: {e}")),
+            }
+        }
+        push(
+            &mut rows,
+            format!(
+                "staging  experiment parallel registration: {}",
+                cells.join(" ")
+            ),
+        );
+    }
+    {
+        let mut o = StagingOptions::new(StagingArm::Batched);
+        o.release_pages = true;
+        let (_w, r1) = staging::stage_file(gpu, &file, &o)?;
+        let (_w2, r2) = staging::stage_file(gpu, &file, &StagingOptions::new(StagingArm::Batched))?;
+        push(&mut rows, format!("staging  batched+release-pages {:>7.2} GB/s, then re-read after release {:.2} GB/s (page cache dropped)", r1.gbps(), r2.gbps()));
+    }
+
+    // Forward at 6144 tokens.
+    let l = 128;
+    let n = GRID_6144.0 * GRID_6144.1 * GRID_6144.2;
+    let mut rng = Rng::new(99);
+    let lat = rng.normal(n * LATENT_CHANNELS, 1.0);
+    let text = rng.normal(l * 4096, 1.0);
+    let mask: Vec<f32> = (0..l).map(|j| if j < 100 { 1.0 } else { 0.0 }).collect();
+    let geo = Geometry {
+        grid: GRID_6144,
+        fps: 25.0,
+    };
+    let targets = [("ltxv-2b", 60.0, 84.0), ("ltxv-13b", 280.0, 352.0)];
+    for (name, target, pytorch) in targets {
+        let (dims, weights) = if name == "ltxv-2b" {
+            let w = w2b
+                .take()
+                .ok_or_else(|| CudaError::Invalid("2B weights already used".into()))?;
+            (DitDims::LTXV_2B, Arc::new(w))
+        } else {
+            (
+                DitDims::LTXV_13B,
+                Arc::new(device_weights(rig, &DitDims::LTXV_13B, 13)?),
+            )
+        };
+        let mut dit = DeviceDit::new(gpu.clone(), k.clone(), g.clone(), dims, weights)?;
+        gpu.mem.reset_peak();
+        dit.workspace(n, l)?;
+        dit.set_latents(&lat)?;
+        dit.set_text(&text, &mask)?;
+        let (lin, sa, ca) = dims.forward_flops(n, l);
+        let total = lin + sa + ca;
+        let mut per_kind = Vec::new();
+        for kind in [
+            AttnKernel::Flash2W4,
+            AttnKernel::Flash2W8,
+            AttnKernel::FlashLdsm,
+        ] {
+            dit.attn = kind;
+            for _ in 0..3 {
+                dit.enqueue_forward(0.5, geo, false)?;
+            }
+            let mut v = Vec::new();
+            for _ in 0..if name == "ltxv-2b" { 10 } else { 5 } {
+                dit.enqueue_forward(0.5, geo, true)?;
+                v.push(dit.last_device_ms()?);
+            }
+            per_kind.push((kind, median(v)));
+        }
+        let (best_kind, best) = per_kind
+            .iter()
+            .copied()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap_or((AttnKernel::FlashLdsm, f64::NAN));
+        dit.attn = best_kind;
+        dit.fused_rows = false;
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            dit.enqueue_forward(0.5, geo, true)?;
+            v.push(dit.last_device_ms()?);
+        }
+        let unfused_ms = median(v[1..].to_vec());
+        dit.fused_rows = true;
+        // Components alone: self-attention of one block and the block's GEMMs.
+        let d = dims.dim();
+        let q = DeviceBuffer::alloc(gpu, n * d * 2, "bench q")?;
+        let kk = DeviceBuffer::alloc(gpu, n * d * 2, "bench k")?;
+        let v = DeviceBuffer::alloc(gpu, n * d * 2, "bench v")?;
+        let o = DeviceBuffer::alloc(gpu, n * d * 2, "bench o")?;
+        for b in [&q, &kk, &v] {
+            k.fill_uniform_bf16(s, b.ptr(), n * d, 5, 2.0)?;
+        }
+        let mut attn_ms = Vec::new();
+        for kind in [
+            AttnKernel::Flash2W4,
+            AttnKernel::Flash2W8,
+            AttnKernel::FlashLdsm,
+            AttnKernel::Flash,
+        ] {
+            let ms = time_ms(rig, 2, 10, || {
+                k.attention(
+                    s,
+                    kind,
+                    dims.heads,
+                    dims.head_dim,
+                    (q.ptr(), d),
+                    (kk.ptr(), d),
+                    (v.ptr(), d),
+                    (o.ptr(), d),
+                    n,
+                    n,
+                    NULL,
+                    0.125,
+                )
+            })?;
+            attn_ms.push((kind, ms));
+        }
+        let kbias = DeviceBuffer::alloc(gpu, l * 4, "bench kbias")?;
+        crate::cuda::memory::upload(gpu, kbias.ptr(), &vec![0.0f32; l])?;
+        let cross_ms = time_ms(rig, 2, 10, || {
+            k.attention(
+                s,
+                best_kind,
+                dims.heads,
+                dims.head_dim,
+                (q.ptr(), d),
+                (kk.ptr(), d),
+                (v.ptr(), d),
+                (o.ptr(), d),
+                n,
+                l,
+                kbias.ptr(),
+                0.125,
+            )
+        })?;
+        let ff = DeviceBuffer::alloc(gpu, n * 4 * d * 2, "bench ff")?;
+        let wbig = DeviceBuffer::alloc(gpu, 4 * d * d * 2, "bench w")?;
+        let bias = DeviceBuffer::alloc(gpu, 4 * d * 2, "bench bias")?;
+        k.fill_uniform_bf16(s, wbig.ptr(), 4 * d * d, 6, 0.02)?;
+        k.fill_uniform_bf16(s, bias.ptr(), 4 * d, 8, 0.1)?;
+        let g_dd = time_ms(rig, 2, 10, || {
+            g.linear(
+                s,
+                q.ptr(),
+                wbig.ptr(),
+                bias.ptr(),
+                o.ptr(),
+                n,
+                d,
+                d,
+                Epilogue::Bias,
+            )
+        })?;
+        let g_up = time_ms(rig, 2, 10, || {
+            g.linear(
+                s,
+                q.ptr(),
+                wbig.ptr(),
+                bias.ptr(),
+                ff.ptr(),
+                n,
+                4 * d,
+                d,
+                Epilogue::BiasGelu,
+            )
+        })?;
+        let g_dn = time_ms(rig, 2, 10, || {
+            g.linear(
+                s,
+                ff.ptr(),
+                wbig.ptr(),
+                bias.ptr(),
+                o.ptr(),
+                n,
+                d,
+                4 * d,
+                Epilogue::Bias,
+            )
+        })?;
+        let block_gemm_ms = 6.0 * g_dd + g_up + g_dn;
+        let layers = dims.layers as f64;
+        let best_attn = attn_ms.iter().map(|a| a.1).fold(f64::INFINITY, f64::min);
+        let sa_layer = sa / layers;
+        push(&mut rows, format!(
+            "forward  {name} 6144 tok       {best:>8.1} ms  target <= {target} (PyTorch {pytorch}) {}  {:.0} TFLOP/s; attn={} ({})",
+            if best <= target { "MET" } else { "MISSED" },
+            total / best / 1e9,
+            best_kind.name(),
+            per_kind.iter().map(|(k, m)| format!("{}={m:.1}ms", k.name())).collect::<Vec<_>>().join(" ")
+        ));
+        push(&mut rows, format!(
+            "forward  {name} parts: self-attn/block {} -> x{} = {:.1} ms ({:.0} TFLOP/s); GEMMs/block {:.2} ms -> {:.1} ms ({:.0} TFLOP/s: DxD {:.0}, up {:.0}, down {:.0}); other {:.1} ms",
+            attn_ms.iter().map(|(k, m)| format!("{}={m:.3}ms", k.name())).collect::<Vec<_>>().join(" "),
+            dims.layers,
+            best_attn * layers,
+            sa_layer / best_attn / 1e9,
+            block_gemm_ms,
+            block_gemm_ms * layers,
+            (28.0 * n as f64 * (d * d) as f64) / block_gemm_ms / 1e9,
+            flops(n, d, d) / g_dd / 1e9,
+            flops(n, 4 * d, d) / g_up / 1e9,
+            flops(n, d, 4 * d) / g_dn / 1e9,
+            best - best_attn * layers - block_gemm_ms * layers
+        ));
+        push(&mut rows, format!(
+            "forward  {name} rows: fused residual+norm {best:.1} ms vs unfused {unfused_ms:.1} ms; cross-attn/block {cross_ms:.3} ms -> {:.1} ms",
+            cross_ms * layers
+        ));
+        push(
+            &mut rows,
+            format!(
+                "forward  {name} peak device bytes (weights+workspace+bench buffers): {:.2} GiB",
+                gpu.mem.peak() as f64 / (1u64 << 30) as f64
+            ),
+        );
+        drop((q, kk, v, o, ff, wbig, bias, kbias));
+
+        if name == "ltxv-2b" {
+            // Device-resident denoise loop, 20 forwards, ticks one forward behind.
+            let steps = 20;
+            let (lat_p, vel_p) = dit
+                .io_ptrs()
+                .ok_or_else(|| CudaError::Invalid("no workspace".into()))?;
+            let timers: Vec<Timer> = (0..steps)
+                .map(|_| Timer::new(gpu))
+                .collect::<Result<_, _>>()?;
+            gpu.sync_compute()?;
+            let t0 = Instant::now();
+            let mut dev_ms = 0.0;
+            for i in 0..steps {
+                timers[i].start(s)?;
+                dit.enqueue_forward(1.0 - i as f32 / steps as f32, geo, false)?;
+                timers[i].stop(s)?;
+                k.euler_update(s, lat_p, vel_p, -1.0 / steps as f32, n * LATENT_CHANNELS)?;
+                if i > 0 {
+                    dev_ms += timers[i - 1].elapsed_ms()?; // the tick of the previous forward
+                }
+            }
+            dev_ms += timers[steps - 1].elapsed_ms()?;
+            gpu.sync_compute()?;
+            let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+            push(&mut rows, format!(
+                "denoise  ltxv-2b {steps} forwards: sum forward device {dev_ms:.1} ms / wall {wall_ms:.1} ms = {:.2}% busy  target >= 97% {}",
+                100.0 * dev_ms / wall_ms,
+                if dev_ms / wall_ms >= 0.97 { "MET" } else { "MISSED" }
+            ));
+        }
+    }
+    let _ = std::fs::remove_file(&file);
+    Ok(rows)
+}

@@ -1,0 +1,65 @@
+//! `engine burn --seconds S`: a known bf16 GEMM load (8192³ products on random
+//! operands, back to back on the compute stream) for the harness's
+//! GPU-utilization control. Reports the achieved rate from CUDA events.
+
+use std::time::Instant;
+
+use super::context::Timer;
+use super::gemm::{flops, Epilogue};
+use super::kernels::NULL;
+use super::memory::DeviceBuffer;
+use super::selftest::Rig;
+use super::CudaError;
+
+/// What a burn did.
+#[derive(Debug, Clone)]
+pub struct BurnReport {
+    /// GEMMs run.
+    pub gemms: usize,
+    /// Wall seconds.
+    pub wall_s: f64,
+    /// Device milliseconds summed from events.
+    pub device_ms: f64,
+    /// Achieved TFLOP/s over the device time.
+    pub tflops: f64,
+}
+
+/// Matrix side of the burn GEMM.
+pub const N: usize = 8192;
+/// GEMMs between host checks of the clock.
+const BATCH: usize = 16;
+
+/// Run the load for at least `seconds` of wall time (batches of 16 GEMMs).
+pub fn burn(seconds: f64) -> Result<BurnReport, CudaError> {
+    if !(seconds.is_finite() && seconds > 0.0) {
+        return Err(CudaError::Invalid(format!(
+            "burn seconds must be positive, got {seconds}"
+        )));
+    }
+    let rig = Rig::open()?;
+    let (g, k, s) = (&rig.gemm, &rig.kernels, &rig.gpu.compute);
+    let a = DeviceBuffer::alloc(&rig.gpu, N * N * 2, "burn operand A")?;
+    let b = DeviceBuffer::alloc(&rig.gpu, N * N * 2, "burn operand B")?;
+    let c = DeviceBuffer::alloc(&rig.gpu, N * N * 2, "burn output")?;
+    k.fill_uniform_bf16(s, a.ptr(), N * N, 0xb0, 1.0)?;
+    k.fill_uniform_bf16(s, b.ptr(), N * N, 0xb1, 1.0)?;
+    let timer = Timer::new(&rig.gpu)?;
+    let t0 = Instant::now();
+    let (mut gemms, mut device_ms) = (0usize, 0.0f64);
+    while t0.elapsed().as_secs_f64() < seconds {
+        timer.start(s)?;
+        for _ in 0..BATCH {
+            g.linear(s, a.ptr(), b.ptr(), NULL, c.ptr(), N, N, N, Epilogue::None)?;
+        }
+        timer.stop(s)?;
+        device_ms += timer.elapsed_ms()?;
+        gemms += BATCH;
+    }
+    let wall_s = t0.elapsed().as_secs_f64();
+    Ok(BurnReport {
+        gemms,
+        wall_s,
+        device_ms,
+        tflops: gemms as f64 * flops(N, N, N) / (device_ms * 1e9),
+    })
+}

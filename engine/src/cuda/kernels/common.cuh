@@ -1,0 +1,45 @@
+// Shared helpers for every engine kernel module. No CUDA headers are included:
+// bf16 values travel as `unsigned short` bit patterns and are converted with
+// PTX instructions, so NVRTC needs no include path (the same source compiles on
+// any machine that has libnvrtc).
+#pragma once
+
+typedef unsigned short bf16;
+
+// bf16 bits -> f32 (exact: bf16 is the upper half of an f32).
+__device__ __forceinline__ float bf2f(bf16 h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+
+// f32 -> bf16 bits, round to nearest even (PTX cvt.rn, sm_80+).
+__device__ __forceinline__ bf16 f2bf(float f) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+
+// Two f32 -> packed bf16x2: `lo` in the lower 16 bits (the lower element index).
+__device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Sum over a warp (all 32 lanes active).
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over a block of up to 1024 threads; `scratch` holds 32 floats. Every
+// thread returns the total. Contains __syncthreads: call from all threads.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = (lane < nwarps) ? scratch[lane] : 0.0f;
+    return warp_sum(t);
+}

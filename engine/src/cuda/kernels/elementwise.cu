@@ -1,0 +1,250 @@
+// Elementwise and row-wise kernels of the DiT forward. Conventions: `bf16` is
+// raw bits (common.cuh); rows are contiguous with `D` elements; arithmetic is
+// f32; one block per row for the row-wise kernels (blockDim.x a multiple of 32,
+// at most 1024). Grid-stride loops for the elementwise ones.
+#include "common.cuh"
+
+extern "C" __global__ void cast_f32_to_bf16(const float* __restrict__ x, bf16* __restrict__ y, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        y[i] = f2bf(x[i]);
+}
+
+extern "C" __global__ void cast_bf16_to_f32(const bf16* __restrict__ x, float* __restrict__ y, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        y[i] = bf2f(x[i]);
+}
+
+// y = bf16( norm(x) * (1 + scale) + shift ), per row of D, where
+// shift[c] = shift_tab[c] + shift_emb[c] and scale[c] = scale_tab[c] + scale_emb[c].
+// center = 0: RMS norm without weight; center = 1: LayerNorm without affine.
+extern "C" __global__ void ada_norm_mod(const float* __restrict__ x, bf16* __restrict__ y, int D, float eps, int center,
+                                        const bf16* __restrict__ shift_tab, const bf16* __restrict__ scale_tab,
+                                        const bf16* __restrict__ shift_emb, const bf16* __restrict__ scale_emb) {
+    __shared__ float scratch[32];
+    const float* xr = x + (long long)blockIdx.x * D;
+    bf16* yr = y + (long long)blockIdx.x * D;
+    float mean = 0.0f;
+    if (center) {
+        float s = 0.0f;
+        for (int c = threadIdx.x; c < D; c += blockDim.x) s += xr[c];
+        mean = block_sum(s, scratch) / (float)D;
+    }
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+        float v = xr[c] - mean;
+        ss += v * v;
+    }
+    const float r = rsqrtf(block_sum(ss, scratch) / (float)D + eps);
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+        float sh = bf2f(shift_tab[c]) + bf2f(shift_emb[c]);
+        float sc = bf2f(scale_tab[c]) + bf2f(scale_emb[c]);
+        yr[c] = f2bf((xr[c] - mean) * r * (1.0f + sc) + sh);
+    }
+}
+
+// Weighted RMS norm over the full row (all heads together), then, when `freqs`
+// is not null, LTX interleaved RoPE. Row `t` is token t of a (gf, gh, gw) grid in
+// raster order. The first `pad = D - 6*nfreq` channels are not rotated; pair p
+// (channels 2p, 2p+1) at or after the padding uses idx = p - pad/2,
+// frequency k = idx / 3, axis = idx % 3 (f, h, w) and the angle
+// freqs[k] * (2 * (index[axis] * scale[axis] / base[axis]) - 1);
+// (a, b) -> (a cos - b sin, b cos + a sin).
+// May run in place (x == y): each thread reads and writes only its own pairs, and
+// the sum of squares is complete (block_sum synchronises) before any write.
+extern "C" __global__ void qk_norm_rope(const bf16* x, bf16* y, const bf16* __restrict__ w, int D, float eps,
+                                        const float* __restrict__ freqs, int nfreq, int gh, int gw,
+                                        float scale_f, float scale_h, float scale_w,
+                                        float base_f, float base_h, float base_w) {
+    __shared__ float scratch[32];
+    const long long t = blockIdx.x;
+    const unsigned int* xr = (const unsigned int*)(x + t * D);
+    unsigned int* yr = (unsigned int*)(y + t * D);
+    const int pairs = D / 2;
+    float ss = 0.0f;
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+        unsigned int v = xr[p];
+        float a = bf2f((bf16)(v & 0xffffu)), b = bf2f((bf16)(v >> 16));
+        ss += a * a + b * b;
+    }
+    const float r = rsqrtf(block_sum(ss, scratch) / (float)D + eps);
+    float pos[3];
+    {
+        const long long hw = (long long)gh * gw;
+        const int f = (int)(t / hw);
+        const int h = (int)((t / gw) % gh);
+        const int wq = (int)(t % gw);
+        pos[0] = ((float)f * scale_f) / base_f * 2.0f - 1.0f;
+        pos[1] = ((float)h * scale_h) / base_h * 2.0f - 1.0f;
+        pos[2] = ((float)wq * scale_w) / base_w * 2.0f - 1.0f;
+    }
+    const int pad_pairs = (D - 6 * nfreq) / 2;
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+        unsigned int v = xr[p];
+        float a = bf2f((bf16)(v & 0xffffu)) * r * bf2f(w[2 * p]);
+        float b = bf2f((bf16)(v >> 16)) * r * bf2f(w[2 * p + 1]);
+        // The norm output is rounded to bf16 before RoPE, as a bf16 model does.
+        a = bf2f(f2bf(a));
+        b = bf2f(f2bf(b));
+        if (freqs != 0 && p >= pad_pairs) {
+            const int idx = p - pad_pairs;
+            const int k = idx / 3, axis = idx - 3 * (idx / 3);
+            const float ang = freqs[k] * pos[axis];
+            float s, c;
+            sincosf(ang, &s, &c);
+            const float na = a * c - b * s;
+            const float nb = b * c + a * s;
+            a = na;
+            b = nb;
+        }
+        yr[p] = pack_bf16x2(a, b);
+    }
+}
+
+// x[r, c] += y[r, c] * gate[c] (f32 residual stream), gate[c] = gate_tab[c] + gate_emb[c];
+// with gate_tab == null the gate is 1 (plain residual add).
+extern "C" __global__ void gated_residual(float* __restrict__ x, const bf16* __restrict__ y,
+                                          const bf16* __restrict__ gate_tab, const bf16* __restrict__ gate_emb,
+                                          int D, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)(i % D);
+        const float g = gate_tab ? bf2f(gate_tab[c]) + bf2f(gate_emb[c]) : 1.0f;
+        x[i] += bf2f(y[i]) * g;
+    }
+}
+
+// y = x * sigmoid(x).
+extern "C" __global__ void silu_bf16(const bf16* __restrict__ x, bf16* __restrict__ y, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const float v = bf2f(x[i]);
+        y[i] = f2bf(v / (1.0f + expf(-v)));
+    }
+}
+
+__device__ __forceinline__ float gelu_tanh(float v) {
+    const float k0 = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * v * (1.0f + tanhf(k0 * (v + 0.044715f * v * v * v)));
+}
+
+// In place over an [rows, N] matrix: y = act(y + b[c]); b may be null (no bias);
+// act 0 = identity, 1 = tanh-approximated GELU.
+extern "C" __global__ void bias_act(bf16* __restrict__ y, const bf16* __restrict__ b, int N, long long n, int act) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        float v = bf2f(y[i]);
+        if (b) v += bf2f(b[(int)(i % N)]);
+        if (act == 1) v = gelu_tanh(v);
+        y[i] = f2bf(v);
+    }
+}
+
+// lat += dt * v (the Euler step of the flow-matching sampler), f32.
+extern "C" __global__ void euler_update(float* __restrict__ lat, const float* __restrict__ v, float dt, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        lat[i] += dt * v[i];
+}
+
+__device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// y[i] = uniform in [-scale, scale), a pure function of (seed, i): synthetic
+// weights and burn operands made on the device.
+extern "C" __global__ void fill_uniform_bf16(bf16* __restrict__ y, long long n, unsigned long long seed, float scale) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const unsigned long long h = splitmix64(seed ^ splitmix64((unsigned long long)i));
+        const float u = (float)(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+        y[i] = f2bf((2.0f * u - 1.0f) * scale);
+    }
+}
+
+// The 256-wide sinusoidal timestep embedding, cosines first:
+// out[i] = cos(t * f_i), out[half + i] = sin(t * f_i), f_i = exp(-ln(10000) * i / half).
+// One block; t arrives by value so no host copy is needed per forward.
+extern "C" __global__ void timestep_sinusoid(bf16* __restrict__ out, float t, int half) {
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float e = (float)i * -9.210340371976184f / (float)half;  // -ln(10000)
+        const float a = t * expf(e);
+        out[i] = f2bf(cosf(a));
+        out[half + i] = f2bf(sinf(a));
+    }
+}
+
+// The fused row step between sub-blocks of the DiT, one block per row of D
+// (D a multiple of 4, dynamic shared memory D * 4 bytes):
+//   if y != null: x += y * gate, gate = gate_tab + gate_emb (gate_tab == null: 1)
+//   then h = mode 0: bf16(x)
+//            mode 1: bf16(rms(x) * (1 + scale) + shift)
+//            mode 2: bf16(layernorm(x) * (1 + scale) + shift)
+// with shift = shift_tab + shift_emb, scale = scale_tab + scale_emb (bf16 [D]).
+// One pass over x and y (4-wide loads), the row kept in shared memory.
+__device__ __forceinline__ void ld_bf16x4(const bf16* p, float* o) {
+    const uint2 v = *(const uint2*)p;
+    o[0] = bf2f((bf16)(v.x & 0xffffu));
+    o[1] = bf2f((bf16)(v.x >> 16));
+    o[2] = bf2f((bf16)(v.y & 0xffffu));
+    o[3] = bf2f((bf16)(v.y >> 16));
+}
+
+extern "C" __global__ void residual_norm(float* __restrict__ x, const bf16* __restrict__ y,
+                                         const bf16* __restrict__ gate_tab, const bf16* __restrict__ gate_emb,
+                                         int D, float eps, int mode,
+                                         const bf16* __restrict__ shift_tab, const bf16* __restrict__ scale_tab,
+                                         const bf16* __restrict__ shift_emb, const bf16* __restrict__ scale_emb,
+                                         bf16* __restrict__ h) {
+    extern __shared__ float row[];
+    __shared__ float scratch[32];
+    const long long r = blockIdx.x;
+    float4* xr = (float4*)(x + r * D);
+    const int q4 = D / 4;
+    float s1 = 0.0f;
+    for (int i = threadIdx.x; i < q4; i += blockDim.x) {
+        float4 v = xr[i];
+        if (y) {
+            float yy[4], g0[4] = {1.0f, 1.0f, 1.0f, 1.0f}, g1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            ld_bf16x4(y + r * D + 4 * i, yy);
+            if (gate_tab) {
+                ld_bf16x4(gate_tab + 4 * i, g0);
+                ld_bf16x4(gate_emb + 4 * i, g1);
+            }
+            v.x += yy[0] * (g0[0] + g1[0]);
+            v.y += yy[1] * (g0[1] + g1[1]);
+            v.z += yy[2] * (g0[2] + g1[2]);
+            v.w += yy[3] * (g0[3] + g1[3]);
+            xr[i] = v;
+        }
+        row[4 * i] = v.x;
+        row[4 * i + 1] = v.y;
+        row[4 * i + 2] = v.z;
+        row[4 * i + 3] = v.w;
+        s1 += v.x + v.y + v.z + v.w;
+    }
+    uint2* hr = (uint2*)(h + r * D);
+    if (mode == 0) {
+        for (int i = threadIdx.x; i < q4; i += blockDim.x)
+            hr[i] = make_uint2(pack_bf16x2(row[4 * i], row[4 * i + 1]), pack_bf16x2(row[4 * i + 2], row[4 * i + 3]));
+        return;
+    }
+    float mean = 0.0f;
+    if (mode == 2) mean = block_sum(s1, scratch) / (float)D;  // synchronises: row[] complete
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < q4; i += blockDim.x) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float v = row[4 * i + j] - mean;
+            ss += v * v;
+        }
+    }
+    const float rs = rsqrtf(block_sum(ss, scratch) / (float)D + eps);
+    for (int i = threadIdx.x; i < q4; i += blockDim.x) {
+        float a[4], b[4], c[4], d[4], o[4];
+        ld_bf16x4(shift_tab + 4 * i, a);
+        ld_bf16x4(shift_emb + 4 * i, b);
+        ld_bf16x4(scale_tab + 4 * i, c);
+        ld_bf16x4(scale_emb + 4 * i, d);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) o[j] = (row[4 * i + j] - mean) * rs * (1.0f + c[j] + d[j]) + (a[j] + b[j]);
+        hr[i] = make_uint2(pack_bf16x2(o[0], o[1]), pack_bf16x2(o[2], o[3]));
+    }
+}

@@ -1,0 +1,320 @@
+//! The lever registry: every switch a run can flip, its arms, its default arm (the
+//! best measured state) and its baseline arm (the state the seed measured).
+//!
+//! A run's arms are resolved once, from the profile (`default` or `baseline`) and
+//! then the per-lever overrides (`--lever NAME=ARM` or a rung's `[levers]` table).
+//! An unknown lever or arm is an error listing the valid ones, so a typo never falls
+//! back silently to a default.
+
+use std::collections::BTreeMap;
+
+use evidence::rung::Profile;
+use serde::Serialize;
+
+/// Which device arm of the engine a lever acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Applies {
+    /// The CPU reference arm (host memory and host threads).
+    Cpu,
+    /// The device-resident CUDA arm.
+    Cuda,
+    /// Both arms (e.g. releasing the weight files' page cache after loading).
+    Both,
+}
+
+/// One lever: an id, its arms, and which arm each profile takes.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeverDef {
+    /// Lever id as written on the command line and in rung files (`widen-f32`).
+    pub id: &'static str,
+    /// Every accepted arm, in a stable order.
+    pub arms: &'static [&'static str],
+    /// The arm of the `default` profile (the best measured state).
+    pub default: &'static str,
+    /// The arm of the `baseline` profile (the old state the seed measured).
+    pub baseline: &'static str,
+    /// The device arm this lever acts on; on another arm it is recorded but inert.
+    pub applies_to: Applies,
+    /// What the lever changes, in one sentence.
+    pub doc: &'static str,
+}
+
+/// Lever id: how weights are widened to `f32` on the host.
+pub const WIDEN_F32: &str = "widen-f32";
+/// Lever id: whether the source pages of the weight files are released after load.
+pub const RELEASE_PAGES: &str = "release-pages";
+/// Lever id: the size of the host thread pool.
+pub const HOST_THREADS: &str = "host-threads";
+/// Lever id: how the CUDA arm stages weights onto the device.
+pub const STAGING: &str = "staging";
+
+static REGISTRY: &[LeverDef] = &[
+    LeverDef {
+        id: WIDEN_F32,
+        arms: &["double", "single"],
+        default: "single",
+        baseline: "double",
+        applies_to: Applies::Cpu,
+        doc: "double keeps the bf16 originals beside the f32 copies for the whole run \
+              (the seed's defect); single keeps only the f32 copies",
+    },
+    LeverDef {
+        id: RELEASE_PAGES,
+        arms: &["off", "on"],
+        default: "on",
+        baseline: "off",
+        applies_to: Applies::Both,
+        doc: "on drops the weight files' pages (MADV_DONTNEED on the mapping, \
+              POSIX_FADV_DONTNEED on the file) once a tensor is materialized",
+    },
+    LeverDef {
+        id: HOST_THREADS,
+        arms: &["1", "N"],
+        default: "N",
+        baseline: "1",
+        applies_to: Applies::Cpu,
+        doc: "the host (rayon) pool size: 1 thread, or N = every core",
+    },
+    LeverDef {
+        id: STAGING,
+        arms: &["serial", "batched"],
+        default: "batched",
+        baseline: "serial",
+        applies_to: Applies::Cuda,
+        doc: "serial stages each tensor with its own cuMemAlloc, a pageable copy and a \
+              synchronize (the seed's pattern); batched reads the file with several threads \
+              straight into pinned buffers and overlaps async copies into one device arena",
+    },
+];
+
+/// Every lever the engine knows, in a stable order.
+pub fn registry() -> &'static [LeverDef] {
+    REGISTRY
+}
+
+/// The lever `id`, if known.
+pub fn lever(id: &str) -> Option<&'static LeverDef> {
+    REGISTRY.iter().find(|l| l.id == id)
+}
+
+/// A lever selection could not be honoured.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum LeverError {
+    /// No lever has this id.
+    #[error("unknown lever '{name}'; valid levers: {valid}")]
+    UnknownLever {
+        /// The id given.
+        name: String,
+        /// Every valid id, comma separated.
+        valid: String,
+    },
+    /// The lever has no such arm.
+    #[error("lever '{lever}' has no arm '{arm}'; valid arms: {valid}")]
+    UnknownArm {
+        /// The lever id.
+        lever: String,
+        /// The arm given.
+        arm: String,
+        /// Every valid arm, separated by '|'.
+        valid: String,
+    },
+    /// A `NAME=ARM` argument without `=`.
+    #[error("lever setting '{0}' is not NAME=ARM")]
+    Syntax(String),
+}
+
+/// Parse a `NAME=ARM` command-line setting (not yet validated against the registry).
+pub fn parse_setting(s: &str) -> Result<(String, String), LeverError> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => {
+            Ok((k.trim().to_string(), v.trim().to_string()))
+        }
+        _ => Err(LeverError::Syntax(s.to_string())),
+    }
+}
+
+/// How weights are widened to `f32` on the host arm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Widen {
+    /// Keep the stored (bf16) bytes in owned memory beside the f32 copy.
+    Double,
+    /// Keep only the f32 copy.
+    Single,
+}
+
+/// The arm of every lever for one run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct LeverSet {
+    arms: BTreeMap<String, String>,
+}
+
+impl LeverSet {
+    /// Every lever in the arm of `profile`, then `overrides` applied in order.
+    pub fn resolve<'a>(
+        profile: Profile,
+        overrides: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<LeverSet, LeverError> {
+        let mut arms: BTreeMap<String, String> = REGISTRY
+            .iter()
+            .map(|l| {
+                let arm = match profile {
+                    Profile::Default => l.default,
+                    Profile::Baseline => l.baseline,
+                };
+                (l.id.to_string(), arm.to_string())
+            })
+            .collect();
+        for (name, arm) in overrides {
+            let def = lever(name).ok_or_else(|| LeverError::UnknownLever {
+                name: name.to_string(),
+                valid: REGISTRY.iter().map(|l| l.id).collect::<Vec<_>>().join(", "),
+            })?;
+            if !def.arms.contains(&arm) {
+                return Err(LeverError::UnknownArm {
+                    lever: name.to_string(),
+                    arm: arm.to_string(),
+                    valid: def.arms.join("|"),
+                });
+            }
+            arms.insert(name.to_string(), arm.to_string());
+        }
+        Ok(LeverSet { arms })
+    }
+
+    /// The arm of lever `id` (every registered lever has one).
+    pub fn arm(&self, id: &str) -> &str {
+        self.arms.get(id).map(String::as_str).unwrap_or("")
+    }
+
+    /// Every lever and its arm, by id.
+    pub fn arms(&self) -> &BTreeMap<String, String> {
+        &self.arms
+    }
+
+    /// The `widen-f32` arm.
+    pub fn widen(&self) -> Widen {
+        if self.arm(WIDEN_F32) == "double" {
+            Widen::Double
+        } else {
+            Widen::Single
+        }
+    }
+
+    /// Whether `release-pages` is on.
+    pub fn release_pages(&self) -> bool {
+        self.arm(RELEASE_PAGES) == "on"
+    }
+
+    /// The CUDA arm's staging options from `staging` and `release-pages`.
+    pub fn staging(&self) -> crate::cuda::staging::StagingOptions {
+        use crate::cuda::staging::{StagingArm, StagingOptions};
+        let arm = if self.arm(STAGING) == "serial" {
+            StagingArm::Serial
+        } else {
+            StagingArm::Batched
+        };
+        let mut o = StagingOptions::new(arm);
+        o.release_pages = self.release_pages();
+        o
+    }
+
+    /// The host pool size the `host-threads` arm asks for, given `cores` available.
+    pub fn host_threads(&self, cores: usize) -> usize {
+        if self.arm(HOST_THREADS) == "1" {
+            1
+        } else {
+            cores.max(1)
+        }
+    }
+}
+
+/// `engine levers --json`: every lever keyed by id with its arms, default and
+/// baseline arm, the device arm it applies to, and its one-line description.
+pub fn registry_json() -> serde_json::Value {
+    let map: BTreeMap<&str, &LeverDef> = REGISTRY.iter().map(|l| (l.id, l)).collect();
+    serde_json::json!({ "levers": map })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_pick_default_and_baseline_arms() {
+        let d = LeverSet::resolve(Profile::Default, []).unwrap();
+        assert_eq!(d.widen(), Widen::Single);
+        assert!(d.release_pages());
+        assert_eq!(d.host_threads(8), 8);
+        let b = LeverSet::resolve(Profile::Baseline, []).unwrap();
+        assert_eq!(b.widen(), Widen::Double);
+        assert!(!b.release_pages());
+        assert_eq!(b.host_threads(8), 1);
+    }
+
+    #[test]
+    fn staging_lever_maps_to_the_cuda_staging_options() {
+        use crate::cuda::staging::StagingArm;
+        let d = LeverSet::resolve(Profile::Default, []).unwrap().staging();
+        assert_eq!((d.arm, d.release_pages), (StagingArm::Batched, true));
+        let b = LeverSet::resolve(Profile::Baseline, []).unwrap().staging();
+        assert_eq!((b.arm, b.release_pages), (StagingArm::Serial, false));
+        let o = LeverSet::resolve(Profile::Default, [("staging", "serial")])
+            .unwrap()
+            .staging();
+        assert_eq!(o.arm, StagingArm::Serial);
+        assert_eq!(registry_json()["levers"]["staging"]["applies_to"], "cuda");
+        assert_eq!(
+            registry_json()["levers"]["release-pages"]["applies_to"],
+            "both"
+        );
+    }
+
+    #[test]
+    fn overrides_win_over_the_profile() {
+        let s = LeverSet::resolve(
+            Profile::Baseline,
+            [("widen-f32", "single"), ("release-pages", "on")],
+        )
+        .unwrap();
+        assert_eq!(s.widen(), Widen::Single);
+        assert!(s.release_pages());
+        assert_eq!(s.arm(HOST_THREADS), "1");
+    }
+
+    #[test]
+    fn unknown_lever_or_arm_lists_the_valid_ones() {
+        let e = LeverSet::resolve(Profile::Default, [("widen", "single")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("'widen'") && e.contains("widen-f32, release-pages, host-threads"),
+            "{e}"
+        );
+        let e = LeverSet::resolve(Profile::Default, [("widen-f32", "triple")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'triple'") && e.contains("double|single"), "{e}");
+        assert_eq!(
+            parse_setting("a=b").unwrap(),
+            ("a".to_string(), "b".to_string())
+        );
+        assert!(parse_setting("ab").is_err());
+        assert!(parse_setting("=b").is_err());
+    }
+
+    #[test]
+    fn registry_is_consistent_and_serialises() {
+        for l in registry() {
+            assert!(l.arms.contains(&l.default), "{}", l.id);
+            assert!(l.arms.contains(&l.baseline), "{}", l.id);
+            assert_ne!(l.default, l.baseline, "{}", l.id);
+        }
+        let j = registry_json();
+        assert_eq!(j["levers"]["widen-f32"]["default"], "single");
+        assert_eq!(j["levers"]["release-pages"]["baseline"], "off");
+        assert_eq!(j["levers"]["host-threads"]["arms"][1], "N");
+        assert_eq!(j["levers"]["host-threads"]["applies_to"], "cpu");
+    }
+}

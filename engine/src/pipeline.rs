@@ -1,0 +1,443 @@
+//! One render on the CPU reference arm, phase by phase, with the markers of
+//! contracts section 2.
+//!
+//! Order (one model resident at a time, so the host peak is the largest model,
+//! not the sum): `load.text_encoder` (the T5 weights, or the precomputed prompt
+//! embeddings) -> `conditioning` (tokenize and encode the prompt, and the
+//! negative prompt when guidance > 1) -> `load.dit` -> `denoise` (one
+//! `denoise.step` per step, a `dit.forward` tick per forward, two forwards per step
+//! with guidance) -> `load.vae` -> `decode.video` (one `decode.video.chunk` per
+//! temporal chunk) -> `artifacts.frames` (video.y4m, first/middle/last PNG, every
+//! frame with `--all-frames`), then an `Info` marker with what was written.
+//!
+//! Levers: `widen-f32 = double` keeps each model's stored bytes beside its f32
+//! copies while the model lives; `release-pages = on` drops the weight files'
+//! pages as tensors are materialized and the whole files at the end of each load;
+//! `host-threads` sizes the rayon pool the render runs in (set by the caller).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{anyhow, Context};
+use evidence::attrs;
+use evidence::marker::Attrs;
+use evidence::rung::Rung;
+use serde_json::Value;
+
+use crate::frames::png::write_png;
+use crate::frames::y4m::Y4mWriter;
+use crate::frames::{frames_from_pixels, Frame};
+use crate::levers::LeverSet;
+use crate::models::dit;
+use crate::models::dit::Transformer;
+use crate::models::t5::{self, T5Encoder};
+use crate::models::vae::{self, VaeDecoder};
+use crate::ops::space::{pack_latents, unpack_latents};
+use crate::phase::Recorder;
+use crate::presets::Preset;
+use crate::rng::{decode_noise, initial_latents};
+use crate::schedule;
+use crate::tensor::Tensor;
+use crate::text::embeds::{load_prompt_embeds, PromptEmbeds};
+use crate::text::tokenizer::PromptTokenizer;
+use crate::weights::layout::{Component, Layout};
+use crate::weights::safetensors::{LoadOptions, SafetensorsSource};
+use crate::weights::{TensorSpec, VarBuilder};
+
+/// An error caused by the render's inputs (arguments, rung, weights, prompt
+/// files), as opposed to a failure while rendering. Exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);
+
+/// Latent frames decoded per temporal chunk.
+pub const DECODE_CHUNK_LATENT_FRAMES: usize = 1;
+
+/// Everything a render needs, validated by the caller.
+#[derive(Debug, Clone)]
+pub struct RenderRequest {
+    /// The rung.
+    pub rung: Rung,
+    /// The preset the rung names.
+    pub preset: Preset,
+    /// Weights directory (diffusers) or Lightricks single file.
+    pub weights: PathBuf,
+    /// Output directory (created if needed).
+    pub out: PathBuf,
+    /// The lever arms.
+    pub levers: LeverSet,
+    /// Host pool size the render runs with (for the record).
+    pub threads: usize,
+    /// Write every frame as a PNG too.
+    pub all_frames: bool,
+    /// Precomputed prompt embeddings instead of tokenizer + T5.
+    pub prompt_embeds: Option<PathBuf>,
+}
+
+/// What a render wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RenderOutcome {
+    /// Frames in `video.y4m`.
+    pub frames_written: usize,
+    /// Frame width in pixels.
+    pub width: usize,
+    /// Frame height in pixels.
+    pub height: usize,
+}
+
+fn load_options(levers: &LeverSet) -> LoadOptions {
+    LoadOptions {
+        widen: levers.widen(),
+        release_pages: levers.release_pages(),
+    }
+}
+
+/// The stored bytes a model keeps beside its f32 copies under
+/// `widen-f32 = double` (empty under `single`); the file mappings are gone.
+pub struct Retained(#[allow(dead_code)] Vec<Vec<u8>>);
+
+/// Open and validate one component's weights.
+fn open_component(
+    layout: &Layout,
+    c: Component,
+    specs: &[TensorSpec],
+    allow_extra: &dyn Fn(&str) -> bool,
+    opts: LoadOptions,
+) -> anyhow::Result<SafetensorsSource> {
+    let cf = layout.component(c).map_err(|e| BadInput(e.to_string()))?;
+    let src = cf.open(opts).map_err(|e| BadInput(e.to_string()))?;
+    src.validate(specs, allow_extra)
+        .map_err(|e| BadInput(e.to_string()))?;
+    Ok(src)
+}
+
+/// After a component's load: release its pages (lever on), and keep its source
+/// only when widen-f32 = double asks for the stored bytes to stay.
+fn finish_load(src: SafetensorsSource, levers: &LeverSet) -> (Attrs, Retained) {
+    if levers.release_pages() {
+        src.release_all();
+    }
+    let st = src.stats();
+    let a = attrs! {
+        "tensors" => st.tensors,
+        "bytes_read" => st.bytes_read,
+        "bytes_retained" => st.bytes_retained,
+        "bytes_released" => st.bytes_released,
+        "files" => src.files().len(),
+    };
+    (a, Retained(src.into_retained()))
+}
+
+/// The text conditioning of one prompt.
+struct Cond {
+    states: Tensor,
+    mask: Vec<f32>,
+}
+
+impl From<PromptEmbeds> for Cond {
+    fn from(p: PromptEmbeds) -> Self {
+        Cond {
+            states: p.states,
+            mask: p.mask,
+        }
+    }
+}
+
+/// Render `req`, emitting phases through `rec`. Runs on the current rayon pool.
+pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutcome> {
+    let p = &req.preset;
+    let rung = &req.rung;
+    let guidance = rung.uses_guidance();
+    let opts = load_options(&req.levers);
+
+    let (gf, gh, gw) = rung.latent_grid();
+    let grid = (gf as usize, gh as usize, gw as usize);
+    let tokens = grid.0 * grid.1 * grid.2;
+    let steps = rung.steps as usize;
+    let sigmas = schedule::sigmas(&p.scheduler, steps, tokens)
+        .map_err(|e| BadInput(format!("steps: {e}")))?;
+
+    // ---- Text: load, then condition.
+    let ph = rec.phase("load.text_encoder", Attrs::new());
+    let layout = Layout::resolve(&req.weights).map_err(|e| BadInput(format!("weights: {e}")))?;
+    let (cond, uncond) = {
+        enum Text {
+            Embeds(Cond, Option<Cond>),
+            Model(Box<(T5Encoder, PromptTokenizer, Retained)>),
+        }
+        let (text, a) = match &req.prompt_embeds {
+            Some(file) => {
+                let e = load_prompt_embeds(file, p.dit.caption_channels)
+                    .map_err(|e| BadInput(format!("--prompt-embeds: {e}")))?;
+                if guidance && e.negative.is_none() {
+                    return Err(BadInput(format!(
+                        "{}: guidance {} > 1 needs 'negative_embeds' and 'negative_mask' in the \
+                         prompt embeddings file",
+                        file.display(),
+                        rung.guidance
+                    ))
+                    .into());
+                }
+                (
+                    Text::Embeds(e.positive.into(), e.negative.map(Cond::from)),
+                    attrs! {"source" => "prompt-embeds"},
+                )
+            }
+            None => {
+                let tok_path = layout.tokenizer_json().ok_or_else(|| {
+                    BadInput(format!(
+                        "{}: no tokenizer/tokenizer.json (or pass --prompt-embeds)",
+                        layout.root().display()
+                    ))
+                })?;
+                let tok = PromptTokenizer::from_file(&tok_path, p.max_text_tokens, p.t5.vocab_size)
+                    .map_err(|e| BadInput(e.to_string()))?;
+                let specs = t5::tensor_specs(&p.t5);
+                let src = open_component(
+                    &layout,
+                    Component::TextEncoder,
+                    &specs,
+                    &|n| n == t5::EMBED_ALIAS,
+                    opts,
+                )?;
+                let model = T5Encoder::load(&VarBuilder::new(&src), &p.t5)
+                    .map_err(|e| BadInput(e.to_string()))?;
+                let (mut a, kept) = finish_load(src, &req.levers);
+                a.insert("source".into(), Value::from("t5"));
+                (Text::Model(Box::new((model, tok, kept))), a)
+            }
+        };
+        ph.finish(a);
+
+        let ph = rec.phase(
+            "conditioning",
+            attrs! {"prompts" => if guidance { 2 } else { 1 }},
+        );
+        let out = match text {
+            Text::Embeds(c, u) => (c, if guidance { u } else { None }),
+            Text::Model(m) => {
+                let (model, tok, _kept) = *m;
+                let encode = |prompt: &str| -> anyhow::Result<Cond> {
+                    let t = tok.encode(prompt).map_err(|e| BadInput(e.to_string()))?;
+                    let states = model
+                        .forward(&t.ids, &t.mask)
+                        .context("text encoder forward")?;
+                    Ok(Cond {
+                        states,
+                        mask: t.mask,
+                    })
+                };
+                let c = encode(&rung.prompt)?;
+                let u = if guidance {
+                    Some(encode(&rung.negative_prompt)?)
+                } else {
+                    None
+                };
+                (c, u)
+            }
+        };
+        ph.finish(attrs! {"tokens" => out.0.mask.len()});
+        out
+    };
+
+    // ---- DiT: load, then denoise.
+    let latent_ch = p.dit.in_channels;
+    let latents = {
+        let ph = rec.phase("load.dit", Attrs::new());
+        let specs = dit::tensor_specs(&p.dit);
+        let src = open_component(&layout, Component::Transformer, &specs, &|_| false, opts)?;
+        let model = Transformer::load(&VarBuilder::new(&src), &p.dit)
+            .map_err(|e| BadInput(e.to_string()))?;
+        let (a, kept) = finish_load(src, &req.levers);
+        ph.finish(a);
+
+        let den = rec.phase(
+            "denoise",
+            attrs! {"steps" => steps, "tokens" => tokens, "forwards_per_step" => if guidance { 2 } else { 1 }},
+        );
+        let fps = rung.fps as f32;
+        let mut forward = 0usize;
+        let mut last_tick: Option<Instant> = None;
+        // Drawn inside step 1 (so no unmarked gap precedes it).
+        let mut lat = Tensor::zeros(&[0]);
+        for k in 0..steps {
+            let ph = rec.phase("denoise.step", attrs! {"step" => k + 1, "steps" => steps});
+            if k == 0 {
+                lat = Tensor::new(
+                    &[tokens, latent_ch],
+                    pack_latents(
+                        initial_latents(rung.seed, latent_ch, grid).data(),
+                        latent_ch,
+                    ),
+                )
+                .map_err(|e| anyhow!("latents: {e}"))?;
+            }
+            let (s, s_next) = (sigmas[k], sigmas[k + 1]);
+            let mut run = |text: &Cond| -> anyhow::Result<Tensor> {
+                let v = model
+                    .forward(&lat, s, &text.states, &text.mask, grid, fps)
+                    .with_context(|| format!("transformer forward, step {}", k + 1))?;
+                forward += 1;
+                let now = Instant::now();
+                let mut a = attrs! {"step" => k + 1, "steps" => steps, "forward" => forward};
+                if let Some(prev) = last_tick {
+                    a.insert("last_s".into(), Value::from((now - prev).as_secs_f64()));
+                }
+                last_tick = Some(now);
+                rec.tick("dit.forward", a);
+                Ok(v)
+            };
+            let v_un = match &uncond {
+                Some(u) => Some(run(u)?),
+                None => None,
+            };
+            let v_cond = run(&cond)?;
+            let v = match v_un {
+                Some(v_un) => {
+                    let comb =
+                        schedule::cfg_combine(v_un.data(), v_cond.data(), rung.guidance as f32)
+                            .map_err(|e| anyhow!("guidance: {e}"))?;
+                    Tensor::new(&[tokens, latent_ch], comb).map_err(|e| anyhow!("guidance: {e}"))?
+                }
+                None => v_cond,
+            };
+            schedule::euler_step(lat.data_mut(), v.data(), s, s_next)
+                .map_err(|e| anyhow!("euler step: {e}"))?;
+            if !lat.data().iter().all(|x| x.is_finite()) {
+                return Err(anyhow!("latents became non-finite at step {}", k + 1));
+            }
+            ph.finish(attrs! {"sigma" => s, "sigma_next" => s_next});
+        }
+        // Freeing the model is the phase's work too (no unmarked gap after it).
+        drop(model);
+        drop(kept);
+        den.finish(attrs! {"forwards" => forward});
+        lat
+    };
+
+    // ---- VAE: load, then decode.
+    let pixels = {
+        let ph = rec.phase("load.vae", Attrs::new());
+        let mut specs = vae::decoder_tensor_specs(&p.vae);
+        specs.extend(
+            vae::tensor_specs(&p.vae)
+                .into_iter()
+                .filter(|s| s.name == "latents_mean" || s.name == "latents_std"),
+        );
+        let src = open_component(
+            &layout,
+            Component::Vae,
+            &specs,
+            &|n| n.starts_with("encoder."),
+            opts,
+        )?;
+        let model = VaeDecoder::load(&VarBuilder::new(&src), &p.vae)
+            .map_err(|e| BadInput(e.to_string()))?;
+        let (a, kept) = finish_load(src, &req.levers);
+        ph.finish(a);
+
+        let lf = grid.0;
+        let chunks = lf.div_ceil(DECODE_CHUNK_LATENT_FRAMES);
+        let dec = rec.phase(
+            "decode.video",
+            attrs! {"chunk_latent_frames" => DECODE_CHUNK_LATENT_FRAMES, "chunks" => chunks},
+        );
+        // The decoder reports the end of each chunk. Chunk 0 opens now and also
+        // covers preparing the latents; each report closes its chunk and opens
+        // the next; the last chunk also covers freeing the decoder.
+        let mut open_chunk = Some(rec.phase("decode.video.chunk", attrs! {"chunk" => 0}));
+        // Tokens [N, C] in (f, h, w) order -> channel-first [C, f, h, w].
+        let lc = p.vae.latent_channels;
+        let mut z = unpack_latents(latents.data(), lc);
+        drop(latents);
+        schedule::denormalize_latents(
+            &mut z,
+            model.latents_mean(),
+            model.latents_std(),
+            p.vae_scaling.scaling_factor,
+        )
+        .map_err(|e| anyhow!("denormalize: {e}"))?;
+        let timestep = if p.vae.timestep_conditioning {
+            let noise = decode_noise(rung.seed, lc, grid);
+            schedule::mix_decode_noise(&mut z, noise.data(), p.vae_scaling.decode_noise_scale)
+                .map_err(|e| anyhow!("decode noise: {e}"))?;
+            p.vae_scaling.decode_timestep
+        } else {
+            0.0
+        };
+        let z =
+            Tensor::new(&[lc, grid.0, grid.1, grid.2], z).map_err(|e| anyhow!("latents: {e}"))?;
+        let mut on_chunk = |i: usize| {
+            if i + 1 < chunks {
+                if let Some(c) = open_chunk.take() {
+                    c.finish(Attrs::new());
+                }
+                open_chunk = Some(rec.phase("decode.video.chunk", attrs! {"chunk" => i + 1}));
+            }
+        };
+        let px = model
+            .decode_chunked(&z, timestep, DECODE_CHUNK_LATENT_FRAMES, &mut on_chunk)
+            .context("VAE decode")?;
+        drop(model);
+        drop(kept);
+        drop(z);
+        if let Some(c) = open_chunk.take() {
+            c.finish(Attrs::new());
+        }
+        dec.finish(attrs! {"frames" => px.shape().get(1).copied().unwrap_or(0)});
+        px
+    };
+
+    // ---- Frames.
+    let ph = rec.phase("artifacts.frames", Attrs::new());
+    std::fs::create_dir_all(&req.out)
+        .with_context(|| format!("{}: cannot create the output directory", req.out.display()))?;
+    let frames = frames_from_pixels(&pixels).context("decoded pixels")?;
+    drop(pixels);
+    let outcome = write_frames(&frames, &req.out, rung.fps, req.all_frames)?;
+    ph.finish(attrs! {"frames" => outcome.frames_written});
+    rec.emitter().info(attrs! {
+        "frames_written" => outcome.frames_written,
+        "video" => "video.y4m",
+        "width" => outcome.width,
+        "height" => outcome.height,
+    });
+    Ok(outcome)
+}
+
+/// Write `video.y4m`, `first.png`, `middle.png` (frame `(F-1)/2`), `last.png`, and
+/// with `all` every `frame_NNNNN.png`, into `out`.
+pub fn write_frames(
+    frames: &[Frame],
+    out: &Path,
+    fps: f64,
+    all: bool,
+) -> anyhow::Result<RenderOutcome> {
+    let first = frames
+        .first()
+        .ok_or_else(|| anyhow!("the decoder produced no frames"))?;
+    let (w, h) = (first.width, first.height);
+    let mut y4m = Y4mWriter::create(&out.join("video.y4m"), w, h, fps)?;
+    for f in frames {
+        y4m.write_frame(f)?;
+    }
+    let n = y4m.finish()?;
+    let last = frames.len() - 1;
+    for (name, i) in [
+        ("first.png", 0),
+        ("middle.png", last / 2),
+        ("last.png", last),
+    ] {
+        write_png(&out.join(name), &frames[i])?;
+    }
+    if all {
+        for (i, f) in frames.iter().enumerate() {
+            write_png(&out.join(format!("frame_{i:05}.png")), f)?;
+        }
+    }
+    Ok(RenderOutcome {
+        frames_written: n,
+        width: w,
+        height: h,
+    })
+}

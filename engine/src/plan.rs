@@ -1,0 +1,252 @@
+//! `engine plan`: the projected peak memory of a render for the chosen lever arms,
+//! before running it.
+//!
+//! # The formula, and why
+//!
+//! The CPU arm runs one model at a time: the text encoder is loaded, run and
+//! dropped before the DiT is loaded, and the DiT is dropped before the VAE is
+//! loaded (see [`crate::pipeline`]). So the host peak is the largest of the
+//! per-phase peaks, each the sum of what is resident in that phase:
+//!
+//! - `F_c = 4 * params_c`: the f32 copies of model `c`, resident from its load to
+//!   its drop (the CPU arm computes in f32);
+//! - `S_c`: the stored (bf16) bytes of `c`. With `widen-f32 = double` the source
+//!   bytes are kept in owned memory as long as the f32 copies live, so `S_c` is
+//!   added to every phase of `c` (the seed's defect: both copies at once);
+//! - during `load.c` the file pages being widened are mapped: with
+//!   `release-pages = off` every touched page stays resident until the load ends
+//!   (`S_c`); with `on` each tensor's pages are dropped once widened, so at most
+//!   the largest tensor's pages are resident (`S_max_c`);
+//! - `A_c`: the activations of running `c` at this geometry (below);
+//! - `B`: a constant 8 MiB for the binary, the allocator, thread stacks and the
+//!   tokenizer (measured: rung 0's first phase peaks at 7.9 MiB with the tiny T5
+//!   loaded).
+//!
+//! `host_peak = max_c max(load_c, run_c)` with `load_c = F_c + d*S_c + page_c + B`
+//! and `run_c = F_c + d*S_c + A_c + B`.
+//!
+//! Activations count the f32 buffers alive at once in the ops as implemented:
+//! T5 over `P` prompts (1, or 2 with guidance) of `L` tokens holds about
+//! `L*(6 d_model + 4 inner + 3 d_ff) + heads*L*L` floats per prompt; a DiT
+//! forward over `N` tokens of width `D` holds the latent state and the velocities
+//! (`4*128*N`), about eight `N x D` buffers (stream, normed input, q, k, v,
+//! attention output, residual, RoPE tables), the `N x 4D` MLP hidden, the text
+//! keys and values (`3*L*D`) and one query block of scores per thread
+//! (`threads*64*max(N, L)`); the VAE decode of a temporal chunk of `T` latent
+//! frames (plus one frame of context each side) holds about four tensors of the
+//! largest stage (`C*t*h*w`, channels times the stage's frames and pixels), plus
+//! the whole decoded video (`3*F*H*W` floats) it is assembled into. These are
+//! estimates to a factor near 1, not measurements: the render's markers report
+//! the measured peaks (`peak_host_bytes`) to compare against.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::levers::{LeverSet, Widen};
+use crate::models::{dit, t5, vae};
+use crate::presets::Preset;
+use crate::weights::spec::{param_count, TensorSpec};
+
+/// Fixed overhead of the process (binary, allocator, thread stacks), bytes.
+pub const BASE_BYTES: u64 = 8 << 20;
+
+/// The geometry a projection is made for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Output frames (8k+1).
+    pub frames: usize,
+    /// Output height in pixels.
+    pub height: usize,
+    /// Output width in pixels.
+    pub width: usize,
+    /// Whether each step runs two forwards (and two prompts are encoded).
+    pub guidance: bool,
+    /// Host threads.
+    pub threads: usize,
+    /// Latent frames per decode chunk.
+    pub chunk_latent_frames: usize,
+}
+
+/// A projection, as `engine plan --json` prints it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Projection {
+    /// Projected host peak in bytes (the max of `phases`).
+    pub host_peak_bytes: u64,
+    /// Projected device peak in bytes (0 on the CPU arm).
+    pub device_peak_bytes: u64,
+    /// Stored bytes of the tensors the render loads (all three models).
+    pub weights_bytes: u64,
+    /// The lever arms the projection is for.
+    pub levers: BTreeMap<String, String>,
+    /// Projected peak of each phase, bytes.
+    pub phases: BTreeMap<String, u64>,
+}
+
+fn stored(specs: &[TensorSpec]) -> u64 {
+    specs.iter().map(|s| s.nbytes() as u64).sum()
+}
+
+fn largest(specs: &[TensorSpec]) -> u64 {
+    specs.iter().map(|s| s.nbytes() as u64).max().unwrap_or(0)
+}
+
+/// The tensors the render loads from each model (the VAE: decoder and latent
+/// statistics, not the encoder).
+pub fn loaded_specs(p: &Preset) -> [(&'static str, Vec<TensorSpec>); 3] {
+    let mut v = vae::decoder_tensor_specs(&p.vae);
+    v.extend(
+        vae::tensor_specs(&p.vae)
+            .into_iter()
+            .filter(|s| s.name == "latents_mean" || s.name == "latents_std"),
+    );
+    [
+        ("text_encoder", t5::tensor_specs(&p.t5)),
+        ("dit", dit::tensor_specs(&p.dit)),
+        ("vae", v),
+    ]
+}
+
+/// Activation floats of the T5 pass over `prompts` prompts.
+fn t5_floats(p: &Preset, prompts: usize) -> u64 {
+    let c = &p.t5;
+    let l = p.max_text_tokens as u64;
+    prompts as u64
+        * (l * (6 * c.d_model as u64 + 4 * c.inner_dim() as u64 + 3 * c.d_ff as u64)
+            + c.num_heads as u64 * l * l)
+}
+
+/// Activation floats of one DiT forward (plus the sampler's latent buffers).
+fn dit_floats(p: &Preset, g: &Geometry) -> u64 {
+    let (f, h, w) = latent_grid(g);
+    let n = (f * h * w) as u64;
+    let d = p.dit.inner_dim() as u64;
+    let l = p.max_text_tokens as u64;
+    4 * 128 * n + 8 * n * d + 4 * n * d + 3 * l * d + g.threads as u64 * 64 * n.max(l)
+}
+
+/// Activation floats of decoding one temporal chunk, plus the whole video.
+fn vae_floats(p: &Preset, g: &Geometry) -> u64 {
+    let (f, h, w) = latent_grid(g);
+    let (first, _, blocks) = p.vae.decoder_plan();
+    let chunk = g.chunk_latent_frames.max(1).min(f) + 2;
+    let (mut t, mut hh, mut ww) = (chunk as u64, h as u64, w as u64);
+    let mut peak = 4 * first as u64 * t * hh * ww;
+    for b in &blocks {
+        if b.upsample {
+            t = 2 * t - 1;
+            hh *= 2;
+            ww *= 2;
+        }
+        peak = peak.max(4 * b.out_channels.max(b.in_channels) as u64 * t * hh * ww);
+    }
+    let patch = p.vae.patch_size as u64;
+    let out_ch = 3 * patch * patch;
+    peak = peak.max(2 * out_ch * t * hh * ww);
+    peak + 3 * (g.frames * g.height * g.width) as u64
+}
+
+/// Latent grid (frames, height, width) of a geometry.
+pub fn latent_grid(g: &Geometry) -> (usize, usize, usize) {
+    ((g.frames - 1) / 8 + 1, g.height / 32, g.width / 32)
+}
+
+/// Project the host peak of rendering `g` with preset `p` under `levers`.
+pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
+    let double = levers.widen() == Widen::Double;
+    let release = levers.release_pages();
+    let prompts = if g.guidance { 2 } else { 1 };
+    let acts = [
+        ("conditioning", 4 * t5_floats(p, prompts)),
+        ("denoise", 4 * dit_floats(p, g)),
+        ("decode.video", 4 * vae_floats(p, g)),
+    ];
+    let mut phases = BTreeMap::new();
+    let mut weights_bytes = 0;
+    for ((model, specs), (run_phase, act)) in loaded_specs(p).iter().zip(acts) {
+        let s = stored(specs);
+        weights_bytes += s;
+        let f32_bytes = 4 * param_count(specs);
+        let kept = f32_bytes + if double { s } else { 0 } + BASE_BYTES;
+        let pages = if release { largest(specs) } else { s };
+        phases.insert(format!("load.{model}"), kept + pages);
+        phases.insert(run_phase.to_string(), kept + act);
+    }
+    Projection {
+        host_peak_bytes: phases.values().copied().max().unwrap_or(0),
+        device_peak_bytes: 0,
+        weights_bytes,
+        levers: levers.arms().clone(),
+        phases,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::presets::preset;
+    use evidence::rung::Profile;
+
+    fn g() -> Geometry {
+        Geometry {
+            frames: 121,
+            height: 512,
+            width: 768,
+            guidance: true,
+            threads: 2,
+            chunk_latent_frames: 2,
+        }
+    }
+
+    #[test]
+    fn double_widening_adds_the_stored_bytes_of_the_largest_model() {
+        let p = preset("ltxv-2b").unwrap();
+        let single = LeverSet::resolve(Profile::Default, []).unwrap();
+        let double = LeverSet::resolve(Profile::Default, [("widen-f32", "double")]).unwrap();
+        let a = project(&p, &g(), &single);
+        let b = project(&p, &g(), &double);
+        let dit_stored = 2 * 1_923_385_472u64;
+        // The DiT phase holds the peak: f32 copies of 1.92 B params.
+        assert!(a.host_peak_bytes > 4 * 1_923_385_472);
+        assert!(b.phases["denoise"] - a.phases["denoise"] == dit_stored);
+        assert_eq!(a.weights_bytes, b.weights_bytes);
+        assert_eq!(a.device_peak_bytes, 0);
+    }
+
+    #[test]
+    fn released_pages_lower_the_load_phase_only() {
+        let p = preset("ltxv-2b").unwrap();
+        let on = LeverSet::resolve(Profile::Default, []).unwrap();
+        let off = LeverSet::resolve(Profile::Default, [("release-pages", "off")]).unwrap();
+        let a = project(&p, &g(), &on);
+        let b = project(&p, &g(), &off);
+        assert!(b.phases["load.dit"] > a.phases["load.dit"] + 3_000_000_000);
+        assert_eq!(a.phases["denoise"], b.phases["denoise"]);
+    }
+
+    #[test]
+    fn activations_grow_with_geometry_and_weights_match_specs() {
+        let p = preset("tiny").unwrap();
+        let l = LeverSet::resolve(Profile::Default, []).unwrap();
+        let small = project(
+            &p,
+            &Geometry {
+                frames: 9,
+                height: 64,
+                width: 64,
+                guidance: true,
+                threads: 2,
+                chunk_latent_frames: 1,
+            },
+            &l,
+        );
+        let big = project(&p, &g(), &l);
+        assert!(big.phases["decode.video"] > 10 * small.phases["decode.video"]);
+        let stored: u64 = loaded_specs(&p)
+            .iter()
+            .flat_map(|(_, s)| s)
+            .map(|s| s.nbytes() as u64)
+            .sum();
+        assert_eq!(small.weights_bytes, stored);
+    }
+}

@@ -1,0 +1,207 @@
+//! The weights digest (contracts section 1): sha256 over the sorted list of
+//! `(relative path, sha256 of file)` lines, so it depends on neither file order nor
+//! timestamps.
+//!
+//! Precisely: for every regular file under the weights directory except `DIGEST`
+//! itself, one line `"<sha256 hex of the file>  <relative path>\n"` (the
+//! `sha256sum` format, path with `/` separators); the lines sorted by path (byte
+//! order); the digest is `"sha256:" + hex(sha256(concatenated lines))`. The `DIGEST`
+//! file holds that string and a newline and is written last, so a directory
+//! without it is incomplete.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use sha2::{Digest, Sha256};
+
+/// Name of the digest file at the root of a weights directory.
+pub const DIGEST_FILE: &str = "DIGEST";
+
+/// A digest could not be computed or written.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {source}")]
+pub struct DigestError {
+    /// The file or directory involved.
+    pub file: PathBuf,
+    /// The I/O error.
+    pub source: std::io::Error,
+}
+
+/// One file of a weights directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileDigest {
+    /// Path relative to the directory, `/`-separated.
+    pub path: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Lowercase hex sha256 of the contents.
+    pub sha256: String,
+}
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Hex sha256 of the file at `path`, streamed in 1 MiB reads.
+pub fn sha256_file(path: &Path) -> Result<String, DigestError> {
+    let err = |source| DigestError {
+        file: path.to_path_buf(),
+        source,
+    };
+    let mut f = File::open(path).map_err(err)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(err)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+/// The digest of a list of files (any order): `sha256:<hex>` per the module docs.
+pub fn digest_of(files: &[FileDigest]) -> String {
+    let mut sorted: Vec<&FileDigest> = files.iter().collect();
+    sorted.sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
+    let mut h = Sha256::new();
+    for f in sorted {
+        h.update(format!("{}  {}\n", f.sha256, f.path).as_bytes());
+    }
+    format!("sha256:{}", hex(&h.finalize()))
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DigestError> {
+    let err = |source| DigestError {
+        file: dir.to_path_buf(),
+        source,
+    };
+    for e in std::fs::read_dir(dir).map_err(err)? {
+        let e = e.map_err(err)?;
+        let ty = e.file_type().map_err(err)?;
+        let p = e.path();
+        if ty.is_dir() {
+            walk(root, &p, out)?;
+        } else if ty.is_file() && !(dir == root && e.file_name() == DIGEST_FILE) {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// Every file under `dir` (except `DIGEST`) hashed in parallel, sorted by path.
+pub fn hash_dir(dir: &Path) -> Result<Vec<FileDigest>, DigestError> {
+    let mut paths = Vec::new();
+    walk(dir, dir, &mut paths)?;
+    let mut files = paths
+        .par_iter()
+        .map(|p| {
+            let rel = p
+                .strip_prefix(dir)
+                .unwrap_or(p)
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join("/");
+            let bytes = std::fs::metadata(p)
+                .map_err(|source| DigestError {
+                    file: p.clone(),
+                    source,
+                })?
+                .len();
+            Ok(FileDigest {
+                path: rel,
+                bytes,
+                sha256: sha256_file(p)?,
+            })
+        })
+        .collect::<Result<Vec<_>, DigestError>>()?;
+    files.sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
+    Ok(files)
+}
+
+/// Write `DIR/DIGEST` (`digest` + newline) durably: a temporary file, fsync,
+/// rename, fsync of the directory.
+pub fn write_digest_file(dir: &Path, digest: &str) -> Result<(), DigestError> {
+    let tmp = dir.join(".DIGEST.tmp");
+    let fin = dir.join(DIGEST_FILE);
+    let err = |file: &Path| {
+        let file = file.to_path_buf();
+        move |source| DigestError { file, source }
+    };
+    let mut f = File::create(&tmp).map_err(err(&tmp))?;
+    f.write_all(format!("{digest}\n").as_bytes())
+        .and_then(|_| f.sync_all())
+        .map_err(err(&tmp))?;
+    std::fs::rename(&tmp, &fin).map_err(err(&fin))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(err(dir))?;
+    Ok(())
+}
+
+/// The digest recorded in `DIR/DIGEST`, if the file exists and holds one.
+pub fn read_digest_file(dir: &Path) -> Option<String> {
+    let s = std::fs::read_to_string(dir.join(DIGEST_FILE)).ok()?;
+    let d = s.trim();
+    (d.starts_with("sha256:") && d.len() == 7 + 64).then(|| d.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fd(path: &str, sha: &str) -> FileDigest {
+        FileDigest {
+            path: path.into(),
+            bytes: 1,
+            sha256: sha.into(),
+        }
+    }
+
+    #[test]
+    fn digest_is_order_independent_and_matches_a_hand_computation() {
+        let a = fd("vae/x.safetensors", "aa");
+        let b = fd("transformer/y.safetensors", "bb");
+        let d1 = digest_of(&[a.clone(), b.clone()]);
+        let d2 = digest_of(&[b, a]);
+        assert_eq!(d1, d2);
+        let mut h = Sha256::new();
+        h.update(b"bb  transformer/y.safetensors\naa  vae/x.safetensors\n");
+        assert_eq!(d1, format!("sha256:{}", hex(&h.finalize())));
+        assert_ne!(d1, digest_of(&[fd("vae/x.safetensors", "ab")]));
+    }
+
+    #[test]
+    fn directory_digest_skips_digest_file_and_sees_content_changes() {
+        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-scratch/digest");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("sub")).unwrap();
+        std::fs::write(d.join("a.txt"), b"abc").unwrap();
+        std::fs::write(d.join("sub/b.bin"), b"xyz").unwrap();
+        let files = hash_dir(&d).unwrap();
+        assert_eq!(
+            files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(),
+            ["a.txt", "sub/b.bin"]
+        );
+        // sha256("abc"), the FIPS 180-2 test vector.
+        assert_eq!(
+            files[0].sha256,
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        let dg = digest_of(&files);
+        write_digest_file(&d, &dg).unwrap();
+        assert_eq!(read_digest_file(&d).unwrap(), dg);
+        assert_eq!(
+            digest_of(&hash_dir(&d).unwrap()),
+            dg,
+            "DIGEST must not count"
+        );
+        std::fs::write(d.join("sub/b.bin"), b"xyZ").unwrap();
+        assert_ne!(digest_of(&hash_dir(&d).unwrap()), dg);
+    }
+}

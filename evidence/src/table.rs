@@ -1,0 +1,239 @@
+//! The phase table a person reads at the end of a run and in `harness show`.
+//!
+//! One line per phase path (`denoise/denoise.step`): instances of the same path
+//! are merged (count, summed duration, max peaks, sample-weighted means), in the
+//! order they first opened, indented by depth. Below it the coverage line (leaf
+//! sum over wall, unaccounted seconds) and the containment and exclusivity
+//! verdicts.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use arrow_array::{Array, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
+
+use crate::error::VerifyError;
+use crate::manifest::{CheckSummary, Manifest};
+use crate::marker::human_bytes;
+use crate::seal::MANIFEST;
+use crate::tables;
+
+/// One merged line of the table.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Line {
+    name: String,
+    depth: usize,
+    count: u64,
+    open: u64,
+    seconds: f64,
+    peak_rss: Option<i64>,
+    peak_dev: Option<i64>,
+    samples: i64,
+    busy_w: f64,
+    busy_n: i64,
+    util_w: f64,
+    util_n: i64,
+    cores_w: f64,
+    cores_n: i64,
+}
+
+fn col<'a, T: 'static>(b: &'a RecordBatch, name: &str) -> Result<&'a T, String> {
+    b.column_by_name(name)
+        .and_then(|c| c.as_any().downcast_ref::<T>())
+        .ok_or_else(|| format!("column {name} missing or of the wrong type"))
+}
+
+fn opt_i(a: &Int64Array, i: usize) -> Option<i64> {
+    (!a.is_null(i)).then(|| a.value(i))
+}
+fn opt_f(a: &Float64Array, i: usize) -> Option<f64> {
+    (!a.is_null(i)).then(|| a.value(i))
+}
+fn max_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+fn lines_from(batches: &[RecordBatch]) -> Result<Vec<Line>, String> {
+    let mut path_of: HashMap<i64, String> = HashMap::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut out: Vec<Line> = Vec::new();
+    for b in batches {
+        let seq = col::<Int64Array>(b, "seq")?;
+        let name = col::<StringArray>(b, "name")?;
+        let depth = col::<Int64Array>(b, "depth")?;
+        let parent = col::<Int64Array>(b, "parent_seq")?;
+        let close = col::<Int64Array>(b, "close_ns")?;
+        let dur = col::<Float64Array>(b, "duration_s")?;
+        let _leaf = col::<BooleanArray>(b, "is_leaf")?;
+        let rss = col::<Int64Array>(b, "peak_rss_bytes")?;
+        let gmem = col::<Int64Array>(b, "peak_engine_gpu_mem_bytes")?;
+        let dev = col::<Int64Array>(b, "peak_device_bytes")?;
+        let busy = col::<Float64Array>(b, "gpu_busy_share")?;
+        let util = col::<Float64Array>(b, "mean_gpu_util_pct")?;
+        let cores = col::<Float64Array>(b, "mean_cpu_cores")?;
+        let samples = col::<Int64Array>(b, "samples")?;
+        for i in 0..b.num_rows() {
+            let parent_path = opt_i(parent, i)
+                .and_then(|p| path_of.get(&p).cloned())
+                .unwrap_or_default();
+            let path = format!("{parent_path}/{}", name.value(i));
+            path_of.insert(seq.value(i), path.clone());
+            let k = *index.entry(path).or_insert_with(|| {
+                out.push(Line {
+                    name: name.value(i).to_string(),
+                    depth: depth.value(i).max(0) as usize,
+                    ..Default::default()
+                });
+                out.len() - 1
+            });
+            let l = &mut out[k];
+            l.count += 1;
+            if close.is_null(i) {
+                l.open += 1;
+            }
+            l.seconds += dur.value(i);
+            l.peak_rss = max_opt(l.peak_rss, opt_i(rss, i));
+            l.peak_dev = max_opt(l.peak_dev, max_opt(opt_i(dev, i), opt_i(gmem, i)));
+            let n = samples.value(i);
+            l.samples += n;
+            if let Some(v) = opt_f(busy, i) {
+                l.busy_w += v * n as f64;
+                l.busy_n += n;
+            }
+            if let Some(v) = opt_f(util, i) {
+                l.util_w += v * n as f64;
+                l.util_n += n;
+            }
+            if let Some(v) = opt_f(cores, i) {
+                l.cores_w += v * n as f64;
+                l.cores_n += n;
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn mean(w: f64, n: i64) -> Option<f64> {
+    (n > 0).then(|| w / n as f64)
+}
+
+fn check_line(label: &str, c: &CheckSummary) -> String {
+    let mut s = format!("{label}: {}", c.verdict.as_str());
+    for g in &c.groups {
+        let _ = write!(s, "\n  {} x{}: {}", g.name, g.instances, g.verdict.as_str());
+        if let Some(w) = g.worst_share {
+            let _ = write!(s, ", worst cover {:.1}%", w * 100.0);
+        }
+        if let Some(d) = &g.detail {
+            let _ = write!(s, " ({} failed; first: {d})", g.failed);
+        }
+    }
+    s
+}
+
+/// Render the table for a bundle from its manifest and phases rows.
+pub fn render(manifest: &Manifest, phases: &[RecordBatch]) -> Result<String, String> {
+    let lines = lines_from(phases)?;
+    let p = &manifest.phases;
+    let wall = p.wall_s.filter(|w| *w > 0.0);
+    let dash = || "-".to_string();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<34} {:>5} {:>10} {:>7} {:>11} {:>11} {:>8} {:>7} {:>6}",
+        "phase", "n", "seconds", "% wall", "peak RSS", "peak device", "GPU busy", "util %", "cores"
+    );
+    for l in &lines {
+        let mut name = format!("{}{}", "  ".repeat(l.depth), l.name);
+        if l.open > 0 {
+            name.push_str(" (open)");
+        }
+        let _ = writeln!(
+            out,
+            "{:<34} {:>5} {:>10.3} {:>7} {:>11} {:>11} {:>8} {:>7} {:>6}",
+            name,
+            l.count,
+            l.seconds,
+            wall.map_or_else(dash, |w| format!("{:.1}%", l.seconds / w * 100.0)),
+            l.peak_rss
+                .map_or_else(dash, |b| human_bytes(b.max(0) as u64)),
+            l.peak_dev
+                .map_or_else(dash, |b| human_bytes(b.max(0) as u64)),
+            mean(l.busy_w, l.busy_n).map_or_else(dash, |v| format!("{:.1}%", v * 100.0)),
+            mean(l.util_w, l.util_n).map_or_else(dash, |v| format!("{v:.1}")),
+            mean(l.cores_w, l.cores_n).map_or_else(dash, |v| format!("{v:.2}")),
+        );
+    }
+    match (p.wall_s, p.coverage, p.unaccounted_s) {
+        (Some(w), Some(c), Some(u)) => {
+            let _ = writeln!(
+                out,
+                "coverage: leaves sum {:.3} s of {:.3} s engine wall ({:.1}%), unaccounted {:.3} s",
+                p.leaf_sum_s,
+                w,
+                c * 100.0,
+                u
+            );
+        }
+        _ => {
+            let _ = writeln!(out, "coverage: no engine wall (no markers)");
+        }
+    }
+    if let Some(r) = p.run_wall_s {
+        let _ = writeln!(out, "run wall: {r:.3} s");
+    }
+    if !p.open_at_end.is_empty() {
+        let _ = writeln!(out, "still open at the end: {}", p.open_at_end.join(", "));
+    }
+    if p.unmatched_closes > 0 {
+        let _ = writeln!(out, "unmatched close markers: {}", p.unmatched_closes);
+    }
+    let share = p.containment.min_share.unwrap_or(0.0) * 100.0;
+    let _ = writeln!(
+        out,
+        "{}",
+        check_line(
+            &format!("containment (sub-scopes inside, >= {share:.0}% cover)"),
+            &p.containment
+        )
+    );
+    let _ = writeln!(
+        out,
+        "{}",
+        check_line(
+            "exclusivity (no other leaf inside the sub-scopes' window)",
+            &p.exclusivity
+        )
+    );
+    Ok(out)
+}
+
+/// The phase table of the bundle at `bundle_dir`.
+pub fn phase_table_text(bundle_dir: &Path) -> Result<String, VerifyError> {
+    let read = |name: &str| {
+        std::fs::read(bundle_dir.join(name)).map_err(|e| VerifyError::Unreadable {
+            file: name.to_string(),
+            why: e.to_string(),
+        })
+    };
+    let mtext = read(MANIFEST)?;
+    let manifest = std::str::from_utf8(&mtext)
+        .map_err(|e| e.to_string())
+        .and_then(Manifest::from_json)
+        .map_err(|why| VerifyError::Manifest { why })?;
+    let pbytes = read(tables::PHASES)?;
+    let t = tables::read_table(&pbytes, &tables::phases_schema()).map_err(|why| {
+        VerifyError::Content {
+            file: tables::PHASES.into(),
+            why,
+        }
+    })?;
+    render(&manifest, &t.batches).map_err(|why| VerifyError::Content {
+        file: tables::PHASES.into(),
+        why,
+    })
+}

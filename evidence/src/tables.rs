@@ -1,0 +1,553 @@
+//! The bundle's Parquet tables: their Arrow schemas (with `unit`, `window` and
+//! `source` in every field's metadata), the fixed writer settings, and a reader
+//! that checks a table against its schema.
+//!
+//! Writer settings are fixed so the same rows always give the same bytes: zstd
+//! level 3, one row group (up to 2^20 rows), dictionary encoding with plain or
+//! delta fallback, page statistics, `created_by` naming this crate.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::{WriterProperties, WriterVersion};
+use parquet::schema::types::ColumnPath;
+
+use crate::sample::{ColumnType, SAMPLE_COLUMNS};
+
+/// `samples.parquet`.
+pub const SAMPLES: &str = "samples.parquet";
+/// `phases.parquet`.
+pub const PHASES: &str = "phases.parquet";
+/// `markers.parquet`.
+pub const MARKERS: &str = "markers.parquet";
+/// `frames.parquet`.
+pub const FRAMES: &str = "frames.parquet";
+/// Schema-level metadata key naming the table.
+pub const TABLE_KEY: &str = "evidence.table";
+/// Schema-level metadata key holding the bundle schema version.
+pub const SCHEMA_KEY: &str = "evidence.schema";
+
+fn field(
+    name: &str,
+    ty: DataType,
+    nullable: bool,
+    unit: &str,
+    window: &str,
+    source: &str,
+) -> Field {
+    let md: HashMap<String, String> = [
+        ("unit".to_string(), unit.to_string()),
+        ("window".to_string(), window.to_string()),
+        ("source".to_string(), source.to_string()),
+    ]
+    .into_iter()
+    .collect();
+    Field::new(name, ty, nullable).with_metadata(md)
+}
+
+fn schema(table: &str, fields: Vec<Field>) -> SchemaRef {
+    let md: HashMap<String, String> = [
+        (TABLE_KEY.to_string(), table.to_string()),
+        (
+            SCHEMA_KEY.to_string(),
+            crate::manifest::SCHEMA_VERSION.to_string(),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    Arc::new(Schema::new_with_metadata(fields, md))
+}
+
+const NS: &str = "nanoseconds (CLOCK_MONOTONIC)";
+
+/// `samples.parquet`: `t_ns`, `phase`, then every sampler column.
+pub fn samples_schema() -> SchemaRef {
+    let mut f = vec![
+        field(
+            "t_ns",
+            DataType::Int64,
+            false,
+            NS,
+            "instant",
+            "the sampler tick",
+        ),
+        field(
+            "phase",
+            DataType::Utf8,
+            true,
+            "phase name",
+            "instant",
+            "innermost phase open at t_ns, from the markers (null outside every phase)",
+        ),
+    ];
+    for c in SAMPLE_COLUMNS {
+        let ty = match c.ty {
+            ColumnType::I64 => DataType::Int64,
+            ColumnType::F64 => DataType::Float64,
+        };
+        f.push(field(c.name, ty, true, c.unit, c.window, c.source));
+    }
+    schema("samples", f)
+}
+
+/// `phases.parquet` (contracts section 6).
+pub fn phases_schema() -> SchemaRef {
+    let m = "markers";
+    let s = "samples inside the phase's window";
+    schema(
+        "phases",
+        vec![
+            field(
+                "seq",
+                DataType::Int64,
+                false,
+                "index",
+                "-",
+                "position in open order, from 0",
+            ),
+            field("name", DataType::Utf8, false, "phase name", "-", m),
+            field(
+                "depth",
+                DataType::Int64,
+                false,
+                "levels",
+                "-",
+                "nesting depth, 0 at top",
+            ),
+            field(
+                "parent_seq",
+                DataType::Int64,
+                true,
+                "index",
+                "-",
+                "seq of the enclosing phase",
+            ),
+            field(
+                "open_ns",
+                DataType::Int64,
+                false,
+                NS,
+                "instant",
+                "open marker t_ns",
+            ),
+            field(
+                "close_ns",
+                DataType::Int64,
+                true,
+                NS,
+                "instant",
+                "close marker t_ns; null if open at the end",
+            ),
+            field(
+                "duration_s",
+                DataType::Float64,
+                false,
+                "seconds",
+                "the phase",
+                "close (or end of recording) - open",
+            ),
+            field(
+                "is_leaf",
+                DataType::Boolean,
+                false,
+                "flag",
+                "-",
+                "no sub-phases",
+            ),
+            field(
+                "attrs_json",
+                DataType::Utf8,
+                false,
+                "JSON",
+                "-",
+                "{\"open\":{..},\"close\":{..}} marker attributes, canonical",
+            ),
+            field(
+                "peak_rss_bytes",
+                DataType::Int64,
+                true,
+                "bytes",
+                "the phase",
+                "max samples.rss_bytes; null without samples",
+            ),
+            field(
+                "peak_engine_gpu_mem_bytes",
+                DataType::Int64,
+                true,
+                "bytes",
+                "the phase",
+                "max samples.engine_gpu_mem_bytes",
+            ),
+            field(
+                "peak_device_bytes",
+                DataType::Int64,
+                true,
+                "bytes",
+                "the phase",
+                "close attribute peak_device_bytes",
+            ),
+            field(
+                "device_ms",
+                DataType::Float64,
+                true,
+                "milliseconds",
+                "the phase",
+                "close attribute device_ms",
+            ),
+            field(
+                "gpu_busy_share",
+                DataType::Float64,
+                true,
+                "fraction 0-1",
+                "the phase",
+                "share of samples with gpu_util_pct > 0",
+            ),
+            field(
+                "mean_gpu_util_pct",
+                DataType::Float64,
+                true,
+                "percent",
+                "the phase",
+                "mean samples.gpu_util_pct",
+            ),
+            field(
+                "mean_cpu_cores",
+                DataType::Float64,
+                true,
+                "cores",
+                "the phase",
+                "mean samples.cpu_cores",
+            ),
+            field("samples", DataType::Int64, false, "count", "the phase", s),
+        ],
+    )
+}
+
+/// `markers.parquet`: every marker line in arrival order.
+pub fn markers_schema() -> SchemaRef {
+    schema(
+        "markers",
+        vec![
+            field(
+                "seq",
+                DataType::Int64,
+                false,
+                "index",
+                "-",
+                "arrival order, from 0",
+            ),
+            field(
+                "recv_ns",
+                DataType::Int64,
+                false,
+                NS,
+                "instant",
+                "when the harness received the line",
+            ),
+            field(
+                "t_ns",
+                DataType::Int64,
+                true,
+                NS,
+                "instant",
+                "the event's t_ns; null if unparsed",
+            ),
+            field(
+                "ev",
+                DataType::Utf8,
+                true,
+                "event kind",
+                "-",
+                "hello|open|close|tick|info; null if unparsed",
+            ),
+            field(
+                "name",
+                DataType::Utf8,
+                true,
+                "phase or tick name",
+                "-",
+                "null for hello/info/unparsed",
+            ),
+            field(
+                "attrs_json",
+                DataType::Utf8,
+                true,
+                "JSON",
+                "-",
+                "the event's attributes, canonical; null if unparsed",
+            ),
+            field(
+                "line",
+                DataType::Utf8,
+                false,
+                "text",
+                "-",
+                "the line as received",
+            ),
+            field(
+                "error",
+                DataType::Utf8,
+                true,
+                "text",
+                "-",
+                "why the line did not parse; null if it did",
+            ),
+        ],
+    )
+}
+
+/// `frames.parquet`: per-frame facts, by index.
+pub fn frames_schema() -> SchemaRef {
+    let h = "harness frame analysis";
+    schema(
+        "frames",
+        vec![
+            field(
+                "index",
+                DataType::Int64,
+                false,
+                "frame index",
+                "-",
+                "0-based",
+            ),
+            field(
+                "sha256",
+                DataType::Utf8,
+                false,
+                "hex",
+                "-",
+                "sha256 of the RGB8 pixels",
+            ),
+            field(
+                "mean_luma",
+                DataType::Float64,
+                false,
+                "luma 0-255",
+                "the frame",
+                h,
+            ),
+            field(
+                "std_luma",
+                DataType::Float64,
+                false,
+                "luma 0-255",
+                "the frame",
+                h,
+            ),
+            field(
+                "min_luma",
+                DataType::Float64,
+                false,
+                "luma 0-255",
+                "the frame",
+                h,
+            ),
+            field(
+                "max_luma",
+                DataType::Float64,
+                false,
+                "luma 0-255",
+                "the frame",
+                h,
+            ),
+            field(
+                "motion_vs_prev",
+                DataType::Float64,
+                true,
+                "luma 0-255",
+                "this and the previous frame",
+                "mean absolute luma difference; null on frame 0",
+            ),
+            field(
+                "near_black",
+                DataType::Boolean,
+                false,
+                "flag",
+                "the frame",
+                h,
+            ),
+            field(
+                "near_uniform",
+                DataType::Boolean,
+                false,
+                "flag",
+                "the frame",
+                h,
+            ),
+            field(
+                "duplicate_of",
+                DataType::Int64,
+                true,
+                "frame index",
+                "-",
+                "an earlier frame with identical pixels",
+            ),
+        ],
+    )
+}
+
+/// The schema of a bundle table by file name.
+pub fn schema_for(file: &str) -> Option<SchemaRef> {
+    match file {
+        SAMPLES => Some(samples_schema()),
+        PHASES => Some(phases_schema()),
+        MARKERS => Some(markers_schema()),
+        FRAMES => Some(frames_schema()),
+        _ => None,
+    }
+}
+
+fn props(schema: &Schema) -> WriterProperties {
+    let table = schema
+        .metadata()
+        .get(TABLE_KEY)
+        .cloned()
+        .unwrap_or_default();
+    let mut b = WriterProperties::builder()
+        .set_writer_version(WriterVersion::PARQUET_1_0)
+        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .set_created_by(format!(
+            "evidence {} (parquet-rs)",
+            env!("CARGO_PKG_VERSION")
+        ))
+        .set_max_row_group_row_count(Some(1 << 20))
+        .set_dictionary_enabled(true)
+        .set_key_value_metadata(Some(vec![KeyValue::new(TABLE_KEY.to_string(), table)]));
+    // Timestamps tick regularly: delta encoding stores them in a few bits each.
+    for f in schema.fields() {
+        if f.data_type() == &DataType::Int64 && f.name().ends_with("_ns") {
+            let col = ColumnPath::from(f.name().as_str());
+            b = b
+                .set_column_dictionary_enabled(col.clone(), false)
+                .set_column_encoding(col, Encoding::DELTA_BINARY_PACKED);
+        }
+    }
+    b.build()
+}
+
+/// Encode `columns` (in `schema` order) as Parquet bytes with the fixed settings.
+pub fn write_table(schema: SchemaRef, columns: Vec<ArrayRef>) -> Result<Vec<u8>, String> {
+    let batch = RecordBatch::try_new(schema.clone(), columns).map_err(|e| e.to_string())?;
+    let p = props(&schema);
+    let mut w = ArrowWriter::try_new(Vec::new(), schema, Some(p)).map_err(|e| e.to_string())?;
+    w.write(&batch).map_err(|e| e.to_string())?;
+    w.into_inner().map_err(|e| e.to_string())
+}
+
+/// What reading a table back found.
+#[derive(Debug, Clone)]
+pub struct TableRead {
+    /// The Arrow schema stored in the file.
+    pub schema: SchemaRef,
+    /// The decoded batches.
+    pub batches: Vec<RecordBatch>,
+    /// Rows, summed over the decoded batches.
+    pub rows: u64,
+}
+
+/// Decode a whole table and check it has exactly `expected`'s fields (names,
+/// types, nullability, unit/window/source metadata). Errors are in words.
+pub fn read_table(bytes: &[u8], expected: &Schema) -> Result<TableRead, String> {
+    let b = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::copy_from_slice(bytes))
+        .map_err(|e| format!("not a readable Parquet file: {e}"))?;
+    let declared = b.metadata().file_metadata().num_rows();
+    let schema = b.schema().clone();
+    if schema.fields() != expected.fields() {
+        let got: Vec<String> = schema
+            .fields()
+            .iter()
+            .map(|f| format!("{}:{}", f.name(), f.data_type()))
+            .collect();
+        let want: Vec<String> = expected
+            .fields()
+            .iter()
+            .map(|f| format!("{}:{}", f.name(), f.data_type()))
+            .collect();
+        return Err(if got == want {
+            "column nullability or unit/window/source metadata differ from the schema".into()
+        } else {
+            format!(
+                "columns [{}], expected [{}]",
+                got.join(", "),
+                want.join(", ")
+            )
+        });
+    }
+    let reader = b
+        .with_batch_size(1 << 16)
+        .build()
+        .map_err(|e| format!("cannot decode: {e}"))?;
+    let mut batches = Vec::new();
+    let mut rows = 0u64;
+    for batch in reader {
+        let batch = batch.map_err(|e| format!("cannot decode: {e}"))?;
+        rows += batch.num_rows() as u64;
+        batches.push(batch);
+    }
+    if declared < 0 || rows != declared as u64 {
+        return Err(format!("decoded {rows} rows, footer declares {declared}"));
+    }
+    Ok(TableRead {
+        schema,
+        batches,
+        rows,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{BooleanArray, Float64Array, Int64Array, StringArray};
+
+    #[test]
+    fn every_field_documents_unit_window_and_source() {
+        for s in [
+            samples_schema(),
+            phases_schema(),
+            markers_schema(),
+            frames_schema(),
+        ] {
+            for f in s.fields() {
+                for k in ["unit", "window", "source"] {
+                    assert!(
+                        f.metadata().get(k).is_some_and(|v| !v.is_empty()),
+                        "{} lacks {k}",
+                        f.name()
+                    );
+                }
+            }
+        }
+        assert_eq!(samples_schema().fields().len(), SAMPLE_COLUMNS.len() + 2);
+    }
+
+    #[test]
+    fn write_is_deterministic_and_reads_back() {
+        let s = frames_schema();
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![0, 1])),
+            Arc::new(StringArray::from(vec!["aa", "bb"])),
+            Arc::new(Float64Array::from(vec![1.5, 2.5])),
+            Arc::new(Float64Array::from(vec![0.5, 0.25])),
+            Arc::new(Float64Array::from(vec![0.0, 1.0])),
+            Arc::new(Float64Array::from(vec![200.0, 255.0])),
+            Arc::new(Float64Array::from(vec![None, Some(3.0)])),
+            Arc::new(BooleanArray::from(vec![false, true])),
+            Arc::new(BooleanArray::from(vec![true, false])),
+            Arc::new(Int64Array::from(vec![None, Some(0)])),
+        ];
+        let a = write_table(s.clone(), cols.clone()).unwrap();
+        let b = write_table(s.clone(), cols).unwrap();
+        assert_eq!(a, b);
+        let r = read_table(&a, &s).unwrap();
+        assert_eq!(r.rows, 2);
+        let e = read_table(&a, &phases_schema()).unwrap_err();
+        assert!(e.contains("columns ["), "{e}");
+        assert!(read_table(&a[..a.len() - 3], &s).is_err());
+    }
+}

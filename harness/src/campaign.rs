@@ -1,0 +1,556 @@
+//! `harness campaign`: every selected lever's baseline and treatment arms, interleaved
+//! round by round on one engine binary, resumable after an interruption.
+//!
+//! The schedule is a pure function of the campaign's arguments: rounds are the outer
+//! loop (so drift spreads over every lever and an interruption leaves whole rounds
+//! behind), then rungs, then levers, then the two arms in an order that is either
+//! ABBA (baseline first in odd rounds, treatment first in even ones) or drawn per
+//! (round, rung, lever) from a ChaCha8 stream seeded with `--seed`. A lever is
+//! scheduled only on rungs whose device it applies to. Each run carries its place in
+//! the `schedule` manifest fragment `{campaign, round, position, arm, lever, seed}`.
+//!
+//! The campaign id is a hash of everything that shapes the schedule (engine sha256,
+//! rung files' sha256, levers, repeat, order, seed), so the same command on the same
+//! binary names the same campaign. Resuming skips every position that already has a
+//! sealed, complete bundle of that campaign; an incomplete one is run again.
+//!
+//! A run refused by a gate stops the campaign cleanly: nothing further is started and
+//! the outcome says where it stopped and why.
+
+use rand::RngCore;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use crate::levers_spec::{DeviceKind, Lever};
+use crate::rank::bundle::Bundle;
+
+/// How the two arms of a lever are ordered within a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Order {
+    /// Baseline first in odd rounds, treatment first in even rounds.
+    Abba,
+    /// A seeded coin flip per round, rung and lever.
+    Random,
+}
+
+/// A rung the campaign runs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RungRef {
+    /// The rung's name as bundles record it (`rung.name`).
+    pub name: String,
+    /// Its file.
+    pub path: PathBuf,
+    /// sha256 of the file's bytes (hex).
+    pub sha256: String,
+    /// Its device.
+    pub device: DeviceKind,
+}
+
+/// One run of the schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Entry {
+    /// 0-based position in the whole schedule.
+    pub position: u32,
+    /// 1-based round.
+    pub round: u32,
+    /// Rung name.
+    pub rung: String,
+    /// Lever id.
+    pub lever: String,
+    /// Arm of the lever for this run.
+    pub arm: String,
+}
+
+/// A lever left out at a rung, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Skip {
+    /// Lever id.
+    pub lever: String,
+    /// Rung name.
+    pub rung: String,
+    /// Why.
+    pub why: String,
+}
+
+/// A campaign's whole schedule.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    /// Campaign id (hex, 16 characters).
+    pub id: String,
+    /// Seed of the arm order (recorded even under ABBA).
+    pub seed: u64,
+    /// Arm order.
+    pub order: Order,
+    /// Rounds.
+    pub repeat: u32,
+    /// The entries, by position.
+    pub entries: Vec<Entry>,
+    /// Levers left out at a rung.
+    pub skipped: Vec<Skip>,
+}
+
+impl Plan {
+    /// The `schedule` manifest fragment of `e`.
+    pub fn fragment(&self, e: &Entry) -> serde_json::Value {
+        serde_json::json!({
+            "campaign": self.id,
+            "round": e.round,
+            "position": e.position,
+            "arm": e.arm,
+            "lever": e.lever,
+            "seed": self.seed,
+        })
+    }
+}
+
+/// Build the schedule. `engine_sha256` is the binary every run uses.
+pub fn plan(
+    engine_sha256: &str,
+    rungs: &[RungRef],
+    levers: &[&Lever],
+    repeat: u32,
+    order: Order,
+    seed: u64,
+) -> Plan {
+    let mut h = Sha256::new();
+    h.update(format!("harness campaign v1\nengine {engine_sha256}\n"));
+    for r in rungs {
+        h.update(format!("rung {} {}\n", r.name, r.sha256));
+    }
+    for l in levers {
+        h.update(format!("lever {} {} {}\n", l.id, l.baseline, l.treatment));
+    }
+    h.update(format!("repeat {repeat}\norder {order:?}\nseed {seed}\n"));
+    let id: String = format!("{:x}", h.finalize()).chars().take(16).collect();
+
+    let mut skipped = Vec::new();
+    for r in rungs {
+        for l in levers {
+            if !l.applies_to.contains(&r.device) {
+                skipped.push(Skip {
+                    lever: l.id.clone(),
+                    rung: r.name.clone(),
+                    why: format!(
+                        "lever applies to {:?}; rung {} runs on {:?}",
+                        l.applies_to, r.name, r.device
+                    ),
+                });
+            }
+        }
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut entries = Vec::new();
+    for round in 1..=repeat {
+        for r in rungs {
+            for l in levers.iter().filter(|l| l.applies_to.contains(&r.device)) {
+                let baseline_first = match order {
+                    Order::Abba => round % 2 == 1,
+                    Order::Random => rng.next_u64() >> 63 == 0,
+                };
+                let arms = if baseline_first {
+                    [&l.baseline, &l.treatment]
+                } else {
+                    [&l.treatment, &l.baseline]
+                };
+                for arm in arms {
+                    entries.push(Entry {
+                        position: entries.len() as u32,
+                        round,
+                        rung: r.name.clone(),
+                        lever: l.id.clone(),
+                        arm: arm.clone(),
+                    });
+                }
+            }
+        }
+    }
+    Plan {
+        id,
+        seed,
+        order,
+        repeat,
+        entries,
+        skipped,
+    }
+}
+
+/// Positions of `plan` already done: a sealed, complete bundle of this campaign whose
+/// schedule fragment matches the entry at its position.
+pub fn done_positions(plan: &Plan, bundles: &[Bundle]) -> BTreeSet<u32> {
+    let mut done = BTreeSet::new();
+    for b in bundles {
+        let Some(s) = &b.schedule else { continue };
+        if s.campaign != plan.id || b.incomplete.is_some() {
+            continue;
+        }
+        if let Some(e) = plan.entries.get(s.position as usize) {
+            if e.round == s.round && e.lever == s.lever && e.arm == s.arm && e.rung == b.rung {
+                done.insert(s.position);
+            }
+        }
+    }
+    done
+}
+
+/// What the campaign asks the run machinery to do for one entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    /// The rung file.
+    pub rung_path: PathBuf,
+    /// Lever arms to pass (`--lever ID=ARM`): only the lever under test.
+    pub levers: BTreeMap<String, String>,
+    /// The `schedule` fragment to record in the bundle.
+    pub schedule: serde_json::Value,
+}
+
+/// A run that ended with a sealed bundle.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOutcome {
+    /// The sealed bundle's id.
+    pub bundle_id: String,
+    /// Whether the run completed (exit `completed` and completion `pass`).
+    pub complete: bool,
+    /// The exit reason recorded (`completed`, `interrupted`, ...).
+    pub exit_reason: String,
+}
+
+/// Why a run did not produce a usable outcome.
+#[derive(Debug, thiserror::Error)]
+pub enum RunFailure {
+    /// A gate refused the run: the campaign stops cleanly.
+    #[error("refused by gate '{gate}': {why}")]
+    Refused {
+        /// The gate.
+        gate: String,
+        /// What it found.
+        why: String,
+    },
+    /// The run machinery failed.
+    #[error(transparent)]
+    Failed(#[from] anyhow::Error),
+}
+
+/// The run machinery, as the campaign sees it.
+pub trait Runner {
+    /// Run one job to a sealed bundle.
+    fn run(&mut self, job: &Job) -> Result<RunOutcome, RunFailure>;
+}
+
+/// How a campaign ended.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CampaignOutcome {
+    /// Campaign id.
+    pub campaign: String,
+    /// Positions skipped because they were already done.
+    pub skipped_done: usize,
+    /// Runs started and sealed complete in this invocation: (position, bundle id).
+    pub completed: Vec<(u32, String)>,
+    /// Runs sealed incomplete in this invocation (they run again on resume).
+    pub incomplete: Vec<(u32, String)>,
+    /// Positions not yet done when the campaign stopped.
+    pub remaining: usize,
+    /// Why it stopped early, if it did.
+    pub stopped: Option<String>,
+}
+
+/// Run every entry of `plan` not in `done`, in order, through `runner`.
+///
+/// Stops cleanly (returns `Ok` with `stopped` set) on a gate refusal or an
+/// interrupted run; returns `Err` when the run machinery itself fails.
+pub fn execute(
+    plan: &Plan,
+    rungs: &[RungRef],
+    done: &BTreeSet<u32>,
+    runner: &mut dyn Runner,
+    mut progress: impl FnMut(&Entry, &str),
+) -> Result<CampaignOutcome, anyhow::Error> {
+    let mut out = CampaignOutcome {
+        campaign: plan.id.clone(),
+        skipped_done: 0,
+        completed: Vec::new(),
+        incomplete: Vec::new(),
+        remaining: 0,
+        stopped: None,
+    };
+    let todo: Vec<&Entry> = plan
+        .entries
+        .iter()
+        .filter(|e| {
+            let d = done.contains(&e.position);
+            if d {
+                out.skipped_done += 1;
+            }
+            !d
+        })
+        .collect();
+    out.remaining = todo.len();
+    for e in todo {
+        let Some(rung) = rungs.iter().find(|r| r.name == e.rung) else {
+            anyhow::bail!(
+                "schedule position {} names rung {} that is not in the campaign",
+                e.position,
+                e.rung
+            );
+        };
+        let job = Job {
+            rung_path: rung.path.clone(),
+            levers: BTreeMap::from([(e.lever.clone(), e.arm.clone())]),
+            schedule: plan.fragment(e),
+        };
+        progress(e, "start");
+        match runner.run(&job) {
+            Ok(r) if r.complete => {
+                progress(e, &format!("sealed {} (complete)", r.bundle_id));
+                out.remaining -= 1;
+                out.completed.push((e.position, r.bundle_id));
+            }
+            Ok(r) => {
+                // Not done: it stays in `remaining` and runs again on resume.
+                progress(
+                    e,
+                    &format!("sealed {} (incomplete: {})", r.bundle_id, r.exit_reason),
+                );
+                out.incomplete.push((e.position, r.bundle_id));
+                if r.exit_reason == "interrupted" {
+                    out.stopped = Some(format!(
+                        "run at position {} was interrupted; rerun the same command to resume",
+                        e.position
+                    ));
+                    return Ok(out);
+                }
+            }
+            Err(RunFailure::Refused { gate, why }) => {
+                out.stopped = Some(format!(
+                    "position {} (round {}, rung {}, {}={}) refused by gate '{gate}': {why}",
+                    e.position, e.round, e.rung, e.lever, e.arm
+                ));
+                return Ok(out);
+            }
+            Err(RunFailure::Failed(err)) => {
+                return Err(err.context(format!(
+                    "campaign {} at position {} ({}={} on rung {})",
+                    plan.id, e.position, e.lever, e.arm, e.rung
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::levers_spec::LeverSpec;
+    use crate::rank::bundle::tests::sample_bundle;
+    use crate::rank::bundle::Schedule;
+    use std::path::Path;
+
+    fn spec() -> LeverSpec {
+        LeverSpec::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/levers.toml"))
+            .unwrap()
+    }
+
+    fn rungs() -> Vec<RungRef> {
+        vec![
+            RungRef {
+                name: "0".into(),
+                path: "rungs/0.toml".into(),
+                sha256: "r0".into(),
+                device: DeviceKind::Cpu,
+            },
+            RungRef {
+                name: "2".into(),
+                path: "rungs/2.toml".into(),
+                sha256: "r2".into(),
+                device: DeviceKind::Cuda,
+            },
+        ]
+    }
+
+    fn all_plan(order: Order, seed: u64) -> Plan {
+        let s = spec();
+        let levers: Vec<&Lever> = s.select("all").unwrap();
+        plan("engine-sha", &rungs(), &levers, 5, order, seed)
+    }
+
+    #[test]
+    fn every_round_runs_both_arms_of_every_applicable_lever_once() {
+        let s = spec();
+        let p = all_plan(Order::Random, 7);
+        let cpu = s
+            .levers
+            .iter()
+            .filter(|l| l.applies_to.contains(&DeviceKind::Cpu))
+            .count();
+        let cuda = s
+            .levers
+            .iter()
+            .filter(|l| l.applies_to.contains(&DeviceKind::Cuda))
+            .count();
+        assert_eq!(p.entries.len(), 5 * 2 * (cpu + cuda));
+        assert_eq!(p.skipped.len(), 2 * s.levers.len() - cpu - cuda);
+        for (i, e) in p.entries.iter().enumerate() {
+            assert_eq!(e.position as usize, i);
+        }
+        let mut seen = BTreeMap::new();
+        for e in &p.entries {
+            *seen
+                .entry((e.round, e.rung.clone(), e.lever.clone(), e.arm.clone()))
+                .or_insert(0) += 1;
+        }
+        assert!(seen.values().all(|&n| n == 1));
+        // The two arms of a (round, rung, lever) are adjacent.
+        for w in p.entries.chunks(2) {
+            assert_eq!(
+                (w[0].round, &w[0].rung, &w[0].lever),
+                (w[1].round, &w[1].rung, &w[1].lever)
+            );
+            assert_ne!(w[0].arm, w[1].arm);
+        }
+        // Rounds are the outer loop.
+        assert!(p.entries.windows(2).all(|w| w[0].round <= w[1].round));
+    }
+
+    #[test]
+    fn abba_alternates_and_random_is_seeded() {
+        let s = spec();
+        let p = all_plan(Order::Abba, 0);
+        for w in p.entries.chunks(2) {
+            let l = s.lever(&w[0].lever).unwrap();
+            let first = if w[0].round % 2 == 1 {
+                &l.baseline
+            } else {
+                &l.treatment
+            };
+            assert_eq!(&w[0].arm, first);
+        }
+        let a = all_plan(Order::Random, 7);
+        assert_eq!(a, all_plan(Order::Random, 7));
+        let b = all_plan(Order::Random, 8);
+        assert_ne!(a.id, b.id);
+        assert_ne!(
+            a.entries.iter().map(|e| &e.arm).collect::<Vec<_>>(),
+            b.entries.iter().map(|e| &e.arm).collect::<Vec<_>>()
+        );
+        // Random order puts the baseline first in some rounds and second in others.
+        let firsts: BTreeSet<bool> = a
+            .entries
+            .chunks(2)
+            .map(|w| w[0].arm == s.lever(&w[0].lever).unwrap().baseline)
+            .collect();
+        assert_eq!(firsts.len(), 2);
+        assert_ne!(a.id, all_plan(Order::Abba, 7).id);
+    }
+
+    fn sealed(p: &Plan, e: &Entry, id: &str, complete: bool) -> Bundle {
+        let mut b = sample_bundle(id);
+        b.rung = e.rung.clone();
+        b.schedule = Some(Schedule {
+            campaign: p.id.clone(),
+            round: e.round,
+            position: e.position,
+            arm: e.arm.clone(),
+            lever: e.lever.clone(),
+            seed: p.seed,
+        });
+        if !complete {
+            b.incomplete = Some("exit killed".into());
+        }
+        b
+    }
+
+    /// A runner that seals what it is asked, refusing at one position.
+    struct Fake {
+        calls: Vec<Job>,
+        refuse_at: Option<u64>,
+        incomplete_at: Option<u64>,
+    }
+
+    impl Runner for Fake {
+        fn run(&mut self, job: &Job) -> Result<RunOutcome, RunFailure> {
+            let pos = job.schedule["position"].as_u64().unwrap();
+            if self.refuse_at == Some(pos) {
+                return Err(RunFailure::Refused {
+                    gate: "headroom".into(),
+                    why: "MemAvailable 1 GiB below the 8 GiB floor".into(),
+                });
+            }
+            self.calls.push(job.clone());
+            Ok(RunOutcome {
+                bundle_id: format!("b{pos}"),
+                complete: self.incomplete_at != Some(pos),
+                exit_reason: "completed".into(),
+            })
+        }
+    }
+
+    #[test]
+    fn resume_skips_sealed_complete_positions_and_reruns_incomplete_ones() {
+        let p = all_plan(Order::Random, 3);
+        let mut bundles: Vec<Bundle> = p.entries[..10]
+            .iter()
+            .map(|e| sealed(&p, e, &format!("x{}", e.position), true))
+            .collect();
+        bundles[4].incomplete = Some("exit killed".into());
+        // Another campaign's bundle at position 11 does not count.
+        let mut other = sealed(&p, &p.entries[11], "y", true);
+        other.schedule.as_mut().unwrap().campaign = "other".into();
+        bundles.push(other);
+        // A bundle whose arm does not match its position does not count.
+        let mut wrong = sealed(&p, &p.entries[12], "z", true);
+        wrong.schedule.as_mut().unwrap().arm = "nope".into();
+        bundles.push(wrong);
+        let done = done_positions(&p, &bundles);
+        let expect: BTreeSet<u32> = (0..10).filter(|&i| i != 4).collect();
+        assert_eq!(done, expect);
+
+        let mut f = Fake {
+            calls: vec![],
+            refuse_at: None,
+            incomplete_at: None,
+        };
+        let out = execute(&p, &rungs(), &done, &mut f, |_, _| {}).unwrap();
+        assert_eq!(out.skipped_done, 9);
+        assert_eq!(out.completed.len(), p.entries.len() - 9);
+        assert_eq!(out.remaining, 0);
+        assert_eq!(out.stopped, None);
+        let first = &f.calls[0];
+        assert_eq!(first.schedule["position"], 4);
+        assert_eq!(first.schedule["campaign"], p.id.as_str());
+        assert_eq!(first.schedule["seed"], 3);
+        let e4 = &p.entries[4];
+        assert_eq!(
+            first.levers,
+            BTreeMap::from([(e4.lever.clone(), e4.arm.clone())])
+        );
+        assert_eq!(
+            first.rung_path,
+            PathBuf::from(format!("rungs/{}.toml", e4.rung))
+        );
+    }
+
+    #[test]
+    fn a_gate_refusal_stops_cleanly_and_says_where() {
+        let p = all_plan(Order::Abba, 0);
+        let mut f = Fake {
+            calls: vec![],
+            refuse_at: Some(6),
+            incomplete_at: Some(2),
+        };
+        let out = execute(&p, &rungs(), &BTreeSet::new(), &mut f, |_, _| {}).unwrap();
+        assert_eq!(f.calls.len(), 6, "nothing runs after the refusal");
+        assert_eq!(out.completed.len(), 5);
+        assert_eq!(out.incomplete, vec![(2, "b2".to_string())]);
+        assert_eq!(out.remaining, p.entries.len() - 5);
+        let why = out.stopped.unwrap();
+        assert!(
+            why.contains("position 6") && why.contains("'headroom'") && why.contains("8 GiB floor"),
+            "{why}"
+        );
+    }
+}

@@ -1,0 +1,307 @@
+//! The command-line layer of `harness rank`, `harness diff` and `harness campaign`:
+//! argument structs and the functions `main` dispatches to. Each returns the exit
+//! code (see [`crate::exit`]); errors carry the file and field they concern.
+
+use anyhow::Context;
+use std::path::{Path, PathBuf};
+
+use crate::exit::{self, UsageError};
+use crate::levers_spec::LeverSpec;
+use crate::rank::load;
+
+/// Where the lever spec lives by default (relative to the working directory).
+pub const DEFAULT_SPEC: &str = "specs/levers.toml";
+
+/// `harness rank`: re-derive the lever ranking from the bundles in a store.
+#[derive(Debug, clap::Args)]
+pub struct RankArgs {
+    /// The store to read (default: $HARNESS_STORE, then
+    /// $XDG_DATA_HOME/harness/store, then ~/.local/share/harness/store).
+    #[arg(long)]
+    pub store: Option<PathBuf>,
+    /// The lever spec.
+    #[arg(long, default_value = DEFAULT_SPEC)]
+    pub spec: PathBuf,
+    /// Write the markdown report here (default: print it).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the ranking as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `harness diff A B`: two bundles side by side.
+#[derive(Debug, clap::Args)]
+pub struct DiffArgs {
+    /// Bundle A: an id (or unique prefix) in the store, or a bundle directory.
+    pub a: String,
+    /// Bundle B: an id (or unique prefix) in the store, or a bundle directory.
+    pub b: String,
+    /// The store to look ids up in (same default as `rank`).
+    #[arg(long)]
+    pub store: Option<PathBuf>,
+    /// Print the comparison as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The store root for reading: `--store`, then `$HARNESS_STORE`, then
+/// `$XDG_DATA_HOME/harness/store`, then `~/.local/share/harness/store` (the order of
+/// `evidence`'s store resolution; reading needs no durability gate).
+pub fn read_store_root(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = explicit {
+        return Ok(p.to_path_buf());
+    }
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(p) = env("HARNESS_STORE") {
+        return Ok(p);
+    }
+    if let Some(p) = env("XDG_DATA_HOME") {
+        return Ok(p.join("harness/store"));
+    }
+    if let Some(h) = env("HOME") {
+        return Ok(h.join(".local/share/harness/store"));
+    }
+    Err(UsageError("no store: pass --store DIR or set HARNESS_STORE".into()).into())
+}
+
+/// Run `harness rank`.
+pub fn rank(args: &RankArgs) -> anyhow::Result<u8> {
+    let spec = LeverSpec::load(&args.spec).map_err(|e| UsageError(e.to_string()))?;
+    let root = read_store_root(args.store.as_deref())?;
+    let dirs = load::store_bundle_dirs(&root)
+        .map_err(|e| UsageError(format!("store {}: {e}", root.display())))?;
+    let loaded = load::load_dirs(&dirs);
+    let mut command = format!("harness rank --store {}", root.display());
+    if args.spec != Path::new(DEFAULT_SPEC) {
+        command.push_str(&format!(" --spec {}", args.spec.display()));
+    }
+    if let Some(out) = &args.out {
+        command.push_str(&format!(" --out {}", out.display()));
+    }
+    let ranking = crate::rank::rank(&spec, &loaded.bundles, &loaded.unreadable, &command);
+    let md = crate::rank::report::markdown(&ranking);
+    match &args.out {
+        Some(out) => {
+            if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("creating {}", parent.display()))?;
+            }
+            std::fs::write(out, &md).with_context(|| format!("writing {}", out.display()))?;
+            eprintln!(
+                "harness rank: {} bundle(s), {} used, {} excluded; wrote {}",
+                ranking.bundles_seen,
+                ranking.used.len(),
+                ranking.excluded.len(),
+                out.display()
+            );
+        }
+        None if !args.json => print!("{md}"),
+        None => {}
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&ranking)?);
+    }
+    Ok(exit::OK)
+}
+
+/// Find a bundle directory: an existing directory holding `manifest.json`, or a unique
+/// id prefix under `<root>/bundles`.
+pub fn find_bundle(root: Option<&Path>, what: &str) -> anyhow::Result<PathBuf> {
+    let p = Path::new(what);
+    if p.join("manifest.json").is_file() {
+        return Ok(p.to_path_buf());
+    }
+    let root = read_store_root(root)?;
+    let dirs = load::store_bundle_dirs(&root).map_err(|e| {
+        UsageError(format!(
+            "{what:?} is not a bundle directory, and the store cannot be listed: {e}"
+        ))
+    })?;
+    let hits: Vec<&PathBuf> = dirs
+        .iter()
+        .filter(|d| {
+            d.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(what))
+        })
+        .collect();
+    match hits.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(UsageError(format!(
+            "no bundle {what:?} in {}",
+            root.join("bundles").display()
+        ))
+        .into()),
+        many => Err(UsageError(format!(
+            "bundle prefix {what:?} is ambiguous in {}: {} matches; give more characters",
+            root.display(),
+            many.len()
+        ))
+        .into()),
+    }
+}
+
+/// Run `harness diff`.
+pub fn diff(args: &DiffArgs) -> anyhow::Result<u8> {
+    let da = find_bundle(args.store.as_deref(), &args.a)?;
+    let db = find_bundle(args.store.as_deref(), &args.b)?;
+    let loaded = load::load_dirs(&[da.clone(), db.clone()]);
+    if let Some(u) = loaded.unreadable.first() {
+        return Err(UsageError(format!("{}: {}", u.id, u.reason)).into());
+    }
+    let read = |d: &Path| -> anyhow::Result<serde_json::Value> {
+        let f = d.join("manifest.json");
+        let text =
+            std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+        serde_json::from_str(&text)
+            .map_err(|e| UsageError(format!("{}: not JSON: {e}", f.display())).into())
+    };
+    let (ma, mb) = (read(&da)?, read(&db)?);
+    let facts = |d: &Path| load::read_manifest(d).map(|b| b.id);
+    let (ia, ib) = (facts(&da)?, facts(&db)?);
+    let get = |id: &str| loaded.bundles.iter().find(|b| b.id == id);
+    // The same bundle twice is a valid (empty) diff.
+    let (Some(a), Some(b)) = (get(&ia), get(&ib)) else {
+        return Err(UsageError(format!("{ia} or {ib} could not be loaded")).into());
+    };
+    let d = crate::diff::diff(a, &ma, b, &mb);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&d)?);
+    } else {
+        print!("{}", crate::diff::markdown(&d));
+    }
+    Ok(exit::OK)
+}
+
+/// `harness campaign`: interleave every selected lever's arms over rounds.
+#[derive(Debug, clap::Args)]
+pub struct CampaignArgs {
+    /// Rungs, comma-separated: names (`0` = `rungs/0.toml`) or rung file paths.
+    #[arg(long, default_value = "0,2")]
+    pub rungs: String,
+    /// Levers: `all` or comma-separated ids from the spec.
+    #[arg(long, default_value = "all")]
+    pub levers: String,
+    /// Rounds per lever and rung.
+    #[arg(long, default_value_t = 5)]
+    pub repeat: u32,
+    /// Seed of the arm order (recorded in every bundle's `schedule`).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Arm order within a round.
+    #[arg(long, value_enum, default_value = "random")]
+    pub order: crate::campaign::Order,
+    /// The engine binary every run uses (hashed into the campaign id).
+    #[arg(long, default_value = "target/debug/engine")]
+    pub engine: PathBuf,
+    /// The lever spec.
+    #[arg(long, default_value = DEFAULT_SPEC)]
+    pub spec: PathBuf,
+    /// The store (same default as `rank`); sealed positions there are skipped.
+    #[arg(long)]
+    pub store: Option<PathBuf>,
+    /// Print the schedule and what is already done, run nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+fn sha256_file(p: &Path) -> anyhow::Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut f = std::fs::File::open(p)
+        .map_err(|e| UsageError(format!("{}: cannot open: {e}", p.display())))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).with_context(|| format!("reading {}", p.display()))?;
+    Ok(format!("{:x}", h.finalize()))
+}
+
+/// The rung references of a `--rungs` argument.
+pub fn campaign_rungs(arg: &str) -> anyhow::Result<Vec<crate::campaign::RungRef>> {
+    use crate::levers_spec::DeviceKind;
+    let mut out = Vec::new();
+    for item in arg.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let path = if item.ends_with(".toml") {
+            PathBuf::from(item)
+        } else {
+            Path::new("rungs").join(format!("{item}.toml"))
+        };
+        let rung =
+            evidence::rung::Rung::load(&path).map_err(|e| UsageError(format!("--rungs: {e}")))?;
+        let name = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .ok_or_else(|| UsageError(format!("--rungs: {} has no file name", path.display())))?
+            .to_string();
+        out.push(crate::campaign::RungRef {
+            name,
+            sha256: sha256_file(&path)?,
+            device: match rung.device {
+                evidence::rung::Device::Cpu => DeviceKind::Cpu,
+                evidence::rung::Device::Cuda => DeviceKind::Cuda,
+            },
+            path,
+        });
+    }
+    if out.is_empty() {
+        return Err(UsageError("--rungs: expected at least one rung".into()).into());
+    }
+    Ok(out)
+}
+
+/// Run `harness campaign`.
+pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
+    let spec = LeverSpec::load(&args.spec).map_err(|e| UsageError(e.to_string()))?;
+    let levers = spec.select(&args.levers).map_err(UsageError)?;
+    if args.repeat == 0 {
+        return Err(UsageError("--repeat: expected at least 1 round".into()).into());
+    }
+    let rungs = campaign_rungs(&args.rungs)?;
+    let engine = sha256_file(&args.engine)?;
+    let plan = crate::campaign::plan(&engine, &rungs, &levers, args.repeat, args.order, args.seed);
+    let root = read_store_root(args.store.as_deref())?;
+    let done = match load::store_bundle_dirs(&root) {
+        Ok(dirs) => {
+            let facts: Vec<_> = dirs
+                .iter()
+                .filter_map(|d| load::read_manifest(d).ok())
+                .collect();
+            crate::campaign::done_positions(&plan, &facts)
+        }
+        Err(_) => Default::default(),
+    };
+    println!(
+        "campaign {} (engine {}, order {:?}, seed {}): {} runs over {} round(s), {} already sealed",
+        plan.id,
+        &engine[..12],
+        plan.order,
+        plan.seed,
+        plan.entries.len(),
+        plan.repeat,
+        done.len()
+    );
+    for s in &plan.skipped {
+        println!("  skip {} at rung {}: {}", s.lever, s.rung, s.why);
+    }
+    for e in &plan.entries {
+        let mark = if done.contains(&e.position) {
+            "done"
+        } else {
+            "todo"
+        };
+        println!(
+            "  {:>4} round {:>2} rung {} {}={} {mark}",
+            e.position, e.round, e.rung, e.lever, e.arm
+        );
+    }
+    if args.dry_run {
+        return Ok(exit::OK);
+    }
+    Err(UsageError(
+        "running a campaign needs the run machinery of `harness run` (branch `run`), which this build does not have yet; use --dry-run to see the schedule".into(),
+    )
+    .into())
+}

@@ -1,0 +1,396 @@
+//! `harness diff A B`: two bundles side by side.
+//!
+//! Phase tables with deltas and ratios; every manifest field that changes what a
+//! number means (binary, weights, levers, host, driver, cadence, contention, gates,
+//! controls, exit, completion); sample summaries (peaks, GPU-busy share, page cache).
+//! Output as markdown or, with `--json`, as [`Diff`].
+//!
+//! Promise: a pure function of the two bundles; phases keep A's open order, then the
+//! phases only B has in B's order.
+
+use serde::Serialize;
+use serde_json::Value;
+use std::fmt::Write;
+
+use crate::levers_spec::Unit;
+use crate::rank::bundle::Bundle;
+use crate::rank::report::{fixed, value};
+
+/// The manifest fields compared, with a label: `(path, label)`.
+pub const FIELDS: &[(&str, &str)] = &[
+    ("engine.sha256", "engine binary sha256"),
+    ("engine.version", "engine version"),
+    ("weights.digest", "weights digest"),
+    ("weights.synthesized", "weights synthesized"),
+    ("rung.name", "rung"),
+    ("rung.sha256", "rung file sha256"),
+    ("profile", "profile"),
+    ("levers", "levers"),
+    ("schedule", "schedule"),
+    ("run.hostname", "hostname"),
+    ("host.cpu_model", "cpu model"),
+    ("host.cores", "cores"),
+    ("host.mem_total_bytes", "memory bytes"),
+    ("host.kernel", "kernel"),
+    ("host.os", "os"),
+    ("gpu.name", "gpu"),
+    ("gpu.driver", "gpu driver"),
+    ("gpu.cuda", "cuda"),
+    ("gpu.unified_memory", "unified memory"),
+    ("lease.id", "lease id"),
+    ("sampler.cadence_ms", "sampler cadence ms"),
+    ("sampler.observer", "observer"),
+    ("cadence", "achieved cadence"),
+    ("contention", "contention"),
+    ("gates", "gates"),
+    ("controls", "controls"),
+    ("watchdog.tripped", "watchdog tripped"),
+    ("exit.reason", "exit reason"),
+    ("exit.code", "exit code"),
+    ("exit.signal", "exit signal"),
+    ("completion.verdict", "completion"),
+    ("completion.frames", "frames"),
+    ("complete", "complete"),
+];
+
+/// One manifest field in both bundles.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FieldDiff {
+    /// Field path.
+    pub field: String,
+    /// Human label.
+    pub label: String,
+    /// Compact JSON of A's value (`null` when absent).
+    pub a: String,
+    /// Compact JSON of B's value.
+    pub b: String,
+    /// Whether they differ.
+    pub differs: bool,
+}
+
+/// One phase name in both bundles (durations summed over instances).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PhaseDiff {
+    /// Phase name.
+    pub phase: String,
+    /// Instances in A.
+    pub a_count: usize,
+    /// Seconds in A.
+    pub a_s: Option<f64>,
+    /// Instances in B.
+    pub b_count: usize,
+    /// Seconds in B.
+    pub b_s: Option<f64>,
+    /// `b_s - a_s`.
+    pub delta_s: Option<f64>,
+    /// `b_s / a_s`.
+    pub ratio: Option<f64>,
+    /// Peak RSS inside the phase in A, bytes.
+    pub a_peak_rss_bytes: Option<i64>,
+    /// Peak RSS inside the phase in B, bytes.
+    pub b_peak_rss_bytes: Option<i64>,
+}
+
+/// One whole-run summary in both bundles.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SummaryDiff {
+    /// What is summarised.
+    pub name: String,
+    /// Its unit.
+    pub unit: Unit,
+    /// A's value.
+    pub a: Option<f64>,
+    /// B's value.
+    pub b: Option<f64>,
+    /// `b / a`.
+    pub ratio: Option<f64>,
+}
+
+/// The comparison.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Diff {
+    /// A's id.
+    pub a: String,
+    /// B's id.
+    pub b: String,
+    /// Every compared manifest field.
+    pub fields: Vec<FieldDiff>,
+    /// Phases.
+    pub phases: Vec<PhaseDiff>,
+    /// Whole-run summaries.
+    pub summaries: Vec<SummaryDiff>,
+}
+
+fn at<'a>(m: &'a Value, path: &str) -> &'a Value {
+    path.split('.')
+        .try_fold(m, |v, k| v.get(k))
+        .unwrap_or(&Value::Null)
+}
+
+/// Compare two bundles given their facts and their raw manifests.
+pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
+    let fields = FIELDS
+        .iter()
+        .map(|(path, label)| {
+            let (va, vb) = (at(ma, path), at(mb, path));
+            FieldDiff {
+                field: path.to_string(),
+                label: label.to_string(),
+                a: va.to_string(),
+                b: vb.to_string(),
+                differs: va != vb,
+            }
+        })
+        .collect();
+    let mut names: Vec<&str> = Vec::new();
+    for p in a.phases.iter().chain(&b.phases) {
+        if !names.contains(&p.name.as_str()) {
+            names.push(&p.name);
+        }
+    }
+    let peak = |x: &Bundle, n: &str| {
+        x.phases
+            .iter()
+            .filter(|p| p.name == n)
+            .filter_map(|p| p.peak_rss_bytes)
+            .max()
+    };
+    let phases = names
+        .into_iter()
+        .map(|n| {
+            let (sa, sb) = (a.phase_total_s(n), b.phase_total_s(n));
+            let (a_s, b_s) = (sa.map(|x| x.0), sb.map(|x| x.0));
+            PhaseDiff {
+                phase: n.to_string(),
+                a_count: a.phases.iter().filter(|p| p.name == n).count(),
+                a_s,
+                b_count: b.phases.iter().filter(|p| p.name == n).count(),
+                b_s,
+                delta_s: a_s.zip(b_s).map(|(x, y)| y - x),
+                ratio: ratio(a_s, b_s),
+                a_peak_rss_bytes: peak(a, n),
+                b_peak_rss_bytes: peak(b, n),
+            }
+        })
+        .collect();
+    let (pa, pb) = (a.peaks(None), b.peaks(None));
+    let busy = |p: &crate::rank::bundle::SamplePeaks| {
+        (p.gpu_util_samples > 0).then(|| p.gpu_busy_samples as f64 / p.gpu_util_samples as f64)
+    };
+    let s = |name: &str, unit, x: Option<f64>, y: Option<f64>| SummaryDiff {
+        name: name.to_string(),
+        unit,
+        a: x,
+        b: y,
+        ratio: ratio(x, y),
+    };
+    let summaries = vec![
+        s(
+            "render wall",
+            Unit::Seconds,
+            a.render_wall_s(),
+            b.render_wall_s(),
+        ),
+        s(
+            "samples",
+            Unit::Share,
+            Some(pa.samples as f64),
+            Some(pb.samples as f64),
+        ),
+        s("peak rss", Unit::Bytes, pa.rss_bytes, pb.rss_bytes),
+        s(
+            "peak unified footprint",
+            Unit::Bytes,
+            pa.unified_bytes,
+            pb.unified_bytes,
+        ),
+        s(
+            "peak weights page cache",
+            Unit::Bytes,
+            pa.weights_cached_bytes,
+            pb.weights_cached_bytes,
+        ),
+        s(
+            "peak engine gpu memory",
+            Unit::Bytes,
+            pa.engine_gpu_mem_bytes,
+            pb.engine_gpu_mem_bytes,
+        ),
+        s("gpu-busy share", Unit::Share, busy(&pa), busy(&pb)),
+    ];
+    Diff {
+        a: a.id.clone(),
+        b: b.id.clone(),
+        fields,
+        phases,
+        summaries,
+    }
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(x), Some(y)) if x != 0.0 => Some(y / x),
+        _ => None,
+    }
+}
+
+fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    x.map_or("—".to_string(), f)
+}
+
+/// Render `d` as markdown.
+pub fn markdown(d: &Diff) -> String {
+    let mut o = String::new();
+    // Writing into a String cannot fail.
+    let _ = write_md(&mut o, d);
+    o
+}
+
+fn write_md(o: &mut String, d: &Diff) -> std::fmt::Result {
+    writeln!(o, "# Diff")?;
+    writeln!(o)?;
+    writeln!(o, "- A: `{}`", d.a)?;
+    writeln!(o, "- B: `{}`", d.b)?;
+    writeln!(o)?;
+    let differing: Vec<&FieldDiff> = d.fields.iter().filter(|f| f.differs).collect();
+    writeln!(
+        o,
+        "## Manifest differences ({} of {} fields compared)",
+        differing.len(),
+        d.fields.len()
+    )?;
+    writeln!(o)?;
+    if differing.is_empty() {
+        writeln!(o, "None: same binary, weights, levers, host, driver, cadence, contention, gates, exit and completion.")?;
+    } else {
+        writeln!(o, "| field | A | B |")?;
+        writeln!(o, "|---|---|---|")?;
+        for f in differing {
+            writeln!(o, "| {} | `{}` | `{}` |", f.label, cell(&f.a), cell(&f.b))?;
+        }
+    }
+    writeln!(o)?;
+    writeln!(o, "## Exit and completion")?;
+    writeln!(o)?;
+    for f in d.fields.iter().filter(|f| {
+        matches!(
+            f.field.as_str(),
+            "exit.reason" | "exit.code" | "completion.verdict" | "completion.frames" | "complete"
+        )
+    }) {
+        writeln!(o, "- {}: A `{}`, B `{}`", f.label, cell(&f.a), cell(&f.b))?;
+    }
+    writeln!(o)?;
+    writeln!(o, "## Phases")?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "| phase | A n | A | B n | B | B - A | B / A | A peak rss | B peak rss |"
+    )?;
+    writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    for p in &d.phases {
+        let gib = |x: Option<i64>| opt(x.map(|v| v as f64), |v| value(v, Unit::Bytes));
+        writeln!(
+            o,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            p.phase,
+            p.a_count,
+            opt(p.a_s, |v| value(v, Unit::Seconds)),
+            p.b_count,
+            opt(p.b_s, |v| value(v, Unit::Seconds)),
+            opt(p.delta_s, |v| value(v, Unit::Seconds)),
+            opt(p.ratio, |v| fixed(v, 3)),
+            gib(p.a_peak_rss_bytes),
+            gib(p.b_peak_rss_bytes)
+        )?;
+    }
+    writeln!(o)?;
+    writeln!(o, "## Samples")?;
+    writeln!(o)?;
+    writeln!(o, "| summary | A | B | B / A |")?;
+    writeln!(o, "|---|---:|---:|---:|")?;
+    for s in &d.summaries {
+        let f = |x: f64| {
+            if s.name == "samples" {
+                fixed(x, 0)
+            } else {
+                value(x, s.unit)
+            }
+        };
+        writeln!(
+            o,
+            "| {} | {} | {} | {} |",
+            s.name,
+            opt(s.a, f),
+            opt(s.b, f),
+            opt(s.ratio, |v| fixed(v, 3))
+        )?;
+    }
+    Ok(())
+}
+
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('`', "'")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rank::bundle::tests::sample_bundle;
+    use serde_json::json;
+
+    #[test]
+    fn phases_deltas_ratios_and_manifest_differences() {
+        let a = sample_bundle("aaa");
+        let mut b = sample_bundle("bbb");
+        b.phases[0].duration_s = Some(1.0); // load.dit 2 s -> 1 s
+        b.phases.push(crate::rank::bundle::PhaseRow {
+            name: "decode.video".into(),
+            ..b.phases[0].clone()
+        });
+        let ma = json!({"engine": {"sha256": "x"}, "levers": {"vae": "host"}, "gpu": {"driver": "580"}, "exit": {"reason": "completed"}});
+        let mb = json!({"engine": {"sha256": "y"}, "levers": {"vae": "host"}, "gpu": {"driver": "575"}, "exit": {"reason": "completed"}});
+        let d = diff(&a, &ma, &b, &mb);
+        let differ: Vec<&str> = d
+            .fields
+            .iter()
+            .filter(|f| f.differs)
+            .map(|f| f.field.as_str())
+            .collect();
+        assert_eq!(differ, ["engine.sha256", "gpu.driver"]);
+        let load = &d.phases[0];
+        assert_eq!(
+            (load.phase.as_str(), load.a_s, load.b_s),
+            ("load.dit", Some(2.0), Some(1.0))
+        );
+        assert_eq!((load.delta_s, load.ratio), (Some(-1.0), Some(0.5)));
+        let names: Vec<&str> = d.phases.iter().map(|p| p.phase.as_str()).collect();
+        assert_eq!(
+            names,
+            ["load.dit", "denoise", "denoise.step", "decode.video"]
+        );
+        let dec = d.phases.last().unwrap();
+        assert_eq!(
+            (dec.a_count, dec.a_s, dec.b_count, dec.ratio),
+            (0, None, 1, None)
+        );
+        let step = &d.phases[2];
+        assert_eq!((step.a_count, step.a_s), (2, Some(10.0)));
+        let busy = d
+            .summaries
+            .iter()
+            .find(|s| s.name == "gpu-busy share")
+            .unwrap();
+        assert_eq!(busy.a, Some(8.0 / 14.0));
+        let md = markdown(&d);
+        assert!(
+            md.contains("| engine binary sha256 | `\"x\"` | `\"y\"` |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| load.dit | 1 | 2.000 s | 1 | 1.000 s | -1.000 s | 0.500 |"),
+            "{md}"
+        );
+        assert!(md.contains("Manifest differences (2 of"), "{md}");
+    }
+}

@@ -1,0 +1,598 @@
+//! The lever specification, `specs/levers.toml`: every engine lever, the metric it
+//! moves, and its hypothesis fixed before any run.
+//!
+//! The file is the contract `harness rank` judges evidence against and `harness
+//! campaign` schedules from. Every field is typed; unknown keys are errors (a typo
+//! must not silently become a default); every error names the file, the field and
+//! what was expected.
+//!
+//! ```toml
+//! schema = 1
+//! reference_rung = "2"          # the rung levers are ranked at (the `rung.name` of a bundle)
+//! prior_rank_source = "..."     # where the prior ranks come from
+//!
+//! [[lever]]
+//! id = "staging"
+//! seed_issue = "#1021"
+//! title = "DiT weights staged in batches instead of tensor by tensor"
+//! arms = ["serial", "batched"]
+//! baseline = "serial"           # the old state (`--profile baseline`)
+//! treatment = "batched"         # the arm the hypothesis is about
+//! applies_to = ["cuda"]         # devices on which the arms differ
+//! prior_rank = 3                # optional
+//! metric = { kind = "phase-wall", phase = "load.dit" }
+//! [lever.hypothesis]
+//! direction = "decrease"
+//! min_effect = 0.30             # fraction of the baseline arm's value
+//! statement = "..."
+//! refutation = "..."
+//! next_hypothesis = "..."
+//! ```
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// The schema version this module reads.
+pub const SCHEMA: u32 = 1;
+
+/// Where a render runs, as named in rung files (`device = "cpu"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    /// The CPU reference arm.
+    Cpu,
+    /// The CUDA arm.
+    Cuda,
+}
+
+/// What a lever is measured by, computed per bundle.
+///
+/// Phase-restricted sample metrics (`weights-cached`, `unified-peak`) use the
+/// samples whose innermost phase is `phase` or a dotted descendant of it
+/// (`denoise` covers `denoise.step`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Metric {
+    /// Seconds: summed `duration_s` of every instance of the phase named `phase`.
+    PhaseWall {
+        /// The phase name (`load.dit`).
+        phase: String,
+    },
+    /// Seconds: from the first phase's open to the last phase's close.
+    RenderWall,
+    /// Bytes: the largest `peak_rss_bytes` over the phase's instances (every phase
+    /// when `phase` is absent).
+    PeakRss {
+        /// Restrict to this phase.
+        #[serde(default)]
+        phase: Option<String>,
+    },
+    /// Bytes: the largest `peak_device_bytes` (from close attributes) over the
+    /// phase's instances (every phase when absent).
+    DevicePeak {
+        /// Restrict to this phase.
+        #[serde(default)]
+        phase: Option<String>,
+    },
+    /// Bytes: the largest sampled page-cache residency of the weight files.
+    WeightsCached {
+        /// Restrict to samples inside this phase's subtree.
+        #[serde(default)]
+        phase: Option<String>,
+    },
+    /// Bytes: the largest sampled modelled unified-memory footprint.
+    UnifiedPeak {
+        /// Restrict to samples inside this phase's subtree.
+        #[serde(default)]
+        phase: Option<String>,
+    },
+    /// Fraction 0..1: share of the phase's samples with the GPU busy.
+    GpuBusyShare {
+        /// The phase name.
+        phase: String,
+    },
+}
+
+/// The unit a metric is measured in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Unit {
+    /// Seconds of wall time.
+    Seconds,
+    /// Bytes (reported as GiB).
+    Bytes,
+    /// A dimensionless share between 0 and 1.
+    Share,
+}
+
+impl Metric {
+    /// The metric's unit.
+    pub fn unit(&self) -> Unit {
+        match self {
+            Metric::PhaseWall { .. } | Metric::RenderWall => Unit::Seconds,
+            Metric::GpuBusyShare { .. } => Unit::Share,
+            _ => Unit::Bytes,
+        }
+    }
+
+    /// A short human label, e.g. `wall(load.dit)` or `peak_rss`.
+    pub fn label(&self) -> String {
+        let with = |base: &str, phase: &Option<String>| match phase {
+            Some(p) => format!("{base}({p})"),
+            None => base.to_string(),
+        };
+        match self {
+            Metric::PhaseWall { phase } => format!("wall({phase})"),
+            Metric::RenderWall => "render_wall".to_string(),
+            Metric::PeakRss { phase } => with("peak_rss", phase),
+            Metric::DevicePeak { phase } => with("device_peak", phase),
+            Metric::WeightsCached { phase } => with("weights_cached", phase),
+            Metric::UnifiedPeak { phase } => with("unified_peak", phase),
+            Metric::GpuBusyShare { phase } => format!("gpu_busy({phase})"),
+        }
+    }
+
+    /// The phase the metric is restricted to, if any.
+    pub fn phase(&self) -> Option<&str> {
+        match self {
+            Metric::PhaseWall { phase } | Metric::GpuBusyShare { phase } => Some(phase),
+            Metric::RenderWall => None,
+            Metric::PeakRss { phase }
+            | Metric::DevicePeak { phase }
+            | Metric::WeightsCached { phase }
+            | Metric::UnifiedPeak { phase } => phase.as_deref(),
+        }
+    }
+}
+
+/// Which way the treatment arm is expected to move the metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Treatment below baseline (less wall, fewer bytes).
+    Decrease,
+    /// Treatment above baseline (e.g. a higher GPU-busy share).
+    Increase,
+}
+
+/// The hypothesis, fixed before any run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hypothesis {
+    /// Expected direction of the treatment's effect.
+    pub direction: Direction,
+    /// Smallest effect worth having, as a fraction of the baseline arm's value
+    /// (0.30 = a 30% change), strictly between 0 and 1 for a decrease.
+    pub min_effect: f64,
+    /// The hypothesis in one sentence.
+    pub statement: String,
+    /// What result refutes it, in words (the decision rule itself is
+    /// `harness rank`'s, stated in the report).
+    pub refutation: String,
+    /// The hypothesis to test next if this one is refuted (never "a ceiling").
+    pub next_hypothesis: String,
+}
+
+/// One lever.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lever {
+    /// The engine's lever id (`--lever ID=ARM`).
+    pub id: String,
+    /// The seed issue it answers (`#1021`).
+    pub seed_issue: String,
+    /// What the lever changes, in a few words.
+    pub title: String,
+    /// Every arm the engine knows for this lever.
+    pub arms: Vec<String>,
+    /// The old arm (`--profile baseline`).
+    pub baseline: String,
+    /// The arm the hypothesis is about.
+    pub treatment: String,
+    /// Devices on which the arms differ; a campaign skips rungs on other devices.
+    pub applies_to: Vec<DeviceKind>,
+    /// The seed's prior rank (1 = most important), where one exists.
+    #[serde(default)]
+    pub prior_rank: Option<u32>,
+    /// What the lever is measured by.
+    pub metric: Metric,
+    /// The hypothesis fixed before any run.
+    pub hypothesis: Hypothesis,
+}
+
+/// The whole spec file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeverSpec {
+    /// Schema version; must be [`SCHEMA`].
+    pub schema: u32,
+    /// The rung name levers are ranked at.
+    pub reference_rung: String,
+    /// Where the prior ranks come from.
+    pub prior_rank_source: String,
+    /// The levers, in file order.
+    #[serde(rename = "lever")]
+    pub levers: Vec<Lever>,
+}
+
+/// The spec file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// The file could not be read.
+    #[error("{file}: cannot read lever spec: {source}")]
+    Io {
+        /// The spec file.
+        file: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not TOML of the spec's shape (the message names key and line).
+    #[error("{file}: {message}")]
+    Parse {
+        /// The spec file.
+        file: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// A field holds a value outside its domain.
+    #[error("{file}: field '{field}': expected {expected}, found {found}")]
+    Field {
+        /// The spec file.
+        file: PathBuf,
+        /// The field, with the lever it belongs to (`lever "vae".baseline`).
+        field: String,
+        /// What the field must be.
+        expected: String,
+        /// What it held.
+        found: String,
+    },
+}
+
+impl LeverSpec {
+    /// Read and validate a spec file.
+    pub fn load(path: &Path) -> Result<LeverSpec, SpecError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SpecError::Io {
+            file: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parse and validate spec text; `file` names the source in errors.
+    pub fn parse(text: &str, file: &Path) -> Result<LeverSpec, SpecError> {
+        let spec: LeverSpec = toml::from_str(text).map_err(|e| SpecError::Parse {
+            file: file.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        spec.validate(file)?;
+        Ok(spec)
+    }
+
+    /// Check every field's domain and the cross-field rules.
+    pub fn validate(&self, file: &Path) -> Result<(), SpecError> {
+        let bad = |field: String, expected: &str, found: String| SpecError::Field {
+            file: file.to_path_buf(),
+            field,
+            expected: expected.to_string(),
+            found,
+        };
+        if self.schema != SCHEMA {
+            return Err(bad(
+                "schema".into(),
+                &format!("schema version {SCHEMA}"),
+                self.schema.to_string(),
+            ));
+        }
+        if self.reference_rung.trim().is_empty() {
+            return Err(bad(
+                "reference_rung".into(),
+                "a rung name such as \"2\"",
+                "an empty string".into(),
+            ));
+        }
+        if self.levers.is_empty() {
+            return Err(bad(
+                "lever".into(),
+                "at least one [[lever]] table",
+                "none".into(),
+            ));
+        }
+        let mut ids = BTreeSet::new();
+        let mut priors = BTreeSet::new();
+        for (i, l) in self.levers.iter().enumerate() {
+            let at = |f: &str| {
+                if l.id.is_empty() {
+                    format!("lever[{i}].{f}")
+                } else {
+                    format!("lever \"{}\".{f}", l.id)
+                }
+            };
+            if !valid_id(&l.id) {
+                return Err(bad(
+                    at("id"),
+                    "1-64 characters of [a-z0-9-]",
+                    format!("{:?}", l.id),
+                ));
+            }
+            if !ids.insert(l.id.clone()) {
+                return Err(bad(at("id"), "an id used once", "a duplicate".into()));
+            }
+            for (f, v) in [
+                ("seed_issue", &l.seed_issue),
+                ("title", &l.title),
+                ("hypothesis.statement", &l.hypothesis.statement),
+                ("hypothesis.refutation", &l.hypothesis.refutation),
+                ("hypothesis.next_hypothesis", &l.hypothesis.next_hypothesis),
+            ] {
+                if v.trim().is_empty() {
+                    return Err(bad(at(f), "a non-empty text", "an empty string".into()));
+                }
+            }
+            if l.arms.len() < 2 {
+                return Err(bad(
+                    at("arms"),
+                    "at least two arms",
+                    format!("{:?}", l.arms),
+                ));
+            }
+            let mut arms = BTreeSet::new();
+            for a in &l.arms {
+                if !valid_id(a) || !arms.insert(a) {
+                    return Err(bad(
+                        at("arms"),
+                        "distinct arm names of [a-z0-9-]",
+                        format!("{:?}", l.arms),
+                    ));
+                }
+            }
+            for (f, v) in [("baseline", &l.baseline), ("treatment", &l.treatment)] {
+                if !arms.contains(v) {
+                    return Err(bad(
+                        at(f),
+                        &format!("one of the arms {:?}", l.arms),
+                        format!("{v:?}"),
+                    ));
+                }
+            }
+            if l.baseline == l.treatment {
+                return Err(bad(
+                    at("treatment"),
+                    "an arm other than the baseline",
+                    format!("{:?}", l.treatment),
+                ));
+            }
+            if l.applies_to.is_empty() {
+                return Err(bad(
+                    at("applies_to"),
+                    "at least one device (\"cpu\", \"cuda\")",
+                    "[]".into(),
+                ));
+            }
+            if let Some(p) = l.prior_rank {
+                if p == 0 || !priors.insert(p) {
+                    return Err(bad(
+                        at("prior_rank"),
+                        "a rank >= 1 used by one lever only",
+                        p.to_string(),
+                    ));
+                }
+            }
+            if let Some(p) = l.metric.phase() {
+                if !evidence::marker::valid_name(p) {
+                    return Err(bad(
+                        at("metric.phase"),
+                        "a phase name of [A-Za-z0-9_.-]",
+                        format!("{p:?}"),
+                    ));
+                }
+            }
+            let m = l.hypothesis.min_effect;
+            let upper = match l.hypothesis.direction {
+                Direction::Decrease => 1.0,
+                Direction::Increase => 100.0,
+            };
+            if !m.is_finite() || m <= 0.0 || m >= upper {
+                return Err(bad(
+                    at("hypothesis.min_effect"),
+                    &format!("a fraction of the baseline above 0 and below {upper}"),
+                    m.to_string(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The lever with this id.
+    pub fn lever(&self, id: &str) -> Option<&Lever> {
+        self.levers.iter().find(|l| l.id == id)
+    }
+
+    /// Resolve a `--levers` argument: `all`, or a comma-separated list of ids.
+    /// Unknown ids are an error naming the known ones.
+    pub fn select(&self, arg: &str) -> Result<Vec<&Lever>, String> {
+        if arg.trim() == "all" {
+            return Ok(self.levers.iter().collect());
+        }
+        let mut out: Vec<&Lever> = Vec::new();
+        for id in arg.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match self.lever(id) {
+                Some(l) if !out.iter().any(|o| o.id == l.id) => out.push(l),
+                Some(_) => {}
+                None => {
+                    let known: Vec<&str> = self.levers.iter().map(|l| l.id.as_str()).collect();
+                    return Err(format!(
+                        "--levers: unknown lever {id:?}; expected \"all\" or ids among {}",
+                        known.join(", ")
+                    ));
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err("--levers: expected \"all\" or at least one lever id".into());
+        }
+        Ok(out)
+    }
+}
+
+fn valid_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r##"
+schema = 1
+reference_rung = "2"
+prior_rank_source = "test"
+
+[[lever]]
+id = "staging"
+seed_issue = "#1021"
+title = "batched staging"
+arms = ["serial", "batched"]
+baseline = "serial"
+treatment = "batched"
+applies_to = ["cuda"]
+prior_rank = 3
+metric = { kind = "phase-wall", phase = "load.dit" }
+[lever.hypothesis]
+direction = "decrease"
+min_effect = 0.3
+statement = "s"
+refutation = "r"
+next_hypothesis = "n"
+
+[[lever]]
+id = "widen-f32"
+seed_issue = "#1015"
+title = "single copy"
+arms = ["double", "single"]
+baseline = "double"
+treatment = "single"
+applies_to = ["cpu"]
+metric = { kind = "peak-rss" }
+[lever.hypothesis]
+direction = "decrease"
+min_effect = 0.25
+statement = "s"
+refutation = "r"
+next_hypothesis = "n"
+"##;
+
+    fn p(text: &str) -> Result<LeverSpec, SpecError> {
+        LeverSpec::parse(text, Path::new("specs/x.toml"))
+    }
+
+    fn err(text: &str) -> String {
+        p(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn good_spec_parses_typed() {
+        let s = p(GOOD).unwrap();
+        assert_eq!(s.levers.len(), 2);
+        let st = s.lever("staging").unwrap();
+        assert_eq!(
+            st.metric,
+            Metric::PhaseWall {
+                phase: "load.dit".into()
+            }
+        );
+        assert_eq!(st.metric.unit(), Unit::Seconds);
+        assert_eq!(st.prior_rank, Some(3));
+        let w = s.lever("widen-f32").unwrap();
+        assert_eq!(w.metric, Metric::PeakRss { phase: None });
+        assert_eq!(w.metric.unit(), Unit::Bytes);
+        assert_eq!(w.prior_rank, None);
+        assert_eq!(w.hypothesis.min_effect, 0.25);
+    }
+
+    #[test]
+    fn errors_name_file_field_and_expectation() {
+        let e = err(&GOOD.replace("treatment = \"batched\"", "treatment = \"fast\""));
+        assert!(
+            e.contains("specs/x.toml")
+                && e.contains("lever \"staging\".treatment")
+                && e.contains("one of the arms")
+                && e.contains("fast"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("min_effect = 0.3", "min_effect = 1.5"));
+        assert!(
+            e.contains("lever \"staging\".hypothesis.min_effect") && e.contains("1.5"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("min_effect = 0.3", "min_effect = 0.0"));
+        assert!(e.contains("min_effect"), "{e}");
+        let e = err(&GOOD.replace("kind = \"phase-wall\"", "kind = \"phase-time\""));
+        assert!(
+            e.contains("specs/x.toml") && e.contains("phase-time"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("seed_issue = \"#1021\"", "seed_isue = \"#1021\""));
+        assert!(e.contains("seed_isue"), "{e}");
+        let e = err(&GOOD.replace("id = \"widen-f32\"", "id = \"staging\""));
+        assert!(e.contains("duplicate"), "{e}");
+        let e = err(&GOOD.replace("baseline = \"double\"", "baseline = \"single\""));
+        assert!(e.contains("lever \"widen-f32\".treatment"), "{e}");
+        let e = err(&GOOD.replace("applies_to = [\"cpu\"]", "applies_to = []"));
+        assert!(e.contains("applies_to"), "{e}");
+        let e = err(&GOOD.replace("schema = 1", "schema = 2"));
+        assert!(e.contains("'schema'") && e.contains('2'), "{e}");
+        let e = err(&GOOD.replace("statement = \"s\"", "statement = \" \""));
+        assert!(e.contains("hypothesis.statement"), "{e}");
+        let e = err(&GOOD.replace("refutation = \"r\"", "refutation = \"\""));
+        assert!(e.contains("lever \"staging\".hypothesis.refutation"), "{e}");
+        let e = err(&GOOD.replace("\"load.dit\"", "\"load dit\""));
+        assert!(e.contains("metric.phase"), "{e}");
+        let e = err(&GOOD.replace("prior_rank = 3", "prior_rank = 0"));
+        assert!(e.contains("prior_rank"), "{e}");
+    }
+
+    #[test]
+    fn select_resolves_all_lists_and_rejects_unknown() {
+        let s = p(GOOD).unwrap();
+        let all: Vec<&str> = s
+            .select("all")
+            .unwrap()
+            .iter()
+            .map(|l| l.id.as_str())
+            .collect();
+        assert_eq!(all, ["staging", "widen-f32"]);
+        let some: Vec<&str> = s
+            .select("widen-f32, staging,widen-f32")
+            .unwrap()
+            .iter()
+            .map(|l| l.id.as_str())
+            .collect();
+        assert_eq!(some, ["widen-f32", "staging"]);
+        let e = s.select("vae").unwrap_err();
+        assert!(e.contains("\"vae\"") && e.contains("staging"), "{e}");
+        assert!(s.select(" , ").is_err());
+    }
+
+    #[test]
+    fn the_committed_spec_covers_every_seed_lever() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/levers.toml");
+        let s = LeverSpec::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        for id in [
+            "staging",
+            "release-pages",
+            "widen-f32",
+            "conditioning",
+            "vae",
+            "host-threads",
+            "denoise-graph",
+        ] {
+            let l = s.lever(id).unwrap_or_else(|| panic!("lever {id} missing"));
+            assert!(l.seed_issue.starts_with('#'), "{id}: {}", l.seed_issue);
+        }
+        assert_eq!(s.reference_rung, "2");
+    }
+}

@@ -1,0 +1,364 @@
+//! What `harness rank` and `harness diff` know about one sealed bundle, as plain data.
+//!
+//! [`crate::rank::load`] fills these from a bundle's `manifest.json`,
+//! `phases.parquet` and `samples.parquet`; everything downstream (pairing, statistics,
+//! fit, reports) works on these structs only, so it is testable without Parquet and
+//! independent of the order bundles were found in.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+use crate::levers_spec::Metric;
+
+/// The `schedule` manifest fragment of a campaign run.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Schedule {
+    /// Campaign id (stable for the same campaign arguments).
+    pub campaign: String,
+    /// Round, 1-based.
+    pub round: u32,
+    /// Position in the campaign's whole schedule, 0-based.
+    pub position: u32,
+    /// The arm this run used.
+    pub arm: String,
+    /// The lever this run measured.
+    pub lever: String,
+    /// The seed that ordered the arms.
+    pub seed: u64,
+}
+
+/// One row of `phases.parquet` (the columns rank uses).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PhaseRow {
+    /// Phase name.
+    pub name: String,
+    /// Nesting depth, 0 at top.
+    pub depth: i64,
+    /// Open time, CLOCK_MONOTONIC nanoseconds.
+    pub open_ns: i64,
+    /// Close time; `None` if the phase was still open at the end.
+    pub close_ns: Option<i64>,
+    /// Duration in seconds (to the end of the record when still open).
+    pub duration_s: Option<f64>,
+    /// Whether the phase has no sub-phases.
+    pub is_leaf: bool,
+    /// Peak sampled RSS inside the phase, bytes.
+    pub peak_rss_bytes: Option<i64>,
+    /// Peak device bytes from the close attributes.
+    pub peak_device_bytes: Option<i64>,
+    /// Share of the phase's samples with the GPU busy, 0..1.
+    pub gpu_busy_share: Option<f64>,
+    /// Samples inside the phase.
+    pub samples: Option<i64>,
+}
+
+/// Peaks and counts of the sampled columns rank uses, over one set of samples.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SamplePeaks {
+    /// Samples in the set.
+    pub samples: u64,
+    /// Largest `rss_bytes`.
+    pub rss_bytes: Option<f64>,
+    /// Largest `unified_bytes`.
+    pub unified_bytes: Option<f64>,
+    /// Largest `weights_cached_bytes`.
+    pub weights_cached_bytes: Option<f64>,
+    /// Largest `engine_gpu_mem_bytes`.
+    pub engine_gpu_mem_bytes: Option<f64>,
+    /// Samples with `gpu_util_pct` readable.
+    pub gpu_util_samples: u64,
+    /// Samples with `gpu_util_pct > 0`.
+    pub gpu_busy_samples: u64,
+}
+
+impl SamplePeaks {
+    /// Fold `other` into `self` (max of peaks, sum of counts).
+    pub fn merge(&mut self, other: &SamplePeaks) {
+        fn mx(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+            match (a, b) {
+                (Some(x), Some(y)) => Some(x.max(y)),
+                (x, None) => x,
+                (None, y) => y,
+            }
+        }
+        self.samples += other.samples;
+        self.rss_bytes = mx(self.rss_bytes, other.rss_bytes);
+        self.unified_bytes = mx(self.unified_bytes, other.unified_bytes);
+        self.weights_cached_bytes = mx(self.weights_cached_bytes, other.weights_cached_bytes);
+        self.engine_gpu_mem_bytes = mx(self.engine_gpu_mem_bytes, other.engine_gpu_mem_bytes);
+        self.gpu_util_samples += other.gpu_util_samples;
+        self.gpu_busy_samples += other.gpu_busy_samples;
+    }
+}
+
+/// One bundle, as rank sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Bundle {
+    /// The bundle id (sha256 of its canonical manifest).
+    pub id: String,
+    /// `rung.name`.
+    pub rung: String,
+    /// Output voxels of the rung (width x height x frames).
+    pub voxels: u64,
+    /// `rung.config.device` (`cpu`, `cuda`), when recorded.
+    pub device: Option<String>,
+    /// `profile`.
+    pub profile: String,
+    /// `engine.sha256`: the measured binary.
+    pub engine_sha256: String,
+    /// The host key: `run.hostname`, `host.cpu_model` and the GPU name, joined by `|`.
+    pub host: String,
+    /// `weights.digest`.
+    pub weights_digest: String,
+    /// `levers`: the arms the harness passed.
+    pub levers: BTreeMap<String, String>,
+    /// `schedule`, for campaign runs.
+    pub schedule: Option<Schedule>,
+    /// Why the run counts as contended (`contention.flagged`), if it does.
+    pub contended: Option<String>,
+    /// Why the run is incomplete (`complete`, `exit`, `completion`), if it is.
+    pub incomplete: Option<String>,
+    /// Phase rows in open order.
+    pub phases: Vec<PhaseRow>,
+    /// Sample peaks per innermost phase name (`""` for samples outside any phase).
+    pub samples_by_phase: BTreeMap<String, SamplePeaks>,
+}
+
+impl Bundle {
+    /// The short id people read: the first 12 characters.
+    pub fn short_id(&self) -> &str {
+        &self.id[..self.id.len().min(12)]
+    }
+
+    /// Sample peaks over every sample, or over the samples whose innermost phase is
+    /// `phase` or a dotted descendant of it.
+    pub fn peaks(&self, phase: Option<&str>) -> SamplePeaks {
+        let mut acc = SamplePeaks::default();
+        for (name, p) in &self.samples_by_phase {
+            if phase.is_none_or(|ph| in_subtree(name, ph)) {
+                acc.merge(p);
+            }
+        }
+        acc
+    }
+
+    /// Engine wall in seconds: from the first phase's open to the last phase's close
+    /// (or end, for a phase still open).
+    pub fn render_wall_s(&self) -> Option<f64> {
+        let open = self.phases.iter().map(|p| p.open_ns).min()?;
+        let end = self
+            .phases
+            .iter()
+            .filter_map(|p| {
+                p.close_ns.or_else(|| {
+                    p.duration_s
+                        .map(|d| p.open_ns.saturating_add((d * 1e9).round() as i64))
+                })
+            })
+            .max()?;
+        (end > open).then(|| (end - open) as f64 / 1e9)
+    }
+
+    /// Total seconds of every instance of the phase named `name`, with the count.
+    pub fn phase_total_s(&self, name: &str) -> Option<(f64, usize)> {
+        let mut total = 0.0;
+        let mut n = 0;
+        for p in self.phases.iter().filter(|p| p.name == name) {
+            total += p.duration_s?;
+            n += 1;
+        }
+        (n > 0).then_some((total, n))
+    }
+
+    /// The value of `metric` for this bundle, or why it has none.
+    pub fn metric(&self, metric: &Metric) -> Result<f64, String> {
+        let rows = |phase: &Option<String>| -> Vec<&PhaseRow> {
+            self.phases
+                .iter()
+                .filter(|p| phase.as_deref().is_none_or(|ph| p.name == ph))
+                .collect()
+        };
+        let max_i64 = |rows: Vec<&PhaseRow>, f: fn(&PhaseRow) -> Option<i64>, what: &str| {
+            rows.iter()
+                .filter_map(|r| f(r))
+                .max()
+                .map(|v| v as f64)
+                .ok_or_else(|| format!("no {what} recorded"))
+        };
+        let need_phase = |phase: &Option<String>| -> Result<(), String> {
+            match phase {
+                Some(ph) if !self.phases.iter().any(|p| &p.name == ph) => {
+                    Err(format!("phase {ph} absent"))
+                }
+                _ => Ok(()),
+            }
+        };
+        match metric {
+            Metric::PhaseWall { phase } => self
+                .phase_total_s(phase)
+                .map(|(s, _)| s)
+                .ok_or_else(|| format!("phase {phase} absent or without a duration")),
+            Metric::RenderWall => self
+                .render_wall_s()
+                .ok_or_else(|| "no phases to span".to_string()),
+            Metric::PeakRss { phase } => {
+                need_phase(phase)?;
+                max_i64(rows(phase), |r| r.peak_rss_bytes, "peak_rss_bytes")
+            }
+            Metric::DevicePeak { phase } => {
+                need_phase(phase)?;
+                max_i64(rows(phase), |r| r.peak_device_bytes, "peak_device_bytes")
+            }
+            Metric::WeightsCached { phase } => {
+                need_phase(phase)?;
+                self.peaks(phase.as_deref())
+                    .weights_cached_bytes
+                    .ok_or_else(|| "no weights_cached_bytes sample".to_string())
+            }
+            Metric::UnifiedPeak { phase } => {
+                need_phase(phase)?;
+                self.peaks(phase.as_deref())
+                    .unified_bytes
+                    .ok_or_else(|| "no unified_bytes sample".to_string())
+            }
+            Metric::GpuBusyShare { phase } => {
+                need_phase(&Some(phase.clone()))?;
+                let p = self.peaks(Some(phase));
+                if p.gpu_util_samples == 0 {
+                    Err(format!("no gpu_util_pct sample inside {phase}"))
+                } else {
+                    Ok(p.gpu_busy_samples as f64 / p.gpu_util_samples as f64)
+                }
+            }
+        }
+    }
+}
+
+/// Whether phase `name` is `root` or a dotted descendant of it (`denoise.step` of
+/// `denoise`).
+pub fn in_subtree(name: &str, root: &str) -> bool {
+    name == root
+        || (name.len() > root.len()
+            && name.starts_with(root)
+            && name.as_bytes()[root.len()] == b'.')
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A bundle with phases `load.dit` (2 s), `denoise` (10 s) holding two
+    /// `denoise.step`s, and samples in `load.dit` and `denoise.step`.
+    pub(crate) fn sample_bundle(id: &str) -> Bundle {
+        let ph = |name: &str, depth, open: i64, dur: f64, rss: i64| PhaseRow {
+            name: name.into(),
+            depth,
+            open_ns: open,
+            close_ns: Some(open + (dur * 1e9) as i64),
+            duration_s: Some(dur),
+            is_leaf: name != "denoise",
+            peak_rss_bytes: Some(rss),
+            peak_device_bytes: None,
+            gpu_busy_share: None,
+            samples: Some(3),
+        };
+        let mut samples = BTreeMap::new();
+        samples.insert(
+            "load.dit".to_string(),
+            SamplePeaks {
+                samples: 4,
+                rss_bytes: Some(900.0),
+                weights_cached_bytes: Some(5000.0),
+                gpu_util_samples: 4,
+                gpu_busy_samples: 0,
+                ..Default::default()
+            },
+        );
+        samples.insert(
+            "denoise.step".to_string(),
+            SamplePeaks {
+                samples: 10,
+                rss_bytes: Some(1200.0),
+                weights_cached_bytes: Some(3000.0),
+                unified_bytes: Some(7000.0),
+                gpu_util_samples: 10,
+                gpu_busy_samples: 8,
+                ..Default::default()
+            },
+        );
+        Bundle {
+            id: id.into(),
+            rung: "2".into(),
+            voxels: 1000,
+            device: Some("cpu".into()),
+            profile: "default".into(),
+            engine_sha256: "e".into(),
+            host: "h".into(),
+            weights_digest: "w".into(),
+            levers: BTreeMap::new(),
+            schedule: None,
+            contended: None,
+            incomplete: None,
+            phases: vec![
+                ph("load.dit", 0, 1_000_000_000, 2.0, 1000),
+                ph("denoise", 0, 3_000_000_000, 10.0, 1500),
+                ph("denoise.step", 1, 3_000_000_000, 5.0, 1400),
+                ph("denoise.step", 1, 8_000_000_000, 5.0, 1500),
+            ],
+            samples_by_phase: samples,
+        }
+    }
+
+    #[test]
+    fn metrics_read_the_right_rows_and_samples() {
+        let b = sample_bundle("abc");
+        let m = |m: Metric| b.metric(&m);
+        assert_eq!(
+            m(Metric::PhaseWall {
+                phase: "denoise.step".into()
+            }),
+            Ok(10.0)
+        );
+        assert_eq!(m(Metric::RenderWall), Ok(12.0));
+        assert_eq!(m(Metric::PeakRss { phase: None }), Ok(1500.0));
+        assert_eq!(
+            m(Metric::PeakRss {
+                phase: Some("load.dit".into())
+            }),
+            Ok(1000.0)
+        );
+        assert_eq!(m(Metric::WeightsCached { phase: None }), Ok(5000.0));
+        assert_eq!(
+            m(Metric::WeightsCached {
+                phase: Some("denoise".into())
+            }),
+            Ok(3000.0)
+        );
+        assert_eq!(
+            m(Metric::GpuBusyShare {
+                phase: "denoise".into()
+            }),
+            Ok(0.8)
+        );
+        assert!(m(Metric::PhaseWall {
+            phase: "vae".into()
+        })
+        .unwrap_err()
+        .contains("vae"));
+        assert!(m(Metric::DevicePeak { phase: None })
+            .unwrap_err()
+            .contains("peak_device_bytes"));
+        assert!(m(Metric::UnifiedPeak {
+            phase: Some("load.dit".into())
+        })
+        .is_err());
+    }
+
+    #[test]
+    fn subtree_matches_dotted_descendants_only() {
+        assert!(in_subtree("denoise", "denoise"));
+        assert!(in_subtree("denoise.step", "denoise"));
+        assert!(!in_subtree("denoiser", "denoise"));
+        assert!(!in_subtree("load.dit", "load.d"));
+    }
+}

@@ -1,0 +1,291 @@
+//! Phase scaling: each phase's wall fitted as `fixed + per_voxel * voxels` across rungs
+//! by ordinary least squares, naming the phases that do not scale.
+//!
+//! The seed's shape to catch: one single-threaded phase of 1731 s and 1732 s at two
+//! rungs whose voxel counts differ 2.75x — a constant, pure overhead. A phase "does not
+//! scale" when its fitted growth across the measured voxel range is below
+//! `voxel_ratio ^ `[`FLAT_EXPONENT`], i.e. its scaling exponent
+//! `ln(fit(v_max) / fit(v_min)) / ln(v_max / v_min)` is below [`FLAT_EXPONENT`]
+//! (0 = constant, 1 = proportional to voxels).
+//!
+//! Which bundles: complete, uncontended ones (campaign or not), in the group that has
+//! the most bundles among the groups with at least two distinct voxel counts; a group
+//! is one engine sha256, host, profile and lever assignment, so lever arms never mix
+//! into one fit.
+
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::rank::bundle::Bundle;
+
+/// Scaling exponent below which a phase is named as not scaling.
+pub const FLAT_EXPONENT: f64 = 0.1;
+
+/// The fit of one phase.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PhaseFit {
+    /// Phase name.
+    pub phase: String,
+    /// Data points (one per bundle holding the phase).
+    pub points: usize,
+    /// Fixed cost, seconds.
+    pub fixed_s: f64,
+    /// Cost per million output voxels, seconds.
+    pub per_mvoxel_s: f64,
+    /// Coefficient of determination of the fit (1 when every point lies on it; 0 when
+    /// the durations do not vary).
+    pub r2: f64,
+    /// Mean measured wall at the largest rung, seconds.
+    pub mean_at_max_s: f64,
+    /// Share of the render wall at the largest rung (mean over its bundles).
+    pub share_of_wall_at_max: f64,
+    /// Scaling exponent over the voxel range; `None` when a fitted end is not positive.
+    pub exponent: Option<f64>,
+    /// Whether the phase is named as not scaling.
+    pub does_not_scale: bool,
+}
+
+/// The scaling fit over one group of bundles.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ScalingFit {
+    /// The group's engine sha256.
+    pub engine_sha256: String,
+    /// The group's host key.
+    pub host: String,
+    /// The group's profile and lever assignment (`profile; a=x,b=y`).
+    pub config: String,
+    /// Distinct voxel counts, ascending, with the rung names seen at each.
+    pub rungs: Vec<(u64, String)>,
+    /// Bundle ids in the group, sorted.
+    pub bundle_ids: Vec<String>,
+    /// One fit per phase name, slowest at the largest rung first.
+    pub phases: Vec<PhaseFit>,
+}
+
+/// Why no fit was made.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NoFit {
+    /// What is missing.
+    pub missing: String,
+}
+
+type GroupKey = (String, String, String);
+
+fn group_key(b: &Bundle) -> GroupKey {
+    let levers = b
+        .levers
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    (
+        b.engine_sha256.clone(),
+        b.host.clone(),
+        format!(
+            "{}; {}",
+            b.profile,
+            if levers.is_empty() { "-" } else { &levers }
+        ),
+    )
+}
+
+/// Fit every phase of the best group of `bundles` (any order).
+pub fn fit(bundles: &[Bundle]) -> Result<ScalingFit, NoFit> {
+    let mut groups: BTreeMap<GroupKey, Vec<&Bundle>> = BTreeMap::new();
+    for b in bundles {
+        if b.incomplete.is_none() && b.contended.is_none() && b.voxels > 0 {
+            groups.entry(group_key(b)).or_default().push(b);
+        }
+    }
+    let best = groups
+        .iter()
+        .filter(|(_, v)| v.iter().map(|b| b.voxels).collect::<BTreeSet<_>>().len() >= 2)
+        // Most bundles; ties go to the smallest key (BTreeMap order; only a strictly
+        // larger group replaces the one held).
+        .fold(
+            None::<(&GroupKey, &Vec<&Bundle>)>,
+            |acc, (k, v)| match acc {
+                Some((_, av)) if av.len() >= v.len() => acc,
+                _ => Some((k, v)),
+            },
+        );
+    let Some((key, members)) = best else {
+        return Err(NoFit {
+            missing: "complete, uncontended runs of one engine, host and lever assignment at two or more rungs of different voxel counts".into(),
+        });
+    };
+    let mut members: Vec<&Bundle> = members.clone();
+    members.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut rungs: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    for b in &members {
+        rungs.entry(b.voxels).or_default().insert(b.rung.clone());
+    }
+    let v_min = *rungs.keys().next().unwrap_or(&0) as f64;
+    let v_max = *rungs.keys().next_back().unwrap_or(&0) as f64;
+    let mut names: BTreeSet<&str> = BTreeSet::new();
+    for b in &members {
+        names.extend(b.phases.iter().map(|p| p.name.as_str()));
+    }
+    let mut phases = Vec::new();
+    for name in names {
+        let mut xs = Vec::new();
+        let mut ys = Vec::new();
+        let (mut at_max, mut share_max, mut n_max) = (0.0, 0.0, 0usize);
+        for b in &members {
+            if let Some((s, _)) = b.phase_total_s(name) {
+                xs.push(b.voxels as f64);
+                ys.push(s);
+                if b.voxels as f64 == v_max {
+                    at_max += s;
+                    share_max += b.render_wall_s().map_or(0.0, |w| s / w);
+                    n_max += 1;
+                }
+            }
+        }
+        if distinct(&xs) < 2 || n_max == 0 {
+            continue;
+        }
+        let (fixed, slope, r2) = least_squares(&xs, &ys);
+        let (lo, hi) = (fixed + slope * v_min, fixed + slope * v_max);
+        let exponent = (lo > 0.0 && hi > 0.0).then(|| (hi / lo).ln() / (v_max / v_min).ln());
+        phases.push(PhaseFit {
+            phase: name.to_string(),
+            points: xs.len(),
+            fixed_s: fixed,
+            per_mvoxel_s: slope * 1e6,
+            r2,
+            mean_at_max_s: at_max / n_max as f64,
+            share_of_wall_at_max: share_max / n_max as f64,
+            exponent,
+            does_not_scale: exponent.is_some_and(|e| e < FLAT_EXPONENT),
+        });
+    }
+    phases.sort_by(|a, b| {
+        b.mean_at_max_s
+            .total_cmp(&a.mean_at_max_s)
+            .then_with(|| a.phase.cmp(&b.phase))
+    });
+    Ok(ScalingFit {
+        engine_sha256: key.0.clone(),
+        host: key.1.clone(),
+        config: key.2.clone(),
+        rungs: rungs
+            .into_iter()
+            .map(|(v, names)| (v, names.into_iter().collect::<Vec<_>>().join(",")))
+            .collect(),
+        bundle_ids: members.iter().map(|b| b.id.clone()).collect(),
+        phases,
+    })
+}
+
+/// The number of distinct values in `xs` (bitwise).
+fn distinct(xs: &[f64]) -> usize {
+    let mut v: Vec<u64> = xs.iter().map(|x| x.to_bits()).collect();
+    v.sort_unstable();
+    v.dedup();
+    v.len()
+}
+
+/// Ordinary least squares of `ys` on `xs`: `(intercept, slope, r2)`. Needs two
+/// distinct `xs`.
+pub fn least_squares(xs: &[f64], ys: &[f64]) -> (f64, f64, f64) {
+    let n = xs.len() as f64;
+    let mx = xs.iter().sum::<f64>() / n;
+    let my = ys.iter().sum::<f64>() / n;
+    let (mut sxx, mut sxy, mut syy) = (0.0, 0.0, 0.0);
+    for (x, y) in xs.iter().zip(ys) {
+        sxx += (x - mx) * (x - mx);
+        sxy += (x - mx) * (y - my);
+        syy += (y - my) * (y - my);
+    }
+    let slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
+    let intercept = my - slope * mx;
+    let r2 = if syy > 0.0 && sxx > 0.0 {
+        (sxy * sxy / (sxx * syy)).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    (intercept, slope, r2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rank::bundle::tests::sample_bundle;
+    use crate::rank::bundle::PhaseRow;
+
+    /// A bundle at `voxels` with a constant phase (`host.pack`, 1731 s +- jitter) and
+    /// a proportional one (`denoise`, 1e-3 s per voxel).
+    fn at(id: &str, voxels: u64, jitter: f64) -> Bundle {
+        let mut b = sample_bundle(id);
+        b.voxels = voxels;
+        b.rung = format!("r{voxels}");
+        let row = |name: &str, open: i64, dur: f64| PhaseRow {
+            name: name.into(),
+            depth: 0,
+            open_ns: open,
+            close_ns: Some(open + (dur * 1e9) as i64),
+            duration_s: Some(dur),
+            is_leaf: true,
+            peak_rss_bytes: None,
+            peak_device_bytes: None,
+            gpu_busy_share: None,
+            samples: None,
+        };
+        let d = 1e-3 * voxels as f64 * (1.0 + jitter);
+        b.phases = vec![
+            row("host.pack", 0, 1731.0 + jitter * 10.0),
+            row("denoise", 1_800_000_000_000, d),
+        ];
+        b
+    }
+
+    #[test]
+    fn the_seeds_constant_phase_is_named_and_the_linear_one_is_not() {
+        let mut bundles = Vec::new();
+        for (i, j) in [-0.02, 0.01, 0.03].iter().enumerate() {
+            bundles.push(at(&format!("s{i}"), 400_000, *j));
+            bundles.push(at(&format!("l{i}"), 1_100_000, -*j));
+        }
+        // A bundle of another lever assignment at one rung only must not join.
+        let mut other = at("zz", 1_100_000, 0.0);
+        other.levers.insert("vae".into(), "device".into());
+        bundles.push(other);
+        let f = fit(&bundles).unwrap();
+        assert_eq!(f.bundle_ids.len(), 6);
+        assert_eq!(
+            f.rungs,
+            vec![(400_000, "r400000".into()), (1_100_000, "r1100000".into())]
+        );
+        let get = |n: &str| f.phases.iter().find(|p| p.phase == n).unwrap();
+        let pack = get("host.pack");
+        assert!(pack.does_not_scale, "{pack:?}");
+        assert!((pack.fixed_s - 1731.0).abs() < 1.0, "{pack:?}");
+        assert!(pack.exponent.unwrap().abs() < 0.01);
+        let den = get("denoise");
+        assert!(!den.does_not_scale, "{den:?}");
+        assert!((den.per_mvoxel_s - 1000.0).abs() < 50.0, "{den:?}");
+        assert!(den.exponent.unwrap() > 0.9 && den.r2 > 0.99, "{den:?}");
+        // Slowest at the largest rung first.
+        assert_eq!(f.phases[0].phase, "host.pack");
+        assert!(pack.share_of_wall_at_max > 0.5 && pack.share_of_wall_at_max < 0.7);
+    }
+
+    #[test]
+    fn one_rung_only_gives_no_fit_and_says_what_is_missing() {
+        let bundles = vec![at("a", 400_000, 0.0), at("b", 400_000, 0.01)];
+        let e = fit(&bundles).unwrap_err();
+        assert!(e.missing.contains("two or more rungs"), "{}", e.missing);
+    }
+
+    #[test]
+    fn least_squares_matches_a_hand_fit() {
+        let (a, b, r2) = least_squares(&[1.0, 2.0, 3.0], &[3.0, 5.0, 7.0]);
+        assert!((a - 1.0).abs() < 1e-12 && (b - 2.0).abs() < 1e-12 && (r2 - 1.0).abs() < 1e-12);
+        let (_, b, r2) = least_squares(&[1.0, 2.0, 3.0, 4.0], &[1.0, 3.0, 2.0, 4.0]);
+        assert!(
+            (b - 0.8).abs() < 1e-12 && (r2 - 0.64).abs() < 1e-12,
+            "{b} {r2}"
+        );
+    }
+}

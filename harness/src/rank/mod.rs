@@ -1,0 +1,267 @@
+//! `harness rank`: the lever ranking as a pure function of named bundles.
+//!
+//! [`load`] reads bundles (polars over their Parquet files) into [`bundle::Bundle`]s;
+//! [`pairing`] forms baseline/treatment pairs; [`stats`] computes each lever's paired
+//! effect with a bootstrap interval; [`verdict`] judges it against the hypothesis in
+//! `specs/levers.toml`; [`fit`] fits each phase as fixed + per-voxel cost; [`report`]
+//! renders the markdown table. [`rank`] ties them together.
+//!
+//! Promise: the same set of bundles gives the same [`Ranking`] (and the same report
+//! bytes) in any order: bundles are sorted by id, maps are ordered, the bootstrap is
+//! seeded per lever and rung, and no clock is read.
+
+pub mod bundle;
+pub mod fit;
+pub mod load;
+pub mod pairing;
+pub mod report;
+pub mod stats;
+pub mod verdict;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::levers_spec::{Direction, Lever, LeverSpec, Unit};
+use bundle::Bundle;
+use fit::{NoFit, ScalingFit};
+use pairing::{Exclusion, LeverRungPairs, PairedRound};
+use stats::{Interval, PairedEffect};
+use verdict::Verdict;
+
+/// One lever at one rung.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RungResult {
+    /// Rung name.
+    pub rung: String,
+    /// Output voxels of the rung (0 when no bundle of it was seen).
+    pub voxels: u64,
+    /// Usable baseline runs.
+    pub baseline_runs: usize,
+    /// Usable treatment runs.
+    pub treatment_runs: usize,
+    /// The paired effect, when at least one pair exists and its values are defined.
+    pub effect: Option<PairedEffect>,
+    /// Fractional saving in the hypothesised direction, and its interval.
+    pub saving_fraction: Option<(f64, Interval)>,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The pairs, with their bundle ids.
+    pub rounds: Vec<PairedRound>,
+}
+
+/// One lever's result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LeverResult {
+    /// Lever id.
+    pub id: String,
+    /// Seed issue.
+    pub seed_issue: String,
+    /// Metric label (`wall(load.dit)`).
+    pub metric: String,
+    /// The metric's unit.
+    pub unit: Unit,
+    /// Baseline arm.
+    pub baseline: String,
+    /// Treatment arm.
+    pub treatment: String,
+    /// Hypothesised direction.
+    pub direction: Direction,
+    /// Minimum effect (fraction of baseline).
+    pub min_effect: f64,
+    /// Prior rank from the seed, where one exists.
+    pub prior_rank: Option<u32>,
+    /// Measured rank at the reference rung, when a verdict-grade estimate exists.
+    pub measured_rank: Option<u32>,
+    /// The result at the reference rung.
+    pub reference: RungResult,
+    /// Results at other rungs, by rung name.
+    pub other_rungs: Vec<RungResult>,
+}
+
+/// The phase-scaling section: a fit, or what is missing for one.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FitOutcome {
+    /// The fit.
+    Fit(ScalingFit),
+    /// No fit could be made.
+    Missing(NoFit),
+}
+
+/// The whole ranking.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Ranking {
+    /// The command that regenerates this report.
+    pub command: String,
+    /// The reference rung.
+    pub reference_rung: String,
+    /// Where the prior ranks come from.
+    pub prior_rank_source: String,
+    /// Levers: ranked ones by measured rank, then the rest in spec order.
+    pub levers: Vec<LeverResult>,
+    /// Phase scaling.
+    pub fit: FitOutcome,
+    /// Bundles seen (readable or not).
+    pub bundles_seen: usize,
+    /// `sha256:` over the sorted ids of the bundles seen, one per line.
+    pub input_digest: String,
+    /// Ids of the bundles used in a pair, sorted.
+    pub used: Vec<String>,
+    /// Bundles not used, with the reason, sorted by id.
+    pub excluded: Vec<Exclusion>,
+    /// Bootstrap resamples per interval.
+    pub bootstrap_resamples: usize,
+    /// Base bootstrap seed.
+    pub bootstrap_seed: u64,
+}
+
+/// Rank `bundles` (any order) against `spec`. `unreadable` lists bundles that could not
+/// be loaded (listed as excluded); `command` is printed as the regenerating command.
+pub fn rank(
+    spec: &LeverSpec,
+    bundles: &[Bundle],
+    unreadable: &[Exclusion],
+    command: &str,
+) -> Ranking {
+    let pairing = pairing::pair(bundles, spec);
+    let mut levers: Vec<LeverResult> = spec
+        .levers
+        .iter()
+        .map(|l| lever_result(spec, l, &pairing))
+        .collect();
+    // Measured rank: verdict-grade estimates at the reference rung, by fractional
+    // saving (largest first), ties by id.
+    let mut ranked: Vec<(f64, String)> = levers
+        .iter()
+        .filter(|l| {
+            l.reference
+                .effect
+                .as_ref()
+                .is_some_and(|e| e.n >= verdict::MIN_PAIRS)
+        })
+        .filter_map(|l| l.reference.saving_fraction.map(|(s, _)| (s, l.id.clone())))
+        .collect();
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    for (i, (_, id)) in ranked.iter().enumerate() {
+        if let Some(l) = levers.iter_mut().find(|l| &l.id == id) {
+            l.measured_rank = Some(i as u32 + 1);
+        }
+    }
+    let spec_pos = |id: &str| {
+        spec.levers
+            .iter()
+            .position(|l| l.id == id)
+            .unwrap_or(usize::MAX)
+    };
+    levers.sort_by_key(|l| (l.measured_rank.unwrap_or(u32::MAX), spec_pos(&l.id)));
+
+    let mut excluded = pairing.excluded.clone();
+    excluded.extend(unreadable.iter().cloned());
+    excluded.sort();
+    let mut seen: Vec<&str> = bundles
+        .iter()
+        .map(|b| b.id.as_str())
+        .chain(unreadable.iter().map(|e| e.id.as_str()))
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    let mut h = Sha256::new();
+    for id in &seen {
+        h.update(id.as_bytes());
+        h.update(b"\n");
+    }
+    let input_digest = format!("sha256:{:x}", h.finalize());
+    Ranking {
+        command: command.to_string(),
+        reference_rung: spec.reference_rung.clone(),
+        prior_rank_source: spec.prior_rank_source.clone(),
+        levers,
+        fit: match fit::fit(bundles) {
+            Ok(f) => FitOutcome::Fit(f),
+            Err(m) => FitOutcome::Missing(m),
+        },
+        bundles_seen: seen.len(),
+        input_digest,
+        used: pairing.used_ids(),
+        excluded,
+        bootstrap_resamples: stats::BOOTSTRAP_RESAMPLES,
+        bootstrap_seed: stats::BOOTSTRAP_SEED,
+    }
+}
+
+fn lever_result(spec: &LeverSpec, l: &Lever, p: &pairing::Pairing) -> LeverResult {
+    let at = |rung: &str| rung_result(l, rung, p.by_lever_rung.get(&(l.id.clone(), rung.into())));
+    let reference = at(spec.reference_rung.as_str());
+    let other_rungs = p
+        .by_lever_rung
+        .keys()
+        .filter(|(id, r)| id == &l.id && r != &spec.reference_rung)
+        .map(|(_, r)| at(r.as_str()))
+        .collect();
+    LeverResult {
+        id: l.id.clone(),
+        seed_issue: l.seed_issue.clone(),
+        metric: l.metric.label(),
+        unit: l.metric.unit(),
+        baseline: l.baseline.clone(),
+        treatment: l.treatment.clone(),
+        direction: l.hypothesis.direction,
+        min_effect: l.hypothesis.min_effect,
+        prior_rank: l.prior_rank,
+        measured_rank: None,
+        reference,
+        other_rungs,
+    }
+}
+
+fn rung_result(l: &Lever, rung: &str, lr: Option<&LeverRungPairs>) -> RungResult {
+    let empty = LeverRungPairs::default();
+    let lr = lr.unwrap_or(&empty);
+    let pairs: Vec<stats::Pair> = lr.rounds.iter().map(|r| r.pair).collect();
+    let computed = if pairs.is_empty() {
+        Err(missing_pairs(l, rung, lr))
+    } else {
+        stats::paired_effect(
+            &pairs,
+            stats::seed_for(&l.id, rung),
+            stats::BOOTSTRAP_RESAMPLES,
+        )
+        .map_err(|e| format!("a defined ratio for every pair ({e})"))
+    };
+    let verdict = verdict::judge(&l.hypothesis, computed.as_ref().map_err(String::as_str));
+    let effect = computed.ok();
+    RungResult {
+        rung: rung.to_string(),
+        voxels: lr.voxels,
+        baseline_runs: lr.baseline_runs,
+        treatment_runs: lr.treatment_runs,
+        saving_fraction: effect
+            .as_ref()
+            .map(|e| verdict::saving_fraction(l.hypothesis.direction, e)),
+        effect,
+        verdict,
+        rounds: lr.rounds.clone(),
+    }
+}
+
+/// What evidence is missing when a lever has no pair at a rung.
+fn missing_pairs(l: &Lever, rung: &str, lr: &LeverRungPairs) -> String {
+    let regen = format!("harness campaign --rungs {rung} --levers {}", l.id);
+    match (lr.baseline_runs, lr.treatment_runs) {
+        (0, 0) => format!(
+            "usable campaign runs of {} at rung {rung}: none found (run `{regen}`)",
+            l.id
+        ),
+        (b, 0) => format!(
+            "the treatment arm {}={} at rung {rung}: {b} baseline run(s), no treatment run",
+            l.id, l.treatment
+        ),
+        (0, t) => format!(
+            "the baseline arm {}={} at rung {rung}: {t} treatment run(s), no baseline run",
+            l.id, l.baseline
+        ),
+        (b, t) => format!(
+            "pairs at rung {rung}: {b} baseline and {t} treatment run(s) share no round, engine, host and weights"
+        ),
+    }
+}

@@ -1,0 +1,433 @@
+//! Which bundles are usable, and which baseline and treatment runs form a pair.
+//!
+//! A bundle is usable for a lever when it is complete, not contended, carries a
+//! `schedule` fragment naming a lever of the spec and one of its baseline or treatment
+//! arms, and has a value for the lever's metric. Two usable bundles pair when they
+//! share a cell: the same lever, rung, campaign, round, engine sha256, host, weights
+//! digest, profile, and arm of every OTHER lever. A cell with more than one run of an
+//! arm keeps the lowest id and excludes the rest as duplicates; a cell with one arm
+//! only leaves its run unpaired. Every bundle not used in a pair is listed with the
+//! reason.
+//!
+//! Promise: the result depends on the set of bundles, not on their order.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+use crate::levers_spec::{Lever, LeverSpec};
+use crate::rank::bundle::Bundle;
+use crate::rank::stats::Pair;
+
+/// A bundle that is not used, and why.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Exclusion {
+    /// The bundle id (or the path of an unreadable bundle).
+    pub id: String,
+    /// Why it is not used.
+    pub reason: String,
+}
+
+/// Everything that must match for two runs to pair, besides the lever and rung.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Cell {
+    /// Campaign id.
+    pub campaign: String,
+    /// Round, 1-based.
+    pub round: u32,
+    /// Engine binary sha256.
+    pub engine_sha256: String,
+    /// Host key.
+    pub host: String,
+    /// Weights digest.
+    pub weights_digest: String,
+    /// Profile.
+    pub profile: String,
+    /// Every other lever's arm, `a=x,b=y`.
+    pub other_levers: String,
+}
+
+/// One paired round.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PairedRound {
+    /// The cell both runs share.
+    pub cell: Cell,
+    /// The baseline run's bundle id.
+    pub baseline_id: String,
+    /// The treatment run's bundle id.
+    pub treatment_id: String,
+    /// Both runs' metric values.
+    pub pair: Pair,
+}
+
+/// The pairs of one lever at one rung.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LeverRungPairs {
+    /// Paired rounds, ordered by cell.
+    pub rounds: Vec<PairedRound>,
+    /// Usable baseline runs (paired or not).
+    pub baseline_runs: usize,
+    /// Usable treatment runs (paired or not).
+    pub treatment_runs: usize,
+    /// Output voxels of the rung (from its bundles).
+    pub voxels: u64,
+}
+
+/// The pairing of a set of bundles against a spec.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Pairing {
+    /// Pairs per (lever id, rung name).
+    pub by_lever_rung: BTreeMap<(String, String), LeverRungPairs>,
+    /// Bundles not used, sorted by id.
+    pub excluded: Vec<Exclusion>,
+}
+
+impl Pairing {
+    /// Ids of every bundle used in a pair, sorted.
+    pub fn used_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .by_lever_rung
+            .values()
+            .flat_map(|p| p.rounds.iter())
+            .flat_map(|r| [r.baseline_id.clone(), r.treatment_id.clone()])
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+}
+
+/// Why `b` cannot be used in any pair, if it cannot.
+pub fn unusable(b: &Bundle, spec: &LeverSpec) -> Option<String> {
+    if let Some(why) = &b.incomplete {
+        return Some(format!("incomplete: {why}"));
+    }
+    if let Some(why) = &b.contended {
+        return Some(format!("contended: {why}"));
+    }
+    let s = match &b.schedule {
+        Some(s) => s,
+        None => return Some("no schedule fragment: not a campaign run".into()),
+    };
+    let lever = match spec.lever(&s.lever) {
+        Some(l) => l,
+        None => return Some(format!("lever {:?} is not in the lever spec", s.lever)),
+    };
+    if s.arm != lever.baseline && s.arm != lever.treatment {
+        return Some(format!(
+            "arm {:?} of {} is neither the baseline {:?} nor the treatment {:?}",
+            s.arm, lever.id, lever.baseline, lever.treatment
+        ));
+    }
+    if let Some(a) = b.levers.get(&lever.id) {
+        if a != &s.arm {
+            return Some(format!(
+                "schedule says {}={} but the levers fragment says {}={}",
+                lever.id, s.arm, lever.id, a
+            ));
+        }
+    }
+    if let Err(why) = b.metric(&lever.metric) {
+        return Some(format!(
+            "metric {} unavailable: {why}",
+            lever.metric.label()
+        ));
+    }
+    None
+}
+
+fn cell_of(b: &Bundle, lever: &Lever) -> Option<Cell> {
+    let s = b.schedule.as_ref()?;
+    let other_levers = b
+        .levers
+        .iter()
+        .filter(|(k, _)| **k != lever.id)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    Some(Cell {
+        campaign: s.campaign.clone(),
+        round: s.round,
+        engine_sha256: b.engine_sha256.clone(),
+        host: b.host.clone(),
+        weights_digest: b.weights_digest.clone(),
+        profile: b.profile.clone(),
+        other_levers,
+    })
+}
+
+/// Pair `bundles` (in any order) against `spec`.
+pub fn pair(bundles: &[Bundle], spec: &LeverSpec) -> Pairing {
+    let mut sorted: Vec<&Bundle> = bundles.iter().collect();
+    sorted.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut out = Pairing::default();
+    // (lever, rung) -> cell -> (baselines, treatments), each in id order.
+    type Arms<'a> = (Vec<&'a Bundle>, Vec<&'a Bundle>);
+    let mut cells: BTreeMap<(String, String), BTreeMap<Cell, Arms>> = BTreeMap::new();
+    let mut prev: Option<&str> = None;
+    for b in sorted {
+        if prev == Some(b.id.as_str()) {
+            out.excluded.push(Exclusion {
+                id: b.id.clone(),
+                reason: "listed twice; counted once".into(),
+            });
+            continue;
+        }
+        prev = Some(b.id.as_str());
+        if let Some(reason) = unusable(b, spec) {
+            out.excluded.push(Exclusion {
+                id: b.id.clone(),
+                reason,
+            });
+            continue;
+        }
+        // `unusable` returned None, so the schedule and lever exist.
+        let (Some(s), Some(lever)) = (
+            b.schedule.as_ref(),
+            b.schedule.as_ref().and_then(|s| spec.lever(&s.lever)),
+        ) else {
+            continue;
+        };
+        let Some(cell) = cell_of(b, lever) else {
+            continue;
+        };
+        let arms = cells
+            .entry((lever.id.clone(), b.rung.clone()))
+            .or_default()
+            .entry(cell)
+            .or_default();
+        if s.arm == lever.baseline {
+            arms.0.push(b);
+        } else {
+            arms.1.push(b);
+        }
+    }
+    for ((lever_id, rung), by_cell) in cells {
+        let Some(lever) = spec.lever(&lever_id) else {
+            continue;
+        };
+        let mut lr = LeverRungPairs::default();
+        for (cell, (base, treat)) in by_cell {
+            lr.baseline_runs += base.len();
+            lr.treatment_runs += treat.len();
+            for (kept, rest) in [
+                (base.first(), &base[base.len().min(1)..]),
+                (treat.first(), &treat[treat.len().min(1)..]),
+            ] {
+                for d in rest {
+                    out.excluded.push(Exclusion {
+                        id: d.id.clone(),
+                        reason: format!(
+                            "duplicate of {} in round {} of campaign {} ({} at rung {rung})",
+                            kept.map_or("?", |k| k.short_id()),
+                            cell.round,
+                            short(&cell.campaign),
+                            lever.id
+                        ),
+                    });
+                }
+            }
+            match (base.first(), treat.first()) {
+                (Some(b), Some(t)) => {
+                    // Both values exist: `unusable` checked the metric.
+                    let (Ok(bv), Ok(tv)) = (b.metric(&lever.metric), t.metric(&lever.metric))
+                    else {
+                        continue;
+                    };
+                    lr.voxels = b.voxels;
+                    lr.rounds.push(PairedRound {
+                        cell,
+                        baseline_id: b.id.clone(),
+                        treatment_id: t.id.clone(),
+                        pair: Pair {
+                            baseline: bv,
+                            treatment: tv,
+                        },
+                    });
+                }
+                (Some(only), None) | (None, Some(only)) => {
+                    let (missing_arm, role) = if treat.is_empty() {
+                        (&lever.treatment, "treatment")
+                    } else {
+                        (&lever.baseline, "baseline")
+                    };
+                    lr.voxels = only.voxels;
+                    out.excluded.push(Exclusion {
+                        id: only.id.clone(),
+                        reason: format!(
+                            "unpaired: round {} of campaign {} ({} at rung {rung}) has no {role} run ({}={missing_arm})",
+                            cell.round,
+                            short(&cell.campaign),
+                            lever.id,
+                            lever.id
+                        ),
+                    });
+                }
+                (None, None) => {}
+            }
+        }
+        out.by_lever_rung.insert((lever_id, rung), lr);
+    }
+    out.excluded.sort();
+    out
+}
+
+fn short(s: &str) -> &str {
+    &s[..s.len().min(12)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::levers_spec::LeverSpec;
+    use crate::rank::bundle::tests::sample_bundle;
+    use crate::rank::bundle::Schedule;
+    use std::path::Path;
+
+    pub(crate) fn spec() -> LeverSpec {
+        LeverSpec::parse(
+            r##"
+schema = 1
+reference_rung = "2"
+prior_rank_source = "test"
+[[lever]]
+id = "staging"
+seed_issue = "#1"
+title = "t"
+arms = ["serial", "batched", "other"]
+baseline = "serial"
+treatment = "batched"
+applies_to = ["cpu"]
+metric = { kind = "phase-wall", phase = "load.dit" }
+[lever.hypothesis]
+direction = "decrease"
+min_effect = 0.3
+statement = "s"
+refutation = "r"
+next_hypothesis = "n"
+"##,
+            Path::new("t.toml"),
+        )
+        .unwrap()
+    }
+
+    fn run(id: &str, round: u32, arm: &str, load_s: f64) -> Bundle {
+        let mut b = sample_bundle(id);
+        b.schedule = Some(Schedule {
+            campaign: "camp".into(),
+            round,
+            position: 0,
+            arm: arm.into(),
+            lever: "staging".into(),
+            seed: 1,
+        });
+        b.levers.insert("staging".into(), arm.into());
+        b.phases[0].duration_s = Some(load_s);
+        b
+    }
+
+    #[test]
+    fn pairs_by_round_and_excludes_with_reasons() {
+        let mut bundles = vec![
+            run("a1", 1, "serial", 10.0),
+            run("b1", 1, "batched", 7.0),
+            run("a2", 2, "serial", 11.0),
+            run("b2", 2, "batched", 8.0),
+            run("a3", 3, "serial", 12.0), // unpaired
+            run("a2dup", 2, "serial", 99.0),
+            run("x", 1, "other", 1.0),
+        ];
+        let mut c = run("c", 4, "serial", 1.0);
+        c.contended = Some("load1 9.0".into());
+        bundles.push(c);
+        let mut i = run("i", 4, "batched", 1.0);
+        i.incomplete = Some("exit killed".into());
+        bundles.push(i);
+        let mut o = run("o", 5, "batched", 1.0);
+        o.host = "other-host".into(); // a different cell than a5
+        bundles.push(o);
+        bundles.push(run("a5", 5, "serial", 1.0));
+        let mut n = sample_bundle("nosched");
+        n.schedule = None;
+        bundles.push(n);
+
+        let p = pair(&bundles, &spec());
+        let lr = &p.by_lever_rung[&("staging".to_string(), "2".to_string())];
+        let got: Vec<(&str, &str, f64, f64)> = lr
+            .rounds
+            .iter()
+            .map(|r| {
+                (
+                    r.baseline_id.as_str(),
+                    r.treatment_id.as_str(),
+                    r.pair.baseline,
+                    r.pair.treatment,
+                )
+            })
+            .collect();
+        assert_eq!(got, [("a1", "b1", 10.0, 7.0), ("a2", "b2", 11.0, 8.0)]);
+        assert_eq!(p.used_ids(), ["a1", "a2", "b1", "b2"]);
+        let reason = |id: &str| {
+            p.excluded
+                .iter()
+                .find(|e| e.id == id)
+                .map(|e| e.reason.clone())
+                .unwrap_or_default()
+        };
+        assert!(
+            reason("a3").contains("no treatment run (staging=batched)"),
+            "{}",
+            reason("a3")
+        );
+        assert!(
+            reason("a2dup").starts_with("duplicate of a2"),
+            "{}",
+            reason("a2dup")
+        );
+        assert!(
+            reason("x").contains("neither the baseline"),
+            "{}",
+            reason("x")
+        );
+        assert!(reason("c").starts_with("contended: load1"));
+        assert!(reason("i").starts_with("incomplete: exit killed"));
+        assert!(reason("o").contains("no baseline run"), "{}", reason("o"));
+        assert!(reason("a5").contains("no treatment run"));
+        assert!(reason("nosched").contains("not a campaign run"));
+        assert_eq!(p.excluded.len(), 8);
+    }
+
+    #[test]
+    fn order_of_bundles_does_not_matter() {
+        let mut bundles: Vec<Bundle> = (1..=6)
+            .flat_map(|r| {
+                [
+                    run(&format!("s{r}"), r, "serial", 10.0 + r as f64),
+                    run(&format!("t{r}"), r, "batched", 7.0 + r as f64),
+                ]
+            })
+            .collect();
+        bundles.push(run("dup", 3, "batched", 1.0));
+        let a = pair(&bundles, &spec());
+        bundles.reverse();
+        bundles.swap(1, 5);
+        let b = pair(&bundles, &spec());
+        assert_eq!(a, b);
+        assert_eq!(a.by_lever_rung.values().next().unwrap().rounds.len(), 6);
+    }
+
+    #[test]
+    fn other_levers_and_metric_gaps_split_or_exclude() {
+        let a = run("a", 1, "serial", 10.0);
+        let mut b = run("b", 1, "batched", 7.0);
+        b.levers.insert("vae".into(), "device".into());
+        let mut m = run("m", 2, "serial", 10.0);
+        m.phases.retain(|p| p.name != "load.dit");
+        let p = pair(&[a, b, m], &spec());
+        assert!(p.by_lever_rung.values().all(|l| l.rounds.is_empty()));
+        assert!(p
+            .excluded
+            .iter()
+            .any(|e| e.id == "m" && e.reason.contains("metric wall(load.dit) unavailable")));
+        assert_eq!(p.excluded.len(), 3);
+    }
+}

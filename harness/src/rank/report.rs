@@ -1,0 +1,319 @@
+//! The markdown report of a [`Ranking`]: one table a reviewer reads in a minute, then
+//! the verdicts, the phase-scaling fit, the method, and every bundle id used or
+//! excluded.
+//!
+//! Promise: a pure function of the ranking; numbers have fixed formats (seconds to 3
+//! decimals, bytes as GiB to 3 decimals, shares to 3 decimals, percentages to 1), and
+//! `-0` is never printed.
+
+use std::fmt::Write;
+
+use crate::levers_spec::Unit;
+use crate::rank::fit::FLAT_EXPONENT;
+use crate::rank::stats::CONFIDENCE;
+use crate::rank::verdict::{pct, Verdict, MIN_PAIRS};
+use crate::rank::{FitOutcome, LeverResult, Ranking, RungResult};
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// `x` with `dp` decimals, never `-0`.
+pub fn fixed(x: f64, dp: usize) -> String {
+    if !x.is_finite() {
+        return "n/a".into();
+    }
+    let s = format!("{x:.dp$}");
+    if s.starts_with('-') && s[1..].chars().all(|c| c == '0' || c == '.') {
+        s[1..].to_string()
+    } else {
+        s
+    }
+}
+
+/// A value in `unit` for people: `12.345 s`, `3.210 GiB`, `0.850`.
+pub fn value(x: f64, unit: Unit) -> String {
+    match unit {
+        Unit::Seconds => format!("{} s", fixed(x, 3)),
+        Unit::Bytes => format!("{} GiB", fixed(x / GIB, 3)),
+        Unit::Share => fixed(x, 3),
+    }
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}
+
+/// Render `r` as markdown.
+pub fn markdown(r: &Ranking) -> String {
+    let mut o = String::new();
+    // Writing into a String cannot fail.
+    let _ = write_all(&mut o, r);
+    o
+}
+
+fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    writeln!(o, "# Lever ranking")?;
+    writeln!(o)?;
+    writeln!(o, "Regenerate: `{}`", r.command)?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "Input: {} bundle(s) seen, {} used in pairs, {} excluded; input digest `{}` (sha256 of the sorted bundle ids).",
+        r.bundles_seen,
+        r.used.len(),
+        r.excluded.len(),
+        r.input_digest
+    )?;
+    writeln!(o)?;
+    writeln!(o, "## Ranking at rung {}", r.reference_rung)?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "Ranked by fractional saving (point estimate) at the reference rung; only levers with at least {MIN_PAIRS} pairs are ranked. Saving = baseline - treatment; interval = {:.0}% bootstrap.",
+        CONFIDENCE * 100.0
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "| rank | prior | lever | arms | metric | pairs | baseline median | saving | saving (abs) | ratio | min effect | verdict |"
+    )?;
+    writeln!(o, "|---:|---:|---|---|---|---:|---:|---|---|---|---:|---|")?;
+    for l in &r.levers {
+        row(o, l, &l.reference, true)?;
+    }
+    writeln!(o)?;
+    writeln!(o, "Prior ranks: {}.", r.prior_rank_source)?;
+    writeln!(o)?;
+    writeln!(o, "## Verdicts")?;
+    writeln!(o)?;
+    for l in &r.levers {
+        let v = &l.reference.verdict;
+        write!(
+            o,
+            "- **{}** ({}) at rung {}: **{}**",
+            l.id,
+            l.seed_issue,
+            r.reference_rung,
+            v.name()
+        )?;
+        match v {
+            Verdict::Confirmed => {
+                if let Some((_, ci)) = l.reference.saving_fraction {
+                    write!(
+                        o,
+                        " — the whole interval of the saving [{}, {}] is at or above {}.",
+                        pct(ci.lo),
+                        pct(ci.hi),
+                        pct(l.min_effect)
+                    )?;
+                }
+            }
+            Verdict::Refuted { next_hypothesis } => {
+                if let Some((_, ci)) = l.reference.saving_fraction {
+                    write!(
+                        o,
+                        " — the whole interval of the saving [{}, {}] is below {}. Next hypothesis: {next_hypothesis}",
+                        pct(ci.lo),
+                        pct(ci.hi),
+                        pct(l.min_effect)
+                    )?;
+                }
+            }
+            Verdict::Insufficient { missing } => write!(o, " — missing: {missing}.")?,
+        }
+        writeln!(o)?;
+    }
+    let others: Vec<(&LeverResult, &RungResult)> = r
+        .levers
+        .iter()
+        .flat_map(|l| l.other_rungs.iter().map(move |x| (l, x)))
+        .collect();
+    if !others.is_empty() {
+        writeln!(o)?;
+        writeln!(o, "## Other rungs")?;
+        writeln!(o)?;
+        writeln!(
+            o,
+            "| rung | voxels | lever | arms | metric | pairs | baseline median | saving | saving (abs) | ratio | min effect | verdict |"
+        )?;
+        writeln!(o, "|---|---:|---|---|---|---:|---:|---|---|---|---:|---|")?;
+        for (l, x) in others {
+            write!(o, "| {} | {} ", x.rung, x.voxels)?;
+            row(o, l, x, false)?;
+        }
+    }
+    writeln!(o)?;
+    writeln!(o, "## Phase scaling (fixed + per-voxel, least squares)")?;
+    writeln!(o)?;
+    match &r.fit {
+        FitOutcome::Missing(m) => writeln!(o, "No fit: missing {}.", m.missing)?,
+        FitOutcome::Fit(f) => {
+            let rungs: Vec<String> = f
+                .rungs
+                .iter()
+                .map(|(v, n)| format!("rung {n} ({v} voxels)"))
+                .collect();
+            writeln!(
+                o,
+                "Group: engine `{}`, host `{}`, config `{}`; {}; {} bundle(s). A phase does not scale when its scaling exponent (0 = constant, 1 = proportional to voxels) is below {}.",
+                short(&f.engine_sha256),
+                f.host,
+                f.config,
+                rungs.join(", "),
+                f.bundle_ids.len(),
+                fixed(FLAT_EXPONENT, 2)
+            )?;
+            writeln!(o)?;
+            writeln!(
+                o,
+                "| phase | points | fixed | per Mvoxel | R² | exponent | mean at largest rung | share of wall | scales |"
+            )?;
+            writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---|")?;
+            for p in &f.phases {
+                writeln!(
+                    o,
+                    "| {} | {} | {} s | {} s | {} | {} | {} s | {} | {} |",
+                    p.phase,
+                    p.points,
+                    fixed(p.fixed_s, 3),
+                    fixed(p.per_mvoxel_s, 3),
+                    fixed(p.r2, 3),
+                    p.exponent.map_or("n/a".into(), |e| fixed(e, 3)),
+                    fixed(p.mean_at_max_s, 3),
+                    pct(p.share_of_wall_at_max),
+                    if p.does_not_scale { "**no**" } else { "yes" }
+                )?;
+            }
+            let flat: Vec<String> = f
+                .phases
+                .iter()
+                .filter(|p| p.does_not_scale)
+                .map(|p| {
+                    format!(
+                        "`{}` ({} s fixed, {} of wall at the largest rung)",
+                        p.phase,
+                        fixed(p.fixed_s, 3),
+                        pct(p.share_of_wall_at_max)
+                    )
+                })
+                .collect();
+            writeln!(o)?;
+            if flat.is_empty() {
+                writeln!(o, "Phases that do not scale: none.")?;
+            } else {
+                writeln!(o, "Phases that do not scale: {}.", flat.join("; "))?;
+            }
+        }
+    }
+    writeln!(o)?;
+    writeln!(o, "## Method")?;
+    writeln!(o)?;
+    writeln!(o, "- Pairs: same campaign, round, rung, engine sha256, host, weights digest, profile and arm of every other lever; complete, uncontended runs only.")?;
+    writeln!(o, "- Effect: geometric mean of per-pair ratios treatment/baseline; absolute saving: mean of baseline - treatment.")?;
+    writeln!(
+        o,
+        "- Interval: {:.0}% percentile bootstrap over pairs, {} resamples, ChaCha8 seeded with {:#018x} mixed with the lever and rung.",
+        CONFIDENCE * 100.0,
+        r.bootstrap_resamples,
+        r.bootstrap_seed
+    )?;
+    writeln!(o, "- Verdict: confirmed when the saving's whole interval is at or above the minimum effect; refuted when it is wholly below; otherwise, or with fewer than {MIN_PAIRS} pairs, insufficient.")?;
+    writeln!(o, "- Sign: pairs where the treatment is lower / higher, with the exact two-sided sign-test p-value.")?;
+    writeln!(o)?;
+    writeln!(o, "## Pairs")?;
+    writeln!(o)?;
+    writeln!(o, "| lever | rung | round | campaign | baseline | treatment | baseline value | treatment value |")?;
+    writeln!(o, "|---|---|---:|---|---|---|---:|---:|")?;
+    for l in &r.levers {
+        for x in std::iter::once(&l.reference).chain(&l.other_rungs) {
+            for p in &x.rounds {
+                writeln!(
+                    o,
+                    "| {} | {} | {} | `{}` | `{}` | `{}` | {} | {} |",
+                    l.id,
+                    x.rung,
+                    p.cell.round,
+                    short(&p.cell.campaign),
+                    short(&p.baseline_id),
+                    short(&p.treatment_id),
+                    value(p.pair.baseline, l.unit),
+                    value(p.pair.treatment, l.unit)
+                )?;
+            }
+        }
+    }
+    writeln!(o)?;
+    writeln!(o, "## Excluded bundles ({})", r.excluded.len())?;
+    writeln!(o)?;
+    if r.excluded.is_empty() {
+        writeln!(o, "None.")?;
+    } else {
+        writeln!(o, "| bundle | reason |")?;
+        writeln!(o, "|---|---|")?;
+        for e in &r.excluded {
+            writeln!(o, "| `{}` | {} |", e.id, e.reason.replace('|', "\\|"))?;
+        }
+    }
+    writeln!(o)?;
+    writeln!(o, "## Bundles used ({})", r.used.len())?;
+    writeln!(o)?;
+    for id in &r.used {
+        writeln!(o, "- `{id}`")?;
+    }
+    Ok(())
+}
+
+/// The columns from `lever` to `verdict` of one ranking row.
+fn row(o: &mut String, l: &LeverResult, x: &RungResult, with_rank: bool) -> std::fmt::Result {
+    if with_rank {
+        let rank = l.measured_rank.map_or("—".to_string(), |r| r.to_string());
+        let prior = match (l.prior_rank, l.measured_rank) {
+            (Some(p), Some(m)) if p == m => format!("{p} (=)"),
+            (Some(p), Some(m)) => format!("{p} ({:+})", i64::from(p) - i64::from(m)),
+            (Some(p), None) => p.to_string(),
+            (None, _) => "—".to_string(),
+        };
+        write!(o, "| {rank} | {prior} ")?;
+    }
+    write!(
+        o,
+        "| {} | {}→{} | {} | {} | ",
+        l.id,
+        l.baseline,
+        l.treatment,
+        l.metric,
+        x.rounds.len()
+    )?;
+    match (&x.effect, x.saving_fraction) {
+        (Some(e), Some((s, ci))) => write!(
+            o,
+            "{} | {} [{}, {}] | {} [{}, {}] | {} [{}, {}] ",
+            value(e.baseline_median, l.unit),
+            pct(s),
+            pct(ci.lo),
+            pct(ci.hi),
+            value(e.saving, l.unit),
+            value(e.saving_ci.lo, l.unit),
+            value(e.saving_ci.hi, l.unit),
+            fixed(e.ratio, 3),
+            fixed(e.ratio_ci.lo, 3),
+            fixed(e.ratio_ci.hi, 3)
+        )?,
+        _ => write!(o, "— | — | — | — ")?,
+    }
+    writeln!(o, "| {} | {} |", pct(l.min_effect), x.verdict.name())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_formats_never_print_negative_zero() {
+        assert_eq!(fixed(-0.0001, 3), "0.000");
+        assert_eq!(fixed(-0.0, 1), "0.0");
+        assert_eq!(fixed(-1.26, 1), "-1.3");
+        assert_eq!(fixed(f64::NAN, 2), "n/a");
+        assert_eq!(value(1.5 * GIB, Unit::Bytes), "1.500 GiB");
+        assert_eq!(value(2.0, Unit::Seconds), "2.000 s");
+    }
+}

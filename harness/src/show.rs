@@ -1,0 +1,146 @@
+//! `harness show ID`: a bundle's manifest summary and its phase table.
+
+use std::fmt::Write as _;
+
+use anyhow::Context;
+use clap::Args;
+use serde_json::Value;
+
+use crate::exit;
+use crate::store_arg::{find_bundle, StoreArg};
+use crate::summary::BundleSummary;
+
+/// Print a bundle's manifest summary and phase table.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// A bundle id, a unique id prefix, or a bundle directory.
+    pub bundle: String,
+    #[command(flatten)]
+    pub store: StoreArg,
+}
+
+fn verdicts(v: Option<&Value>) -> String {
+    match v.and_then(Value::as_array) {
+        Some(a) if !a.is_empty() => a
+            .iter()
+            .map(|g| {
+                format!(
+                    "{}={}",
+                    g.get("name").and_then(Value::as_str).unwrap_or("?"),
+                    g.get("verdict").and_then(Value::as_str).unwrap_or("?")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => "-".into(),
+    }
+}
+
+/// The summary text (everything above the phase table).
+pub fn summary_text(s: &BundleSummary) -> String {
+    let m = &s.manifest;
+    let mut o = String::new();
+    let _ = writeln!(o, "bundle   {}", s.id);
+    let _ = writeln!(
+        o,
+        "rung     {} (profile {}, levers {})",
+        s.rung(),
+        m.fragment("profile").and_then(Value::as_str).unwrap_or("-"),
+        s.levers()
+    );
+    let _ = writeln!(
+        o,
+        "engine   {} sha256 {}",
+        s.str_at("engine", "version"),
+        s.str_at("engine", "sha256")
+    );
+    let _ = writeln!(o, "weights  {}", s.str_at("weights", "digest"));
+    let _ = writeln!(
+        o,
+        "host     {} ({}, {} cores); gpu {}",
+        s.host(),
+        s.str_at("host", "cpu_model"),
+        s.str_at("host", "cores"),
+        s.str_at("gpu", "name")
+    );
+    let _ = writeln!(o, "date     {} UTC; wall {}", s.date(), s.wall());
+    match m.exit() {
+        Some(e) => {
+            let _ = writeln!(
+                o,
+                "exit     {} (code {}, signal {}){}",
+                e.reason,
+                e.code.map_or("-".into(), |c| c.to_string()),
+                e.signal.map_or("-".into(), |c| c.to_string()),
+                e.detail.map(|d| format!(": {d}")).unwrap_or_default()
+            );
+        }
+        None => {
+            let _ = writeln!(o, "exit     - (no exit recorded)");
+        }
+    }
+    let _ = writeln!(
+        o,
+        "complete {}; completion {}",
+        m.complete,
+        s.str_at("completion", "verdict")
+    );
+    let _ = writeln!(o, "gates    {}", verdicts(m.fragment("gates")));
+    let _ = writeln!(o, "controls {}", verdicts(m.fragment("controls")));
+    let c = &m.cadence;
+    let f = |v: Option<f64>| v.map_or("-".into(), |x| format!("{x:.1}"));
+    let _ = writeln!(
+        o,
+        "samples  {} (cadence {} ms wanted; median {} ms, p99 {} ms, max {} ms; {} missed ticks)",
+        c.samples,
+        f(c.expected_ms),
+        f(c.median_interval_ms),
+        f(c.p99_interval_ms),
+        f(c.max_interval_ms),
+        c.missed_ticks.map_or("-".into(), |n| n.to_string())
+    );
+    if let Some(su) = m.fragment("sensors_unavailable").and_then(Value::as_object) {
+        for (k, v) in su {
+            let _ = writeln!(
+                o,
+                "         {k}: unavailable ({})",
+                v.as_str().unwrap_or("?")
+            );
+        }
+    }
+    let _ = writeln!(
+        o,
+        "markers  {} lines ({} unparsed); journal {} bytes, {} dropped{}",
+        m.markers.lines,
+        m.markers.unparsed,
+        m.journal.bytes_total,
+        m.journal.bytes_dropped,
+        m.journal
+            .stop_reason
+            .as_ref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default()
+    );
+    for (name, e) in &m.files {
+        let _ = writeln!(
+            o,
+            "file     {name:<16} {:>10} bytes {:>8} rows  {}",
+            e.bytes,
+            e.rows.map_or("-".into(), |r| r.to_string()),
+            &e.sha256[..16.min(e.sha256.len())]
+        );
+    }
+    o
+}
+
+/// Exit 0; 2 for an unknown id.
+pub fn run(args: ShowArgs) -> anyhow::Result<u8> {
+    let dir = find_bundle(&args.store, &args.bundle)?;
+    let s = BundleSummary::load(&dir)?;
+    print!("{}", summary_text(&s));
+    println!();
+    let table = evidence::table::phase_table_text(&dir)
+        .with_context(|| format!("reading the phase table of {}", dir.display()))?;
+    print!("{table}");
+    Ok(exit::OK)
+}

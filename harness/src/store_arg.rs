@@ -1,0 +1,63 @@
+//! The `--store DIR` option every command takes, and turning store errors into
+//! the harness's exit codes (volatile store: refused, 3; unknown id: usage, 2).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Args;
+use evidence::error::StoreError;
+use evidence::store::Store;
+
+use crate::exit::{Refusal, UsageError};
+
+/// Where the store is.
+#[derive(Debug, Clone, Args)]
+pub struct StoreArg {
+    /// The store directory (default: $XDG_DATA_HOME/harness/store or
+    /// ~/.local/share/harness/store). Must be on durable storage.
+    #[arg(long, env = "HARNESS_STORE", value_name = "DIR")]
+    pub store: Option<PathBuf>,
+}
+
+/// Map a store error to the error kind that carries its exit code.
+pub fn classify(e: StoreError) -> anyhow::Error {
+    match e {
+        StoreError::Volatile { .. } => Refusal {
+            gate: "store-durable".into(),
+            why: e.to_string(),
+        }
+        .into(),
+        StoreError::UnknownBundle { .. }
+        | StoreError::AmbiguousBundle { .. }
+        | StoreError::NoLocation => UsageError(e.to_string()).into(),
+        StoreError::Io(_) => anyhow::Error::new(e),
+    }
+}
+
+impl StoreArg {
+    /// Open the store (durability gate applied, layout created).
+    pub fn open(&self) -> anyhow::Result<Store> {
+        Store::resolve(self.store.as_deref())
+            .map_err(classify)
+            .context("opening the store")
+    }
+}
+
+/// The bundle directory for an id, id prefix, or path. A path to a bundle
+/// directory is used as is, without opening a store.
+pub fn find_bundle(arg: &StoreArg, query: &str) -> anyhow::Result<PathBuf> {
+    let p = Path::new(query);
+    if p.join("manifest.json").is_file() {
+        return p
+            .canonicalize()
+            .with_context(|| format!("resolving {}", p.display()));
+    }
+    if query.contains('/') {
+        return Err(UsageError(format!(
+            "{query}: not a bundle directory (no manifest.json in it)"
+        ))
+        .into());
+    }
+    let store = arg.open()?;
+    store.find(query).map_err(classify)
+}

@@ -1,0 +1,36 @@
+//! `harness verify ID|PATH`: re-read every file of a bundle and check it.
+
+use clap::Args;
+
+use crate::exit;
+use crate::store_arg::{find_bundle, StoreArg};
+
+/// Re-read every file of a bundle, recompute every hash, check every schema.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// A bundle id, a unique id prefix, or a bundle directory.
+    pub bundle: String,
+    #[command(flatten)]
+    pub store: StoreArg,
+}
+
+/// Exit 0 when every check passes, 1 (naming each file at fault) when not.
+pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
+    let dir = find_bundle(&args.store, &args.bundle)?;
+    let report = evidence::verify::verify_dir(&dir);
+    if report.ok() {
+        println!("ok {} ({} files)", report.id, report.files);
+        Ok(exit::OK)
+    } else {
+        for e in &report.errors {
+            println!("FAIL {}: {e}", dir.display());
+        }
+        println!(
+            "{}: {} problem(s) in {} files",
+            report.id,
+            report.errors.len(),
+            report.files
+        );
+        Ok(exit::NEGATIVE)
+    }
+}

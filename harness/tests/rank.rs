@@ -1,0 +1,374 @@
+//! End-to-end: bundles with planted effects, sealed through the evidence crate, read
+//! back with polars and ranked; the `harness rank` and `harness diff` binaries run on
+//! the same store.
+
+mod common;
+
+use common::{fresh_store, render, seal, Noise, Render};
+use harness::levers_spec::LeverSpec;
+use harness::rank::load::{load_dirs, store_bundle_dirs};
+use harness::rank::report::markdown;
+use harness::rank::verdict::Verdict;
+use harness::rank::{rank, FitOutcome, Ranking};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// A spec of four planted levers: `fast` moves load.dit, `null` conditioning,
+/// `opposite` decode.video, `half` artifacts.frames (its treatment never runs).
+const SPEC: &str = r##"
+schema = 1
+reference_rung = "2"
+prior_rank_source = "planted for the test"
+
+[[lever]]
+id = "fast"
+seed_issue = "#1"
+title = "planted 30% saving of load.dit"
+arms = ["slow", "quick"]
+baseline = "slow"
+treatment = "quick"
+applies_to = ["cpu"]
+prior_rank = 2
+metric = { kind = "phase-wall", phase = "load.dit" }
+[lever.hypothesis]
+direction = "decrease"
+min_effect = 0.10
+statement = "s"
+refutation = "r"
+next_hypothesis = "fast: look at the reader"
+
+[[lever]]
+id = "null"
+seed_issue = "#2"
+title = "no effect"
+arms = ["off", "on"]
+baseline = "off"
+treatment = "on"
+applies_to = ["cpu"]
+prior_rank = 1
+metric = { kind = "phase-wall", phase = "conditioning" }
+[lever.hypothesis]
+direction = "decrease"
+min_effect = 0.10
+statement = "s"
+refutation = "r"
+next_hypothesis = "null: the encoder is not the bound"
+
+[[lever]]
+id = "opposite"
+seed_issue = "#3"
+title = "planted 25% slowdown of decode.video"
+arms = ["host", "device"]
+baseline = "host"
+treatment = "device"
+applies_to = ["cpu"]
+metric = { kind = "phase-wall", phase = "decode.video" }
+[lever.hypothesis]
+direction = "decrease"
+min_effect = 0.10
+statement = "s"
+refutation = "r"
+next_hypothesis = "opposite: decode is bound by layout conversion"
+
+[[lever]]
+id = "half"
+seed_issue = "#4"
+title = "treatment arm never ran"
+arms = ["a", "b"]
+baseline = "a"
+treatment = "b"
+applies_to = ["cpu"]
+metric = { kind = "phase-wall", phase = "artifacts.frames" }
+[lever.hypothesis]
+direction = "decrease"
+min_effect = 0.10
+statement = "s"
+refutation = "r"
+next_hypothesis = "n"
+"##;
+
+const ROUNDS: u32 = 6;
+const RUNGS: [(&str, (u64, u64, u64)); 2] = [("0", (64, 64, 9)), ("2", (256, 128, 25))];
+
+struct World {
+    dirs: Vec<PathBuf>,
+    store_root: PathBuf,
+    contended_id: String,
+    spec: LeverSpec,
+}
+
+/// The store, built once: every lever x both rungs x ROUNDS rounds, each arm's phase
+/// durations with +-5% independent noise; `artifacts.frames` is a constant 5 s at
+/// both rungs (the phase the fit must name), `denoise` scales with voxels.
+fn world() -> &'static World {
+    static W: OnceLock<World> = OnceLock::new();
+    W.get_or_init(|| {
+        let store = fresh_store("rank-e2e");
+        let mut noise = Noise::new(2026);
+        let mut position = 0;
+        for round in 1..=ROUNDS {
+            for (rung, dims) in RUNGS {
+                let vox = (dims.0 * dims.1 * dims.2) as f64;
+                for (lever, base, treat) in [
+                    ("fast", "slow", "quick"),
+                    ("null", "off", "on"),
+                    ("opposite", "host", "device"),
+                    ("half", "a", "b"),
+                ] {
+                    for arm in [base, treat] {
+                        if lever == "half" && arm == "b" {
+                            continue;
+                        }
+                        let on = arm == treat;
+                        let mut n = |x: f64| x * (1.0 + 0.05 * noise.next());
+                        let load = n(20.0) * if lever == "fast" && on { 0.7 } else { 1.0 };
+                        let cond = n(8.0);
+                        let den = n(vox * 2e-5);
+                        let dec = n(6.0) * if lever == "opposite" && on { 1.25 } else { 1.0 };
+                        let frames = 5.0 + 0.02 * noise.next();
+                        let mut r: Render = render(rung, dims, load, cond, den, dec, frames);
+                        r.schedule =
+                            Some(("c0ffee".into(), round, position, lever.into(), arm.into()));
+                        position += 1;
+                        seal(&store, &r);
+                    }
+                }
+            }
+        }
+        // A contended run (a planted 10x load.dit that must not count) and an
+        // incomplete one.
+        let mut c = render("2", RUNGS[1].1, 200.0, 8.0, 16.0, 6.0, 5.0);
+        c.schedule = Some((
+            "c0ffee".into(),
+            ROUNDS + 1,
+            position,
+            "fast".into(),
+            "quick".into(),
+        ));
+        c.contended = true;
+        let contended_id = seal(&store, &c);
+        let mut k = render("2", RUNGS[1].1, 20.0, 8.0, 16.0, 6.0, 5.0);
+        k.schedule = Some((
+            "c0ffee".into(),
+            ROUNDS + 1,
+            position + 1,
+            "fast".into(),
+            "slow".into(),
+        ));
+        k.exit = "killed".into();
+        seal(&store, &k);
+        World {
+            dirs: store_bundle_dirs(store.root()).unwrap(),
+            store_root: store.root().to_path_buf(),
+            contended_id,
+            spec: LeverSpec::parse(SPEC, Path::new("test-spec.toml")).unwrap(),
+        }
+    })
+}
+
+fn ranking(dirs: &[PathBuf]) -> Ranking {
+    let w = world();
+    let loaded = load_dirs(dirs);
+    assert!(loaded.unreadable.is_empty(), "{:?}", loaded.unreadable);
+    rank(
+        &w.spec,
+        &loaded.bundles,
+        &loaded.unreadable,
+        "harness rank --store S",
+    )
+}
+
+fn lever<'a>(r: &'a Ranking, id: &str) -> &'a harness::rank::LeverResult {
+    r.levers.iter().find(|l| l.id == id).unwrap()
+}
+
+#[test]
+fn planted_saving_is_confirmed_with_an_interval_containing_thirty_percent() {
+    let r = ranking(&world().dirs);
+    let fast = lever(&r, "fast");
+    assert_eq!(fast.reference.verdict, Verdict::Confirmed);
+    assert_eq!(fast.reference.rounds.len(), ROUNDS as usize);
+    let (s, ci) = fast.reference.saving_fraction.unwrap();
+    assert!(ci.contains(0.30), "saving {s} interval {ci:?}");
+    assert!(ci.hi - ci.lo < 0.12, "{ci:?}");
+    let e = fast.reference.effect.as_ref().unwrap();
+    // Absolute saving: 30% of 20 s.
+    assert!(e.saving_ci.contains(6.0), "{:?}", e.saving_ci);
+    assert_eq!(fast.measured_rank, Some(1));
+    // Also at the other rung.
+    assert_eq!(fast.other_rungs[0].rung, "0");
+    assert_eq!(fast.other_rungs[0].verdict, Verdict::Confirmed);
+}
+
+#[test]
+fn null_lever_is_not_confirmed_and_opposite_is_refuted_naming_the_next_hypothesis() {
+    let r = ranking(&world().dirs);
+    let null = lever(&r, "null");
+    assert_ne!(null.reference.verdict.name(), "confirmed");
+    let (_, ci) = null.reference.saving_fraction.unwrap();
+    assert!(ci.contains(0.0), "{ci:?}");
+    let opp = lever(&r, "opposite");
+    assert_eq!(
+        opp.reference.verdict,
+        Verdict::Refuted {
+            next_hypothesis: "opposite: decode is bound by layout conversion".into()
+        }
+    );
+    let (s, _) = opp.reference.saving_fraction.unwrap();
+    assert!((-0.32..-0.18).contains(&s), "{s}");
+    let md = markdown(&r);
+    assert!(
+        md.contains("Next hypothesis: opposite: decode is bound by layout conversion"),
+        "{md}"
+    );
+}
+
+#[test]
+fn one_arm_missing_is_insufficient_and_names_the_arm() {
+    let r = ranking(&world().dirs);
+    let half = lever(&r, "half");
+    match &half.reference.verdict {
+        Verdict::Insufficient { missing } => {
+            assert!(missing.contains("treatment arm half=b"), "{missing}");
+            assert!(
+                missing.contains(&format!("{ROUNDS} baseline run(s)")),
+                "{missing}"
+            );
+        }
+        v => panic!("{v:?}"),
+    }
+    assert_eq!(half.measured_rank, None);
+}
+
+#[test]
+fn contended_and_incomplete_bundles_are_excluded_and_listed() {
+    let w = world();
+    let r = ranking(&w.dirs);
+    let c = r.excluded.iter().find(|e| e.id == w.contended_id).unwrap();
+    assert!(c.reason.starts_with("contended: load1 9.5"), "{}", c.reason);
+    assert!(!r.used.contains(&w.contended_id));
+    assert!(r
+        .excluded
+        .iter()
+        .any(|e| e.reason.starts_with("incomplete: exit killed")));
+    let md = markdown(&r);
+    assert!(
+        md.contains(&format!("| `{}` | contended: load1 9.5", w.contended_id)),
+        "{md}"
+    );
+    // Every used id is listed in full.
+    for id in &r.used {
+        assert!(md.contains(&format!("- `{id}`")));
+    }
+    // 4 levers: fast, null, opposite pair at both rungs; half's runs are unpaired.
+    assert_eq!(r.used.len(), 3 * 2 * 2 * ROUNDS as usize);
+    assert_eq!(r.bundles_seen, w.dirs.len());
+}
+
+#[test]
+fn shuffling_bundle_order_changes_no_byte() {
+    let w = world();
+    let a = markdown(&ranking(&w.dirs));
+    let mut dirs = w.dirs.clone();
+    let mut noise = Noise::new(99);
+    for i in (1..dirs.len()).rev() {
+        let j = ((noise.next() + 1.0) / 2.0 * (i + 1) as f64) as usize;
+        dirs.swap(i, j.min(i));
+    }
+    assert_ne!(dirs, w.dirs);
+    let loaded = load_dirs(&dirs);
+    let mut bundles = loaded.bundles.clone();
+    bundles.reverse();
+    let b = markdown(&rank(
+        &w.spec,
+        &bundles,
+        &loaded.unreadable,
+        "harness rank --store S",
+    ));
+    assert_eq!(a, b);
+}
+
+#[test]
+fn the_fit_names_the_constant_phase() {
+    let r = ranking(&world().dirs);
+    let FitOutcome::Fit(f) = &r.fit else {
+        panic!("{:?}", r.fit)
+    };
+    let frames = f
+        .phases
+        .iter()
+        .find(|p| p.phase == "artifacts.frames")
+        .unwrap();
+    assert!(frames.does_not_scale, "{frames:?}");
+    assert!((frames.fixed_s - 5.0).abs() < 0.1, "{frames:?}");
+    let den = f.phases.iter().find(|p| p.phase == "denoise").unwrap();
+    assert!(!den.does_not_scale, "{den:?}");
+    // 2e-5 s per voxel = 20 s per million voxels.
+    assert!((den.per_mvoxel_s - 20.0).abs() < 2.0, "{den:?}");
+    // In this synthetic data only denoise grows with voxels: every other phase is named.
+    let md = markdown(&r);
+    let line = md
+        .lines()
+        .find(|l| l.starts_with("Phases that do not scale:"))
+        .unwrap();
+    assert!(
+        line.contains("`artifacts.frames` (") && !line.contains("`denoise"),
+        "{line}"
+    );
+}
+
+#[test]
+fn the_binaries_write_the_report_and_diff_two_bundles() {
+    let w = world();
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("harness-rank-e2e-report/levers.md");
+    let spec = Path::new(env!("CARGO_TARGET_TMPDIR")).join("harness-rank-e2e-spec.toml");
+    std::fs::write(&spec, SPEC).unwrap();
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_harness"))
+        .args(["rank", "--store"])
+        .arg(&w.store_root)
+        .arg("--spec")
+        .arg(&spec)
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let md = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        md.contains(&format!(
+            "Regenerate: `harness rank --store {} --spec {} --out {}`",
+            w.store_root.display(),
+            spec.display(),
+            out.display()
+        )),
+        "{md}"
+    );
+    assert!(
+        md.contains("| 1 | 2 (+1) | fast | slow→quick | wall(load.dit) | 6 |"),
+        "{md}"
+    );
+
+    let ids: Vec<String> = w
+        .dirs
+        .iter()
+        .map(|d| d.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_harness"))
+        .args(["diff", &ids[0][..16], &ids[1], "--store"])
+        .arg(&w.store_root)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        text.contains(&format!("- A: `{}`", ids[0])) && text.contains("| load.dit | 1 |"),
+        "{text}"
+    );
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_harness"))
+        .args(["diff", "nosuchbundle", &ids[1], "--store"])
+        .arg(&w.store_root)
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("no bundle \"nosuchbundle\""));
+}
