@@ -401,6 +401,47 @@ impl PhaseTree {
                 }
             }
         }
+        // A dotted sub-scope (`denoise.step`) outside every instance of its
+        // parent name (`denoise`), where that name occurs in the run at all, is
+        // outside its parent: containment fails for that parent's group.
+        for q in &self.phases {
+            let Some((parent_name, _)) = q.name.rsplit_once('.') else {
+                continue;
+            };
+            if !self.phases.iter().any(|p| p.name == parent_name) {
+                continue;
+            }
+            let mut up = q.parent;
+            let mut inside = false;
+            while let Some(u) = up {
+                if self.phases[u].name == parent_name {
+                    inside = true;
+                    break;
+                }
+                up = self.phases[u].parent;
+            }
+            if inside {
+                continue;
+            }
+            let g = cont
+                .entry(parent_name.to_string())
+                .or_insert_with(|| CheckGroup {
+                    name: parent_name.to_string(),
+                    instances: 0,
+                    failed: 0,
+                    worst_share: None,
+                    verdict: Verdict::Pass,
+                    detail: None,
+                });
+            g.failed += 1;
+            g.verdict = Verdict::Fail;
+            if g.detail.is_none() {
+                g.detail = Some(format!(
+                    "{}#{}: a sub-scope outside every {parent_name}",
+                    q.name, q.seq
+                ));
+            }
+        }
         let summarize = |groups: BTreeMap<String, CheckGroup>, min_share| {
             let groups: Vec<CheckGroup> = groups.into_values().collect();
             let verdict = if groups.is_empty() {
@@ -544,6 +585,29 @@ mod tests {
         assert_eq!(g.worst_share, Some(5.0 / 8.0));
         assert!(g.detail.as_deref().unwrap().contains("62.5%"), "{g:?}");
         assert!(s.coverage.unwrap() < 0.95);
+    }
+
+    #[test]
+    fn a_sub_scope_after_its_parent_closed_fails_containment() {
+        let m = vec![
+            open(0, "denoise"),
+            open(0, "denoise.step"),
+            close(100, "denoise.step"),
+            close(100, "denoise"),
+            open(200, "denoise.step"),
+            close(300, "denoise.step"),
+        ];
+        let s = build_tree(&m, 300).summary((None, None));
+        assert_eq!(s.containment.verdict, Verdict::Fail, "{:?}", s.containment);
+        let d = s.containment.groups[0].detail.clone().unwrap_or_default();
+        assert!(
+            d.contains("denoise.step#2") && d.contains("outside every denoise"),
+            "{d}"
+        );
+        // A dotted name whose parent name never occurs is not an orphan.
+        let m = vec![open(0, "load.dit"), close(10, "load.dit")];
+        let s = build_tree(&m, 10).summary((None, None));
+        assert_eq!(s.containment.verdict, Verdict::NotApplicable);
     }
 
     #[test]

@@ -5,10 +5,12 @@
 //! * [`classify`]: why a run ended (the `exit` fragment of `harness run`).
 //! * [`cli`]: argument structs and entry points of `rank`, `diff` and `campaign`.
 //! * [`completion`]: the pixel completion check on `video.y4m`.
+//! * [`control`]: the instrument's positive controls (`harness control`).
 //! * [`diff`]: two bundles side by side (`harness diff`).
 //! * [`exit`]: the binary's stable exit codes and the error kinds that select them.
 //! * [`levers_spec`]: `specs/levers.toml`, the levers and their hypotheses.
 //! * [`rank`]: the lever ranking re-derived from bundles (`harness rank`).
+//! * [`run`]: `harness run`: gates, the engine under sampler and watchdog, the seal.
 //! * [`sampler`]: the fixed-cadence sampler thread and its readers (procfs, NVML,
 //!   page cache).
 //! * [`units`]: byte quantities as people type them.
@@ -21,12 +23,14 @@ pub mod campaign;
 pub mod classify;
 pub mod cli;
 pub mod completion;
+pub mod control;
 pub mod diff;
 pub mod exit;
 pub mod levers_spec;
 pub mod ls;
 pub mod rank;
 pub mod recover;
+pub mod run;
 pub mod sampler;
 pub mod show;
 pub mod store_arg;

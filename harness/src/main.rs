@@ -15,6 +15,10 @@ struct Cli {
 /// Every subcommand; each lives in its own module with its own argument struct.
 #[derive(Subcommand)]
 enum Command {
+    /// Render a rung (or run any protocol-speaking engine) under the instrument and seal a bundle.
+    Run(harness::run::args::RunArgs),
+    /// Run the instrument's positive controls (GPU utilization under burn, the watchdog).
+    Control(harness::control::ControlArgs),
     /// Re-read every file of a bundle and check every hash and schema (exit 1 on any fault).
     Verify(verify::VerifyArgs),
     /// Seal every dead run's staging directory as an incomplete bundle.
@@ -39,6 +43,8 @@ enum Command {
 
 fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
+        Command::Run(a) => harness::run::run(&a),
+        Command::Control(a) => harness::control::control(&a),
         Command::Verify(a) => verify::run(a),
         Command::Recover(a) => recover::run(a),
         Command::Ls(a) => ls::run(a),

@@ -9,7 +9,13 @@
 //! The control proves the watchdog fires before any engine is trusted to it: a child
 //! (this binary in its hidden `__alloc-probe` mode) allocates past a synthetic limit
 //! just below the current reading, and must be killed by the watchdog within two
-//! ticks of crossing it.
+//! ticks of crossing it. The crossing is judged on the reading the watchdog itself
+//! uses: for the floor, the probe re-reads `MemAvailable` after every step (on a
+//! virtual machine `MemAvailable` can lag an allocation by hundreds of
+//! milliseconds, so the probe's own byte count is not the crossing); for the
+//! unified budget, its own RSS, which its byte count is. Controls are serialized
+//! machine-wide through a lock file, since two probes at once move each other's
+//! `MemAvailable`.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -135,29 +141,84 @@ pub enum ControlKind {
     UnifiedBudget,
 }
 
+impl ControlKind {
+    /// The control's name in manifests and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            ControlKind::Floor => "watchdog-floor",
+            ControlKind::UnifiedBudget => "watchdog-unified-budget",
+        }
+    }
+}
+
+/// How many times the control is tried when the probe's reading never crossed the
+/// synthetic limit (other processes freed memory meanwhile: the condition under
+/// test never arose). A late or wrong kill is never retried.
+pub const CONTROL_ATTEMPTS: u32 = 3;
+
 /// Run the watchdog control for `kind` at `cadence_ms`, with `probe_exe` being this
 /// binary. `real_floor` is the run's floor, which the probe must stay well above.
+/// Retried (up to [`CONTROL_ATTEMPTS`]) only when the limit was never crossed.
 pub fn control(
     probe_exe: &Path,
     kind: ControlKind,
     cadence_ms: u64,
     real_floor: u64,
 ) -> ControlResult {
-    let name = match kind {
-        ControlKind::Floor => "watchdog-floor",
-        ControlKind::UnifiedBudget => "watchdog-unified-budget",
+    let _lock = match ControlLock::acquire() {
+        Ok(l) => l,
+        Err(e) => {
+            return ControlResult {
+                name: kind.name().into(),
+                verdict: "fail".into(),
+                detail: e,
+            }
+        }
     };
+    let mut attempt = 1;
+    loop {
+        let (result, crossed) = control_once(probe_exe, kind, cadence_ms, real_floor);
+        if crossed || attempt >= CONTROL_ATTEMPTS {
+            return ControlResult {
+                detail: if attempt > 1 {
+                    format!(
+                        "{} (attempt {attempt} of {CONTROL_ATTEMPTS}; earlier ones never crossed)",
+                        result.detail
+                    )
+                } else {
+                    result.detail
+                },
+                ..result
+            };
+        }
+        attempt += 1;
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// One attempt; the flag says whether the limit was crossed (by the probe's report
+/// or the watchdog's reading).
+fn control_once(
+    probe_exe: &Path,
+    kind: ControlKind,
+    cadence_ms: u64,
+    real_floor: u64,
+) -> (ControlResult, bool) {
+    let name = kind.name();
     let fail = |detail: String| ControlResult {
         name: name.into(),
         verdict: "fail".into(),
         detail,
     };
+    // Failures before or without a crossing are retryable only where noted below;
+    // set-up failures are reported as crossed so they are not retried.
+    let no_cross = |detail: String| (fail(detail), true);
     let avail = match crate::sampler::system::mem_available_bytes() {
         Ok(a) => a,
-        Err(e) => return fail(format!("cannot read MemAvailable: {e}")),
+        Err(e) => return no_cross(format!("cannot read MemAvailable: {e}")),
     };
     if avail < real_floor + 2 * CONTROL_MAX_BYTES {
-        return fail(format!(
+        return no_cross(format!(
             "MemAvailable {avail} B leaves no room for the {CONTROL_MAX_BYTES} B probe above the {real_floor} B floor"
         ));
     }
@@ -171,14 +232,21 @@ pub fn control(
             unified_budget_bytes: Some(CONTROL_MARGIN_BYTES),
         },
     };
+    // The probe reports its crossing on the watchdog's own reading: MemAvailable
+    // under the floor, or (budget) its own bytes past the budget.
+    let (report_at, floor_arg) = match kind {
+        ControlKind::Floor => (CONTROL_MAX_BYTES, limits.mem_floor_bytes),
+        ControlKind::UnifiedBudget => (CONTROL_MARGIN_BYTES, 0),
+    };
     let mut child = match Command::new(probe_exe)
         .args([
             "__alloc-probe",
             &CONTROL_STEP_BYTES.to_string(),
             &CONTROL_STEP_MS.to_string(),
-            &CONTROL_MARGIN_BYTES.to_string(),
+            &report_at.to_string(),
             &CONTROL_MAX_BYTES.to_string(),
             &CONTROL_HOLD_MS.to_string(),
+            &floor_arg.to_string(),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -188,7 +256,7 @@ pub fn control(
     {
         Ok(c) => c,
         Err(e) => {
-            return fail(format!(
+            return no_cross(format!(
                 "cannot start the probe {}: {e}",
                 probe_exe.display()
             ))
@@ -212,7 +280,7 @@ pub fn control(
         Err(e) => {
             let _ = child.kill();
             let _ = child.wait();
-            return fail(format!("cannot start the sampler: {e}"));
+            return no_cross(format!("cannot start the sampler: {e}"));
         }
     };
     let mut crossed_ns = None;
@@ -240,18 +308,28 @@ pub fn control(
     let report = sampler.stop();
     let signal = status.and_then(|s| s.signal());
     let Some(trip) = report.trip else {
-        return fail(format!(
-            "the probe {} and the watchdog never fired (limit {:?}, probe exit {status:?})",
-            if held {
-                "held 1 GiB past the limit"
-            } else {
-                "ran"
-            },
-            limits
-        ));
+        // Retryable only when the probe never saw its reading cross.
+        let crossed = crossed_ns.is_some();
+        return (
+            fail(format!(
+                "the watchdog never fired: the probe {} {} (limits {:?}, probe exit {status:?})",
+                if held {
+                    "allocated and held 1 GiB"
+                } else {
+                    "ran"
+                },
+                if crossed_ns.is_some() {
+                    "and saw its reading cross the limit"
+                } else {
+                    "but its reading never crossed the limit (other memory moved?)"
+                },
+                limits
+            )),
+            crossed,
+        );
     };
     if signal != Some(libc::SIGKILL) {
-        return fail(format!(
+        return no_cross(format!(
             "the watchdog fired ({} = {} vs {}) but the probe ended with {status:?}, not SIGKILL",
             trip.column, trip.value, trip.limit
         ));
@@ -261,7 +339,7 @@ pub fn control(
         Some(c) => {
             let latency = trip.t_ns as i128 - c as i128;
             if latency > (CONTROL_MAX_TICKS * tick_ns) as i128 {
-                return fail(format!(
+                return no_cross(format!(
                     "the watchdog fired {:.1} ms after the probe crossed, more than {CONTROL_MAX_TICKS} ticks of {cadence_ms} ms",
                     latency as f64 / 1e6
                 ));
@@ -279,40 +357,92 @@ pub fn control(
             trip.column, trip.value, trip.limit
         ),
     };
-    ControlResult {
-        name: name.into(),
-        verdict: "pass".into(),
-        detail,
+    (
+        ControlResult {
+            name: name.into(),
+            verdict: "pass".into(),
+            detail,
+        },
+        true,
+    )
+}
+
+/// A machine-wide exclusive lock held while a watchdog control runs (an flock on a
+/// file in the temporary directory: the lock is coordination, not evidence).
+struct ControlLock(#[allow(dead_code)] std::fs::File);
+
+impl ControlLock {
+    /// Block until no other control on this machine runs.
+    fn acquire() -> Result<ControlLock, String> {
+        use std::os::fd::AsRawFd;
+        let path = std::env::temp_dir().join("harness-watchdog-control.lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("cannot open the control lock {}: {e}", path.display()))?;
+        // SAFETY: flock on a descriptor this function owns; no memory is shared.
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+        if rc != 0 {
+            return Err(format!(
+                "cannot lock {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(ControlLock(f))
     }
 }
 
-/// The hidden `__alloc-probe STEP EVERY_MS REPORT_AT MAX HOLD_MS` mode: allocate
-/// STEP bytes (touching every page) every EVERY_MS ms; print `crossed <t_ns>` once
-/// REPORT_AT bytes are held and `held` at MAX, then hold HOLD_MS ms and exit 0.
+/// The hidden `__alloc-probe STEP EVERY_MS REPORT_AT MAX HOLD_MS [FLOOR]` mode:
+/// allocate STEP bytes (touching every page) every EVERY_MS ms up to MAX bytes;
+/// print `crossed <t_ns>` once, when REPORT_AT bytes are held or, with a non-zero
+/// FLOOR, when MemAvailable first reads below FLOOR bytes; print `held` at MAX,
+/// then hold HOLD_MS ms (still watching MemAvailable) and exit 0.
 pub fn alloc_probe_main(args: &[String]) -> u8 {
     let nums: Vec<u64> = args.iter().filter_map(|a| a.parse().ok()).collect();
-    let [step, every_ms, report_at, max, hold_ms] = nums[..] else {
-        eprintln!("__alloc-probe: expected STEP EVERY_MS REPORT_AT MAX HOLD_MS");
-        return crate::exit::USAGE;
+    let (step, every_ms, report_at, max, hold_ms, floor) = match nums[..] {
+        [a, b, c, d, e] if nums.len() == args.len() => (a, b, c, d, e, 0),
+        [a, b, c, d, e, f] if nums.len() == args.len() => (a, b, c, d, e, f),
+        _ => {
+            eprintln!("__alloc-probe: expected STEP EVERY_MS REPORT_AT MAX HOLD_MS [FLOOR]");
+            return crate::exit::USAGE;
+        }
     };
     let mut held: Vec<Vec<u8>> = Vec::new();
     let mut total = 0u64;
     let mut reported = false;
     use std::io::Write;
     let mut out = std::io::stdout();
-    while total < max {
-        held.push(vec![0x5a; step as usize]);
-        total += step;
-        if total >= report_at && !reported {
+    let mut report = |total: u64, out: &mut std::io::Stdout| {
+        if reported {
+            return;
+        }
+        let crossed = if floor > 0 {
+            crate::sampler::system::mem_available_bytes().is_ok_and(|a| a < floor)
+        } else {
+            total >= report_at
+        };
+        if crossed {
             reported = true;
             let _ = writeln!(out, "crossed {}", monotonic_ns());
             let _ = out.flush();
         }
+    };
+    while total < max {
+        held.push(vec![0x5a; step as usize]);
+        total += step;
+        report(total, &mut out);
         std::thread::sleep(Duration::from_millis(every_ms));
     }
     let _ = writeln!(out, "held");
     let _ = out.flush();
-    std::thread::sleep(Duration::from_millis(hold_ms));
+    let until = Instant::now() + Duration::from_millis(hold_ms);
+    while Instant::now() < until {
+        report(total, &mut out);
+        std::thread::sleep(Duration::from_millis(every_ms.max(1)));
+    }
     std::hint::black_box(&held);
     0
 }

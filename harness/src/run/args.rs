@@ -1,0 +1,333 @@
+//! `harness run`'s command line, in two stages: the raw flags (clap), then a
+//! validated [`RunPlan`] of the run (every value checked, every error naming the flag).
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use evidence::rung::{Profile, Rung};
+
+use crate::exit::UsageError;
+use crate::sampler::{DEFAULT_CADENCE_MS, MAX_CADENCE_MS, MIN_CADENCE_MS};
+use crate::units::parse_bytes;
+
+/// Render a rung (or run any protocol-speaking engine) under the instrument.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The rung file (`rungs/N.toml`). Required unless --exec is given.
+    #[arg(long, value_name = "FILE")]
+    pub rung: Option<PathBuf>,
+    /// The evidence store (default: $HARNESS_STORE, then $XDG_DATA_HOME/harness/store,
+    /// then ~/.local/share/harness/store). Must be durable storage.
+    #[arg(long, value_name = "DIR")]
+    pub store: Option<PathBuf>,
+    /// A lever's arm, overriding the rung and the profile (repeatable).
+    #[arg(long = "lever", value_name = "K=V")]
+    pub levers: Vec<String>,
+    /// Lever defaults: default (best arms) or baseline (the old state).
+    #[arg(long, value_name = "P")]
+    pub profile: Option<String>,
+    /// The engine binary (default: `engine` next to the harness binary).
+    #[arg(long, value_name = "PATH")]
+    pub engine: Option<PathBuf>,
+    /// The weights directory (default: the rung's, else synthesized into the cache).
+    #[arg(long, value_name = "DIR")]
+    pub weights: Option<PathBuf>,
+    /// Sampler interval in milliseconds (10 to 10000).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_CADENCE_MS)]
+    pub cadence_ms: u64,
+    /// Kill the engine when MemAvailable falls below this (e.g. 4GiB).
+    /// Default: the smaller of 4 GiB and an eighth of RAM.
+    #[arg(long, value_name = "BYTES")]
+    pub mem_floor: Option<String>,
+    /// Kill the engine when RSS + weights page cache + GPU memory exceeds this.
+    /// Default on unified-memory GPUs: MemTotal minus the floor; otherwise none.
+    #[arg(long, value_name = "BYTES")]
+    pub unified_budget: Option<String>,
+    /// Stop the engine after this many seconds.
+    #[arg(long, value_name = "S")]
+    pub timeout: Option<f64>,
+    /// The lease this run measures under (H3).
+    #[arg(long, value_name = "ID", env = "HARNESS_LEASE_ID")]
+    pub lease_id: Option<String>,
+    /// Sample and journal every column (on), or only what the watchdog needs (off).
+    #[arg(long, value_name = "on|off", default_value = "on")]
+    pub observer: String,
+    /// Run CMD ARGS (any engine that speaks the marker protocol) instead of the
+    /// engine's `render`: `harness run --exec -- CMD ARGS...`.
+    #[arg(long)]
+    pub exec: bool,
+    /// The command after `--` (with --exec).
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// What runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Engine {
+    /// The engine's `render` on the rung.
+    Render {
+        /// The engine binary as given or defaulted (before the copy-out gate).
+        binary: PathBuf,
+    },
+    /// Any command speaking the protocol.
+    Exec {
+        /// The program.
+        program: PathBuf,
+        /// Its arguments.
+        args: Vec<String>,
+    },
+}
+
+/// A validated run.
+#[derive(Debug, Clone)]
+pub struct RunPlan {
+    /// The rung file and its contents, when given.
+    pub rung: Option<(PathBuf, Rung)>,
+    /// The store, when given on the command line.
+    pub store: Option<PathBuf>,
+    /// Levers: the rung's, then --lever overrides, sorted by lever.
+    pub levers: std::collections::BTreeMap<String, String>,
+    /// The profile (`default` or `baseline`).
+    pub profile: String,
+    /// What runs.
+    pub engine: Engine,
+    /// Explicit weights.
+    pub weights: Option<PathBuf>,
+    /// Sampler interval, ms.
+    pub cadence_ms: u64,
+    /// Explicit floor, bytes.
+    pub mem_floor: Option<u64>,
+    /// Explicit unified budget, bytes.
+    pub unified_budget: Option<u64>,
+    /// Timeout, seconds.
+    pub timeout_s: Option<f64>,
+    /// Lease id.
+    pub lease_id: Option<String>,
+    /// Observer on.
+    pub observer: bool,
+}
+
+fn usage(msg: String) -> anyhow::Error {
+    UsageError(msg).into()
+}
+
+/// The default engine: `engine` in the harness binary's directory.
+pub fn default_engine() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("engine")))
+        .unwrap_or_else(|| PathBuf::from("engine"))
+}
+
+impl RunArgs {
+    /// Check every flag and load the rung.
+    pub fn validate(&self) -> anyhow::Result<RunPlan> {
+        let rung = match &self.rung {
+            Some(p) => Some((p.clone(), Rung::load(p).map_err(|e| usage(e.to_string()))?)),
+            None => None,
+        };
+        let engine = if self.exec {
+            let Some((program, args)) = self.command.split_first() else {
+                return Err(usage(
+                    "--exec needs a command after `--`: harness run --exec -- CMD ARGS...".into(),
+                ));
+            };
+            if self.engine.is_some() {
+                return Err(usage("--engine and --exec exclude each other".into()));
+            }
+            Engine::Exec {
+                program: program.into(),
+                args: args.to_vec(),
+            }
+        } else {
+            if !self.command.is_empty() {
+                return Err(usage(format!(
+                    "a command after `--` ({:?}) needs --exec",
+                    self.command[0]
+                )));
+            }
+            if rung.is_none() {
+                return Err(usage(
+                    "--rung FILE is required (or --exec -- CMD ARGS...)".into(),
+                ));
+            }
+            Engine::Render {
+                binary: self.engine.clone().unwrap_or_else(default_engine),
+            }
+        };
+        let mut levers = rung
+            .as_ref()
+            .map(|(_, r)| r.levers.clone())
+            .unwrap_or_default();
+        for kv in &self.levers {
+            match kv.split_once('=') {
+                Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => {
+                    levers.insert(k.trim().to_string(), v.trim().to_string());
+                }
+                _ => return Err(usage(format!("--lever {kv:?}: expected NAME=ARM"))),
+            }
+        }
+        let profile = match (&self.profile, &rung) {
+            (Some(p), _) if p == "default" || p == "baseline" => p.clone(),
+            (Some(p), _) => {
+                return Err(usage(format!(
+                    "--profile {p:?}: expected default or baseline"
+                )))
+            }
+            (None, Some((_, r))) => match r.profile {
+                Profile::Default => "default".into(),
+                Profile::Baseline => "baseline".into(),
+            },
+            (None, None) => "default".into(),
+        };
+        if !(MIN_CADENCE_MS..=MAX_CADENCE_MS).contains(&self.cadence_ms) {
+            return Err(usage(format!(
+                "--cadence-ms {}: expected {MIN_CADENCE_MS} to {MAX_CADENCE_MS}",
+                self.cadence_ms
+            )));
+        }
+        let bytes = |flag: &str, v: &Option<String>| -> anyhow::Result<Option<u64>> {
+            v.as_deref()
+                .map(|s| parse_bytes(s).map_err(|e| usage(format!("--{flag}: {e}"))))
+                .transpose()
+        };
+        let mem_floor = bytes("mem-floor", &self.mem_floor)?;
+        let unified_budget = bytes("unified-budget", &self.unified_budget)?;
+        if unified_budget == Some(0) {
+            return Err(usage(
+                "--unified-budget 0: expected a positive budget".into(),
+            ));
+        }
+        if let Some(t) = self.timeout {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(usage(format!("--timeout {t}: expected seconds above 0")));
+            }
+        }
+        let observer = match self.observer.as_str() {
+            "on" => true,
+            "off" => false,
+            o => return Err(usage(format!("--observer {o:?}: expected on or off"))),
+        };
+        let weights = self
+            .weights
+            .clone()
+            .or_else(|| rung.as_ref().and_then(|(p, r)| rung_weights(p, r)));
+        Ok(RunPlan {
+            rung,
+            store: self.store.clone(),
+            levers,
+            profile,
+            engine,
+            weights,
+            cadence_ms: self.cadence_ms,
+            mem_floor,
+            unified_budget,
+            timeout_s: self.timeout,
+            lease_id: self.lease_id.clone(),
+            observer,
+        })
+    }
+}
+
+/// The rung's `weights`, relative paths taken from the rung file's directory.
+fn rung_weights(rung_path: &Path, rung: &Rung) -> Option<PathBuf> {
+    let w = rung.weights.as_ref()?;
+    Some(if w.is_absolute() {
+        w.clone()
+    } else {
+        rung_path.parent().unwrap_or(Path::new(".")).join(w)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        a: RunArgs,
+    }
+
+    fn parse(args: &[&str]) -> anyhow::Result<RunPlan> {
+        let mut v = vec!["run"];
+        v.extend_from_slice(args);
+        T::try_parse_from(v)?.a.validate()
+    }
+
+    fn rung_file() -> PathBuf {
+        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-scratch/args");
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join("r.toml");
+        std::fs::write(
+            &p,
+            "preset = \"tiny\"\nwidth = 64\nheight = 64\nframes = 9\nsteps = 2\nguidance = 1.0\n\
+             seed = 1\ndevice = \"cpu\"\nprofile = \"baseline\"\nweights = \"w\"\n[levers]\nstaging = \"serial\"\n",
+        )
+        .unwrap();
+        p
+    }
+
+    #[test]
+    fn a_rung_run_merges_levers_and_resolves_weights() {
+        let r = rung_file();
+        let p = parse(&[
+            "--rung",
+            r.to_str().unwrap(),
+            "--lever",
+            "staging=batched",
+            "--lever",
+            "vae=device",
+            "--mem-floor",
+            "2GiB",
+        ])
+        .unwrap();
+        assert_eq!(p.levers["staging"], "batched");
+        assert_eq!(p.levers["vae"], "device");
+        assert_eq!(p.profile, "baseline");
+        assert_eq!(p.mem_floor, Some(2 << 30));
+        assert_eq!(p.weights, Some(r.parent().unwrap().join("w")));
+        assert!(matches!(p.engine, Engine::Render { .. }));
+        assert!(p.observer);
+        assert_eq!(p.cadence_ms, 100);
+    }
+
+    #[test]
+    fn exec_takes_the_command_after_the_separator() {
+        let p = parse(&["--exec", "--", "my-engine", "--flag", "x"]).unwrap();
+        assert_eq!(
+            p.engine,
+            Engine::Exec {
+                program: "my-engine".into(),
+                args: vec!["--flag".into(), "x".into()]
+            }
+        );
+        assert!(p.rung.is_none());
+    }
+
+    #[test]
+    fn bad_flags_are_usage_errors_naming_the_flag() {
+        let r = rung_file();
+        let r = r.to_str().unwrap();
+        for (args, want) in [
+            (vec!["--exec"], "--exec needs a command"),
+            (vec![], "--rung FILE is required"),
+            (vec!["--rung", r, "--cadence-ms", "5"], "--cadence-ms 5"),
+            (
+                vec!["--rung", r, "--lever", "novalue"],
+                "--lever \"novalue\"",
+            ),
+            (vec!["--rung", r, "--profile", "fast"], "--profile \"fast\""),
+            (vec!["--rung", r, "--mem-floor", "lots"], "--mem-floor"),
+            (vec!["--rung", r, "--timeout", "-1"], "--timeout -1"),
+            (vec!["--rung", r, "--observer", "maybe"], "--observer"),
+            (vec!["--rung", "no/such.toml"], "no/such.toml"),
+            (vec!["--engine", "e", "--exec", "--", "x"], "exclude"),
+        ] {
+            let e = parse(&args).unwrap_err();
+            assert!(e.is::<UsageError>(), "{args:?}: {e}");
+            assert!(e.to_string().contains(want), "{args:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! Facts about the host and the run, for the `host` and `run` manifest fragments.
+
+use std::path::Path;
+
+fn read_trim(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`): monotonic times from two
+/// runs are comparable only when their boot ids are equal.
+pub fn boot_id() -> Option<String> {
+    read_trim("/proc/sys/kernel/random/boot_id")
+}
+
+/// The host name.
+pub fn hostname() -> Option<String> {
+    read_trim("/proc/sys/kernel/hostname")
+}
+
+/// The kernel release (`uname -r`).
+pub fn kernel() -> Option<String> {
+    read_trim("/proc/sys/kernel/osrelease")
+}
+
+/// The operating system's `PRETTY_NAME` from `/etc/os-release`.
+pub fn os_name() -> Option<String> {
+    let text = std::fs::read_to_string("/etc/os-release").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+        .map(|v| v.trim_matches('"').to_string())
+}
+
+/// The CPU model name from `/proc/cpuinfo`.
+pub fn cpu_model() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    text.lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+}
+
+/// CPUs this process may run on.
+pub fn cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// The `host` fragment.
+pub fn host_fragment() -> serde_json::Value {
+    serde_json::json!({
+        "cpu_model": cpu_model(),
+        "cores": cores(),
+        "mem_total_bytes": crate::sampler::system::mem_total_bytes().ok(),
+        "kernel": kernel(),
+        "os": os_name(),
+    })
+}
+
+/// The `run` fragment; `end_ns` is null until the run ends.
+pub fn run_fragment(
+    start_ns: u64,
+    end_ns: Option<u64>,
+    argv: &[String],
+    cwd: &Path,
+) -> serde_json::Value {
+    serde_json::json!({
+        "start_ns": start_ns,
+        "end_ns": end_ns,
+        "argv": argv,
+        "boot_id": boot_id(),
+        "hostname": hostname(),
+        "harness_version": env!("CARGO_PKG_VERSION"),
+        "cwd": cwd,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn facts_are_read_here() {
+        let b = boot_id().unwrap();
+        assert_eq!(b.len(), 36, "{b}");
+        assert!(kernel().unwrap().chars().next().unwrap().is_ascii_digit());
+        let h = host_fragment();
+        assert!(h["cores"].as_u64().unwrap() >= 1);
+        assert!(h["mem_total_bytes"].as_u64().unwrap() > 1 << 28);
+        let r = run_fragment(5, None, &["harness".into()], Path::new("/w"));
+        assert_eq!(
+            (r["start_ns"].as_u64(), r["end_ns"].is_null()),
+            (Some(5), true)
+        );
+        assert_eq!(r["boot_id"], b);
+    }
+}

@@ -1,0 +1,314 @@
+//! The preflight gates: each a hard refusal with a clear message, each recorded in
+//! the `gates` fragment whatever its verdict.
+//!
+//! * `store-durable` (H2): the store is not on /tmp, /var/tmp, /mnt, tmpfs or ramfs.
+//! * `lease` (H3): a lease id, required when the rung says so.
+//! * `engine-binary` (H5): the engine is copied into the store under its sha256 and
+//!   run from there, so a worktree vanishing mid-run cannot change what is measured.
+//! * `contention`: load and other GPU processes, recorded and flagged (never refused).
+//! * `headroom`: the engine's projected host peak fits in MemAvailable minus the floor.
+//! * `watchdog-control`: the watchdog's positive control passed (H1).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::sampler::gpu::Gpu;
+
+/// A gate's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// The gate passed.
+    Pass,
+    /// The gate refused the run.
+    Refuse,
+    /// The gate does not apply to this run.
+    NotApplicable,
+}
+
+/// One entry of the `gates` fragment.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Gate {
+    /// The gate's name.
+    pub name: String,
+    /// Its verdict.
+    pub verdict: Verdict,
+    /// What was checked and found.
+    pub detail: String,
+}
+
+impl Gate {
+    /// A gate entry.
+    pub fn new(name: &str, verdict: Verdict, detail: impl Into<String>) -> Gate {
+        Gate {
+            name: name.into(),
+            verdict,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Load above this many runnable tasks per core flags the run as contended.
+///
+/// Half the cores busy with other work already moves wall times by tens of per
+/// cent on a render that uses every core; the flag makes such runs visible in
+/// `rank` rather than silently mixed with quiet ones.
+pub const CONTENTION_LOAD_PER_CORE: f64 = 0.5;
+
+/// The `lease` gate: `required` comes from the rung.
+pub fn lease(required: bool, id: Option<&str>) -> Gate {
+    match (id.map(str::trim).filter(|s| !s.is_empty()), required) {
+        (Some(id), _) => Gate::new("lease", Verdict::Pass, format!("lease id {id}")),
+        (None, true) => Gate::new(
+            "lease",
+            Verdict::Refuse,
+            "the rung requires a lease id ([require] lease = true): pass --lease-id ID or set HARNESS_LEASE_ID",
+        ),
+        (None, false) => Gate::new("lease", Verdict::NotApplicable, "the rung requires no lease"),
+    }
+}
+
+/// Hex sha256 of a file.
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok(format!("{:x}", h.finalize()));
+        }
+        h.update(&buf[..n]);
+    }
+}
+
+/// Resolve `program` like a shell would (a name without `/` is looked up in PATH).
+pub fn resolve_program(program: &Path) -> Option<PathBuf> {
+    if program.components().count() > 1 {
+        return program.is_file().then(|| program.to_path_buf());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+/// The engine binary copied into `bin_dir` under its sha256.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CopiedBinary {
+    /// Where it was copied from.
+    pub source: PathBuf,
+    /// Where it runs from: `bin_dir/<sha256>`.
+    pub store_path: PathBuf,
+    /// Hex sha256 of its bytes.
+    pub sha256: String,
+}
+
+/// Copy `source` into `bin_dir/<sha256>` (reusing an identical copy), verified by
+/// hashing the copy.
+pub fn copy_engine(source: &Path, bin_dir: &Path) -> Result<CopiedBinary, String> {
+    let ctx = |what: &str, p: &Path, e: std::io::Error| format!("{what} {}: {e}", p.display());
+    let sha = sha256_file(source).map_err(|e| ctx("cannot read", source, e))?;
+    std::fs::create_dir_all(bin_dir).map_err(|e| ctx("cannot create", bin_dir, e))?;
+    let dest = bin_dir.join(&sha);
+    let reuse = dest.is_file() && sha256_file(&dest).ok().as_deref() == Some(sha.as_str());
+    if !reuse {
+        let tmp = bin_dir.join(format!(".{sha}.partial-{}", std::process::id()));
+        let result = (|| {
+            std::fs::copy(source, &tmp)?;
+            let f = std::fs::File::open(&tmp)?;
+            f.sync_all()?;
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o555))?;
+            std::fs::rename(&tmp, &dest)
+        })();
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(ctx("cannot copy the engine to", &dest, e));
+        }
+        let got = sha256_file(&dest).map_err(|e| ctx("cannot re-read", &dest, e))?;
+        if got != sha {
+            return Err(format!(
+                "the copy {} hashes to {got}, not {sha}",
+                dest.display()
+            ));
+        }
+    }
+    Ok(CopiedBinary {
+        source: source.to_path_buf(),
+        store_path: dest,
+        sha256: sha,
+    })
+}
+
+/// The `contention` fragment and whether it is flagged.
+pub fn contention(
+    load1: Option<f64>,
+    cores: usize,
+    gpu: Option<&Gpu>,
+    own_pid: u32,
+) -> serde_json::Value {
+    let mut why = Vec::new();
+    let limit = CONTENTION_LOAD_PER_CORE * cores as f64;
+    match load1 {
+        Some(l) if l > limit => why.push(format!(
+            "load1 {l:.2} above {limit:.2} ({CONTENTION_LOAD_PER_CORE} per core on {cores} cores)"
+        )),
+        Some(_) => {}
+        None => why.push("load average unreadable".into()),
+    }
+    let others = match gpu.map(|g| g.compute_processes()) {
+        Some(Ok(procs)) => {
+            let n = procs.iter().filter(|p| p.pid != own_pid).count();
+            if n > 0 {
+                why.push(format!("{n} other process(es) on the GPU"));
+            }
+            Some(n)
+        }
+        Some(Err(e)) => {
+            why.push(format!("GPU processes unreadable ({e})"));
+            None
+        }
+        None => None,
+    };
+    serde_json::json!({
+        "load1_at_start": load1,
+        "other_gpu_procs": others,
+        "flagged": !why.is_empty(),
+        "detail": if why.is_empty() { "quiet".to_string() } else { why.join("; ") },
+    })
+}
+
+/// The engine's projection (`engine plan --json`).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+pub struct Plan {
+    /// Projected peak resident host bytes.
+    pub host_peak_bytes: u64,
+    /// Projected peak device bytes.
+    pub device_peak_bytes: u64,
+    /// Bytes of weights.
+    #[serde(default)]
+    pub weights_bytes: u64,
+}
+
+/// Ask `engine plan` for the projection of this render.
+pub fn engine_plan(engine: &Path, plan_args: &[String]) -> Result<Plan, String> {
+    let out = Command::new(engine)
+        .arg("plan")
+        .args(plan_args)
+        .arg("--json")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {} plan: {e}", engine.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`engine plan` failed with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).map_err(|e| {
+        format!("`engine plan --json` printed something other than the plan object ({e}): {text}")
+    })
+}
+
+/// The `headroom` gate: the projected peak against MemAvailable minus the floor. On
+/// a unified-memory GPU the device peak comes out of the same memory and is added.
+pub fn headroom(plan: &Plan, mem_available: u64, floor: u64, unified: bool) -> Gate {
+    let need = plan.host_peak_bytes + if unified { plan.device_peak_bytes } else { 0 };
+    let room = mem_available.saturating_sub(floor);
+    let what = if unified {
+        "projected host + device peak"
+    } else {
+        "projected host peak"
+    };
+    let detail = format!(
+        "{what} {need} B vs MemAvailable {mem_available} B minus floor {floor} B = {room} B"
+    );
+    if need <= room {
+        Gate::new("headroom", Verdict::Pass, detail)
+    } else {
+        Gate::new("headroom", Verdict::Refuse, detail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_is_required_only_when_the_rung_says_so() {
+        assert_eq!(lease(true, None).verdict, Verdict::Refuse);
+        assert!(lease(true, None).detail.contains("HARNESS_LEASE_ID"));
+        assert_eq!(lease(true, Some("  ")).verdict, Verdict::Refuse);
+        assert_eq!(lease(true, Some("L-42")).verdict, Verdict::Pass);
+        assert_eq!(lease(false, None).verdict, Verdict::NotApplicable);
+        assert_eq!(lease(false, Some("L-1")).verdict, Verdict::Pass);
+    }
+
+    #[test]
+    fn headroom_compares_peak_with_available_minus_floor() {
+        let p = Plan {
+            host_peak_bytes: 600,
+            device_peak_bytes: 300,
+            weights_bytes: 0,
+        };
+        assert_eq!(headroom(&p, 1000, 400, false).verdict, Verdict::Pass);
+        assert_eq!(headroom(&p, 1000, 401, false).verdict, Verdict::Refuse);
+        // Unified memory: the device peak is drawn from the same pool.
+        assert_eq!(headroom(&p, 1000, 400, true).verdict, Verdict::Refuse);
+        assert_eq!(headroom(&p, 1300, 400, true).verdict, Verdict::Pass);
+        assert!(headroom(&p, 10, 400, false).detail.contains("= 0 B"));
+    }
+
+    #[test]
+    fn contention_flags_load_and_records_it() {
+        let c = contention(Some(3.0), 4, None, 1);
+        assert_eq!(c["flagged"], true);
+        assert!(c["detail"]
+            .as_str()
+            .unwrap()
+            .contains("load1 3.00 above 2.00"));
+        let c = contention(Some(1.0), 4, None, 1);
+        assert_eq!(
+            (c["flagged"].as_bool(), c["detail"].as_str()),
+            (Some(false), Some("quiet"))
+        );
+        assert!(c["other_gpu_procs"].is_null());
+    }
+
+    #[test]
+    fn the_engine_is_copied_once_under_its_hash() {
+        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-scratch/gates-copy");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let src = d.join("engine");
+        std::fs::write(&src, b"#!/bin/sh\necho hi\n").unwrap();
+        let bin = d.join("bin");
+        let c = copy_engine(&src, &bin).unwrap();
+        assert_eq!(
+            c.sha256,
+            format!("{:x}", Sha256::digest(b"#!/bin/sh\necho hi\n"))
+        );
+        assert_eq!(c.store_path, bin.join(&c.sha256));
+        let out = Command::new(&c.store_path).output().unwrap();
+        assert_eq!(out.stdout, b"hi\n");
+        // Same bytes: same path, nothing else written.
+        let again = copy_engine(&src, &bin).unwrap();
+        assert_eq!(again.store_path, c.store_path);
+        assert_eq!(std::fs::read_dir(&bin).unwrap().count(), 1);
+        let e = copy_engine(&d.join("nope"), &bin).unwrap_err();
+        assert!(e.contains("nope"), "{e}");
+    }
+
+    #[test]
+    fn programs_resolve_through_path() {
+        assert!(resolve_program(Path::new("sh")).is_some());
+        assert!(resolve_program(Path::new("no-such-program-xyz")).is_none());
+    }
+}

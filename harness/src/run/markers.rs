@@ -1,0 +1,178 @@
+//! The marker channel reader: every raw line into the journal (`Marker` records,
+//! the line kept verbatim and stamped with its receive time), parsed only to follow
+//! the open phases live, count malformed lines, and force the journal to disk at
+//! every phase boundary.
+
+use std::io::{BufRead, BufReader, Read};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use evidence::clock::monotonic_ns;
+use evidence::journal::{Record, SharedJournal};
+use evidence::marker::{parse_marker_line, Marker};
+
+/// Longest marker line journaled, in bytes; the rest of a longer line is dropped
+/// (the line is malformed anyway: the protocol allows 64 KiB).
+pub const MAX_KEPT_LINE: usize = 1 << 20;
+/// Malformed lines reported on stderr one by one; later ones are only counted.
+pub const MALFORMED_REPORTED: u64 = 5;
+
+/// What the markers said so far.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Live {
+    /// Phases open now, outermost first.
+    pub open: Vec<String>,
+    /// Lines received.
+    pub lines: u64,
+    /// Lines that are not protocol events.
+    pub malformed: u64,
+    /// `frames_written` from the engine's last info marker.
+    pub frames_written: Option<u64>,
+    /// Engine name and version from `hello`.
+    pub engine: Option<(String, String)>,
+}
+
+impl Live {
+    /// Follow one parsed event.
+    pub fn apply(&mut self, m: &Marker) {
+        match m {
+            Marker::Hello {
+                engine, version, ..
+            } => self.engine = Some((engine.clone(), version.clone())),
+            Marker::Open { name, .. } => self.open.push(name.clone()),
+            Marker::Close { name, .. } => {
+                if let Some(i) = self.open.iter().rposition(|n| n == name) {
+                    self.open.remove(i);
+                }
+            }
+            Marker::Tick { .. } => {}
+            Marker::Info { attrs, .. } => {
+                if let Some(n) = attrs.get("frames_written").and_then(|v| v.as_u64()) {
+                    self.frames_written = Some(n);
+                }
+            }
+        }
+    }
+}
+
+/// Read the channel until every writer has closed it, on a new thread.
+pub fn read_markers<R: Read + Send + 'static>(
+    input: R,
+    journal: SharedJournal,
+    live: Arc<Mutex<Live>>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("markers".into())
+        .spawn(move || pump(input, &journal, &live))
+}
+
+fn pump<R: Read>(input: R, journal: &SharedJournal, live: &Mutex<Live>) {
+    let mut reader = BufReader::new(input);
+    let mut buf = Vec::new();
+    let mut journal_failed = false;
+    loop {
+        buf.clear();
+        match reader
+            .by_ref()
+            .take(MAX_KEPT_LINE as u64)
+            .read_until(b'\n', &mut buf)
+        {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+        let recv_ns = monotonic_ns();
+        let complete = buf.last() == Some(&b'\n');
+        if !complete && buf.len() >= MAX_KEPT_LINE {
+            // Skip the rest of an over-long line.
+            let mut rest = Vec::new();
+            let _ = reader.read_until(b'\n', &mut rest);
+        }
+        let valid_utf8 = std::str::from_utf8(&buf).is_ok();
+        let text = String::from_utf8_lossy(&buf);
+        let line = text.trim_end_matches('\n');
+        let parsed = if valid_utf8 {
+            parse_marker_line(line)
+        } else {
+            Err(evidence::marker::MarkerError::Json("not UTF-8".into()))
+        };
+        if let Err(e) = journal.append(&Record::Marker {
+            recv_ns,
+            line: line.to_string(),
+        }) {
+            if !journal_failed {
+                journal_failed = true;
+                eprintln!("harness: journal append failed for a marker: {e}");
+            }
+        }
+        let mut boundary = false;
+        {
+            let mut l = live.lock().unwrap_or_else(|p| p.into_inner());
+            l.lines += 1;
+            match &parsed {
+                Ok(m) => {
+                    boundary = matches!(m, Marker::Open { .. } | Marker::Close { .. });
+                    l.apply(m);
+                }
+                Err(e) => {
+                    l.malformed += 1;
+                    if l.malformed <= MALFORMED_REPORTED {
+                        let shown: String = line.chars().take(120).collect();
+                        eprintln!(
+                            "harness: malformed marker line #{} kept verbatim ({e}): {shown}",
+                            l.malformed
+                        );
+                    } else if l.malformed == MALFORMED_REPORTED + 1 {
+                        eprintln!("harness: further malformed marker lines are only counted");
+                    }
+                }
+            }
+        }
+        if boundary {
+            if let Err(e) = journal.sync_now() {
+                if !journal_failed {
+                    journal_failed = true;
+                    eprintln!("harness: journal sync failed at a phase boundary: {e}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use evidence::attrs;
+
+    #[test]
+    fn live_state_follows_nesting_by_name() {
+        let mut l = Live::default();
+        let open = |n: &str| Marker::Open {
+            t_ns: 1,
+            name: n.into(),
+            attrs: Default::default(),
+        };
+        let close = |n: &str| Marker::Close {
+            t_ns: 2,
+            name: n.into(),
+            attrs: Default::default(),
+        };
+        l.apply(&open("denoise"));
+        l.apply(&open("denoise.step"));
+        assert_eq!(l.open, ["denoise", "denoise.step"]);
+        l.apply(&close("denoise.step"));
+        l.apply(&open("denoise.step"));
+        assert_eq!(l.open, ["denoise", "denoise.step"]);
+        // A close of a phase that is not innermost removes that phase.
+        l.apply(&close("denoise"));
+        assert_eq!(l.open, ["denoise.step"]);
+        l.apply(&close("never-opened"));
+        assert_eq!(l.open, ["denoise.step"]);
+        l.apply(&Marker::Info {
+            t_ns: 3,
+            attrs: attrs! {"frames_written" => 9},
+        });
+        assert_eq!(l.frames_written, Some(9));
+    }
+}

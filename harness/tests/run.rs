@@ -1,0 +1,584 @@
+//! End to end: the real `harness` binary drives the test engine, and the sealed
+//! bundles say what happened. Each test has its own store under
+//! `CARGO_TARGET_TMPDIR` (never /tmp).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
+const ENGINE: &str = env!("CARGO_BIN_EXE_test-engine");
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh store directory for one test.
+fn store(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "run-{name}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn harness(store: &Path) -> Command {
+    let mut c = Command::new(HARNESS);
+    c.arg("run").arg("--store").arg(store);
+    c.env_remove("HARNESS_LEASE_ID")
+        .env_remove("TEST_ENGINE_SCRIPT");
+    c
+}
+
+/// `harness run --exec -- test-engine SCRIPT...` with extra harness flags.
+fn exec(store: &Path, flags: &[&str], script: &str) -> Output {
+    let mut c = harness(store);
+    c.args(flags).arg("--exec").arg("--").arg(ENGINE);
+    c.args(script.split_whitespace());
+    c.output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The sealed bundle's directory, from the `path:` line of stdout.
+fn bundle_path(out: &Output) -> PathBuf {
+    let so = text(&out.stdout);
+    let p = so
+        .lines()
+        .find_map(|l| l.strip_prefix("path: "))
+        .unwrap_or_else(|| {
+            panic!(
+                "no bundle path in stdout:\n{so}\nstderr:\n{}",
+                text(&out.stderr)
+            )
+        });
+    PathBuf::from(p.trim())
+}
+
+fn manifest(out: &Output) -> Value {
+    let p = bundle_path(out).join("manifest.json");
+    serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap()
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().unwrap_or(-1)
+}
+
+const GOOD_FRAMES: &str = "--frames good 64x48 9";
+
+#[test]
+fn a_good_exec_run_completes_with_samples_markers_and_frames() {
+    let s = store("good");
+    let out = exec(
+        &s,
+        &["--cadence-ms", "20"],
+        &format!("--hello --render 2 2 --sleep-ms 300 {GOOD_FRAMES}"),
+    );
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let m = manifest(&out);
+    assert_eq!(m["exit"]["reason"], "completed");
+    assert_eq!(m["exit"]["code"], 0);
+    assert_eq!(m["completion"]["verdict"], "pass");
+    assert_eq!(m["completion"]["frames"], 9);
+    assert_eq!(m["engine"]["exec"], true);
+    assert_eq!(m["engine"]["version"], env!("CARGO_PKG_VERSION"));
+    let sha = m["engine"]["sha256"].as_str().unwrap();
+    assert!(m["engine"]["store_path"]
+        .as_str()
+        .unwrap()
+        .ends_with(&format!("bin/{sha}")));
+    // The sampler ran at its cadence for the engine's life (>= 0.3 s at 20 ms).
+    assert_eq!(m["sampler"]["cadence_ms"], 20);
+    assert!(
+        m["sampler"]["ticks"].as_u64().unwrap() >= 12,
+        "{}",
+        m["sampler"]
+    );
+    // No GPU here: every GPU column is null with its reason.
+    let su = &m["sensors_unavailable"];
+    assert!(
+        su["gpu_util_pct"].as_str().unwrap().contains("NVML"),
+        "{su}"
+    );
+    // Gates and the watchdog control are recorded.
+    let gates = m["gates"].as_array().unwrap();
+    for name in [
+        "store-durable",
+        "engine-binary",
+        "contention",
+        "headroom",
+        "watchdog-control",
+    ] {
+        assert!(
+            gates.iter().any(|g| g["name"] == name),
+            "gate {name} missing: {gates:?}"
+        );
+    }
+    let controls = m["controls"].as_array().unwrap();
+    let wd = controls
+        .iter()
+        .find(|c| c["name"] == "watchdog-floor")
+        .unwrap();
+    assert_eq!(wd["verdict"], "pass", "{wd}");
+    let gpu = controls.iter().find(|c| c["name"] == "gpu-util").unwrap();
+    assert_eq!(gpu["verdict"], "not-applicable");
+    // The phase table was printed.
+    assert!(
+        text(&out.stdout).contains("denoise.step"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn sigkill_of_the_engine_mid_phase_leaves_a_bundle_naming_the_open_phase() {
+    let s = store("sigkill");
+    let mut child: Child = harness(&s)
+        .args(["--exec", "--", ENGINE])
+        .args("--hello --pid --open load.dit --close load.dit --open denoise --open denoise.step --hang".split(' '))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let mut pid = None;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(p) = line.strip_prefix("test-engine pid=") {
+            pid = Some(p.trim().parse::<i32>().unwrap());
+        }
+        if line == "+denoise.step" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "engine never opened denoise.step"
+        );
+    }
+    let pid = pid.expect("the engine printed its pid");
+    std::thread::sleep(Duration::from_millis(200));
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(code(&out), 1, "{}", rest.join("\n"));
+    let m = manifest(&out);
+    assert_eq!(m["exit"]["reason"], "killed");
+    assert_eq!(m["exit"]["signal"], 9);
+    assert_eq!(
+        m["exit"]["open_phases"],
+        serde_json::json!(["denoise", "denoise.step"])
+    );
+    assert!(m["exit"]["detail"]
+        .as_str()
+        .unwrap()
+        .contains("during denoise > denoise.step"));
+    assert_eq!(m["completion"]["verdict"], "fail");
+}
+
+#[test]
+fn the_watchdog_kills_a_runaway_allocator_over_the_unified_budget() {
+    let s = store("runaway-budget");
+    let out = exec(
+        &s,
+        &[
+            "--unified-budget",
+            "256MiB",
+            "--cadence-ms",
+            "20",
+            "--timeout",
+            "60",
+        ],
+        "--hello --open load.dit --runaway 16MiB/10",
+    );
+    assert_eq!(code(&out), 1, "{}", text(&out.stderr));
+    let m = manifest(&out);
+    assert_eq!(m["exit"]["reason"], "watchdog", "{}", m["exit"]);
+    assert_eq!(m["exit"]["signal"], 9);
+    let t = &m["watchdog"]["tripped"];
+    assert_eq!(t["column"], "unified_bytes");
+    assert_eq!(t["limit"], 256u64 << 20);
+    let v = t["value"].as_u64().unwrap();
+    // Crossed, and killed within a few ticks (16 MiB per 10 ms, 20 ms ticks).
+    assert!(v > 256 << 20 && v < 512 << 20, "tripped at {v}");
+    assert!(m["exit"]["detail"]
+        .as_str()
+        .unwrap()
+        .contains("watchdog killed the engine during load.dit"));
+    assert!(text(&out.stderr).contains("WATCHDOG"));
+    let controls = m["controls"].as_array().unwrap();
+    assert!(controls
+        .iter()
+        .any(|c| c["name"] == "watchdog-unified-budget" && c["verdict"] == "pass"));
+}
+
+#[test]
+fn the_watchdog_kills_a_runaway_allocator_at_the_memavailable_floor() {
+    let s = store("runaway-floor");
+    let avail = procfs_avail();
+    // 3 GiB below the reading: room for the watchdog control's 1 GiB probe (it
+    // needs twice that above the floor) and a crossing no other test's memory
+    // churn can hide for long.
+    let floor = avail - (3 << 30);
+    let out = exec(
+        &s,
+        &[
+            "--mem-floor",
+            &floor.to_string(),
+            // A backstop far above the floor's crossing, should others free memory.
+            "--unified-budget",
+            "8GiB",
+            "--cadence-ms",
+            "20",
+        ],
+        "--hello --open denoise --runaway 16MiB/10",
+    );
+    let m = manifest(&out);
+    assert_eq!(m["exit"]["reason"], "watchdog", "{}", text(&out.stderr));
+    assert_eq!(m["watchdog"]["tripped"]["column"], "mem_available_bytes");
+    assert_eq!(m["watchdog"]["mem_floor_bytes"], floor);
+    assert!(m["watchdog"]["tripped"]["value"].as_u64().unwrap() < floor);
+}
+
+fn procfs_avail() -> u64 {
+    let t = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kb: u64 = t
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches(" kB")
+        .parse()
+        .unwrap();
+    kb * 1024
+}
+
+#[test]
+fn garbage_marker_lines_are_kept_counted_and_not_fatal() {
+    let s = store("garbage");
+    let out = exec(
+        &s,
+        &[],
+        &format!("--hello --open denoise --garbage 7 --close denoise {GOOD_FRAMES}"),
+    );
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let m = manifest(&out);
+    assert_eq!(m["markers"]["unparsed"], 7, "{}", m["markers"]);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("malformed marker line #1 kept verbatim"),
+        "{err}"
+    );
+    assert!(err.contains("(7 malformed)"), "{err}");
+}
+
+#[test]
+fn a_sub_scope_outside_its_parent_fails_containment() {
+    let s = store("containment");
+    let out = exec(
+        &s,
+        &[],
+        &format!(
+            "--hello --open denoise --open denoise.step --sleep-ms 20 --close denoise.step --close denoise \
+             --sleep-ms 20 --open denoise.step --sleep-ms 20 --close denoise.step {GOOD_FRAMES}"
+        ),
+    );
+    let m = manifest(&out);
+    assert_eq!(
+        m["phases"]["containment"]["verdict"], "fail",
+        "{}",
+        m["phases"]
+    );
+    assert_eq!(
+        m["phases"]["exclusivity"]["verdict"], "pass",
+        "{}",
+        m["phases"]
+    );
+}
+
+#[test]
+fn a_second_name_inside_the_sub_scopes_window_fails_exclusivity() {
+    let s = store("exclusivity");
+    let out = exec(
+        &s,
+        &[],
+        &format!(
+            "--hello --open denoise --open denoise.step --sleep-ms 20 --close denoise.step \
+             --open decode.video --sleep-ms 20 --close decode.video \
+             --open denoise.step --sleep-ms 20 --close denoise.step --close denoise {GOOD_FRAMES}"
+        ),
+    );
+    let m = manifest(&out);
+    assert_eq!(
+        m["phases"]["exclusivity"]["verdict"], "fail",
+        "{}",
+        m["phases"]
+    );
+}
+
+#[test]
+fn a_tmp_store_is_refused_before_anything_is_written() {
+    let tmp = PathBuf::from(format!("/tmp/harness-refusal-{}", std::process::id()));
+    let out = exec(&tmp, &[], &format!("--hello {GOOD_FRAMES}"));
+    assert_eq!(code(&out), 3, "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("store-durable") && err.contains("/tmp"),
+        "{err}"
+    );
+    assert!(!tmp.exists(), "the refused store was created");
+}
+
+#[test]
+fn black_frames_are_not_completed_despite_exit_code_0() {
+    let s = store("black");
+    let out = exec(&s, &[], "--hello --frames black 64x48 9");
+    assert_eq!(code(&out), 1, "{}", text(&out.stderr));
+    let m = manifest(&out);
+    assert_eq!(m["exit"]["reason"], "engine-failed");
+    assert_eq!(m["exit"]["code"], 0);
+    assert_eq!(m["completion"]["verdict"], "fail");
+    let reasons = m["completion"]["reasons"].as_array().unwrap();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.as_str().unwrap().contains("near-black")),
+        "{reasons:?}"
+    );
+    assert!(reasons
+        .iter()
+        .any(|r| r.as_str().unwrap().contains("same hash as frame 0")));
+}
+
+#[test]
+fn a_crash_and_an_abort_are_classified_by_code_and_signal() {
+    let s = store("crash");
+    let out = exec(&s, &[], "--hello --open load.dit --exit 3");
+    let m = manifest(&out);
+    assert_eq!(
+        (m["exit"]["reason"].as_str(), m["exit"]["code"].as_i64()),
+        (Some("engine-failed"), Some(3))
+    );
+    assert_eq!(m["exit"]["open_phases"], serde_json::json!(["load.dit"]));
+    let out = exec(&s, &[], "--hello --abort");
+    let m = manifest(&out);
+    assert_eq!(m["exit"]["reason"], "killed");
+    assert_eq!(m["exit"]["signal"], libc::SIGABRT);
+}
+
+#[test]
+fn a_timeout_escalates_to_sigkill_when_sigterm_is_ignored() {
+    let s = store("timeout");
+    let t0 = Instant::now();
+    let out = exec(
+        &s,
+        &["--timeout", "1"],
+        "--hello --ignore-sigterm --open denoise --hang",
+    );
+    let m = manifest(&out);
+    assert_eq!(m["exit"]["reason"], "timeout", "{}", text(&out.stderr));
+    assert_eq!(
+        m["exit"]["signal"], 9,
+        "SIGTERM was ignored, SIGKILL followed"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn ctrl_c_stops_the_engine_and_still_seals_a_partial_bundle() {
+    let s = store("interrupt");
+    let mut child = harness(&s)
+        .args([
+            "--exec", "--", ENGINE, "--hello", "--open", "denoise", "--hang",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        if line.unwrap() == "+denoise" {
+            break;
+        }
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let _rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(code(&out), 1);
+    let m = manifest(&out);
+    assert_eq!(m["exit"]["reason"], "interrupted");
+    assert_eq!(
+        m["exit"]["signal"],
+        libc::SIGTERM,
+        "the engine obeyed SIGTERM"
+    );
+    assert_eq!(m["exit"]["open_phases"], serde_json::json!(["denoise"]));
+}
+
+fn rung(dir: &Path, extra: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let p = dir.join("t.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "preset = \"tiny\"\nwidth = 64\nheight = 32\nframes = 9\nsteps = 3\nguidance = 3.0\n\
+             seed = 7\ndevice = \"cpu\"\n{extra}"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn a_rung_run_synthesizes_weights_once_and_completes() {
+    let s = store("rung");
+    let r = rung(&s.with_extension("rungs"), "");
+    let run = || {
+        harness(&s)
+            .args([
+                "--rung",
+                r.to_str().unwrap(),
+                "--engine",
+                ENGINE,
+                "--lever",
+                "vae=host",
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = run();
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let m = manifest(&out);
+    assert_eq!(m["exit"]["reason"], "completed");
+    assert_eq!(m["weights"]["synthesized"], true);
+    let digest = m["weights"]["digest"].as_str().unwrap().to_string();
+    assert!(digest.starts_with("sha256:"));
+    assert_eq!(m["rung"]["name"], "t");
+    assert_eq!(m["rung"]["config"]["frames"], 9);
+    assert_eq!(m["levers"]["vae"], "host");
+    let args: Vec<String> = serde_json::from_value(m["engine"]["args"].clone()).unwrap();
+    assert_eq!(args[0], "render");
+    assert!(
+        args.windows(2).any(|w| w == ["--lever", "vae=host"]),
+        "{args:?}"
+    );
+    let headroom = m["gates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "headroom")
+        .unwrap()
+        .clone();
+    assert_eq!(headroom["verdict"], "pass", "{headroom}");
+    // The page cache of the weight files was read.
+    assert!(
+        m["sensors_unavailable"]
+            .get("weights_cached_bytes")
+            .is_none(),
+        "{}",
+        m["sensors_unavailable"]
+    );
+    // Twice: the same synthesized weights are reused.
+    let out2 = run();
+    let m2 = manifest(&out2);
+    assert_eq!(m2["weights"]["digest"], digest.as_str());
+    let weights_dirs = std::fs::read_dir(s.join("cache/weights")).unwrap().count();
+    assert_eq!(weights_dirs, 1);
+}
+
+#[test]
+fn refused_runs_leave_a_bundle_recording_the_refusal() {
+    let s = store("refusals");
+    let dir = s.with_extension("rungs");
+    // Headroom: the plan projects more than the machine has.
+    let r = rung(&dir, "");
+    let out = harness(&s)
+        .args(["--rung", r.to_str().unwrap(), "--engine", ENGINE])
+        .env("TEST_ENGINE_PLAN_HOST_PEAK", "1000TiB")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 3, "{}", text(&out.stderr));
+    let m = manifest(&out);
+    assert_eq!(m["exit"]["reason"], "gate-refused");
+    assert!(m["exit"]["detail"].as_str().unwrap().contains("headroom"));
+    assert_eq!(m["completion"]["verdict"], "not-checked");
+    // Lease: the rung requires one.
+    let r = rung(&dir.join("lease"), "[require]\nlease = true\n");
+    let out = harness(&s)
+        .args(["--rung", r.to_str().unwrap(), "--engine", ENGINE])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 3);
+    let m = manifest(&out);
+    let lease = m["gates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "lease")
+        .unwrap()
+        .clone();
+    assert_eq!(lease["verdict"], "refuse");
+    assert!(text(&out.stderr).contains("HARNESS_LEASE_ID"));
+    let out = harness(&s)
+        .args(["--rung", r.to_str().unwrap(), "--engine", ENGINE])
+        .env("HARNESS_LEASE_ID", "lease-42")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert_eq!(manifest(&out)["lease"]["id"], "lease-42");
+    // A missing engine binary.
+    let out = harness(&s)
+        .args([
+            "--rung",
+            r.to_str().unwrap(),
+            "--engine",
+            "/nonexistent/engine",
+            "--lease-id",
+            "x",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 3);
+    assert!(text(&out.stderr).contains("/nonexistent/engine"));
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    let s = store("usage");
+    let out = harness(&s)
+        .args(["--cadence-ms", "1", "--exec", "--", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2);
+    assert!(text(&out.stderr).contains("--cadence-ms 1"));
+}
+
+#[test]
+fn harness_control_reports_each_control() {
+    let s = store("control");
+    let out = Command::new(HARNESS)
+        .args(["control", "--store"])
+        .arg(&s)
+        .args(["--engine", ENGINE])
+        .output()
+        .unwrap();
+    let so = text(&out.stdout);
+    assert_eq!(code(&out), 0, "{so}\n{}", text(&out.stderr));
+    let gpu = so.lines().find(|l| l.starts_with("gpu-util")).unwrap();
+    assert!(
+        gpu.contains("not-applicable") && gpu.contains("NVML"),
+        "{gpu}"
+    );
+    let wd = so
+        .lines()
+        .find(|l| l.starts_with("watchdog-floor"))
+        .unwrap();
+    assert!(wd.contains("pass") && wd.contains("SIGKILL"), "{wd}");
+}
