@@ -70,11 +70,11 @@ static REGISTRY: &[LeverDef] = &[
     },
     LeverDef {
         id: HOST_THREADS,
-        arms: &["1", "N"],
-        default: "N",
+        arms: &["1", "n"],
+        default: "n",
         baseline: "1",
         applies_to: Applies::Cpu,
-        doc: "the host (rayon) pool size: 1 thread, or N = every core",
+        doc: "the host (rayon) pool size: 1 thread, or n = every core",
     },
     LeverDef {
         id: STAGING,
@@ -314,7 +314,7 @@ mod tests {
         let j = registry_json();
         assert_eq!(j["levers"]["widen-f32"]["default"], "single");
         assert_eq!(j["levers"]["release-pages"]["baseline"], "off");
-        assert_eq!(j["levers"]["host-threads"]["arms"][1], "N");
+        assert_eq!(j["levers"]["host-threads"]["arms"][1], "n");
         assert_eq!(j["levers"]["host-threads"]["applies_to"], "cpu");
     }
 }

@@ -661,7 +661,7 @@ fn levers_and_plan_print_their_json() {
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["levers"]["widen-f32"]["baseline"], "double");
-    assert_eq!(v["levers"]["host-threads"]["default"], "N");
+    assert_eq!(v["levers"]["host-threads"]["default"], "n");
     let rung = rung0();
     let plan = |extra: &[&str]| -> serde_json::Value {
         let out = Command::new(bin())

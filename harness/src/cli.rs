@@ -208,6 +208,10 @@ pub struct CampaignArgs {
     /// Print the schedule and what is already done, run nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Extra `harness run` flags for every run, after `--`
+    /// (e.g. `-- --cadence-ms 50 --timeout 600`).
+    #[arg(last = true, value_name = "RUN_FLAGS")]
+    pub run_flags: Vec<String>,
 }
 
 fn sha256_file(p: &Path) -> anyhow::Result<String> {
@@ -252,6 +256,89 @@ pub fn campaign_rungs(arg: &str) -> anyhow::Result<Vec<crate::campaign::RungRef>
     Ok(out)
 }
 
+/// The engine's levers and their arms, from `ENGINE levers --json`.
+pub fn engine_levers(
+    engine: &Path,
+) -> anyhow::Result<std::collections::BTreeMap<String, Vec<String>>> {
+    let out = std::process::Command::new(engine)
+        .args(["levers", "--json"])
+        .output()
+        .map_err(|e| UsageError(format!("--engine {}: cannot run: {e}", engine.display())))?;
+    if !out.status.success() {
+        return Err(UsageError(format!(
+            "--engine {}: `levers --json` exited {}: {}",
+            engine.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+        .into());
+    }
+    parse_engine_levers(&out.stdout).map_err(|why| {
+        UsageError(format!(
+            "--engine {}: `levers --json`: {why}",
+            engine.display()
+        ))
+        .into()
+    })
+}
+
+/// Parse `{"levers": {ID: {"arms": [..], ..}, ..}}`.
+pub fn parse_engine_levers(
+    json: &[u8],
+) -> Result<std::collections::BTreeMap<String, Vec<String>>, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(json).map_err(|e| format!("not JSON: {e}"))?;
+    let map = v["levers"]
+        .as_object()
+        .ok_or("field 'levers': expected an object of levers")?;
+    let mut out = std::collections::BTreeMap::new();
+    for (id, l) in map {
+        let arms = l["arms"]
+            .as_array()
+            .ok_or_else(|| format!("field 'levers.{id}.arms': expected a list of arm names"))?
+            .iter()
+            .map(|a| {
+                a.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("field 'levers.{id}.arms': expected strings"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        out.insert(id.clone(), arms);
+    }
+    Ok(out)
+}
+
+/// Split the selected levers into those the engine implements and the ids of those
+/// it does not; an arm of an implemented lever that the engine lacks is an error
+/// naming the spec, the lever and the engine's arms.
+pub fn reconcile<'a>(
+    spec: &Path,
+    levers: Vec<&'a crate::levers_spec::Lever>,
+    registry: &std::collections::BTreeMap<String, Vec<String>>,
+) -> anyhow::Result<(Vec<&'a crate::levers_spec::Lever>, Vec<String>)> {
+    let mut have = Vec::new();
+    let mut missing = Vec::new();
+    for l in levers {
+        let Some(arms) = registry.get(&l.id) else {
+            missing.push(l.id.clone());
+            continue;
+        };
+        for arm in [&l.baseline, &l.treatment] {
+            if !arms.contains(arm) {
+                return Err(UsageError(format!(
+                    "{}: lever '{}' arm '{arm}': the engine's arms are {}",
+                    spec.display(),
+                    l.id,
+                    arms.join("|")
+                ))
+                .into());
+            }
+        }
+        have.push(l);
+    }
+    Ok((have, missing))
+}
+
 /// Run `harness campaign`.
 pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
     let spec = LeverSpec::load(&args.spec).map_err(|e| UsageError(e.to_string()))?;
@@ -261,7 +348,24 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
     }
     let rungs = campaign_rungs(&args.rungs)?;
     let engine = sha256_file(&args.engine)?;
-    let plan = crate::campaign::plan(&engine, &rungs, &levers, args.repeat, args.order, args.seed);
+    // Only levers this engine implements can be measured; the others are listed
+    // as skipped. An arm the spec names but the engine lacks is an error.
+    let registry = engine_levers(&args.engine)?;
+    let (levers, missing) = reconcile(&args.spec, levers, &registry)?;
+    let mut plan =
+        crate::campaign::plan(&engine, &rungs, &levers, args.repeat, args.order, args.seed);
+    for l in &missing {
+        for r in &rungs {
+            plan.skipped.push(crate::campaign::Skip {
+                lever: l.clone(),
+                rung: r.name.clone(),
+                why: format!(
+                    "the engine ({}) has no lever '{l}' yet",
+                    &engine[..12.min(engine.len())]
+                ),
+            });
+        }
+    }
     let root = read_store_root(args.store.as_deref())?;
     let done = match load::store_bundle_dirs(&root) {
         Ok(dirs) => {
@@ -300,8 +404,40 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
     if args.dry_run {
         return Ok(exit::OK);
     }
-    Err(UsageError(
-        "running a campaign needs the run machinery of `harness run` (branch `run`), which this build does not have yet; use --dry-run to see the schedule".into(),
-    )
-    .into())
+    let harness = std::env::current_exe().context("locating the harness binary")?;
+    let signals = crate::run::signals::Signals::install().context("installing signal handlers")?;
+    let mut runner = crate::campaign_runner::ChildRunner {
+        harness,
+        engine: args.engine.clone(),
+        store: root.clone(),
+        extra: args.run_flags.clone(),
+        signals: Some(std::sync::Arc::new(signals)),
+    };
+    let out = crate::campaign::execute(&plan, &rungs, &done, &mut runner, |e, what| {
+        eprintln!(
+            "campaign: position {} (round {}, rung {}, {}={}): {what}",
+            e.position, e.round, e.rung, e.lever, e.arm
+        );
+    })?;
+    println!(
+        "campaign {}: {} sealed complete, {} incomplete, {} already done, {} remaining",
+        out.campaign,
+        out.completed.len(),
+        out.incomplete.len(),
+        out.skipped_done,
+        out.remaining
+    );
+    match &out.stopped {
+        Some(why) => {
+            println!("stopped: {why}");
+            println!("resume: rerun the same command; sealed positions are skipped");
+            Ok(if why.contains("refused by gate") {
+                exit::REFUSED
+            } else {
+                exit::NEGATIVE
+            })
+        }
+        None if out.incomplete.is_empty() => Ok(exit::OK),
+        None => Ok(exit::NEGATIVE),
+    }
 }

@@ -20,6 +20,7 @@
 //! * [`weights`]: the run's weights, their digest, synthesis into the cache.
 
 pub mod campaign;
+pub mod campaign_runner;
 pub mod classify;
 pub mod cli;
 pub mod completion;

@@ -44,7 +44,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "BYTES")]
     pub unified_budget: Option<String>,
     /// Stop the engine after this many seconds.
-    #[arg(long, value_name = "S")]
+    #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub timeout: Option<f64>,
     /// The lease this run measures under (H3).
     #[arg(long, value_name = "ID", env = "HARNESS_LEASE_ID")]
@@ -56,6 +56,10 @@ pub struct RunArgs {
     /// engine's `render`: `harness run --exec -- CMD ARGS...`.
     #[arg(long)]
     pub exec: bool,
+    /// The campaign's `schedule` fragment for this run (a JSON object; set by
+    /// `harness campaign`, recorded verbatim in the manifest).
+    #[arg(long, value_name = "JSON", hide = true)]
+    pub schedule: Option<String>,
     /// The command after `--` (with --exec).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -105,6 +109,8 @@ pub struct RunPlan {
     pub lease_id: Option<String>,
     /// Observer on.
     pub observer: bool,
+    /// The campaign schedule fragment, when the run is one position of a campaign.
+    pub schedule: Option<serde_json::Value>,
 }
 
 fn usage(msg: String) -> anyhow::Error {
@@ -212,8 +218,21 @@ impl RunArgs {
             .weights
             .clone()
             .or_else(|| rung.as_ref().and_then(|(p, r)| rung_weights(p, r)));
+        let schedule = match &self.schedule {
+            None => None,
+            Some(text) => match serde_json::from_str::<serde_json::Value>(text) {
+                Ok(v @ serde_json::Value::Object(_)) => Some(v),
+                Ok(_) => {
+                    return Err(usage(format!(
+                        "--schedule {text:?}: expected a JSON object"
+                    )))
+                }
+                Err(e) => return Err(usage(format!("--schedule {text:?}: not JSON: {e}"))),
+            },
+        };
         Ok(RunPlan {
             rung,
+            schedule,
             store: self.store.clone(),
             levers,
             profile,
@@ -307,6 +326,22 @@ mod tests {
     }
 
     #[test]
+    fn a_campaign_schedule_is_carried_verbatim() {
+        let r = rung_file();
+        let p = parse(&[
+            "--rung",
+            r.to_str().unwrap(),
+            "--schedule",
+            r#"{"campaign":"c1","position":3}"#,
+        ])
+        .unwrap();
+        assert_eq!(
+            p.schedule,
+            Some(serde_json::json!({"campaign": "c1", "position": 3}))
+        );
+    }
+
+    #[test]
     fn bad_flags_are_usage_errors_naming_the_flag() {
         let r = rung_file();
         let r = r.to_str().unwrap();
@@ -324,6 +359,11 @@ mod tests {
             (vec!["--rung", r, "--observer", "maybe"], "--observer"),
             (vec!["--rung", "no/such.toml"], "no/such.toml"),
             (vec!["--engine", "e", "--exec", "--", "x"], "exclude"),
+            (
+                vec!["--rung", r, "--schedule", "[1]"],
+                "expected a JSON object",
+            ),
+            (vec!["--rung", r, "--schedule", "{pos"], "not JSON"),
         ] {
             let e = parse(&args).unwrap_err();
             assert!(e.is::<UsageError>(), "{args:?}: {e}");

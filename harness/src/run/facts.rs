@@ -62,13 +62,14 @@ pub fn host_fragment() -> serde_json::Value {
 
 /// The `run` fragment; `end_ns` is null until the run ends.
 pub fn run_fragment(
-    start_ns: u64,
+    start: RunStart,
     end_ns: Option<u64>,
     argv: &[String],
     cwd: &Path,
 ) -> serde_json::Value {
     serde_json::json!({
-        "start_ns": start_ns,
+        "start_ns": start.mono_ns,
+        "start_unix_ns": start.unix_ns,
         "end_ns": end_ns,
         "argv": argv,
         "boot_id": boot_id(),
@@ -76,6 +77,28 @@ pub fn run_fragment(
         "harness_version": env!("CARGO_PKG_VERSION"),
         "cwd": cwd,
     })
+}
+
+/// When a run started, read once on both clocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunStart {
+    /// CLOCK_MONOTONIC, ns: the clock of every marker and sample.
+    pub mono_ns: u64,
+    /// Wall clock, ns since the Unix epoch: for people and `harness ls` only, never
+    /// for durations.
+    pub unix_ns: u64,
+}
+
+impl RunStart {
+    /// Read both clocks now (the monotonic one first).
+    pub fn now() -> Self {
+        let mono_ns = evidence::clock::monotonic_ns();
+        let unix_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        Self { mono_ns, unix_ns }
+    }
 }
 
 #[cfg(test)]
@@ -90,11 +113,22 @@ mod tests {
         let h = host_fragment();
         assert!(h["cores"].as_u64().unwrap() >= 1);
         assert!(h["mem_total_bytes"].as_u64().unwrap() > 1 << 28);
-        let r = run_fragment(5, None, &["harness".into()], Path::new("/w"));
+        let start = RunStart {
+            mono_ns: 5,
+            unix_ns: 1_764_000_000_000_000_000,
+        };
+        let r = run_fragment(start, None, &["harness".into()], Path::new("/w"));
         assert_eq!(
-            (r["start_ns"].as_u64(), r["end_ns"].is_null()),
-            (Some(5), true)
+            (
+                r["start_ns"].as_u64(),
+                r["start_unix_ns"].as_u64(),
+                r["end_ns"].is_null()
+            ),
+            (Some(5), Some(1_764_000_000_000_000_000), true)
         );
+        let now = RunStart::now();
+        // After 2025-01-01 and before 2100: a wall clock, not a monotonic one.
+        assert!(now.unix_ns > 1_735_689_600_000_000_000 && now.unix_ns < 4_102_444_800_000_000_000);
         assert_eq!(r["boot_id"], b);
     }
 }

@@ -138,7 +138,8 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
     let plan = args.validate()?;
     let argv: Vec<String> = std::env::args().collect();
     let cwd = std::env::current_dir().unwrap_or_default();
-    let start_ns = monotonic_ns();
+    let start = facts::RunStart::now();
+    let start_ns = start.mono_ns;
     let signals = signals::Signals::install().context("installing signal handlers")?;
 
     // H2: without a durable store there is nowhere to leave a bundle.
@@ -160,11 +161,14 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
         gates: Vec::new(),
         controls: Vec::new(),
     };
-    s.fragment("run", facts::run_fragment(start_ns, None, &argv, &cwd))?;
+    s.fragment("run", facts::run_fragment(start, None, &argv, &cwd))?;
     s.fragment("host", facts::host_fragment())?;
     s.fragment("store", serde_json::json!({"volatile_override": false}))?;
     s.fragment("profile", serde_json::json!(plan.profile))?;
     s.fragment("levers", serde_json::to_value(&plan.levers)?)?;
+    if let Some(schedule) = &plan.schedule {
+        s.fragment("schedule", schedule.clone())?;
+    }
     let sampler_config = SamplerConfig {
         cadence_ms: plan.cadence_ms,
         observer: plan.observer,
@@ -193,7 +197,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
     )?;
     let finish = |s: &Session, exit: classify::Exit, completion: Completion, code: u8| {
         conclude(
-            s, &store, &staging, start_ns, &argv, &cwd, exit, completion, code,
+            s, &store, &staging, start, &argv, &cwd, exit, completion, code,
         )
     };
     let ready = match ready {
@@ -252,12 +256,11 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
     let pid = running.pid;
     eprintln!("harness: engine pid {pid} started");
     let live = Arc::new(Mutex::new(Live::default()));
-    let mut readers: Vec<JoinHandle<()>> = Vec::new();
-    readers.push(markers::read_markers(
+    let readers: Vec<JoinHandle<()>> = vec![markers::read_markers(
         running.markers,
         journal.clone(),
         live.clone(),
-    )?);
+    )?];
     let out = streams::capture(running.stdout, Stream::Stdout, journal.clone(), true)?;
     let err = streams::capture(running.stderr, Stream::Stderr, journal.clone(), true)?;
     let mut child = running.child;
@@ -764,7 +767,7 @@ fn conclude(
     s: &Session,
     store: &Store,
     staging: &Staging,
-    start_ns: u64,
+    start: facts::RunStart,
     argv: &[String],
     cwd: &Path,
     exit: classify::Exit,
@@ -775,7 +778,7 @@ fn conclude(
     s.fragment("exit", serde_json::to_value(&exit)?)?;
     s.fragment(
         "run",
-        facts::run_fragment(start_ns, Some(monotonic_ns()), argv, cwd),
+        facts::run_fragment(start, Some(monotonic_ns()), argv, cwd),
     )?;
     s.journal.clone().finish().context("closing the journal")?;
     let sealed = evidence::seal::seal(staging.dir(), store).context("sealing the bundle")?;

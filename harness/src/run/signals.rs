@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Flags set by the signal handlers.
+#[derive(Debug)]
 pub struct Signals {
     int: Arc<AtomicBool>,
     term: Arc<AtomicBool>,

@@ -1,0 +1,145 @@
+//! End to end: `harness campaign` drives real `harness run`s of rung 0 with the real
+//! engine, interleaving a lever's arms; a second invocation resumes (runs nothing
+//! already sealed); a gate refusal stops the campaign cleanly; `harness rank`
+//! reads what it sealed. Stores live under `CARGO_TARGET_TMPDIR`, never /tmp.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
+
+fn engine() -> PathBuf {
+    let e = Path::new(HARNESS).parent().unwrap().join("engine");
+    assert!(
+        e.is_file(),
+        "{} is missing: build it with `cargo build -p engine --bins` \
+         (cargo test --workspace does this)",
+        e.display()
+    );
+    e
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn campaign(store: &Path, extra: &[&str]) -> Output {
+    Command::new(HARNESS)
+        .current_dir(repo())
+        .args([
+            "campaign",
+            "--rungs",
+            "0",
+            "--levers",
+            "host-threads",
+            "--repeat",
+            "2",
+            "--order",
+            "abba",
+            "--store",
+        ])
+        .arg(store)
+        .arg("--engine")
+        .arg(engine())
+        .args(extra)
+        .env_remove("HARNESS_LEASE_ID")
+        .output()
+        .unwrap()
+}
+
+fn manifests(store: &Path) -> Vec<Value> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(store.join("bundles")) else {
+        return out;
+    };
+    for e in rd {
+        let p = e.unwrap().path().join("manifest.json");
+        out.push(serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap());
+    }
+    out.sort_by_key(|m| m["schedule"]["position"].as_u64());
+    out
+}
+
+#[test]
+fn a_campaign_interleaves_arms_resumes_and_feeds_rank() {
+    let store = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("campaign-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&store);
+
+    let out = campaign(&store, &["--", "--cadence-ms", "50"]);
+    let so = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{so}\n{}", text(&out.stderr));
+    assert!(so.contains("4 sealed complete"), "{so}");
+
+    // Four bundles, one per position, arms alternating ABBA (baseline first in
+    // round 1), each run with only the lever under test set.
+    let ms = manifests(&store);
+    assert_eq!(ms.len(), 4);
+    let arms: Vec<&str> = ms
+        .iter()
+        .map(|m| m["schedule"]["arm"].as_str().unwrap())
+        .collect();
+    assert_eq!(arms, ["1", "n", "n", "1"]);
+    let campaign_id = ms[0]["schedule"]["campaign"].as_str().unwrap().to_string();
+    for (i, m) in ms.iter().enumerate() {
+        assert_eq!(m["complete"], true, "{m}");
+        assert_eq!(m["schedule"]["position"], i as u64);
+        assert_eq!(m["schedule"]["campaign"], campaign_id.as_str());
+        assert_eq!(m["schedule"]["lever"], "host-threads");
+        assert_eq!(m["levers"]["host-threads"], m["schedule"]["arm"], "{m}");
+    }
+
+    // Resume: everything is sealed, nothing runs again.
+    let again = campaign(&store, &["--", "--cadence-ms", "50"]);
+    let so2 = text(&again.stdout);
+    assert_eq!(
+        again.status.code(),
+        Some(0),
+        "{so2}\n{}",
+        text(&again.stderr)
+    );
+    assert!(so2.contains("4 already sealed"), "{so2}");
+    assert!(so2.contains("0 sealed complete"), "{so2}");
+    assert_eq!(manifests(&store).len(), 4);
+
+    // rank reads the campaign's bundles and names the lever.
+    let rank = Command::new(HARNESS)
+        .current_dir(repo())
+        .args(["rank", "--store"])
+        .arg(&store)
+        .args(["--json"])
+        .output()
+        .unwrap();
+    let rs = text(&rank.stdout);
+    assert!(
+        rank.status.code().is_some_and(|c| c <= 1),
+        "{rs}\n{}",
+        text(&rank.stderr)
+    );
+    assert!(rs.contains("host-threads"), "{rs}");
+}
+
+#[test]
+fn a_gate_refusal_stops_the_campaign_and_says_where() {
+    let store = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("campaign-refused-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&store);
+    // A memory floor no machine meets: the headroom gate refuses position 0.
+    let out = campaign(&store, &["--", "--mem-floor", "900TiB"]);
+    let so = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{so}\n{}", text(&out.stderr));
+    assert!(
+        so.contains("stopped: position 0") && so.contains("'headroom'"),
+        "{so}"
+    );
+    assert!(so.contains("resume: rerun the same command"), "{so}");
+}

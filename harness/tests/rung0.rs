@@ -1,0 +1,162 @@
+//! End to end with the real engine: `harness run --rung rungs/0.toml` (what
+//! `just rung 0` types) renders the tiny preset on the CPU arm, and the sealed
+//! bundle holds a complete, verifiable run with the engine's own phases.
+//!
+//! The engine binary is the workspace's `engine`, built next to `harness` (under
+//! `cargo test --workspace` every binary is built before any test runs). The store
+//! and the weights cache live under `CARGO_TARGET_TMPDIR`, never /tmp.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
+
+fn engine() -> PathBuf {
+    let e = Path::new(HARNESS)
+        .parent()
+        .expect("harness binary has a directory")
+        .join("engine");
+    assert!(
+        e.is_file(),
+        "{} is missing: build it with `cargo build -p engine --bins` \
+         (cargo test --workspace does this)",
+        e.display()
+    );
+    e
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the harness crate lives in the workspace")
+        .to_path_buf()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn bundle_path(out: &Output) -> PathBuf {
+    let so = text(&out.stdout);
+    let p = so
+        .lines()
+        .find_map(|l| l.strip_prefix("path: "))
+        .unwrap_or_else(|| {
+            panic!(
+                "no bundle path in stdout:\n{so}\nstderr:\n{}",
+                text(&out.stderr)
+            )
+        });
+    PathBuf::from(p.trim())
+}
+
+#[test]
+fn rung0_renders_under_the_harness_into_a_complete_verified_bundle() {
+    let store = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("rung0-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&store);
+    let out = Command::new(HARNESS)
+        .current_dir(repo())
+        .args(["run", "--rung", "rungs/0.toml", "--store"])
+        .arg(&store)
+        .arg("--engine")
+        .arg(engine())
+        .env_remove("HARNESS_LEASE_ID")
+        .output()
+        .expect("harness runs");
+    let stderr = text(&out.stderr);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+
+    // The live rendering on stderr: phases open and close, one tick per forward
+    // with k/N and last=.
+    assert!(stderr.contains("+denoise"), "{stderr}");
+    assert!(stderr.contains("-denoise "), "{stderr}");
+    let ticks = stderr.lines().filter(|l| l.contains("last=")).count();
+    // 4 steps with classifier-free guidance (guidance 3.0): at least one forward per step.
+    assert!(ticks >= 4, "{ticks} tick lines:\n{stderr}");
+    assert!(stdout.contains("completion: pass"), "{stdout}");
+
+    let dir = bundle_path(&out);
+    let m: Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap())
+        .expect("manifest.json is JSON");
+    assert_eq!(m["complete"], true, "{m}");
+    assert_eq!(m["exit"]["reason"], "completed");
+    assert_eq!(m["completion"]["verdict"], "pass");
+    assert_eq!(m["completion"]["frames"], 9, "rung 0 asks for 9 frames");
+    assert_eq!(m["rung"]["config"]["preset"], "tiny");
+    assert_eq!(m["rung"]["name"], "0");
+    // The harness synthesized the weights once and recorded their digest.
+    let digest = m["weights"]["digest"].as_str().unwrap_or_default();
+    assert!(
+        digest.starts_with("sha256:") && digest.len() == 7 + 64,
+        "weights digest: {}",
+        m["weights"]
+    );
+    assert_eq!(m["weights"]["synthesized"], true);
+    // The engine's own phases, nested and accounted for.
+    let p = &m["phases"];
+    assert!(p["instances"].as_u64().unwrap() >= 8, "{p}");
+    assert!(p["open_at_end"].as_array().unwrap().is_empty(), "{p}");
+    assert_eq!(p["unmatched_closes"], 0);
+    let cov = p["coverage"].as_f64().unwrap();
+    assert!((0.9..=1.01).contains(&cov), "leaf coverage {cov}: {p}");
+    assert_ne!(p["containment"]["verdict"], "fail", "{p}");
+    assert_eq!(m["markers"]["unparsed"], 0, "{}", m["markers"]);
+    // Wall clock start recorded for people, monotonic for durations.
+    let unix = m["run"]["start_unix_ns"].as_u64().unwrap();
+    assert!(unix > 1_735_689_600_000_000_000, "{}", m["run"]);
+    // The phase table was printed and names the engine's phases.
+    for phase in [
+        "load.text_encoder",
+        "conditioning",
+        "denoise.step",
+        "decode.video",
+    ] {
+        assert!(
+            stdout.contains(phase),
+            "phase {phase} not in table:\n{stdout}"
+        );
+    }
+
+    // The bundle verifies, and a flipped byte in it does not.
+    let id = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let v = Command::new(HARNESS)
+        .args(["verify", "--store"])
+        .arg(&store)
+        .arg(&id)
+        .output()
+        .unwrap();
+    assert_eq!(v.status.code(), Some(0), "{}", text(&v.stderr));
+    // Flip one byte of phases.parquet in a copy (the store keeps its bundle).
+    let copy = store.join("flipped-copy");
+    std::fs::create_dir_all(&copy).unwrap();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+    }
+    let target = copy.join("phases.parquet");
+    let mut bytes = std::fs::read(&target).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(&target, bytes).unwrap();
+    let v = Command::new(HARNESS)
+        .args(["verify", "--store"])
+        .arg(&store)
+        .arg(&copy)
+        .output()
+        .unwrap();
+    assert_eq!(v.status.code(), Some(1), "{}", text(&v.stdout));
+    assert!(
+        text(&v.stdout).contains("phases.parquet") || text(&v.stderr).contains("phases.parquet"),
+        "the verdict names the file: {}{}",
+        text(&v.stdout),
+        text(&v.stderr)
+    );
+}
