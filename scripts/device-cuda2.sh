@@ -6,6 +6,9 @@
 #   cuda_render.zst   the tests/cuda_render.rs test binary
 #   mutant.zst        (optional) an engine whose guided Euler step ignores
 #                     guidance: the rung-0 comparison must FAIL on it
+#   nowarm.zst        (optional) an engine without the first-launch warm-up (run
+#                     5's): the rung-0 test must FAIL on it (host time in a
+#                     forward's events)
 #   rungs/            this branch's rungs/0.toml and rungs/1.toml (the checkout
 #                     that travels may be another branch)
 #   zstd              (optional) a zstd binary, used when the machine has none
@@ -21,7 +24,7 @@ Z=$(command -v zstd || echo "$carry/zstd")
 [ -x "$Z" ] || chmod +x "$Z" 2>/dev/null
 {
   echo "zstd: $Z"
-  for b in engine cuda_render mutant; do
+  for b in engine cuda_render mutant nowarm; do
     if [ -f "$carry/$b.zst" ]; then
       "$Z" -q -d -f "$carry/$b.zst" -o "$work/bin/$b" && chmod +x "$work/bin/$b"
     fi
@@ -61,7 +64,17 @@ if [ -x "$work/bin/mutant" ]; then
     > "$OUT/mutant.log" 2>&1
   mu_rc=$?; mu_s=$(( $(date +%s) - t ))
   echo "MUTANT (guided Euler ignores guidance) rung0 test rc=$mu_rc in $mu_s s (must be non-zero)"
-  grep -E -A1 "rung 0: device vs CPU|panicked" "$OUT/mutant.log" | head -6
+  grep -E -A1 "rung 0: device vs CPU|panicked" "$OUT/mutant.log" | head -4
+fi
+
+nw_rc=-
+if [ -x "$work/bin/nowarm" ]; then
+  t=$(date +%s)
+  { echo "=== NOWARM (no first-launch warm-up)"; ENGINE_BIN=$work/bin/nowarm timeout 45 "$T" --exact "$R0" --ignored \
+    --nocapture --test-threads 1; } >> "$OUT/mutant.log" 2>&1
+  nw_rc=$?; nw_s=$(( $(date +%s) - t ))
+  echo "NOWARM rung0 test rc=$nw_rc in $nw_s s (must be non-zero)"
+  sed -n '/=== NOWARM/,$p' "$OUT/mutant.log" | grep -A1 "panicked" | head -2
 fi
 
 wait $synth; tail -2 "$work/synth.log"
@@ -81,7 +94,9 @@ echo "rung1 test rc=$r1_rc in $r1_s s"; grep -v '^$' "$OUT/rung1.log" | tail -45
   echo "rung0 cuda vs cpu    rc=$r0_rc  ${r0_s}s  $(grep -E '^rung 0: device vs CPU' "$OUT/rung0.log" | head -1)"
   grep -E '^(GPU-busy|device peak)' "$OUT/rung0.log" | sed 's/^/    rung0 /'
   echo "mutant rung0         rc=$mu_rc (non-zero required)  $(grep -E '^rung 0: device vs CPU' "$OUT/mutant.log" 2>/dev/null | head -1)"
-  grep -A1 "panicked" "$OUT/mutant.log" 2>/dev/null | head -2 | sed 's/^/    mutant /'
+  sed '/=== NOWARM/,$d' "$OUT/mutant.log" 2>/dev/null | grep -A1 "panicked" | head -2 | sed 's/^/    mutant /'
+  echo "nowarm rung0         rc=$nw_rc (non-zero required)"
+  sed -n '/=== NOWARM/,$p' "$OUT/mutant.log" 2>/dev/null | grep -A1 "panicked" | head -2 | sed 's/^/    nowarm /'
   echo "rung1 (2b 512x320x25) rc=$r1_rc  ${r1_s}s"
   grep -E '^(rung 1|phase |load|conditioning|denoise|decode|artifacts|GPU-busy|device peak)' "$OUT/rung1.log" | sed 's/^/    /'
 } | tee "$OUT/table.txt"

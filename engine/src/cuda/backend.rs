@@ -188,6 +188,16 @@ impl Denoiser for CudaDenoiser {
         let io = DeviceBuffer::alloc(&gpu, 3 * n * LATENT_CHANNELS * 4, "the sampler's latents")?;
         upload(&gpu, io.ptr(), latents.data())?;
         self.io = Some(io);
+        // Before any event is recorded: a one-block forward per prompt takes the
+        // first launch's host work (tens of ms) out of forward 1's event span,
+        // where the idle GPU would count as busy. Its output (into v_cond) is
+        // overwritten by the first real forward.
+        let (lat, vc, _) = self.ptrs()?;
+        if let Some(u) = &self.uncond {
+            self.dit.enqueue_warm_up(lat, self.geo, u, vc)?;
+        }
+        self.dit.enqueue_warm_up(lat, self.geo, &self.cond, vc)?;
+        gpu.sync_compute()?;
         Ok(())
     }
 
