@@ -24,7 +24,7 @@ pub const EXIT_FAILED: i32 = 1;
 /// Bad arguments or input.
 pub const EXIT_BAD_INPUT: i32 = 2;
 
-/// The LTX-Video render engine (CPU reference arm).
+/// The LTX-Video render engine (CPU reference arm and device-resident CUDA arm).
 #[derive(Debug, Parser)]
 #[command(name = "engine", version, about, long_about = None)]
 pub struct Cli {
@@ -110,6 +110,9 @@ pub enum Command {
         /// Levers and profile.
         #[command(flatten)]
         levers: LeverArgs,
+        /// Device; overrides the rung's.
+        #[arg(long, value_enum)]
+        device: Option<DeviceArg>,
         /// Print JSON (the contract's form).
         #[arg(long)]
         json: bool,
@@ -183,6 +186,15 @@ fn resolve_levers(rung: &Rung, rung_path: &Path, args: &LeverArgs) -> anyhow::Re
     .map_err(|e| bad(format!("--lever: {e}")))
 }
 
+/// The command line's device over the rung's.
+fn resolve_device(arg: Option<DeviceArg>, rung: &Rung) -> Device {
+    match arg {
+        Some(DeviceArg::Cpu) => Device::Cpu,
+        Some(DeviceArg::Cuda) => Device::Cuda,
+        None => rung.device,
+    }
+}
+
 fn cores() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
@@ -245,9 +257,15 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             println!("{}", report.digest);
             Ok(EXIT_OK)
         }
-        Command::Plan { rung, levers, json } => {
+        Command::Plan {
+            rung,
+            levers,
+            device,
+            json,
+        } => {
             let r = load_rung(&rung)?;
             let set = resolve_levers(&r, &rung, &levers)?;
+            let device = resolve_device(device, &r);
             let p = presets::preset(&r.preset)
                 .map_err(|e| bad(format!("{}: preset: {e}", rung.display())))?;
             let g = Geometry {
@@ -257,6 +275,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                 guidance: r.uses_guidance(),
                 threads: set.host_threads(cores()),
                 chunk_latent_frames: pipeline::DECODE_CHUNK_LATENT_FRAMES,
+                device,
             };
             let proj = plan::project(&p, &g, &set);
             if json {
@@ -266,8 +285,9 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                     println!("{k:<18} {}", evidence::marker::human_bytes(*v));
                 }
                 println!(
-                    "host peak {}  weights {}",
+                    "host peak {}  device peak {}  weights {}",
                     evidence::marker::human_bytes(proj.host_peak_bytes),
+                    evidence::marker::human_bytes(proj.device_peak_bytes),
                     evidence::marker::human_bytes(proj.weights_bytes)
                 );
             }
@@ -285,16 +305,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         } => {
             let r = load_rung(&rung)?;
             let set = resolve_levers(&r, &rung, &levers)?;
-            let device = match device {
-                Some(DeviceArg::Cpu) => Device::Cpu,
-                Some(DeviceArg::Cuda) => Device::Cuda,
-                None => r.device,
-            };
-            if device == Device::Cuda {
-                return Err(bad(
-                    "device 'cuda': this engine build has only the CPU reference arm (use --device cpu)",
-                ));
-            }
+            let device = resolve_device(device, &r);
             let p = presets::preset(&r.preset)
                 .map_err(|e| bad(format!("{}: field 'preset': {e}", rung.display())))?;
             let weights = weights.or_else(|| r.weights.clone()).ok_or_else(|| {
@@ -327,7 +338,10 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                 "engine",
                 env!("CARGO_PKG_VERSION"),
                 attrs! {
-                    "device" => "cpu",
+                    "device" => match device {
+                        Device::Cpu => "cpu",
+                        Device::Cuda => "cuda",
+                    },
                     "preset" => p.name,
                     "levers" => set.arms(),
                     "threads" => n,
@@ -342,6 +356,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                 out,
                 levers: set,
                 threads: n,
+                device,
                 all_frames,
                 prompt_embeds,
             };

@@ -16,6 +16,7 @@
 
 pub mod cli;
 pub mod cuda;
+pub mod denoise;
 pub mod frames;
 pub mod hostmem;
 pub mod levers;

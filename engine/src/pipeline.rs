@@ -1,5 +1,11 @@
-//! One render on the CPU reference arm, phase by phase, with the markers of
-//! contracts section 2.
+//! One render, phase by phase, with the markers of contracts section 2. The
+//! text encoder and the VAE run on the host (the CPU reference arm); the DiT's
+//! denoise loop runs on the arm the request names ([`crate::denoise`]): on the
+//! CPU in f32, or device-resident on the GPU (weights staged through the
+//! `staging` lever, latents on the device from the first step to the last, one
+//! host copy at the end), with `device_ms` from CUDA events on the `dit.forward`
+//! ticks and the `load.dit`, `denoise.step` and `denoise` closes, and
+//! `peak_device_bytes` on every close from `load.dit` on.
 //!
 //! Order (one model resident at a time, so the host peak is the largest model,
 //! not the sum): `load.text_encoder` (the T5 weights, or the precomputed prompt
@@ -13,17 +19,22 @@
 //! Levers: `widen-f32 = double` keeps each model's stored bytes beside its f32
 //! copies while the model lives; `release-pages = on` drops the weight files'
 //! pages as tensors are materialized and the whole files at the end of each load;
-//! `host-threads` sizes the rayon pool the render runs in (set by the caller).
+//! `host-threads` sizes the rayon pool the render runs in (set by the caller);
+//! on the device arm `staging = serial|batched` picks how the transformer
+//! reaches the device and `release-pages` drops its file pages once copied.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{anyhow, Context};
 use evidence::attrs;
-use evidence::marker::Attrs;
-use evidence::rung::Rung;
+use evidence::marker::{attr, Attrs};
+use evidence::rung::{Device, Rung};
 use serde_json::Value;
 
+use crate::cuda::backend::open_cuda_denoiser;
+use crate::cuda::staging::{StagingArm, StagingOptions};
+use crate::denoise::{Conditioning, CpuDenoiser, Denoiser, TextCond};
 use crate::frames::png::write_png;
 use crate::frames::y4m::Y4mWriter;
 use crate::frames::{frames_from_pixels, Frame};
@@ -68,6 +79,8 @@ pub struct RenderRequest {
     pub levers: LeverSet,
     /// Host pool size the render runs with (for the record).
     pub threads: usize,
+    /// The device arm of the DiT (T5 and the VAE run on the host either way).
+    pub device: Device,
     /// Write every frame as a PNG too.
     pub all_frames: bool,
     /// Precomputed prompt embeddings instead of tokenizer + T5.
@@ -128,18 +141,10 @@ fn finish_load(src: SafetensorsSource, levers: &LeverSet) -> (Attrs, Retained) {
     (a, Retained(src.into_retained()))
 }
 
-/// The text conditioning of one prompt.
-struct Cond {
-    states: Tensor,
-    mask: Vec<f32>,
-}
-
-impl From<PromptEmbeds> for Cond {
-    fn from(p: PromptEmbeds) -> Self {
-        Cond {
-            states: p.states,
-            mask: p.mask,
-        }
+fn text_cond(p: PromptEmbeds) -> TextCond {
+    TextCond {
+        states: p.states,
+        mask: p.mask,
     }
 }
 
@@ -162,7 +167,7 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
     let layout = Layout::resolve(&req.weights).map_err(|e| BadInput(format!("weights: {e}")))?;
     let (cond, uncond) = {
         enum Text {
-            Embeds(Cond, Option<Cond>),
+            Embeds(TextCond, Option<TextCond>),
             Model(Box<(T5Encoder, PromptTokenizer, Retained)>),
         }
         let (text, a) = match &req.prompt_embeds {
@@ -179,7 +184,7 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
                     .into());
                 }
                 (
-                    Text::Embeds(e.positive.into(), e.negative.map(Cond::from)),
+                    Text::Embeds(text_cond(e.positive), e.negative.map(text_cond)),
                     attrs! {"source" => "prompt-embeds"},
                 )
             }
@@ -217,12 +222,12 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
             Text::Embeds(c, u) => (c, if guidance { u } else { None }),
             Text::Model(m) => {
                 let (model, tok, _kept) = *m;
-                let encode = |prompt: &str| -> anyhow::Result<Cond> {
+                let encode = |prompt: &str| -> anyhow::Result<TextCond> {
                     let t = tok.encode(prompt).map_err(|e| BadInput(e.to_string()))?;
                     let states = model
                         .forward(&t.ids, &t.mask)
                         .context("text encoder forward")?;
-                    Ok(Cond {
+                    Ok(TextCond {
                         states,
                         mask: t.mask,
                     })
@@ -242,28 +247,35 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
 
     // ---- DiT: load, then denoise.
     let latent_ch = p.dit.in_channels;
+    let fps = rung.fps as f32;
+    let conditioning = Conditioning {
+        cond,
+        uncond,
+        guidance: rung.guidance as f32,
+    };
+    let forwards_per_step = conditioning.forwards_per_step();
     let latents = {
         let ph = rec.phase("load.dit", Attrs::new());
         let specs = dit::tensor_specs(&p.dit);
         let src = open_component(&layout, Component::Transformer, &specs, &|_| false, opts)?;
-        let model = Transformer::load(&VarBuilder::new(&src), &p.dit)
-            .map_err(|e| BadInput(e.to_string()))?;
-        let (a, kept) = finish_load(src, &req.levers);
+        let (mut den, a, kept) = match req.device {
+            Device::Cpu => load_cpu_dit(src, req, conditioning, grid, fps)?,
+            Device::Cuda => load_cuda_dit(src, req, conditioning, grid, fps, rec)?,
+        };
         ph.finish(a);
 
-        let den = rec.phase(
+        let den_ph = rec.phase(
             "denoise",
-            attrs! {"steps" => steps, "tokens" => tokens, "forwards_per_step" => if guidance { 2 } else { 1 }},
+            attrs! {"steps" => steps, "tokens" => tokens, "forwards_per_step" => forwards_per_step, "arm" => den.arm()},
         );
-        let fps = rung.fps as f32;
         let mut forward = 0usize;
+        let mut forwards_ms = 0.0f64;
         let mut last_tick: Option<Instant> = None;
-        // Drawn inside step 1 (so no unmarked gap precedes it).
-        let mut lat = Tensor::zeros(&[0]);
         for k in 0..steps {
             let ph = rec.phase("denoise.step", attrs! {"step" => k + 1, "steps" => steps});
             if k == 0 {
-                lat = Tensor::new(
+                // Drawn inside step 1 (so no unmarked gap precedes it).
+                let lat = Tensor::new(
                     &[tokens, latent_ch],
                     pack_latents(
                         initial_latents(rung.seed, latent_ch, grid).data(),
@@ -271,47 +283,46 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
                     ),
                 )
                 .map_err(|e| anyhow!("latents: {e}"))?;
+                den.begin(lat)?;
+                den.enqueue(0, sigmas[0], sigmas[1])?;
             }
-            let (s, s_next) = (sigmas[k], sigmas[k + 1]);
-            let mut run = |text: &Cond| -> anyhow::Result<Tensor> {
-                let v = model
-                    .forward(&lat, s, &text.states, &text.mask, grid, fps)
-                    .with_context(|| format!("transformer forward, step {}", k + 1))?;
+            // The next step is queued before this one is waited for: the
+            // device arm then always has work queued while the host reports.
+            if k + 1 < steps {
+                den.enqueue(k + 1, sigmas[k + 1], sigmas[k + 2])?;
+            }
+            let mut tick = |device_ms: Option<f64>| {
                 forward += 1;
                 let now = Instant::now();
                 let mut a = attrs! {"step" => k + 1, "steps" => steps, "forward" => forward};
                 if let Some(prev) = last_tick {
                     a.insert("last_s".into(), Value::from((now - prev).as_secs_f64()));
                 }
+                if let Some(ms) = device_ms {
+                    a.insert(attr::DEVICE_MS.into(), Value::from(ms));
+                    forwards_ms += ms;
+                }
                 last_tick = Some(now);
                 rec.tick("dit.forward", a);
-                Ok(v)
             };
-            let v_un = match &uncond {
-                Some(u) => Some(run(u)?),
-                None => None,
-            };
-            let v_cond = run(&cond)?;
-            let v = match v_un {
-                Some(v_un) => {
-                    let comb =
-                        schedule::cfg_combine(v_un.data(), v_cond.data(), rung.guidance as f32)
-                            .map_err(|e| anyhow!("guidance: {e}"))?;
-                    Tensor::new(&[tokens, latent_ch], comb).map_err(|e| anyhow!("guidance: {e}"))?
-                }
-                None => v_cond,
-            };
-            schedule::euler_step(lat.data_mut(), v.data(), s, s_next)
-                .map_err(|e| anyhow!("euler step: {e}"))?;
-            if !lat.data().iter().all(|x| x.is_finite()) {
-                return Err(anyhow!("latents became non-finite at step {}", k + 1));
+            let step_ms = den.wait(k, &mut tick)?;
+            let mut a = attrs! {"sigma" => sigmas[k], "sigma_next" => sigmas[k + 1]};
+            if let Some(ms) = step_ms {
+                a.insert(attr::DEVICE_MS.into(), Value::from(ms));
             }
-            ph.finish(attrs! {"sigma" => s, "sigma_next" => s_next});
+            ph.finish(a);
         }
-        // Freeing the model is the phase's work too (no unmarked gap after it).
-        drop(model);
+        let (lat, loop_ms) = den.finish()?;
+        // Freeing the model (and on a device the context) is the phase's work
+        // too (no unmarked gap after it).
+        drop(den);
         drop(kept);
-        den.finish(attrs! {"forwards" => forward});
+        let mut a = attrs! {"forwards" => forward};
+        if let Some(ms) = loop_ms {
+            a.insert(attr::DEVICE_MS.into(), Value::from(ms));
+            a.insert("forwards_device_ms".into(), Value::from(forwards_ms));
+        }
+        den_ph.finish(a);
         lat
     };
 
@@ -403,6 +414,68 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
         "height" => outcome.height,
     });
     Ok(outcome)
+}
+
+/// The CPU arm's DiT: the transformer widened to f32 on the host, and the
+/// stored bytes `widen-f32 = double` keeps beside it while it lives.
+fn load_cpu_dit(
+    src: SafetensorsSource,
+    req: &RenderRequest,
+    cond: Conditioning,
+    grid: (usize, usize, usize),
+    fps: f32,
+) -> anyhow::Result<(Box<dyn Denoiser>, Attrs, Option<Retained>)> {
+    let model = Transformer::load(&VarBuilder::new(&src), &req.preset.dit)
+        .map_err(|e| BadInput(e.to_string()))?;
+    let (mut a, kept) = finish_load(src, &req.levers);
+    a.insert("arm".into(), Value::from("cpu"));
+    Ok((
+        Box::new(CpuDenoiser::new(model, cond, grid, fps)),
+        a,
+        Some(kept),
+    ))
+}
+
+/// The CUDA arm's DiT: the validated checkpoint's tensors staged onto the
+/// device (lever `staging`, `release-pages`), the conditioning uploaded, the
+/// device's allocator attached to the recorder.
+fn load_cuda_dit(
+    src: SafetensorsSource,
+    req: &RenderRequest,
+    cond: Conditioning,
+    grid: (usize, usize, usize),
+    fps: f32,
+    rec: &Recorder,
+) -> anyhow::Result<(Box<dyn Denoiser>, Attrs, Option<Retained>)> {
+    let tensors = src.extents().map_err(|e| BadInput(e.to_string()))?;
+    drop(src);
+    let arm = StagingArm::parse(req.levers.arm(crate::levers::STAGING)).ok_or_else(|| {
+        anyhow!(
+            "lever staging has arm '{}', expected serial|batched",
+            req.levers.arm(crate::levers::STAGING)
+        )
+    })?;
+    let mut opts = StagingOptions::new(arm);
+    opts.release_pages = req.levers.release_pages();
+    let (den, r) = open_cuda_denoiser(&tensors, &req.preset.dit, &opts, &cond, grid, fps)
+        .context("the CUDA arm's transformer")?;
+    rec.attach_device(den.mem());
+    let st = &r.staging;
+    let a = attrs! {
+        "arm" => "cuda",
+        "staging" => arm.name(),
+        "release_pages" => opts.release_pages,
+        attr::BYTES_STAGED => st.bytes,
+        "tensors" => tensors.len(),
+        "files" => st.files,
+        "copies" => st.copies,
+        "allocations" => st.allocations,
+        "staging_s" => st.seconds,
+        "staging_gbps" => st.gbps(),
+        attr::DEVICE_MS => st.device_ms,
+        "device_open_s" => r.device_open_s,
+    };
+    Ok((Box::new(den), a, None))
 }
 
 /// Write `video.y4m`, `first.png`, `middle.png` (frame `(F-1)/2`), `last.png`, and

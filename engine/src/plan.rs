@@ -38,11 +38,33 @@
 //! the whole decoded video (`3*F*H*W` floats) it is assembled into. These are
 //! estimates to a factor near 1, not measurements: the render's markers report
 //! the measured peaks (`peak_host_bytes`) to compare against.
+//!
+//! # The CUDA arm
+//!
+//! With `device = cuda` the DiT lives on the device, so `load.dit` and `denoise`
+//! change. On the device the arm allocates exactly (every allocation goes
+//! through one tracked allocator, which the markers' `peak_device_bytes` read):
+//! the staged weights (`staging = batched`: one arena, each tensor on a 256-byte
+//! boundary; `serial`: one allocation per tensor), the cuBLASLt workspace, the
+//! RoPE table, one text slot per prompt, the forward's workspace for `N` tokens
+//! and `L` text tokens, and the sampler's latents and two velocities
+//! ([`crate::cuda::backend::loaded_bytes`], [`crate::cuda::backend::loop_bytes`]);
+//! the projection is that sum, so it
+//! matches the measured peak to the byte up to the arena's alignment slack. On
+//! the host, `load.dit` holds what staging reads through (the registered
+//! reader pins the whole mapped file: `S_dit`; the serial arm one tensor's
+//! pageable copy) plus the CUDA runtime's own host memory (`CUDA_HOST_BYTES`, an
+//! estimate), and `denoise` holds the runtime and the latents.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use evidence::rung::Device;
+
+use crate::cuda::backend::{loaded_bytes, loop_bytes};
+use crate::cuda::dit::DitDims;
+use crate::cuda::staging::StagingArm;
 use crate::levers::{LeverSet, Widen};
 use crate::models::{dit, t5, vae};
 use crate::presets::Preset;
@@ -50,6 +72,11 @@ use crate::weights::spec::{param_count, TensorSpec};
 
 /// Fixed overhead of the process (binary, allocator, thread stacks), bytes.
 pub const BASE_BYTES: u64 = 8 << 20;
+
+/// Host memory of the CUDA runtime (driver context, loaded kernel modules,
+/// cuBLASLt), bytes: an estimate, checked against the measured peaks of the
+/// device renders.
+pub const CUDA_HOST_BYTES: u64 = 512 << 20;
 
 /// The geometry a projection is made for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +93,8 @@ pub struct Geometry {
     pub threads: usize,
     /// Latent frames per decode chunk.
     pub chunk_latent_frames: usize,
+    /// The DiT's arm.
+    pub device: Device,
 }
 
 /// A projection, as `engine plan --json` prints it.
@@ -79,8 +108,10 @@ pub struct Projection {
     pub weights_bytes: u64,
     /// The lever arms the projection is for.
     pub levers: BTreeMap<String, String>,
-    /// Projected peak of each phase, bytes.
+    /// Projected host peak of each phase, bytes.
     pub phases: BTreeMap<String, u64>,
+    /// Projected device peak of each phase on the CUDA arm, bytes (empty on the CPU).
+    pub device_phases: BTreeMap<String, u64>,
 }
 
 fn stored(specs: &[TensorSpec]) -> u64 {
@@ -151,7 +182,8 @@ pub fn latent_grid(g: &Geometry) -> (usize, usize, usize) {
     ((g.frames - 1) / 8 + 1, g.height / 32, g.width / 32)
 }
 
-/// Project the host peak of rendering `g` with preset `p` under `levers`.
+/// Project the host (and on the CUDA arm, device) peak of rendering `g` with
+/// preset `p` under `levers`.
 pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
     let double = levers.widen() == Widen::Double;
     let release = levers.release_pages();
@@ -172,13 +204,53 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
         phases.insert(format!("load.{model}"), kept + pages);
         phases.insert(run_phase.to_string(), kept + act);
     }
+    let mut device_phases = BTreeMap::new();
+    if g.device == Device::Cuda {
+        let specs = dit::tensor_specs(&p.dit);
+        let s = stored(&specs);
+        let arm =
+            StagingArm::parse(levers.arm(crate::levers::STAGING)).unwrap_or(StagingArm::Batched);
+        let read_through = match arm {
+            StagingArm::Batched => s,
+            StagingArm::Serial => largest(&specs),
+        };
+        phases.insert(
+            "load.dit".into(),
+            BASE_BYTES + CUDA_HOST_BYTES + read_through,
+        );
+        let (f, h, w) = latent_grid(g);
+        let n = f * h * w;
+        phases.insert(
+            "denoise".into(),
+            BASE_BYTES + CUDA_HOST_BYTES + 4 * 128 * n as u64,
+        );
+        let staged = match arm {
+            StagingArm::Batched => specs.iter().map(|t| align_up(t.nbytes()) as u64).sum(),
+            StagingArm::Serial => specs.iter().map(|t| t.nbytes().max(1) as u64).sum::<u64>(),
+        };
+        // A config the device arm refuses fails the render at load; project
+        // the weights alone then.
+        let (loaded, looping) = DitDims::from_config(&p.dit)
+            .map(|d| {
+                let l = p.max_text_tokens;
+                (loaded_bytes(&d, l, prompts), loop_bytes(&d, n, l))
+            })
+            .unwrap_or((0, 0));
+        device_phases.insert("load.dit".into(), staged + loaded);
+        device_phases.insert("denoise".into(), staged + loaded + looping);
+    }
     Projection {
         host_peak_bytes: phases.values().copied().max().unwrap_or(0),
-        device_peak_bytes: 0,
+        device_peak_bytes: device_phases.values().copied().max().unwrap_or(0),
         weights_bytes,
         levers: levers.arms().clone(),
         phases,
+        device_phases,
     }
+}
+
+fn align_up(n: usize) -> usize {
+    crate::cuda::memory::align_up(n)
 }
 
 #[cfg(test)]
@@ -195,7 +267,58 @@ mod tests {
             guidance: true,
             threads: 2,
             chunk_latent_frames: 2,
+            device: Device::Cpu,
         }
+    }
+
+    #[test]
+    fn the_cuda_arm_projects_the_device_peak_from_weights_and_workspace() {
+        let p = preset("ltxv-2b").unwrap();
+        let l = LeverSet::resolve(Profile::Default, []).unwrap();
+        let serial = LeverSet::resolve(Profile::Default, [("staging", "serial")]).unwrap();
+        // Rung 1: 512x320x25, one prompt.
+        let g1 = Geometry {
+            frames: 25,
+            height: 320,
+            width: 512,
+            guidance: false,
+            device: Device::Cuda,
+            ..g()
+        };
+        let a = project(&p, &g1, &l);
+        let stored = 2 * 1_923_385_472u64;
+        let n = 4 * 10 * 16;
+        let d = DitDims::LTXV_2B;
+        // Weights (plus at most 256 bytes of alignment per tensor) + runtime.
+        let run = loaded_bytes(&d, 128, 1) + loop_bytes(&d, n, 128);
+        let slack = a.device_peak_bytes - stored - run;
+        assert!(slack < 256 * 715, "{slack}");
+        assert_eq!(a.device_peak_bytes, a.device_phases["denoise"]);
+        assert_eq!(
+            a.device_phases["denoise"] - a.device_phases["load.dit"],
+            loop_bytes(&d, n, 128)
+        );
+        // Serial allocates each tensor exactly.
+        let b = project(&p, &g1, &serial);
+        assert_eq!(b.device_peak_bytes, stored + run);
+        // Guidance adds one text slot; the CPU arm projects no device bytes.
+        let g2 = Geometry {
+            guidance: true,
+            ..g1
+        };
+        assert!(project(&p, &g2, &l).device_peak_bytes > a.device_peak_bytes);
+        let cpu = project(
+            &p,
+            &Geometry {
+                device: Device::Cpu,
+                ..g1
+            },
+            &l,
+        );
+        assert_eq!(cpu.device_peak_bytes, 0);
+        assert!(cpu.device_phases.is_empty());
+        // On the device the host no longer holds the f32 transformer.
+        assert!(a.phases["denoise"] < cpu.phases["denoise"] / 4);
     }
 
     #[test]
@@ -237,6 +360,7 @@ mod tests {
                 guidance: true,
                 threads: 2,
                 chunk_latent_frames: 1,
+                device: Device::Cpu,
             },
             &l,
         );

@@ -20,9 +20,9 @@ use std::time::Instant;
 use cudarc::driver::result as dres;
 
 use super::context::Timer;
-use super::dit::{DeviceDit, DitDims, Geometry, LATENT_CHANNELS};
+use super::dit::{DeviceDit, DitDims, Geometry, TextSlot, LATENT_CHANNELS};
 use super::gemm::{flops, Epilogue};
-use super::kernels::{AttnKernel, NULL};
+use super::kernels::NULL;
 use super::memory::{align_up, DeviceBuffer};
 use super::selftest::{write_synth_safetensors, Rig, Rng};
 use super::staging::{self, pinned_copy_gbps, DeviceWeights, Staged, StagingArm, StagingOptions};
@@ -235,54 +235,6 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
         100.0 * rm / pm,
         if rm >= 40.0 && rm >= 8.0 * sm { "MET" } else { "MISSED" }
     ));
-    // Where the batched arm's time goes: reader threads and buffer size.
-    {
-        let mut best = (0.0f64, 0usize, 0usize);
-        let mut cells = Vec::new();
-        for threads in [8usize, 16, 32] {
-            for chunk_mib in [16usize, 64, 256] {
-                let mut o = StagingOptions::new(StagingArm::Batched);
-                o.reader = staging::Reader::PinnedRing;
-                o.threads = threads;
-                o.chunk_bytes = chunk_mib << 20;
-                let (_w, r) = staging::stage_file(gpu, &file, &o)?;
-                cells.push(format!("{threads}t/{chunk_mib}M={:.1}", r.gbps()));
-                if r.gbps() > best.0 {
-                    best = (r.gbps(), threads, chunk_mib);
-                }
-            }
-        }
-        push(
-            &mut rows,
-            format!(
-                "staging  batched sweep GB/s: {} (best {:.1} at {} threads, {} MiB)",
-                cells.join(" "),
-                best.0,
-                best.1,
-                best.2
-            ),
-        );
-        match staging::registered_mmap_gbps(gpu, &file) {
-            Ok((gbps, reg)) => push(&mut rows, format!("staging  experiment registered mmap (no host copy): {gbps:.1} GB/s incl. {reg:.3} s registering")),
-            Err(e) => push(&mut rows, format!("staging  experiment registered mmap: refused: {e}")),
-        }
-        let mut cells = Vec::new();
-        for (threads, mib) in [(4usize, 64usize), (8, 64), (16, 64), (16, 16), (16, 256)] {
-            match staging::registered_parallel_gbps(gpu, &file, threads, mib << 20) {
-                Ok((gbps, unreg)) => cells.push(format!(
-                    "{threads}t/{mib}M={gbps:.1} (unregister {unreg:.3}s)"
-                )),
-                Err(e) => cells.push(format!("{threads}t/{mib}M refused: {e}")),
-            }
-        }
-        push(
-            &mut rows,
-            format!(
-                "staging  experiment parallel registration: {}",
-                cells.join(" ")
-            ),
-        );
-    }
     {
         let mut o = StagingOptions::new(StagingArm::Batched);
         o.release_pages = true;
@@ -317,42 +269,17 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
         };
         let mut dit = DeviceDit::new(gpu.clone(), k.clone(), g.clone(), dims, weights)?;
         gpu.mem.reset_peak();
+        let slot = TextSlot::upload(gpu, &dims, &text, &mask)?;
         dit.workspace(n, l)?;
-        dit.set_latents(&lat)?;
-        dit.set_text(&text, &mask)?;
+        let io = DeviceBuffer::alloc(gpu, 2 * n * LATENT_CHANNELS * 4, "bench latents")?;
+        let (lat_p, vel_p) = (io.ptr(), io.ptr() + (n * LATENT_CHANNELS * 4) as u64);
+        crate::cuda::memory::upload(gpu, lat_p, &lat)?;
         let (lin, sa, ca) = dims.forward_flops(n, l);
         let total = lin + sa + ca;
-        let mut per_kind = Vec::new();
-        for kind in [
-            AttnKernel::Flash2W4,
-            AttnKernel::Flash2W8,
-            AttnKernel::FlashLdsm,
-        ] {
-            dit.attn = kind;
-            for _ in 0..3 {
-                dit.enqueue_forward(0.5, geo, false)?;
-            }
-            let mut v = Vec::new();
-            for _ in 0..if name == "ltxv-2b" { 10 } else { 5 } {
-                dit.enqueue_forward(0.5, geo, true)?;
-                v.push(dit.last_device_ms()?);
-            }
-            per_kind.push((kind, median(v)));
-        }
-        let (best_kind, best) = per_kind
-            .iter()
-            .copied()
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-            .unwrap_or((AttnKernel::FlashLdsm, f64::NAN));
-        dit.attn = best_kind;
-        dit.fused_rows = false;
-        let mut v = Vec::new();
-        for _ in 0..4 {
-            dit.enqueue_forward(0.5, geo, true)?;
-            v.push(dit.last_device_ms()?);
-        }
-        let unfused_ms = median(v[1..].to_vec());
-        dit.fused_rows = true;
+        let best = time_ms(rig, 3, if name == "ltxv-2b" { 10 } else { 5 }, || {
+            dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
+        })?;
+        let best_kind = dit.attn;
         // Components alone: self-attention of one block and the block's GEMMs.
         let d = dims.dim();
         let q = DeviceBuffer::alloc(gpu, n * d * 2, "bench q")?;
@@ -362,17 +289,13 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
         for b in [&q, &kk, &v] {
             k.fill_uniform_bf16(s, b.ptr(), n * d, 5, 2.0)?;
         }
-        let mut attn_ms = Vec::new();
-        for kind in [
-            AttnKernel::Flash2W4,
-            AttnKernel::Flash2W8,
-            AttnKernel::FlashLdsm,
-            AttnKernel::Flash,
-        ] {
-            let ms = time_ms(rig, 2, 10, || {
+        let kbias = DeviceBuffer::alloc(gpu, l * 4, "bench kbias")?;
+        crate::cuda::memory::upload(gpu, kbias.ptr(), &vec![0.0f32; l])?;
+        let attn_alone = |nk: usize, kb: u64| {
+            time_ms(rig, 2, 10, || {
                 k.attention(
                     s,
-                    kind,
+                    best_kind,
                     dims.heads,
                     dims.head_dim,
                     (q.ptr(), d),
@@ -380,31 +303,14 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
                     (v.ptr(), d),
                     (o.ptr(), d),
                     n,
-                    n,
-                    NULL,
+                    nk,
+                    kb,
                     0.125,
                 )
-            })?;
-            attn_ms.push((kind, ms));
-        }
-        let kbias = DeviceBuffer::alloc(gpu, l * 4, "bench kbias")?;
-        crate::cuda::memory::upload(gpu, kbias.ptr(), &vec![0.0f32; l])?;
-        let cross_ms = time_ms(rig, 2, 10, || {
-            k.attention(
-                s,
-                best_kind,
-                dims.heads,
-                dims.head_dim,
-                (q.ptr(), d),
-                (kk.ptr(), d),
-                (v.ptr(), d),
-                (o.ptr(), d),
-                n,
-                l,
-                kbias.ptr(),
-                0.125,
-            )
-        })?;
+            })
+        };
+        let best_attn = attn_alone(n, NULL)?;
+        let cross_ms = attn_alone(l, kbias.ptr())?;
         let ff = DeviceBuffer::alloc(gpu, n * 4 * d * 2, "bench ff")?;
         let wbig = DeviceBuffer::alloc(gpu, 4 * d * d * 2, "bench w")?;
         let bias = DeviceBuffer::alloc(gpu, 4 * d * 2, "bench bias")?;
@@ -451,18 +357,16 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
         })?;
         let block_gemm_ms = 6.0 * g_dd + g_up + g_dn;
         let layers = dims.layers as f64;
-        let best_attn = attn_ms.iter().map(|a| a.1).fold(f64::INFINITY, f64::min);
         let sa_layer = sa / layers;
         push(&mut rows, format!(
-            "forward  {name} 6144 tok       {best:>8.1} ms  target <= {target} (PyTorch {pytorch}) {}  {:.0} TFLOP/s; attn={} ({})",
+            "forward  {name} 6144 tok       {best:>8.1} ms  target <= {target} (PyTorch {pytorch}) {}  {:.0} TFLOP/s; attn={}",
             if best <= target { "MET" } else { "MISSED" },
             total / best / 1e9,
             best_kind.name(),
-            per_kind.iter().map(|(k, m)| format!("{}={m:.1}ms", k.name())).collect::<Vec<_>>().join(" ")
         ));
         push(&mut rows, format!(
-            "forward  {name} parts: self-attn/block {} -> x{} = {:.1} ms ({:.0} TFLOP/s); GEMMs/block {:.2} ms -> {:.1} ms ({:.0} TFLOP/s: DxD {:.0}, up {:.0}, down {:.0}); other {:.1} ms",
-            attn_ms.iter().map(|(k, m)| format!("{}={m:.3}ms", k.name())).collect::<Vec<_>>().join(" "),
+            "forward  {name} parts: self-attn/block {}={best_attn:.3}ms -> x{} = {:.1} ms ({:.0} TFLOP/s); GEMMs/block {:.2} ms -> {:.1} ms ({:.0} TFLOP/s: DxD {:.0}, up {:.0}, down {:.0}); other {:.1} ms",
+            best_kind.name(),
             dims.layers,
             best_attn * layers,
             sa_layer / best_attn / 1e9,
@@ -474,10 +378,13 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
             flops(n, d, 4 * d) / g_dn / 1e9,
             best - best_attn * layers - block_gemm_ms * layers
         ));
-        push(&mut rows, format!(
-            "forward  {name} rows: fused residual+norm {best:.1} ms vs unfused {unfused_ms:.1} ms; cross-attn/block {cross_ms:.3} ms -> {:.1} ms",
-            cross_ms * layers
-        ));
+        push(
+            &mut rows,
+            format!(
+                "forward  {name} cross-attn/block {cross_ms:.3} ms -> {:.1} ms",
+                cross_ms * layers
+            ),
+        );
         push(
             &mut rows,
             format!(
@@ -490,20 +397,18 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
         if name == "ltxv-2b" {
             // Device-resident denoise loop, 20 forwards, ticks one forward behind.
             let steps = 20;
-            let (lat_p, vel_p) = dit
-                .io_ptrs()
-                .ok_or_else(|| CudaError::Invalid("no workspace".into()))?;
             let timers: Vec<Timer> = (0..steps)
                 .map(|_| Timer::new(gpu))
                 .collect::<Result<_, _>>()?;
             gpu.sync_compute()?;
             let t0 = Instant::now();
             let mut dev_ms = 0.0;
-            for i in 0..steps {
-                timers[i].start(s)?;
-                dit.enqueue_forward(1.0 - i as f32 / steps as f32, geo, false)?;
-                timers[i].stop(s)?;
-                k.euler_update(s, lat_p, vel_p, -1.0 / steps as f32, n * LATENT_CHANNELS)?;
+            for (i, t) in timers.iter().enumerate() {
+                t.start(s)?;
+                dit.enqueue_forward(lat_p, 1.0 - i as f32 / steps as f32, geo, &slot, vel_p)?;
+                t.stop(s)?;
+                let n = n * LATENT_CHANNELS;
+                k.guided_euler(s, lat_p, vel_p, NULL, 1.0, -1.0 / steps as f32, n)?;
                 if i > 0 {
                     dev_ms += timers[i - 1].elapsed_ms()?; // the tick of the previous forward
                 }

@@ -39,6 +39,9 @@ pub fn probe_libraries() -> Result<(), CudaError> {
     Ok(())
 }
 
+/// Primary contexts kept until the process exits (see [`Gpu::open`]).
+static KEEP_ALIVE: std::sync::Mutex<Vec<Arc<CudaContext>>> = std::sync::Mutex::new(Vec::new());
+
 /// One GPU with the engine's two streams.
 pub struct Gpu {
     /// The (primary) context; event tracking is off (the engine orders work by
@@ -73,6 +76,14 @@ impl Gpu {
             )));
         }
         let ctx = CudaContext::new(ordinal).ctx("creating the CUDA context")?;
+        // The device's primary context lives as long as the process: dropping
+        // the last model would otherwise tear it down (tens of ms, inside the
+        // phase that frees the model) and the next device user would rebuild it.
+        if let Ok(mut keep) = KEEP_ALIVE.lock() {
+            if keep.iter().all(|c| c.ordinal() != ordinal) {
+                keep.push(ctx.clone());
+            }
+        }
         // SAFETY: no CudaSlice exists yet; the engine uses raw allocations and
         // orders work itself.
         unsafe { ctx.disable_event_tracking() };

@@ -27,25 +27,19 @@ const ROW_THREADS: u32 = 256;
 /// Which attention kernel to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttnKernel {
-    /// One thread per query, scalar f32 (the check for the others).
+    /// One thread per query, scalar f32 (the check for the fused kernel).
     Reference,
-    /// Fused flash kernel, plain shared-memory fragment loads.
+    /// The fused flash kernel (flash v2, 8 warps, ldmatrix; head dims 64 and 128).
     Flash,
-    /// Fused flash kernel, ldmatrix fragment loads.
-    FlashLdsm,
-    /// Flash v2 (trimmed softmax, masking only in the last tile), 4 warps.
-    Flash2W4,
-    /// Flash v2 with 8 warps (128 query rows share each K/V tile).
-    Flash2W8,
 }
 
 impl AttnKernel {
-    /// The fastest kernel built for head dim `hd`: flash v2 with 8 warps
-    /// (device run 2, 6144 tokens: hd64 1.48 ms/block vs 1.39 for 4 warps alone
-    /// but 77.6 vs 78.3 ms per ltxv-2b forward; hd128 2.59 vs 3.00 ms/block).
+    /// The kernel the forward runs at head dim `hd`: the flash kernel where it
+    /// is built (device run 2, 6144 tokens: 77.6 ms per ltxv-2b forward against
+    /// 78.3 with 4 warps and 86.5 for the v1 ldmatrix kernel), else the reference.
     pub fn best_for(hd: usize) -> AttnKernel {
-        if hd == 64 || hd == 128 {
-            AttnKernel::Flash2W8
+        if FLASH_HEAD_DIMS.contains(&hd) {
+            AttnKernel::Flash
         } else {
             AttnKernel::Reference
         }
@@ -56,12 +50,24 @@ impl AttnKernel {
         match self {
             AttnKernel::Reference => "reference",
             AttnKernel::Flash => "flash",
-            AttnKernel::FlashLdsm => "flash-ldsm",
-            AttnKernel::Flash2W4 => "flash2-w4",
-            AttnKernel::Flash2W8 => "flash2-w8",
+        }
+    }
+
+    /// The head dims the kernel is built for.
+    pub fn head_dims(self) -> &'static [usize] {
+        match self {
+            AttnKernel::Reference => &[16, 32, 64, 128],
+            AttnKernel::Flash => &FLASH_HEAD_DIMS,
         }
     }
 }
+
+/// Head dims of the flash kernel.
+const FLASH_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Warps per block of the flash kernel (16 query rows each).
+const FLASH_WARPS: u32 = 8;
+/// Threads per block of the reference attention kernel (one query each).
+const REF_THREADS: u32 = 64;
 
 /// Report of loading the kernel modules.
 #[derive(Debug, Clone)]
@@ -79,9 +85,48 @@ pub struct Kernels {
     pub report: LoadReport,
 }
 
-/// Dynamic shared memory of the flash kernel for head dim `hd`, bytes.
+/// Dynamic shared memory of the flash kernel for head dim `hd`, bytes: K and V
+/// tiles of 64 rows (padded by 8 elements), two stages each.
 pub fn flash_smem_bytes(hd: usize) -> u32 {
     (4 * 64 * (hd + 8) * 2) as u32
+}
+
+/// The argument list of one launch: every kernel parameter (a device pointer,
+/// an integer or an f32, none wider than 8 bytes) in its own 8-byte slot, its
+/// value in the slot's low bytes (x86-64 and the GPU are little-endian), so the
+/// driver reads exactly the parameter's size from each slot's address.
+#[derive(Default)]
+struct Params(Vec<u64>);
+
+impl Params {
+    fn ptr(mut self, v: CUdeviceptr) -> Self {
+        self.0.push(v);
+        self
+    }
+    fn u64(mut self, v: u64) -> Self {
+        self.0.push(v);
+        self
+    }
+    fn i64(mut self, v: i64) -> Self {
+        self.0.push(v as u64);
+        self
+    }
+    fn i32(mut self, v: i32) -> Self {
+        self.0.push(v as u32 as u64);
+        self
+    }
+    fn f32(mut self, v: f32) -> Self {
+        self.0.push(v.to_bits() as u64);
+        self
+    }
+    /// An element count as the kernels' `long long n`.
+    fn n(self, n: usize) -> Self {
+        self.i64(n as i64)
+    }
+    /// A width or count as the kernels' `int`.
+    fn int(self, v: usize) -> Self {
+        self.i32(v as i32)
+    }
 }
 
 impl Kernels {
@@ -118,14 +163,7 @@ impl Kernels {
             report,
         };
         // The hd128 flash kernels need more than the default 48 KiB.
-        for f in [
-            "flash_attn_hd128",
-            "flash_attn_ldsm_hd128",
-            "flash2_hd128_w4",
-            "flash2_hd128_w4_bias",
-            "flash2_hd128_w8",
-            "flash2_hd128_w8_bias",
-        ] {
+        for f in ["flash2_hd128_w8", "flash2_hd128_w8_bias"] {
             let func = k.func(f)?;
             // SAFETY: a valid function handle and a supported attribute.
             unsafe {
@@ -150,105 +188,57 @@ impl Kernels {
         &self,
         name: &str,
         grid: (u32, u32, u32),
-        block: (u32, u32, u32),
+        block: u32,
         smem: u32,
         stream: &CudaStream,
-        args: &mut [*mut c_void],
+        mut params: Params,
     ) -> Result<(), CudaError> {
         let f = self.func(name)?;
-        // SAFETY: every wrapper passes exactly the kernel's parameter list, each a
-        // pointer to a live local of the parameter's type.
-        unsafe { dres::launch_kernel(f.cu_function(), grid, block, smem, stream.cu_stream(), args) }
-            .ctx(format!("launching kernel '{name}'"))
+        let mut args: Vec<*mut c_void> = params
+            .0
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: every wrapper passes exactly the kernel's parameter list, in
+        // order, each slot holding a value of the parameter's type (Params).
+        unsafe {
+            dres::launch_kernel(
+                f.cu_function(),
+                grid,
+                (block, 1, 1),
+                smem,
+                stream.cu_stream(),
+                &mut args,
+            )
+        }
+        .ctx(format!("launching kernel '{name}'"))
     }
 
-    fn ew_grid(&self, n: usize) -> (u32, u32, u32) {
+    /// A grid-stride elementwise kernel over `n` elements.
+    fn launch_ew(
+        &self,
+        name: &str,
+        n: usize,
+        s: &CudaStream,
+        params: Params,
+    ) -> Result<(), CudaError> {
         let blocks = n
             .div_ceil(EW_THREADS as usize)
             .clamp(1, (self.sms * 16) as usize);
-        (blocks as u32, 1, 1)
+        self.launch(name, (blocks as u32, 1, 1), EW_THREADS, 0, s, params)
     }
 
-    /// y[i] = bf16(x[i]) for n f32 elements.
-    pub fn cast_f32_to_bf16(
+    /// y[i] = op(x[i]) for n elements (see [`Map`]).
+    pub fn map(
         &self,
         s: &CudaStream,
+        op: Map,
         x: CUdeviceptr,
         y: CUdeviceptr,
         n: usize,
     ) -> Result<(), CudaError> {
-        let (mut x, mut y, mut n64) = (x, y, n as i64);
-        let mut a = [p(&mut x), p(&mut y), p(&mut n64)];
-        self.launch(
-            "cast_f32_to_bf16",
-            self.ew_grid(n),
-            (EW_THREADS, 1, 1),
-            0,
-            s,
-            &mut a,
-        )
-    }
-
-    /// y[i] = f32(x[i]) for n bf16 elements.
-    pub fn cast_bf16_to_f32(
-        &self,
-        s: &CudaStream,
-        x: CUdeviceptr,
-        y: CUdeviceptr,
-        n: usize,
-    ) -> Result<(), CudaError> {
-        let (mut x, mut y, mut n64) = (x, y, n as i64);
-        let mut a = [p(&mut x), p(&mut y), p(&mut n64)];
-        self.launch(
-            "cast_bf16_to_f32",
-            self.ew_grid(n),
-            (EW_THREADS, 1, 1),
-            0,
-            s,
-            &mut a,
-        )
-    }
-
-    /// Row-wise modulated norm: `x` f32 [rows, d] -> `y` bf16 [rows, d],
-    /// y = norm(x) * (1 + scale) + shift with shift = shift_tab + shift_emb and
-    /// scale = scale_tab + scale_emb (bf16 vectors of d). `center`: LayerNorm
-    /// (true) or RMS (false), no affine.
-    #[allow(clippy::too_many_arguments)]
-    pub fn ada_norm_mod(
-        &self,
-        s: &CudaStream,
-        x: CUdeviceptr,
-        y: CUdeviceptr,
-        rows: usize,
-        d: usize,
-        eps: f32,
-        center: bool,
-        shift_tab: CUdeviceptr,
-        scale_tab: CUdeviceptr,
-        shift_emb: CUdeviceptr,
-        scale_emb: CUdeviceptr,
-    ) -> Result<(), CudaError> {
-        let (mut x, mut y, mut d32, mut eps, mut c) = (x, y, d as i32, eps, center as i32);
-        let (mut a0, mut a1, mut a2, mut a3) = (shift_tab, scale_tab, shift_emb, scale_emb);
-        let mut a = [
-            p(&mut x),
-            p(&mut y),
-            p(&mut d32),
-            p(&mut eps),
-            p(&mut c),
-            p(&mut a0),
-            p(&mut a1),
-            p(&mut a2),
-            p(&mut a3),
-        ];
-        self.launch(
-            "ada_norm_mod",
-            (rows as u32, 1, 1),
-            (ROW_THREADS, 1, 1),
-            0,
-            s,
-            &mut a,
-        )
+        let p = Params::default().ptr(x).ptr(y).n(n);
+        self.launch_ew(op.kernel(), n, s, p)
     }
 
     /// Weighted RMS norm of each bf16 row of d (weight `w`, bf16), then LTX RoPE
@@ -265,7 +255,6 @@ impl Kernels {
         eps: f32,
         rope: Option<&RopeArgs>,
     ) -> Result<(), CudaError> {
-        let (mut x, mut y, mut w, mut d32, mut eps) = (x, y, w, d as i32, eps);
         let r = rope.copied().unwrap_or(RopeArgs {
             freqs: NULL,
             nfreq: 0,
@@ -273,74 +262,30 @@ impl Kernels {
             scale: [0.0; 3],
             base: [1.0; 3],
         });
-        let (mut fr, mut nf, mut gh, mut gw) =
-            (r.freqs, r.nfreq as i32, r.grid.1 as i32, r.grid.2 as i32);
-        let (mut sf, mut sh, mut sw) = (r.scale[0], r.scale[1], r.scale[2]);
-        let (mut bf, mut bh, mut bw) = (r.base[0], r.base[1], r.base[2]);
-        let mut a = [
-            p(&mut x),
-            p(&mut y),
-            p(&mut w),
-            p(&mut d32),
-            p(&mut eps),
-            p(&mut fr),
-            p(&mut nf),
-            p(&mut gh),
-            p(&mut gw),
-            p(&mut sf),
-            p(&mut sh),
-            p(&mut sw),
-            p(&mut bf),
-            p(&mut bh),
-            p(&mut bw),
-        ];
-        self.launch(
-            "qk_norm_rope",
-            (rows as u32, 1, 1),
-            (ROW_THREADS, 1, 1),
-            0,
-            s,
-            &mut a,
-        )
-    }
-
-    /// x (f32 [n / d, d]) += y (bf16) * gate, gate = gate_tab + gate_emb (bf16 of
-    /// d); `gate_tab == NULL` adds y unscaled.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gated_residual(
-        &self,
-        s: &CudaStream,
-        x: CUdeviceptr,
-        y: CUdeviceptr,
-        gate_tab: CUdeviceptr,
-        gate_emb: CUdeviceptr,
-        d: usize,
-        n: usize,
-    ) -> Result<(), CudaError> {
-        let (mut x, mut y, mut g0, mut g1, mut d32, mut n64) =
-            (x, y, gate_tab, gate_emb, d as i32, n as i64);
-        let mut a = [
-            p(&mut x),
-            p(&mut y),
-            p(&mut g0),
-            p(&mut g1),
-            p(&mut d32),
-            p(&mut n64),
-        ];
-        self.launch(
-            "gated_residual",
-            self.ew_grid(n),
-            (EW_THREADS, 1, 1),
-            0,
-            s,
-            &mut a,
-        )
+        let p = Params::default()
+            .ptr(x)
+            .ptr(y)
+            .ptr(w)
+            .int(d)
+            .f32(eps)
+            .ptr(r.freqs)
+            .int(r.nfreq)
+            .int(r.grid.1)
+            .int(r.grid.2)
+            .f32(r.scale[0])
+            .f32(r.scale[1])
+            .f32(r.scale[2])
+            .f32(r.base[0])
+            .f32(r.base[1])
+            .f32(r.base[2]);
+        self.launch("qk_norm_rope", (rows as u32, 1, 1), ROW_THREADS, 0, s, p)
     }
 
     /// The fused row step of the forward (see `residual_norm` in
     /// `kernels/elementwise.cu`): with `y` given, x (f32 [rows, d]) += y (bf16) *
     /// gate (gate_tab + gate_emb, or 1 when gate_tab is NULL); then h (bf16) =
-    /// bf16(x) ([`RowMode::Cast`]) or the modulated RMS / LayerNorm of x.
+    /// bf16(x) ([`RowMode::Cast`]) or the modulated RMS / LayerNorm of x, with
+    /// shift = shift.0 + shift.1 and scale = scale.0 + scale.1 (bf16 vectors of d).
     #[allow(clippy::too_many_arguments)]
     pub fn residual_norm(
         &self,
@@ -360,73 +305,26 @@ impl Kernels {
                 "residual_norm: width {d} must be a multiple of 4 and <= 12288"
             )));
         }
-        let (mut x, mut y, mut g0, mut g1, mut d32) = (x, y, gate.0, gate.1, d as i32);
-        let (mut eps, mut m) = (super::dit::NORM_EPS, mode as i32);
-        let (mut a0, mut a1, mut a2, mut a3, mut h) = (shift.0, scale.0, shift.1, scale.1, h);
-        let mut a = [
-            p(&mut x),
-            p(&mut y),
-            p(&mut g0),
-            p(&mut g1),
-            p(&mut d32),
-            p(&mut eps),
-            p(&mut m),
-            p(&mut a0),
-            p(&mut a1),
-            p(&mut a2),
-            p(&mut a3),
-            p(&mut h),
-        ];
+        let p = Params::default()
+            .ptr(x)
+            .ptr(y)
+            .ptr(gate.0)
+            .ptr(gate.1)
+            .int(d)
+            .f32(super::dit::NORM_EPS)
+            .i32(mode as i32)
+            .ptr(shift.0)
+            .ptr(scale.0)
+            .ptr(shift.1)
+            .ptr(scale.1)
+            .ptr(h);
         self.launch(
             "residual_norm",
             (rows as u32, 1, 1),
-            (ROW_THREADS, 1, 1),
+            ROW_THREADS,
             (d * 4) as u32,
             s,
-            &mut a,
-        )
-    }
-
-    /// y = silu(x), n bf16 elements.
-    pub fn silu(
-        &self,
-        s: &CudaStream,
-        x: CUdeviceptr,
-        y: CUdeviceptr,
-        n: usize,
-    ) -> Result<(), CudaError> {
-        let (mut x, mut y, mut n64) = (x, y, n as i64);
-        let mut a = [p(&mut x), p(&mut y), p(&mut n64)];
-        self.launch(
-            "silu_bf16",
-            self.ew_grid(n),
-            (EW_THREADS, 1, 1),
-            0,
-            s,
-            &mut a,
-        )
-    }
-
-    /// In place over bf16 [n / cols, cols]: y = act(y + b) with `b` (bf16 of cols,
-    /// or NULL) and act identity or tanh-GELU.
-    pub fn bias_act(
-        &self,
-        s: &CudaStream,
-        y: CUdeviceptr,
-        b: CUdeviceptr,
-        cols: usize,
-        n: usize,
-        gelu: bool,
-    ) -> Result<(), CudaError> {
-        let (mut y, mut b, mut c, mut n64, mut act) = (y, b, cols as i32, n as i64, gelu as i32);
-        let mut a = [p(&mut y), p(&mut b), p(&mut c), p(&mut n64), p(&mut act)];
-        self.launch(
-            "bias_act",
-            self.ew_grid(n),
-            (EW_THREADS, 1, 1),
-            0,
-            s,
-            &mut a,
+            p,
         )
     }
 
@@ -438,30 +336,26 @@ impl Kernels {
         t: f32,
         half: usize,
     ) -> Result<(), CudaError> {
-        let (mut o, mut t, mut h) = (out, t, half as i32);
-        let mut a = [p(&mut o), p(&mut t), p(&mut h)];
-        self.launch("timestep_sinusoid", (1, 1, 1), (128, 1, 1), 0, s, &mut a)
+        let p = Params::default().ptr(out).f32(t).int(half);
+        self.launch("timestep_sinusoid", (1, 1, 1), 128, 0, s, p)
     }
 
-    /// lat += dt * v over n f32 elements.
-    pub fn euler_update(
+    /// One sampler step over n f32 elements: lat += dt * v with v = u + g * (c - u)
+    /// (classifier-free guidance) or v = c when `u` is NULL; each operation
+    /// rounded on its own, as the CPU arm computes it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn guided_euler(
         &self,
         s: &CudaStream,
         lat: CUdeviceptr,
-        v: CUdeviceptr,
+        c: CUdeviceptr,
+        u: CUdeviceptr,
+        g: f32,
         dt: f32,
         n: usize,
     ) -> Result<(), CudaError> {
-        let (mut l, mut v, mut dt, mut n64) = (lat, v, dt, n as i64);
-        let mut a = [p(&mut l), p(&mut v), p(&mut dt), p(&mut n64)];
-        self.launch(
-            "euler_update",
-            self.ew_grid(n),
-            (EW_THREADS, 1, 1),
-            0,
-            s,
-            &mut a,
-        )
+        let p = Params::default().ptr(lat).ptr(c).ptr(u).f32(g).f32(dt).n(n);
+        self.launch_ew("guided_euler", n, s, p)
     }
 
     /// n bf16 values uniform in [-scale, scale), a pure function of (seed, index).
@@ -473,16 +367,8 @@ impl Kernels {
         seed: u64,
         scale: f32,
     ) -> Result<(), CudaError> {
-        let (mut y, mut n64, mut seed, mut sc) = (y, n as i64, seed, scale);
-        let mut a = [p(&mut y), p(&mut n64), p(&mut seed), p(&mut sc)];
-        self.launch(
-            "fill_uniform_bf16",
-            self.ew_grid(n),
-            (EW_THREADS, 1, 1),
-            0,
-            s,
-            &mut a,
-        )
+        let p = Params::default().ptr(y).n(n).u64(seed).f32(scale);
+        self.launch_ew("fill_uniform_bf16", n, s, p)
     }
 
     /// Multi-head attention: see `kernels/attention.cu`. `q` [nq, ldq], `k` [nk,
@@ -504,14 +390,11 @@ impl Kernels {
         kbias: CUdeviceptr,
         scale: f32,
     ) -> Result<(), CudaError> {
-        let built: &[usize] = match kind {
-            AttnKernel::Reference => &[16, 32, 64, 128],
-            _ => &[64, 128],
-        };
-        if !built.contains(&hd) {
+        if !kind.head_dims().contains(&hd) {
             return Err(CudaError::Invalid(format!(
-                "attention head dim {hd}: the {} kernel is built for {built:?}",
-                kind.name()
+                "attention head dim {hd}: the {} kernel is built for {:?}",
+                kind.name(),
+                kind.head_dims()
             )));
         }
         if nk == 0 || nq == 0 {
@@ -527,46 +410,55 @@ impl Kernels {
                 )));
             }
         }
-        let (name, block, smem) = match kind {
-            AttnKernel::Reference => (format!("attn_ref_hd{hd}"), 64u32, 0u32),
-            AttnKernel::Flash => (format!("flash_attn_hd{hd}"), 128, flash_smem_bytes(hd)),
-            AttnKernel::FlashLdsm => (format!("flash_attn_ldsm_hd{hd}"), 128, flash_smem_bytes(hd)),
-            AttnKernel::Flash2W4 | AttnKernel::Flash2W8 => {
-                let w = if kind == AttnKernel::Flash2W4 { 4 } else { 8 };
+        // Query rows per block: one per thread for the reference, 16 per warp for flash.
+        let (name, block, rows, smem) = match kind {
+            AttnKernel::Reference => (format!("attn_ref_hd{hd}"), REF_THREADS, REF_THREADS, 0),
+            AttnKernel::Flash => {
                 let bias = if kbias != NULL { "_bias" } else { "" };
                 (
-                    format!("flash2_hd{hd}_w{w}{bias}"),
-                    32 * w,
+                    format!("flash2_hd{hd}_w{FLASH_WARPS}{bias}"),
+                    32 * FLASH_WARPS,
+                    16 * FLASH_WARPS,
                     flash_smem_bytes(hd),
                 )
             }
         };
-        // Query rows per block: one per thread for the reference, 16 per warp otherwise.
-        let rows = if kind == AttnKernel::Reference {
-            block as usize
-        } else {
-            block as usize / 2
-        };
-        let grid = (nq.div_ceil(rows) as u32, heads as u32, 1);
-        let (mut qp, mut kp, mut vp, mut op) = (q.0, k.0, v.0, o.0);
-        let (mut nq32, mut nk32) = (nq as i32, nk as i32);
-        let (mut lq, mut lk, mut lv, mut lo) = (q.1 as i32, k.1 as i32, v.1 as i32, o.1 as i32);
-        let (mut kb, mut sc) = (kbias, scale);
-        let mut a = [
-            p(&mut qp),
-            p(&mut kp),
-            p(&mut vp),
-            p(&mut op),
-            p(&mut nq32),
-            p(&mut nk32),
-            p(&mut lq),
-            p(&mut lk),
-            p(&mut lv),
-            p(&mut lo),
-            p(&mut kb),
-            p(&mut sc),
-        ];
-        self.launch(&name, grid, (block, 1, 1), smem, s, &mut a)
+        let grid = (nq.div_ceil(rows as usize) as u32, heads as u32, 1);
+        let p = Params::default()
+            .ptr(q.0)
+            .ptr(k.0)
+            .ptr(v.0)
+            .ptr(o.0)
+            .int(nq)
+            .int(nk)
+            .int(q.1)
+            .int(k.1)
+            .int(v.1)
+            .int(o.1)
+            .ptr(kbias)
+            .f32(scale);
+        self.launch(&name, grid, block, smem, s, p)
+    }
+}
+
+/// The elementwise maps of [`Kernels::map`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Map {
+    /// f32 to bf16, round to nearest even.
+    F32ToBf16,
+    /// bf16 to f32 (exact).
+    Bf16ToF32,
+    /// `x * sigmoid(x)` on bf16.
+    SiluBf16,
+}
+
+impl Map {
+    fn kernel(self) -> &'static str {
+        match self {
+            Map::F32ToBf16 => "cast_f32_to_bf16",
+            Map::Bf16ToF32 => "cast_bf16_to_f32",
+            Map::SiluBf16 => "silu_bf16",
+        }
     }
 }
 
@@ -584,7 +476,7 @@ pub enum RowMode {
 /// RoPE parameters of [`Kernels::qk_norm_rope`].
 #[derive(Debug, Clone, Copy)]
 pub struct RopeArgs {
-    /// Device f32 [nfreq]: the per-frequency factor (pi/2 * 10000^linspace(0, 1, nfreq)).
+    /// Device f32 [nfreq]: the per-frequency factor ([`crate::ops::rope::rope_freqs`]).
     pub freqs: CUdeviceptr,
     /// Frequencies per axis (D / 6).
     pub nfreq: usize,
@@ -597,18 +489,12 @@ pub struct RopeArgs {
     pub base: [f32; 3],
 }
 
-fn p<T>(x: &mut T) -> *mut c_void {
-    x as *mut T as *mut c_void
-}
-
-/// The flash v2 entry points, generated by the `FLASH2` macro in attention.cu.
-pub fn flash2_names() -> Vec<String> {
+/// The flash entry points, generated by the `FLASH2` macro in attention.cu.
+pub fn flash_names() -> Vec<String> {
     let mut v = Vec::new();
-    for hd in [64, 128] {
-        for w in [4, 8] {
-            v.push(format!("flash2_hd{hd}_w{w}"));
-            v.push(format!("flash2_hd{hd}_w{w}_bias"));
-        }
+    for hd in FLASH_HEAD_DIMS {
+        v.push(format!("flash2_hd{hd}_w{FLASH_WARPS}"));
+        v.push(format!("flash2_hd{hd}_w{FLASH_WARPS}_bias"));
     }
     v
 }
@@ -618,7 +504,7 @@ pub fn flash2_names() -> Vec<String> {
 pub fn module_kernels(name: &str, src: &str) -> Vec<String> {
     let mut v = kernel_names(src);
     if name == "attention" {
-        v.extend(flash2_names());
+        v.extend(flash_names());
     }
     v
 }
@@ -658,37 +544,57 @@ mod tests {
     #[test]
     fn kernel_names_finds_every_entry_point() {
         let e = kernel_names(nvrtc::ELEMENTWISE_CU);
-        for k in [
+        let mut want = vec![
             "cast_f32_to_bf16",
             "cast_bf16_to_f32",
-            "ada_norm_mod",
             "qk_norm_rope",
-            "gated_residual",
             "silu_bf16",
-            "bias_act",
-            "euler_update",
+            "guided_euler",
             "fill_uniform_bf16",
             "timestep_sinusoid",
             "residual_norm",
-        ] {
-            assert!(e.iter().any(|n| n == k), "{k} missing from {e:?}");
-        }
+        ];
+        let mut got: Vec<&str> = e.iter().map(String::as_str).collect();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want);
         let a = kernel_names(nvrtc::ATTENTION_CU);
-        assert_eq!(a.len(), 8, "{a:?}");
+        assert_eq!(
+            a,
+            [
+                "attn_ref_hd16",
+                "attn_ref_hd32",
+                "attn_ref_hd64",
+                "attn_ref_hd128"
+            ]
+        );
         let a = module_kernels("attention", nvrtc::ATTENTION_CU);
-        assert_eq!(a.len(), 16, "{a:?}");
-        for f in flash2_names() {
-            let macro_line = format!(
-                "FLASH2({}, {})",
-                &f[9..f.find("_w").unwrap()],
-                &f[f.find("_w").unwrap() + 2..][..1]
-            );
+        assert_eq!(a.len(), 8, "{a:?}");
+        for hd in FLASH_HEAD_DIMS {
+            let macro_line = format!("FLASH2({hd}, {FLASH_WARPS})");
             assert!(
                 nvrtc::ATTENTION_CU.contains(&macro_line),
                 "{macro_line} not instantiated"
             );
         }
-        assert!(a.iter().any(|n| n == "flash_attn_ldsm_hd128"));
+        // Exactly the instantiations the launcher names: no dead variants.
+        assert_eq!(nvrtc::ATTENTION_CU.matches("\nFLASH2(").count(), 2);
+    }
+
+    #[test]
+    fn params_put_each_value_in_the_low_bytes_of_its_slot() {
+        let p = Params::default()
+            .ptr(0x1234_5678_9abc)
+            .i32(-2)
+            .f32(1.5)
+            .n(7)
+            .u64(u64::MAX);
+        assert_eq!(p.0[0], 0x1234_5678_9abc);
+        assert_eq!((p.0[1] as u32) as i32, -2);
+        assert_eq!(p.0[1] >> 32, 0);
+        assert_eq!(f32::from_bits(p.0[2] as u32), 1.5);
+        assert_eq!(p.0[3] as i64, 7);
+        assert_eq!(p.0[4], u64::MAX);
     }
 
     #[test]
@@ -696,5 +602,12 @@ mod tests {
         assert_eq!(flash_smem_bytes(64), 36_864);
         assert_eq!(flash_smem_bytes(128), 69_632);
         assert!(flash_smem_bytes(128) <= 227 * 1024);
+    }
+
+    #[test]
+    fn the_forward_uses_flash_where_it_is_built() {
+        assert_eq!(AttnKernel::best_for(64), AttnKernel::Flash);
+        assert_eq!(AttnKernel::best_for(128), AttnKernel::Flash);
+        assert_eq!(AttnKernel::best_for(16), AttnKernel::Reference);
     }
 }

@@ -27,6 +27,12 @@ pub struct MemTracker {
     peak: AtomicU64,
 }
 
+impl crate::phase::DevicePeak for MemTracker {
+    fn take_peak(&self) -> u64 {
+        MemTracker::take_peak(self)
+    }
+}
+
 impl MemTracker {
     fn add(&self, n: u64) {
         let now = self.current.fetch_add(n, Ordering::SeqCst) + n;
@@ -50,6 +56,12 @@ impl MemTracker {
     /// Start a new phase: the peak becomes the current holding.
     pub fn reset_peak(&self) {
         self.peak.store(self.current(), Ordering::SeqCst);
+    }
+
+    /// The high-water mark since the last call, restarted at the bytes held now.
+    pub fn take_peak(&self) -> u64 {
+        let now = self.current();
+        self.peak.swap(now, Ordering::SeqCst).max(now)
     }
 }
 
@@ -218,5 +230,9 @@ mod tests {
         assert_eq!(t.peak(), 30);
         t.add(10);
         assert_eq!(t.peak(), 40);
+        t.add(60);
+        t.sub(90);
+        assert_eq!(t.take_peak(), 100);
+        assert_eq!((t.current(), t.peak()), (10, 10));
     }
 }

@@ -12,13 +12,13 @@
 //!   arena for workspaces.
 //! - [`nvrtc`]: run-time compilation of `kernels/*.cu` for sm_90, cached on disk.
 //! - [`kernels`]: typed launches of the elementwise, row-wise and attention
-//!   kernels (a scalar reference attention and a fused flash kernel).
+//!   kernels (a scalar reference attention and the fused flash kernel).
 //! - [`gemm`]: cuBLASLt bf16 GEMMs with fused bias / GELU epilogues and cached plans.
 //! - [`staging`]: weights from a safetensors file onto the device (serial | batched).
 //! - [`dit`]: the LTX-Video transformer forward, device-resident end to end.
-//! - [`backend`]: the trait the pipeline calls, with the CPU and CUDA arms.
-//! - [`host_ref`]: f32 host references the checks compare against.
-//! - [`selftest`] / [`bench`] / [`burn`]: device checks, benchmarks, the GEMM load.
+//! - [`backend`]: the device-resident sampler loop behind [`crate::denoise::Denoiser`].
+//! - [`selftest`] / [`bench`] / [`burn`]: device checks against the CPU arm,
+//!   benchmarks, the GEMM load.
 
 pub mod backend;
 pub mod bench;
@@ -26,7 +26,6 @@ pub mod burn;
 pub mod context;
 pub mod dit;
 pub mod gemm;
-pub mod host_ref;
 pub mod kernels;
 pub mod memory;
 pub mod nvrtc;

@@ -11,6 +11,15 @@
 //!   is read. A buffer is refilled only after the event recorded behind its
 //!   copies has completed.
 //!
+//! The batched arm's default reader registers the file's read-only mapping with
+//! the driver chunk by chunk on several threads and copies straight from the page
+//! cache ([`Reader::Registered`]); the pinned ring is its fallback.
+//!
+//! A model's tensors may span several files (the shards of a sharded checkpoint,
+//! or the transformer's part of a Lightricks single file): [`stage`] takes their
+//! [`Extent`]s from the validated [`crate::weights::safetensors::SafetensorsSource`]
+//! and the batched arm places all of them in ONE arena, file after file.
+//!
 //! With `release_pages` the file's page cache is dropped
 //! (`posix_fadvise(DONTNEED)`) range by range once its bytes are out of it.
 //! Both arms place the same bytes under the same names: [`DeviceWeights::download`]
@@ -21,6 +30,8 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use cudarc::driver::result as dres;
@@ -30,6 +41,7 @@ use rayon::prelude::*;
 use super::context::Gpu;
 use super::memory::{align_up, DeviceBuffer};
 use super::{CudaError, DriverContext};
+use crate::weights::safetensors::{Extent, LoadOptions, SafetensorsSource};
 use crate::weights::{DType, WeightError};
 
 /// Which staging arm runs.
@@ -107,121 +119,6 @@ impl StagingOptions {
     }
 }
 
-/// One tensor as the file's header declares it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FileTensor {
-    /// Name in the file.
-    pub name: String,
-    /// Storage type.
-    pub dtype: DType,
-    /// Shape.
-    pub shape: Vec<usize>,
-    /// Absolute byte offset of its data in the file.
-    pub offset: u64,
-    /// Bytes of data.
-    pub bytes: usize,
-}
-
-/// Read a safetensors header: the tensors in file order and the file's length.
-///
-/// Errors name the file and the tensor: a short file, a header that is not
-/// JSON, a dtype other than BF16/F16/F32, offsets outside the data or a size
-/// that disagrees with the shape.
-pub fn read_header(path: &Path) -> Result<(Vec<FileTensor>, u64), CudaError> {
-    let corrupt = |detail: String| {
-        CudaError::Weights(WeightError::Corrupt {
-            file: path.to_path_buf(),
-            detail,
-        })
-    };
-    let f = File::open(path).map_err(|source| io(path, source))?;
-    let len = f.metadata().map_err(|source| io(path, source))?.len();
-    let mut n8 = [0u8; 8];
-    f.read_exact_at(&mut n8, 0).map_err(|_| {
-        corrupt(format!(
-            "file of {len} bytes is too short for a safetensors header"
-        ))
-    })?;
-    let n = u64::from_le_bytes(n8);
-    if n > 100 << 20 || 8 + n > len {
-        return Err(corrupt(format!(
-            "header length {n} does not fit the file of {len} bytes"
-        )));
-    }
-    let mut hdr = vec![0u8; n as usize];
-    f.read_exact_at(&mut hdr, 8)
-        .map_err(|source| io(path, source))?;
-    let v: serde_json::Value =
-        serde_json::from_slice(&hdr).map_err(|e| corrupt(format!("header is not JSON: {e}")))?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| corrupt("header is not a JSON object".into()))?;
-    let data_start = 8 + n;
-    let mut out = Vec::new();
-    for (name, t) in obj {
-        if name == "__metadata__" {
-            continue;
-        }
-        let dt = t.get("dtype").and_then(|d| d.as_str()).unwrap_or("");
-        let dtype = match dt {
-            "BF16" => DType::BF16,
-            "F16" => DType::F16,
-            "F32" => DType::F32,
-            other => {
-                return Err(CudaError::Weights(WeightError::DType {
-                    name: name.clone(),
-                    file: path.to_path_buf(),
-                    expected: "BF16, F16 or F32".into(),
-                    found: other.to_string(),
-                }))
-            }
-        };
-        let shape: Vec<usize> = t
-            .get("shape")
-            .and_then(|s| s.as_array())
-            .ok_or_else(|| corrupt(format!("tensor '{name}' has no shape")))?
-            .iter()
-            .map(|d| d.as_u64().map(|x| x as usize))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| corrupt(format!("tensor '{name}' has a non-integer dimension")))?;
-        let offs = t
-            .get("data_offsets")
-            .and_then(|s| s.as_array())
-            .filter(|a| a.len() == 2)
-            .and_then(|a| Some((a[0].as_u64()?, a[1].as_u64()?)))
-            .ok_or_else(|| corrupt(format!("tensor '{name}' has no data_offsets [begin, end]")))?;
-        let bytes = shape.iter().product::<usize>() * dtype.size();
-        if offs.1 < offs.0 || (offs.1 - offs.0) as usize != bytes {
-            return Err(corrupt(format!(
-                "tensor '{name}': data_offsets {offs:?} hold {} bytes but shape {shape:?} of {dt} needs {bytes}",
-                offs.1.saturating_sub(offs.0)
-            )));
-        }
-        if data_start + offs.1 > len {
-            return Err(corrupt(format!(
-                "tensor '{name}' ends at byte {} but the file has {len} (truncated?)",
-                data_start + offs.1
-            )));
-        }
-        out.push(FileTensor {
-            name: name.clone(),
-            dtype,
-            shape,
-            offset: data_start + offs.0,
-            bytes,
-        });
-    }
-    out.sort_by_key(|t| t.offset);
-    Ok((out, len))
-}
-
-fn io(path: &Path, source: std::io::Error) -> CudaError {
-    CudaError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 /// A staged tensor.
 #[derive(Debug, Clone)]
 pub struct Staged {
@@ -238,7 +135,6 @@ pub struct Staged {
 enum Storage {
     Arena(#[allow(dead_code)] DeviceBuffer),
     PerTensor(#[allow(dead_code)] Vec<DeviceBuffer>),
-    Empty,
 }
 
 /// A model's weights on the device, by checkpoint name.
@@ -263,16 +159,6 @@ impl DeviceWeights {
             tensors,
             file: PathBuf::from(origin),
             bytes,
-        }
-    }
-
-    /// No tensors (a model that has none staged yet).
-    pub fn empty() -> DeviceWeights {
-        DeviceWeights {
-            _storage: Storage::Empty,
-            tensors: HashMap::new(),
-            file: PathBuf::from("<none>"),
-            bytes: 0,
         }
     }
 
@@ -336,6 +222,11 @@ pub struct StagingReport {
     pub bytes: u64,
     /// Wall seconds, from the first read to the last copy completed.
     pub seconds: f64,
+    /// Milliseconds between CUDA events recorded on the copy stream before the
+    /// first copy and after the last one completed (the span on the device's clock).
+    pub device_ms: f64,
+    /// Files read.
+    pub files: usize,
     /// Host-to-device copies issued.
     pub copies: usize,
     /// Device allocations made.
@@ -346,6 +237,128 @@ impl StagingReport {
     /// Throughput in GB/s (1e9 bytes per second).
     pub fn gbps(&self) -> f64 {
         self.bytes as f64 / self.seconds.max(1e-12) / 1e9
+    }
+}
+
+/// The extents of every tensor of one safetensors file, under the names it
+/// stores (headers parsed and bounds-checked by [`SafetensorsSource`]).
+pub fn file_extents(path: &Path) -> Result<Vec<Extent>, CudaError> {
+    let src = SafetensorsSource::open(
+        "weights",
+        &[path.to_path_buf()],
+        &|n, _| Some(n.to_string()),
+        LoadOptions::default(),
+    )?;
+    Ok(src.extents()?)
+}
+
+/// Stage every tensor of the safetensors file at `path` onto `gpu`.
+pub fn stage_file(
+    gpu: &Gpu,
+    path: &Path,
+    opts: &StagingOptions,
+) -> Result<(DeviceWeights, StagingReport), CudaError> {
+    stage(gpu, &file_extents(path)?, opts)
+}
+
+/// Where each tensor goes in a model's arena: file order, each on an
+/// [`super::memory::ALIGN`] boundary. Returns (offsets, total bytes).
+pub fn arena_layout(tensors: &[Extent]) -> (Vec<usize>, usize) {
+    let mut offs = Vec::with_capacity(tensors.len());
+    let mut total = 0usize;
+    for t in tensors {
+        let o = align_up(total);
+        offs.push(o);
+        total = o + t.bytes;
+    }
+    (offs, total)
+}
+
+/// Device bytes staging `tensors` allocates in `arm` (the arena, or one
+/// allocation per tensor of at least one byte).
+pub fn device_bytes(tensors: &[Extent], arm: StagingArm) -> u64 {
+    match arm {
+        StagingArm::Batched => arena_layout(tensors).1.max(1) as u64,
+        StagingArm::Serial => tensors.iter().map(|t| t.bytes.max(1) as u64).sum(),
+    }
+}
+
+/// One file's tensors: (path, index range into the extents).
+fn by_file(tensors: &[Extent]) -> Vec<(PathBuf, std::ops::Range<usize>)> {
+    let mut out: Vec<(PathBuf, std::ops::Range<usize>)> = Vec::new();
+    for (i, t) in tensors.iter().enumerate() {
+        match out.last_mut() {
+            Some((p, r)) if *p == t.file => r.end = i + 1,
+            _ => out.push((t.file.clone(), i..i + 1)),
+        }
+    }
+    out
+}
+
+/// A copy of part of one tensor: `len` bytes from file offset `src` to arena
+/// offset `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// Index of the tensor.
+    pub tensor: usize,
+    /// Absolute file offset of the first byte.
+    pub src: u64,
+    /// Arena offset of the first byte.
+    pub dst: usize,
+    /// Bytes.
+    pub len: usize,
+}
+
+/// The pieces of the tensors of one file (`tensors`, sorted by offset, arena
+/// offsets `offs`) that lie in the file range `[lo, hi)`.
+pub fn pieces(tensors: &[Extent], offs: &[usize], lo: u64, hi: u64) -> Vec<Piece> {
+    // From the last tensor starting at or before lo.
+    let mut j = tensors
+        .partition_point(|t| t.offset <= lo)
+        .saturating_sub(1);
+    let mut out = Vec::new();
+    while j < tensors.len() && tensors[j].offset < hi {
+        let t = &tensors[j];
+        let (s, e) = (t.offset.max(lo), (t.offset + t.bytes as u64).min(hi));
+        if e > s {
+            out.push(Piece {
+                tensor: j,
+                src: s,
+                dst: offs[j] + (s - t.offset) as usize,
+                len: (e - s) as usize,
+            });
+        }
+        j += 1;
+    }
+    out
+}
+
+/// Queue the copies of the pieces of `[lo, lo + src.len())` on the copy
+/// stream; `src` holds exactly those file bytes and must stay untouched until
+/// the copies complete. Returns the copies queued.
+fn queue_pieces(
+    gpu: &Gpu,
+    tensors: &[Extent],
+    offs: &[usize],
+    arena: CUdeviceptr,
+    lo: u64,
+    src: &[u8],
+) -> Result<usize, CudaError> {
+    let ps = pieces(tensors, offs, lo, lo + src.len() as u64);
+    for p in &ps {
+        let from = &src[(p.src - lo) as usize..][..p.len];
+        // SAFETY: the destination lies inside the arena slot of tensor p.tensor;
+        // the caller keeps `src` alive and unchanged until the copy completes.
+        unsafe { dres::memcpy_htod_async(arena + p.dst as u64, from, gpu.copy.cu_stream()) }
+            .ctx(format!("queueing the copy of '{}'", tensors[p.tensor].name))?;
+    }
+    Ok(ps.len())
+}
+
+fn io(path: &Path, source: std::io::Error) -> CudaError {
+    CudaError::Io {
+        path: path.to_path_buf(),
+        source,
     }
 }
 
@@ -363,83 +376,386 @@ fn release(f: &File, offset: u64, len: u64) {
     }
 }
 
-/// Stage every tensor of the safetensors file at `path` onto `gpu`.
-pub fn stage_file(
+/// Stage `tensors` (extents of one model, possibly over several files, from
+/// [`SafetensorsSource::extents`]) onto `gpu` with `opts`.
+pub fn stage(
     gpu: &Gpu,
-    path: &Path,
+    tensors: &[Extent],
     opts: &StagingOptions,
 ) -> Result<(DeviceWeights, StagingReport), CudaError> {
-    let (tensors, _len) = read_header(path)?;
     gpu.bind()?;
-    match (opts.arm, opts.reader) {
-        (StagingArm::Serial, _) => stage_serial(gpu, path, &tensors, opts),
-        (StagingArm::Batched, Reader::Registered) => {
-            match stage_registered(gpu, path, &tensors, opts)? {
-                Some(r) => Ok(r),
-                None => stage_batched(gpu, path, &tensors, opts),
-            }
-        }
-        (StagingArm::Batched, Reader::PinnedRing) => stage_batched(gpu, path, &tensors, opts),
-    }
-}
-
-fn stage_serial(
-    gpu: &Gpu,
-    path: &Path,
-    tensors: &[FileTensor],
-    opts: &StagingOptions,
-) -> Result<(DeviceWeights, StagingReport), CudaError> {
+    let files = by_file(tensors);
+    let origin = match files.as_slice() {
+        [(one, _)] => one.clone(),
+        _ => files
+            .first()
+            .and_then(|(p, _)| p.parent())
+            .map(Path::to_path_buf)
+            .unwrap_or_default(),
+    };
     let t0 = Instant::now();
-    let f = File::open(path).map_err(|source| io(path, source))?;
-    let mut bufs = Vec::with_capacity(tensors.len());
+    let ev0 = gpu.event()?;
+    ev0.record(&gpu.copy).ctx("recording the staging start")?;
+    let (storage, ptrs, copies, allocations) = match opts.arm {
+        StagingArm::Serial => stage_serial(gpu, tensors, &files, opts)?,
+        StagingArm::Batched => {
+            let (offs, total) = arena_layout(tensors);
+            let arena = DeviceBuffer::alloc(
+                gpu,
+                total,
+                &format!("the weights arena of {}", origin.display()),
+            )?;
+            let mut copies = 0;
+            for (path, r) in &files {
+                let (ts, os) = (&tensors[r.clone()], &offs[r.clone()]);
+                let registered = match opts.reader {
+                    Reader::Registered => stage_registered(gpu, path, ts, os, arena.ptr(), opts)?,
+                    Reader::PinnedRing => None,
+                };
+                copies += match registered {
+                    Some(n) => n,
+                    None => stage_ring(gpu, path, ts, os, arena.ptr(), opts)?,
+                };
+            }
+            let ptrs = offs.iter().map(|o| arena.ptr() + *o as u64).collect();
+            (Storage::Arena(arena), ptrs, copies, 1)
+        }
+    };
+    let ev1 = gpu.event()?;
+    ev1.record(&gpu.copy).ctx("recording the staging end")?;
+    ev1.synchronize().ctx("waiting for the staging end")?;
+    let device_ms = ev0.elapsed_ms(&ev1).ctx("reading the staging events")? as f64;
     let mut map = HashMap::with_capacity(tensors.len());
     let mut bytes = 0u64;
-    for t in tensors {
-        // The seed's pattern: a pageable host copy of the tensor ...
-        let mut host = vec![0u8; t.bytes];
-        f.read_exact_at(&mut host, t.offset)
-            .map_err(|source| io(path, source))?;
-        // ... its own device allocation ...
-        let buf = DeviceBuffer::alloc(gpu, t.bytes, &format!("tensor '{}'", t.name))?;
-        // ... a synchronous copy and a full synchronize.
-        // SAFETY: `buf` holds t.bytes bytes; `host` is alive for the call.
-        unsafe { dres::memcpy_htod_sync(buf.ptr(), &host) }
-            .ctx(format!("copying tensor '{}'", t.name))?;
-        gpu.ctx
-            .synchronize()
-            .ctx("synchronizing after a tensor copy")?;
-        if opts.release_pages {
-            release(&f, t.offset, t.bytes as u64);
-        }
+    for (t, ptr) in tensors.iter().zip(ptrs) {
         map.insert(
             t.name.clone(),
             Staged {
-                ptr: buf.ptr(),
+                ptr,
                 bytes: t.bytes,
                 dtype: t.dtype,
                 shape: t.shape.clone(),
             },
         );
         bytes += t.bytes as u64;
-        bufs.push(buf);
     }
-    let n = bufs.len();
     let report = StagingReport {
-        arm: StagingArm::Serial,
+        arm: opts.arm,
         bytes,
         seconds: t0.elapsed().as_secs_f64(),
-        copies: n,
-        allocations: n,
+        device_ms,
+        files: files.len(),
+        copies,
+        allocations,
     };
     Ok((
         DeviceWeights {
-            _storage: Storage::PerTensor(bufs),
+            _storage: storage,
             tensors: map,
-            file: path.to_path_buf(),
+            file: origin,
             bytes,
         },
         report,
     ))
+}
+
+/// The seed's pattern, per tensor: a pageable host copy, its own device
+/// allocation, a synchronous copy and a full synchronize. Returns the storage,
+/// each tensor's device address, the copies and the allocations.
+fn stage_serial(
+    gpu: &Gpu,
+    tensors: &[Extent],
+    files: &[(PathBuf, std::ops::Range<usize>)],
+    opts: &StagingOptions,
+) -> Result<(Storage, Vec<CUdeviceptr>, usize, usize), CudaError> {
+    let mut bufs = Vec::with_capacity(tensors.len());
+    let mut ptrs = Vec::with_capacity(tensors.len());
+    for (path, r) in files {
+        let f = File::open(path).map_err(|source| io(path, source))?;
+        for t in &tensors[r.clone()] {
+            let mut host = vec![0u8; t.bytes];
+            f.read_exact_at(&mut host, t.offset)
+                .map_err(|source| io(path, source))?;
+            let buf = DeviceBuffer::alloc(gpu, t.bytes, &format!("tensor '{}'", t.name))?;
+            // SAFETY: `buf` holds t.bytes bytes; `host` is alive for the call.
+            unsafe { dres::memcpy_htod_sync(buf.ptr(), &host) }
+                .ctx(format!("copying tensor '{}'", t.name))?;
+            gpu.ctx
+                .synchronize()
+                .ctx("synchronizing after a tensor copy")?;
+            if opts.release_pages {
+                release(&f, t.offset, t.bytes as u64);
+            }
+            ptrs.push(buf.ptr());
+            bufs.push(buf);
+        }
+    }
+    let n = bufs.len();
+    Ok((Storage::PerTensor(bufs), ptrs, n, n))
+}
+
+/// Chunk size of the registered reader (run 3: 64 MiB chunks on 16 threads
+/// gave 32.9 GB/s).
+const REGISTER_CHUNK: usize = 64 << 20;
+/// Default registration threads of the registered reader (run 4, registration
+/// spread over 4 / 8 / 16 threads: 44.1 / 43.3 / 39.5 GB/s; page pinning
+/// contends beyond).
+const REGISTER_THREADS: usize = 8;
+/// Page size the registered ranges are aligned to.
+const PAGE: usize = 4096;
+
+/// The batched arm's registered reader for the tensors of one file: the file's
+/// read-only mapping registered with the driver chunk by chunk by several
+/// threads, each chunk's pieces copied straight from the page cache into the
+/// arena. `None` when the driver refused the first registration (nothing was
+/// copied; the caller falls back to the pinned ring). Returns the copies queued.
+fn stage_registered(
+    gpu: &Gpu,
+    path: &Path,
+    tensors: &[Extent],
+    offs: &[usize],
+    arena: CUdeviceptr,
+    opts: &StagingOptions,
+) -> Result<Option<usize>, CudaError> {
+    let (start, end) = match (tensors.first(), tensors.last()) {
+        (Some(a), Some(b)) => (a.offset as usize, b.offset as usize + b.bytes),
+        _ => return Ok(Some(0)),
+    };
+    let f = File::open(path).map_err(|source| io(path, source))?;
+    // SAFETY: read-only mapping of a file nobody writes while it is staged.
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|source| io(path, source))?;
+    let base = map.as_ptr() as usize;
+    let first = start / PAGE * PAGE;
+    let n_chunks = (end - first).div_ceil(REGISTER_CHUNK);
+    let chunk = |i: usize| {
+        let lo = first + i * REGISTER_CHUNK;
+        (lo, (lo + REGISTER_CHUNK).min(map.len()))
+    };
+    let register = |i: usize| {
+        let (lo, hi) = chunk(i);
+        // SAFETY: a page-aligned range of the mapping, unregistered below.
+        unsafe {
+            dsys::cuMemHostRegister_v2(
+                (base + lo) as *mut std::ffi::c_void,
+                hi - lo,
+                dsys::CU_MEMHOSTREGISTER_READ_ONLY,
+            )
+        }
+    };
+    // Probe with the first chunk: a refusal here costs nothing.
+    if register(0) != dsys::CUresult::CUDA_SUCCESS {
+        return Ok(None);
+    }
+    let registered = Mutex::new(vec![base + first]);
+    let copies = AtomicUsize::new(0);
+    let next = AtomicUsize::new(1);
+    let copy_chunk = |i: usize| -> Result<(), CudaError> {
+        let (lo, hi) = chunk(i);
+        let (cs, ce) = (lo.max(start), hi.min(end));
+        let n = queue_pieces(gpu, tensors, offs, arena, cs as u64, &map[cs..ce])?;
+        copies.fetch_add(n, Ordering::Relaxed);
+        Ok(())
+    };
+    let threads = if opts.threads == 0 {
+        REGISTER_THREADS
+    } else {
+        opts.threads
+    };
+    let results: Vec<Result<(), CudaError>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..threads.max(1))
+            .map(|w| {
+                let (copy_chunk, register, next, registered) =
+                    (&copy_chunk, &register, &next, &registered);
+                sc.spawn(move || -> Result<(), CudaError> {
+                    gpu.bind()?;
+                    if w == 0 {
+                        copy_chunk(0)?;
+                    }
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        if i >= n_chunks {
+                            return Ok(());
+                        }
+                        register(i)
+                            .result()
+                            .ctx("registering a chunk of the mapped weights file")?;
+                        if let Ok(mut r) = registered.lock() {
+                            r.push(base + chunk(i).0);
+                        }
+                        copy_chunk(i)?;
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(CudaError::Invalid("a staging thread panicked".into())))
+            })
+            .collect()
+    });
+    let sync = gpu.copy.synchronize().ctx("waiting for the staging copies");
+    if let Ok(r) = registered.lock() {
+        for p in r.iter() {
+            // SAFETY: registered above; the copies that read it have completed.
+            unsafe {
+                let _ = dsys::cuMemHostUnregister(*p as *mut std::ffi::c_void);
+            }
+        }
+    }
+    for r in results {
+        r?;
+    }
+    sync?;
+    if opts.release_pages {
+        release(&f, start as u64, (end - start) as u64);
+    }
+    Ok(Some(copies.into_inner()))
+}
+
+/// Read `buf.len()` bytes at `offset` of `f` with the rayon pool, in pieces of
+/// at least 4 MiB (or `buf.len() / threads`).
+fn parallel_read(
+    f: &File,
+    path: &Path,
+    buf: &mut [u8],
+    offset: u64,
+    threads: usize,
+) -> Result<(), CudaError> {
+    let piece = (buf.len().div_ceil(threads.max(1))).max(4 << 20);
+    buf.par_chunks_mut(piece)
+        .enumerate()
+        .try_for_each(|(i, part)| f.read_exact_at(part, offset + (i * piece) as u64))
+        .map_err(|source| io(path, source))
+}
+
+/// The batched arm's pinned-ring reader for the tensors of one file, in a pool
+/// of exactly `opts.threads` readers when asked for (rayon's global pool has
+/// one per core). Returns the copies queued.
+fn stage_ring(
+    gpu: &Gpu,
+    path: &Path,
+    tensors: &[Extent],
+    offs: &[usize],
+    arena: CUdeviceptr,
+    opts: &StagingOptions,
+) -> Result<usize, CudaError> {
+    if opts.threads != 0 && opts.threads != rayon::current_num_threads() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(opts.threads)
+            .build()
+            .map_err(|e| {
+                CudaError::Invalid(format!("cannot start {} reader threads: {e}", opts.threads))
+            })?;
+        return pool.install(|| stage_ring_in_pool(gpu, path, tensors, offs, arena, opts));
+    }
+    stage_ring_in_pool(gpu, path, tensors, offs, arena, opts)
+}
+
+/// The file is read straight into a ring of pinned buffers by several threads
+/// (positional reads, no pageable intermediate), and each filled buffer's
+/// pieces are copied asynchronously on the copy stream while the next buffer is
+/// read. A buffer is refilled only after the event recorded behind its copies
+/// has completed; with `release_pages` a helper thread drops each range's page
+/// cache once it is in pinned memory.
+fn stage_ring_in_pool(
+    gpu: &Gpu,
+    path: &Path,
+    tensors: &[Extent],
+    offs: &[usize],
+    arena: CUdeviceptr,
+    opts: &StagingOptions,
+) -> Result<usize, CudaError> {
+    let (start, end) = match (tensors.first(), tensors.last()) {
+        (Some(a), Some(b)) => (a.offset, b.offset + b.bytes as u64),
+        _ => return Ok(0),
+    };
+    gpu.bind()?;
+    let f = File::open(path).map_err(|source| io(path, source))?;
+    let threads = if opts.threads == 0 {
+        rayon::current_num_threads()
+    } else {
+        opts.threads
+    };
+    let chunk = opts.chunk_bytes.max(1 << 20);
+    let nbuf = opts.buffers.max(2);
+    let mut ring: Vec<Pinned> = (0..nbuf)
+        .map(|_| Pinned::new(gpu, chunk))
+        .collect::<Result<_, _>>()?;
+    let events: Vec<dsys::CUevent> = (0..nbuf)
+        .map(|_| {
+            dres::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .ctx("creating a staging event")
+        })
+        .collect::<Result<_, _>>()?;
+    let mut used = vec![false; nbuf];
+    let (releaser, release_thread) = if opts.release_pages {
+        let (tx, rx) = std::sync::mpsc::channel::<(u64, u64)>();
+        let rf = f.try_clone().map_err(|source| io(path, source))?;
+        let h = std::thread::spawn(move || {
+            for (o, l) in rx {
+                release(&rf, o, l);
+            }
+        });
+        (Some(tx), Some(h))
+    } else {
+        (None, None)
+    };
+    let result = (|| -> Result<usize, CudaError> {
+        let mut copies = 0usize;
+        let mut pos = start;
+        let mut i = 0usize;
+        while pos < end {
+            let slot = i % nbuf;
+            let len = ((end - pos) as usize).min(chunk);
+            if used[slot] {
+                // SAFETY: the event was recorded behind this buffer's copies.
+                unsafe { dres::event::synchronize(events[slot]) }
+                    .ctx("waiting for a staging buffer")?;
+            }
+            parallel_read(
+                &f,
+                path,
+                &mut ring[slot].as_mut_slice()[..len],
+                pos,
+                threads,
+            )?;
+            if let Some(tx) = &releaser {
+                // The bytes are in pinned memory now: the page cache may go,
+                // off the read path.
+                let _ = tx.send((pos, len as u64));
+            }
+            copies += queue_pieces(
+                gpu,
+                tensors,
+                offs,
+                arena,
+                pos,
+                &ring[slot].as_slice()[..len],
+            )?;
+            // SAFETY: records on the copy stream behind the copies just queued.
+            unsafe { dres::event::record(events[slot], gpu.copy.cu_stream()) }
+                .ctx("recording a staging event")?;
+            used[slot] = true;
+            pos += len as u64;
+            i += 1;
+        }
+        gpu.copy
+            .synchronize()
+            .ctx("waiting for the staging copies")?;
+        Ok(copies)
+    })();
+    drop(releaser);
+    if let Some(h) = release_thread {
+        let _ = h.join();
+    }
+    for e in events {
+        // SAFETY: created above; all work behind them is complete or failed.
+        let _ = unsafe { dres::event::destroy(e) };
+    }
+    let copies = result?;
+    drop(ring);
+    Ok(copies)
 }
 
 /// Page-locked host memory from `cuMemHostAlloc(len, 0)` (plain pinned, not
@@ -486,373 +802,6 @@ impl Drop for Pinned {
     }
 }
 
-/// Read `buf.len()` bytes at `offset` of `f` with the rayon pool, in pieces of
-/// at least 4 MiB (or `buf.len() / threads`).
-fn parallel_read(
-    f: &File,
-    path: &Path,
-    buf: &mut [u8],
-    offset: u64,
-    threads: usize,
-) -> Result<(), CudaError> {
-    let piece = (buf.len().div_ceil(threads.max(1))).max(4 << 20);
-    buf.par_chunks_mut(piece)
-        .enumerate()
-        .try_for_each(|(i, part)| f.read_exact_at(part, offset + (i * piece) as u64))
-        .map_err(|source| io(path, source))
-}
-
-fn stage_batched(
-    gpu: &Gpu,
-    path: &Path,
-    tensors: &[FileTensor],
-    opts: &StagingOptions,
-) -> Result<(DeviceWeights, StagingReport), CudaError> {
-    // A pool of exactly `threads` readers when asked for (rayon's global pool
-    // has one per core).
-    if opts.threads != 0 && opts.threads != rayon::current_num_threads() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(opts.threads)
-            .build()
-            .map_err(|e| {
-                CudaError::Invalid(format!("cannot start {} reader threads: {e}", opts.threads))
-            })?;
-        return pool.install(|| stage_batched_in_pool(gpu, path, tensors, opts));
-    }
-    stage_batched_in_pool(gpu, path, tensors, opts)
-}
-
-/// Chunk size of the registered reader (run 3: 64 MiB chunks on 16 threads
-/// gave 32.9 GB/s).
-const REGISTER_CHUNK: usize = 64 << 20;
-/// Default registration threads of the registered reader.
-const REGISTER_THREADS: usize = 8;
-
-/// The batched arm with [`Reader::Registered`]. `None` when the driver refused
-/// the first registration (nothing was copied; the caller falls back).
-fn stage_registered(
-    gpu: &Gpu,
-    path: &Path,
-    tensors: &[FileTensor],
-    opts: &StagingOptions,
-) -> Result<Option<(DeviceWeights, StagingReport)>, CudaError> {
-    let t0 = Instant::now();
-    let (start, end) = match (tensors.first(), tensors.last()) {
-        (Some(a), Some(b)) => (a.offset as usize, b.offset as usize + b.bytes),
-        _ => return Ok(None),
-    };
-    let mut offs = Vec::with_capacity(tensors.len());
-    let mut total = 0usize;
-    for t in tensors {
-        let o = align_up(total);
-        offs.push(o);
-        total = o + t.bytes;
-    }
-    let f = File::open(path).map_err(|source| io(path, source))?;
-    // SAFETY: read-only mapping of a file nobody writes while it is staged.
-    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|source| io(path, source))?;
-    let base = map.as_ptr() as usize;
-    let page = 4096usize;
-    let first = start / page * page;
-    let n_chunks = (end - first).div_ceil(REGISTER_CHUNK);
-    // Probe with the first chunk: a refusal here costs nothing.
-    let lo0 = first;
-    let hi0 = (lo0 + REGISTER_CHUNK).min(map.len());
-    // SAFETY: a page-aligned range of the mapping, unregistered below.
-    let probe = unsafe {
-        dsys::cuMemHostRegister_v2(
-            (base + lo0) as *mut std::ffi::c_void,
-            hi0 - lo0,
-            dsys::CU_MEMHOSTREGISTER_READ_ONLY,
-        )
-    };
-    if probe != dsys::CUresult::CUDA_SUCCESS {
-        return Ok(None);
-    }
-    let arena = DeviceBuffer::alloc(
-        gpu,
-        total,
-        &format!("the weights arena of {}", path.display()),
-    )?;
-    let registered = std::sync::Mutex::new(vec![base + lo0]);
-    let copies = std::sync::atomic::AtomicUsize::new(0);
-    let next = std::sync::atomic::AtomicUsize::new(1);
-    let copy_chunk = |i: usize| -> Result<(), CudaError> {
-        let lo = first + i * REGISTER_CHUNK;
-        let (cs, ce) = (lo.max(start), (lo + REGISTER_CHUNK).min(end));
-        // Tensors overlapping [cs, ce): from the last one starting at or before cs.
-        let mut j = tensors
-            .partition_point(|t| (t.offset as usize) <= cs)
-            .saturating_sub(1);
-        while j < tensors.len() && (tensors[j].offset as usize) < ce {
-            let t = &tensors[j];
-            let (ts, te) = (t.offset as usize, t.offset as usize + t.bytes);
-            let (s, e) = (ts.max(cs), te.min(ce));
-            if e > s {
-                // SAFETY: inside the registered chunk and tensor j's arena slot.
-                unsafe {
-                    dres::memcpy_htod_async(
-                        arena.ptr() + (offs[j] + (s - ts)) as u64,
-                        &map[s..e],
-                        gpu.copy.cu_stream(),
-                    )
-                }
-                .ctx(format!("queueing the copy of '{}'", t.name))?;
-                copies.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            j += 1;
-        }
-        Ok(())
-    };
-    // Registration threads: 8 unless asked (run 4, registration spread over 4 /
-    // 8 / 16 threads: 44.1 / 43.3 / 39.5 GB/s; page pinning contends beyond).
-    let threads = if opts.threads == 0 {
-        REGISTER_THREADS
-    } else {
-        opts.threads
-    };
-    let results: Vec<Result<(), CudaError>> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..threads.max(1))
-            .map(|w| {
-                let copy_chunk = &copy_chunk;
-                let (next, registered, map) = (&next, &registered, &map);
-                sc.spawn(move || -> Result<(), CudaError> {
-                    gpu.bind()?;
-                    if w == 0 {
-                        copy_chunk(0)?;
-                    }
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        if i >= n_chunks {
-                            return Ok(());
-                        }
-                        let lo = first + i * REGISTER_CHUNK;
-                        let hi = (lo + REGISTER_CHUNK).min(map.len());
-                        // SAFETY: a page-aligned range of the mapping, unregistered below.
-                        unsafe {
-                            dsys::cuMemHostRegister_v2(
-                                (base + lo) as *mut std::ffi::c_void,
-                                hi - lo,
-                                dsys::CU_MEMHOSTREGISTER_READ_ONLY,
-                            )
-                            .result()
-                            .ctx("registering a chunk of the mapped weights file")?;
-                        }
-                        if let Ok(mut r) = registered.lock() {
-                            r.push(base + lo);
-                        }
-                        copy_chunk(i)?;
-                    }
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(CudaError::Invalid("a staging thread panicked".into())))
-            })
-            .collect()
-    });
-    let sync = gpu.copy.synchronize().ctx("waiting for the staging copies");
-    if let Ok(r) = registered.lock() {
-        for p in r.iter() {
-            // SAFETY: registered above; the copies that read it have completed.
-            unsafe {
-                let _ = dsys::cuMemHostUnregister(*p as *mut std::ffi::c_void);
-            }
-        }
-    }
-    for r in results {
-        r?;
-    }
-    sync?;
-    if opts.release_pages {
-        release(&f, start as u64, (end - start) as u64);
-    }
-    let mut map_t = HashMap::with_capacity(tensors.len());
-    let mut bytes = 0u64;
-    for (t, o) in tensors.iter().zip(&offs) {
-        map_t.insert(
-            t.name.clone(),
-            Staged {
-                ptr: arena.ptr() + *o as u64,
-                bytes: t.bytes,
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-            },
-        );
-        bytes += t.bytes as u64;
-    }
-    let report = StagingReport {
-        arm: StagingArm::Batched,
-        bytes,
-        seconds: t0.elapsed().as_secs_f64(),
-        copies: copies.into_inner(),
-        allocations: 1,
-    };
-    Ok(Some((
-        DeviceWeights {
-            _storage: Storage::Arena(arena),
-            tensors: map_t,
-            file: path.to_path_buf(),
-            bytes,
-        },
-        report,
-    )))
-}
-
-fn stage_batched_in_pool(
-    gpu: &Gpu,
-    path: &Path,
-    tensors: &[FileTensor],
-    opts: &StagingOptions,
-) -> Result<(DeviceWeights, StagingReport), CudaError> {
-    let t0 = Instant::now();
-    gpu.bind()?;
-    let f = File::open(path).map_err(|source| io(path, source))?;
-    // Arena layout: file order, each tensor on an ALIGN boundary.
-    let mut offs = Vec::with_capacity(tensors.len());
-    let mut total = 0usize;
-    for t in tensors {
-        let o = align_up(total);
-        offs.push(o);
-        total = o + t.bytes;
-    }
-    let arena = DeviceBuffer::alloc(
-        gpu,
-        total,
-        &format!("the weights arena of {}", path.display()),
-    )?;
-    let threads = if opts.threads == 0 {
-        rayon::current_num_threads()
-    } else {
-        opts.threads
-    };
-    let chunk = opts.chunk_bytes.max(1 << 20);
-    let nbuf = opts.buffers.max(2);
-    let mut ring: Vec<Pinned> = (0..nbuf)
-        .map(|_| Pinned::new(gpu, chunk))
-        .collect::<Result<_, _>>()?;
-    let events: Vec<dsys::CUevent> = (0..nbuf)
-        .map(|_| {
-            dres::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                .ctx("creating a staging event")
-        })
-        .collect::<Result<_, _>>()?;
-    let mut used = vec![false; nbuf];
-    let copy = gpu.copy.cu_stream();
-    let (releaser, release_thread) = if opts.release_pages {
-        let (tx, rx) = std::sync::mpsc::channel::<(u64, u64)>();
-        let rf = f.try_clone().map_err(|source| io(path, source))?;
-        let h = std::thread::spawn(move || {
-            for (o, l) in rx {
-                release(&rf, o, l);
-            }
-        });
-        (Some(tx), Some(h))
-    } else {
-        (None, None)
-    };
-
-    let result = (|| -> Result<(u64, usize), CudaError> {
-        let (start, end) = match (tensors.first(), tensors.last()) {
-            (Some(a), Some(b)) => (a.offset, b.offset + b.bytes as u64),
-            _ => return Ok((0, 0)),
-        };
-        let mut copies = 0usize;
-        let mut first_t = 0usize; // first tensor that may overlap the chunk
-        let mut pos = start;
-        let mut i = 0usize;
-        while pos < end {
-            let slot = i % nbuf;
-            let len = ((end - pos) as usize).min(chunk);
-            if used[slot] {
-                // SAFETY: the event was recorded behind this buffer's copies.
-                unsafe { dres::event::synchronize(events[slot]) }
-                    .ctx("waiting for a staging buffer")?;
-            }
-            let buf = &mut ring[slot].as_mut_slice()[..len];
-            parallel_read(&f, path, buf, pos, threads)?;
-            if let Some(tx) = &releaser {
-                // The bytes are in pinned memory now: the page cache may go,
-                // off the read path.
-                let _ = tx.send((pos, len as u64));
-            }
-            let cend = pos + len as u64;
-            while first_t < tensors.len()
-                && tensors[first_t].offset + tensors[first_t].bytes as u64 <= pos
-            {
-                first_t += 1;
-            }
-            let mut j = first_t;
-            while j < tensors.len() && tensors[j].offset < cend {
-                let t = &tensors[j];
-                let s = t.offset.max(pos);
-                let e = (t.offset + t.bytes as u64).min(cend);
-                if e > s {
-                    let src = &ring[slot].as_slice()[(s - pos) as usize..(e - pos) as usize];
-                    let dst = arena.ptr() + (offs[j] as u64) + (s - t.offset);
-                    // SAFETY: dst lies inside the arena slot of tensor j; the
-                    // pinned source stays untouched until the event below completes.
-                    unsafe { dres::memcpy_htod_async(dst, src, copy) }
-                        .ctx(format!("queueing the copy of '{}'", t.name))?;
-                    copies += 1;
-                }
-                j += 1;
-            }
-            // SAFETY: records on the copy stream behind the copies just queued.
-            unsafe { dres::event::record(events[slot], copy) }.ctx("recording a staging event")?;
-            used[slot] = true;
-            pos = cend;
-            i += 1;
-        }
-        gpu.copy
-            .synchronize()
-            .ctx("waiting for the staging copies")?;
-        Ok((end - start, copies))
-    })();
-    drop(releaser);
-    if let Some(h) = release_thread {
-        let _ = h.join();
-    }
-    for e in events {
-        // SAFETY: created above; all work behind them is complete or failed.
-        let _ = unsafe { dres::event::destroy(e) };
-    }
-    let (_, copies) = result?;
-    drop(ring);
-    let mut map = HashMap::with_capacity(tensors.len());
-    let mut bytes = 0u64;
-    for (t, o) in tensors.iter().zip(&offs) {
-        map.insert(
-            t.name.clone(),
-            Staged {
-                ptr: arena.ptr() + *o as u64,
-                bytes: t.bytes,
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-            },
-        );
-        bytes += t.bytes as u64;
-    }
-    let report = StagingReport {
-        arm: StagingArm::Batched,
-        bytes,
-        seconds: t0.elapsed().as_secs_f64(),
-        copies,
-        allocations: 1,
-    };
-    Ok((
-        DeviceWeights {
-            _storage: Storage::Arena(arena),
-            tensors: map,
-            file: path.to_path_buf(),
-            bytes,
-        },
-        report,
-    ))
-}
-
 /// The copy-engine ceiling for `bytes`: one pinned host buffer (filled first,
 /// not timed) copied to one device buffer in 64 MiB pieces on the copy stream,
 /// timed from the first copy to the last completed. Returns GB/s.
@@ -885,237 +834,74 @@ pub fn pinned_copy_gbps(gpu: &Gpu, bytes: usize) -> Result<f64, CudaError> {
     Ok(bytes as f64 / t0.elapsed().as_secs_f64() / 1e9)
 }
 
-/// An experiment beside the two arms (benchmark only): register the file's
-/// read-only mapping with the driver (`cuMemHostRegister`, READ_ONLY) and let the
-/// copy engine read the page cache directly, with no host copy at all. Returns
-/// (GB/s over the whole operation, seconds spent registering) or the driver's
-/// refusal.
-pub fn registered_mmap_gbps(gpu: &Gpu, path: &Path) -> Result<(f64, f64), CudaError> {
-    let (tensors, _) = read_header(path)?;
-    let (start, end) = match (tensors.first(), tensors.last()) {
-        (Some(a), Some(b)) => (a.offset as usize, b.offset as usize + b.bytes),
-        _ => return Err(CudaError::Invalid("no tensors".into())),
-    };
-    let f = File::open(path).map_err(|source| io(path, source))?;
-    // SAFETY: read-only mapping of a file nobody writes during the copy.
-    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|source| io(path, source))?;
-    let dev = DeviceBuffer::alloc(gpu, end - start, "the registered-mmap experiment")?;
-    gpu.bind()?;
-    let t0 = Instant::now();
-    // SAFETY: the mapping outlives the registration, which is undone below.
-    unsafe {
-        dsys::cuMemHostRegister_v2(
-            map.as_ptr() as *mut std::ffi::c_void,
-            map.len(),
-            dsys::CU_MEMHOSTREGISTER_READ_ONLY,
-        )
-        .result()
-        .ctx("registering the mapped weights file (cuMemHostRegister READ_ONLY)")?;
-    }
-    let reg_s = t0.elapsed().as_secs_f64();
-    let piece = 64 << 20;
-    let mut off = start;
-    let mut r = Ok(());
-    while off < end && r.is_ok() {
-        let n = piece.min(end - off);
-        // SAFETY: inside the registered mapping and the device buffer.
-        r = unsafe {
-            dres::memcpy_htod_async(
-                dev.ptr() + (off - start) as u64,
-                &map[off..off + n],
-                gpu.copy.cu_stream(),
-            )
-        }
-        .ctx("queueing a copy from the registered mapping");
-        off += n;
-    }
-    let sync = gpu
-        .copy
-        .synchronize()
-        .ctx("waiting for the registered copies");
-    let secs = t0.elapsed().as_secs_f64();
-    // SAFETY: registered above.
-    unsafe {
-        let _ = dsys::cuMemHostUnregister(map.as_ptr() as *mut std::ffi::c_void);
-    }
-    r?;
-    sync?;
-    Ok(((end - start) as f64 / secs / 1e9, reg_s))
-}
-
-/// The registered-mapping experiment with the registration spread over
-/// `threads` threads, `chunk` bytes (a multiple of the page size) at a time:
-/// each thread registers a chunk of the read-only mapping and queues its copy,
-/// so pinning overlaps the copy engine. Returns (GB/s until every copy has
-/// completed, seconds spent unregistering afterwards).
-pub fn registered_parallel_gbps(
-    gpu: &Gpu,
-    path: &Path,
-    threads: usize,
-    chunk: usize,
-) -> Result<(f64, f64), CudaError> {
-    let (tensors, _) = read_header(path)?;
-    let (start, end) = match (tensors.first(), tensors.last()) {
-        (Some(a), Some(b)) => (a.offset as usize, b.offset as usize + b.bytes),
-        _ => return Err(CudaError::Invalid("no tensors".into())),
-    };
-    let page = 4096usize;
-    let chunk = chunk.div_ceil(page) * page;
-    let f = File::open(path).map_err(|source| io(path, source))?;
-    // SAFETY: read-only mapping of a file nobody writes during the copy.
-    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|source| io(path, source))?;
-    let dev = DeviceBuffer::alloc(gpu, end - start, "the registered-mmap experiment")?;
-    let base = map.as_ptr() as usize;
-    let first = start / page * page;
-    let n_chunks = (end - first).div_ceil(chunk);
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let registered = std::sync::Mutex::new(Vec::new());
-    let t0 = Instant::now();
-    let results: Vec<Result<(), CudaError>> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..threads.max(1))
-            .map(|_| {
-                sc.spawn(|| -> Result<(), CudaError> {
-                    gpu.bind()?;
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        if i >= n_chunks {
-                            return Ok(());
-                        }
-                        let lo = first + i * chunk;
-                        let hi = (lo + chunk).min(map.len());
-                        // SAFETY: a page-aligned range inside the mapping, unregistered below.
-                        unsafe {
-                            dsys::cuMemHostRegister_v2(
-                                (base + lo) as *mut std::ffi::c_void,
-                                hi - lo,
-                                dsys::CU_MEMHOSTREGISTER_READ_ONLY,
-                            )
-                            .result()
-                            .ctx("registering a chunk of the mapped weights file")?;
-                        }
-                        if let Ok(mut r) = registered.lock() {
-                            r.push(base + lo);
-                        }
-                        let (s, e) = (lo.max(start), (lo + chunk).min(end));
-                        if e > s {
-                            // SAFETY: inside the registered chunk and the device buffer.
-                            unsafe {
-                                dres::memcpy_htod_async(
-                                    dev.ptr() + (s - start) as u64,
-                                    &map[s..e],
-                                    gpu.copy.cu_stream(),
-                                )
-                            }
-                            .ctx("queueing a copy from a registered chunk")?;
-                        }
-                    }
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(CudaError::Invalid("a registering thread panicked".into()))
-                })
-            })
-            .collect()
-    });
-    let sync = gpu
-        .copy
-        .synchronize()
-        .ctx("waiting for the registered copies");
-    let secs = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
-    if let Ok(r) = registered.lock() {
-        for p in r.iter() {
-            // SAFETY: registered above.
-            unsafe {
-                let _ = dsys::cuMemHostUnregister(*p as *mut std::ffi::c_void);
-            }
-        }
-    }
-    let unreg = t1.elapsed().as_secs_f64();
-    for r in results {
-        r?;
-    }
-    sync?;
-    Ok(((end - start) as f64 / secs / 1e9, unreg))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn target_dir(name: &str) -> PathBuf {
-        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join("target")
-            .join("test-scratch")
-            .join(format!("staging-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
-    fn write_file(path: &Path, tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) {
-        let mut hdr = serde_json::Map::new();
-        let mut off = 0usize;
-        let mut data = Vec::new();
-        for (name, dt, shape, bytes) in tensors {
-            hdr.insert(
-                name.to_string(),
-                serde_json::json!({"dtype": dt, "shape": shape, "data_offsets": [off, off + bytes.len()]}),
-            );
-            off += bytes.len();
-            data.extend_from_slice(bytes);
+    fn ext(file: &str, offset: u64, bytes: usize) -> Extent {
+        Extent {
+            name: format!("{file}@{offset}"),
+            file: PathBuf::from(file),
+            dtype: DType::BF16,
+            shape: vec![bytes / 2],
+            offset,
+            bytes,
         }
-        let h = serde_json::to_vec(&serde_json::Value::Object(hdr)).unwrap();
-        let mut out = (h.len() as u64).to_le_bytes().to_vec();
-        out.extend_from_slice(&h);
-        out.extend_from_slice(&data);
-        std::fs::write(path, out).unwrap();
     }
 
     #[test]
-    fn header_lists_tensors_in_file_order_with_absolute_offsets() {
-        let d = target_dir("hdr");
-        let p = d.join("w.safetensors");
-        write_file(
-            &p,
-            &[
-                ("b", "BF16", vec![2, 3], vec![7u8; 12]),
-                ("a", "F32", vec![2], vec![9u8; 8]),
-            ],
-        );
-        let (t, len) = read_header(&p).unwrap();
-        assert_eq!(t.len(), 2);
-        assert_eq!(t[0].name, "b");
-        assert_eq!(t[1].name, "a");
-        assert_eq!(t[1].offset, t[0].offset + 12);
-        assert_eq!(len, t[1].offset + 8);
-        assert_eq!(t[0].dtype, DType::BF16);
-        let raw = std::fs::read(&p).unwrap();
-        assert_eq!(&raw[t[1].offset as usize..][..8], &[9u8; 8]);
+    fn arena_layout_aligns_every_tensor_across_files() {
+        let t = [ext("a", 100, 10), ext("a", 110, 300), ext("b", 64, 2)];
+        let (offs, total) = arena_layout(&t);
+        assert_eq!(offs, [0, 256, 768]);
+        assert_eq!(total, 770);
+        assert_eq!(device_bytes(&t, StagingArm::Batched), 770);
+        assert_eq!(device_bytes(&t, StagingArm::Serial), 312);
+        let groups = by_file(&t);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0], (PathBuf::from("a"), 0..2));
+        assert_eq!(groups[1], (PathBuf::from("b"), 2..3));
     }
 
     #[test]
-    fn header_errors_name_the_file_and_tensor() {
-        let d = target_dir("bad");
-        let p = d.join("w.safetensors");
-        write_file(&p, &[("x.weight", "BF16", vec![2, 3], vec![0u8; 10])]);
-        let e = read_header(&p).unwrap_err().to_string();
-        assert!(e.contains("x.weight") && e.contains("w.safetensors"), "{e}");
-        write_file(&p, &[("y", "I64", vec![1], vec![0u8; 8])]);
-        let e = read_header(&p).unwrap_err().to_string();
-        assert!(e.contains("'y'") && e.contains("I64"), "{e}");
-        std::fs::write(&p, [1u8, 2, 3]).unwrap();
-        let e = read_header(&p).unwrap_err().to_string();
-        assert!(e.contains("too short"), "{e}");
-        // Truncated data.
-        write_file(&p, &[("z", "F32", vec![4], vec![0u8; 16])]);
-        let raw = std::fs::read(&p).unwrap();
-        std::fs::write(&p, &raw[..raw.len() - 4]).unwrap();
-        let e = read_header(&p).unwrap_err().to_string();
-        assert!(e.contains("truncated"), "{e}");
+    fn pieces_of_every_chunking_cover_each_tensor_byte_exactly_once() {
+        // Tensors with gaps between them (headers, padding), of odd sizes.
+        let t = [
+            ext("f", 80, 1000),
+            ext("f", 1080, 6),
+            ext("f", 1200, 4096),
+            ext("f", 5296, 1),
+        ];
+        let (offs, total) = arena_layout(&t);
+        for chunk in [1u64, 7, 64, 1000, 4096, 1 << 20] {
+            let mut hits = vec![0u8; total];
+            let mut lo = t[0].offset;
+            let end = t[3].offset + 1;
+            while lo < end {
+                let hi = (lo + chunk).min(end);
+                for p in pieces(&t, &offs, lo, hi) {
+                    assert!(p.src >= lo && p.src + p.len as u64 <= hi, "{p:?}");
+                    let tt = &t[p.tensor];
+                    assert!(
+                        p.src >= tt.offset && p.src + p.len as u64 <= tt.offset + tt.bytes as u64
+                    );
+                    assert_eq!(p.dst - offs[p.tensor], (p.src - tt.offset) as usize);
+                    for b in &mut hits[p.dst..p.dst + p.len] {
+                        *b += 1;
+                    }
+                }
+                lo = hi;
+            }
+            for (i, tt) in t.iter().enumerate() {
+                let slot = &hits[offs[i]..offs[i] + tt.bytes];
+                assert!(slot.iter().all(|h| *h == 1), "chunk {chunk}, tensor {i}");
+            }
+            // Alignment padding is never written.
+            assert_eq!(
+                hits.iter().map(|h| *h as usize).sum::<usize>(),
+                1000 + 6 + 4096 + 1
+            );
+        }
     }
 
     #[test]

@@ -36,28 +36,8 @@ pub fn ltx_rope(
     dim: usize,
 ) -> RopeTables {
     let (nf, nh, nw) = grid;
-    let n = dim / 6;
     let pad = dim % 6;
-    // torch.linspace(0, 1, n) in f32 as its CPU kernel computes it: `start + step * i`
-    // below the halfway index, `end - step * (n - 1 - i)` from there on, each a fused
-    // multiply-add (torch's vectorised CPU builds contract them; for n = 10 the unfused
-    // form lands on a rounding tie at i = 6 and moves that frequency by 2.6e-4). Then
-    // theta ** x and * pi / 2 (two f32 ops).
-    let freqs: Vec<f32> = (0..n)
-        .map(|i| {
-            let x = if n <= 1 {
-                0.0
-            } else {
-                let step = 1.0f32 / (n - 1) as f32;
-                if i < n / 2 {
-                    step.mul_add(i as f32, 0.0)
-                } else {
-                    (-step).mul_add((n - 1 - i) as f32, 1.0)
-                }
-            };
-            ROPE_THETA.powf(x) * std::f32::consts::PI / 2.0
-        })
-        .collect();
+    let freqs = rope_freqs(dim);
     let s_t = (temporal as f64 / fps as f64) as f32;
     let s_s = spatial as f32;
     let tokens = nf * nh * nw;
@@ -92,6 +72,32 @@ pub fn ltx_rope(
         }
     }
     RopeTables { cos, sin, dim }
+}
+
+/// The `dim / 6` frequency factors `theta^linspace(0, 1, dim / 6) * pi / 2`,
+/// in f32 as the reference computes them: torch.linspace(0, 1, n) as its CPU
+/// kernel does it (`start + step * i` below the halfway index, `end - step *
+/// (n - 1 - i)` from there on, each a fused multiply-add: torch's vectorised CPU
+/// builds contract them; for n = 10 the unfused form lands on a rounding tie at
+/// i = 6 and moves that frequency by 2.6e-4), then `theta ** x` and `* pi / 2`
+/// (two f32 ops). The device arm's RoPE kernel reads this same table.
+pub fn rope_freqs(dim: usize) -> Vec<f32> {
+    let n = dim / 6;
+    (0..n)
+        .map(|i| {
+            let x = if n <= 1 {
+                0.0
+            } else {
+                let step = 1.0f32 / (n - 1) as f32;
+                if i < n / 2 {
+                    step.mul_add(i as f32, 0.0)
+                } else {
+                    (-step).mul_add((n - 1 - i) as f32, 1.0)
+                }
+            };
+            ROPE_THETA.powf(x) * std::f32::consts::PI / 2.0
+        })
+        .collect()
 }
 
 /// Rotates every row of `x` (`[tokens, dim]`) in place by the tables.
@@ -182,6 +188,17 @@ mod tests {
             (row[0] as f64 + 1.0).abs() < 1e-6,
             "f axis at fraction 0 -> sin(-pi/2)"
         );
+    }
+
+    #[test]
+    fn freqs_span_pi_half_to_theta_pi_half() {
+        let f = rope_freqs(2048);
+        assert_eq!(f.len(), 341);
+        assert!((f[0] - std::f32::consts::FRAC_PI_2).abs() < 1e-6);
+        assert!((f[340] / (ROPE_THETA * std::f32::consts::FRAC_PI_2) - 1.0).abs() < 1e-6);
+        assert!(f.windows(2).all(|w| w[1] > w[0]));
+        assert!(rope_freqs(5).is_empty());
+        assert_eq!(rope_freqs(6), vec![std::f32::consts::FRAC_PI_2]);
     }
 
     #[test]

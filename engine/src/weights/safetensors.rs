@@ -79,6 +79,23 @@ struct Entry {
     end: usize,
 }
 
+/// Where one tensor's stored bytes lie in its file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extent {
+    /// Model (diffusers) name.
+    pub name: String,
+    /// The file holding it.
+    pub file: PathBuf,
+    /// Storage type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Absolute byte offset of its data in the file.
+    pub offset: u64,
+    /// Bytes of data.
+    pub bytes: usize,
+}
+
 /// Safetensors files of one model component, memory-mapped.
 pub struct SafetensorsSource {
     component: String,
@@ -353,6 +370,36 @@ impl SafetensorsSource {
             .sum()
     }
 
+    /// Where every indexed tensor's stored bytes lie, for readers that copy
+    /// them elsewhere untouched (the device arm's staging): file by file in open
+    /// order, by offset within a file. Errors name a tensor whose storage type
+    /// is not a float this engine reads (BF16, F16, F32).
+    pub fn extents(&self) -> Result<Vec<Extent>, WeightError> {
+        let mut v = Vec::with_capacity(self.entries.len());
+        for (name, e) in &self.entries {
+            let file = &self.files[e.file].path;
+            let dtype = dtype_of(e.dtype).ok_or_else(|| WeightError::DType {
+                name: name.clone(),
+                file: file.clone(),
+                expected: "BF16, F16 or F32".into(),
+                found: format!("{:?}", e.dtype),
+            })?;
+            v.push((
+                e.file,
+                Extent {
+                    name: name.clone(),
+                    file: file.clone(),
+                    dtype,
+                    shape: e.shape.clone(),
+                    offset: e.start as u64,
+                    bytes: e.end - e.start,
+                },
+            ));
+        }
+        v.sort_by_key(|(f, x)| (*f, x.offset));
+        Ok(v.into_iter().map(|(_, x)| x).collect())
+    }
+
     /// What the source has done so far.
     pub fn stats(&self) -> LoadStats {
         LoadStats {
@@ -535,6 +582,48 @@ pub(crate) mod tests {
                 }),
             ],
         );
+    }
+
+    #[test]
+    fn extents_point_at_each_tensors_bytes_file_by_file() {
+        let d = dir("extents");
+        let (p1, p2) = (d.join("s1.safetensors"), d.join("s2.safetensors"));
+        write_st(
+            &p1,
+            &[
+                ("z.w", StDtype::BF16, vec![2], vec![1, 2, 3, 4]),
+                ("drop.me", StDtype::F32, vec![1], vec![9; 4]),
+                ("a.w", StDtype::F32, vec![1], vec![5, 6, 7, 8]),
+            ],
+        );
+        write_st(&p2, &[("m.w", StDtype::F16, vec![3], vec![7; 6])]);
+        let rename = |n: &str, _: &[usize]| (n != "drop.me").then(|| format!("x.{n}"));
+        let s = SafetensorsSource::open(
+            "model",
+            &[p2.clone(), p1.clone()],
+            &rename,
+            LoadOptions::default(),
+        )
+        .unwrap();
+        let e = s.extents().unwrap();
+        let names: Vec<&str> = e.iter().map(|x| x.name.as_str()).collect();
+        // Open order of the files, then offset order within each.
+        assert_eq!(names, ["x.m.w", "x.z.w", "x.a.w"]);
+        assert_eq!(e[0].file, p2);
+        assert_eq!(
+            (e[0].dtype, e[0].bytes, e[0].shape.clone()),
+            (DType::F16, 6, vec![3])
+        );
+        let raw = std::fs::read(&p1).unwrap();
+        for x in &e[1..] {
+            assert_eq!(x.file, p1);
+        }
+        assert_eq!(&raw[e[1].offset as usize..][..4], &[1, 2, 3, 4]);
+        assert_eq!(&raw[e[2].offset as usize..][..4], &[5, 6, 7, 8]);
+        write_st(&p1, &[("i", StDtype::I64, vec![1], vec![0; 8])]);
+        let s = SafetensorsSource::open("model", &[p1], &ident, LoadOptions::default()).unwrap();
+        let err = s.extents().unwrap_err().to_string();
+        assert!(err.contains("'i'") && err.contains("I64"), "{err}");
     }
 
     #[test]

@@ -1,15 +1,16 @@
 // Multi-head attention over row-major [tokens, ld] matrices whose head h occupies
 // columns [h*HD, (h+1)*HD). softmax(q k^T * scale + kbias) v per head, fp32
 // softmax and accumulation, bf16 in and out. `kbias` (nullable) is an additive
-// per-key bias (the text mask as (1 - mask) * -10000). grid = (ceil(nq / 64), heads).
+// per-key bias (the text mask as (1 - mask) * -10000). grid = (query blocks, heads).
 //
 // Two implementations:
 //  * attn_ref_hd*: one thread per query, K/V tiles staged in shared memory as f32,
 //    scalar online softmax. Slow and obviously correct: the check for the fast one.
-//  * flash_attn_*: flash-style fused kernel, bf16 mma.sync m16n8k16 (f32 accumulate),
-//    online softmax in registers, K/V tiles double-buffered with cp.async.
-//    `flash_attn_hd*` reads fragments with 32/16-bit shared loads,
-//    `flash_attn_ldsm_hd*` with ldmatrix (4x fewer shared-load instructions).
+//  * flash2_hd*_w8[_bias]: the forward's kernel. Flash-style fused attention, bf16
+//    mma.sync m16n8k16 (f32 accumulate) with ldmatrix fragment loads, online softmax
+//    in registers, K/V tiles double-buffered with cp.async; 8 warps of 16 query rows
+//    share each K/V tile. (Device runs 1-4 measured the variants this replaced:
+//    a plain-load and an ldmatrix v1 kernel, and v2 with 4 warps; reports/device-notes.md.)
 #include "common.cuh"
 
 #define NEG_INF __int_as_float(0xff800000u)
@@ -123,218 +124,18 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned int& r0, unsigned int& r1, un
                  : "r"(addr));
 }
 
-constexpr int FA_BM = 64;   // queries per block: 4 warps x 16 rows
-constexpr int FA_BN = 64;   // keys per tile
-constexpr int FA_THREADS = 128;
-
-// Shared memory: K and V tiles, two stages each, rows padded by 8 elements
-// (16 bytes) so the 8 rows a fragment load touches fall in distinct banks.
-template <int HD>
-__device__ __forceinline__ void fa_load_tile(bf16* ks, bf16* vs, const bf16* __restrict__ k,
-                                             const bf16* __restrict__ v, int kt, int nk, int ldk, int ldv, int h) {
-    constexpr int SROW = HD + 8;
-    constexpr int CHUNKS = HD / 8;  // 16-byte chunks per row
-    for (int i = threadIdx.x; i < FA_BN * CHUNKS; i += FA_THREADS) {
-        const int r = i / CHUNKS, c8 = (i % CHUNKS) * 8;
-        const int key = kt + r;
-        const bool ok = key < nk;
-        const long long kr = ok ? key : 0;
-        cp_async16(ks + r * SROW + c8, k + kr * ldk + h * HD + c8, ok);
-        cp_async16(vs + r * SROW + c8, v + kr * ldv + h * HD + c8, ok);
-    }
-    cp_async_commit();
-}
-
-template <int HD, bool LDSM>
-__device__ __forceinline__ void flash_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                          const bf16* __restrict__ v, bf16* __restrict__ o, int nq, int nk,
-                                          int ldq, int ldk, int ldv, int ldo, const float* __restrict__ kbias,
-                                          float scale) {
-    constexpr int SROW = HD + 8;
-    constexpr int KSTEPS = HD / 16;  // k-steps of Q K^T
-    constexpr int DTILES = HD / 8;   // n-tiles of the output
-    extern __shared__ __align__(16) unsigned char fa_smem[];
-    bf16* ks = (bf16*)fa_smem;             // [2][FA_BN][SROW]
-    bf16* vs = ks + 2 * FA_BN * SROW;      // [2][FA_BN][SROW]
-
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const int h = blockIdx.y;
-    const int r0 = blockIdx.x * FA_BM + warp * 16 + g;
-    const int r1 = r0 + 8;
-    const float sl2 = scale * LOG2E;
-
-    // This warp's 16 query rows as A fragments, kept in registers.
-    unsigned int qa[KSTEPS][4];
-#pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) {
-        const int c = h * HD + kk * 16 + 2 * t;
-        qa[kk][0] = r0 < nq ? *(const unsigned int*)(q + (long long)r0 * ldq + c) : 0u;
-        qa[kk][1] = r1 < nq ? *(const unsigned int*)(q + (long long)r1 * ldq + c) : 0u;
-        qa[kk][2] = r0 < nq ? *(const unsigned int*)(q + (long long)r0 * ldq + c + 8) : 0u;
-        qa[kk][3] = r1 < nq ? *(const unsigned int*)(q + (long long)r1 * ldq + c + 8) : 0u;
-    }
-
-    float oacc[DTILES][4];
-#pragma unroll
-    for (int i = 0; i < DTILES; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
-    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
-
-    const int ntiles = (nk + FA_BN - 1) / FA_BN;
-    fa_load_tile<HD>(ks, vs, k, v, 0, nk, ldk, ldv, h);
-    for (int it = 0; it < ntiles; ++it) {
-        const int stage = it & 1;
-        if (it + 1 < ntiles) {
-            fa_load_tile<HD>(ks + (stage ^ 1) * FA_BN * SROW, vs + (stage ^ 1) * FA_BN * SROW, k, v,
-                             (it + 1) * FA_BN, nk, ldk, ldv, h);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const bf16* kst = ks + stage * FA_BN * SROW;
-        const bf16* vst = vs + stage * FA_BN * SROW;
-
-        // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
-        float s[FA_BN / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < FA_BN / 8; ++nt) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-            if (LDSM) {
-#pragma unroll
-                for (int kk = 0; kk < KSTEPS; kk += 2) {
-                    const int mi = lane >> 3;
-                    const bf16* p = kst + (nt * 8 + (lane & 7)) * SROW + kk * 16 + mi * 8;
-                    unsigned int b0, b1, b2, b3;
-                    ldsm_x4(b0, b1, b2, b3, smem_u32(p));
-                    mma16816(s[nt], qa[kk], b0, b1);
-                    mma16816(s[nt], qa[kk + 1], b2, b3);
-                }
-            } else {
-#pragma unroll
-                for (int kk = 0; kk < KSTEPS; ++kk) {
-                    const bf16* p = kst + (nt * 8 + g) * SROW + kk * 16 + 2 * t;
-                    const unsigned int b0 = *(const unsigned int*)p;
-                    const unsigned int b1 = *(const unsigned int*)(p + 8);
-                    mma16816(s[nt], qa[kk], b0, b1);
-                }
-            }
-        }
-
-        // Scale into the log2 domain, add the key bias, mask keys past the end.
-        float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-        for (int nt = 0; nt < FA_BN / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = it * FA_BN + nt * 8 + 2 * t + (e & 1);
-                float x = s[nt][e] * sl2;
-                if (key >= nk) {
-                    x = NEG_INF;
-                } else if (kbias) {
-                    x += kbias[key] * LOG2E;
-                }
-                s[nt][e] = x;
-            }
-            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        // A row with every key so far masked keeps max -inf: use 0 as its offset
-        // so exp2 gives 0 rather than NaN.
-        const float base0 = mn0 == NEG_INF ? 0.0f : mn0;
-        const float base1 = mn1 == NEG_INF ? 0.0f : mn1;
-        const float c0 = exp2f(m0 - base0), c1 = exp2f(m1 - base1);
-        m0 = mn0;
-        m1 = mn1;
-        l0 *= c0;
-        l1 *= c1;
-#pragma unroll
-        for (int i = 0; i < DTILES; ++i) {
-            oacc[i][0] *= c0;
-            oacc[i][1] *= c0;
-            oacc[i][2] *= c1;
-            oacc[i][3] *= c1;
-        }
-#pragma unroll
-        for (int nt = 0; nt < FA_BN / 8; ++nt) {
-            s[nt][0] = exp2f(s[nt][0] - base0);
-            s[nt][1] = exp2f(s[nt][1] - base0);
-            s[nt][2] = exp2f(s[nt][2] - base1);
-            s[nt][3] = exp2f(s[nt][3] - base1);
-            l0 += s[nt][0] + s[nt][1];
-            l1 += s[nt][2] + s[nt][3];
-        }
-
-        // O += P V: the S accumulator layout is the A-fragment layout of P.
-#pragma unroll
-        for (int kc = 0; kc < FA_BN / 16; ++kc) {
-            unsigned int pa[4];
-            pa[0] = pack_bf16x2(s[2 * kc][0], s[2 * kc][1]);
-            pa[1] = pack_bf16x2(s[2 * kc][2], s[2 * kc][3]);
-            pa[2] = pack_bf16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-            pa[3] = pack_bf16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
-            if (LDSM) {
-#pragma unroll
-                for (int dt = 0; dt < DTILES; dt += 2) {
-                    const int mi = lane >> 3;
-                    const bf16* p = vst + (kc * 16 + (mi & 1) * 8 + (lane & 7)) * SROW + dt * 8 + (mi >> 1) * 8;
-                    unsigned int b0, b1, b2, b3;
-                    ldsm_x4_t(b0, b1, b2, b3, smem_u32(p));
-                    mma16816(oacc[dt], pa, b0, b1);
-                    mma16816(oacc[dt + 1], pa, b2, b3);
-                }
-            } else {
-#pragma unroll
-                for (int dt = 0; dt < DTILES; ++dt) {
-                    const bf16* p = vst + (kc * 16 + 2 * t) * SROW + dt * 8 + g;
-                    const unsigned int b0 = (unsigned int)p[0] | ((unsigned int)p[SROW] << 16);
-                    const unsigned int b1 = (unsigned int)p[8 * SROW] | ((unsigned int)p[9 * SROW] << 16);
-                    mma16816(oacc[dt], pa, b0, b1);
-                }
-            }
-        }
-        __syncthreads();  // every warp is done with this stage before it is refilled
-    }
-
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
-#pragma unroll
-    for (int dt = 0; dt < DTILES; ++dt) {
-        const int c = h * HD + dt * 8 + 2 * t;
-        if (r0 < nq) *(unsigned int*)(o + (long long)r0 * ldo + c) = pack_bf16x2(oacc[dt][0] * inv0, oacc[dt][1] * inv0);
-        if (r1 < nq) *(unsigned int*)(o + (long long)r1 * ldo + c) = pack_bf16x2(oacc[dt][2] * inv1, oacc[dt][3] * inv1);
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(FA_THREADS) flash_attn_hd64(REF_ARGS) {
-    flash_fwd<64, false>(q, k, v, o, nq, nk, ldq, ldk, ldv, ldo, kbias, scale);
-}
-extern "C" __global__ void __launch_bounds__(FA_THREADS) flash_attn_hd128(REF_ARGS) {
-    flash_fwd<128, false>(q, k, v, o, nq, nk, ldq, ldk, ldv, ldo, kbias, scale);
-}
-extern "C" __global__ void __launch_bounds__(FA_THREADS) flash_attn_ldsm_hd64(REF_ARGS) {
-    flash_fwd<64, true>(q, k, v, o, nq, nk, ldq, ldk, ldv, ldo, kbias, scale);
-}
-extern "C" __global__ void __launch_bounds__(FA_THREADS) flash_attn_ldsm_hd128(REF_ARGS) {
-    flash_fwd<128, true>(q, k, v, o, nq, nk, ldq, ldk, ldv, ldo, kbias, scale);
-}
+// Keys per K/V tile. Shared memory: K and V tiles, two stages each, rows padded
+// by 8 elements (16 bytes) so the 8 rows a fragment load touches fall in distinct
+// banks.
+constexpr int FA_BN = 64;
 
 // ------------------------------------------------------------------ flash v2 ----
-// Same algorithm and fragment layouts as flash_fwd (ldmatrix loads), with the
-// softmax arithmetic trimmed: the running max is kept on raw scores (the scale is
+// The softmax arithmetic is trimmed: the running max is kept on raw scores (the scale is
 // positive, so the max commutes with it) and each probability is one FFMA + one
 // ex2 (p = 2^(s * scale*log2e - m * scale*log2e)); keys past the end are masked
 // only in the last tile; the key bias (text mask) is a template case, added to
 // the raw score as bias / scale. WARPS warps of 16 query rows each share every
-// K/V tile (4 -> 64 rows, 8 -> 128 rows per block).
+// K/V tile (8 -> 128 query rows per block).
 
 __device__ __forceinline__ float ex2_approx(float x) {
     float y;
@@ -515,7 +316,5 @@ __device__ __forceinline__ void flash2_fwd(const bf16* __restrict__ q, const bf1
     extern "C" __global__ void __launch_bounds__(32 * W) flash2_hd##HD##_w##W##_bias(REF_ARGS) {       \
         flash2_fwd<HD, W, true>(q, k, v, o, nq, nk, ldq, ldk, ldv, ldo, kbias, scale);                 \
     }
-FLASH2(64, 4)
 FLASH2(64, 8)
-FLASH2(128, 4)
 FLASH2(128, 8)

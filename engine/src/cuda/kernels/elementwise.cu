@@ -14,34 +14,6 @@ extern "C" __global__ void cast_bf16_to_f32(const bf16* __restrict__ x, float* _
         y[i] = bf2f(x[i]);
 }
 
-// y = bf16( norm(x) * (1 + scale) + shift ), per row of D, where
-// shift[c] = shift_tab[c] + shift_emb[c] and scale[c] = scale_tab[c] + scale_emb[c].
-// center = 0: RMS norm without weight; center = 1: LayerNorm without affine.
-extern "C" __global__ void ada_norm_mod(const float* __restrict__ x, bf16* __restrict__ y, int D, float eps, int center,
-                                        const bf16* __restrict__ shift_tab, const bf16* __restrict__ scale_tab,
-                                        const bf16* __restrict__ shift_emb, const bf16* __restrict__ scale_emb) {
-    __shared__ float scratch[32];
-    const float* xr = x + (long long)blockIdx.x * D;
-    bf16* yr = y + (long long)blockIdx.x * D;
-    float mean = 0.0f;
-    if (center) {
-        float s = 0.0f;
-        for (int c = threadIdx.x; c < D; c += blockDim.x) s += xr[c];
-        mean = block_sum(s, scratch) / (float)D;
-    }
-    float ss = 0.0f;
-    for (int c = threadIdx.x; c < D; c += blockDim.x) {
-        float v = xr[c] - mean;
-        ss += v * v;
-    }
-    const float r = rsqrtf(block_sum(ss, scratch) / (float)D + eps);
-    for (int c = threadIdx.x; c < D; c += blockDim.x) {
-        float sh = bf2f(shift_tab[c]) + bf2f(shift_emb[c]);
-        float sc = bf2f(scale_tab[c]) + bf2f(scale_emb[c]);
-        yr[c] = f2bf((xr[c] - mean) * r * (1.0f + sc) + sh);
-    }
-}
-
 // Weighted RMS norm over the full row (all heads together), then, when `freqs`
 // is not null, LTX interleaved RoPE. Row `t` is token t of a (gf, gh, gw) grid in
 // raster order. The first `pad = D - 6*nfreq` channels are not rotated; pair p
@@ -100,18 +72,6 @@ extern "C" __global__ void qk_norm_rope(const bf16* x, bf16* y, const bf16* __re
     }
 }
 
-// x[r, c] += y[r, c] * gate[c] (f32 residual stream), gate[c] = gate_tab[c] + gate_emb[c];
-// with gate_tab == null the gate is 1 (plain residual add).
-extern "C" __global__ void gated_residual(float* __restrict__ x, const bf16* __restrict__ y,
-                                          const bf16* __restrict__ gate_tab, const bf16* __restrict__ gate_emb,
-                                          int D, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const int c = (int)(i % D);
-        const float g = gate_tab ? bf2f(gate_tab[c]) + bf2f(gate_emb[c]) : 1.0f;
-        x[i] += bf2f(y[i]) * g;
-    }
-}
-
 // y = x * sigmoid(x).
 extern "C" __global__ void silu_bf16(const bf16* __restrict__ x, bf16* __restrict__ y, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
@@ -120,26 +80,34 @@ extern "C" __global__ void silu_bf16(const bf16* __restrict__ x, bf16* __restric
     }
 }
 
-__device__ __forceinline__ float gelu_tanh(float v) {
-    const float k0 = 0.7978845608028654f;  // sqrt(2 / pi)
-    return 0.5f * v * (1.0f + tanhf(k0 * (v + 0.044715f * v * v * v)));
+// f32 add / subtract / multiply with explicit round-to-nearest: PTX never
+// contracts an instruction with a rounding modifier into an FMA.
+__device__ __forceinline__ float add_rn(float a, float b) {
+    float r;
+    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float sub_rn(float a, float b) {
+    float r;
+    asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float mul_rn(float a, float b) {
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
 }
 
-// In place over an [rows, N] matrix: y = act(y + b[c]); b may be null (no bias);
-// act 0 = identity, 1 = tanh-approximated GELU.
-extern "C" __global__ void bias_act(bf16* __restrict__ y, const bf16* __restrict__ b, int N, long long n, int act) {
+// One Euler step of the sampler with classifier-free guidance, f32:
+// lat += dt * v with v = u + g * (c - u), or v = c when u is null. Each operation
+// rounds on its own (no FMA contraction), so for the same velocities the device
+// computes exactly the CPU arm's `cfg_combine` then `euler_step`.
+extern "C" __global__ void guided_euler(float* __restrict__ lat, const float* __restrict__ c,
+                                        const float* __restrict__ u, float g, float dt, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        float v = bf2f(y[i]);
-        if (b) v += bf2f(b[(int)(i % N)]);
-        if (act == 1) v = gelu_tanh(v);
-        y[i] = f2bf(v);
+        const float v = u ? add_rn(u[i], mul_rn(g, sub_rn(c[i], u[i]))) : c[i];
+        lat[i] = add_rn(lat[i], mul_rn(dt, v));
     }
-}
-
-// lat += dt * v (the Euler step of the flow-matching sampler), f32.
-extern "C" __global__ void euler_update(float* __restrict__ lat, const float* __restrict__ v, float dt, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        lat[i] += dt * v[i];
 }
 
 __device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
