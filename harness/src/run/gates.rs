@@ -145,8 +145,51 @@ pub fn copy_engine(source: &Path, bin_dir: &Path) -> Result<CopiedBinary, String
     })
 }
 
-/// The `contention` fragment and whether it is flagged.
+/// How long [`busy_cores`] watches the host before the engine starts, ms.
+pub const CONTENTION_WINDOW_MS: u64 = 500;
+
+/// Cores busy (user, nice, system, irq, softirq, steal) across the whole host over
+/// `window`, from two readings of `/proc/stat`'s `cpu` line; None when unreadable.
+///
+/// This, not load1, judges contention: load1 is a one-minute decaying average,
+/// so on a box that just finished a render (the previous position of the same
+/// campaign) it stays high for minutes while the box is in fact idle. The
+/// harness sleeps through the window, so what it sees is other work.
+pub fn busy_cores(window: std::time::Duration) -> Option<f64> {
+    fn read() -> Option<(u64, u64)> {
+        let text = std::fs::read_to_string("/proc/stat").ok()?;
+        parse_cpu_line(text.lines().next()?)
+    }
+    let (b0, t0) = read()?;
+    std::thread::sleep(window);
+    let (b1, t1) = read()?;
+    let dt = t1.checked_sub(t0).filter(|d| *d > 0)?;
+    let db = b1.saturating_sub(b0);
+    Some(db as f64 / dt as f64 * crate::run::facts::cores() as f64)
+}
+
+/// (busy, total) jiffies of a `/proc/stat` `cpu ...` aggregate line.
+pub fn parse_cpu_line(line: &str) -> Option<(u64, u64)> {
+    let mut it = line.split_whitespace();
+    if it.next()? != "cpu" {
+        return None;
+    }
+    let v: Vec<u64> = it.map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    if v.len() < 4 {
+        return None;
+    }
+    // user nice system idle iowait irq softirq steal (guest is inside user).
+    let get = |i: usize| v.get(i).copied().unwrap_or(0);
+    let busy = get(0) + get(1) + get(2) + get(5) + get(6) + get(7);
+    let total = busy + get(3) + get(4);
+    Some((busy, total))
+}
+
+/// The `contention` fragment and whether it is flagged: other work busy on more
+/// than [`CONTENTION_LOAD_PER_CORE`] of the cores just before the engine starts,
+/// or another process on the GPU. `load1` is recorded for reference only.
 pub fn contention(
+    busy: Option<f64>,
     load1: Option<f64>,
     cores: usize,
     gpu: Option<&Gpu>,
@@ -154,12 +197,12 @@ pub fn contention(
 ) -> serde_json::Value {
     let mut why = Vec::new();
     let limit = CONTENTION_LOAD_PER_CORE * cores as f64;
-    match load1 {
-        Some(l) if l > limit => why.push(format!(
-            "load1 {l:.2} above {limit:.2} ({CONTENTION_LOAD_PER_CORE} per core on {cores} cores)"
+    match busy {
+        Some(b) if b > limit => why.push(format!(
+            "{b:.2} cores busy with other work above {limit:.2} ({CONTENTION_LOAD_PER_CORE} per core on {cores} cores, {CONTENTION_WINDOW_MS} ms before start)"
         )),
         Some(_) => {}
-        None => why.push("load average unreadable".into()),
+        None => why.push("/proc/stat unreadable".into()),
     }
     let others = match gpu.map(|g| g.compute_processes()) {
         Some(Ok(procs)) => {
@@ -176,6 +219,8 @@ pub fn contention(
         None => None,
     };
     serde_json::json!({
+        "busy_cores_at_start": busy,
+        "window_ms": CONTENTION_WINDOW_MS,
         "load1_at_start": load1,
         "other_gpu_procs": others,
         "flagged": !why.is_empty(),
@@ -267,19 +312,39 @@ mod tests {
     }
 
     #[test]
-    fn contention_flags_load_and_records_it() {
-        let c = contention(Some(3.0), 4, None, 1);
+    fn contention_flags_busy_cores_not_the_lagging_load_average() {
+        let c = contention(Some(3.0), Some(0.2), 4, None, 1);
         assert_eq!(c["flagged"], true);
         assert!(c["detail"]
             .as_str()
             .unwrap()
-            .contains("load1 3.00 above 2.00"));
-        let c = contention(Some(1.0), 4, None, 1);
+            .contains("3.00 cores busy with other work above 2.00"));
+        // A high load1 left by the previous render does not flag a quiet box.
+        let c = contention(Some(1.0), Some(11.3), 4, None, 1);
         assert_eq!(
             (c["flagged"].as_bool(), c["detail"].as_str()),
             (Some(false), Some("quiet"))
         );
+        assert_eq!(c["load1_at_start"], 11.3);
         assert!(c["other_gpu_procs"].is_null());
+        assert_eq!(contention(None, None, 4, None, 1)["flagged"], true);
+    }
+
+    #[test]
+    fn proc_stat_cpu_lines_parse_to_busy_and_total() {
+        assert_eq!(
+            parse_cpu_line("cpu  100 5 50 1000 20 3 2 1 0 0"),
+            Some((161, 1181))
+        );
+        assert_eq!(parse_cpu_line("cpu0 1 2 3 4"), None);
+        assert_eq!(parse_cpu_line("cpu 1 x 3 4"), None);
+        assert_eq!(parse_cpu_line("cpu 1 2"), None);
+        // A reading of this machine: busy never exceeds total, cores are bounded.
+        let b = busy_cores(std::time::Duration::from_millis(50)).unwrap();
+        assert!(
+            b >= 0.0 && b <= crate::run::facts::cores() as f64 + 0.01,
+            "{b}"
+        );
     }
 
     #[test]

@@ -544,7 +544,14 @@ fn preflight(
 
     // Contention: recorded and flagged, never refused.
     let load1 = crate::sampler::system::load1().ok();
-    let c = gates::contention(load1, facts::cores(), gpu.as_deref(), std::process::id());
+    let busy = gates::busy_cores(Duration::from_millis(gates::CONTENTION_WINDOW_MS));
+    let c = gates::contention(
+        busy,
+        load1,
+        facts::cores(),
+        gpu.as_deref(),
+        std::process::id(),
+    );
     let flagged = c["flagged"].as_bool().unwrap_or(false);
     let detail = c["detail"].as_str().unwrap_or("").to_string();
     s.fragment("contention", c)?;
