@@ -28,6 +28,11 @@ pub struct RankArgs {
     /// Print the ranking as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Regenerate the report as `--out FILE` would and compare it with FILE byte
+    /// for byte, writing nothing: exit 0 when identical, 1 (naming the first
+    /// differing line) when not.
+    #[arg(long, value_name = "FILE", conflicts_with = "out")]
+    pub check: Option<PathBuf>,
 }
 
 /// `harness diff A B`: two bundles side by side.
@@ -80,11 +85,33 @@ pub fn rank(args: &RankArgs) -> anyhow::Result<u8> {
     if args.spec != Path::new(DEFAULT_SPEC) {
         command.push_str(&format!(" --spec {}", args.spec.display()));
     }
-    if let Some(out) = &args.out {
+    if let Some(out) = args.out.as_ref().or(args.check.as_ref()) {
         command.push_str(&format!(" --out {}", out.display()));
     }
     let ranking = crate::rank::rank(&spec, &loaded.bundles, &loaded.unreadable, &command);
     let md = crate::rank::report::markdown(&ranking);
+    if let Some(file) = &args.check {
+        let have = std::fs::read_to_string(file)
+            .map_err(|e| UsageError(format!("--check {}: cannot read: {e}", file.display())))?;
+        return Ok(match first_difference(&have, &md) {
+            None => {
+                println!(
+                    "{} reproduces from {} bundle(s) in {}",
+                    file.display(),
+                    ranking.bundles_seen,
+                    root.display()
+                );
+                exit::OK
+            }
+            Some((line, committed, regenerated)) => {
+                println!(
+                    "{} differs from the regenerated report at line {line}:\n  file:        {committed}\n  regenerated: {regenerated}",
+                    file.display()
+                );
+                exit::NEGATIVE
+            }
+        });
+    }
     match &args.out {
         Some(out) => {
             if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -107,6 +134,30 @@ pub fn rank(args: &RankArgs) -> anyhow::Result<u8> {
         println!("{}", serde_json::to_string_pretty(&ranking)?);
     }
     Ok(exit::OK)
+}
+
+/// The first line (1-based) where `a` and `b` differ, with both versions of it
+/// (`<end of file>` where one is shorter); None when they are byte-identical.
+pub fn first_difference(a: &str, b: &str) -> Option<(usize, String, String)> {
+    if a == b {
+        return None;
+    }
+    let mut la = a.split_inclusive('\n');
+    let mut lb = b.split_inclusive('\n');
+    let mut n = 0;
+    loop {
+        n += 1;
+        match (la.next(), lb.next()) {
+            (Some(x), Some(y)) if x == y => continue,
+            (x, y) => {
+                let show = |l: Option<&str>| {
+                    l.map(|s| format!("{s:?}"))
+                        .unwrap_or_else(|| "<end of file>".into())
+                };
+                return Some((n, show(x), show(y)));
+            }
+        }
+    }
 }
 
 /// Find a bundle directory: an existing directory holding `manifest.json`, or a unique
