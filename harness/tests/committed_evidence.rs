@@ -8,7 +8,10 @@ use std::process::Command;
 const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 #[test]
@@ -28,7 +31,13 @@ fn every_committed_bundle_verifies() {
 fn the_committed_lever_table_reproduces_from_the_committed_bundles() {
     let out = Command::new(HARNESS)
         .current_dir(repo())
-        .args(["rank", "--store", "reports/evidence", "--check", "reports/levers.md"])
+        .args([
+            "rank",
+            "--store",
+            "reports/evidence",
+            "--check",
+            "reports/levers.md",
+        ])
         .output()
         .unwrap();
     assert_eq!(
@@ -60,6 +69,9 @@ fn a_stale_lever_table_is_caught_naming_the_line() {
         .unwrap();
     let so = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{so}");
-    assert!(so.contains("differs from the regenerated report at line"), "{so}");
+    assert!(
+        so.contains("differs from the regenerated report at line"),
+        "{so}"
+    );
     assert!(so.contains("## Verdicts"), "{so}");
 }

@@ -422,6 +422,48 @@ fn ctrl_c_stops_the_engine_and_still_seals_a_partial_bundle() {
     assert_eq!(m["exit"]["open_phases"], serde_json::json!(["denoise"]));
 }
 
+/// H4: a closed terminal (SIGHUP to the harness and, as a terminal does, to the
+/// engine's group if it were the foreground one) does not end the run: the
+/// harness ignores SIGHUP and the engine runs in its own process group.
+#[test]
+fn sighup_from_a_closed_terminal_does_not_end_the_run() {
+    let s = store("sighup");
+    let mut child = harness(&s)
+        .args([
+            "--exec",
+            "--",
+            ENGINE,
+            "--hello",
+            "--render",
+            "2",
+            "2",
+            "--sleep-ms",
+            "1500",
+            "--frames",
+            "good",
+            "64x48",
+            "9",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        if line.unwrap().starts_with("+denoise") {
+            break;
+        }
+    }
+    // The harness's own group (the test's) is what a terminal would signal.
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    let _rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", text(&out.stdout));
+    let m = manifest(&out);
+    assert_eq!(m["exit"]["reason"], "completed");
+    assert_eq!(m["completion"]["verdict"], "pass");
+}
+
 fn rung(dir: &Path, extra: &str) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let p = dir.join("t.toml");
