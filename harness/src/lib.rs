@@ -9,16 +9,26 @@
 //! * [`rank`]: the lever ranking re-derived from bundles (`harness rank`).
 //! * [`verify`], [`recover`], [`ls`], [`show`]: the store's bundle commands;
 //!   [`store_arg`] their `--store` option, [`summary`] the manifest fields they print.
+//! * [`pack`]: one bundle as one verifiable file (`harness pack`, `harness unpack`).
+//! * [`progress`]: the live status of a render (`harness run`), redrawn on a terminal,
+//!   one line per event elsewhere.
+//! * [`timeline`]: a bundle read onto one time axis; [`formats`] writes it as a
+//!   picture or a Perfetto trace; [`view`] holds `harness plot` and `harness export`.
 
 pub mod campaign;
 pub mod cli;
 pub mod diff;
 pub mod exit;
+pub mod formats;
 pub mod levers_spec;
+pub mod pack;
+pub mod progress;
 pub mod ls;
 pub mod rank;
 pub mod recover;
 pub mod show;
 pub mod store_arg;
 pub mod summary;
+pub mod timeline;
 pub mod verify;
+pub mod view;

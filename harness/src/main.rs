@@ -2,7 +2,7 @@
 //! re-derives the lever ranking from them. See the README for the commands.
 
 use clap::{Parser, Subcommand};
-use harness::{exit, ls, recover, show, verify};
+use harness::{exit, ls, pack, recover, show, verify, view};
 
 /// Measure GPU video renders and keep the evidence.
 #[derive(Parser)]
@@ -29,6 +29,14 @@ enum Command {
     Diff(harness::cli::DiffArgs),
     /// Interleave every selected lever's arms round by round (ABBA or seeded random).
     Campaign(harness::cli::CampaignArgs),
+    /// Draw a bundle's timeline (phases, GPU, power, memory, CPU) as PNG or SVG.
+    Plot(view::PlotArgs),
+    /// Write a bundle's timeline as a Perfetto trace (Trace Event JSON).
+    Export(view::ExportArgs),
+    /// Pack one bundle into one file (tar + zstd) that carries every hash.
+    Pack(pack::PackArgs),
+    /// Check a pack's every entry and hash, then add its bundle to the store atomically.
+    Unpack(pack::UnpackArgs),
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<u8> {
@@ -40,6 +48,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Rank(a) => harness::cli::rank(&a),
         Command::Diff(a) => harness::cli::diff(&a),
         Command::Campaign(a) => harness::cli::campaign(&a),
+        Command::Plot(a) => view::plot(a),
+        Command::Export(a) => view::export(a),
+        Command::Pack(a) => pack::pack(a),
+        Command::Unpack(a) => pack::unpack(a),
     }
 }
 

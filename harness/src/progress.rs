@@ -1,0 +1,385 @@
+//! Live progress of a render for the person watching `harness run`: the open phase
+//! (innermost, with its parents), step k/N, elapsed time, an ETA of the denoise
+//! loop from the last forward's `last_s`, GPU utilization and the engine's RSS.
+//!
+//! [`Progress`] folds marker events and sampler rows into that state and renders it
+//! as one line. [`Printer`] puts it on a stream in one of two ways:
+//! * a terminal ([`Style::Redraw`]): one status line redrawn in place (`\r`, clear
+//!   to end of line), at most every [`REDRAW_EVERY_NS`];
+//! * anything else ([`Style::Lines`]): one plain line per marker event (open,
+//!   close, tick, info), never a control character, so logs and CI stay readable.
+//!
+//! ETA: the engine ticks `dit.forward` after each transformer forward with `step`,
+//! `steps`, `forward` (1-based, counted over the whole loop) and `last_s` (seconds
+//! since the previous forward); `denoise` opens with `forwards_per_step`. The ETA of
+//! the loop is `(steps * forwards_per_step - forward) * last_s`; without
+//! `forwards_per_step` it counts one forward per step seen so far in the ticks.
+
+use std::io::Write;
+
+use evidence::marker::{human_bytes, Marker};
+use evidence::sample::Sample;
+
+/// The shortest interval between two redraws of the status line, ns (4 per second).
+pub const REDRAW_EVERY_NS: u64 = 250_000_000;
+
+/// How progress is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    /// One status line redrawn in place (a terminal).
+    Redraw,
+    /// One plain line per marker event (a file, a pipe, CI).
+    Lines,
+}
+
+impl Style {
+    /// [`Style::Redraw`] when standard error is a terminal, else [`Style::Lines`].
+    pub fn for_stderr() -> Style {
+        // SAFETY: isatty only reads the descriptor's state.
+        if unsafe { libc::isatty(libc::STDERR_FILENO) } == 1 {
+            Style::Redraw
+        } else {
+            Style::Lines
+        }
+    }
+}
+
+/// What is known about the render so far.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Progress {
+    /// CLOCK_MONOTONIC ns when the run started (elapsed counts from here).
+    pub start_ns: u64,
+    /// Open phases, outermost first.
+    pub open: Vec<String>,
+    /// The current step and the number of steps (from `denoise.step` or a tick).
+    pub step: Option<(u64, u64)>,
+    /// Forwards done (the last tick's `forward`).
+    pub forward: Option<u64>,
+    /// Forwards per step (from `denoise`'s open attributes).
+    pub forwards_per_step: Option<u64>,
+    /// Seconds the last forward took (the last tick's `last_s`).
+    pub last_s: Option<f64>,
+    /// The last sample's GPU utilization, percent.
+    pub gpu_util_pct: Option<f64>,
+    /// The last sample's RSS of the engine's process tree, bytes.
+    pub rss_bytes: Option<f64>,
+}
+
+fn attr_u64(m: &Marker, k: &str) -> Option<u64> {
+    m.attrs().get(k).and_then(|v| v.as_u64())
+}
+
+/// `1h02m03s`, `2m05s`, `7.3s`.
+pub fn human_duration(s: f64) -> String {
+    if !s.is_finite() || s < 0.0 {
+        return "-".into();
+    }
+    if s < 60.0 {
+        return format!("{s:.1}s");
+    }
+    let t = s.round() as u64;
+    let (h, m, sec) = (t / 3600, (t % 3600) / 60, t % 60);
+    if h > 0 {
+        format!("{h}h{m:02}m{sec:02}s")
+    } else {
+        format!("{m}m{sec:02}s")
+    }
+}
+
+impl Progress {
+    /// A render that started at `start_ns`.
+    pub fn new(start_ns: u64) -> Progress {
+        Progress {
+            start_ns,
+            ..Default::default()
+        }
+    }
+
+    /// Fold in one marker event.
+    pub fn on_marker(&mut self, m: &Marker) {
+        match m {
+            Marker::Open { name, .. } => {
+                if name == "denoise" {
+                    self.forwards_per_step = attr_u64(m, "forwards_per_step");
+                }
+                if let (Some(k), Some(n)) = (attr_u64(m, "step"), attr_u64(m, "steps")) {
+                    self.step = Some((k, n));
+                }
+                self.open.push(name.clone());
+            }
+            Marker::Close { name, .. } => {
+                // The innermost open phase of that name closes (the protocol's rule).
+                if let Some(i) = self.open.iter().rposition(|n| n == name) {
+                    self.open.truncate(i);
+                }
+            }
+            Marker::Tick { .. } => {
+                if let (Some(k), Some(n)) = (attr_u64(m, "step"), attr_u64(m, "steps")) {
+                    self.step = Some((k, n));
+                }
+                if let Some(f) = attr_u64(m, "forward") {
+                    self.forward = Some(f);
+                }
+                if let Some(s) = m.attrs().get("last_s").and_then(|v| v.as_f64()) {
+                    self.last_s = Some(s);
+                }
+            }
+            Marker::Hello { .. } | Marker::Info { .. } => {}
+        }
+    }
+
+    /// Fold in one sampler row (GPU utilization and RSS; a missing reading keeps
+    /// the previous one).
+    pub fn on_sample(&mut self, s: &Sample) {
+        if let Some(u) = s.get("gpu_util_pct") {
+            self.gpu_util_pct = Some(u);
+        }
+        if let Some(r) = s.get("rss_bytes") {
+            self.rss_bytes = Some(r);
+        }
+    }
+
+    /// Forwards in the whole denoise loop, when known.
+    pub fn forwards_total(&self) -> Option<u64> {
+        let (k, n) = self.step?;
+        let per = self.forwards_per_step.or_else(|| {
+            // One forward per step seen so far, at least.
+            self.forward.map(|f| f.div_ceil(k.max(1)).max(1))
+        })?;
+        Some(n * per)
+    }
+
+    /// Seconds left in the denoise loop: remaining forwards x the last forward's
+    /// time. `None` before the second forward (no `last_s` yet) or after the loop.
+    pub fn eta_s(&self) -> Option<f64> {
+        let left = self.forwards_total()?.checked_sub(self.forward?)?;
+        if !self.open.iter().any(|n| n == "denoise") {
+            return None;
+        }
+        Some(left as f64 * self.last_s?)
+    }
+
+    /// The status line at `now_ns` (no newline, no control characters).
+    pub fn line(&self, now_ns: u64) -> String {
+        let mut parts = Vec::new();
+        parts.push(if self.open.is_empty() {
+            "(no phase open)".to_string()
+        } else {
+            self.open.join(" > ")
+        });
+        if let Some((k, n)) = self.step {
+            let mut s = format!("step {k}/{n}");
+            if let (Some(f), Some(t)) = (self.forward, self.forwards_total()) {
+                s.push_str(&format!(" (forward {f}/{t})"));
+            }
+            parts.push(s);
+        }
+        parts.push(format!(
+            "elapsed {}",
+            human_duration(now_ns.saturating_sub(self.start_ns) as f64 / 1e9)
+        ));
+        if let Some(eta) = self.eta_s() {
+            parts.push(format!("denoise ETA {}", human_duration(eta)));
+        }
+        parts.push(match self.gpu_util_pct {
+            Some(u) => format!("GPU {u:.0}%"),
+            None => "GPU -".into(),
+        });
+        parts.push(match self.rss_bytes {
+            Some(r) => format!("RSS {}", human_bytes(r.max(0.0) as u64)),
+            None => "RSS -".into(),
+        });
+        parts.join(" · ")
+    }
+}
+
+/// Writes [`Progress`] to a stream in a [`Style`].
+pub struct Printer<W: Write> {
+    out: W,
+    style: Style,
+    /// The state being shown.
+    pub progress: Progress,
+    last_draw_ns: Option<u64>,
+    drawn: bool,
+}
+
+impl<W: Write> Printer<W> {
+    /// A printer for a render that started at `start_ns`.
+    pub fn new(out: W, style: Style, start_ns: u64) -> Self {
+        Printer {
+            out,
+            style,
+            progress: Progress::new(start_ns),
+            last_draw_ns: None,
+            drawn: false,
+        }
+    }
+
+    /// A marker arrived at `now_ns`: in [`Style::Lines`] print one line for it,
+    /// in [`Style::Redraw`] redraw the status line (phase changes at once).
+    pub fn marker(&mut self, m: &Marker, now_ns: u64) -> std::io::Result<()> {
+        self.progress.on_marker(m);
+        match self.style {
+            Style::Lines => {
+                let what = match m {
+                    Marker::Open { name, .. } => format!("open {name}"),
+                    Marker::Close { name, .. } => format!("close {name}"),
+                    Marker::Tick { name, .. } => format!("tick {name}"),
+                    Marker::Hello { engine, version, .. } => format!("hello {engine} {version}"),
+                    Marker::Info { .. } => "info".to_string(),
+                };
+                writeln!(self.out, "[{}] {what} | {}", human_duration(now_ns.saturating_sub(self.progress.start_ns) as f64 / 1e9), self.progress.line(now_ns))?;
+                self.out.flush()
+            }
+            Style::Redraw => {
+                let force = !matches!(m, Marker::Tick { .. });
+                self.redraw(now_ns, force)
+            }
+        }
+    }
+
+    /// A sample arrived at `now_ns`: fold it in; in [`Style::Redraw`] redraw at
+    /// most every [`REDRAW_EVERY_NS`]. [`Style::Lines`] prints nothing for samples.
+    pub fn sample(&mut self, s: &Sample, now_ns: u64) -> std::io::Result<()> {
+        self.progress.on_sample(s);
+        match self.style {
+            Style::Lines => Ok(()),
+            Style::Redraw => self.redraw(now_ns, false),
+        }
+    }
+
+    fn redraw(&mut self, now_ns: u64, force: bool) -> std::io::Result<()> {
+        if !force
+            && self
+                .last_draw_ns
+                .is_some_and(|t| now_ns.saturating_sub(t) < REDRAW_EVERY_NS)
+        {
+            return Ok(());
+        }
+        self.last_draw_ns = Some(now_ns);
+        self.drawn = true;
+        write!(self.out, "\r\x1b[2K{}", self.progress.line(now_ns))?;
+        self.out.flush()
+    }
+
+    /// End the status line (a newline after a redrawn line), so what follows starts
+    /// on a fresh line.
+    pub fn finish(&mut self) -> std::io::Result<()> {
+        if self.style == Style::Redraw && self.drawn {
+            writeln!(self.out)?;
+        }
+        self.out.flush()
+    }
+
+    /// The stream, back.
+    pub fn into_inner(self) -> W {
+        self.out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use evidence::marker::Attrs;
+    use serde_json::json;
+
+    fn attrs(kv: &[(&str, serde_json::Value)]) -> Attrs {
+        kv.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+    }
+    fn open(t: u64, n: &str, a: Attrs) -> Marker {
+        Marker::Open { t_ns: t, name: n.into(), attrs: a }
+    }
+    fn close(t: u64, n: &str) -> Marker {
+        Marker::Close { t_ns: t, name: n.into(), attrs: Attrs::new() }
+    }
+    fn tick(t: u64, step: u64, forward: u64, last: Option<f64>) -> Marker {
+        let mut a = attrs(&[("step", json!(step)), ("steps", json!(30)), ("forward", json!(forward))]);
+        if let Some(l) = last {
+            a.insert("last_s".into(), json!(l));
+        }
+        Marker::Tick { t_ns: t, name: "dit.forward".into(), attrs: a }
+    }
+
+    #[test]
+    fn eta_is_remaining_forwards_times_the_last_forward() {
+        let s = 1_000_000_000u64;
+        let mut p = Progress::new(0);
+        p.on_marker(&open(0, "denoise", attrs(&[("steps", json!(30)), ("forwards_per_step", json!(2))])));
+        p.on_marker(&open(0, "denoise.step", attrs(&[("step", json!(3)), ("steps", json!(30))])));
+        p.on_marker(&tick(s, 3, 5, Some(1.25)));
+        assert_eq!(p.forwards_total(), Some(60));
+        assert_eq!(p.eta_s(), Some(55.0 * 1.25));
+        let mut sample = Sample::empty(2 * s);
+        sample.set("gpu_util_pct", Some(97.4));
+        sample.set("rss_bytes", Some(3.0 * (1u64 << 30) as f64));
+        p.on_sample(&sample);
+        assert_eq!(
+            p.line(65 * s),
+            "denoise > denoise.step · step 3/30 (forward 5/60) · elapsed 1m05s · denoise ETA 1m09s · GPU 97% · RSS 3.00 GiB"
+        );
+        // A sample without readings keeps the last ones.
+        p.on_sample(&Sample::empty(3 * s));
+        assert!(p.line(65 * s).ends_with("GPU 97% · RSS 3.00 GiB"), "{}", p.line(65 * s));
+        // Past the loop there is no ETA.
+        p.on_marker(&close(70 * s, "denoise.step"));
+        p.on_marker(&close(70 * s, "denoise"));
+        assert_eq!(p.eta_s(), None);
+        assert!(p.line(70 * s).starts_with("(no phase open)"));
+    }
+
+    #[test]
+    fn without_forwards_per_step_the_ticks_say_how_many() {
+        let mut p = Progress::new(0);
+        p.on_marker(&open(0, "denoise", Attrs::new()));
+        p.on_marker(&tick(1, 1, 1, None));
+        assert_eq!(p.eta_s(), None, "no last_s before the second forward");
+        p.on_marker(&tick(2, 1, 2, Some(0.5)));
+        p.on_marker(&tick(3, 2, 3, Some(0.5)));
+        // 3 forwards by step 2: two per step.
+        assert_eq!(p.forwards_total(), Some(60));
+        assert_eq!(p.eta_s(), Some(57.0 * 0.5));
+    }
+
+    #[test]
+    fn plain_style_writes_one_clean_line_per_event_and_nothing_per_sample() {
+        let s = 1_000_000_000u64;
+        let mut pr = Printer::new(Vec::new(), Style::Lines, 0);
+        pr.marker(&open(s, "load.dit", Attrs::new()), s).unwrap();
+        for k in 0..50 {
+            pr.sample(&Sample::empty(s + k), s + k).unwrap();
+        }
+        pr.marker(&close(2 * s, "load.dit"), 2 * s).unwrap();
+        pr.finish().unwrap();
+        let text = String::from_utf8(pr.into_inner()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].starts_with("[1.0s] open load.dit | load.dit · elapsed 1.0s"), "{}", lines[0]);
+        assert!(lines[1].starts_with("[2.0s] close load.dit | (no phase open)"), "{}", lines[1]);
+        assert!(!text.contains('\r') && !text.contains('\x1b'));
+    }
+
+    #[test]
+    fn terminal_style_redraws_in_place_and_throttles_samples() {
+        let mut pr = Printer::new(Vec::new(), Style::Redraw, 0);
+        pr.marker(&open(0, "denoise", Attrs::new()), 0).unwrap();
+        // 100 samples within 100 ms: throttled to none (the open just drew).
+        for k in 0..100u64 {
+            pr.sample(&Sample::empty(k * 1_000_000), k * 1_000_000).unwrap();
+        }
+        // One sample past the interval draws again.
+        pr.sample(&Sample::empty(REDRAW_EVERY_NS), REDRAW_EVERY_NS).unwrap();
+        pr.finish().unwrap();
+        let text = String::from_utf8(pr.into_inner()).unwrap();
+        assert_eq!(text.matches("\r\x1b[2K").count(), 2, "{text:?}");
+        assert!(text.ends_with('\n'));
+        assert_eq!(text.matches('\n').count(), 1);
+    }
+
+    #[test]
+    fn durations_read_as_a_person_would() {
+        assert_eq!(human_duration(7.24), "7.2s");
+        assert_eq!(human_duration(125.0), "2m05s");
+        assert_eq!(human_duration(3723.0), "1h02m03s");
+        assert_eq!(human_duration(f64::NAN), "-");
+    }
+}
