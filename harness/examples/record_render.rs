@@ -44,19 +44,34 @@ fn main() -> anyhow::Result<()> {
     let j = SharedJournal::create(&staging.journal_path())?;
     let start = monotonic_ns();
     let frag = |k: &str, v: serde_json::Value| {
-        j.append(&Record::Fragment { key: k.into(), value: v })
+        j.append(&Record::Fragment {
+            key: k.into(),
+            value: v,
+        })
     };
     let rung_text = std::fs::read_to_string(rung).with_context(|| format!("reading {rung}"))?;
     let cfg: toml::Value = toml::from_str(&rung_text)?;
     let engine_sha = evidence::seal::hash_file(std::path::Path::new(engine))?.sha256;
-    frag("run", json!({"start_ns": start, "argv": a, "hostname": "dev", "harness_version": "record_render example"}))?;
-    frag("rung", json!({"name": std::path::Path::new(rung).file_stem().map(|s| s.to_string_lossy().into_owned()), "path": rung, "config": cfg}))?;
+    frag(
+        "run",
+        json!({"start_ns": start, "argv": a, "hostname": "dev", "harness_version": "record_render example"}),
+    )?;
+    frag(
+        "rung",
+        json!({"name": std::path::Path::new(rung).file_stem().map(|s| s.to_string_lossy().into_owned()), "path": rung, "config": cfg}),
+    )?;
     frag("profile", json!("default"))?;
     frag("levers", json!({}))?;
-    frag("engine", json!({"sha256": engine_sha, "store_path": engine}))?;
+    frag(
+        "engine",
+        json!({"sha256": engine_sha, "store_path": engine}),
+    )?;
     frag("sampler", json!({"cadence_ms": 50}))?;
     frag("gpu", serde_json::Value::Null)?;
-    frag("sensors_unavailable", json!({"gpu_util_pct": "CPU arm: no GPU sampled by this example", "gpu_power_mw": "CPU arm: no GPU sampled by this example", "engine_gpu_mem_bytes": "CPU arm: no GPU sampled by this example", "weights_cached_bytes": "not sampled by this example"}))?;
+    frag(
+        "sensors_unavailable",
+        json!({"gpu_util_pct": "CPU arm: no GPU sampled by this example", "gpu_power_mw": "CPU arm: no GPU sampled by this example", "engine_gpu_mem_bytes": "CPU arm: no GPU sampled by this example", "weights_cached_bytes": "not sampled by this example"}),
+    )?;
 
     let (mut rd, wr) = std::io::pipe()?;
     let fd = wr.as_raw_fd();
@@ -74,14 +89,21 @@ fn main() -> anyhow::Result<()> {
     let jm = j.clone();
     let markers = std::thread::spawn(move || {
         for line in BufReader::new(&mut rd).lines().map_while(Result::ok) {
-            let _ = jm.append(&Record::Marker { recv_ns: monotonic_ns(), line });
+            let _ = jm.append(&Record::Marker {
+                recv_ns: monotonic_ns(),
+                line,
+            });
         }
     });
     let je = j.clone();
     let stderr = child.stderr.take().context("stderr")?;
     let errs = std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = je.append(&Record::Output { t_ns: monotonic_ns(), stream: Stream::Stderr, line });
+            let _ = je.append(&Record::Output {
+                t_ns: monotonic_ns(),
+                stream: Stream::Stderr,
+                line,
+            });
         }
     });
     let hz = 100.0; // USER_HZ
@@ -110,8 +132,14 @@ fn main() -> anyhow::Result<()> {
     run["boot_id"] = json!(evidence::recover::current_boot_id());
     frag("run", run)?;
     let ok = status.success();
-    frag("exit", json!({"reason": if ok { "completed" } else { "engine-failed" }, "code": status.code(), "signal": null, "detail": ""}))?;
-    frag("completion", json!({"verdict": "not-checked", "reasons": ["the example does not check pixels"], "frames": null}))?;
+    frag(
+        "exit",
+        json!({"reason": if ok { "completed" } else { "engine-failed" }, "code": status.code(), "signal": null, "detail": ""}),
+    )?;
+    frag(
+        "completion",
+        json!({"verdict": "not-checked", "reasons": ["the example does not check pixels"], "frames": null}),
+    )?;
     j.finish()?;
     let sealed = evidence::seal::seal(staging.dir(), &store)?;
     println!("{}", sealed.id);

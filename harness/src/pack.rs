@@ -259,14 +259,18 @@ pub fn read_pack(file: &Path, reader: impl Read) -> Result<Unpacked, UnpackError
         if !is_bundle_id(&eid) {
             return Err(UnpackError::BadName {
                 entry,
-                why: format!("the top directory {eid:?} is not a bundle id (64 lowercase hex digits)"),
+                why: format!(
+                    "the top directory {eid:?} is not a bundle id (64 lowercase hex digits)"
+                ),
             });
         }
         match &id {
             Some(first) if first != &eid => {
                 return Err(UnpackError::BadName {
                     entry,
-                    why: format!("a pack holds one bundle, and this entry is under {eid}, not {first}"),
+                    why: format!(
+                        "a pack holds one bundle, and this entry is under {eid}, not {first}"
+                    ),
                 })
             }
             Some(_) => {}
@@ -465,7 +469,11 @@ pub fn unpack(args: UnpackArgs) -> anyhow::Result<u8> {
     match land(&store, &u)? {
         Landed::New(p) => println!("unpacked {} into {} (verified)", u.id, p.display()),
         Landed::AlreadyPresent(p) => {
-            println!("{} is already in the store at {} (identical)", u.id, p.display())
+            println!(
+                "{} is already in the store at {} (identical)",
+                u.id,
+                p.display()
+            )
         }
     }
     Ok(exit::OK)

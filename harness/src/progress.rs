@@ -225,10 +225,17 @@ impl<W: Write> Printer<W> {
                     Marker::Open { name, .. } => format!("open {name}"),
                     Marker::Close { name, .. } => format!("close {name}"),
                     Marker::Tick { name, .. } => format!("tick {name}"),
-                    Marker::Hello { engine, version, .. } => format!("hello {engine} {version}"),
+                    Marker::Hello {
+                        engine, version, ..
+                    } => format!("hello {engine} {version}"),
                     Marker::Info { .. } => "info".to_string(),
                 };
-                writeln!(self.out, "[{}] {what} | {}", human_duration(now_ns.saturating_sub(self.progress.start_ns) as f64 / 1e9), self.progress.line(now_ns))?;
+                writeln!(
+                    self.out,
+                    "[{}] {what} | {}",
+                    human_duration(now_ns.saturating_sub(self.progress.start_ns) as f64 / 1e9),
+                    self.progress.line(now_ns)
+                )?;
                 self.out.flush()
             }
             Style::Redraw => {
@@ -287,25 +294,49 @@ mod tests {
         kv.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
     }
     fn open(t: u64, n: &str, a: Attrs) -> Marker {
-        Marker::Open { t_ns: t, name: n.into(), attrs: a }
+        Marker::Open {
+            t_ns: t,
+            name: n.into(),
+            attrs: a,
+        }
     }
     fn close(t: u64, n: &str) -> Marker {
-        Marker::Close { t_ns: t, name: n.into(), attrs: Attrs::new() }
+        Marker::Close {
+            t_ns: t,
+            name: n.into(),
+            attrs: Attrs::new(),
+        }
     }
     fn tick(t: u64, step: u64, forward: u64, last: Option<f64>) -> Marker {
-        let mut a = attrs(&[("step", json!(step)), ("steps", json!(30)), ("forward", json!(forward))]);
+        let mut a = attrs(&[
+            ("step", json!(step)),
+            ("steps", json!(30)),
+            ("forward", json!(forward)),
+        ]);
         if let Some(l) = last {
             a.insert("last_s".into(), json!(l));
         }
-        Marker::Tick { t_ns: t, name: "dit.forward".into(), attrs: a }
+        Marker::Tick {
+            t_ns: t,
+            name: "dit.forward".into(),
+            attrs: a,
+        }
     }
 
     #[test]
     fn eta_is_remaining_forwards_times_the_last_forward() {
         let s = 1_000_000_000u64;
         let mut p = Progress::new(0);
-        p.on_marker(&open(0, "denoise", attrs(&[("steps", json!(30)), ("forwards_per_step", json!(2))])));
-        p.on_marker(&open(0, "denoise.step", attrs(&[("step", json!(3)), ("steps", json!(30))])));
+        p.on_marker(&open(
+            0,
+            "denoise",
+            attrs(&[("steps", json!(30)), ("forwards_per_step", json!(2))]),
+        ));
+        p.on_marker(&open(
+            0,
+            "denoise.step",
+            attrs(&[("step", json!(3)), ("steps", json!(30))]),
+        ));
         p.on_marker(&tick(s, 3, 5, Some(1.25)));
         assert_eq!(p.forwards_total(), Some(60));
         assert_eq!(p.eta_s(), Some(55.0 * 1.25));
@@ -319,7 +350,11 @@ mod tests {
         );
         // A sample without readings keeps the last ones.
         p.on_sample(&Sample::empty(3 * s));
-        assert!(p.line(65 * s).ends_with("GPU 97% · RSS 3.00 GiB"), "{}", p.line(65 * s));
+        assert!(
+            p.line(65 * s).ends_with("GPU 97% · RSS 3.00 GiB"),
+            "{}",
+            p.line(65 * s)
+        );
         // Past the loop there is no ETA.
         p.on_marker(&close(70 * s, "denoise.step"));
         p.on_marker(&close(70 * s, "denoise"));
@@ -353,8 +388,16 @@ mod tests {
         let text = String::from_utf8(pr.into_inner()).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2, "{text}");
-        assert!(lines[0].starts_with("[1.0s] open load.dit | load.dit · elapsed 1.0s"), "{}", lines[0]);
-        assert!(lines[1].starts_with("[2.0s] close load.dit | (no phase open)"), "{}", lines[1]);
+        assert!(
+            lines[0].starts_with("[1.0s] open load.dit | load.dit · elapsed 1.0s"),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[1].starts_with("[2.0s] close load.dit | (no phase open)"),
+            "{}",
+            lines[1]
+        );
         assert!(!text.contains('\r') && !text.contains('\x1b'));
     }
 
@@ -364,10 +407,12 @@ mod tests {
         pr.marker(&open(0, "denoise", Attrs::new()), 0).unwrap();
         // 100 samples within 100 ms: throttled to none (the open just drew).
         for k in 0..100u64 {
-            pr.sample(&Sample::empty(k * 1_000_000), k * 1_000_000).unwrap();
+            pr.sample(&Sample::empty(k * 1_000_000), k * 1_000_000)
+                .unwrap();
         }
         // One sample past the interval draws again.
-        pr.sample(&Sample::empty(REDRAW_EVERY_NS), REDRAW_EVERY_NS).unwrap();
+        pr.sample(&Sample::empty(REDRAW_EVERY_NS), REDRAW_EVERY_NS)
+            .unwrap();
         pr.finish().unwrap();
         let text = String::from_utf8(pr.into_inner()).unwrap();
         assert_eq!(text.matches("\r\x1b[2K").count(), 2, "{text:?}");

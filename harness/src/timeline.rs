@@ -120,8 +120,8 @@ fn json_attrs(file: &str, seq: i64, text: Option<&str>) -> anyhow::Result<Value>
 fn read_table(dir: &Path, file: &str) -> anyhow::Result<Vec<RecordBatch>> {
     let p = dir.join(file);
     let bytes = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
-    let schema = tables::schema_for(file)
-        .ok_or_else(|| anyhow::anyhow!("{file}: not a bundle table"))?;
+    let schema =
+        tables::schema_for(file).ok_or_else(|| anyhow::anyhow!("{file}: not a bundle table"))?;
     let t = tables::read_table(&bytes, &schema)
         .map_err(|why| anyhow::anyhow!("{}: {why}", p.display()))?;
     Ok(t.batches)

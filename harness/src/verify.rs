@@ -30,7 +30,11 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
             "errors": report.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(if report.ok() { exit::OK } else { exit::NEGATIVE });
+        return Ok(if report.ok() {
+            exit::OK
+        } else {
+            exit::NEGATIVE
+        });
     }
     if report.ok() {
         println!("ok {} ({} files)", report.id, report.files);

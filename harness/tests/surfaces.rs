@@ -62,13 +62,20 @@ fn plot_writes_a_png_with_the_phase_bands_and_an_svg_with_the_labels() {
     let want = (mix(r), mix(g), mix(b));
     let top = (0..260).flat_map(|y| (0..info.width).map(move |x| (x, y)));
     let hits = top.filter(|&(x, y)| px(x, y) == want).count();
-    assert!(hits > 500, "denoise band colour {want:?} found at {hits} pixels");
+    assert!(
+        hits > 500,
+        "denoise band colour {want:?} found at {hits} pixels"
+    );
     let distinct: std::collections::HashSet<_> = (0..info.height)
         .step_by(7)
         .flat_map(|y| (0..info.width).step_by(5).map(move |x| (x, y)))
         .map(|(x, y)| px(x, y))
         .collect();
-    assert!(distinct.len() > 20, "only {} colours: a blank picture?", distinct.len());
+    assert!(
+        distinct.len() > 20,
+        "only {} colours: a blank picture?",
+        distinct.len()
+    );
 
     let svg_path = out.join("t.svg");
     let (code, _, err) = run(harness().args([
@@ -134,7 +141,12 @@ fn perfetto_export_is_read_back_by_perfettos_trace_processor() {
         String::from_utf8_lossy(&o.stderr)
     );
     let tp: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(tp["errors"], Value::Array(vec![]), "import errors: {}", tp["errors"]);
+    assert_eq!(
+        tp["errors"],
+        Value::Array(vec![]),
+        "import errors: {}",
+        tp["errors"]
+    );
 
     // Every phase is one slice, at its time (ns from the origin = run start), with its
     // duration and its nesting depth as the trace processor derived it.
@@ -258,7 +270,11 @@ fn pack_then_unpack_into_another_store_gives_the_same_verified_bundle() {
         );
     }
     assert!(evidence::verify::verify_dir(&landed).ok());
-    assert_eq!(entries_of(&b).1, Vec::<String>::new(), "staging left behind");
+    assert_eq!(
+        entries_of(&b).1,
+        Vec::<String>::new(),
+        "staging left behind"
+    );
     // A second unpack changes nothing.
     let (code, stdout, _) =
         run(harness().args(["unpack", out.to_str().unwrap(), "--store", &store_arg(&b)]));
@@ -293,39 +309,87 @@ fn hostile_packs_are_refused_with_a_clear_message_and_leave_nothing() {
         .unwrap()
         .map(|e| {
             let e = e.unwrap();
-            (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap())
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
         })
         .collect();
     let reg = tar::EntryType::Regular;
-    let genuine = |flip: Option<&str>| -> Vec<(Vec<u8>, tar::EntryType, u64, Vec<u8>, Option<&str>)> {
-        files
-            .iter()
-            .map(|(n, d)| {
-                let mut d = d.clone();
-                if flip == Some(n.as_str()) {
-                    let k = d.len() / 2;
-                    d[k] ^= 0x01;
-                }
-                (format!("{}/{n}", p.id).into_bytes(), reg, d.len() as u64, d, None)
-            })
-            .collect()
-    };
+    let genuine =
+        |flip: Option<&str>| -> Vec<(Vec<u8>, tar::EntryType, u64, Vec<u8>, Option<&str>)> {
+            files
+                .iter()
+                .map(|(n, d)| {
+                    let mut d = d.clone();
+                    if flip == Some(n.as_str()) {
+                        let k = d.len() / 2;
+                        d[k] ^= 0x01;
+                    }
+                    (
+                        format!("{}/{n}", p.id).into_bytes(),
+                        reg,
+                        d.len() as u64,
+                        d,
+                        None,
+                    )
+                })
+                .collect()
+        };
     let dir = scratch("hostile");
     let mut cases: Vec<(&str, Vec<u8>, &[&str], i32)> = Vec::new();
     let mut dotdot = genuine(None);
-    dotdot.push((format!("{}/../../escape.txt", p.id).into_bytes(), reg, 3, b"bad".to_vec(), None));
-    cases.push(("dotdot", hostile_pack(&dotdot), &["escape.txt", "leaves the bundle directory"], 2));
+    dotdot.push((
+        format!("{}/../../escape.txt", p.id).into_bytes(),
+        reg,
+        3,
+        b"bad".to_vec(),
+        None,
+    ));
+    cases.push((
+        "dotdot",
+        hostile_pack(&dotdot),
+        &["escape.txt", "leaves the bundle directory"],
+        2,
+    ));
     let mut absolute = genuine(None);
     absolute.insert(0, (b"/etc/evil".to_vec(), reg, 3, b"bad".to_vec(), None));
-    cases.push(("absolute", hostile_pack(&absolute), &["/etc/evil", "leaves the bundle directory"], 2));
+    cases.push((
+        "absolute",
+        hostile_pack(&absolute),
+        &["/etc/evil", "leaves the bundle directory"],
+        2,
+    ));
     let mut link = genuine(None);
     link.retain(|e| !e.0.ends_with(b"/log.zst"));
-    link.push((format!("{}/log.zst", p.id).into_bytes(), tar::EntryType::Symlink, 0, vec![], Some("/etc/passwd")));
-    cases.push(("symlink", hostile_pack(&link), &["symlink", "/etc/passwd", "regular files only"], 2));
+    link.push((
+        format!("{}/log.zst", p.id).into_bytes(),
+        tar::EntryType::Symlink,
+        0,
+        vec![],
+        Some("/etc/passwd"),
+    ));
+    cases.push((
+        "symlink",
+        hostile_pack(&link),
+        &["symlink", "/etc/passwd", "regular files only"],
+        2,
+    ));
     let mut huge = genuine(None);
     huge.retain(|e| !e.0.ends_with(b"/samples.parquet"));
-    huge.push((format!("{}/samples.parquet", p.id).into_bytes(), reg, 10_000_000_000, vec![], None));
-    cases.push(("huge", hostile_pack(&huge), &["samples.parquet", "declares 10000000000 bytes", "limit"], 2));
+    huge.push((
+        format!("{}/samples.parquet", p.id).into_bytes(),
+        reg,
+        10_000_000_000,
+        vec![],
+        None,
+    ));
+    cases.push((
+        "huge",
+        hostile_pack(&huge),
+        &["samples.parquet", "declares 10000000000 bytes", "limit"],
+        2,
+    ));
     let mut dup = genuine(None);
     let first = dup[0].clone();
     dup.push(first);
@@ -336,19 +400,28 @@ fn hostile_packs_are_refused_with_a_clear_message_and_leave_nothing() {
         &["samples.parquet", "sha256", "verification failure"],
         1,
     ));
-    cases.push(("garbage", b"this is not a pack at all".to_vec(), &["not a readable bundle pack"], 2));
+    cases.push((
+        "garbage",
+        b"this is not a pack at all".to_vec(),
+        &["not a readable bundle pack"],
+        2,
+    ));
 
     for (name, bytes, needles, want_code) in cases {
         let dst = fresh_store(&format!("hostile-{name}"));
         let f = dir.join(format!("{name}.tar.zst"));
         std::fs::write(&f, &bytes).unwrap();
-        let (code, _, err) = run(harness().args(["unpack", f.to_str().unwrap(), "--store", &store_arg(&dst)]));
+        let (code, _, err) =
+            run(harness().args(["unpack", f.to_str().unwrap(), "--store", &store_arg(&dst)]));
         assert_eq!(code, want_code, "{name}: {err}");
         for n in needles {
             assert!(err.contains(n), "{name}: message lacks {n:?}: {err}");
         }
         let (bundles, staging) = entries_of(&dst);
-        assert!(bundles.is_empty() && staging.is_empty(), "{name}: left {bundles:?} {staging:?}");
+        assert!(
+            bundles.is_empty() && staging.is_empty(),
+            "{name}: left {bundles:?} {staging:?}"
+        );
         assert!(!dst.root().parent().unwrap().join("escape.txt").exists());
         assert!(!dir.join("escape.txt").exists());
     }
@@ -356,7 +429,8 @@ fn hostile_packs_are_refused_with_a_clear_message_and_leave_nothing() {
     let ok = dir.join("genuine.tar.zst");
     std::fs::write(&ok, hostile_pack(&genuine(None))).unwrap();
     let dst = fresh_store("hostile-genuine");
-    let (code, _, err) = run(harness().args(["unpack", ok.to_str().unwrap(), "--store", &store_arg(&dst)]));
+    let (code, _, err) =
+        run(harness().args(["unpack", ok.to_str().unwrap(), "--store", &store_arg(&dst)]));
     assert_eq!(code, 0, "{err}");
     assert_eq!(entries_of(&dst).0, vec![p.id.clone()]);
 }
@@ -401,7 +475,10 @@ fn json_outputs_of_ls_show_verify_diff_and_rank_parse_and_carry_the_values() {
     let (code, out, _) = run(harness().args(["verify", &a.id, "--json", "--store", &s]));
     assert_eq!(code, 0);
     let v: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!((v["ok"].clone(), v["errors"].clone()), (Value::Bool(true), serde_json::json!([])));
+    assert_eq!(
+        (v["ok"].clone(), v["errors"].clone()),
+        (Value::Bool(true), serde_json::json!([]))
+    );
     // Corrupt b's samples: verify --json says so, with exit 1.
     let sp = b.dir.join("samples.parquet");
     let mut bytes = std::fs::read(&sp).unwrap();
@@ -412,7 +489,10 @@ fn json_outputs_of_ls_show_verify_diff_and_rank_parse_and_carry_the_values() {
     assert_eq!(code, 1);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["ok"], false);
-    assert!(v["errors"][0].as_str().unwrap().contains("samples.parquet"), "{v}");
+    assert!(
+        v["errors"][0].as_str().unwrap().contains("samples.parquet"),
+        "{v}"
+    );
 
     let c = seal_render(&store, 53, 4, false);
     let (code, out, err) = run(harness().args(["diff", &a.id, &c.id, "--json", "--store", &s]));
@@ -450,17 +530,36 @@ fn polars_and_duckdb_read_a_bundle_as_a_user_would() {
         .arg(&p.dir)
         .output()
         .unwrap();
-    assert!(o.status.success(), "cross_read.py: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "cross_read.py: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     let den = p.phases.iter().find(|ph| ph.name == "denoise").unwrap();
     let den_s = (den.close_ns.unwrap() - den.open_ns) as f64 / 1e9;
     for reader in ["polars", "duckdb"] {
         let r = &v[reader];
-        assert_eq!(r["samples"].as_u64().unwrap() as usize, p.sample_t.len(), "{reader}");
-        assert_eq!(r["phases"].as_u64().unwrap() as usize, p.phases.len(), "{reader}");
+        assert_eq!(
+            r["samples"].as_u64().unwrap() as usize,
+            p.sample_t.len(),
+            "{reader}"
+        );
+        assert_eq!(
+            r["phases"].as_u64().unwrap() as usize,
+            p.phases.len(),
+            "{reader}"
+        );
         assert_eq!(r["steps"].as_u64().unwrap(), 4, "{reader}");
-        assert!((r["denoise_s"].as_f64().unwrap() - den_s).abs() < 1e-9, "{reader}: {r}");
-        assert_eq!(r["max_rss"].as_f64().unwrap(), p.rss.iter().cloned().fold(f64::MIN, f64::max), "{reader}");
+        assert!(
+            (r["denoise_s"].as_f64().unwrap() - den_s).abs() < 1e-9,
+            "{reader}: {r}"
+        );
+        assert_eq!(
+            r["max_rss"].as_f64().unwrap(),
+            p.rss.iter().cloned().fold(f64::MIN, f64::max),
+            "{reader}"
+        );
         let n_util = p.util.iter().flatten().count() as u64;
         assert_eq!(r["util_non_null"].as_u64().unwrap(), n_util, "{reader}");
         assert_eq!(r["power_non_null"].as_u64().unwrap(), 0, "{reader}");

@@ -49,8 +49,8 @@ pub fn write_file(out: &Path, bytes: &[u8]) -> anyhow::Result<()> {
         std::process::id()
     ));
     let result = (|| -> anyhow::Result<()> {
-        let mut f = std::fs::File::create(&tmp)
-            .with_context(|| format!("creating {}", tmp.display()))?;
+        let mut f =
+            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         f.write_all(bytes)
             .with_context(|| format!("writing {}", tmp.display()))?;
         f.sync_all()

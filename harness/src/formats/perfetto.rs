@@ -60,7 +60,11 @@ pub fn trace_value(t: &Timeline) -> Value {
         args.insert("seq".into(), json!(p.seq));
         args.insert("depth".into(), json!(p.depth));
         for side in ["open", "close"] {
-            if let Some(a) = p.attrs.get(side).filter(|a| a.as_object().is_some_and(|o| !o.is_empty())) {
+            if let Some(a) = p
+                .attrs
+                .get(side)
+                .filter(|a| a.as_object().is_some_and(|o| !o.is_empty()))
+            {
                 args.insert(side.into(), a.clone());
             }
         }

@@ -100,7 +100,10 @@ pub fn title_lines(t: &Timeline) -> (String, String) {
     let cfg = t.manifest.fragment("rung").and_then(|r| r.get("config"));
     let geo = cfg
         .map(|c| {
-            let g = |k: &str| c.get(k).map_or_else(dash, |v| v.to_string().replace('"', ""));
+            let g = |k: &str| {
+                c.get(k)
+                    .map_or_else(dash, |v| v.to_string().replace('"', ""))
+            };
             format!(
                 " ({} {}x{}x{}, {} steps, {})",
                 g("preset"),
@@ -162,7 +165,11 @@ fn band_label(p: &PhaseSpan, px: f64) -> Option<String> {
         .and_then(|o| o.get("step"))
         .and_then(|s| s.as_i64());
     let candidates: Vec<String> = match step {
-        Some(k) => vec![format!("{} {k}", p.name), format!("step {k}"), format!("{k}")],
+        Some(k) => vec![
+            format!("{} {k}", p.name),
+            format!("step {k}"),
+            format!("{k}"),
+        ],
         None => vec![p.name.clone()],
     };
     // DejaVu Sans at 13 px averages about 7.5 px per character.
@@ -173,28 +180,49 @@ fn band_label(p: &PhaseSpan, px: f64) -> Option<String> {
 
 type DrawResult<E> = Result<(), DrawingAreaErrorKind<E>>;
 
-fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, t: &Timeline) -> DrawResult<DB::ErrorType> {
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    t: &Timeline,
+) -> DrawResult<DB::ErrorType> {
     root.fill(&WHITE)?;
     let (w, _) = root.dim_in_pixel();
     let x_max = (t.rel_s(t.end_ns())).max(1e-3) * 1.01;
     let (title, body) = root.split_vertically(TITLE_H);
     let (l1, l2) = title_lines(t);
-    title.draw_text(&l1, &(FONT, 22).into_font().style(FontStyle::Bold).color(&BLACK), (16, 10))?;
-    title.draw_text(&l2, &(FONT, 16).into_font().color(&RGBColor(60, 60, 60)), (16, 44))?;
+    title.draw_text(
+        &l1,
+        &(FONT, 22).into_font().style(FontStyle::Bold).color(&BLACK),
+        (16, 10),
+    )?;
+    title.draw_text(
+        &l2,
+        &(FONT, 16).into_font().color(&RGBColor(60, 60, 60)),
+        (16, 44),
+    )?;
 
     let (phase_area, rest) = body.split_vertically(phase_panel_h(t));
     let mut colour: HashMap<&str, RGBColor> = HashMap::new();
     for p in &t.phases {
         let n = colour.len();
-        colour.entry(p.name.as_str()).or_insert(PALETTE[n % PALETTE.len()]);
+        colour
+            .entry(p.name.as_str())
+            .or_insert(PALETTE[n % PALETTE.len()]);
     }
     draw_phases(&phase_area, t, x_max, &colour, w)?;
 
     let panels = rest.split_evenly((4, 1));
     let gib = 1024.0 * 1024.0 * 1024.0;
     let specs: [(&str, Vec<(&str, &str, f64)>, Option<f64>); 4] = [
-        ("GPU utilization (%)", vec![("gpu_util_pct", "GPU util", 1.0)], Some(100.0)),
-        ("GPU power (W)", vec![("gpu_power_mw", "power", 1000.0)], None),
+        (
+            "GPU utilization (%)",
+            vec![("gpu_util_pct", "GPU util", 1.0)],
+            Some(100.0),
+        ),
+        (
+            "GPU power (W)",
+            vec![("gpu_power_mw", "power", 1000.0)],
+            None,
+        ),
         (
             "memory (GiB)",
             vec![
@@ -204,7 +232,11 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, t: &Timeline) -> Draw
             ],
             None,
         ),
-        ("CPU (cores, engine tree)", vec![("cpu_cores", "CPU cores", 1.0)], None),
+        (
+            "CPU (cores, engine tree)",
+            vec![("cpu_cores", "CPU cores", 1.0)],
+            None,
+        ),
     ];
     let n = specs.len();
     for (i, ((caption, cols, y_fixed), area)) in specs.into_iter().zip(panels.iter()).enumerate() {
@@ -259,18 +291,26 @@ fn draw_phases<DB: DrawingBackend>(
         let c = colour.get(p.name.as_str()).copied().unwrap_or(PALETTE[0]);
         chart.draw_series(std::iter::once(Rectangle::new(
             [(x0, y0), (x1, y1)],
-            c.mix(if p.close_ns.is_some() { 0.85 } else { 0.4 }).filled(),
+            c.mix(if p.close_ns.is_some() { 0.85 } else { 0.4 })
+                .filled(),
         )))?;
         chart.draw_series(std::iter::once(Rectangle::new(
             [(x0, y0), (x1, y1)],
             RGBColor(40, 40, 40).stroke_width(1),
         )))?;
         if let Some(label) = band_label(p, (x1 - x0) * px_per_s) {
-            let label = if p.close_ns.is_none() { format!("{label} (open)") } else { label };
+            let label = if p.close_ns.is_none() {
+                format!("{label} (open)")
+            } else {
+                label
+            };
             chart.draw_series(std::iter::once(Text::new(
                 label,
                 (x0 + 3.0 / px_per_s, rows - d - 0.5),
-                (FONT, 13).into_font().color(&BLACK).pos(Pos::new(HPos::Left, VPos::Center)),
+                (FONT, 13)
+                    .into_font()
+                    .color(&BLACK)
+                    .pos(Pos::new(HPos::Left, VPos::Center)),
             )))?;
         }
     }
@@ -288,7 +328,10 @@ fn draw_phases<DB: DrawingBackend>(
         chart.draw_series(std::iter::once(Text::new(
             format!("{same} x {name}"),
             (x_max * 0.995, tick_row + 0.5),
-            (FONT, 12).into_font().color(&RGBColor(80, 80, 80)).pos(Pos::new(HPos::Right, VPos::Center)),
+            (FONT, 12)
+                .into_font()
+                .color(&RGBColor(80, 80, 80))
+                .pos(Pos::new(HPos::Right, VPos::Center)),
         )))?;
     }
     Ok(())
@@ -346,10 +389,15 @@ fn draw_series_panel<DB: DrawingBackend>(
         .light_line_style(RGBColor(235, 235, 235))
         .label_style((FONT, 13));
     if last {
-        mesh.x_desc("seconds since the run started").axis_desc_style((FONT, 14));
+        mesh.x_desc("seconds since the run started")
+            .axis_desc_style((FONT, 14));
     }
     mesh.draw()?;
-    let line_colours = [RGBColor(31, 119, 180), RGBColor(214, 39, 40), RGBColor(44, 160, 44)];
+    let line_colours = [
+        RGBColor(31, 119, 180),
+        RGBColor(214, 39, 40),
+        RGBColor(44, 160, 44),
+    ];
     let mut missing = Vec::new();
     let mut drew = false;
     for (k, (name, label, scale)) in cols.iter().enumerate() {
@@ -378,9 +426,9 @@ fn draw_series_panel<DB: DrawingBackend>(
                 chart.draw_series(LineSeries::new(seg, c.stroke_width(2)))?
             };
             if first {
-                series
-                    .label(label.to_string())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
+                series.label(label.to_string()).legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3))
+                });
                 first = false;
             }
         }
@@ -399,7 +447,10 @@ fn draw_series_panel<DB: DrawingBackend>(
         chart.draw_series(std::iter::once(Text::new(
             m.clone(),
             (x_max * 0.5, y_max * (0.6 - 0.18 * i as f64)),
-            (FONT, 14).into_font().color(&RGBColor(120, 120, 120)).pos(Pos::new(HPos::Center, VPos::Center)),
+            (FONT, 14)
+                .into_font()
+                .color(&RGBColor(120, 120, 120))
+                .pos(Pos::new(HPos::Center, VPos::Center)),
         )))?;
     }
     Ok(())

@@ -81,11 +81,17 @@ pub fn scratch(name: &str) -> PathBuf {
 pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Planted {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let ms = 1_000_000u64;
-    let mut jitter = |base_ms: u64| base_ms * ms + rng.random_range(0..40) * ms + rng.random_range(0..ms);
+    let mut jitter =
+        |base_ms: u64| base_ms * ms + rng.random_range(0..40) * ms + rng.random_range(0..ms);
     // Lay the phases out in time.
     let mut phases: Vec<PlantedPhase> = Vec::new();
     let mut t = T0 + 30 * ms;
-    let mut push = |phases: &mut Vec<PlantedPhase>, name: &str, depth: i64, open: u64, close: u64, step: Option<u64>| {
+    let mut push = |phases: &mut Vec<PlantedPhase>,
+                    name: &str,
+                    depth: i64,
+                    open: u64,
+                    close: u64,
+                    step: Option<u64>| {
         phases.push(PlantedPhase {
             name: name.into(),
             depth,
@@ -171,11 +177,29 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
             oa.insert("step".into(), json!(k));
             oa.insert("steps".into(), json!(steps));
         }
-        events.push((p.open_ns, 1, i as i64, Marker::Open { t_ns: p.open_ns, name: p.name.clone(), attrs: oa }));
+        events.push((
+            p.open_ns,
+            1,
+            i as i64,
+            Marker::Open {
+                t_ns: p.open_ns,
+                name: p.name.clone(),
+                attrs: oa,
+            },
+        ));
         if let Some(c) = p.close_ns {
             let mut ca = Attrs::new();
             ca.insert("peak_host_bytes".into(), json!(1u64 << 30));
-            events.push((c, 0, -(i as i64), Marker::Close { t_ns: c, name: p.name.clone(), attrs: ca }));
+            events.push((
+                c,
+                0,
+                -(i as i64),
+                Marker::Close {
+                    t_ns: c,
+                    name: p.name.clone(),
+                    attrs: ca,
+                },
+            ));
         }
     }
     for (n, &tk) in ticks.iter().enumerate() {
@@ -184,11 +208,24 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
         a.insert("steps".into(), json!(steps));
         a.insert("forward".into(), json!(n as u64 % 2));
         a.insert("last_s".into(), json!(0.0625));
-        events.push((tk, 2, n as i64, Marker::Tick { t_ns: tk, name: "dit.forward".into(), attrs: a }));
+        events.push((
+            tk,
+            2,
+            n as i64,
+            Marker::Tick {
+                t_ns: tk,
+                name: "dit.forward".into(),
+                attrs: a,
+            },
+        ));
     }
     events.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     for (_, _, _, m) in &events {
-        j.append(&Record::Marker { recv_ns: m.t_ns() + 1000, line: m.to_line() }).unwrap();
+        j.append(&Record::Marker {
+            recv_ns: m.t_ns() + 1000,
+            line: m.to_line(),
+        })
+        .unwrap();
         j.append(&Record::Output {
             t_ns: m.t_ns() + 2000,
             stream: Stream::Stderr,
@@ -215,8 +252,18 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
         s.set("rss_bytes", Some(r.round()));
         s.set("gpu_util_pct", u);
         s.set("cpu_cores", Some(rng.random_range(0.5..2.0f64)));
-        s.set("weights_cached_bytes", Some((3u64 << 30) as f64 + rng.random_range(0.0..1e8f64).round()));
-        s.set("engine_gpu_mem_bytes", Some(if in_den { (5u64 << 30) as f64 } else { (1u64 << 30) as f64 }));
+        s.set(
+            "weights_cached_bytes",
+            Some((3u64 << 30) as f64 + rng.random_range(0.0..1e8f64).round()),
+        );
+        s.set(
+            "engine_gpu_mem_bytes",
+            Some(if in_den {
+                (5u64 << 30) as f64
+            } else {
+                (1u64 << 30) as f64
+            }),
+        );
         s.set("load1", Some(rng.random_range(0.0..1.0f64)));
         j.append(&Record::Sample(s)).unwrap();
         sample_t.push(ts);
