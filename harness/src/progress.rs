@@ -9,6 +9,13 @@
 //! * anything else ([`Style::Lines`]): one plain line per marker event (open,
 //!   close, tick, info), never a control character, so logs and CI stay readable.
 //!
+//! Driving it from `harness run`: make one `Printer::stderr(run_start_ns)`, share it
+//! between the marker reader and the sampler (e.g. `Arc<Mutex<_>>`), call
+//! [`Printer::marker`] with every parsed marker and its receive time,
+//! [`Printer::sample`] with every sampler row, [`Printer::clear`] before the harness
+//! writes a message of its own to stderr, and [`Printer::finish`] when the engine
+//! has exited. Malformed marker lines are not shown (the journal keeps them).
+//!
 //! ETA: the engine ticks `dit.forward` after each transformer forward with `step`,
 //! `steps`, `forward` (1-based, counted over the whole loop) and `last_s` (seconds
 //! since the previous forward); `denoise` opens with `forwards_per_step`. The ETA of
@@ -108,9 +115,11 @@ impl Progress {
                 self.open.push(name.clone());
             }
             Marker::Close { name, .. } => {
-                // The innermost open phase of that name closes (the protocol's rule).
+                // The innermost open phase of that name closes, and only it (the
+                // protocol's rule, as `evidence::phases::build_tree` applies it); a
+                // close with no open phase of that name changes nothing.
                 if let Some(i) = self.open.iter().rposition(|n| n == name) {
-                    self.open.truncate(i);
+                    self.open.remove(i);
                 }
             }
             Marker::Tick { .. } => {
@@ -194,6 +203,7 @@ impl Progress {
 }
 
 /// Writes [`Progress`] to a stream in a [`Style`].
+#[derive(Debug)]
 pub struct Printer<W: Write> {
     out: W,
     style: Style,
@@ -213,6 +223,20 @@ impl<W: Write> Printer<W> {
             last_draw_ns: None,
             drawn: false,
         }
+    }
+
+    /// Take the status line off the screen ([`Style::Redraw`] only: carriage return
+    /// and clear to end of line), so a message written next starts at column 0 on
+    /// a clean line; the next marker or sample draws the status again. Nothing is
+    /// written in [`Style::Lines`] or when nothing is on screen.
+    pub fn clear(&mut self) -> std::io::Result<()> {
+        if self.style == Style::Redraw && self.drawn {
+            write!(self.out, "\r\x1b[2K")?;
+            self.drawn = false;
+            self.last_draw_ns = None;
+            self.out.flush()?;
+        }
+        Ok(())
     }
 
     /// A marker arrived at `now_ns`: in [`Style::Lines`] print one line for it,
@@ -281,6 +305,14 @@ impl<W: Write> Printer<W> {
     /// The stream, back.
     pub fn into_inner(self) -> W {
         self.out
+    }
+}
+
+impl Printer<std::io::Stderr> {
+    /// A printer on standard error for a render that started at `start_ns`
+    /// (CLOCK_MONOTONIC ns), in the style [`Style::for_stderr`] picks.
+    pub fn stderr(start_ns: u64) -> Self {
+        Printer::new(std::io::stderr(), Style::for_stderr(), start_ns)
     }
 }
 
@@ -418,6 +450,124 @@ mod tests {
         assert_eq!(text.matches("\r\x1b[2K").count(), 2, "{text:?}");
         assert!(text.ends_with('\n'));
         assert_eq!(text.matches('\n').count(), 1);
+    }
+
+    #[test]
+    fn open_phases_follow_the_same_rule_as_the_sealed_phase_tree() {
+        use rand::{Rng, SeedableRng};
+        // Random open/close streams (closes of outer phases while inner ones are
+        // open, closes with no match): what the status shows as open must be what
+        // the bundle's phase tree will record as never closed, in open order.
+        let names = [
+            "load",
+            "denoise",
+            "denoise.step",
+            "decode",
+            "decode.video.chunk",
+        ];
+        for seed in 0..200u64 {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let mut p = Progress::new(0);
+            let mut markers = Vec::new();
+            for t in 0..rng.random_range(1..40u64) {
+                let n = names[rng.random_range(0..names.len())];
+                let m = if rng.random_bool(0.55) {
+                    open(t, n, Attrs::new())
+                } else {
+                    close(t, n)
+                };
+                p.on_marker(&m);
+                markers.push(m);
+            }
+            let tree = evidence::phases::build_tree(&markers, 1_000);
+            let still_open: Vec<String> = tree
+                .phases
+                .iter()
+                .filter(|ph| ph.close_ns.is_none())
+                .map(|ph| ph.name.clone())
+                .collect();
+            assert_eq!(p.open, still_open, "seed {seed}: {markers:?}");
+        }
+        // The case that tells the rules apart: the outer phase closes first.
+        let mut p = Progress::new(0);
+        p.on_marker(&open(0, "a", Attrs::new()));
+        p.on_marker(&open(1, "b", Attrs::new()));
+        p.on_marker(&close(2, "a"));
+        assert_eq!(p.open, vec!["b".to_string()]);
+        p.on_marker(&close(3, "zzz"));
+        assert_eq!(p.open, vec!["b".to_string()]);
+    }
+
+    #[test]
+    fn protocol_lines_as_the_engine_writes_them_drive_the_status() {
+        // The attributes of engine/src/pipeline.rs (guidance on: two forwards per
+        // step), as text on the marker channel, parsed as `harness run` parses them.
+        let s = 1_000_000_000u64;
+        let lines = [
+            r#"{"ev":"hello","t_ns":1000000000,"protocol":1,"engine":"engine","version":"0.1.0"}"#,
+            r#"{"ev":"open","t_ns":2000000000,"name":"load.dit"}"#,
+            r#"{"ev":"close","t_ns":9000000000,"name":"load.dit","attrs":{"peak_host_bytes":123}}"#,
+            r#"{"ev":"open","t_ns":9000000000,"name":"denoise","attrs":{"steps":4,"tokens":18,"forwards_per_step":2}}"#,
+            r#"{"ev":"open","t_ns":9000000000,"name":"denoise.step","attrs":{"step":1,"steps":4}}"#,
+            r#"{"ev":"tick","t_ns":11000000000,"name":"dit.forward","attrs":{"step":1,"steps":4,"forward":1}}"#,
+            r#"{"ev":"tick","t_ns":13500000000,"name":"dit.forward","attrs":{"step":1,"steps":4,"forward":2,"last_s":2.5}}"#,
+            r#"{"ev":"close","t_ns":13600000000,"name":"denoise.step","attrs":{"sigma":1.0}}"#,
+            r#"{"ev":"open","t_ns":13600000000,"name":"denoise.step","attrs":{"step":2,"steps":4}}"#,
+            r#"{"ev":"tick","t_ns":15600000000,"name":"dit.forward","attrs":{"step":2,"steps":4,"forward":3,"last_s":2.0}}"#,
+        ];
+        let mut pr = Printer::new(Vec::new(), Style::Lines, s);
+        for l in lines {
+            let m = evidence::marker::parse_marker_line(l).unwrap();
+            let t = m.t_ns();
+            pr.marker(&m, t).unwrap();
+        }
+        let mut sample = Sample::empty(16 * s);
+        sample.set("gpu_util_pct", Some(88.6));
+        sample.set("rss_bytes", Some(1.5 * (1u64 << 30) as f64));
+        pr.sample(&sample, 16 * s).unwrap();
+        // 8 forwards in all, 3 done, the last took 2.0 s: 10 s left.
+        assert_eq!(pr.progress.eta_s(), Some(10.0));
+        assert_eq!(
+            pr.progress.line(16 * s),
+            "denoise > denoise.step · step 2/4 (forward 3/8) · elapsed 15.0s · denoise ETA 10.0s · GPU 89% · RSS 1.50 GiB"
+        );
+        let text = String::from_utf8(pr.into_inner()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 10, "{text}");
+        assert_eq!(
+            lines[0],
+            "[0.0s] hello engine 0.1.0 | (no phase open) · elapsed 0.0s · GPU - · RSS -"
+        );
+        assert!(lines[6].starts_with("[12.5s] tick dit.forward | denoise > denoise.step · step 1/4 (forward 2/8) · elapsed 12.5s · denoise ETA 15.0s"), "{}", lines[6]);
+    }
+
+    #[test]
+    fn clear_takes_the_status_off_the_line_and_the_next_sample_redraws() {
+        let mut pr = Printer::new(Vec::new(), Style::Redraw, 0);
+        pr.clear().unwrap(); // nothing on screen yet: nothing written
+        pr.marker(&open(0, "denoise", Attrs::new()), 0).unwrap();
+        pr.clear().unwrap();
+        // Within the throttle interval, yet drawn: the line was cleared.
+        pr.sample(&Sample::empty(1_000), 1_000).unwrap();
+        pr.finish().unwrap();
+        let text = String::from_utf8(pr.into_inner()).unwrap();
+        assert_eq!(
+            text,
+            format!(
+                "\r\x1b[2K{l}\r\x1b[2K\r\x1b[2K{l}\n",
+                l = "denoise · elapsed 0.0s · GPU - · RSS -"
+            )
+        );
+        // Plain lines never carry control characters, clear or not.
+        let mut pr = Printer::new(Vec::new(), Style::Lines, 0);
+        pr.marker(&open(0, "denoise", Attrs::new()), 0).unwrap();
+        pr.clear().unwrap();
+        pr.finish().unwrap();
+        let text = String::from_utf8(pr.into_inner()).unwrap();
+        assert_eq!(
+            text,
+            "[0.0s] open denoise | denoise · elapsed 0.0s · GPU - · RSS -\n"
+        );
     }
 
     #[test]
