@@ -1,7 +1,8 @@
 //! Output formats of a bundle's timeline, one file per format behind [`Format`]:
 //!
 //! * [`perfetto`]: Trace Event JSON for the Perfetto UI (`harness export --perfetto`);
-//! * [`plot`]: the timeline picture as PNG or SVG (`harness plot`).
+//! * [`plot`]: the timeline picture as PNG or SVG (`harness plot`), its PNG text
+//!   drawn by [`glyphs`].
 //!
 //! Every format encodes a [`Timeline`] into bytes; [`write_file`] lands them.
 
@@ -12,6 +13,7 @@ use anyhow::Context;
 
 use crate::timeline::Timeline;
 
+pub mod glyphs;
 pub mod perfetto;
 pub mod plot;
 

@@ -20,6 +20,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontStyle;
 
+use super::glyphs::GlyphText;
 use super::Format;
 use crate::timeline::{PhaseSpan, Timeline};
 
@@ -27,7 +28,7 @@ use crate::timeline::{PhaseSpan, Timeline};
 const FONT: &str = "sans-serif";
 
 /// Register DejaVu Sans for plotters' pure-Rust text renderer, once per process.
-fn fonts() -> anyhow::Result<()> {
+pub(crate) fn fonts() -> anyhow::Result<()> {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
     DONE.get_or_init(|| {
         plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular())
@@ -157,25 +158,44 @@ pub fn title_lines(t: &Timeline) -> (String, String) {
     (line1, line2)
 }
 
-/// A label for a band: the name, or `step k` for a step, shortened to fit `px`.
-fn band_label(p: &PhaseSpan, px: f64) -> Option<String> {
-    let step = p
-        .attrs
-        .get("open")
-        .and_then(|o| o.get("step"))
-        .and_then(|s| s.as_i64());
-    let candidates: Vec<String> = match step {
-        Some(k) => vec![
-            format!("{} {k}", p.name),
-            format!("step {k}"),
-            format!("{k}"),
+/// Band label size, pixels.
+const LABEL_PX: f32 = 13.0;
+
+/// A label for a band, the first that fits in `px`: the name (with its step or
+/// chunk number), then its last dotted part (`text_encoder`), then the number
+/// alone, then the name cut short with an ellipsis; each first with ` (open)` when
+/// the phase never closed. `None` when nothing fits.
+pub fn band_label(p: &PhaseSpan, px: f64) -> Option<String> {
+    let open = p.attrs.get("open");
+    let number = ["step", "chunk"].iter().find_map(|k| {
+        open.and_then(|o| o.get(*k))
+            .and_then(|v| v.as_i64())
+            .map(|n| (*k, n))
+    });
+    let last = p.name.rsplit('.').next().unwrap_or(&p.name).to_string();
+    let mut candidates: Vec<String> = match number {
+        Some((kind, n)) => vec![
+            format!("{} {n}", p.name),
+            format!("{kind} {n}"),
+            format!("{n}"),
         ],
-        None => vec![p.name.clone()],
+        None => vec![p.name.clone(), last],
     };
-    // DejaVu Sans at 13 px averages about 7.5 px per character.
-    candidates
-        .into_iter()
-        .find(|c| c.chars().count() as f64 * 7.5 + 6.0 <= px)
+    let chars: Vec<char> = p.name.chars().collect();
+    for keep in (3..chars.len()).rev() {
+        candidates.push(format!("{}…", chars[..keep].iter().collect::<String>()));
+    }
+    if p.close_ns.is_none() {
+        // A phase that never closed says so when there is room.
+        let marked: Vec<String> = candidates.iter().map(|c| format!("{c} (open)")).collect();
+        candidates.splice(0..0, marked);
+    }
+    let fits = |c: &str| {
+        let w =
+            super::glyphs::text_width(c, LABEL_PX, false).unwrap_or(c.chars().count() as f32 * 7.5);
+        f64::from(w) + 6.0 <= px
+    };
+    candidates.into_iter().find(|c| fits(c))
 }
 
 type DrawResult<E> = Result<(), DrawingAreaErrorKind<E>>;
@@ -299,15 +319,10 @@ fn draw_phases<DB: DrawingBackend>(
             RGBColor(40, 40, 40).stroke_width(1),
         )))?;
         if let Some(label) = band_label(p, (x1 - x0) * px_per_s) {
-            let label = if p.close_ns.is_none() {
-                format!("{label} (open)")
-            } else {
-                label
-            };
             chart.draw_series(std::iter::once(Text::new(
                 label,
                 (x0 + 3.0 / px_per_s, rows - d - 0.5),
-                (FONT, 13)
+                (FONT, f64::from(LABEL_PX))
                     .into_font()
                     .color(&BLACK)
                     .pos(Pos::new(HPos::Left, VPos::Center)),
@@ -472,7 +487,8 @@ impl Format for Png {
         let (w, h) = (self.width, height_for(t));
         let mut rgb = vec![0u8; w as usize * h as usize * 3];
         {
-            let root = BitMapBackend::with_buffer(&mut rgb, (w, h)).into_drawing_area();
+            let root =
+                GlyphText::new(BitMapBackend::with_buffer(&mut rgb, (w, h))).into_drawing_area();
             draw(&root, t).map_err(draw_err)?;
             root.present().map_err(draw_err)?;
         }
@@ -504,5 +520,59 @@ impl Format for Svg {
             root.present().map_err(draw_err)?;
         }
         Ok(text.into_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn span(name: &str, open_attrs: serde_json::Value, closed: bool) -> PhaseSpan {
+        PhaseSpan {
+            seq: 0,
+            name: name.into(),
+            depth: 0,
+            parent_seq: None,
+            open_ns: 0,
+            close_ns: closed.then_some(1_000_000_000),
+            duration_s: 1.0,
+            attrs: json!({ "open": open_attrs, "close": {} }),
+        }
+    }
+
+    #[test]
+    fn band_labels_shrink_to_fit_the_band() {
+        let step = span("denoise.step", json!({"step": 3, "steps": 30}), true);
+        assert_eq!(band_label(&step, 400.0).as_deref(), Some("denoise.step 3"));
+        assert_eq!(band_label(&step, 60.0).as_deref(), Some("step 3"));
+        assert_eq!(band_label(&step, 20.0).as_deref(), Some("3"));
+        assert_eq!(band_label(&step, 5.0), None);
+        let chunk = span("decode.video.chunk", json!({"chunk": 1}), true);
+        assert_eq!(band_label(&chunk, 70.0).as_deref(), Some("chunk 1"));
+        let enc = span("load.text_encoder", json!({}), true);
+        assert_eq!(
+            band_label(&enc, 400.0).as_deref(),
+            Some("load.text_encoder")
+        );
+        assert_eq!(band_label(&enc, 100.0).as_deref(), Some("text_encoder"));
+        let cut = band_label(&enc, 50.0).unwrap();
+        assert!(cut.starts_with("load") && cut.ends_with('…'), "{cut}");
+        // Every label returned fits its band.
+        for px in [30.0, 50.0, 80.0, 120.0, 200.0] {
+            for p in [&step, &chunk, &enc] {
+                if let Some(l) = band_label(p, px) {
+                    let w =
+                        f64::from(super::super::glyphs::text_width(&l, LABEL_PX, false).unwrap());
+                    assert!(w + 6.0 <= px, "{l:?} ({w} px) in {px} px");
+                }
+            }
+        }
+        let open = span("artifacts.frames", json!({}), false);
+        assert_eq!(
+            band_label(&open, 400.0).as_deref(),
+            Some("artifacts.frames (open)")
+        );
+        assert_eq!(band_label(&open, 110.0).as_deref(), Some("frames (open)"));
     }
 }
