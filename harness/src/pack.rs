@@ -35,6 +35,8 @@ pub const MAX_ENTRY_BYTES: u64 = 1 << 30;
 pub const MAX_TOTAL_BYTES: u64 = 4 << 30;
 /// The most entries a pack may hold (a bundle has fewer than ten files).
 pub const MAX_ENTRIES: usize = 64;
+/// The most memory reserved for one entry before its data is read: 16 MiB.
+const INITIAL_READ_CAPACITY: u64 = 16 << 20;
 /// zstd level of a pack (the tables inside are already compressed).
 pub const PACK_ZSTD_LEVEL: i32 = 10;
 
@@ -312,7 +314,9 @@ pub fn read_pack(file: &Path, reader: impl Read) -> Result<Unpacked, UnpackError
                 why: format!("the entries declare more than {MAX_TOTAL_BYTES} bytes in all"),
             });
         }
-        let mut bytes = Vec::with_capacity(declared as usize);
+        // Grow with the data actually read: a header's declared size is not trusted
+        // with memory up front.
+        let mut bytes = Vec::with_capacity(declared.min(INITIAL_READ_CAPACITY) as usize);
         let got = (&mut e)
             .take(declared)
             .read_to_end(&mut bytes)
@@ -470,7 +474,7 @@ pub fn unpack(args: UnpackArgs) -> anyhow::Result<u8> {
         Landed::New(p) => println!("unpacked {} into {} (verified)", u.id, p.display()),
         Landed::AlreadyPresent(p) => {
             println!(
-                "{} is already in the store at {} (identical)",
+                "{} is already in the store at {} (same id: same manifest and file hashes; not replaced)",
                 u.id,
                 p.display()
             )
