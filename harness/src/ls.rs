@@ -14,7 +14,9 @@ use crate::summary::BundleSummary;
 pub struct LsArgs {
     #[command(flatten)]
     pub store: StoreArg,
-    /// Print one JSON array on stdout (one object per bundle, fields of [`LsRow`]).
+    /// Print one JSON array on stdout: one object per bundle, oldest first, with
+    /// id, rung, levers, exit, complete, run_wall_s, wall_s, date_unix_s, host
+    /// (fields of `LsRow`). Exit 0; 2 or 3 when the store cannot be opened.
     #[arg(long)]
     pub json: bool,
 }

@@ -6,7 +6,7 @@ use harness::{exit, ls, pack, recover, show, verify, view};
 
 /// Measure GPU video renders and keep the evidence.
 #[derive(Parser)]
-#[command(name = "harness", version, about, long_about = None)]
+#[command(name = "harness", version, about, long_about = None, after_help = exit::HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -18,7 +18,8 @@ pub struct ShowArgs {
     #[command(flatten)]
     pub store: StoreArg,
     /// Print one JSON object: {id, dir, manifest: <manifest.json>, phases: [one
-    /// object per row of phases.parquet, its columns as keys]}.
+    /// object per row of phases.parquet, its columns as keys]}. Exit 0; 2 for an
+    /// unknown or ambiguous id.
     #[arg(long)]
     pub json: bool,
 }

@@ -13,6 +13,7 @@ pub struct VerifyArgs {
     #[command(flatten)]
     pub store: StoreArg,
     /// Print the result as one JSON object: {id, dir, ok, files, errors: [text]}.
+    /// Exit 0 when ok, 1 when a check failed, 2 for an unknown or ambiguous id.
     #[arg(long)]
     pub json: bool,
 }
