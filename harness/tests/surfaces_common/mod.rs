@@ -32,7 +32,7 @@ pub struct PlantedPhase {
     pub open_ns: u64,
     /// Close, ns (None: left open).
     pub close_ns: Option<u64>,
-    /// `step` attribute of the open marker, if any.
+    /// `step` attribute of the open marker (1-based, as the engine writes it), if any.
     pub step: Option<u64>,
 }
 
@@ -86,12 +86,12 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
     // Lay the phases out in time.
     let mut phases: Vec<PlantedPhase> = Vec::new();
     let mut t = T0 + 30 * ms;
-    let mut push = |phases: &mut Vec<PlantedPhase>,
-                    name: &str,
-                    depth: i64,
-                    open: u64,
-                    close: u64,
-                    step: Option<u64>| {
+    let push = |phases: &mut Vec<PlantedPhase>,
+                name: &str,
+                depth: i64,
+                open: u64,
+                close: u64,
+                step: Option<u64>| {
         phases.push(PlantedPhase {
             name: name.into(),
             depth,
@@ -111,7 +111,7 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
     let mut ticks = Vec::new();
     for k in 0..steps {
         let d = jitter(200);
-        push(&mut phases, "denoise.step", 1, t, t + d, Some(k));
+        push(&mut phases, "denoise.step", 1, t, t + d, Some(k + 1));
         ticks.push(t + d / 3);
         ticks.push(t + 2 * d / 3);
         t += d;
@@ -163,6 +163,16 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
         json!({"store_path": "/s/bin/e", "sha256": format!("{:064x}", seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
                "version": "0.1.0", "args": [], "exec": true}),
     );
+    // As `harness run` records them (rank and diff read the weights digest and host).
+    frag(
+        "weights",
+        json!({"digest": format!("sha256:{:064x}", seed), "digest_source": "computed",
+               "dir": "/w", "files": [], "synthesized": true}),
+    );
+    frag(
+        "host",
+        json!({"cpu_model": "Test CPU", "cores": 8, "mem_total_bytes": 1u64 << 34}),
+    );
     frag("sensors_unavailable", json!({"gpu_power_mw": POWER_REASON}));
     frag(
         "sampler",
@@ -176,6 +186,11 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
         if let Some(k) = p.step {
             oa.insert("step".into(), json!(k));
             oa.insert("steps".into(), json!(steps));
+        }
+        if p.name == "denoise" {
+            // As engine/src/pipeline.rs opens it (guidance on: two forwards per step).
+            oa.insert("steps".into(), json!(steps));
+            oa.insert("forwards_per_step".into(), json!(2));
         }
         events.push((
             p.open_ns,
@@ -204,10 +219,14 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
     }
     for (n, &tk) in ticks.iter().enumerate() {
         let mut a = Attrs::new();
-        a.insert("step".into(), json!(n as u64 / 2));
+        // As the engine ticks: 1-based step, forward counted over the whole loop,
+        // `last_s` from the second forward on.
+        a.insert("step".into(), json!(n as u64 / 2 + 1));
         a.insert("steps".into(), json!(steps));
-        a.insert("forward".into(), json!(n as u64 % 2));
-        a.insert("last_s".into(), json!(0.0625));
+        a.insert("forward".into(), json!(n as u64 + 1));
+        if n > 0 {
+            a.insert("last_s".into(), json!((tk - ticks[n - 1]) as f64 / 1e9));
+        }
         events.push((
             tk,
             2,
@@ -236,7 +255,7 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
     // Samples every 50 ms from T0 to the end: random values, util null on some ticks.
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xabcd);
     let (mut sample_t, mut rss, mut util) = (Vec::new(), Vec::new(), Vec::new());
-    let mut r = 1.5e9;
+    let mut r: f64 = 1.5e9;
     let mut ts = T0;
     while ts < end_ns {
         let mut s = Sample::empty(ts);
