@@ -40,11 +40,12 @@ const INITIAL_READ_CAPACITY: u64 = 16 << 20;
 /// zstd level of a pack (the tables inside are already compressed).
 pub const PACK_ZSTD_LEVEL: i32 = 10;
 
-/// Why a pack was refused. Every variant names the entry (or file) at fault.
+/// Why a pack was refused. Every variant names the entry at fault; messages do
+/// not repeat the pack's path, which the caller prints before them.
 #[derive(Debug, thiserror::Error)]
 pub enum UnpackError {
     /// The file is not zstd-compressed tar, or is cut short.
-    #[error("{file}: not a readable bundle pack (zstd-compressed tar): {why}")]
+    #[error("not a readable bundle pack (zstd-compressed tar): {why}")]
     Unreadable {
         /// The pack file.
         file: PathBuf,
@@ -124,7 +125,7 @@ pub enum UnpackError {
         errors: Vec<String>,
     },
     /// The pack holds no files.
-    #[error("{file}: refused: the pack holds no bundle files")]
+    #[error("refused: the pack holds no bundle files")]
     Empty {
         /// The pack file.
         file: PathBuf,
@@ -486,6 +487,55 @@ pub fn unpack(args: UnpackArgs) -> anyhow::Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn one_entry_tar(name: &str, data: &[u8]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_ustar();
+        h.set_path(name).unwrap();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o444);
+        h.set_cksum();
+        b.append(&h, data).unwrap();
+        b.into_inner().unwrap()
+    }
+
+    #[test]
+    fn cut_short_empty_and_unnamed_packs_are_refused_with_the_entry() {
+        let id = "b".repeat(64);
+        let f = Path::new("x.tar.zst");
+        let zst = |t: &[u8]| zstd::stream::encode_all(t, 3).unwrap();
+        // Data cut in the middle of the entry: 700 of 1000 declared bytes.
+        let full = one_entry_tar(&format!("{id}/samples.parquet"), &[7u8; 1000]);
+        let cut = &full[..512 + 700];
+        match read_pack(f, zst(cut).as_slice()) {
+            Err(UnpackError::Short {
+                entry,
+                declared,
+                got,
+            }) => {
+                assert_eq!((declared, got), (1000, 700));
+                assert!(entry.ends_with("/samples.parquet"), "{entry}");
+            }
+            other => panic!("a cut entry must be refused: {other:?}"),
+        }
+        // Two zero blocks only: a valid, empty tar.
+        let empty = vec![0u8; 1024];
+        assert!(matches!(
+            read_pack(f, zst(&empty).as_slice()),
+            Err(UnpackError::Empty { .. })
+        ));
+        // An entry whose top directory is not an id.
+        let e = read_pack(
+            f,
+            zst(&one_entry_tar("notanid/manifest.json", b"{}")).as_slice(),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("\"notanid\" is not a bundle id"),
+            "{e}"
+        );
+        assert_eq!(e.exit_code(), exit::USAGE);
+    }
 
     #[test]
     fn names_are_split_or_refused() {
