@@ -352,6 +352,17 @@ fn draw_phases<DB: DrawingBackend>(
     Ok(())
 }
 
+/// Decimals for the labels of an axis from 0 to `y_max` with about five ticks:
+/// enough that neighbouring labels differ (0.0123 GiB of RSS reads 0.002, 0.004, ...,
+/// not 0.00, 0.00, 0.01), none beyond that.
+pub fn axis_decimals(y_max: f64) -> usize {
+    let step = y_max / 5.0;
+    if !(step.is_finite() && step > 0.0) {
+        return 0;
+    }
+    (-step.log10()).ceil().clamp(0.0, 9.0) as usize
+}
+
 #[allow(clippy::too_many_arguments)]
 fn draw_series_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
@@ -389,15 +400,8 @@ fn draw_series_panel<DB: DrawingBackend>(
             c.mix(0.10).filled(),
         )
     }))?;
-    let fmt = |v: &f64| {
-        if y_max >= 100.0 {
-            format!("{v:.0}")
-        } else if y_max >= 10.0 {
-            format!("{v:.1}")
-        } else {
-            format!("{v:.2}")
-        }
-    };
+    let decimals = axis_decimals(y_max);
+    let fmt = |v: &f64| format!("{v:.decimals$}");
     let mut mesh = chart.configure_mesh();
     mesh.y_labels(5)
         .y_label_formatter(&fmt)
@@ -538,6 +542,25 @@ mod tests {
             close_ns: closed.then_some(1_000_000_000),
             duration_s: 1.0,
             attrs: json!({ "open": open_attrs, "close": {} }),
+        }
+    }
+
+    #[test]
+    fn axis_labels_have_enough_decimals_to_differ() {
+        assert_eq!(axis_decimals(100.0), 0);
+        assert_eq!(axis_decimals(2.24), 1);
+        assert_eq!(axis_decimals(0.0123), 3);
+        assert_eq!(axis_decimals(0.0), 0);
+        assert_eq!(axis_decimals(f64::NAN), 0);
+        // Five ticks across any range are distinct at the chosen precision.
+        for y_max in [0.0007, 0.0123, 0.2, 1.0, 3.7, 17.0, 640.0] {
+            let d = axis_decimals(y_max);
+            let labels: Vec<String> = (0..=5)
+                .map(|k| format!("{:.d$}", y_max * f64::from(k) / 5.0))
+                .collect();
+            let mut uniq = labels.clone();
+            uniq.dedup();
+            assert_eq!(uniq, labels, "y_max {y_max}");
         }
     }
 
