@@ -66,6 +66,16 @@ fn main() -> anyhow::Result<()> {
         "engine",
         json!({"sha256": engine_sha, "store_path": engine}),
     )?;
+    // The weights digest the engine's synth-weights (or a download check) wrote,
+    // so rank and diff can read this bundle; null when the directory has none.
+    let digest_file = std::path::Path::new(weights).join("DIGEST");
+    let digest = std::fs::read_to_string(&digest_file)
+        .ok()
+        .map(|d| d.trim().to_string());
+    frag(
+        "weights",
+        json!({"digest": digest, "digest_source": "DIGEST file", "dir": weights}),
+    )?;
     frag("sampler", json!({"cadence_ms": 50}))?;
     frag("gpu", serde_json::Value::Null)?;
     frag(
