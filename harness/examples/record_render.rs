@@ -7,7 +7,7 @@
 //! usage: cargo run -p harness --example record_render -- ENGINE RUNG WEIGHTS STORE
 
 use std::io::{BufRead, BufReader};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -83,7 +83,19 @@ fn main() -> anyhow::Result<()> {
         json!({"gpu_util_pct": "CPU arm: no GPU sampled by this example", "gpu_power_mw": "CPU arm: no GPU sampled by this example", "engine_gpu_mem_bytes": "CPU arm: no GPU sampled by this example", "weights_cached_bytes": "not sampled by this example"}),
     )?;
 
-    let (mut rd, wr) = std::io::pipe()?;
+    // The marker channel: a pipe (std::io::pipe needs Rust 1.87; the MSRV is 1.85).
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two new descriptors into `fds`.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("creating the marker pipe");
+    }
+    // SAFETY: both descriptors are new and owned here; each is wrapped exactly once.
+    let (mut rd, wr) = unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    };
     let fd = wr.as_raw_fd();
     // SAFETY: clear close-on-exec on our own pipe end so the engine inherits it.
     unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };

@@ -286,8 +286,11 @@ fn pack_then_unpack_into_another_store_gives_the_same_verified_bundle() {
     assert!(stdout.contains("already in the store"), "{stdout}");
 }
 
+/// One tar entry as written raw: header name, type, declared size, data, link target.
+type RawEntry<'a> = (Vec<u8>, tar::EntryType, u64, Vec<u8>, Option<&'a str>);
+
 /// A tar of `entries` (raw header names, types and declared sizes), zstd-compressed.
-fn hostile_pack(entries: &[(Vec<u8>, tar::EntryType, u64, Vec<u8>, Option<&str>)]) -> Vec<u8> {
+fn hostile_pack(entries: &[RawEntry]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for (name, ty, size, data, link) in entries {
         let mut h = tar::Header::new_gnu();
@@ -320,26 +323,25 @@ fn hostile_packs_are_refused_with_a_clear_message_and_leave_nothing() {
         })
         .collect();
     let reg = tar::EntryType::Regular;
-    let genuine =
-        |flip: Option<&str>| -> Vec<(Vec<u8>, tar::EntryType, u64, Vec<u8>, Option<&str>)> {
-            files
-                .iter()
-                .map(|(n, d)| {
-                    let mut d = d.clone();
-                    if flip == Some(n.as_str()) {
-                        let k = d.len() / 2;
-                        d[k] ^= 0x01;
-                    }
-                    (
-                        format!("{}/{n}", p.id).into_bytes(),
-                        reg,
-                        d.len() as u64,
-                        d,
-                        None,
-                    )
-                })
-                .collect()
-        };
+    let genuine = |flip: Option<&str>| -> Vec<RawEntry> {
+        files
+            .iter()
+            .map(|(n, d)| {
+                let mut d = d.clone();
+                if flip == Some(n.as_str()) {
+                    let k = d.len() / 2;
+                    d[k] ^= 0x01;
+                }
+                (
+                    format!("{}/{n}", p.id).into_bytes(),
+                    reg,
+                    d.len() as u64,
+                    d,
+                    None,
+                )
+            })
+            .collect()
+    };
     let dir = scratch("hostile");
     let mut cases: Vec<(&str, Vec<u8>, &[&str], i32)> = Vec::new();
     let mut dotdot = genuine(None);

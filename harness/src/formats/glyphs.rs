@@ -292,8 +292,8 @@ mod tests {
         let (l0, _, l1, _) = ink("GPU power", Pos::new(HPos::Left, VPos::Center));
         let (r0, _, r1, _) = ink("GPU power", Pos::new(HPos::Right, VPos::Center));
         let (c0, cy0, c1, cy1) = ink("GPU power", Pos::new(HPos::Center, VPos::Center));
-        assert!(l0 >= 150 && l0 <= 152, "left starts at the point: {l0}");
-        assert!(r1 <= 150 && r1 >= 147, "right ends at the point: {r1}");
+        assert!((150..=152).contains(&l0), "left starts at the point: {l0}");
+        assert!((147..=150).contains(&r1), "right ends at the point: {r1}");
         for (a, b) in [(l0, l1), (c0, c1)] {
             assert!(
                 (b - a).abs_diff(r1 - r0) <= 1,

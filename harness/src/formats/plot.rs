@@ -200,6 +200,11 @@ pub fn band_label(p: &PhaseSpan, px: f64) -> Option<String> {
 
 type DrawResult<E> = Result<(), DrawingAreaErrorKind<E>>;
 
+/// One line of a panel: sampler column, legend label, divisor to the panel's unit.
+type Column = (&'static str, &'static str, f64);
+/// One panel: caption, its lines, a fixed top of the y axis (else from the data).
+type Panel = (&'static str, Vec<Column>, Option<f64>);
+
 fn draw<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     t: &Timeline,
@@ -232,7 +237,7 @@ fn draw<DB: DrawingBackend>(
 
     let panels = rest.split_evenly((4, 1));
     let gib = 1024.0 * 1024.0 * 1024.0;
-    let specs: [(&str, Vec<(&str, &str, f64)>, Option<f64>); 4] = [
+    let specs: [Panel; 4] = [
         (
             "GPU utilization (%)",
             vec![("gpu_util_pct", "GPU util", 1.0)],
@@ -369,7 +374,7 @@ fn draw_series_panel<DB: DrawingBackend>(
     t: &Timeline,
     x_max: f64,
     caption: &str,
-    cols: &[(&str, &str, f64)],
+    cols: &[Column],
     y_fixed: Option<f64>,
     colour: &HashMap<&str, RGBColor>,
     last: bool,
