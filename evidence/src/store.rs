@@ -367,8 +367,11 @@ impl Store {
 
     /// Atomically rename `from` to `bundles/<id>`, never replacing an existing
     /// bundle. Returns `false` when a bundle with that id already exists (then
-    /// `from` is left in place for the caller to remove).
-    pub(crate) fn publish(&self, from: &Path, id: &str) -> Result<bool, StoreError> {
+    /// `from` is left in place for the caller to remove). `from` must be a
+    /// directory on the store's file system holding a verified bundle (sealing and
+    /// `harness unpack` verify before they publish); the bundles directory is
+    /// fsynced after the rename.
+    pub fn publish(&self, from: &Path, id: &str) -> Result<bool, StoreError> {
         let to = self.bundles_dir().join(id);
         let published = rename_noreplace(from, &to)?;
         fsync_dir(&self.bundles_dir())?;

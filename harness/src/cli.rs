@@ -25,7 +25,8 @@ pub struct RankArgs {
     /// Write the markdown report here (default: print it).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Print the ranking as JSON on stdout.
+    /// Print the ranking as JSON on stdout (levers with effects, intervals and
+    /// verdicts, fit, used and excluded bundles). Exit 0; 2 for a bad spec or store.
     #[arg(long)]
     pub json: bool,
     /// Regenerate the report as `--out FILE` would and compare it with FILE byte
@@ -45,7 +46,8 @@ pub struct DiffArgs {
     /// The store to look ids up in (same default as `rank`).
     #[arg(long)]
     pub store: Option<PathBuf>,
-    /// Print the comparison as JSON.
+    /// Print the comparison as one JSON object on stdout: {a, b, fields, phases,
+    /// summaries}. Exit 0; 2 for an unknown or ambiguous id.
     #[arg(long)]
     pub json: bool,
 }

@@ -8,6 +8,17 @@
 //! | 3 | refused by a gate (volatile store, missing lease id, no headroom, failed instrument control) |
 //! | 4 | the harness itself failed (I/O error, full disk, internal error) |
 
+/// The exit codes as `harness --help` prints them (after the command list).
+pub const HELP: &str = "\
+Exit codes (stable; the same with --json, whose document goes to stdout and errors to stderr):
+  0  success: a run completed, verify passed, the file was written, the bundle is in the store
+  1  the command ran and the answer is negative: a run not completed, a bundle that fails
+     verify (or that pack refuses for it), a pack whose files do not verify on unpack
+  2  usage or input error: bad arguments, unknown or ambiguous bundle id, malformed rung
+     file, a malformed or hostile pack (traversal, link, duplicate, oversize)
+  3  refused by a gate: volatile store, missing lease id, no headroom, failed control
+  4  the harness itself failed: I/O error, full disk, internal error";
+
 /// Success.
 pub const OK: u8 = 0;
 /// The command ran and its answer is negative.
@@ -49,6 +60,23 @@ pub fn code_for(err: &anyhow::Error) -> u8 {
 mod tests {
     use super::*;
     use anyhow::Context;
+
+    #[test]
+    fn the_help_text_lists_every_code_with_its_value() {
+        for (code, word) in [
+            (OK, "success"),
+            (NEGATIVE, "negative"),
+            (USAGE, "usage"),
+            (REFUSED, "gate"),
+            (INTERNAL, "harness itself"),
+        ] {
+            let line = HELP
+                .lines()
+                .find(|l| l.starts_with(&format!("  {code}  ")))
+                .unwrap_or_else(|| panic!("no line for exit code {code}"));
+            assert!(line.contains(word), "exit {code}: {line}");
+        }
+    }
 
     #[test]
     fn codes_follow_the_error_kind_through_context() {

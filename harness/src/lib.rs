@@ -1,7 +1,8 @@
 //! The harness as a library: the `harness` binary is a thin layer over these modules,
 //! and benchmarks and integration tests call them directly.
 //!
-//! * [`campaign`]: interleaved, resumable lever campaigns (`harness campaign`).
+//! * [`campaign`]: interleaved, resumable lever campaigns (`harness campaign`);
+//!   [`campaign_runner`] runs each position as a child `harness run`.
 //! * [`classify`]: why a run ended (the `exit` fragment of `harness run`).
 //! * [`cli`]: argument structs and entry points of `rank`, `diff` and `campaign`.
 //! * [`completion`]: the pixel completion check on `video.y4m`.
@@ -18,6 +19,11 @@
 //!   [`store_arg`] their `--store` option, [`summary`] the manifest fields they print.
 //! * [`watchdog`]: the memory watchdog (H1) and its positive control.
 //! * [`weights`]: the run's weights, their digest, synthesis into the cache.
+//! * [`pack`]: one bundle as one verifiable file (`harness pack`, `harness unpack`).
+//! * [`progress`]: the live status of a render (`harness run`), redrawn on a terminal,
+//!   one line per event elsewhere.
+//! * [`timeline`]: a bundle read onto one time axis; [`formats`] writes it as a
+//!   picture or a Perfetto trace; [`view`] holds `harness plot` and `harness export`.
 
 pub mod campaign;
 pub mod campaign_runner;
@@ -27,8 +33,11 @@ pub mod completion;
 pub mod control;
 pub mod diff;
 pub mod exit;
+pub mod formats;
 pub mod levers_spec;
 pub mod ls;
+pub mod pack;
+pub mod progress;
 pub mod rank;
 pub mod recover;
 pub mod run;
@@ -36,7 +45,9 @@ pub mod sampler;
 pub mod show;
 pub mod store_arg;
 pub mod summary;
+pub mod timeline;
 pub mod units;
 pub mod verify;
+pub mod view;
 pub mod watchdog;
 pub mod weights;

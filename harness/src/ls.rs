@@ -1,6 +1,8 @@
 //! `harness ls`: one line per bundle in the store.
 
 use clap::Args;
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::exit;
 use crate::store_arg::{classify, StoreArg};
@@ -12,6 +14,62 @@ use crate::summary::BundleSummary;
 pub struct LsArgs {
     #[command(flatten)]
     pub store: StoreArg,
+    /// Print one JSON array on stdout: one object per bundle, oldest first, with
+    /// id, rung, levers, exit, complete, run_wall_s, wall_s, date_unix_s, host
+    /// (fields of `LsRow`). Exit 0; 2 or 3 when the store cannot be opened.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One bundle in `harness ls --json`. Fields are stable; new ones may be added.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LsRow {
+    /// The bundle id (64 hex).
+    pub id: String,
+    /// `rung.name`, null when not recorded.
+    pub rung: Option<String>,
+    /// `levers` {lever: arm}; empty for the defaults.
+    pub levers: serde_json::Map<String, Value>,
+    /// `exit.reason`, null when not recorded.
+    pub exit: Option<String>,
+    /// The manifest's `complete`.
+    pub complete: bool,
+    /// The harness's run wall in seconds, null when not recorded.
+    pub run_wall_s: Option<f64>,
+    /// The engine's wall in seconds (first to last marker), null without markers.
+    pub wall_s: Option<f64>,
+    /// When the run started, seconds since the Unix epoch (else the bundle's mtime).
+    pub date_unix_s: Option<i64>,
+    /// `run.hostname`, null when not recorded.
+    pub host: Option<String>,
+}
+
+impl LsRow {
+    /// The row for one bundle summary.
+    pub fn of(s: &BundleSummary) -> LsRow {
+        let m = &s.manifest;
+        let field = |k: &str, f: &str| {
+            m.fragment(k)
+                .and_then(|v| v.get(f))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        LsRow {
+            id: s.id.clone(),
+            rung: field("rung", "name"),
+            levers: m
+                .fragment("levers")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default(),
+            exit: m.exit().map(|e| e.reason),
+            complete: m.complete,
+            run_wall_s: m.phases.run_wall_s,
+            wall_s: m.phases.wall_s,
+            date_unix_s: s.date_unix_s,
+            host: field("run", "hostname"),
+        }
+    }
 }
 
 /// Exit 0; a bundle whose manifest cannot be read is reported on stderr.
@@ -25,6 +83,11 @@ pub fn run(args: LsArgs) -> anyhow::Result<u8> {
         }
     }
     rows.sort_by(|a, b| a.date_unix_s.cmp(&b.date_unix_s).then(a.id.cmp(&b.id)));
+    if args.json {
+        let out: Vec<LsRow> = rows.iter().map(LsRow::of).collect();
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(exit::OK);
+    }
     println!(
         "{:<12}  {:<8} {:<28} {:<16} {:>9}  {:<16}  host",
         "id", "rung", "levers", "exit", "wall", "date (UTC)"

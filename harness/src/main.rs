@@ -2,11 +2,11 @@
 //! re-derives the lever ranking from them. See the README for the commands.
 
 use clap::{Parser, Subcommand};
-use harness::{exit, ls, recover, show, verify};
+use harness::{exit, ls, pack, recover, show, verify, view};
 
 /// Measure GPU video renders and keep the evidence.
 #[derive(Parser)]
-#[command(name = "harness", version, about, long_about = None)]
+#[command(name = "harness", version, about, long_about = None, after_help = exit::HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -39,6 +39,14 @@ enum Command {
         /// STEP EVERY_MS REPORT_AT MAX HOLD_MS
         args: Vec<String>,
     },
+    /// Draw a bundle's timeline (phases, GPU, power, memory, CPU) as PNG or SVG.
+    Plot(view::PlotArgs),
+    /// Write a bundle's timeline as a Perfetto trace (Trace Event JSON).
+    Export(view::ExportArgs),
+    /// Pack one bundle into one file (tar + zstd) that carries every hash.
+    Pack(pack::PackArgs),
+    /// Check a pack's every entry and hash, then add its bundle to the store atomically.
+    Unpack(pack::UnpackArgs),
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<u8> {
@@ -53,6 +61,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Diff(a) => harness::cli::diff(&a),
         Command::Campaign(a) => harness::cli::campaign(&a),
         Command::AllocProbe { args } => Ok(harness::watchdog::alloc_probe_main(&args)),
+        Command::Plot(a) => view::plot(a),
+        Command::Export(a) => view::export(a),
+        Command::Pack(a) => pack::pack(a),
+        Command::Unpack(a) => pack::unpack(a),
     }
 }
 

@@ -17,6 +17,11 @@ pub struct ShowArgs {
     pub bundle: String,
     #[command(flatten)]
     pub store: StoreArg,
+    /// Print one JSON object: {id, dir, manifest: <manifest.json>, phases: [one
+    /// object per row of phases.parquet, its columns as keys]}. Exit 0; 2 for an
+    /// unknown or ambiguous id.
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn verdicts(v: Option<&Value>) -> String {
@@ -136,6 +141,18 @@ pub fn summary_text(s: &BundleSummary) -> String {
 /// Exit 0; 2 for an unknown id.
 pub fn run(args: ShowArgs) -> anyhow::Result<u8> {
     let dir = find_bundle(&args.store, &args.bundle)?;
+    if args.json {
+        let s = BundleSummary::load(&dir)?;
+        let phases = crate::timeline::table_rows(&dir, evidence::tables::PHASES)?;
+        let v = serde_json::json!({
+            "id": s.id,
+            "dir": dir,
+            "manifest": s.manifest.to_value(),
+            "phases": phases,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(exit::OK);
+    }
     let s = BundleSummary::load(&dir)?;
     print!("{}", summary_text(&s));
     println!();

@@ -12,12 +12,31 @@ pub struct VerifyArgs {
     pub bundle: String,
     #[command(flatten)]
     pub store: StoreArg,
+    /// Print the result as one JSON object: {id, dir, ok, files, errors: [text]}.
+    /// Exit 0 when ok, 1 when a check failed, 2 for an unknown or ambiguous id.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Exit 0 when every check passes, 1 (naming each file at fault) when not.
 pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
     let dir = find_bundle(&args.store, &args.bundle)?;
     let report = evidence::verify::verify_dir(&dir);
+    if args.json {
+        let v = serde_json::json!({
+            "id": report.id,
+            "dir": dir,
+            "ok": report.ok(),
+            "files": report.files,
+            "errors": report.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(if report.ok() {
+            exit::OK
+        } else {
+            exit::NEGATIVE
+        });
+    }
     if report.ok() {
         println!("ok {} ({} files)", report.id, report.files);
         Ok(exit::OK)

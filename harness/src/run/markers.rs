@@ -11,6 +11,8 @@ use evidence::clock::monotonic_ns;
 use evidence::journal::{Record, SharedJournal};
 use evidence::marker::{parse_marker_line, Marker};
 
+use crate::progress::SharedPrinter;
+
 /// Longest marker line journaled, in bytes; the rest of a longer line is dropped
 /// (the line is malformed anyway: the protocol allows 64 KiB).
 pub const MAX_KEPT_LINE: usize = 1 << 20;
@@ -60,13 +62,19 @@ pub fn read_markers<R: Read + Send + 'static>(
     input: R,
     journal: SharedJournal,
     live: Arc<Mutex<Live>>,
+    printer: Option<SharedPrinter>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("markers".into())
-        .spawn(move || pump(input, &journal, &live))
+        .spawn(move || pump(input, &journal, &live, printer.as_ref()))
 }
 
-fn pump<R: Read>(input: R, journal: &SharedJournal, live: &Mutex<Live>) {
+fn pump<R: Read>(
+    input: R,
+    journal: &SharedJournal,
+    live: &Mutex<Live>,
+    printer: Option<&SharedPrinter>,
+) {
     let mut reader = BufReader::new(input);
     let mut buf = Vec::new();
     let mut journal_failed = false;
@@ -128,6 +136,12 @@ fn pump<R: Read>(input: R, journal: &SharedJournal, live: &Mutex<Live>) {
                     }
                 }
             }
+        }
+        if let (Some(p), Ok(m)) = (printer, &parsed) {
+            let _ = p
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .marker(m, recv_ns);
         }
         if boundary {
             if let Err(e) = journal.sync_now() {

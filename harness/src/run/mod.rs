@@ -48,6 +48,8 @@ const POLL: Duration = Duration::from_millis(20);
 struct JournalSink {
     journal: SharedJournal,
     failed: bool,
+    /// The live status line, fed every sample (GPU utilization, RSS).
+    printer: Option<crate::progress::SharedPrinter>,
 }
 
 impl JournalSink {
@@ -64,6 +66,11 @@ impl JournalSink {
 impl SampleSink for JournalSink {
     fn sample(&mut self, s: &evidence::sample::Sample) {
         self.append(&Record::Sample(s.clone()));
+        // try_lock: the sampler carries the watchdog (H1) and must never wait on
+        // a terminal; an echo thread blocked on a full stderr holds this lock.
+        if let Some(Ok(mut p)) = self.printer.as_ref().map(|p| p.try_lock()) {
+            let _ = p.sample(s, monotonic_ns());
+        }
     }
     fn unavailable(&mut self, reasons: &Reasons) {
         self.append(&Record::Fragment {
@@ -256,13 +263,35 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
     let pid = running.pid;
     eprintln!("harness: engine pid {pid} started");
     let live = Arc::new(Mutex::new(Live::default()));
+    // The live status (open phase, step k/N, ETA, GPU utilization, RSS): redrawn in
+    // place on a terminal, one line per event otherwise.
+    let style = match crate::progress::Style::for_stderr() {
+        crate::progress::Style::Redraw => crate::progress::Style::Redraw,
+        _ => crate::progress::Style::Heartbeat,
+    };
+    let printer: crate::progress::SharedPrinter = Arc::new(Mutex::new(
+        crate::progress::Printer::new(std::io::stderr(), style, monotonic_ns()),
+    ));
     let readers: Vec<JoinHandle<()>> = vec![markers::read_markers(
         running.markers,
         journal.clone(),
         live.clone(),
+        Some(printer.clone()),
     )?];
-    let out = streams::capture(running.stdout, Stream::Stdout, journal.clone(), true)?;
-    let err = streams::capture(running.stderr, Stream::Stderr, journal.clone(), true)?;
+    let out = streams::capture(
+        running.stdout,
+        Stream::Stdout,
+        journal.clone(),
+        true,
+        Some(printer.clone()),
+    )?;
+    let err = streams::capture(
+        running.stderr,
+        Stream::Stderr,
+        journal.clone(),
+        true,
+        Some(printer.clone()),
+    )?;
     let mut child = running.child;
     let sampler = Sampler::spawn(
         config,
@@ -272,6 +301,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
         Box::new(JournalSink {
             journal: journal.clone(),
             failed: false,
+            printer: Some(printer.clone()),
         }),
     );
     let sampler = match sampler {
@@ -297,6 +327,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
     for h in readers {
         join_bounded(h, DRAIN_TIMEOUT);
     }
+    let _ = printer.lock().unwrap_or_else(|e| e.into_inner()).finish();
     let live = live.lock().map(|l| l.clone()).unwrap_or_default();
 
     // Pixels.

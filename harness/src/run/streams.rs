@@ -8,6 +8,8 @@ use std::thread::JoinHandle;
 use evidence::clock::monotonic_ns;
 use evidence::journal::{Record, SharedJournal, Stream};
 
+use crate::progress::SharedPrinter;
+
 /// Longest line kept whole, in bytes; longer ones are split at this length.
 pub const MAX_OUTPUT_LINE: usize = 64 * 1024;
 
@@ -17,6 +19,7 @@ pub fn capture<R: Read + Send + 'static>(
     stream: Stream,
     journal: SharedJournal,
     echo: bool,
+    printer: Option<SharedPrinter>,
 ) -> std::io::Result<JoinHandle<u64>> {
     let name = match stream {
         Stream::Stdout => "engine-stdout",
@@ -24,10 +27,16 @@ pub fn capture<R: Read + Send + 'static>(
     };
     std::thread::Builder::new()
         .name(name.into())
-        .spawn(move || pump(input, stream, &journal, echo))
+        .spawn(move || pump(input, stream, &journal, echo, printer.as_ref()))
 }
 
-fn pump<R: Read>(input: R, stream: Stream, journal: &SharedJournal, echo: bool) -> u64 {
+fn pump<R: Read>(
+    input: R,
+    stream: Stream,
+    journal: &SharedJournal,
+    echo: bool,
+    printer: Option<&SharedPrinter>,
+) -> u64 {
     let mut reader = BufReader::new(input);
     let mut buf = Vec::new();
     let mut lines = 0u64;
@@ -50,6 +59,12 @@ fn pump<R: Read>(input: R, stream: Stream, journal: &SharedJournal, echo: bool) 
         let line = text.trim_end_matches('\n').trim_end_matches('\r');
         lines += 1;
         if echo_ok {
+            // The live status line comes off the screen first (and is redrawn by
+            // the next event), holding its lock so no status write lands mid-line.
+            let mut status = printer.map(|p| p.lock().unwrap_or_else(|e| e.into_inner()));
+            if let Some(s) = status.as_mut() {
+                let _ = s.clear();
+            }
             // A closed terminal must not stop the capture (H4).
             let mut err = std::io::stderr().lock();
             echo_ok = writeln!(err, "{line}").is_ok();

@@ -1,0 +1,67 @@
+//! Output formats of a bundle's timeline, one file per format behind [`Format`]:
+//!
+//! * [`perfetto`]: Trace Event JSON for the Perfetto UI (`harness export --perfetto`);
+//! * [`plot`]: the timeline picture as PNG or SVG (`harness plot`), its PNG text
+//!   drawn by [`glyphs`].
+//!
+//! Every format encodes a [`Timeline`] into bytes; [`write_file`] lands them.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+
+use crate::timeline::Timeline;
+
+pub mod glyphs;
+pub mod perfetto;
+pub mod plot;
+
+/// One way of writing a bundle's timeline to a file.
+pub trait Format {
+    /// The format's name in messages (`perfetto`, `png`, `svg`).
+    fn name(&self) -> &'static str;
+    /// The file extension it is written with, without the dot.
+    fn extension(&self) -> &'static str;
+    /// Encode `t`. Deterministic: the same bundle gives the same bytes.
+    fn encode(&self, t: &Timeline) -> anyhow::Result<Vec<u8>>;
+}
+
+/// The default output path of `format` for bundle `id`: `<first 12 hex of id>.<suffix>`
+/// in the working directory.
+pub fn default_out(id: &str, suffix: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("{}.{suffix}", &id[..12.min(id.len())]))
+}
+
+/// Write `bytes` to `out` through a temporary file in the same directory and a
+/// rename, so a reader never sees half a file. An existing file at `out` is
+/// replaced (these outputs are derived from a bundle and can be made again).
+pub fn write_file(out: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let name = out
+        .file_name()
+        .ok_or_else(|| anyhow::anyhow!("{}: not a file name", out.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| -> anyhow::Result<()> {
+        let mut f =
+            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        f.write_all(bytes)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        f.sync_all()
+            .with_context(|| format!("syncing {}", tmp.display()))?;
+        std::fs::rename(&tmp, out)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}

@@ -1,0 +1,336 @@
+//! A sealed bundle read onto one time axis: its manifest, its phase instances, its
+//! tick markers and its sampler columns. `harness plot` and `harness export` draw
+//! and write from this; nothing here interprets the numbers.
+//!
+//! Times stay in the bundle's clock (CLOCK_MONOTONIC nanoseconds of the host the
+//! run ran on). [`Timeline::origin_ns`] is the zero of every picture and trace: the
+//! run's start when the harness recorded one, else the earliest marker or sample.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use arrow_array::{Array, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
+use evidence::manifest::Manifest;
+use evidence::sample::SAMPLE_COLUMNS;
+use evidence::seal::MANIFEST;
+use evidence::tables;
+use serde_json::Value;
+
+use crate::exit::UsageError;
+
+/// One phase instance (a row of `phases.parquet`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PhaseSpan {
+    /// Open order, 0-based (`seq`).
+    pub seq: i64,
+    /// Marker name (`denoise.step`).
+    pub name: String,
+    /// Nesting depth, 0 at top.
+    pub depth: i64,
+    /// `seq` of the enclosing phase, `None` at top.
+    pub parent_seq: Option<i64>,
+    /// CLOCK_MONOTONIC ns of the open marker.
+    pub open_ns: i64,
+    /// CLOCK_MONOTONIC ns of the close marker; `None` when still open at the end.
+    pub close_ns: Option<i64>,
+    /// Duration in seconds (to the end of the recording when still open).
+    pub duration_s: f64,
+    /// The open and close marker attributes: `{"open":{..},"close":{..}}`.
+    pub attrs: Value,
+}
+
+impl PhaseSpan {
+    /// The end of the window in ns: the close, or open + duration when still open.
+    pub fn end_ns(&self) -> i64 {
+        self.close_ns
+            .unwrap_or(self.open_ns + (self.duration_s * 1e9).round() as i64)
+    }
+}
+
+/// One `tick` marker (e.g. `dit.forward`), from `markers.parquet`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tick {
+    /// Marker timestamp, CLOCK_MONOTONIC ns (the engine's clock reading).
+    pub t_ns: i64,
+    /// Marker name.
+    pub name: String,
+    /// Its attributes (canonical JSON object).
+    pub attrs: Value,
+}
+
+/// One sampler column over the whole run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    /// Column name from `evidence::sample::SAMPLE_COLUMNS` (`rss_bytes`).
+    pub name: &'static str,
+    /// Its unit (`bytes`, `percent`, `milliwatts`, ...).
+    pub unit: &'static str,
+    /// One value per sample row; `None` where the sensor had no reading.
+    pub values: Vec<Option<f64>>,
+}
+
+impl Series {
+    /// True when at least one sample has a value.
+    pub fn any(&self) -> bool {
+        self.values.iter().any(Option::is_some)
+    }
+}
+
+/// A bundle's contents on one time axis.
+#[derive(Debug, Clone)]
+pub struct Timeline {
+    /// The bundle id (its directory name).
+    pub id: String,
+    /// The bundle directory.
+    pub dir: PathBuf,
+    /// The parsed manifest.
+    pub manifest: Manifest,
+    /// Phase instances in open order.
+    pub phases: Vec<PhaseSpan>,
+    /// Tick markers in arrival order.
+    pub ticks: Vec<Tick>,
+    /// Sample times, CLOCK_MONOTONIC ns, ascending.
+    pub sample_t_ns: Vec<i64>,
+    /// Every sampler column, in `SAMPLE_COLUMNS` order, aligned with `sample_t_ns`.
+    pub series: Vec<Series>,
+}
+
+fn col<'a, T: 'static>(b: &'a RecordBatch, file: &str, name: &str) -> anyhow::Result<&'a T> {
+    b.column_by_name(name)
+        .and_then(|c| c.as_any().downcast_ref::<T>())
+        .ok_or_else(|| anyhow::anyhow!("{file}: column {name} missing or of the wrong type"))
+}
+
+fn opt_i(a: &Int64Array, i: usize) -> Option<i64> {
+    (!a.is_null(i)).then(|| a.value(i))
+}
+
+fn opt_f(a: &Float64Array, i: usize) -> Option<f64> {
+    (!a.is_null(i)).then(|| a.value(i))
+}
+
+fn json_attrs(file: &str, seq: i64, text: Option<&str>) -> anyhow::Result<Value> {
+    match text {
+        None => Ok(Value::Object(Default::default())),
+        Some(t) => serde_json::from_str(t)
+            .with_context(|| format!("{file}: row seq {seq}: attrs_json is not JSON")),
+    }
+}
+
+fn read_table(dir: &Path, file: &str) -> anyhow::Result<Vec<RecordBatch>> {
+    let p = dir.join(file);
+    let bytes = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
+    let schema =
+        tables::schema_for(file).ok_or_else(|| anyhow::anyhow!("{file}: not a bundle table"))?;
+    let t = tables::read_table(&bytes, &schema)
+        .map_err(|why| anyhow::anyhow!("{}: {why}", p.display()))?;
+    Ok(t.batches)
+}
+
+/// Every row of bundle table `file` (`phases.parquet`, ...) as a JSON object keyed
+/// by column name; nulls stay null, and `*_json` columns are parsed into JSON.
+pub fn table_rows(dir: &Path, file: &str) -> anyhow::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for b in read_table(dir, file)? {
+        let schema = b.schema();
+        for i in 0..b.num_rows() {
+            let mut row = serde_json::Map::new();
+            for (f, c) in schema.fields().iter().zip(b.columns()) {
+                let v = if c.is_null(i) {
+                    Value::Null
+                } else if let Some(a) = c.as_any().downcast_ref::<Int64Array>() {
+                    Value::from(a.value(i))
+                } else if let Some(a) = c.as_any().downcast_ref::<Float64Array>() {
+                    serde_json::Number::from_f64(a.value(i)).map_or(Value::Null, Value::Number)
+                } else if let Some(a) = c.as_any().downcast_ref::<BooleanArray>() {
+                    Value::Bool(a.value(i))
+                } else if let Some(a) = c.as_any().downcast_ref::<StringArray>() {
+                    let text = a.value(i);
+                    if f.name().ends_with("_json") {
+                        serde_json::from_str(text).unwrap_or_else(|_| Value::from(text))
+                    } else {
+                        Value::from(text)
+                    }
+                } else {
+                    anyhow::bail!("{file}: column {} has type {}", f.name(), f.data_type());
+                };
+                row.insert(f.name().clone(), v);
+            }
+            out.push(Value::Object(row));
+        }
+    }
+    Ok(out)
+}
+
+impl Timeline {
+    /// Read the bundle at `dir` (its manifest, phases, markers and samples).
+    /// A file that is missing or does not match its schema is an error naming it.
+    pub fn load(dir: &Path) -> anyhow::Result<Timeline> {
+        let mp = dir.join(MANIFEST);
+        let text =
+            std::fs::read_to_string(&mp).with_context(|| format!("reading {}", mp.display()))?;
+        let manifest = Manifest::from_json(&text)
+            .map_err(|why| UsageError(format!("{}: {why}", mp.display())))?;
+        let id = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+
+        let mut phases = Vec::new();
+        for b in read_table(dir, tables::PHASES)? {
+            let f = tables::PHASES;
+            let seq = col::<Int64Array>(&b, f, "seq")?;
+            let name = col::<StringArray>(&b, f, "name")?;
+            let depth = col::<Int64Array>(&b, f, "depth")?;
+            let parent = col::<Int64Array>(&b, f, "parent_seq")?;
+            let open = col::<Int64Array>(&b, f, "open_ns")?;
+            let close = col::<Int64Array>(&b, f, "close_ns")?;
+            let dur = col::<Float64Array>(&b, f, "duration_s")?;
+            let attrs = col::<StringArray>(&b, f, "attrs_json")?;
+            for i in 0..b.num_rows() {
+                let s = seq.value(i);
+                phases.push(PhaseSpan {
+                    seq: s,
+                    name: name.value(i).to_string(),
+                    depth: depth.value(i),
+                    parent_seq: opt_i(parent, i),
+                    open_ns: open.value(i),
+                    close_ns: opt_i(close, i),
+                    duration_s: dur.value(i),
+                    attrs: json_attrs(f, s, (!attrs.is_null(i)).then(|| attrs.value(i)))?,
+                });
+            }
+        }
+
+        let mut ticks = Vec::new();
+        for b in read_table(dir, tables::MARKERS)? {
+            let f = tables::MARKERS;
+            let seq = col::<Int64Array>(&b, f, "seq")?;
+            let ev = col::<StringArray>(&b, f, "ev")?;
+            let t = col::<Int64Array>(&b, f, "t_ns")?;
+            let name = col::<StringArray>(&b, f, "name")?;
+            let attrs = col::<StringArray>(&b, f, "attrs_json")?;
+            for i in 0..b.num_rows() {
+                if ev.is_null(i) || ev.value(i) != "tick" || t.is_null(i) || name.is_null(i) {
+                    continue;
+                }
+                ticks.push(Tick {
+                    t_ns: t.value(i),
+                    name: name.value(i).to_string(),
+                    attrs: json_attrs(
+                        f,
+                        seq.value(i),
+                        (!attrs.is_null(i)).then(|| attrs.value(i)),
+                    )?,
+                });
+            }
+        }
+
+        let mut sample_t_ns = Vec::new();
+        let mut series: Vec<Series> = SAMPLE_COLUMNS
+            .iter()
+            .map(|c| Series {
+                name: c.name,
+                unit: c.unit,
+                values: Vec::new(),
+            })
+            .collect();
+        for b in read_table(dir, tables::SAMPLES)? {
+            let f = tables::SAMPLES;
+            let t = col::<Int64Array>(&b, f, "t_ns")?;
+            sample_t_ns.extend((0..b.num_rows()).map(|i| t.value(i)));
+            for (s, spec) in series.iter_mut().zip(SAMPLE_COLUMNS) {
+                let c = b
+                    .column_by_name(spec.name)
+                    .ok_or_else(|| anyhow::anyhow!("{f}: column {} missing", spec.name))?;
+                if let Some(a) = c.as_any().downcast_ref::<Int64Array>() {
+                    s.values
+                        .extend((0..b.num_rows()).map(|i| opt_i(a, i).map(|v| v as f64)));
+                } else if let Some(a) = c.as_any().downcast_ref::<Float64Array>() {
+                    s.values.extend((0..b.num_rows()).map(|i| opt_f(a, i)));
+                } else {
+                    anyhow::bail!("{f}: column {} is neither int64 nor float64", spec.name);
+                }
+            }
+        }
+
+        Ok(Timeline {
+            id,
+            dir: dir.to_path_buf(),
+            manifest,
+            phases,
+            ticks,
+            sample_t_ns,
+            series,
+        })
+    }
+
+    /// A sampler column by name.
+    pub fn series(&self, name: &str) -> Option<&Series> {
+        self.series.iter().find(|s| s.name == name)
+    }
+
+    /// The zero of the time axis, CLOCK_MONOTONIC ns: the earliest of `run.start_ns`
+    /// (when recorded), any phase open, tick or sample; 0 for an empty bundle. Every
+    /// event is therefore at or after the origin.
+    pub fn origin_ns(&self) -> i64 {
+        let run_start = self
+            .manifest
+            .run()
+            .and_then(|r| r.start_ns)
+            .map(|s| s.min(i64::MAX as u64) as i64);
+        self.phases
+            .iter()
+            .map(|p| p.open_ns)
+            .chain(self.ticks.iter().map(|t| t.t_ns))
+            .chain(self.sample_t_ns.iter().copied())
+            .chain(run_start)
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// The end of the time axis, CLOCK_MONOTONIC ns: the latest of `run.end_ns`,
+    /// any phase's end, tick or sample; at least [`Timeline::origin_ns`].
+    pub fn end_ns(&self) -> i64 {
+        let run_end = self
+            .manifest
+            .run()
+            .and_then(|r| r.end_ns)
+            .map(|e| e.min(i64::MAX as u64) as i64);
+        self.phases
+            .iter()
+            .map(PhaseSpan::end_ns)
+            .chain(self.ticks.iter().map(|t| t.t_ns))
+            .chain(self.sample_t_ns.iter().copied())
+            .chain(run_end)
+            .max()
+            .unwrap_or(0)
+            .max(self.origin_ns())
+    }
+
+    /// Seconds from the origin to `t_ns`.
+    pub fn rel_s(&self, t_ns: i64) -> f64 {
+        (t_ns - self.origin_ns()) as f64 / 1e9
+    }
+
+    /// A string field of a manifest fragment (numbers as text), if present.
+    pub fn fragment_str(&self, key: &str, field: &str) -> Option<String> {
+        self.manifest
+            .fragment(key)
+            .and_then(|v| v.get(field))
+            .and_then(|v| match v {
+                Value::String(s) => Some(s.clone()),
+                Value::Null => None,
+                other => Some(other.to_string()),
+            })
+    }
+
+    /// Why a sampler column has no values, from `sensors_unavailable`, if recorded.
+    pub fn unavailable_reason(&self, column: &str) -> Option<String> {
+        self.manifest
+            .fragment("sensors_unavailable")
+            .and_then(|v| v.get(column))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    }
+}
