@@ -661,6 +661,17 @@ impl SharedJournal {
         res
     }
 
+    /// Why the journal stopped accepting records (a failed write, flush or
+    /// fdatasync, e.g. a full disk); `None` while it is healthy or after a clean
+    /// [`SharedJournal::finish`].
+    pub fn failure(&self) -> Option<String> {
+        self.inner
+            .lock()
+            .closed
+            .clone()
+            .filter(|why| why != "finished")
+    }
+
     /// Flush and fdatasync now (at phase boundaries).
     pub fn sync_now(&self) -> Result<(), JournalError> {
         self.inner.flush_and_sync()
