@@ -32,8 +32,13 @@ fn the_safetensors_header_path_never_panics_and_errors_name_the_file() {
     let rename = |n: &str, _: &[usize]| Some(n.to_string());
     // The undamaged file opens and loads.
     std::fs::write(&path, valid(&[0x3f, 0x80, 0x11, 0x42])).unwrap();
-    let ok = SafetensorsSource::open("fuzz", std::slice::from_ref(&path), &rename, LoadOptions::default())
-        .expect("the valid file must open");
+    let ok = SafetensorsSource::open(
+        "fuzz",
+        std::slice::from_ref(&path),
+        &rename,
+        LoadOptions::default(),
+    )
+    .expect("the valid file must open");
     ok.load_f32("a", &[2, 3]).unwrap();
     ok.load_f32("b", &[4]).unwrap();
     drop(ok);
@@ -79,7 +84,12 @@ fn the_safetensors_header_path_never_panics_and_errors_name_the_file() {
         }
         std::fs::write(&path, &b).unwrap();
         let t = Instant::now();
-        match SafetensorsSource::open("fuzz", std::slice::from_ref(&path), &rename, LoadOptions::default()) {
+        match SafetensorsSource::open(
+            "fuzz",
+            std::slice::from_ref(&path),
+            &rename,
+            LoadOptions::default(),
+        ) {
             Ok(src) => {
                 opened.set(opened.get() + 1);
                 let shapes = src.shapes();
@@ -91,14 +101,25 @@ fn the_safetensors_header_path_never_panics_and_errors_name_the_file() {
             }
             Err(e) => {
                 let msg = e.to_string();
-                prop_assert!(msg.contains("case.safetensors"), "error without the file: {}", msg);
+                prop_assert!(
+                    msg.contains("case.safetensors"),
+                    "error without the file: {}",
+                    msg
+                );
             }
         }
-        prop_assert!(t.elapsed() < Duration::from_secs(2), "case took {:?}", t.elapsed());
+        prop_assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "case took {:?}",
+            t.elapsed()
+        );
         Ok(())
     });
     if let Err(e) = result {
         panic!("safetensors header path: {e}");
     }
-    eprintln!("FUZZ: safetensors header path: {cases} cases ({} opened), no panic, no hang", opened.get());
+    eprintln!(
+        "FUZZ: safetensors header path: {cases} cases ({} opened), no panic, no hang",
+        opened.get()
+    );
 }

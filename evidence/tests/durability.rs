@@ -40,7 +40,10 @@ fn appended_records_reach_the_disk_within_a_second_and_are_synced() {
     }
     let syncs = j.syncs();
     j.finish().unwrap();
-    assert!(worst <= Duration::from_secs(1), "a record waited {worst:?} to reach the file");
+    assert!(
+        worst <= Duration::from_secs(1),
+        "a record waited {worst:?} to reach the file"
+    );
     // 3.5 s of steady appends: at least one fdatasync per second.
     assert!(syncs >= 3, "only {syncs} fdatasyncs in 3.5 s of appends");
     eprintln!("FAULTS: journal cadence: {n} records, worst on-disk lag {worst:?}, {syncs} fdatasyncs in 3.5 s");

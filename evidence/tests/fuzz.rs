@@ -21,11 +21,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 const CASE_LIMIT: Duration = Duration::from_secs(2);
 
 /// Run `check` over `strategy` for the configured number of cases; print the count.
-fn fuzz<S: Strategy>(
-    name: &str,
-    strategy: S,
-    check: impl Fn(S::Value) -> Result<(), TestCaseError>,
-) where
+fn fuzz<S: Strategy>(name: &str, strategy: S, check: impl Fn(S::Value) -> Result<(), TestCaseError>)
+where
     S::Value: std::fmt::Debug,
 {
     // PROPTEST_CASES when set, else a default that keeps CI within a few seconds.
@@ -133,6 +130,10 @@ fn the_journal_reader_never_panics_and_keeps_only_an_intact_prefix() {
         ),
         |(rs, op, at, with)| {
             let good = encode(&rs);
+            // Undamaged, everything reads back.
+            let whole = parse_journal(&good, path).unwrap();
+            prop_assert_eq!(&whole.records, &rs);
+            prop_assert_eq!(whole.bytes_dropped, 0);
             let bad = damage(&good, op, at, &with);
             match parse_journal(&bad, path) {
                 Ok(c) => {
@@ -151,7 +152,11 @@ fn the_journal_reader_never_panics_and_keeps_only_an_intact_prefix() {
                 }
                 Err(e) => {
                     let msg = e.to_string();
-                    prop_assert!(msg.contains("fuzz/journal"), "error without the file: {}", msg);
+                    prop_assert!(
+                        msg.contains("fuzz/journal"),
+                        "error without the file: {}",
+                        msg
+                    );
                 }
             }
             Ok(())
@@ -207,7 +212,11 @@ fn the_marker_parser_never_panics_and_what_it_accepts_round_trips() {
         |line| {
             if let Ok(m) = parse_marker_line(&line) {
                 let again = parse_marker_line(&m.to_line());
-                prop_assert!(again.is_ok(), "accepted {:?} but not its own rendering", line);
+                prop_assert!(
+                    again.is_ok(),
+                    "accepted {:?} but not its own rendering",
+                    line
+                );
                 prop_assert_eq!(again.unwrap().to_line(), m.to_line());
             } else if let Err(e) = parse_marker_line(&line) {
                 prop_assert!(!e.to_string().is_empty());
@@ -278,10 +287,9 @@ fn the_manifest_parser_never_panics_and_errors_say_what_is_wrong() {
 
 #[test]
 fn the_rung_parser_never_panics_and_errors_name_the_file() {
-    let good = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../rungs/0.toml"),
-    )
-    .unwrap();
+    let good =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../rungs/0.toml"))
+            .unwrap();
     let file = Path::new("rungs/fuzz.toml");
     assert!(Rung::parse(&good, file).is_ok(), "rung 0 must parse");
     fuzz(
@@ -300,7 +308,11 @@ fn the_rung_parser_never_panics_and_errors_name_the_file() {
                 .into_owned();
             if let Err(e) = Rung::parse(&text, file) {
                 let msg = e.to_string();
-                prop_assert!(msg.contains("rungs/fuzz.toml"), "error without the file: {}", msg);
+                prop_assert!(
+                    msg.contains("rungs/fuzz.toml"),
+                    "error without the file: {}",
+                    msg
+                );
             }
             Ok(())
         },

@@ -36,7 +36,9 @@ fn run(store: &Path, cadence_ms: u64, observer: bool, rounds: u64) -> (u64, Path
         .arg(store)
         .args(["--cadence-ms", &cadence_ms.to_string()])
         .args(["--observer", if observer { "on" } else { "off" }])
-        .args(["--exec", "--", ENGINE, "--hello", "--open", "work", "--work"])
+        .args([
+            "--exec", "--", ENGINE, "--hello", "--open", "work", "--work",
+        ])
         .arg(rounds.to_string())
         .args(["--close", "work"])
         .env_remove("HARNESS_LEASE_ID")
@@ -46,8 +48,14 @@ fn run(store: &Path, cadence_ms: u64, observer: bool, rounds: u64) -> (u64, Path
     let so = String::from_utf8_lossy(&out.stdout);
     let ns = err
         .lines()
-        .find_map(|l| l.split_once("test-engine work=").map(|(_, r)| r.to_string()))
-        .and_then(|r| r.split_once(" ns=").and_then(|(_, n)| n.trim().parse().ok()))
+        .find_map(|l| {
+            l.split_once("test-engine work=")
+                .map(|(_, r)| r.to_string())
+        })
+        .and_then(|r| {
+            r.split_once(" ns=")
+                .and_then(|(_, n)| n.trim().parse().ok())
+        })
         .unwrap_or_else(|| panic!("no work line:\n{err}"));
     let path = so
         .lines()
@@ -59,7 +67,9 @@ fn run(store: &Path, cadence_ms: u64, observer: bool, rounds: u64) -> (u64, Path
 /// The sample intervals (ns) and the mean `harness_cpu_cores` of a bundle.
 fn samples(bundle: &Path) -> (Vec<f64>, Option<f64>) {
     let f = std::fs::File::open(bundle.join("samples.parquet")).expect("samples.parquet");
-    let df = ParquetReader::new(f).finish().expect("read samples.parquet");
+    let df = ParquetReader::new(f)
+        .finish()
+        .expect("read samples.parquet");
     let t = df.column("t_ns").unwrap().cast(&DataType::Float64).unwrap();
     let t: Vec<f64> = t.f64().unwrap().into_no_null_iter().collect();
     let gaps = t.windows(2).map(|w| w[1] - w[0]).collect();
@@ -84,9 +94,9 @@ fn mean(v: &[f64]) -> f64 {
 /// Two-sided 97.5% Student t quantile for `df` degrees of freedom.
 fn t975(df: usize) -> f64 {
     const T: [f64; 30] = [
-        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-        2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
     ];
     T.get(df.wrapping_sub(1)).copied().unwrap_or(1.96)
 }
@@ -114,7 +124,11 @@ fn main() {
             let on_first = rng.random_bool(0.5);
             let mut on = (0, PathBuf::new());
             let mut off = 0;
-            for observer in if on_first { [true, false] } else { [false, true] } {
+            for observer in if on_first {
+                [true, false]
+            } else {
+                [false, true]
+            } {
                 let r = run(&store, cadence_ms, observer, rounds);
                 if observer {
                     on = r;

@@ -156,10 +156,17 @@ fn the_engine_sigkilled_at_random_points_always_leaves_a_bundle_naming_its_open_
             .iter()
             .map(|v| v.as_str().unwrap().to_string())
             .collect();
-        assert_eq!(open.first().map(String::as_str), Some("render"), "run {run}: {open:?}");
+        assert_eq!(
+            open.first().map(String::as_str),
+            Some("render"),
+            "run {run}: {open:?}"
+        );
         assert!(open.len() <= 3, "run {run}: {open:?}");
         if let Some(p) = open.get(1) {
-            assert!(p.starts_with('p') && !p.contains('.'), "run {run}: {open:?}");
+            assert!(
+                p.starts_with('p') && !p.contains('.'),
+                "run {run}: {open:?}"
+            );
             if let Some(sub) = open.get(2) {
                 assert_eq!(sub, &format!("{p}.sub"), "run {run}: {open:?}");
             }
@@ -216,12 +223,28 @@ fn the_harness_sigkilled_at_random_points_is_recovered_losing_under_a_second() {
         assert!(out.status.success(), "run {run}: recover failed:\n{so}");
         let sealed: Vec<&str> = so.lines().filter(|l| l.starts_with("sealed ")).collect();
         assert_eq!(sealed.len(), 1, "run {run}: {so}");
-        assert!(sealed[0].contains("(harness-killed"), "run {run}: {}", sealed[0]);
-        let id = sealed[0].split(" -> ").nth(1).unwrap().split(' ').next().unwrap();
+        assert!(
+            sealed[0].contains("(harness-killed"),
+            "run {run}: {}",
+            sealed[0]
+        );
+        let id = sealed[0]
+            .split(" -> ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap();
         let st = Store::resolve(Some(&store)).unwrap();
-        assert!(st.staging_dirs().unwrap().is_empty(), "run {run}: staging left");
+        assert!(
+            st.staging_dirs().unwrap().is_empty(),
+            "run {run}: staging left"
+        );
         let dir = st.find(id).unwrap();
-        assert!(evidence::verify::verify_dir(&dir).ok(), "run {run}: invalid bundle");
+        assert!(
+            evidence::verify::verify_dir(&dir).ok(),
+            "run {run}: invalid bundle"
+        );
         let m = manifest(&dir);
         assert_eq!(m["exit"]["reason"], "harness-killed", "run {run}");
         let last = last_sample_ns(&dir)
@@ -259,11 +282,19 @@ impl SmallFs {
             if o.status.success() {
                 Ok(())
             } else {
-                Err(format!("{c:?}: {}", String::from_utf8_lossy(&o.stderr).trim()))
+                Err(format!(
+                    "{c:?}: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ))
             }
         };
-        run(Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0"]).arg(&img))?;
-        run(Command::new("mount").args(["-o", "loop"]).arg(&img).arg(&mount))?;
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0"])
+            .arg(&img))?;
+        run(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&img)
+            .arg(&mount))?;
         Ok(SmallFs { mount })
     }
 }
@@ -331,7 +362,10 @@ fn a_full_disk_stops_the_run_cleanly_keeps_the_journal_and_says_why() {
     std::thread::sleep(Duration::from_millis(100));
     seen.extend(rx.try_iter());
     let stderr = seen.join("\n");
-    assert!(!status.success(), "a run on a full disk exited 0:\n{stderr}");
+    assert!(
+        !status.success(),
+        "a run on a full disk exited 0:\n{stderr}"
+    );
     assert!(
         stderr.contains("No space left on device") && stderr.contains("journal"),
         "the error must say the journal hit a full disk:\n{stderr}"
@@ -344,7 +378,8 @@ fn a_full_disk_stops_the_run_cleanly_keeps_the_journal_and_says_why() {
     let st = Store::resolve(Some(&store)).unwrap();
     let staging = st.staging_dirs().unwrap();
     assert_eq!(staging.len(), 1, "{staging:?}");
-    let j = evidence::journal::read_journal(&staging[0].join(evidence::store::JOURNAL_FILE)).unwrap();
+    let j =
+        evidence::journal::read_journal(&staging[0].join(evidence::store::JOURNAL_FILE)).unwrap();
     let samples = j
         .records
         .iter()

@@ -544,7 +544,12 @@ mod tests {
         assert!(!r.reads_beyond_floor());
         let s = r.read(0, monotonic_ns());
         assert!(s.get("mem_available_bytes").unwrap() > 0.0);
-        for c in ["rss_bytes", "cpu_cores", "weights_cached_bytes", "unified_bytes"] {
+        for c in [
+            "rss_bytes",
+            "cpu_cores",
+            "weights_cached_bytes",
+            "unified_bytes",
+        ] {
             assert_eq!(s.get(c), None, "{c} read with the observer off");
         }
         // A unified budget needs the tree even with the observer off.
