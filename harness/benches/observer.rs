@@ -118,7 +118,7 @@ fn main() {
         let (mut on_s, mut off_s) = (Vec::new(), Vec::new());
         let mut gaps = Vec::new();
         let mut cpu = Vec::new();
-        // One unmeasured warm-up (weights of nothing, but the engine copy into the store).
+        // One unmeasured warm-up run: the engine copy into the store (H5) and cold caches.
         let _ = run(&store, cadence_ms, true, rounds / 10);
         for _ in 0..pairs {
             let on_first = rng.random_bool(0.5);
