@@ -27,6 +27,19 @@ rank *ARGS:
 bench:
     cargo bench --workspace
 
+# Observer overhead (on/off interleaved, 100 ms and 10 ms) with the dev profile, so
+# no release rebuild: `just bench-observer --pairs 20`. `just bench` runs it too.
+bench-observer *ARGS:
+    cargo test --workspace --bench observer -- {{ARGS}}
+
+# The fault suite at length: 40 engine kills, 40 harness kills, the full disk.
+faults-long RUNS="40" SEED="9":
+    FAULTS_RUNS={{RUNS}} FAULTS_SEED={{SEED}} cargo test --workspace --test faults -- --nocapture --test-threads 1
+
+# The fuzzers at length (CI runs 2048 cases per property, 1024 for safetensors).
+fuzz CASES="20000":
+    PROPTEST_CASES={{CASES}} cargo test --workspace --test fuzz --test fuzz_safetensors -- --nocapture
+
 # CUDA arm on a GPU machine: every kernel and the device DiT forward against the
 # f32 host reference, then the staging / forward / denoise benchmarks (table last).
 bench-gpu:

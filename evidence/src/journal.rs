@@ -549,6 +549,8 @@ struct Inner {
     /// A second handle on the file for fdatasync outside the state lock.
     sync_file: File,
     flusher: Mutex<Option<JoinHandle<()>>>,
+    /// Completed fdatasyncs.
+    syncs: std::sync::atomic::AtomicU64,
 }
 
 impl Inner {
@@ -569,7 +571,10 @@ impl Inner {
         self.sync_file.sync_data().map_err(|e| {
             self.lock().closed = Some(format!("fdatasync failed: {e}"));
             JournalError::from(IoAt::new(&self.path, "fdatasync journal", e))
-        })
+        })?;
+        self.syncs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -621,6 +626,7 @@ impl SharedJournal {
             wake: Condvar::new(),
             sync_file,
             flusher: Mutex::new(None),
+            syncs: std::sync::atomic::AtomicU64::new(0),
         });
         let weak = Arc::downgrade(&inner);
         let handle = std::thread::Builder::new()
@@ -659,6 +665,23 @@ impl SharedJournal {
             st.dirty = true;
         }
         res
+    }
+
+    /// Why the journal stopped accepting records (a failed write, flush or
+    /// fdatasync, e.g. a full disk); `None` while it is healthy or after a clean
+    /// [`SharedJournal::finish`].
+    pub fn failure(&self) -> Option<String> {
+        self.inner
+            .lock()
+            .closed
+            .clone()
+            .filter(|why| why != "finished")
+    }
+
+    /// How many fdatasyncs of appended records have completed (the header's
+    /// fsync at creation not counted): the durability cadence, observable.
+    pub fn syncs(&self) -> u64 {
+        self.inner.syncs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Flush and fdatasync now (at phase boundaries).

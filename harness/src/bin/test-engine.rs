@@ -12,6 +12,9 @@
 //! --tick NAME K/N              a tick with step K of N and a running forward index
 //! --info KEY=VALUE             an info marker
 //! --sleep-ms MS                sleep
+//! --work N                     a fixed CPU load: N rounds of sha256 over 1 MiB,
+//!                              printing "test-engine work=N ns=<elapsed>" on stderr
+//!                              (the observer-overhead benchmark's workload)
 //! --alloc BYTES                allocate and touch BYTES (kept until exit); 4GiB-style
 //! --runaway STEP/MS            allocate STEP bytes every MS ms, forever
 //! --exit CODE                  exit now with CODE
@@ -298,6 +301,11 @@ fn run_script(script: &[String], out: &Option<PathBuf>) -> Res<u8> {
             "--sleep-ms" => {
                 std::thread::sleep(Duration::from_millis(num(flag, &arg(flag, &mut it)?)?))
             }
+            "--work" => {
+                let rounds: u64 = num(flag, &arg(flag, &mut it)?)?;
+                let ns = work(rounds);
+                eprintln!("test-engine work={rounds} ns={ns}");
+            }
             "--alloc" => {
                 let v = arg(flag, &mut it)?;
                 let n = parse_bytes(&v).map_err(|e| Usage(format!("--alloc: {e}")))?;
@@ -484,4 +492,20 @@ fn main() {
         }
     };
     std::process::exit(i32::from(code));
+}
+
+/// `rounds` sha256 passes over a 1 MiB buffer (each feeding the next); returns the
+/// elapsed CLOCK_MONOTONIC nanoseconds. Fixed work, so its wall time shows how much
+/// CPU something else took from it.
+fn work(rounds: u64) -> u64 {
+    use sha2::{Digest, Sha256};
+    let mut buf: Vec<u8> = (0..1usize << 20).map(|i| (i * 131 % 251) as u8).collect();
+    let t0 = evidence::clock::monotonic_ns();
+    for r in 0..rounds {
+        let d = Sha256::digest(&buf);
+        let at = (r as usize * 32) % (buf.len() - 32);
+        buf[at..at + 32].copy_from_slice(&d);
+    }
+    std::hint::black_box(&buf);
+    evidence::clock::monotonic_ns().saturating_sub(t0)
 }

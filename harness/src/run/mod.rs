@@ -314,12 +314,22 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
         }
     };
 
-    let intervention = supervise(pid, &sampler, plan.timeout_s, &signals);
+    let intervention = supervise(pid, &sampler, &journal, plan.timeout_s, &signals);
     // Kill stragglers while the zombie leader still reserves the group id.
     crate::sampler::kill_group(pid, libc::SIGKILL);
     let report = sampler.stop();
     let status = spawn::reap(&mut child).context("reaping the engine")?;
     let t_end = monotonic_ns();
+    if let Some(why) = journal.failure() {
+        anyhow::bail!(
+            "the run's journal {} could not be written ({why}); the engine was stopped. \
+             Every record written before the failure is kept in {}: free space there, \
+             then `harness recover --store {}` seals it as an incomplete bundle",
+            journal.path().display(),
+            staging.dir().display(),
+            store.root().display()
+        );
+    }
     let intervention = intervention.or_else(|| report.trip.clone().map(Intervention::Watchdog));
     for h in [out, err] {
         join_bounded(h, DRAIN_TIMEOUT);
@@ -715,6 +725,7 @@ fn record_rung(
 fn supervise(
     pid: i32,
     sampler: &Sampler,
+    journal: &SharedJournal,
     timeout_s: Option<f64>,
     signals: &signals::Signals,
 ) -> Option<Intervention> {
@@ -738,6 +749,13 @@ fn supervise(
             return intervention;
         }
         if intervention.is_none() {
+            // A journal that cannot be written (full disk) ends the run: evidence
+            // that is not kept must not be produced.
+            if let Some(why) = journal.failure() {
+                eprintln!("harness: JOURNAL WRITE FAILED ({why}): stopping the engine");
+                spawn::terminate(pid, KILL_GRACE);
+                return intervention;
+            }
             if let Some(sig) = signals.take() {
                 eprintln!("harness: {sig}: stopping the engine (SIGTERM, SIGKILL after {KILL_GRACE:?}); the run will be sealed as interrupted");
                 intervention = Some(Intervention::Interrupted(sig));

@@ -9,7 +9,9 @@
 //! clock engines stamp markers with.
 //!
 //! With the observer off only what the watchdog needs is read and nothing is
-//! journaled: the arm that measures the instrument's own overhead.
+//! journaled: the arm that measures the instrument's own overhead. Without a
+//! unified budget that is `/proc/meminfo` alone (the floor check): no process-tree
+//! scan, no NVML probe, no page-cache residency, no journal append.
 
 pub mod cadence;
 pub mod gpu;
@@ -259,7 +261,7 @@ pub struct TickReader<'g> {
     observer: bool,
     unified: bool,
     slow_every: u64,
-    tree: ProcessTree,
+    tree: Option<ProcessTree>,
     system: SystemProbe,
     gpu: Option<GpuProbe<'g>>,
     residency: Option<Residency>,
@@ -268,6 +270,14 @@ pub struct TickReader<'g> {
     last_engine_gpu: Option<f64>,
     /// Reasons for unavailable columns.
     pub reasons: Reasons,
+}
+
+impl TickReader<'_> {
+    /// Whether this reader touches anything beyond `/proc/meminfo` (false only
+    /// with the observer off and no unified budget).
+    pub fn reads_beyond_floor(&self) -> bool {
+        self.tree.is_some() || self.gpu.is_some() || self.residency.is_some()
+    }
 }
 
 impl<'g> TickReader<'g> {
@@ -279,6 +289,18 @@ impl<'g> TickReader<'g> {
         gpu_absent_reason: Option<String>,
     ) -> Self {
         let mut reasons = Reasons::default();
+        let unified = config
+            .limits
+            .as_ref()
+            .is_some_and(|l| l.unified_budget_bytes.is_some());
+        // Observer off without a unified budget: the floor check reads meminfo only.
+        let floor_only = !config.observer && !unified;
+        let gpu = if floor_only { None } else { gpu };
+        let gpu_absent_reason = if floor_only {
+            Some("observer off: not read".to_string())
+        } else {
+            gpu_absent_reason
+        };
         let gpu = match gpu.map(GpuProbe::new) {
             Some(Ok(p)) => Some(p),
             Some(Err(why)) => {
@@ -291,7 +313,10 @@ impl<'g> TickReader<'g> {
                 None
             }
         };
-        let residency = if config.weights.is_empty() {
+        let residency = if floor_only {
+            reasons.note("weights_cached_bytes", "observer off: not read");
+            None
+        } else if config.weights.is_empty() {
             reasons.note("weights_cached_bytes", "the run names no weight files");
             None
         } else {
@@ -303,14 +328,11 @@ impl<'g> TickReader<'g> {
                 }
             }
         };
-        let tree = ProcessTree::new(target.pid);
-        let pids = tree.pids().collect();
+        let tree = (!floor_only).then(|| ProcessTree::new(target.pid));
+        let pids = tree.iter().flat_map(ProcessTree::pids).collect();
         TickReader {
             observer: config.observer,
-            unified: config
-                .limits
-                .as_ref()
-                .is_some_and(|l| l.unified_budget_bytes.is_some()),
+            unified,
             slow_every: config.slow_every(),
             tree,
             system: SystemProbe::default(),
@@ -328,12 +350,12 @@ impl<'g> TickReader<'g> {
         let mut s = Sample::empty(t_ns);
         let slow = index % self.slow_every == 0;
         let full = self.observer;
-        if slow && index > 0 {
-            self.tree.rescan();
-            self.pids = self.tree.pids().collect();
-        }
-        if full || self.unified {
-            self.tree.read(&mut s, &mut self.reasons, !full, t_ns);
+        if let Some(tree) = &mut self.tree {
+            if slow && index > 0 {
+                tree.rescan();
+                self.pids = tree.pids().collect();
+            }
+            tree.read(&mut s, &mut self.reasons, !full, t_ns);
         }
         if full {
             self.system.read(&mut s, &mut self.reasons);
@@ -501,5 +523,63 @@ mod tests {
         );
         assert!(report.trip.is_none());
         assert!(report.cost.median_us > 0.0);
+    }
+
+    #[test]
+    fn observer_off_reads_only_meminfo_and_journals_nothing() {
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let pid = child.id() as i32;
+        let target = Target { pid, pgid: pid };
+        let limits = Limits {
+            mem_floor_bytes: 1,
+            unified_budget_bytes: None,
+        };
+        let off = SamplerConfig {
+            cadence_ms: 10,
+            observer: false,
+            limits: Some(limits.clone()),
+            weights: vec![PathBuf::from("/proc/self/exe")],
+        };
+        let mut r = TickReader::new(&off, target, None, None);
+        assert!(!r.reads_beyond_floor());
+        let s = r.read(0, monotonic_ns());
+        assert!(s.get("mem_available_bytes").unwrap() > 0.0);
+        for c in [
+            "rss_bytes",
+            "cpu_cores",
+            "weights_cached_bytes",
+            "unified_bytes",
+        ] {
+            assert_eq!(s.get(c), None, "{c} read with the observer off");
+        }
+        // A unified budget needs the tree even with the observer off.
+        let budget = SamplerConfig {
+            limits: Some(Limits {
+                mem_floor_bytes: 1,
+                unified_budget_bytes: Some(u64::MAX / 2),
+            }),
+            ..off.clone()
+        };
+        let mut r = TickReader::new(&budget, target, None, None);
+        assert!(r.reads_beyond_floor());
+        assert!(r.read(0, monotonic_ns()).get("rss_bytes").unwrap() > 0.0);
+        // The run loop journals nothing with the observer off, yet ticks.
+        let rows = Arc::new(Mutex::new(Vec::new()));
+        let reasons = Arc::new(Mutex::new(Reasons::default()));
+        let sampler = Sampler::spawn(
+            off,
+            target,
+            None,
+            None,
+            Box::new(VecSink(rows.clone(), reasons.clone())),
+        )
+        .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let report = sampler.stop();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(report.ticks >= 5, "{} ticks", report.ticks);
+        assert!(rows.lock().unwrap().is_empty());
+        assert!(reasons.lock().unwrap().map().is_empty());
     }
 }
