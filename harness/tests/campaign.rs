@@ -3,34 +3,14 @@
 //! already sealed); a gate refusal stops the campaign cleanly; `harness rank`
 //! reads what it sealed. Stores live under `CARGO_TARGET_TMPDIR`, never /tmp.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
-const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
+mod real_engine;
 
-fn engine() -> PathBuf {
-    let e = Path::new(HARNESS).parent().unwrap().join("engine");
-    assert!(
-        e.is_file(),
-        "{} is missing: build it with `cargo build -p engine --bins` \
-         (cargo test --workspace does this)",
-        e.display()
-    );
-    e
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+use real_engine::{engine, fresh_dir, repo, text, HARNESS};
 
 fn campaign(store: &Path, extra: &[&str]) -> Output {
     Command::new(HARNESS)
@@ -71,9 +51,7 @@ fn manifests(store: &Path) -> Vec<Value> {
 
 #[test]
 fn a_campaign_interleaves_arms_resumes_and_feeds_rank() {
-    let store = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("campaign-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&store);
+    let store = fresh_dir("campaign-e2e");
 
     let out = campaign(&store, &["--", "--cadence-ms", "50"]);
     let so = text(&out.stdout);
@@ -130,9 +108,7 @@ fn a_campaign_interleaves_arms_resumes_and_feeds_rank() {
 
 #[test]
 fn a_gate_refusal_stops_the_campaign_and_says_where() {
-    let store = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("campaign-refused-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&store);
+    let store = fresh_dir("campaign-refused");
     // A memory floor no machine meets: the headroom gate refuses position 0.
     let out = campaign(&store, &["--", "--mem-floor", "900TiB"]);
     let so = text(&out.stdout);

@@ -6,57 +6,17 @@
 //! `cargo test --workspace` every binary is built before any test runs). The store
 //! and the weights cache live under `CARGO_TARGET_TMPDIR`, never /tmp.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use serde_json::Value;
 
-const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
+mod real_engine;
 
-fn engine() -> PathBuf {
-    let e = Path::new(HARNESS)
-        .parent()
-        .expect("harness binary has a directory")
-        .join("engine");
-    assert!(
-        e.is_file(),
-        "{} is missing: build it with `cargo build -p engine --bins` \
-         (cargo test --workspace does this)",
-        e.display()
-    );
-    e
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the harness crate lives in the workspace")
-        .to_path_buf()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn bundle_path(out: &Output) -> PathBuf {
-    let so = text(&out.stdout);
-    let p = so
-        .lines()
-        .find_map(|l| l.strip_prefix("path: "))
-        .unwrap_or_else(|| {
-            panic!(
-                "no bundle path in stdout:\n{so}\nstderr:\n{}",
-                text(&out.stderr)
-            )
-        });
-    PathBuf::from(p.trim())
-}
+use real_engine::{bundle_path, engine, fresh_dir, repo, text, HARNESS};
 
 #[test]
 fn rung0_renders_under_the_harness_into_a_complete_verified_bundle() {
-    let store = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("rung0-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&store);
+    let store = fresh_dir("rung0-e2e");
     let out = Command::new(HARNESS)
         .current_dir(repo())
         .args(["run", "--rung", "rungs/0.toml", "--store"])
