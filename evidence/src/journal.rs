@@ -82,7 +82,9 @@ impl Stream {
 pub struct FrameRow {
     /// Frame index, 0-based.
     pub index: u32,
-    /// sha256 of the frame's RGB8 pixels, lowercase hex.
+    /// sha256 of the frame's bytes as the y4m stream stores them (Y, U and V
+    /// planes), lowercase hex. (The schema-1 column metadata calls it "RGB8
+    /// pixels"; sealed bundles keep that string, see specs/bundle.md.)
     pub sha256: String,
     /// Mean luma, 0-255.
     pub mean_luma: f64,

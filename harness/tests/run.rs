@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
+mod real_engine;
+
+use real_engine::{bundle_path, text, HARNESS};
 const ENGINE: &str = env!("CARGO_BIN_EXE_test-engine");
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -40,25 +42,6 @@ fn exec(store: &Path, flags: &[&str], script: &str) -> Output {
     c.args(flags).arg("--exec").arg("--").arg(ENGINE);
     c.args(script.split_whitespace());
     c.output().unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// The sealed bundle's directory, from the `path:` line of stdout.
-fn bundle_path(out: &Output) -> PathBuf {
-    let so = text(&out.stdout);
-    let p = so
-        .lines()
-        .find_map(|l| l.strip_prefix("path: "))
-        .unwrap_or_else(|| {
-            panic!(
-                "no bundle path in stdout:\n{so}\nstderr:\n{}",
-                text(&out.stderr)
-            )
-        });
-    PathBuf::from(p.trim())
 }
 
 fn manifest(out: &Output) -> Value {

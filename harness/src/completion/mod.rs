@@ -41,30 +41,9 @@ pub const ZERO_MOTION_MEAN_ABS_DIFF: f64 = 0.25;
 /// At most this many reasons are listed; the rest are counted in one final reason.
 pub const MAX_REASONS: usize = 40;
 
-/// The per-frame result (one `frames.parquet` row).
-#[derive(Debug, Clone, PartialEq)]
-pub struct FrameStats {
-    /// 0-based frame index.
-    pub index: u32,
-    /// Lowercase hex sha256 of the frame's Y, U and V planes.
-    pub sha256: String,
-    /// Mean luma, code values.
-    pub mean_luma: f64,
-    /// Population standard deviation of luma, code values.
-    pub std_luma: f64,
-    /// Darkest luma, code values.
-    pub min_luma: f64,
-    /// Brightest luma, code values.
-    pub max_luma: f64,
-    /// Mean absolute luma difference from the previous frame (None for frame 0).
-    pub motion_vs_prev: Option<f64>,
-    /// Mean luma below [`NEAR_BLACK_MEAN_LUMA`].
-    pub near_black: bool,
-    /// Luma standard deviation below [`NEAR_UNIFORM_STD_LUMA`].
-    pub near_uniform: bool,
-    /// The earliest frame with the same hash, if any.
-    pub duplicate_of: Option<u32>,
-}
+/// The per-frame result is the journal's own row type (one `frames.parquet` row);
+/// the check fills it, `harness run` journals it as it is.
+pub use evidence::journal::FrameRow as FrameStats;
 
 /// The verdict of the completion check.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

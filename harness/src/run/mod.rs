@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use evidence::clock::monotonic_ns;
 use evidence::error::StoreError;
-use evidence::journal::{FrameRow, Record, SharedJournal, Stream};
+use evidence::journal::{Record, SharedJournal, Stream};
 use evidence::store::{Staging, Store};
 
 use crate::classify::{self, Facts, Intervention};
@@ -354,7 +354,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
     let completion = completion::check_frames_dir(&frames_dir, expect);
     for f in &completion.frames {
         journal
-            .append(&Record::Frame(frame_row(f)))
+            .append(&Record::Frame(f.clone()))
             .context("journaling a frame row")?;
     }
     use std::os::unix::process::ExitStatusExt;
@@ -799,22 +799,6 @@ fn sampler_results(f: &mut serde_json::Value, r: &SamplerReport) {
     f["ticks"] = serde_json::json!(r.ticks);
     f["missed_ticks"] = serde_json::json!(r.missed_ticks);
     f["tick_cost_us"] = serde_json::to_value(&r.cost).unwrap_or_default();
-}
-
-/// The journal row of a frame's stats.
-fn frame_row(f: &completion::FrameStats) -> FrameRow {
-    FrameRow {
-        index: f.index,
-        sha256: f.sha256.clone(),
-        mean_luma: f.mean_luma,
-        std_luma: f.std_luma,
-        min_luma: f.min_luma,
-        max_luma: f.max_luma,
-        motion_vs_prev: f.motion_vs_prev,
-        near_black: f.near_black,
-        near_uniform: f.near_uniform,
-        duplicate_of: f.duplicate_of,
-    }
 }
 
 /// Write the closing fragments, seal, print the phase table and the bundle.
