@@ -41,10 +41,17 @@ fuzz CASES="20000":
     PROPTEST_CASES={{CASES}} cargo test --workspace --test fuzz --test fuzz_safetensors -- --nocapture
 
 # CUDA arm on a GPU machine: every kernel and the device DiT forward against the
-# f32 host reference, then the staging / forward / denoise benchmarks (table last).
+# f32 host reference, the graph-replayed loop against the eager one, then the
+# staging / forward / denoise / denoise-graph benchmarks (table last).
 bench-gpu:
     cargo build --release -p engine
     LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-} target/release/engine selftest-cuda --bench --scratch target/selftest-cuda
+
+# The denoise-graph lever alone on a GPU machine: graph vs eager loops (bit-exact,
+# with the mutant) and the loop benchmark, off vs on, at rung 2's and rung 1's grids.
+bench-graph:
+    cargo build --release -p engine
+    LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-} target/release/engine selftest-cuda --only graph --bench --scratch target/selftest-cuda
 
 # The CUDA arm's render tests (tests/cuda_render.rs; ignored by a plain `cargo test`):
 # rung 0 on the device against the CPU arm, rung 1 end to end. Fail where no GPU is.

@@ -42,6 +42,13 @@ pub enum ProfileArg {
     Baseline,
 }
 
+/// A section of `selftest-cuda` to run alone.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SelftestSection {
+    /// The `denoise-graph` lever: graph-replayed vs eager loops (and its benchmark).
+    Graph,
+}
+
 /// Device on the command line.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum DeviceArg {
@@ -132,6 +139,9 @@ pub enum Command {
         /// Scratch directory for synthetic weight files (durable, a few GB free).
         #[arg(long, default_value = "target/selftest-cuda")]
         scratch: PathBuf,
+        /// Run one section alone (its checks, and its benchmark with --bench).
+        #[arg(long, value_enum)]
+        only: Option<SelftestSection>,
     },
     /// A known bf16 GEMM load for S seconds (the harness's GPU-utilization control).
     Burn {
@@ -204,8 +214,19 @@ fn cores() -> usize {
 /// Run one parsed command; returns the process exit code.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::SelftestCuda { bench, scratch } => {
-            let opts = crate::cuda::selftest::SelftestOptions { scratch, bench };
+        Command::SelftestCuda {
+            bench,
+            scratch,
+            only,
+        } => {
+            let only = only.map(|s| match s {
+                SelftestSection::Graph => crate::cuda::selftest::Section::Graph,
+            });
+            let opts = crate::cuda::selftest::SelftestOptions {
+                scratch,
+                bench,
+                only,
+            };
             let all_passed = crate::cuda::selftest::run(&opts)?;
             Ok(if all_passed { EXIT_OK } else { EXIT_FAILED })
         }

@@ -103,6 +103,13 @@ pub trait Denoiser {
     /// The final latents on the host, and on a device the milliseconds from the
     /// first step's start to the last step's end.
     fn finish(&mut self) -> Result<(Tensor, Option<f64>), DenoiseError>;
+
+    /// Host milliseconds spent capturing the loop's CUDA graphs in `begin`, when
+    /// the steps replay captured graphs (lever `denoise-graph = on`); `None`
+    /// when every step is launched eagerly (and on the CPU arm).
+    fn graph_capture_ms(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// Steps queued and not yet waited for, oldest first: at most [`IN_FLIGHT`],

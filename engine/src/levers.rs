@@ -48,6 +48,8 @@ pub const RELEASE_PAGES: &str = "release-pages";
 pub const HOST_THREADS: &str = "host-threads";
 /// Lever id: how the CUDA arm stages weights onto the device.
 pub const STAGING: &str = "staging";
+/// Lever id: whether the CUDA arm's denoise steps replay captured CUDA graphs.
+pub const DENOISE_GRAPH: &str = "denoise-graph";
 
 static REGISTRY: &[LeverDef] = &[
     LeverDef {
@@ -85,6 +87,16 @@ static REGISTRY: &[LeverDef] = &[
         doc: "serial stages each tensor with its own cuMemAlloc, a pageable copy and a \
               synchronize (the seed's pattern); batched reads the file with several threads \
               straight into pinned buffers and overlaps async copies into one device arena",
+    },
+    LeverDef {
+        id: DENOISE_GRAPH,
+        arms: &["off", "on"],
+        default: "on",
+        baseline: "off",
+        applies_to: Applies::Cuda,
+        doc: "off launches every kernel and GEMM of each forward from the host every step; \
+              on captures each forward once per loop as a CUDA graph and replays it, the \
+              step's timestep written into device memory before the replay",
     },
 ];
 
@@ -218,6 +230,11 @@ impl LeverSet {
         let mut o = StagingOptions::new(arm);
         o.release_pages = self.release_pages();
         o
+    }
+
+    /// Whether `denoise-graph` is on (the CUDA arm replays captured forwards).
+    pub fn denoise_graph(&self) -> bool {
+        self.arm(DENOISE_GRAPH) == "on"
     }
 
     /// The host pool size the `host-threads` arm asks for, given `cores` available.

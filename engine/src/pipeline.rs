@@ -21,7 +21,9 @@
 //! pages as tensors are materialized and the whole files at the end of each load;
 //! `host-threads` sizes the rayon pool the render runs in (set by the caller);
 //! on the device arm `staging = serial|batched` picks how the transformer
-//! reaches the device and `release-pages` drops its file pages once copied.
+//! reaches the device, `release-pages` drops its file pages once copied, and
+//! `denoise-graph = on` replays each forward as a captured CUDA graph (the
+//! `denoise` close says `graph` and `graph_capture_ms`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -32,7 +34,7 @@ use evidence::marker::{attr, Attrs};
 use evidence::rung::{Device, Rung};
 use serde_json::Value;
 
-use crate::cuda::backend::open_cuda_denoiser;
+use crate::cuda::backend::{open_cuda_denoiser, Dispatch};
 use crate::cuda::staging::{StagingArm, StagingOptions};
 use crate::denoise::{Conditioning, CpuDenoiser, Denoiser, TextCond};
 use crate::frames::png::write_png;
@@ -313,11 +315,15 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
             ph.finish(a);
         }
         let (lat, loop_ms) = den.finish()?;
+        let capture_ms = den.graph_capture_ms();
         // Freeing the model (and on a device the context) is the phase's work
         // too (no unmarked gap after it).
         drop(den);
         drop(kept);
-        let mut a = attrs! {"forwards" => forward};
+        let mut a = attrs! {"forwards" => forward, "graph" => capture_ms.is_some()};
+        if let Some(ms) = capture_ms {
+            a.insert("graph_capture_ms".into(), Value::from(ms));
+        }
         if let Some(ms) = loop_ms {
             a.insert(attr::DEVICE_MS.into(), Value::from(ms));
             a.insert("forwards_device_ms".into(), Value::from(forwards_ms));
@@ -457,13 +463,15 @@ fn load_cuda_dit(
     })?;
     let mut opts = StagingOptions::new(arm);
     opts.release_pages = req.levers.release_pages();
-    let (den, r) = open_cuda_denoiser(&tensors, &req.preset.dit, &opts, &cond, grid, fps)
+    let dispatch = Dispatch::from_graph_lever(req.levers.denoise_graph());
+    let (den, r) = open_cuda_denoiser(&tensors, &req.preset.dit, &opts, &cond, grid, fps, dispatch)
         .context("the CUDA arm's transformer")?;
     rec.attach_device(den.mem());
     let st = &r.staging;
     let a = attrs! {
         "arm" => "cuda",
         "staging" => arm.name(),
+        "dispatch" => dispatch.name(),
         "release_pages" => opts.release_pages,
         attr::BYTES_STAGED => st.bytes,
         "tensors" => tensors.len(),

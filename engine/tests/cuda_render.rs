@@ -184,6 +184,18 @@ fn check_device_markers(r: &Run, steps: usize, forwards_per_step: usize, stored:
     assert!(u64_attr(load, "peak_device_bytes").is_some_and(|p| p >= stored));
     let den = one("denoise");
     let den_ms = f64_attr(den, "device_ms").expect("denoise device_ms");
+    // The default profile's denoise-graph arm: graph replay, its capture timed.
+    let graph = den.close_attrs.get("graph").and_then(|v| v.as_bool());
+    let default_on = engine::levers::lever("denoise-graph").map(|l| l.default) == Some("on");
+    assert_eq!(
+        graph,
+        Some(default_on),
+        "denoise graph: {:?}",
+        den.close_attrs
+    );
+    if default_on {
+        assert!(f64_attr(den, "graph_capture_ms").is_some_and(|m| m > 0.0));
+    }
     let fwd_sum = f64_attr(den, "forwards_device_ms").expect("denoise forwards_device_ms");
     let steps_sp: Vec<&Span> = sp.iter().filter(|s| s.name == "denoise.step").collect();
     assert_eq!(steps_sp.len(), steps);

@@ -10,15 +10,62 @@
 //! flight, so there are two sets), giving `device_ms` for the markers.
 //! [`open_cuda_denoiser`] turns a machine without CUDA into
 //! [`CudaError::NotAvailable`] instead of a panic.
+//!
+//! # Dispatch (lever `denoise-graph`)
+//!
+//! [`Dispatch::Eager`] launches every kernel and GEMM of both forwards from the
+//! host each step (~25 launches per block, ~700 per ltxv-2b forward).
+//! [`Dispatch::Graph`] captures each forward ONCE per [`Denoiser::begin`] as a
+//! CUDA graph (stream capture, instantiate, upload) and replays it every step:
+//! one graph launch per forward.
+//!
+//! - What is captured: one graph per prompt (the unconditional forward writing
+//!   v_uncond, the conditional one writing v_cond). The guided Euler update stays
+//!   a plain launch after them. So the step keeps the eager loop's events: the
+//!   host records them between graph launches, each forward's span holds that
+//!   forward's kernels only, and `dit.forward` ticks keep their `device_ms` on
+//!   both arms (the campaign's GPU-busy share is the sum of those over the
+//!   denoise wall: one whole-step graph would lose it). The price is two graph
+//!   launches per guided step instead of one, a few microseconds.
+//! - The step's scalars are not baked in. The noise level enters a forward only
+//!   through the timestep embedding: the captured forwards read t = sigma x 1000
+//!   from one device f32 (the t slot after the velocities in the loop's buffer,
+//!   [`Timestep::At`]), and each step first writes its t there with a 4-byte
+//!   `cuMemsetD32Async` on the compute stream. Stream order puts that write after
+//!   the previous step's forwards and before this step's, so two steps may be in
+//!   flight. dt = sigma_next - sigma rides by value in the `guided_euler` launch,
+//!   as on the eager arm. Alternatives not taken: a device array of every step's
+//!   t indexed by a device-side counter needs the whole schedule at `begin` (the
+//!   [`Denoiser`] contract hands sigmas over step by step) and a counter that can
+//!   drift from the host's step; patching the instantiated graph's kernel nodes
+//!   (`cuGraphExecKernelNodeSetParams`) each step needs the nodes found by
+//!   function handle and a host API call per patched node, for the same effect.
+//! - Bit-identity with the eager arm: the same kernels in the same order with the
+//!   same arguments; the eager and the graph timestep kernels share one
+//!   non-inlined body and get the same f32 t (computed on the host as
+//!   `sigma * 1000.0` either way); the GEMMs use the cached cuBLASLt plans (one
+//!   algorithm per shape) and the one preallocated workspace
+//!   ([`super::gemm::WORKSPACE_BYTES`]). `engine selftest-cuda` checks it
+//!   (`check_graph`, tolerance 0).
+//! - Capture needs no host synchronisation and no allocation: the warm-up
+//!   forwards in `begin` (with the graph's timestep kernel) build every GEMM plan
+//!   and load every kernel first, and `begin` refuses a capture that grew the
+//!   plan cache or the device allocations. Capture mode is thread-local: a
+//!   forbidden call from this thread (a synchronising copy, a cuMemAlloc) ends
+//!   the capture with an error instead of running outside the graph.
+//! - The `denoise` close carries `graph` (bool) and, with a graph,
+//!   `graph_capture_ms` (host milliseconds of capture, instantiate and upload,
+//!   spent in `begin`, inside step 1).
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::CudaEvent;
+use cudarc::driver::sys::{CUdeviceptr, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{result as dres, CudaEvent, CudaGraph, CudaStream};
 
 use super::context::Gpu;
-use super::dit::{DeviceDit, DitDims, Geometry, TextSlot, Workspace, LATENT_CHANNELS};
-use super::memory::{download, upload, DeviceBuffer, MemTracker};
+use super::dit::{DeviceDit, DitDims, Geometry, TextSlot, Timestep, Workspace, LATENT_CHANNELS};
+use super::memory::{download, upload, DeviceBuffer, MemTracker, ALIGN};
 use super::selftest::Rig;
 use super::staging::{self, StagingOptions, StagingReport};
 use super::{CudaError, DriverContext};
@@ -53,6 +100,53 @@ pub struct OpenReport {
     pub staging: StagingReport,
 }
 
+/// How a step's forwards reach the GPU (lever `denoise-graph`; see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dispatch {
+    /// Every kernel and GEMM launched from the host each step.
+    Eager,
+    /// Each forward captured once per `begin` as a CUDA graph, replayed each step.
+    Graph,
+}
+
+impl Dispatch {
+    /// The dispatch of the `denoise-graph` arm (`on` = graph).
+    pub fn from_graph_lever(on: bool) -> Dispatch {
+        if on {
+            Dispatch::Graph
+        } else {
+            Dispatch::Eager
+        }
+    }
+
+    /// Stable name (`eager`, `graph`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Dispatch::Eager => "eager",
+            Dispatch::Graph => "graph",
+        }
+    }
+}
+
+/// Bytes after the three latent-sized buffers: the step's t (one f32), padded.
+pub const TIMESTEP_SLOT_BYTES: usize = ALIGN;
+
+/// The captured forwards of [`Dispatch::Graph`].
+struct StepGraphs {
+    uncond: Option<CudaGraph>,
+    cond: CudaGraph,
+}
+
+/// Device addresses inside the loop's buffer.
+#[derive(Debug, Clone, Copy)]
+struct IoPtrs {
+    lat: CUdeviceptr,
+    vc: CUdeviceptr,
+    vu: CUdeviceptr,
+    /// The step's t = sigma x 1000 (f32), read by captured forwards.
+    t: CUdeviceptr,
+}
+
 /// The device-resident sampler loop.
 pub struct CudaDenoiser {
     dit: DeviceDit,
@@ -60,8 +154,15 @@ pub struct CudaDenoiser {
     uncond: Option<TextSlot>,
     guidance: f32,
     geo: Geometry,
-    /// lat, v_cond, v_uncond: f32 [n, 128] each.
+    dispatch: Dispatch,
+    /// lat, v_cond, v_uncond: f32 [n, 128] each, then the t slot.
     io: Option<DeviceBuffer>,
+    /// With [`Dispatch::Graph`], from `begin` to `finish`.
+    graphs: Option<StepGraphs>,
+    /// Host ms of the last capture (capture, instantiate, upload).
+    capture_ms: Option<f64>,
+    /// The selftest's mutation: steps stop writing their t.
+    skip_t_write: bool,
     events: Vec<StepEvents>,
     loop_start: CudaEvent,
     loop_end: CudaEvent,
@@ -74,7 +175,8 @@ pub struct CudaDenoiser {
 
 /// Open GPU 0, stage the transformer's tensors (`tensors`: the extents of the
 /// validated checkpoint, possibly over several files) with `staging`, bind them
-/// and upload the conditioning. The latent grid and fps fix the workspace.
+/// and upload the conditioning. The latent grid and fps fix the workspace;
+/// `dispatch` is the `denoise-graph` lever's arm.
 pub fn open_cuda_denoiser(
     tensors: &[Extent],
     cfg: &DitConfig,
@@ -82,6 +184,7 @@ pub fn open_cuda_denoiser(
     cond: &Conditioning,
     grid: (usize, usize, usize),
     fps: f32,
+    dispatch: Dispatch,
 ) -> Result<(CudaDenoiser, OpenReport), CudaError> {
     let dims = DitDims::from_config(cfg)?;
     let t0 = Instant::now();
@@ -95,29 +198,9 @@ pub fn open_cuda_denoiser(
         dims,
         Arc::new(w),
     )?;
-    let slot =
-        |t: &crate::denoise::TextCond| TextSlot::upload(&rig.gpu, &dims, t.states.data(), &t.mask);
-    let c = slot(&cond.cond)?;
-    let u = cond.uncond.as_ref().map(slot).transpose()?;
-    let events = (0..IN_FLIGHT)
-        .map(|_| StepEvents::new(&rig.gpu))
-        .collect::<Result<_, _>>()?;
-    let (loop_start, loop_end) = (rig.gpu.event()?, rig.gpu.event()?);
+    let den = CudaDenoiser::new(rig, dit, cond, Geometry { grid, fps }, dispatch)?;
     Ok((
-        CudaDenoiser {
-            dit,
-            cond: c,
-            uncond: u,
-            guidance: cond.guidance,
-            geo: Geometry { grid, fps },
-            io: None,
-            events,
-            loop_start,
-            loop_end,
-            queued: Default::default(),
-            started: false,
-            _rig: rig,
-        },
+        den,
         OpenReport {
             device_open_s,
             staging: report,
@@ -135,29 +218,209 @@ pub fn loaded_bytes(dims: &DitDims, l: usize, prompts: usize) -> u64 {
 }
 
 /// Device bytes the sampler loop adds over `n` tokens: the forward's workspace
-/// and the latents with their two velocities.
+/// and the latents with their two velocities and the t slot (on both arms).
 pub fn loop_bytes(dims: &DitDims, n: usize, l: usize) -> u64 {
-    (Workspace::bytes_for(dims, n, l) + 3 * n * LATENT_CHANNELS * 4) as u64
+    (Workspace::bytes_for(dims, n, l) + 3 * n * LATENT_CHANNELS * 4 + TIMESTEP_SLOT_BYTES) as u64
+}
+
+/// Capture what `enqueue` puts on `stream` as an instantiated graph. The
+/// capture is ended even when `enqueue` fails (then its error is returned).
+fn capture(
+    stream: &Arc<CudaStream>,
+    enqueue: impl FnOnce() -> Result<(), CudaError>,
+) -> Result<CudaGraph, CudaError> {
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .ctx("beginning a stream capture")?;
+    let queued = enqueue();
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+    queued?;
+    graph
+        .ctx("ending the capture and instantiating the graph")?
+        .ok_or_else(|| CudaError::Invalid("the forward's capture is empty".into()))
 }
 
 impl CudaDenoiser {
+    /// A loop over `dit` (built on `rig`'s device) conditioned on `cond` over
+    /// `geo`, dispatching steps as `dispatch` says. `rig` is kept, and dropped
+    /// last.
+    pub fn new(
+        rig: Rig,
+        dit: DeviceDit,
+        cond: &Conditioning,
+        geo: Geometry,
+        dispatch: Dispatch,
+    ) -> Result<CudaDenoiser, CudaError> {
+        let dims = *dit.dims();
+        let slot = |t: &crate::denoise::TextCond| {
+            TextSlot::upload(&rig.gpu, &dims, t.states.data(), &t.mask)
+        };
+        let c = slot(&cond.cond)?;
+        let u = cond.uncond.as_ref().map(slot).transpose()?;
+        let events = (0..IN_FLIGHT)
+            .map(|_| StepEvents::new(&rig.gpu))
+            .collect::<Result<_, _>>()?;
+        let (loop_start, loop_end) = (rig.gpu.event()?, rig.gpu.event()?);
+        Ok(CudaDenoiser {
+            dit,
+            cond: c,
+            uncond: u,
+            guidance: cond.guidance,
+            geo,
+            dispatch,
+            io: None,
+            graphs: None,
+            capture_ms: None,
+            skip_t_write: false,
+            events,
+            loop_start,
+            loop_end,
+            queued: Default::default(),
+            started: false,
+            _rig: rig,
+        })
+    }
+
     /// The device allocator's tracker (for `peak_device_bytes`).
     pub fn mem(&self) -> Arc<MemTracker> {
         self.dit.gpu().mem.clone()
+    }
+
+    /// How steps are dispatched.
+    pub fn dispatch(&self) -> Dispatch {
+        self.dispatch
+    }
+
+    /// The selftest's mutation (never set by a render): graph steps stop writing
+    /// their t, so every forward replays the warm-up's t (sigma 1). The
+    /// graph-vs-eager check must fail on it.
+    #[doc(hidden)]
+    pub fn mutate_skip_timestep_write(&mut self) {
+        self.skip_t_write = true;
     }
 
     fn n(&self) -> usize {
         self.geo.grid.0 * self.geo.grid.1 * self.geo.grid.2
     }
 
-    /// (lat, v_cond, v_uncond) device addresses.
-    fn ptrs(&self) -> Result<(u64, u64, u64), CudaError> {
+    /// The longest text a forward reads.
+    fn l(&self) -> usize {
+        self.uncond
+            .as_ref()
+            .map_or(self.cond.l, |u| u.l.max(self.cond.l))
+    }
+
+    fn ptrs(&self) -> Result<IoPtrs, CudaError> {
         let io = self
             .io
             .as_ref()
             .ok_or_else(|| CudaError::Invalid("a step before begin".into()))?;
         let b = (self.n() * LATENT_CHANNELS * 4) as u64;
-        Ok((io.ptr(), io.ptr() + b, io.ptr() + 2 * b))
+        Ok(IoPtrs {
+            lat: io.ptr(),
+            vc: io.ptr() + b,
+            vu: io.ptr() + 2 * b,
+            t: io.ptr() + 3 * b,
+        })
+    }
+
+    /// Write t = `sigma` x 1000 into the t slot, in stream order (the same f32
+    /// product the eager timestep kernel gets by value).
+    fn write_t(&self, slot: CUdeviceptr, sigma: f32) -> Result<(), CudaError> {
+        let t = sigma * 1000.0;
+        // SAFETY: the slot is 4 aligned bytes inside the loop's buffer.
+        unsafe {
+            cudarc::driver::sys::cuMemsetD32Async(
+                slot,
+                t.to_bits(),
+                1,
+                self.dit.gpu().compute.cu_stream(),
+            )
+        }
+        .result()
+        .ctx("writing the step's timestep")
+    }
+
+    /// Capture each forward as a graph (after the warm-up: no plan is built and
+    /// nothing allocated inside, which is checked).
+    fn capture_forwards(&mut self, p: IoPtrs) -> Result<(), CudaError> {
+        let gpu = self.dit.gpu().clone();
+        let plans = self.dit.gemm().cached_plans();
+        let held = gpu.mem.current();
+        let t0 = Instant::now();
+        let ts = Timestep::At(p.t);
+        let (dit, geo) = (&self.dit, self.geo);
+        let uncond = match &self.uncond {
+            Some(u) => Some(capture(&gpu.compute, || {
+                dit.enqueue_at(p.lat, ts, geo, u, p.vu)
+            })?),
+            None => None,
+        };
+        let cond = capture(&gpu.compute, || {
+            dit.enqueue_at(p.lat, ts, geo, &self.cond, p.vc)
+        })?;
+        for g in uncond.iter().chain([&cond]) {
+            g.upload().ctx("uploading a captured forward")?;
+        }
+        gpu.sync_compute()?;
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        let (plans_after, held_after) = (self.dit.gemm().cached_plans(), gpu.mem.current());
+        if plans_after != plans || held_after != held {
+            return Err(CudaError::Invalid(format!(
+                "capturing the forwards built {} GEMM plans and changed the device allocations \
+                 by {} bytes: the warm-up must leave nothing to build",
+                plans_after.saturating_sub(plans),
+                held_after as i64 - held as i64
+            )));
+        }
+        self.graphs = Some(StepGraphs { uncond, cond });
+        self.capture_ms = Some(ms);
+        Ok(())
+    }
+
+    /// Fill both velocities and the forward's workspace with NaN bytes on the
+    /// compute stream (a check's poison: every step must write them again).
+    pub fn poison_outputs(&mut self) -> Result<(), CudaError> {
+        let p = self.ptrs()?;
+        let (n, l) = (self.n(), self.l());
+        let gpu = self.dit.gpu().clone();
+        self.dit.workspace(n, l)?.poison(&gpu)?;
+        // SAFETY: v_cond and v_uncond are the 2 x n x 128 f32 after the latents.
+        unsafe {
+            dres::memset_d8_async(
+                p.vc,
+                0xFF,
+                2 * n * LATENT_CHANNELS * 4,
+                gpu.compute.cu_stream(),
+            )
+        }
+        .ctx("poisoning the velocities")
+    }
+
+    /// One forward of the step: the captured graph, or the eager launches.
+    fn forward(&self, uncond: bool, sigma: f32, p: IoPtrs) -> Result<(), CudaError> {
+        let (text, out) = match (uncond, &self.uncond) {
+            (true, Some(u)) => (u, p.vu),
+            (true, None) => return Err(CudaError::Invalid("no unconditional prompt".into())),
+            (false, _) => (&self.cond, p.vc),
+        };
+        match self.dispatch {
+            Dispatch::Eager => self.dit.enqueue_forward(p.lat, sigma, self.geo, text, out),
+            Dispatch::Graph => {
+                let g = self.graphs.as_ref().ok_or_else(|| {
+                    CudaError::Invalid("a graph step without captured forwards".into())
+                })?;
+                let graph = if uncond {
+                    g.uncond.as_ref()
+                } else {
+                    Some(&g.cond)
+                };
+                graph
+                    .ok_or_else(|| CudaError::Invalid("no captured unconditional forward".into()))?
+                    .launch()
+                    .ctx("launching a captured forward")
+            }
+        }
     }
 }
 
@@ -179,30 +442,47 @@ impl Denoiser for CudaDenoiser {
                 self.geo.grid
             )));
         }
-        let l = self
-            .uncond
-            .as_ref()
-            .map_or(self.cond.l, |u| u.l.max(self.cond.l));
+        // A previous loop's graphs point into buffers about to be replaced.
+        self.graphs = None;
+        self.capture_ms = None;
+        self.started = false;
+        let l = self.l();
         self.dit.workspace(n, l)?;
         let gpu = self.dit.gpu().clone();
-        let io = DeviceBuffer::alloc(&gpu, 3 * n * LATENT_CHANNELS * 4, "the sampler's latents")?;
+        let io = DeviceBuffer::alloc(
+            &gpu,
+            3 * n * LATENT_CHANNELS * 4 + TIMESTEP_SLOT_BYTES,
+            "the sampler's latents",
+        )?;
         upload(&gpu, io.ptr(), latents.data())?;
         self.io = Some(io);
         // Before any event is recorded: a one-block forward per prompt takes the
         // first launch's host work (tens of ms) out of forward 1's event span,
         // where the idle GPU would count as busy. Its output (into v_cond) is
-        // overwritten by the first real forward.
-        let (lat, vc, _) = self.ptrs()?;
+        // overwritten by the first real forward. With a graph it runs the
+        // graph's timestep kernel, so the capture loads nothing.
+        let p = self.ptrs()?;
+        let ts = match self.dispatch {
+            Dispatch::Eager => Timestep::Sigma(1.0),
+            Dispatch::Graph => {
+                self.write_t(p.t, 1.0)?;
+                Timestep::At(p.t)
+            }
+        };
         if let Some(u) = &self.uncond {
-            self.dit.enqueue_warm_up(lat, self.geo, u, vc)?;
+            self.dit.enqueue_warm_up(p.lat, ts, self.geo, u, p.vc)?;
         }
-        self.dit.enqueue_warm_up(lat, self.geo, &self.cond, vc)?;
+        self.dit
+            .enqueue_warm_up(p.lat, ts, self.geo, &self.cond, p.vc)?;
         gpu.sync_compute()?;
+        if self.dispatch == Dispatch::Graph {
+            self.capture_forwards(p)?;
+        }
         Ok(())
     }
 
     fn enqueue(&mut self, step: usize, sigma: f32, sigma_next: f32) -> Result<(), DenoiseError> {
-        let (lat, vc, vu) = self.ptrs()?;
+        let p = self.ptrs()?;
         // Refuses a third pending step: its events would still be in use.
         self.queued.push(step, ())?;
         let gpu = self.dit.gpu().clone();
@@ -214,20 +494,24 @@ impl Denoiser for CudaDenoiser {
             self.started = true;
         }
         rec(&ev.start)?;
+        if self.dispatch == Dispatch::Graph && !self.skip_t_write {
+            // Inside the first forward's span, where the eager arm's timestep
+            // kernel takes its t by value.
+            self.write_t(p.t, sigma)?;
+        }
         let mut f = 0;
-        if let Some(u) = &self.uncond {
-            self.dit.enqueue_forward(lat, sigma, self.geo, u, vu)?;
+        if self.uncond.is_some() {
+            self.forward(true, sigma, p)?;
             rec(&ev.forwards[f])?;
             f += 1;
         }
-        self.dit
-            .enqueue_forward(lat, sigma, self.geo, &self.cond, vc)?;
+        self.forward(false, sigma, p)?;
         rec(&ev.forwards[f])?;
-        let u = if self.uncond.is_some() { vu } else { 0 };
+        let u = if self.uncond.is_some() { p.vu } else { 0 };
         let n = self.n() * LATENT_CHANNELS;
         self.dit
             .kernels()
-            .guided_euler(s, lat, vc, u, self.guidance, sigma_next - sigma, n)?;
+            .guided_euler(s, p.lat, p.vc, u, self.guidance, sigma_next - sigma, n)?;
         rec(&ev.end)?;
         Ok(())
     }
@@ -257,7 +541,7 @@ impl Denoiser for CudaDenoiser {
 
     fn finish(&mut self) -> Result<(Tensor, Option<f64>), DenoiseError> {
         self.queued.check_empty()?;
-        let (lat, _, _) = self.ptrs()?;
+        let lat = self.ptrs()?.lat;
         let gpu = self.dit.gpu().clone();
         self.loop_end
             .record(&gpu.compute)
@@ -273,16 +557,86 @@ impl Denoiser for CudaDenoiser {
         } else {
             None
         };
+        // The graphs point into the buffer freed here.
+        self.graphs = None;
+        self.io = None;
         if !v.iter().all(|x| x.is_finite()) {
             return Err(DenoiseError::NonFinite(
                 "on the device (after the last step)".into(),
             ));
         }
-        self.io = None;
         let t =
             Tensor::new(&[n, LATENT_CHANNELS], v).map_err(|e| order(format!("latents: {e}")))?;
         Ok((t, ms))
     }
+
+    fn graph_capture_ms(&self) -> Option<f64> {
+        self.capture_ms
+    }
+}
+
+/// What one [`run_loop`] measured.
+#[derive(Debug, Clone)]
+pub struct LoopRun {
+    /// The final latents `[tokens, 128]`.
+    pub latents: Tensor,
+    /// Every forward's device milliseconds (CUDA events), in order.
+    pub forward_ms: Vec<f64>,
+    /// Every step's device milliseconds (CUDA events), in order.
+    pub step_ms: Vec<f64>,
+    /// Host seconds from the first `enqueue` to the last `wait`'s return.
+    pub wall_s: f64,
+    /// Host seconds spent inside `enqueue` calls (the dispatch cost).
+    pub enqueue_s: f64,
+    /// Host ms of the graph capture in `begin` (graph dispatch only).
+    pub capture_ms: Option<f64>,
+}
+
+/// Drive `den` over `sigmas` (steps + 1 values) from `latents` as the pipeline
+/// does (begin; step k + 1 queued before step k is waited for; finish), for
+/// checks and benchmarks. With `poison` the velocities and the workspace are
+/// NaN bytes before step 1 (after `begin`'s warm-up and capture).
+pub fn run_loop(
+    den: &mut CudaDenoiser,
+    latents: Tensor,
+    sigmas: &[f32],
+    poison: bool,
+) -> Result<LoopRun, DenoiseError> {
+    let steps = sigmas.len().saturating_sub(1);
+    if steps == 0 {
+        return Err(order("a loop needs at least two sigmas".into()));
+    }
+    den.begin(latents)?;
+    if poison {
+        den.poison_outputs()?;
+    }
+    let (mut forward_ms, mut step_ms) = (Vec::new(), Vec::new());
+    let mut enqueue_s = 0.0;
+    let t0 = Instant::now();
+    let mut enqueue = |den: &mut CudaDenoiser, k: usize| -> Result<(), DenoiseError> {
+        let t = Instant::now();
+        den.enqueue(k, sigmas[k], sigmas[k + 1])?;
+        enqueue_s += t.elapsed().as_secs_f64();
+        Ok(())
+    };
+    enqueue(den, 0)?;
+    for k in 0..steps {
+        if k + 1 < steps {
+            enqueue(den, k + 1)?;
+        }
+        let ms = den.wait(k, &mut |ms| forward_ms.extend(ms))?;
+        step_ms.extend(ms);
+    }
+    let wall_s = t0.elapsed().as_secs_f64();
+    let (latents, _) = den.finish()?;
+    Ok(LoopRun {
+        latents,
+        forward_ms,
+        step_ms,
+        wall_s,
+        enqueue_s,
+        capture_ms: den.graph_capture_ms(),
+    })
 }
 
 #[cfg(test)]
@@ -309,6 +663,7 @@ mod tests {
                 &cond,
                 (1, 2, 2),
                 25.0,
+                Dispatch::Graph,
             )
             .map(|_| ())
         })

@@ -10,7 +10,9 @@
 //!   from CUDA events, with the attention and GEMM shares measured alone;
 //! - the GPU-busy share of a device-resident denoise loop: the sum of every
 //!   forward's event time over the loop's wall time, with the host emitting a
-//!   tick per forward one forward behind (as the render does).
+//!   tick per forward one forward behind (as the render does);
+//! - the denoise loop with lever `denoise-graph` off and on
+//!   ([`super::graph_bench`]).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -424,5 +426,8 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
         }
     }
     let _ = std::fs::remove_file(&file);
+    // The denoise loop eager vs replayed from graphs (lever denoise-graph).
+    drop(w2b);
+    super::graph_bench::denoise_graph(rig, &mut rows)?;
     Ok(rows)
 }

@@ -6,8 +6,9 @@
 //! forward enqueues only kernels and GEMMs on the compute stream: inputs are
 //! uploaded before it starts, the output downloaded after it ends, and the
 //! timestep embedding is computed on the device (its scalar rides in the kernel
-//! arguments), so nothing inside it waits for the host. Its device time comes
-//! from CUDA events around it.
+//! arguments, or sits in one device f32 for a forward captured into a CUDA
+//! graph: [`Timestep`]), so nothing inside it waits for the host and it can be
+//! captured. Its device time comes from CUDA events around it.
 //!
 //! Semantics follow `shared/docs/ltx-architecture.md` (diffusers
 //! `LTXVideoTransformer3DModel`): names in [`DitDims::tensor_specs`] are the
@@ -385,6 +386,18 @@ impl TextSlot {
     }
 }
 
+/// Where a forward's timestep comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Timestep {
+    /// The noise level sigma, by value: t = sigma x 1000 rides in the launch's
+    /// arguments (the eager loop).
+    Sigma(f32),
+    /// t = sigma x 1000 as one f32 at this device address, read when the
+    /// timestep kernel runs: a captured graph replays the forward unchanged while
+    /// each step writes its own t there first (see `backend`).
+    At(CUdeviceptr),
+}
+
 /// Geometry of one forward.
 #[derive(Debug, Clone, Copy)]
 pub struct Geometry {
@@ -468,6 +481,11 @@ impl DeviceDit {
         &self.kernels
     }
 
+    /// The cuBLASLt handle and its plan cache.
+    pub fn gemm(&self) -> &Arc<Gemm> {
+        &self.gemm
+    }
+
     /// The workspace for (n, l), allocated (or reallocated) on demand.
     pub fn workspace(&mut self, n: usize, l: usize) -> Result<&Workspace, CudaError> {
         let fits = matches!(&self.ws, Some(w) if w.n == n && w.l == l);
@@ -492,7 +510,20 @@ impl DeviceDit {
         text: &TextSlot,
         out: CUdeviceptr,
     ) -> Result<(), CudaError> {
-        self.enqueue_blocks(lat, sigma, geo, text, out, self.w.blocks.len())
+        self.enqueue_at(lat, Timestep::Sigma(sigma), geo, text, out)
+    }
+
+    /// [`DeviceDit::enqueue_forward`] with the timestep from `ts`
+    /// ([`Timestep::At`] for a forward captured into a graph).
+    pub fn enqueue_at(
+        &self,
+        lat: CUdeviceptr,
+        ts: Timestep,
+        geo: Geometry,
+        text: &TextSlot,
+        out: CUdeviceptr,
+    ) -> Result<(), CudaError> {
+        self.enqueue_blocks(lat, ts, geo, text, out, self.w.blocks.len())
     }
 
     /// Enqueue a forward through the first block only (as a one-block model:
@@ -502,21 +533,24 @@ impl DeviceDit {
     /// choice and kernel loading, NVRTC functions' lazy loading: ~80-90 ms on
     /// the H200, run 5) is done here, outside the forwards that events time,
     /// at 1/layers of a forward's device time. `out` is garbage afterwards.
+    /// `ts` picks the timestep kernel the later forwards use (by value or
+    /// [`Timestep::At`]), so that one is loaded here too.
     pub fn enqueue_warm_up(
         &self,
         lat: CUdeviceptr,
+        ts: Timestep,
         geo: Geometry,
         text: &TextSlot,
         out: CUdeviceptr,
     ) -> Result<(), CudaError> {
-        self.enqueue_blocks(lat, 1.0, geo, text, out, self.w.blocks.len().min(1))
+        self.enqueue_blocks(lat, ts, geo, text, out, self.w.blocks.len().min(1))
     }
 
     /// [`DeviceDit::enqueue_forward`] through the first `blocks` blocks only.
     fn enqueue_blocks(
         &self,
         lat: CUdeviceptr,
-        sigma: f32,
+        ts: Timestep,
         geo: Geometry,
         text: &TextSlot,
         out: CUdeviceptr,
@@ -551,7 +585,12 @@ impl DeviceDit {
         k.map(s, Map::Bf16ToF32, ws.h, ws.x, n * d)?;
         // Timestep: sinusoid(sigma * 1000) -> linear_1 -> SiLU -> linear_2 = emb;
         // SiLU(emb) -> linear = temb (6 x D).
-        k.timestep_sinusoid(s, ws.tsin, sigma * 1000.0, TIMESTEP_DIM / 2)?;
+        match ts {
+            Timestep::Sigma(sigma) => {
+                k.timestep_sinusoid(s, ws.tsin, sigma * 1000.0, TIMESTEP_DIM / 2)?
+            }
+            Timestep::At(t) => k.timestep_sinusoid_at(s, ws.tsin, t, TIMESTEP_DIM / 2)?,
+        }
         lin(ws.tsin, &w.t1, ws.t1, 1, Epilogue::Bias)?;
         k.map(s, Map::SiluBf16, ws.t1, ws.t1s, d)?;
         lin(ws.t1s, &w.t2, ws.emb, 1, Epilogue::Bias)?;

@@ -340,6 +340,19 @@ impl Kernels {
         self.launch("timestep_sinusoid", (1, 1, 1), 128, 0, s, p)
     }
 
+    /// [`Kernels::timestep_sinusoid`] with `t` read from device f32 at `t` when
+    /// the kernel runs (the form a captured graph replays: see `backend`).
+    pub fn timestep_sinusoid_at(
+        &self,
+        s: &CudaStream,
+        out: CUdeviceptr,
+        t: CUdeviceptr,
+        half: usize,
+    ) -> Result<(), CudaError> {
+        let p = Params::default().ptr(out).ptr(t).int(half);
+        self.launch("timestep_sinusoid_at", (1, 1, 1), 128, 0, s, p)
+    }
+
     /// One sampler step over n f32 elements: lat += dt * v with v = u + g * (c - u)
     /// (classifier-free guidance) or v = c when `u` is NULL; each operation
     /// rounded on its own, as the CPU arm computes it.
@@ -552,6 +565,7 @@ mod tests {
             "guided_euler",
             "fill_uniform_bf16",
             "timestep_sinusoid",
+            "timestep_sinusoid_at",
             "residual_norm",
         ];
         let mut got: Vec<&str> = e.iter().map(String::as_str).collect();

@@ -18,7 +18,8 @@
 //! - [`dit`]: the LTX-Video transformer forward, device-resident end to end.
 //! - [`backend`]: the device-resident sampler loop behind [`crate::denoise::Denoiser`].
 //! - [`selftest`] / [`bench`] / [`burn`]: device checks against the CPU arm,
-//!   benchmarks, the GEMM load.
+//!   benchmarks, the GEMM load; [`graph_check`] / [`graph_bench`]: graph-replayed vs eager
+//!   loops, checked and timed.
 
 pub mod backend;
 pub mod bench;
@@ -26,6 +27,8 @@ pub mod burn;
 pub mod context;
 pub mod dit;
 pub mod gemm;
+pub mod graph_bench;
+pub mod graph_check;
 pub mod kernels;
 pub mod memory;
 pub mod nvrtc;

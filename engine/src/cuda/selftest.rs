@@ -97,7 +97,9 @@ pub struct Check {
 }
 
 impl Check {
-    fn new(name: impl Into<String>, dev: &[f32], reference: &[f32], tol: f64) -> Check {
+    /// `dev` against `reference` with tolerance `tol` on the relative L2 error;
+    /// fails on a non-finite output and on an all-zero reference.
+    pub(crate) fn new(name: impl Into<String>, dev: &[f32], reference: &[f32], tol: f64) -> Check {
         let (rel, max_abs) = rel_err(dev, reference);
         let nontrivial = reference.iter().any(|v| *v != 0.0);
         Check {
@@ -253,7 +255,8 @@ pub fn synth_source(specs: &[TensorSpec], seed: u64) -> Result<MapSource, CudaEr
     Ok(src)
 }
 
-/// The device objects every check needs.
+/// The device objects every check needs (cloning shares them).
+#[derive(Clone)]
 pub struct Rig {
     /// The GPU.
     pub gpu: Arc<Gpu>,
@@ -816,6 +819,14 @@ pub fn check_forward(
     Ok(())
 }
 
+/// A part of the selftest that can run alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Section {
+    /// The `denoise-graph` lever: graph vs eager loops, and with `bench` the
+    /// loop benchmark only ([`super::graph_bench::denoise_graph`]).
+    Graph,
+}
+
 /// Options of [`run`].
 #[derive(Debug, Clone)]
 pub struct SelftestOptions {
@@ -824,6 +835,8 @@ pub struct SelftestOptions {
     pub scratch: PathBuf,
     /// Run the benchmarks after the checks.
     pub bench: bool,
+    /// Run only this section (every check and benchmark when `None`).
+    pub only: Option<Section>,
 }
 
 /// Run every check (and the benchmarks with `bench`), printing one line per
@@ -851,6 +864,15 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
             eprintln!("{}", c.row());
         }
     };
+    if opts.only == Some(Section::Graph) {
+        super::graph_check::check_graphs(&rig, &mut rng, &mut checks)?;
+        report(&checks, 0);
+        let mut rows = Vec::new();
+        if opts.bench {
+            super::graph_bench::denoise_graph(&rig, &mut rows)?;
+        }
+        return Ok(finish(&rig, &checks, &rows, t0));
+    }
     // 1. Staging first: the tiny model's weights through both arms.
     let tiny = DitDims::from_config(&crate::presets::dit_tiny())?;
     let tiny_file = opts.scratch.join("tiny-dit.safetensors");
@@ -907,11 +929,20 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
         let _ = std::fs::remove_file(&f);
     }
     report(&checks, from);
+    from = checks.len();
+    // 4. The denoise loop replayed from CUDA graphs against the eager loop.
+    super::graph_check::check_graphs(&rig, &mut rng, &mut checks)?;
+    report(&checks, from);
     let bench_rows = if opts.bench {
         super::bench::run(&rig, &opts.scratch)?
     } else {
         Vec::new()
     };
+    Ok(finish(&rig, &checks, &bench_rows, t0))
+}
+
+/// Print the table (checks, then benchmark rows); whether every check passed.
+fn finish(rig: &Rig, checks: &[Check], bench_rows: &[String], t0: Instant) -> bool {
     let passed = checks.iter().filter(|c| c.pass).count();
     println!(
         "== selftest-cuda: {} on {} ({:.1} s) ==",
@@ -923,14 +954,14 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
         rig.gpu.name,
         t0.elapsed().as_secs_f64()
     );
-    for c in &checks {
+    for c in checks {
         println!("{}", c.row());
     }
     println!("{passed} passed, {} failed", checks.len() - passed);
-    for r in &bench_rows {
+    for r in bench_rows {
         println!("{r}");
     }
-    Ok(passed == checks.len())
+    passed == checks.len()
 }
 
 #[cfg(test)]

@@ -129,14 +129,27 @@ extern "C" __global__ void fill_uniform_bf16(bf16* __restrict__ y, long long n, 
 
 // The 256-wide sinusoidal timestep embedding, cosines first:
 // out[i] = cos(t * f_i), out[half + i] = sin(t * f_i), f_i = exp(-ln(10000) * i / half).
-// One block; t arrives by value so no host copy is needed per forward.
-extern "C" __global__ void timestep_sinusoid(bf16* __restrict__ out, float t, int half) {
+// One block. The body is one non-inlined function shared by both entry points,
+// so the eager kernel (t by value) and the graph kernel (t read from device
+// memory) run the same machine code on the same t and write the same bits.
+__device__ __noinline__ void sinusoid_rows(bf16* __restrict__ out, float t, int half) {
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const float e = (float)i * -9.210340371976184f / (float)half;  // -ln(10000)
         const float a = t * expf(e);
         out[i] = f2bf(cosf(a));
         out[half + i] = f2bf(sinf(a));
     }
+}
+
+// t arrives by value so no host copy is needed per forward (the eager loop).
+extern "C" __global__ void timestep_sinusoid(bf16* __restrict__ out, float t, int half) {
+    sinusoid_rows(out, t, half);
+}
+
+// t read from device memory when the kernel runs: a captured CUDA graph replays
+// this launch every step while the host writes each step's t into `t` first.
+extern "C" __global__ void timestep_sinusoid_at(bf16* __restrict__ out, const float* __restrict__ t, int half) {
+    sinusoid_rows(out, *t, half);
 }
 
 // The fused row step between sub-blocks of the DiT, one block per row of D

@@ -1,0 +1,238 @@
+//! `engine selftest-cuda`'s check of the `denoise-graph` lever: the whole
+//! device-resident loop ([`run_loop`]) with every forward replayed from a
+//! captured CUDA graph against the same loop launched eagerly, from the same
+//! random latents (normal, never zeros) and random text states, with the
+//! velocities and the forward's workspace poisoned (0xFF bytes = NaN) after
+//! `begin` so a step that fails to write them ends in NaN latents (a failing
+//! check, not a pass).
+//!
+//! Tolerance, argued before any run: **0** (bit-identical final latents). The
+//! two arms enqueue the same kernels in the same order on one stream with the
+//! same launch shapes and arguments: the timestep kernels differ only in where
+//! t comes from, share one non-inlined body, and get the same f32 (the host's
+//! `sigma * 1000.0` either way); the GEMMs run the algorithm cached per shape
+//! (built in `begin`'s warm-up, before capture) with the same workspace; no
+//! kernel uses atomics, so nothing depends on the order blocks finish. Two
+//! controls make the 0 meaningful: eager against eager again must be 0 too (if
+//! the device were not deterministic, the graph check could not be exact), and
+//! the mutant (graph steps that do not write their t: every step replays the
+//! warm-up's sigma 1) must differ, i.e. the tolerance-0 check turns red on it.
+
+use std::sync::Arc;
+
+use super::backend::{run_loop, CudaDenoiser, Dispatch, LoopRun};
+use super::bench::device_weights;
+use super::dit::{DeviceDit, DitDims, Geometry, LATENT_CHANNELS};
+use super::selftest::{rel_err, Check, Rig, Rng};
+use super::staging::DeviceWeights;
+use super::CudaError;
+use crate::denoise::{Conditioning, TextCond};
+use crate::schedule::{sigmas, SchedulerConfig};
+use crate::tensor::Tensor;
+
+/// One loop configuration of the check.
+#[derive(Debug, Clone, Copy)]
+pub struct GraphCase {
+    /// Label in the check's name.
+    pub label: &'static str,
+    /// The model (weights generated on the device).
+    pub dims: DitDims,
+    /// Latent grid (frames, height, width).
+    pub grid: (usize, usize, usize),
+    /// Text tokens of the prompt.
+    pub l: usize,
+    /// Text tokens of the negative prompt; `None` = no guidance (1 forward/step).
+    pub l_uncond: Option<usize>,
+    /// Denoising steps.
+    pub steps: usize,
+}
+
+/// The cases `engine selftest-cuda` runs: the tiny DiT with and without
+/// guidance, and a 2-block ltxv-2b with guidance (flash attention, the real
+/// widths and GEMM shapes).
+pub fn cases() -> Result<Vec<GraphCase>, CudaError> {
+    let tiny = DitDims::from_config(&crate::presets::dit_tiny())?;
+    Ok(vec![
+        GraphCase {
+            label: "tiny guided",
+            dims: tiny,
+            grid: (2, 2, 3),
+            l: 32,
+            l_uncond: Some(24),
+            steps: 4,
+        },
+        GraphCase {
+            label: "tiny unguided",
+            dims: tiny,
+            grid: (2, 2, 3),
+            l: 32,
+            l_uncond: None,
+            steps: 3,
+        },
+        GraphCase {
+            label: "ltxv-2b x2 blocks guided",
+            dims: DitDims::LTXV_2B.with_layers(2),
+            grid: (3, 8, 12),
+            l: 128,
+            l_uncond: Some(100),
+            steps: 4,
+        },
+    ])
+}
+
+fn text(rng: &mut Rng, l: usize, c: usize) -> Result<TextCond, CudaError> {
+    let states = Tensor::new(&[l, c], rng.normal(l * c, 1.0))
+        .map_err(|e| CudaError::Invalid(format!("text states: {e}")))?;
+    let mask = (0..l)
+        .map(|j| if j < l * 3 / 4 { 1.0 } else { 0.0 })
+        .collect();
+    Ok(TextCond { states, mask })
+}
+
+/// One poisoned loop of `case` on `weights` with `dispatch` (and the mutant).
+#[allow(clippy::too_many_arguments)]
+fn one_loop(
+    rig: &Rig,
+    case: &GraphCase,
+    weights: &Arc<DeviceWeights>,
+    cond: &Conditioning,
+    latents: &Tensor,
+    sigmas: &[f32],
+    dispatch: Dispatch,
+    mutant: bool,
+) -> Result<LoopRun, String> {
+    let dit = DeviceDit::new(
+        rig.gpu.clone(),
+        rig.kernels.clone(),
+        rig.gemm.clone(),
+        case.dims,
+        weights.clone(),
+    )
+    .map_err(|e| e.to_string())?;
+    let geo = Geometry {
+        grid: case.grid,
+        fps: 25.0,
+    };
+    let mut den =
+        CudaDenoiser::new(rig.clone(), dit, cond, geo, dispatch).map_err(|e| e.to_string())?;
+    if mutant {
+        den.mutate_skip_timestep_write();
+    }
+    run_loop(&mut den, latents.clone(), sigmas, true).map_err(|e| e.to_string())
+}
+
+fn failed(name: String, why: String) -> Check {
+    Check {
+        name,
+        rel: f64::NAN,
+        max_abs: f64::NAN,
+        tol: 0.0,
+        pass: false,
+        note: why,
+    }
+}
+
+/// Run `case` eager, eager again, with graphs, and as the mutant, and push
+/// the three rows (graph vs eager, the determinism control, the mutant).
+pub fn check_graph(
+    rig: &Rig,
+    rng: &mut Rng,
+    case: &GraphCase,
+    seed: u64,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let n = case.grid.0 * case.grid.1 * case.grid.2;
+    let c = case.dims.caption_channels;
+    let weights = Arc::new(device_weights(rig, &case.dims, seed)?);
+    let cond = Conditioning {
+        cond: text(rng, case.l, c)?,
+        uncond: case.l_uncond.map(|l| text(rng, l, c)).transpose()?,
+        guidance: 3.0,
+    };
+    let fwd = cond.forwards_per_step();
+    let latents = Tensor::new(&[n, LATENT_CHANNELS], rng.normal(n * LATENT_CHANNELS, 1.0))
+        .map_err(|e| CudaError::Invalid(format!("latents: {e}")))?;
+    let sig = sigmas(&SchedulerConfig::ltx_video(), case.steps, n)
+        .map_err(|e| CudaError::Invalid(format!("sigmas: {e}")))?;
+    let run =
+        |d: Dispatch, mutant: bool| one_loop(rig, case, &weights, &cond, &latents, &sig, d, mutant);
+    let what = format!("{} {} steps x {fwd} fwd", case.label, case.steps);
+    let eager = match run(Dispatch::Eager, false) {
+        Ok(r) => r,
+        Err(e) => {
+            out.push(failed(format!("graph check {what}: eager loop"), e));
+            return Ok(());
+        }
+    };
+    let cmp =
+        |name: String, r: &LoopRun| Check::new(name, r.latents.data(), eager.latents.data(), 0.0);
+    // The graph arm: bit-identical, and every forward still timed by events.
+    let name = format!("graph vs eager {what} (bit-exact)");
+    out.push(match run(Dispatch::Graph, false) {
+        Ok(g) => {
+            let mut ck = cmp(name, &g);
+            let timed = g.forward_ms.len() == case.steps * fwd && g.step_ms.len() == case.steps;
+            ck.pass &= timed && g.capture_ms.is_some();
+            ck.note = format!(
+                "capture {:.2} ms; {} forward and {} step spans{}",
+                g.capture_ms.unwrap_or(f64::NAN),
+                g.forward_ms.len(),
+                g.step_ms.len(),
+                if timed { "" } else { " (MISSING spans)" }
+            );
+            ck
+        }
+        Err(e) => failed(name, e),
+    });
+    let name = format!("eager vs eager {what} (determinism control)");
+    out.push(match run(Dispatch::Eager, false) {
+        Ok(e2) => cmp(name, &e2),
+        Err(e) => failed(name, e),
+    });
+    // The mutant must turn the tolerance-0 check red.
+    let name = format!("mutant graph (t never written) {what} must differ");
+    out.push(match run(Dispatch::Graph, true) {
+        Ok(m) => {
+            let (rel, max_abs) = rel_err(m.latents.data(), eager.latents.data());
+            Check {
+                name,
+                rel,
+                max_abs,
+                tol: 0.0,
+                pass: rel.is_finite() && rel > 0.0,
+                note: "pass = the graph-vs-eager check fails on the mutant".into(),
+            }
+        }
+        Err(e) => failed(name, e),
+    });
+    Ok(())
+}
+
+/// Every case of [`cases`] (device-generated weights, seeds 41, 42, 43).
+pub fn check_graphs(rig: &Rig, rng: &mut Rng, out: &mut Vec<Check>) -> Result<(), CudaError> {
+    for (i, case) in cases()?.iter().enumerate() {
+        check_graph(rig, rng, case, 41 + i as u64, out)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cases_cover_both_forward_counts_and_the_real_widths() {
+        let c = cases().unwrap();
+        assert!(c.iter().any(|k| k.l_uncond.is_none()));
+        assert!(c.iter().any(|k| k.l_uncond.is_some()));
+        assert!(c.iter().any(|k| k.dims.dim() == DitDims::LTXV_2B.dim()));
+        for k in &c {
+            assert!((3..=4).contains(&k.steps), "{}", k.label);
+            // Text lengths differ with guidance: both slots' GEMM shapes are
+            // built in the warm-up, before capture.
+            if let Some(lu) = k.l_uncond {
+                assert_ne!(lu, k.l, "{}", k.label);
+            }
+        }
+    }
+}
