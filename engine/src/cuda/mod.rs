@@ -17,6 +17,7 @@
 //! - [`staging`]: weights from a safetensors file onto the device (serial | batched).
 //! - [`dit`]: the LTX-Video transformer forward, device-resident end to end.
 //! - [`backend`]: the device-resident sampler loop behind [`crate::denoise::Denoiser`].
+//! - [`t5`]: the T5 text encoder forward (lever `conditioning = device`).
 //! - [`selftest`] / [`bench`] / [`burn`]: device checks against the CPU arm,
 //!   benchmarks, the GEMM load.
 
@@ -31,6 +32,7 @@ pub mod memory;
 pub mod nvrtc;
 pub mod selftest;
 pub mod staging;
+pub mod t5;
 
 use cudarc::cublaslt::result::CublasError;
 use cudarc::driver::DriverError;
