@@ -97,7 +97,7 @@ pub struct Check {
 }
 
 impl Check {
-    fn new(name: impl Into<String>, dev: &[f32], reference: &[f32], tol: f64) -> Check {
+    pub(crate) fn new(name: impl Into<String>, dev: &[f32], reference: &[f32], tol: f64) -> Check {
         let (rel, max_abs) = rel_err(dev, reference);
         let nontrivial = reference.iter().any(|v| *v != 0.0);
         Check {
@@ -209,6 +209,16 @@ pub fn write_synth_safetensors(
     specs: &[TensorSpec],
     seed: u64,
 ) -> Result<u64, CudaError> {
+    write_safetensors_with(path, specs, &|s| synth_tensor(s, seed))
+}
+
+/// Write a safetensors file of `specs` (all bf16), each tensor's bits from
+/// `values`, streaming one tensor at a time. Returns the bytes written.
+pub fn write_safetensors_with(
+    path: &Path,
+    specs: &[TensorSpec],
+    values: &dyn Fn(&TensorSpec) -> Vec<u16>,
+) -> Result<u64, CudaError> {
     let io = |source| CudaError::Io {
         path: path.to_path_buf(),
         source,
@@ -231,7 +241,7 @@ pub fn write_synth_safetensors(
     f.write_all(&(h.len() as u64).to_le_bytes()).map_err(io)?;
     f.write_all(&h).map_err(io)?;
     for s in specs {
-        let v = synth_tensor(s, seed);
+        let v = values(s);
         // SAFETY: u16 slice viewed as its bytes (little-endian machine, as safetensors).
         let bytes = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 2) };
         f.write_all(bytes).map_err(io)?;
@@ -272,18 +282,18 @@ impl Rig {
         Ok(Rig { gpu, kernels, gemm })
     }
 
-    fn bf16(&self, x: &[f32]) -> Result<DeviceBuffer, CudaError> {
+    pub(crate) fn bf16(&self, x: &[f32]) -> Result<DeviceBuffer, CudaError> {
         let b = DeviceBuffer::alloc(&self.gpu, x.len() * 2, "a check input")?;
         upload(&self.gpu, b.ptr(), &narrow(x))?;
         Ok(b)
     }
-    fn f32(&self, x: &[f32]) -> Result<DeviceBuffer, CudaError> {
+    pub(crate) fn f32(&self, x: &[f32]) -> Result<DeviceBuffer, CudaError> {
         let b = DeviceBuffer::alloc(&self.gpu, x.len() * 4, "a check input")?;
         upload(&self.gpu, b.ptr(), x)?;
         Ok(b)
     }
     /// A buffer of `bytes` filled with NaN bytes.
-    fn poisoned(&self, bytes: usize) -> Result<DeviceBuffer, CudaError> {
+    pub(crate) fn poisoned(&self, bytes: usize) -> Result<DeviceBuffer, CudaError> {
         let b = DeviceBuffer::alloc(&self.gpu, bytes, "a check output")?;
         b.fill_bytes(&self.gpu, 0xFF, &self.gpu.compute)?;
         Ok(b)
@@ -816,14 +826,25 @@ pub fn check_forward(
     Ok(())
 }
 
+/// A part of the selftest that can run alone (`--only`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Section {
+    /// Staging, the DiT's kernels, GEMMs, attention and forwards (and their benchmarks).
+    Dit,
+    /// The T5 encoder's kernels and forwards (and its benchmark).
+    T5,
+}
+
 /// Options of [`run`].
 #[derive(Debug, Clone)]
 pub struct SelftestOptions {
     /// Scratch directory for weight files (must be durable and large enough:
-    /// a few GB with `bench`).
+    /// a few GB with `bench`, ~10 GB with the T5 benchmark).
     pub scratch: PathBuf,
     /// Run the benchmarks after the checks.
     pub bench: bool,
+    /// Run one section only (every section when `None`).
+    pub only: Option<Section>,
 }
 
 /// Run every check (and the benchmarks with `bench`), printing one line per
@@ -851,6 +872,21 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
             eprintln!("{}", c.row());
         }
     };
+    let t5 = |checks: &mut Vec<Check>, rng: &mut Rng| -> Result<Vec<String>, CudaError> {
+        let from = checks.len();
+        super::t5_check::check_t5(&rig, rng, &opts.scratch, checks)?;
+        report(checks, from);
+        // A benchmark that stops on an error says so in its rows.
+        Ok(match opts.bench {
+            true => super::bench::run_t5(&rig, &opts.scratch)
+                .unwrap_or_else(|e| vec![format!("t5 bench FAILED: {e}")]),
+            false => Vec::new(),
+        })
+    };
+    if opts.only == Some(Section::T5) {
+        let rows = t5(&mut checks, &mut rng)?;
+        return Ok(summary(&rig, &checks, &rows, t0));
+    }
     // 1. Staging first: the tiny model's weights through both arms.
     let tiny = DitDims::from_config(&crate::presets::dit_tiny())?;
     let tiny_file = opts.scratch.join("tiny-dit.safetensors");
@@ -907,11 +943,19 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
         let _ = std::fs::remove_file(&f);
     }
     report(&checks, from);
-    let bench_rows = if opts.bench {
+    let mut bench_rows = if opts.bench {
         super::bench::run(&rig, &opts.scratch)?
     } else {
         Vec::new()
     };
+    if opts.only.is_none() {
+        bench_rows.extend(t5(&mut checks, &mut rng)?);
+    }
+    Ok(summary(&rig, &checks, &bench_rows, t0))
+}
+
+/// Print the table (every check, then the benchmark rows); whether all passed.
+fn summary(rig: &Rig, checks: &[Check], bench_rows: &[String], t0: Instant) -> bool {
     let passed = checks.iter().filter(|c| c.pass).count();
     println!(
         "== selftest-cuda: {} on {} ({:.1} s) ==",
@@ -923,14 +967,14 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
         rig.gpu.name,
         t0.elapsed().as_secs_f64()
     );
-    for c in &checks {
+    for c in checks {
         println!("{}", c.row());
     }
     println!("{passed} passed, {} failed", checks.len() - passed);
-    for r in &bench_rows {
+    for r in bench_rows {
         println!("{r}");
     }
-    Ok(passed == checks.len())
+    passed == checks.len()
 }
 
 #[cfg(test)]
