@@ -48,6 +48,8 @@ pub const RELEASE_PAGES: &str = "release-pages";
 pub const HOST_THREADS: &str = "host-threads";
 /// Lever id: how the CUDA arm stages weights onto the device.
 pub const STAGING: &str = "staging";
+/// Lever id: where the text encoder (the `conditioning` phase) runs.
+pub const CONDITIONING: &str = "conditioning";
 
 static REGISTRY: &[LeverDef] = &[
     LeverDef {
@@ -85,6 +87,16 @@ static REGISTRY: &[LeverDef] = &[
         doc: "serial stages each tensor with its own cuMemAlloc, a pageable copy and a \
               synchronize (the seed's pattern); batched reads the file with several threads \
               straight into pinned buffers and overlaps async copies into one device arena",
+    },
+    LeverDef {
+        id: CONDITIONING,
+        arms: &["host", "device"],
+        default: "device",
+        baseline: "host",
+        applies_to: Applies::Cuda,
+        doc: "host runs the T5 text encoder on the CPU arm in f32; device stages its bf16 \
+              weights to the GPU in load.text_encoder and runs the forward(s) there, freeing \
+              it before load.dit (inert with --prompt-embeds)",
     },
 ];
 
@@ -220,6 +232,12 @@ impl LeverSet {
         o
     }
 
+    /// Whether `conditioning = device`: the text encoder runs on the device
+    /// (on a `device = cuda` render; elsewhere the arm is recorded but inert).
+    pub fn conditioning_on_device(&self) -> bool {
+        self.arm(CONDITIONING) == "device"
+    }
+
     /// The host pool size the `host-threads` arm asks for, given `cores` available.
     pub fn host_threads(&self, cores: usize) -> usize {
         if self.arm(HOST_THREADS) == "1" {
@@ -316,5 +334,32 @@ mod tests {
         assert_eq!(j["levers"]["release-pages"]["baseline"], "off");
         assert_eq!(j["levers"]["host-threads"]["arms"][1], "n");
         assert_eq!(j["levers"]["host-threads"]["applies_to"], "cpu");
+    }
+
+    #[test]
+    fn conditioning_lever_matches_the_spec_entry() {
+        let l = lever(CONDITIONING).unwrap();
+        assert_eq!(l.arms, ["host", "device"]);
+        assert_eq!((l.baseline, l.default), ("host", "device"));
+        assert_eq!(l.applies_to, Applies::Cuda);
+        assert!(LeverSet::resolve(Profile::Default, [])
+            .unwrap()
+            .conditioning_on_device());
+        assert!(!LeverSet::resolve(Profile::Baseline, [])
+            .unwrap()
+            .conditioning_on_device());
+        assert!(
+            !LeverSet::resolve(Profile::Default, [("conditioning", "host")])
+                .unwrap()
+                .conditioning_on_device()
+        );
+        // specs/levers.toml's entry names the same arms and roles.
+        let spec = include_str!("../../specs/levers.toml");
+        let at = spec.find("id = \"conditioning\"").unwrap();
+        let entry = &spec[at..at + spec[at..].find("[lever.hypothesis]").unwrap()];
+        assert!(entry.contains("arms = [\"host\", \"device\"]"), "{entry}");
+        assert!(entry.contains("baseline = \"host\""), "{entry}");
+        assert!(entry.contains("treatment = \"device\""), "{entry}");
+        assert!(entry.contains("applies_to = [\"cuda\"]"), "{entry}");
     }
 }
