@@ -42,13 +42,6 @@ pub enum ProfileArg {
     Baseline,
 }
 
-/// A section of `selftest-cuda` to run alone.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum SelftestSection {
-    /// The `denoise-graph` lever: graph-replayed vs eager loops (and its benchmark).
-    Graph,
-}
-
 /// Device on the command line.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum DeviceArg {
@@ -139,9 +132,9 @@ pub enum Command {
         /// Scratch directory for synthetic weight files (durable, a few GB free).
         #[arg(long, default_value = "target/selftest-cuda")]
         scratch: PathBuf,
-        /// Run one section alone (its checks, and its benchmark with --bench).
+        /// Run one section only (its checks, and with --bench its benchmark).
         #[arg(long, value_enum)]
-        only: Option<SelftestSection>,
+        only: Option<crate::cuda::selftest::Section>,
     },
     /// A known bf16 GEMM load for S seconds (the harness's GPU-utilization control).
     Burn {
@@ -219,9 +212,6 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             scratch,
             only,
         } => {
-            let only = only.map(|s| match s {
-                SelftestSection::Graph => crate::cuda::selftest::Section::Graph,
-            });
             let opts = crate::cuda::selftest::SelftestOptions {
                 scratch,
                 bench,

@@ -50,6 +50,8 @@ pub const HOST_THREADS: &str = "host-threads";
 pub const STAGING: &str = "staging";
 /// Lever id: whether the CUDA arm's denoise steps replay captured CUDA graphs.
 pub const DENOISE_GRAPH: &str = "denoise-graph";
+/// Lever id: where the text encoder (the `conditioning` phase) runs.
+pub const CONDITIONING: &str = "conditioning";
 
 static REGISTRY: &[LeverDef] = &[
     LeverDef {
@@ -101,6 +103,16 @@ static REGISTRY: &[LeverDef] = &[
         doc: "off launches every kernel and GEMM of each forward from the host every step; \
               on captures each forward once per loop as a CUDA graph and replays it, the \
               step's timestep written into device memory before the replay",
+    },
+    LeverDef {
+        id: CONDITIONING,
+        arms: &["host", "device"],
+        default: "device",
+        baseline: "host",
+        applies_to: Applies::Cuda,
+        doc: "host runs the T5 text encoder on the CPU arm in f32; device stages its bf16 \
+              weights to the GPU in load.text_encoder and runs the forward(s) there, freeing \
+              it before load.dit (inert with --prompt-embeds)",
     },
 ];
 
@@ -241,6 +253,12 @@ impl LeverSet {
         self.arm(DENOISE_GRAPH) == "on"
     }
 
+    /// Whether `conditioning = device`: the text encoder runs on the device
+    /// (on a `device = cuda` render; elsewhere the arm is recorded but inert).
+    pub fn conditioning_on_device(&self) -> bool {
+        self.arm(CONDITIONING) == "device"
+    }
+
     /// The host pool size the `host-threads` arm asks for, given `cores` available.
     pub fn host_threads(&self, cores: usize) -> usize {
         if self.arm(HOST_THREADS) == "1" {
@@ -337,5 +355,32 @@ mod tests {
         assert_eq!(j["levers"]["release-pages"]["baseline"], "off");
         assert_eq!(j["levers"]["host-threads"]["arms"][1], "n");
         assert_eq!(j["levers"]["host-threads"]["applies_to"], "cpu");
+    }
+
+    #[test]
+    fn conditioning_lever_matches_the_spec_entry() {
+        let l = lever(CONDITIONING).unwrap();
+        assert_eq!(l.arms, ["host", "device"]);
+        assert_eq!((l.baseline, l.default), ("host", "device"));
+        assert_eq!(l.applies_to, Applies::Cuda);
+        assert!(LeverSet::resolve(Profile::Default, [])
+            .unwrap()
+            .conditioning_on_device());
+        assert!(!LeverSet::resolve(Profile::Baseline, [])
+            .unwrap()
+            .conditioning_on_device());
+        assert!(
+            !LeverSet::resolve(Profile::Default, [("conditioning", "host")])
+                .unwrap()
+                .conditioning_on_device()
+        );
+        // specs/levers.toml's entry names the same arms and roles.
+        let spec = include_str!("../../specs/levers.toml");
+        let at = spec.find("id = \"conditioning\"").unwrap();
+        let entry = &spec[at..at + spec[at..].find("[lever.hypothesis]").unwrap()];
+        assert!(entry.contains("arms = [\"host\", \"device\"]"), "{entry}");
+        assert!(entry.contains("baseline = \"host\""), "{entry}");
+        assert!(entry.contains("treatment = \"device\""), "{entry}");
+        assert!(entry.contains("applies_to = [\"cuda\"]"), "{entry}");
     }
 }

@@ -1,11 +1,17 @@
 //! One render, phase by phase, with the markers of contracts section 2. The
-//! text encoder and the VAE run on the host (the CPU reference arm); the DiT's
+//! VAE runs on the host (the CPU reference arm); the text encoder too, unless
+//! a `device = cuda` render has `conditioning = device`: then
+//! `load.text_encoder` stages its bf16 weights to the GPU (lever `staging`)
+//! and runs a warm-up forward, `conditioning` encodes the prompt(s) there as
+//! one batch (`device_ms` from CUDA events) and frees the encoder before
+//! `load.dit`; with `--prompt-embeds` the lever is inert. The DiT's
 //! denoise loop runs on the arm the request names ([`crate::denoise`]): on the
 //! CPU in f32, or device-resident on the GPU (weights staged through the
 //! `staging` lever, latents on the device from the first step to the last, one
 //! host copy at the end), with `device_ms` from CUDA events on the `dit.forward`
 //! ticks and the `load.dit`, `denoise.step` and `denoise` closes, and
-//! `peak_device_bytes` on every close from `load.dit` on.
+//! `peak_device_bytes` on every close from the first device load on (`load.text_encoder`
+//! under `conditioning = device`, else `load.dit`).
 //!
 //! Order (one model resident at a time, so the host peak is the largest model,
 //! not the sum): `load.text_encoder` (the T5 weights, or the precomputed prompt
@@ -36,6 +42,7 @@ use serde_json::Value;
 
 use crate::cuda::backend::{open_cuda_denoiser, Dispatch};
 use crate::cuda::staging::{StagingArm, StagingOptions};
+use crate::cuda::t5::{open_device_t5, DeviceT5};
 use crate::denoise::{Conditioning, CpuDenoiser, Denoiser, TextCond};
 use crate::frames::png::write_png;
 use crate::frames::y4m::Y4mWriter;
@@ -81,7 +88,8 @@ pub struct RenderRequest {
     pub levers: LeverSet,
     /// Host pool size the render runs with (for the record).
     pub threads: usize,
-    /// The device arm of the DiT (T5 and the VAE run on the host either way).
+    /// The device arm of the DiT (and of T5 under `conditioning = device`;
+    /// the VAE runs on the host either way).
     pub device: Device,
     /// Write every frame as a PNG too.
     pub all_frames: bool,
@@ -171,6 +179,7 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
         enum Text {
             Embeds(TextCond, Option<TextCond>),
             Model(Box<(T5Encoder, PromptTokenizer, Retained)>),
+            Device(Box<(DeviceT5, PromptTokenizer)>),
         }
         let (text, a) = match &req.prompt_embeds {
             Some(file) => {
@@ -207,11 +216,19 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
                     &|n| n == t5::EMBED_ALIAS,
                     opts,
                 )?;
-                let model = T5Encoder::load(&VarBuilder::new(&src), &p.t5)
-                    .map_err(|e| BadInput(e.to_string()))?;
-                let (mut a, kept) = finish_load(src, &req.levers);
-                a.insert("source".into(), Value::from("t5"));
-                (Text::Model(Box::new((model, tok, kept))), a)
+                if req.device == Device::Cuda && req.levers.conditioning_on_device() {
+                    let prompts = if guidance { 2 } else { 1 };
+                    let (t5, mut a) = load_cuda_t5(src, req, prompts, rec)?;
+                    a.insert("source".into(), Value::from("t5"));
+                    (Text::Device(Box::new((t5, tok))), a)
+                } else {
+                    let model = T5Encoder::load(&VarBuilder::new(&src), &p.t5)
+                        .map_err(|e| BadInput(e.to_string()))?;
+                    let (mut a, kept) = finish_load(src, &req.levers);
+                    a.insert("source".into(), Value::from("t5"));
+                    a.insert("arm".into(), Value::from("cpu"));
+                    (Text::Model(Box::new((model, tok, kept))), a)
+                }
             }
         };
         ph.finish(a);
@@ -220,8 +237,16 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
             "conditioning",
             attrs! {"prompts" => if guidance { 2 } else { 1 }},
         );
+        let mut done = Attrs::new();
         let out = match text {
             Text::Embeds(c, u) => (c, if guidance { u } else { None }),
+            Text::Device(m) => {
+                let (t5, tok) = *m;
+                let (c, u, ms) = encode_on_device(t5, &tok, rung, guidance)?;
+                done.insert("arm".into(), Value::from("cuda"));
+                done.insert(attr::DEVICE_MS.into(), Value::from(ms));
+                (c, u)
+            }
             Text::Model(m) => {
                 let (model, tok, _kept) = *m;
                 let encode = |prompt: &str| -> anyhow::Result<TextCond> {
@@ -243,7 +268,8 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
                 (c, u)
             }
         };
-        ph.finish(attrs! {"tokens" => out.0.mask.len()});
+        done.insert("tokens".into(), Value::from(out.0.mask.len()));
+        ph.finish(done);
         out
     };
 
@@ -455,14 +481,7 @@ fn load_cuda_dit(
 ) -> anyhow::Result<(Box<dyn Denoiser>, Attrs, Option<Retained>)> {
     let tensors = src.extents().map_err(|e| BadInput(e.to_string()))?;
     drop(src);
-    let arm = StagingArm::parse(req.levers.arm(crate::levers::STAGING)).ok_or_else(|| {
-        anyhow!(
-            "lever staging has arm '{}', expected serial|batched",
-            req.levers.arm(crate::levers::STAGING)
-        )
-    })?;
-    let mut opts = StagingOptions::new(arm);
-    opts.release_pages = req.levers.release_pages();
+    let (arm, opts) = staging_options(req)?;
     let dispatch = Dispatch::from_graph_lever(req.levers.denoise_graph());
     let (den, r) = open_cuda_denoiser(&tensors, &req.preset.dit, &opts, &cond, grid, fps, dispatch)
         .context("the CUDA arm's transformer")?;
@@ -484,6 +503,107 @@ fn load_cuda_dit(
         "device_open_s" => r.device_open_s,
     };
     Ok((Box::new(den), a, None))
+}
+
+/// The device arm's staging options from the `staging` and `release-pages` levers.
+fn staging_options(req: &RenderRequest) -> anyhow::Result<(StagingArm, StagingOptions)> {
+    let arm = StagingArm::parse(req.levers.arm(crate::levers::STAGING)).ok_or_else(|| {
+        anyhow!(
+            "lever staging has arm '{}', expected serial|batched",
+            req.levers.arm(crate::levers::STAGING)
+        )
+    })?;
+    let mut opts = StagingOptions::new(arm);
+    opts.release_pages = req.levers.release_pages();
+    Ok((arm, opts))
+}
+
+/// `conditioning = device`: the validated T5 checkpoint's tensors staged onto
+/// the device (lever `staging`, `release-pages`), the device's allocator
+/// attached to the recorder, and one warm-up forward over placeholder tokens
+/// for `prompts` prompts, so the workspace and the first launches' one-time
+/// host work fall in this load, not in `conditioning`'s forwards.
+fn load_cuda_t5(
+    src: SafetensorsSource,
+    req: &RenderRequest,
+    prompts: usize,
+    rec: &Recorder,
+) -> anyhow::Result<(DeviceT5, Attrs)> {
+    let tensors = src.extents().map_err(|e| BadInput(e.to_string()))?;
+    drop(src);
+    let (arm, opts) = staging_options(req)?;
+    let (mut t5, r) =
+        open_device_t5(&tensors, &req.preset.t5, &opts).context("the CUDA arm's text encoder")?;
+    rec.attach_device(t5.mem());
+    let warm_ms = t5
+        .warm_up(prompts, req.preset.max_text_tokens)
+        .context("the CUDA arm's text encoder: warm-up forward")?;
+    let st = &r.staging;
+    let a = attrs! {
+        "arm" => "cuda",
+        "staging" => arm.name(),
+        "release_pages" => opts.release_pages,
+        attr::BYTES_STAGED => st.bytes,
+        "tensors" => t5.weights().names().count(),
+        "files" => st.files,
+        "copies" => st.copies,
+        "allocations" => st.allocations,
+        "staging_s" => st.seconds,
+        "staging_gbps" => st.gbps(),
+        attr::DEVICE_MS => st.device_ms,
+        "device_open_s" => r.device_open_s,
+        "warm_up_device_ms" => warm_ms,
+    };
+    Ok((t5, a))
+}
+
+/// Tokenize the prompt (and the negative prompt with guidance) and encode
+/// them on the device, as one batch when their lengths agree; the encoder is
+/// freed before returning (inside `conditioning`, before `load.dit`). Returns
+/// the conditioning and the forwards' device milliseconds.
+fn encode_on_device(
+    mut t5: DeviceT5,
+    tok: &PromptTokenizer,
+    rung: &Rung,
+    guidance: bool,
+) -> anyhow::Result<(TextCond, Option<TextCond>, f64)> {
+    let mut toks = vec![tok
+        .encode(&rung.prompt)
+        .map_err(|e| BadInput(e.to_string()))?];
+    if guidance {
+        toks.push(
+            tok.encode(&rung.negative_prompt)
+                .map_err(|e| BadInput(e.to_string()))?,
+        );
+    }
+    let one_length = toks.iter().all(|t| t.ids.len() == toks[0].ids.len());
+    let mut states = Vec::with_capacity(toks.len());
+    let mut ms = 0.0;
+    let groups: Vec<Vec<usize>> = if one_length {
+        vec![(0..toks.len()).collect()]
+    } else {
+        (0..toks.len()).map(|i| vec![i]).collect()
+    };
+    for g in groups {
+        let batch: Vec<(&[u32], &[f32])> = g
+            .iter()
+            .map(|i| (toks[*i].ids.as_slice(), toks[*i].mask.as_slice()))
+            .collect();
+        let (y, t) = t5
+            .encode(&batch, false)
+            .context("text encoder forward (device)")?;
+        states.extend(y);
+        ms += t;
+    }
+    drop(t5);
+    let mut conds = states.into_iter().zip(toks).map(|(s, t)| TextCond {
+        states: s,
+        mask: t.mask,
+    });
+    let c = conds
+        .next()
+        .ok_or_else(|| anyhow!("the device text encoder returned no states"))?;
+    Ok((c, conds.next(), ms))
 }
 
 /// Write `video.y4m`, `first.png`, `middle.png` (frame `(F-1)/2`), `last.png`, and

@@ -55,6 +55,16 @@
 //! reader pins the whole mapped file: `S_dit`; the serial arm one tensor's
 //! pageable copy) plus the CUDA runtime's own host memory (`CUDA_HOST_BYTES`, an
 //! estimate), and `denoise` holds the runtime and the latents.
+//!
+//! With `conditioning = device` (on the CUDA arm) the text encoder is staged in
+//! `load.text_encoder` the same way (its tensors, the cuBLASLt workspace, and
+//! the forward's workspace for `P` prompts of `L` tokens, allocated by the
+//! warm-up forward there: [`crate::cuda::t5::loaded_bytes`],
+//! [`crate::cuda::t5::run_bytes`]) and lives through `conditioning`, which
+//! frees it before `load.dit`: both phases project that sum on the device. On
+//! the host, `load.text_encoder` holds what staging reads through and the
+//! runtime, `conditioning` the runtime and the output states (`4 P L d_model`),
+//! never the f32 encoder.
 
 use std::collections::BTreeMap;
 
@@ -207,16 +217,36 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
     let mut device_phases = BTreeMap::new();
     if g.device == Device::Cuda {
         let specs = dit::tensor_specs(&p.dit);
-        let s = stored(&specs);
         let arm =
             StagingArm::parse(levers.arm(crate::levers::STAGING)).unwrap_or(StagingArm::Batched);
-        let read_through = match arm {
-            StagingArm::Batched => s,
-            StagingArm::Serial => largest(&specs),
+        let read_through = |specs: &[TensorSpec]| match arm {
+            StagingArm::Batched => stored(specs),
+            StagingArm::Serial => largest(specs),
         };
+        let staged_bytes = |specs: &[TensorSpec]| match arm {
+            StagingArm::Batched => specs.iter().map(|t| align_up(t.nbytes()) as u64).sum(),
+            StagingArm::Serial => specs.iter().map(|t| t.nbytes().max(1) as u64).sum::<u64>(),
+        };
+        if levers.conditioning_on_device() {
+            let t5_specs = t5::tensor_specs(&p.t5);
+            let l = p.max_text_tokens;
+            let held = staged_bytes(&t5_specs)
+                + crate::cuda::t5::loaded_bytes()
+                + crate::cuda::t5::run_bytes(&p.t5, prompts, l);
+            device_phases.insert("load.text_encoder".into(), held);
+            device_phases.insert("conditioning".into(), held);
+            phases.insert(
+                "load.text_encoder".into(),
+                BASE_BYTES + CUDA_HOST_BYTES + read_through(&t5_specs),
+            );
+            phases.insert(
+                "conditioning".into(),
+                BASE_BYTES + CUDA_HOST_BYTES + 4 * (prompts * l * p.t5.d_model) as u64,
+            );
+        }
         phases.insert(
             "load.dit".into(),
-            BASE_BYTES + CUDA_HOST_BYTES + read_through,
+            BASE_BYTES + CUDA_HOST_BYTES + read_through(&specs),
         );
         let (f, h, w) = latent_grid(g);
         let n = f * h * w;
@@ -224,10 +254,7 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
             "denoise".into(),
             BASE_BYTES + CUDA_HOST_BYTES + 4 * 128 * n as u64,
         );
-        let staged = match arm {
-            StagingArm::Batched => specs.iter().map(|t| align_up(t.nbytes()) as u64).sum(),
-            StagingArm::Serial => specs.iter().map(|t| t.nbytes().max(1) as u64).sum::<u64>(),
-        };
+        let staged = staged_bytes(&specs);
         // A config the device arm refuses fails the render at load; project
         // the weights alone then.
         let (loaded, looping) = DitDims::from_config(&p.dit)
@@ -274,8 +301,10 @@ mod tests {
     #[test]
     fn the_cuda_arm_projects_the_device_peak_from_weights_and_workspace() {
         let p = preset("ltxv-2b").unwrap();
-        let l = LeverSet::resolve(Profile::Default, []).unwrap();
-        let serial = LeverSet::resolve(Profile::Default, [("staging", "serial")]).unwrap();
+        // The DiT alone on the device (the text encoder on the host).
+        let host_t5 = ("conditioning", "host");
+        let l = LeverSet::resolve(Profile::Default, [host_t5]).unwrap();
+        let serial = LeverSet::resolve(Profile::Default, [("staging", "serial"), host_t5]).unwrap();
         // Rung 1: 512x320x25, one prompt.
         let g1 = Geometry {
             frames: 25,
@@ -319,6 +348,57 @@ mod tests {
         assert!(cpu.device_phases.is_empty());
         // On the device the host no longer holds the f32 transformer.
         assert!(a.phases["denoise"] < cpu.phases["denoise"] / 4);
+    }
+
+    #[test]
+    fn a_device_text_encoder_is_projected_in_its_two_phases_only() {
+        let p = preset("ltxv-2b").unwrap();
+        let dev = LeverSet::resolve(Profile::Default, []).unwrap();
+        let host = LeverSet::resolve(Profile::Default, [("conditioning", "host")]).unwrap();
+        let g1 = Geometry {
+            frames: 25,
+            height: 320,
+            width: 512,
+            guidance: true,
+            device: Device::Cuda,
+            ..g()
+        };
+        let (a, b) = (project(&p, &g1, &dev), project(&p, &g1, &host));
+        let t5_specs = t5::tensor_specs(&p.t5);
+        let stored_t5: u64 = t5_specs.iter().map(|s| s.nbytes() as u64).sum();
+        let held = crate::cuda::t5::loaded_bytes() + crate::cuda::t5::run_bytes(&p.t5, 2, 128);
+        for ph in ["load.text_encoder", "conditioning"] {
+            let d = a.device_phases[ph];
+            assert!(
+                d >= stored_t5 + held && d < stored_t5 + held + 256 * 290,
+                "{ph} {d}"
+            );
+            assert!(!b.device_phases.contains_key(ph), "{ph}");
+        }
+        // T5-XXL (9.5 GB) outweighs the 2B transformer: it sets the device peak.
+        assert_eq!(a.device_peak_bytes, a.device_phases["conditioning"]);
+        assert_eq!(a.device_phases["denoise"], b.device_phases["denoise"]);
+        // The host no longer holds the f32 encoder (19 GB).
+        assert!(
+            a.phases["conditioning"] < (1u64 << 30),
+            "{}",
+            a.phases["conditioning"]
+        );
+        assert!(b.phases["conditioning"] > 4 * 4_762_310_656);
+        assert!(a.host_peak_bytes < b.host_peak_bytes);
+        // On the CPU arm the lever is inert.
+        let cpu = |l: &LeverSet| {
+            project(
+                &p,
+                &Geometry {
+                    device: Device::Cpu,
+                    ..g1
+                },
+                l,
+            )
+        };
+        assert_eq!(cpu(&dev).phases, cpu(&host).phases);
+        assert!(cpu(&dev).device_phases.is_empty());
     }
 
     #[test]

@@ -431,3 +431,116 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
     super::graph_bench::denoise_graph(rig, &mut rows)?;
     Ok(rows)
 }
+
+/// The T5-XXL encoder (24 blocks, synthetic weights by the rungs' rules) on
+/// 128 tokens (20 real): the weights' staging time (written just before, so
+/// read from page cache), the device forward (median of 5 after 2 warm-ups,
+/// CUDA events; one prompt and two batched), and the host arm's forward on
+/// the same machine, with the two outputs compared (informational: over 24
+/// blocks these random weights amplify the bf16 roundings to a relative
+/// difference of ~0.65, as a host emulation of the roundings predicts; see
+/// [`super::t5_check`]). Returns the table rows.
+pub fn run_t5(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
+    let file = scratch.join("t5-xxl.safetensors");
+    let rows = t5_rows(rig, &file);
+    let _ = std::fs::remove_file(&file);
+    rows
+}
+
+fn t5_rows(rig: &Rig, file: &Path) -> Result<Vec<String>, CudaError> {
+    use super::t5::DeviceT5;
+    use super::t5_check::{host_encoder, prompt, write_t5_file};
+    let mut rows = vec!["== bench: T5-XXL encoder (24 blocks, 128 tokens) ==".to_string()];
+    let push = |rows: &mut Vec<String>, r: String| {
+        eprintln!("{r}");
+        rows.push(r);
+    };
+    let gpu = &rig.gpu;
+    let cfg = crate::presets::t5_xxl();
+    let t0 = Instant::now();
+    let fbytes = write_t5_file(file, &cfg, 5)?;
+    eprintln!(
+        "bench: wrote {} ({:.2} GB) in {:.1} s",
+        file.display(),
+        fbytes as f64 / 1e9,
+        t0.elapsed().as_secs_f64()
+    );
+    let stage = |arm: StagingArm| staging::stage_file(gpu, file, &StagingOptions::new(arm));
+    let (ws, rs) = stage(StagingArm::Serial)?;
+    drop(ws);
+    let mut batched = Vec::new();
+    let mut kept = None;
+    for _ in 0..2 {
+        let (w, r) = stage(StagingArm::Batched)?;
+        batched.push(r.seconds);
+        kept = Some((w, r));
+    }
+    let (w, rb) = kept.ok_or_else(|| CudaError::Invalid("no batched staging ran".into()))?;
+    push(
+        &mut rows,
+        format!(
+            "t5 staging  batched {:>6.3} s ({:.1} GB/s, median of 2), serial {:.3} s ({:.1} GB/s); {:.2} GB, {} tensors, page cache warm",
+            median(batched.clone()),
+            rb.bytes as f64 / median(batched) / 1e9,
+            rs.seconds,
+            rs.gbps(),
+            rb.bytes as f64 / 1e9,
+            w.names().count()
+        ),
+    );
+    let mut dev = DeviceT5::new(rig, &cfg, w)?;
+    gpu.mem.reset_peak();
+    let mut rng = Rng::new(77);
+    let l = 128;
+    let p0 = prompt(&mut rng, cfg.vocab_size, l, 20);
+    let p1 = prompt(&mut rng, cfg.vocab_size, l, 57);
+    let one = [(p0.0.as_slice(), p0.1.as_slice())];
+    let two = [
+        (p0.0.as_slice(), p0.1.as_slice()),
+        (p1.0.as_slice(), p1.1.as_slice()),
+    ];
+    let mut timed =
+        |b: &[(&[u32], &[f32])]| -> Result<(f64, Vec<crate::tensor::Tensor>), CudaError> {
+            let mut ms = Vec::new();
+            let mut last = Vec::new();
+            for i in 0..7 {
+                let (y, t) = dev.encode(b, false)?;
+                if i >= 2 {
+                    ms.push(t);
+                }
+                last = y;
+            }
+            Ok((median(ms), last))
+        };
+    let (ms1, y1) = timed(&one)?;
+    let (ms2, _) = timed(&two)?;
+    let weights_gb = rb.bytes as f64 / 1e9;
+    push(
+        &mut rows,
+        format!(
+            "t5 forward  device 1 prompt {ms1:>7.2} ms ({:.0} GB/s of weights), 2 prompts batched {ms2:.2} ms; peak device {:.2} GiB",
+            weights_gb / ms1 * 1e3,
+            gpu.mem.peak() as f64 / (1u64 << 30) as f64
+        ),
+    );
+    drop(dev);
+    let t0 = Instant::now();
+    let host = host_encoder(file, &cfg)?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let t0 = Instant::now();
+    let yh = host
+        .forward(&p0.0, &p0.1)
+        .map_err(|e| CudaError::Invalid(format!("host T5 forward: {e}")))?;
+    let host_s = t0.elapsed().as_secs_f64();
+    drop(host);
+    let (rel, max_abs) = super::selftest::rel_err(y1[0].data(), yh.data());
+    push(
+        &mut rows,
+        format!(
+            "t5 forward  host arm 1 prompt {host_s:>7.2} s (load+widen {load_s:.1} s, {} threads): device is {:.0}x faster; device vs host over 24 blocks rel={rel:.3e} max_abs={max_abs:.3e}",
+            rayon::current_num_threads(),
+            host_s * 1e3 / ms1
+        ),
+    );
+    Ok(rows)
+}

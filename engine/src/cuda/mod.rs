@@ -17,6 +17,8 @@
 //! - [`staging`]: weights from a safetensors file onto the device (serial | batched).
 //! - [`dit`]: the LTX-Video transformer forward, device-resident end to end.
 //! - [`backend`]: the device-resident sampler loop behind [`crate::denoise::Denoiser`].
+//! - [`t5`]: the T5 text encoder forward (lever `conditioning = device`);
+//!   [`t5_check`] its checks against the host arm.
 //! - [`selftest`] / [`bench`] / [`burn`]: device checks against the CPU arm,
 //!   benchmarks, the GEMM load; [`graph_check`] / [`graph_bench`]: graph-replayed vs eager
 //!   loops, checked and timed.
@@ -34,6 +36,8 @@ pub mod memory;
 pub mod nvrtc;
 pub mod selftest;
 pub mod staging;
+pub mod t5;
+pub mod t5_check;
 
 use cudarc::cublaslt::result::CublasError;
 use cudarc::driver::DriverError;

@@ -211,6 +211,16 @@ pub fn write_synth_safetensors(
     specs: &[TensorSpec],
     seed: u64,
 ) -> Result<u64, CudaError> {
+    write_safetensors_with(path, specs, &|s| synth_tensor(s, seed))
+}
+
+/// Write a safetensors file of `specs` (all bf16), each tensor's bits from
+/// `values`, streaming one tensor at a time. Returns the bytes written.
+pub fn write_safetensors_with(
+    path: &Path,
+    specs: &[TensorSpec],
+    values: &dyn Fn(&TensorSpec) -> Vec<u16>,
+) -> Result<u64, CudaError> {
     let io = |source| CudaError::Io {
         path: path.to_path_buf(),
         source,
@@ -233,7 +243,7 @@ pub fn write_synth_safetensors(
     f.write_all(&(h.len() as u64).to_le_bytes()).map_err(io)?;
     f.write_all(&h).map_err(io)?;
     for s in specs {
-        let v = synth_tensor(s, seed);
+        let v = values(s);
         // SAFETY: u16 slice viewed as its bytes (little-endian machine, as safetensors).
         let bytes = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 2) };
         f.write_all(bytes).map_err(io)?;
@@ -275,18 +285,18 @@ impl Rig {
         Ok(Rig { gpu, kernels, gemm })
     }
 
-    fn bf16(&self, x: &[f32]) -> Result<DeviceBuffer, CudaError> {
+    pub(crate) fn bf16(&self, x: &[f32]) -> Result<DeviceBuffer, CudaError> {
         let b = DeviceBuffer::alloc(&self.gpu, x.len() * 2, "a check input")?;
         upload(&self.gpu, b.ptr(), &narrow(x))?;
         Ok(b)
     }
-    fn f32(&self, x: &[f32]) -> Result<DeviceBuffer, CudaError> {
+    pub(crate) fn f32(&self, x: &[f32]) -> Result<DeviceBuffer, CudaError> {
         let b = DeviceBuffer::alloc(&self.gpu, x.len() * 4, "a check input")?;
         upload(&self.gpu, b.ptr(), x)?;
         Ok(b)
     }
     /// A buffer of `bytes` filled with NaN bytes.
-    fn poisoned(&self, bytes: usize) -> Result<DeviceBuffer, CudaError> {
+    pub(crate) fn poisoned(&self, bytes: usize) -> Result<DeviceBuffer, CudaError> {
         let b = DeviceBuffer::alloc(&self.gpu, bytes, "a check output")?;
         b.fill_bytes(&self.gpu, 0xFF, &self.gpu.compute)?;
         Ok(b)
@@ -819,9 +829,13 @@ pub fn check_forward(
     Ok(())
 }
 
-/// A part of the selftest that can run alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A part of the selftest that can run alone (`--only`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Section {
+    /// Staging, the DiT's kernels, GEMMs, attention and forwards (and their benchmarks).
+    Dit,
+    /// The T5 encoder's kernels and forwards (and its benchmark).
+    T5,
     /// The `denoise-graph` lever: graph vs eager loops, and with `bench` the
     /// loop benchmark only ([`super::graph_bench::denoise_graph`]).
     Graph,
@@ -831,11 +845,11 @@ pub enum Section {
 #[derive(Debug, Clone)]
 pub struct SelftestOptions {
     /// Scratch directory for weight files (must be durable and large enough:
-    /// a few GB with `bench`).
+    /// a few GB with `bench`, ~10 GB with the T5 benchmark).
     pub scratch: PathBuf,
     /// Run the benchmarks after the checks.
     pub bench: bool,
-    /// Run only this section (every check and benchmark when `None`).
+    /// Run one section only (every section when `None`).
     pub only: Option<Section>,
 }
 
@@ -871,7 +885,22 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
         if opts.bench {
             super::graph_bench::denoise_graph(&rig, &mut rows)?;
         }
-        return Ok(finish(&rig, &checks, &rows, t0));
+        return Ok(summary(&rig, &checks, &rows, t0));
+    }
+    let t5 = |checks: &mut Vec<Check>, rng: &mut Rng| -> Result<Vec<String>, CudaError> {
+        let from = checks.len();
+        super::t5_check::check_t5(&rig, rng, &opts.scratch, checks)?;
+        report(checks, from);
+        // A benchmark that stops on an error says so in its rows.
+        Ok(match opts.bench {
+            true => super::bench::run_t5(&rig, &opts.scratch)
+                .unwrap_or_else(|e| vec![format!("t5 bench FAILED: {e}")]),
+            false => Vec::new(),
+        })
+    };
+    if opts.only == Some(Section::T5) {
+        let rows = t5(&mut checks, &mut rng)?;
+        return Ok(summary(&rig, &checks, &rows, t0));
     }
     // 1. Staging first: the tiny model's weights through both arms.
     let tiny = DitDims::from_config(&crate::presets::dit_tiny())?;
@@ -929,20 +958,25 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
         let _ = std::fs::remove_file(&f);
     }
     report(&checks, from);
-    from = checks.len();
-    // 4. The denoise loop replayed from CUDA graphs against the eager loop.
-    super::graph_check::check_graphs(&rig, &mut rng, &mut checks)?;
-    report(&checks, from);
-    let bench_rows = if opts.bench {
+    if opts.only.is_none() {
+        from = checks.len();
+        // 4. The denoise loop replayed from CUDA graphs against the eager loop.
+        super::graph_check::check_graphs(&rig, &mut rng, &mut checks)?;
+        report(&checks, from);
+    }
+    let mut bench_rows = if opts.bench {
         super::bench::run(&rig, &opts.scratch)?
     } else {
         Vec::new()
     };
-    Ok(finish(&rig, &checks, &bench_rows, t0))
+    if opts.only.is_none() {
+        bench_rows.extend(t5(&mut checks, &mut rng)?);
+    }
+    Ok(summary(&rig, &checks, &bench_rows, t0))
 }
 
-/// Print the table (checks, then benchmark rows); whether every check passed.
-fn finish(rig: &Rig, checks: &[Check], bench_rows: &[String], t0: Instant) -> bool {
+/// Print the table (every check, then the benchmark rows); whether all passed.
+fn summary(rig: &Rig, checks: &[Check], bench_rows: &[String], t0: Instant) -> bool {
     let passed = checks.iter().filter(|c| c.pass).count();
     println!(
         "== selftest-cuda: {} on {} ({:.1} s) ==",
