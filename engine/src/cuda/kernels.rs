@@ -96,35 +96,35 @@ pub fn flash_smem_bytes(hd: usize) -> u32 {
 /// value in the slot's low bytes (x86-64 and the GPU are little-endian), so the
 /// driver reads exactly the parameter's size from each slot's address.
 #[derive(Default)]
-struct Params(Vec<u64>);
+pub(crate) struct Params(Vec<u64>);
 
 impl Params {
-    fn ptr(mut self, v: CUdeviceptr) -> Self {
+    pub(crate) fn ptr(mut self, v: CUdeviceptr) -> Self {
         self.0.push(v);
         self
     }
-    fn u64(mut self, v: u64) -> Self {
+    pub(crate) fn u64(mut self, v: u64) -> Self {
         self.0.push(v);
         self
     }
-    fn i64(mut self, v: i64) -> Self {
+    pub(crate) fn i64(mut self, v: i64) -> Self {
         self.0.push(v as u64);
         self
     }
-    fn i32(mut self, v: i32) -> Self {
+    pub(crate) fn i32(mut self, v: i32) -> Self {
         self.0.push(v as u32 as u64);
         self
     }
-    fn f32(mut self, v: f32) -> Self {
+    pub(crate) fn f32(mut self, v: f32) -> Self {
         self.0.push(v.to_bits() as u64);
         self
     }
     /// An element count as the kernels' `long long n`.
-    fn n(self, n: usize) -> Self {
+    pub(crate) fn n(self, n: usize) -> Self {
         self.i64(n as i64)
     }
     /// A width or count as the kernels' `int`.
-    fn int(self, v: usize) -> Self {
+    pub(crate) fn int(self, v: usize) -> Self {
         self.i32(v as i32)
     }
 }
@@ -175,16 +175,28 @@ impl Kernels {
             }
             .ctx(format!("raising the shared-memory limit of {f}"))?;
         }
+        for (f, bytes) in super::vae::device::big_smem_kernels() {
+            let func = k.func(f)?;
+            // SAFETY: as above.
+            unsafe {
+                dres::function::set_function_attribute(
+                    func.cu_function(),
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )
+            }
+            .ctx(format!("raising the shared-memory limit of {f}"))?;
+        }
         Ok(k)
     }
 
-    fn func(&self, name: &str) -> Result<&CudaFunction, CudaError> {
+    pub(crate) fn func(&self, name: &str) -> Result<&CudaFunction, CudaError> {
         self.funcs
             .get(name)
             .ok_or_else(|| CudaError::Invalid(format!("kernel '{name}' is not loaded")))
     }
 
-    fn launch(
+    pub(crate) fn launch(
         &self,
         name: &str,
         grid: (u32, u32, u32),
@@ -215,7 +227,7 @@ impl Kernels {
     }
 
     /// A grid-stride elementwise kernel over `n` elements.
-    fn launch_ew(
+    pub(crate) fn launch_ew(
         &self,
         name: &str,
         n: usize,

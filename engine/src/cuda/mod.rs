@@ -17,6 +17,7 @@
 //! - [`staging`]: weights from a safetensors file onto the device (serial | batched).
 //! - [`dit`]: the LTX-Video transformer forward, device-resident end to end.
 //! - [`backend`]: the device-resident sampler loop behind [`crate::denoise::Denoiser`].
+//! - [`vae`]: the video VAE decoder on the device, streamed in temporal chunks.
 //! - [`selftest`] / [`bench`] / [`burn`]: device checks against the CPU arm,
 //!   benchmarks, the GEMM load.
 
@@ -31,6 +32,7 @@ pub mod memory;
 pub mod nvrtc;
 pub mod selftest;
 pub mod staging;
+pub mod vae;
 
 use cudarc::cublaslt::result::CublasError;
 use cudarc::driver::DriverError;

@@ -23,9 +23,15 @@ pub const ELEMENTWISE_CU: &str = include_str!("kernels/elementwise.cu");
 /// Attention kernels.
 pub const ATTENTION_CU: &str = include_str!("kernels/attention.cu");
 
+/// The video VAE decoder's kernels.
+pub const VAE_CU: &str = include_str!("kernels/vae.cu");
+
 /// Every kernel module: (name, source).
-pub const MODULES: &[(&str, &str)] =
-    &[("elementwise", ELEMENTWISE_CU), ("attention", ATTENTION_CU)];
+pub const MODULES: &[(&str, &str)] = &[
+    ("elementwise", ELEMENTWISE_CU),
+    ("attention", ATTENTION_CU),
+    ("vae", VAE_CU),
+];
 
 /// The target architecture (the H200 is compute capability 9.0).
 pub const ARCH: &str = "sm_90";
