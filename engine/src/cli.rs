@@ -132,6 +132,9 @@ pub enum Command {
         /// Scratch directory for synthetic weight files (durable, a few GB free).
         #[arg(long, default_value = "target/selftest-cuda")]
         scratch: PathBuf,
+        /// Run only one section: all | vae.
+        #[arg(long, default_value = "all")]
+        only: String,
     },
     /// A known bf16 GEMM load for S seconds (the harness's GPU-utilization control).
     Burn {
@@ -204,8 +207,18 @@ fn cores() -> usize {
 /// Run one parsed command; returns the process exit code.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::SelftestCuda { bench, scratch } => {
-            let opts = crate::cuda::selftest::SelftestOptions { scratch, bench };
+        Command::SelftestCuda {
+            bench,
+            scratch,
+            only,
+        } => {
+            let only = crate::cuda::selftest::Section::parse(&only)
+                .ok_or_else(|| anyhow::anyhow!("--only {only}: expected all or vae"))?;
+            let opts = crate::cuda::selftest::SelftestOptions {
+                scratch,
+                bench,
+                only,
+            };
             let all_passed = crate::cuda::selftest::run(&opts)?;
             Ok(if all_passed { EXIT_OK } else { EXIT_FAILED })
         }

@@ -48,6 +48,8 @@ pub const RELEASE_PAGES: &str = "release-pages";
 pub const HOST_THREADS: &str = "host-threads";
 /// Lever id: how the CUDA arm stages weights onto the device.
 pub const STAGING: &str = "staging";
+/// Lever id: where the video VAE decodes on a CUDA render.
+pub const VAE: &str = "vae";
 
 static REGISTRY: &[LeverDef] = &[
     LeverDef {
@@ -85,6 +87,16 @@ static REGISTRY: &[LeverDef] = &[
         doc: "serial stages each tensor with its own cuMemAlloc, a pageable copy and a \
               synchronize (the seed's pattern); batched reads the file with several threads \
               straight into pinned buffers and overlaps async copies into one device arena",
+    },
+    LeverDef {
+        id: VAE,
+        arms: &["host", "device"],
+        default: "device",
+        baseline: "host",
+        applies_to: Applies::Cuda,
+        doc: "host decodes the video VAE on the CPU reference arm; device stages the VAE to the \
+              GPU and decodes there in temporal chunks (bf16 activations, implicit-GEMM \
+              convolutions), pixels copied back per chunk",
     },
 ];
 
@@ -220,6 +232,11 @@ impl LeverSet {
         o
     }
 
+    /// Whether the `vae` lever asks for the device decode (inert off the CUDA arm).
+    pub fn vae_on_device(&self) -> bool {
+        self.arm(VAE) == "device"
+    }
+
     /// The host pool size the `host-threads` arm asks for, given `cores` available.
     pub fn host_threads(&self, cores: usize) -> usize {
         if self.arm(HOST_THREADS) == "1" {
@@ -269,6 +286,28 @@ mod tests {
             registry_json()["levers"]["release-pages"]["applies_to"],
             "both"
         );
+    }
+
+    #[test]
+    fn the_vae_lever_matches_the_spec_and_defaults_to_the_device() {
+        let d = LeverSet::resolve(Profile::Default, []).unwrap();
+        assert!(d.vae_on_device());
+        let b = LeverSet::resolve(Profile::Baseline, []).unwrap();
+        assert!(!b.vae_on_device());
+        let h = LeverSet::resolve(Profile::Default, [("vae", "host")]).unwrap();
+        assert!(!h.vae_on_device());
+        let j = registry_json();
+        assert_eq!(j["levers"]["vae"]["applies_to"], "cuda");
+        assert_eq!(j["levers"]["vae"]["baseline"], "host");
+        assert_eq!(j["levers"]["vae"]["arms"][1], "device");
+        // specs/levers.toml's entry names the same arms.
+        let spec = include_str!("../../specs/levers.toml");
+        let at = spec
+            .find("id = \"vae\"")
+            .expect("the vae lever in specs/levers.toml");
+        let entry = &spec[at..at + 400];
+        assert!(entry.contains("arms = [\"host\", \"device\"]"), "{entry}");
+        assert!(entry.contains("baseline = \"host\""), "{entry}");
     }
 
     #[test]

@@ -54,7 +54,8 @@
 //! the host, `load.dit` holds what staging reads through (the registered
 //! reader pins the whole mapped file: `S_dit`; the serial arm one tensor's
 //! pageable copy) plus the CUDA runtime's own host memory (`CUDA_HOST_BYTES`, an
-//! estimate), and `denoise` holds the runtime and the latents.
+//! estimate), and `denoise` holds the runtime and the latents. With `vae =
+//! device` the VAE's phases move too (see `project_device_vae`).
 
 use std::collections::BTreeMap;
 
@@ -238,6 +239,9 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
             .unwrap_or((0, 0));
         device_phases.insert("load.dit".into(), staged + loaded);
         device_phases.insert("denoise".into(), staged + loaded + looping);
+        if levers.vae_on_device() {
+            project_device_vae(p, g, arm, &mut phases, &mut device_phases);
+        }
     }
     Projection {
         host_peak_bytes: phases.values().copied().max().unwrap_or(0),
@@ -247,6 +251,53 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
         phases,
         device_phases,
     }
+}
+
+/// The VAE on the device (`vae = device`): `load.vae` holds the staged
+/// decoder (and latent statistics), the cuBLASLt workspace and, while the
+/// convolution weights are reordered, a copy of the largest one; `decode.video`
+/// the staged weights, the workspace and the decode's buffers for chunks of
+/// [`crate::cuda::vae::DEVICE_CHUNK_LATENT_FRAMES`] latent frames
+/// ([`crate::cuda::vae::decode_bytes`]: exact, every buffer the stream
+/// allocates). On the host, `load.vae` reads the file through (the registered
+/// reader pins it) and `decode.video` holds the latents, their noise and the
+/// decoded clip.
+fn project_device_vae(
+    p: &Preset,
+    g: &Geometry,
+    arm: StagingArm,
+    phases: &mut BTreeMap<String, u64>,
+    device_phases: &mut BTreeMap<String, u64>,
+) {
+    let specs = &loaded_specs(p)[2].1;
+    let s = stored(specs);
+    let staged: u64 = match arm {
+        StagingArm::Batched => specs.iter().map(|t| align_up(t.nbytes()) as u64).sum(),
+        StagingArm::Serial => specs.iter().map(|t| t.nbytes().max(1) as u64).sum(),
+    };
+    let read_through = match arm {
+        StagingArm::Batched => s,
+        StagingArm::Serial => largest(specs),
+    };
+    let ws = crate::cuda::gemm::WORKSPACE_BYTES as u64;
+    let (f, h, w) = latent_grid(g);
+    let chunk = crate::cuda::vae::DEVICE_CHUNK_LATENT_FRAMES;
+    let decode = crate::cuda::vae::decode_bytes(&p.vae, (f, h, w), chunk).unwrap_or(0);
+    device_phases.insert(
+        "load.vae".into(),
+        staged + ws + crate::cuda::vae::reorder_bytes(&p.vae),
+    );
+    device_phases.insert("decode.video".into(), staged + ws + decode);
+    let latents = 2 * 4 * 128 * (f * h * w) as u64;
+    let clip = 4 * 3 * (g.frames * g.height * g.width) as u64;
+    phases.insert(
+        "load.vae".into(),
+        BASE_BYTES + CUDA_HOST_BYTES + read_through,
+    );
+    phases.insert(
+        "decode.video".into(),
+        BASE_BYTES + CUDA_HOST_BYTES + latents + clip,
+    );
 }
 
 fn align_up(n: usize) -> usize {
@@ -319,6 +370,45 @@ mod tests {
         assert!(cpu.device_phases.is_empty());
         // On the device the host no longer holds the f32 transformer.
         assert!(a.phases["denoise"] < cpu.phases["denoise"] / 4);
+    }
+
+    #[test]
+    fn the_device_vae_projects_its_phases_and_the_host_arm_is_untouched() {
+        let p = preset("ltxv-2b").unwrap();
+        let dev = LeverSet::resolve(Profile::Default, []).unwrap();
+        let host = LeverSet::resolve(Profile::Default, [("vae", "host")]).unwrap();
+        let g1 = Geometry {
+            frames: 25,
+            height: 320,
+            width: 512,
+            guidance: false,
+            device: Device::Cuda,
+            ..g()
+        };
+        let a = project(&p, &g1, &dev);
+        let b = project(&p, &g1, &host);
+        assert!(!b.device_phases.contains_key("decode.video"));
+        let dec = a.device_phases["decode.video"];
+        let decode = crate::cuda::vae::decode_bytes(
+            &p.vae,
+            (4, 10, 16),
+            crate::cuda::vae::DEVICE_CHUNK_LATENT_FRAMES,
+        )
+        .unwrap();
+        assert!(dec > decode && dec - decode < 2 << 30, "{dec} {decode}");
+        assert!(a.device_phases["load.vae"] < dec);
+        // The DiT still sets the device peak; the host no longer holds the f32 VAE.
+        assert_eq!(a.device_peak_bytes, a.device_phases["denoise"]);
+        assert!(a.phases["decode.video"] < b.phases["decode.video"]);
+        // On the CPU arm the lever is inert.
+        let cpu = Geometry {
+            device: Device::Cpu,
+            ..g1
+        };
+        assert_eq!(
+            project(&p, &cpu, &dev).phases,
+            project(&p, &cpu, &host).phases
+        );
     }
 
     #[test]
