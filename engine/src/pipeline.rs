@@ -542,7 +542,7 @@ fn load_cuda_vae(
         .context("the CUDA arm's VAE")?;
     rec.attach_device(cuda_vae::mem(&dv));
     let st = &r.staging;
-    let a = attrs! {
+    let mut a = attrs! {
         "arm" => "cuda",
         "staging" => opts.arm.name(),
         "release_pages" => opts.release_pages,
@@ -554,6 +554,10 @@ fn load_cuda_vae(
         "prepare_s" => r.prepare_s,
         "conv" => dv.path.name(),
     };
+    if let Some(e) = &dv.cudnn_error {
+        // cuDNN did not load: the engine's own kernel runs instead.
+        a.insert("conv_fallback".into(), Value::from(e.as_str()));
+    }
     Ok((dv, a))
 }
 

@@ -259,7 +259,9 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
 /// the staged weights, the workspace and the decode's buffers for chunks of
 /// [`crate::cuda::vae::DEVICE_CHUNK_LATENT_FRAMES`] latent frames
 /// ([`crate::cuda::vae::decode_bytes`]: exact, every buffer the stream
-/// allocates). On the host, `load.vae` reads the file through (the registered
+/// allocates; measured equal on the device) and, on the cuDNN path, an
+/// allowance for cuDNN's workspace ([`crate::cuda::vae::CUDNN_WORKSPACE_ALLOWANCE`],
+/// an estimate). On the host, `load.vae` reads the file through (the registered
 /// reader pins it) and `decode.video` holds the latents, their noise and the
 /// decoded clip.
 fn project_device_vae(
@@ -282,7 +284,10 @@ fn project_device_vae(
     let ws = crate::cuda::gemm::WORKSPACE_BYTES as u64;
     let (f, h, w) = latent_grid(g);
     let chunk = crate::cuda::vae::DEVICE_CHUNK_LATENT_FRAMES;
-    let decode = crate::cuda::vae::decode_bytes(&p.vae, (f, h, w), chunk).unwrap_or(0);
+    let mut decode = crate::cuda::vae::decode_bytes(&p.vae, (f, h, w), chunk).unwrap_or(0);
+    if crate::cuda::vae::RENDER_CONV_PATH == crate::cuda::vae::device::ConvPath::Cudnn {
+        decode += crate::cuda::vae::CUDNN_WORKSPACE_ALLOWANCE;
+    }
     device_phases.insert(
         "load.vae".into(),
         staged + ws + crate::cuda::vae::reorder_bytes(&p.vae),

@@ -47,11 +47,21 @@ use device::{ConvPath, DeviceOps};
 use ops::{DecoderW, Mutation, VaeOps};
 use stream::{latent_frames, output_geometry, Stream};
 
-/// Latent frames per device chunk in the render.
-pub const DEVICE_CHUNK_LATENT_FRAMES: usize = 2;
+/// Latent frames per device chunk in the render. Device run 1 (ltxv-2b,
+/// 768x512x121, cuDNN): one piece 119.3 ms and 29.7 GiB of decode buffers,
+/// chunks of 4 124.1 ms and 8.0 GiB, chunks of 2 140.0 ms and 4.4 GiB: 4 keeps
+/// the time within 4% of one piece at a quarter of its memory.
+pub const DEVICE_CHUNK_LATENT_FRAMES: usize = 4;
 
-/// The conv path the render uses.
-pub const RENDER_CONV_PATH: ConvPath = ConvPath::Igemm;
+/// The conv path the render uses: cuDNN (device run 1: 690-750 TFLOP/s on the
+/// decoder's 3x3x3 shapes against 225-250 for the engine's mma.sync kernel;
+/// decode 124.1 ms against 298.7 at chunks of 4), falling back to the engine's
+/// kernel where cuDNN does not load.
+pub const RENDER_CONV_PATH: ConvPath = ConvPath::Cudnn;
+
+/// Device bytes the plan allows for cuDNN's workspace (an estimate: the most
+/// it asked for in device run 1 was 17.3 MB).
+pub const CUDNN_WORKSPACE_ALLOWANCE: u64 = 32 << 20;
 
 /// How one decode runs.
 #[derive(Debug, Clone, Copy)]

@@ -2,24 +2,33 @@
 //!
 //! Every op but the 3x3x3 convolutions is local to one frame. A convolution
 //! with the released (non-causal, edge-replicating) time padding emits output
-//! frame `t` once input `t + 1` has arrived, so each convolution keeps the
-//! last two frames of its input in a window buffer and, per push of `n`
-//! frames, convolves `[kept, new]` (`n` outputs; one fewer on the first push,
-//! whose window starts with a copy of frame 0; one more on the last, whose
-//! window ends with a copy of the last frame). A resnet keeps its skip frames
-//! until its second convolution catches up (a delay of 2 frames), an upsampler
-//! its input frames for the residual (a delay of 1).
+//! frame `t` once input `t + 1` has arrived, so each convolution carries the
+//! last two frames of its input from one push to the next and, per push of
+//! `n` frames, convolves `[carried, new]` (`n` outputs; one fewer on the first
+//! push, whose window starts with a copy of frame 0; one more on the last,
+//! whose window ends with a copy of the last frame). A resnet carries the skip
+//! frames its second convolution has not reached yet (at most 2), an upsampler
+//! the input frames its residual still needs (at most 1).
 //!
 //! Each node accepts at most `max_in` frames per push (`chunk` latent frames
 //! at the latent resolution, doubled at each upsampler); a node's output is
 //! fed to the next in slices of at most that many, depth first, so the final
 //! flush (the frames every node still holds) never needs more than the
-//! per-node buffers. Device memory therefore grows with the chunk, not with
-//! the clip, and the pixels of a chunked decode equal a one-piece decode.
+//! per-node buffers. The convolution windows and the outputs consumed within
+//! the same push are shared by all the nodes of a resolution stage; a node
+//! owns only its carried frames and its output. Device memory therefore grows
+//! with the chunk, not with the clip, and the pixels of a chunked decode
+//! equal a one-piece decode.
 
 use super::super::CudaError;
 use super::ops::{DecoderW, Frames, HasBias, Loc, Mutation, NormOp, ResnetW, VaeOps};
 use crate::models::vae::VaeConfig;
+
+type Alloc<'a> = &'a mut dyn FnMut(usize, &str) -> Result<usize, CudaError>;
+
+fn at(buf: usize) -> Loc {
+    Loc { buf, off: 0 }
+}
 
 /// A 3x3x3 convolution over the stream.
 #[derive(Debug)]
@@ -28,43 +37,42 @@ struct ConvStream {
     co: usize,
     h: usize,
     w: usize,
-    /// Window: up to `max_in + 3` input frames.
+    /// The stage's shared window (at least `max_in + 3` frames of `ci`).
     win: usize,
-    /// Output: up to `max_in + 1` frames.
+    /// The output (at least `max_in + 1` frames of `co`): own or the stage's.
     out: usize,
+    /// The carried input frames (2 of `ci`).
+    carry: usize,
     max_in: usize,
     kept: usize,
     received: usize,
     total: usize,
 }
 
-fn alloc_frames(
-    alloc: &mut dyn FnMut(usize, &str) -> Result<usize, CudaError>,
-    frames: usize,
-    frame: usize,
-    what: &str,
-) -> Result<usize, CudaError> {
-    alloc(frames * frame, what)
-}
-
 impl ConvStream {
     #[allow(clippy::too_many_arguments)]
     fn new(
-        alloc: &mut dyn FnMut(usize, &str) -> Result<usize, CudaError>,
-        ci: usize,
-        co: usize,
-        h: usize,
-        w: usize,
+        alloc: Alloc<'_>,
+        (ci, co): (usize, usize),
+        (h, w): (usize, usize),
         max_in: usize,
         total: usize,
+        win: usize,
+        out: Option<usize>,
+        what: &str,
     ) -> Result<ConvStream, CudaError> {
+        let out = match out {
+            Some(o) => o,
+            None => alloc((max_in + 1) * h * w * co, what)?,
+        };
         Ok(ConvStream {
             ci,
             co,
             h,
             w,
-            win: alloc_frames(alloc, max_in + 3, h * w * ci, "a VAE convolution window")?,
-            out: alloc_frames(alloc, max_in + 1, h * w * co, "a VAE convolution output")?,
+            win,
+            out,
+            carry: alloc(2 * h * w * ci, "a VAE convolution's carried frames")?,
             max_in,
             kept: 0,
             received: 0,
@@ -76,13 +84,10 @@ impl ConvStream {
         self.h * self.w * self.ci
     }
 
-    /// Where the next input frames go.
+    /// Where the next input frames go (in the stage's window).
     fn slot(&self) -> Loc {
         let lead = if self.received == 0 { 1 } else { self.kept };
-        Loc {
-            buf: self.win,
-            off: lead * self.frame_in(),
-        }
+        at(self.win).at(lead * self.frame_in())
     }
 
     /// Convolves after `n` frames were written at [`ConvStream::slot`];
@@ -94,15 +99,9 @@ impl ConvStream {
         n: usize,
     ) -> Result<Frames, CudaError> {
         let fi = self.frame_in();
-        let win = Loc {
-            buf: self.win,
-            off: 0,
-        };
+        let win = at(self.win);
         let mut out = Frames {
-            at: Loc {
-                buf: self.out,
-                off: 0,
-            },
+            at: at(self.out),
             n: 0,
             h: self.h,
             w: self.w,
@@ -114,9 +113,7 @@ impl ConvStream {
         if n > self.max_in || self.received + n > self.total {
             return Err(CudaError::Invalid(format!(
                 "VAE stream: {n} frames pushed into a convolution of capacity {} with {} of {} received",
-                self.max_in,
-                self.received,
-                self.total
+                self.max_in, self.received, self.total
             )));
         }
         let lead = if self.received == 0 {
@@ -124,6 +121,9 @@ impl ConvStream {
             ops.copy(win.at(fi), win, fi)?;
             1
         } else {
+            if self.kept > 0 {
+                ops.copy(at(self.carry), win, self.kept * fi)?;
+            }
             self.kept
         };
         let mut len = lead + n;
@@ -137,77 +137,70 @@ impl ConvStream {
             out.n = len - 2;
             ops.conv3(conv, win, len, self.h, self.w, out.at)?;
         }
-        // Keep the last two frames at the front, copied in ascending order
-        // (source and destination frames never coincide).
         let keep = len.min(2);
-        let from = len - keep;
-        if from > 0 {
-            for f in 0..keep {
-                ops.copy(win.at((from + f) * fi), win.at(f * fi), fi)?;
-            }
-        }
+        ops.copy(win.at((len - keep) * fi), at(self.carry), keep * fi)?;
         self.kept = keep;
         Ok(out)
     }
 }
 
-/// A frame queue (skip or residual frames waiting for a convolution's output).
+/// Frames a node carries to its next push (skip or residual frames its
+/// convolutions have not reached yet).
 #[derive(Debug)]
-struct Queue {
+struct Carry {
     buf: usize,
     frame: usize,
     len: usize,
     cap: usize,
 }
 
-impl Queue {
-    fn new(
-        alloc: &mut dyn FnMut(usize, &str) -> Result<usize, CudaError>,
-        cap: usize,
-        frame: usize,
-        what: &str,
-    ) -> Result<Queue, CudaError> {
-        Ok(Queue {
-            buf: alloc_frames(alloc, cap, frame, what)?,
+impl Carry {
+    fn new(alloc: Alloc<'_>, cap: usize, frame: usize, what: &str) -> Result<Carry, CudaError> {
+        Ok(Carry {
+            buf: alloc(cap * frame, what)?,
             frame,
             len: 0,
             cap,
         })
     }
 
-    fn head(&self) -> Loc {
-        Loc {
-            buf: self.buf,
-            off: 0,
+    /// Frame `j` of `[carried, new]`, `new` being `n` frames at `x`.
+    fn frame(&self, x: Loc, j: usize) -> Loc {
+        if j < self.len {
+            at(self.buf).at(j * self.frame)
+        } else {
+            x.at((j - self.len) * self.frame)
         }
     }
 
-    /// Where `n` more frames go.
-    fn tail(&mut self, n: usize) -> Result<Loc, CudaError> {
-        if self.len + n > self.cap {
+    /// After the first `used` frames of `[carried, new]` (`n` new at `x`) were
+    /// consumed, carries the rest (copied in ascending order: a carried frame
+    /// only moves down).
+    fn advance<O: VaeOps>(
+        &mut self,
+        ops: &mut O,
+        x: Loc,
+        n: usize,
+        used: usize,
+    ) -> Result<(), CudaError> {
+        let rest = self.len + n - used;
+        if rest > self.cap {
             return Err(CudaError::Invalid(format!(
-                "VAE stream: a queue of {} frames cannot take {n} more after {}",
-                self.cap, self.len
+                "VAE stream: {rest} frames to carry in a carry of {}",
+                self.cap
             )));
         }
-        let at = self.head().at(self.len * self.frame);
-        self.len += n;
-        Ok(at)
-    }
-
-    /// Drops the first `n` frames (the rest move to the front, in ascending order).
-    fn pop<O: VaeOps>(&mut self, ops: &mut O, n: usize) -> Result<(), CudaError> {
-        let n = n.min(self.len);
-        if n > 0 {
-            for f in 0..self.len - n {
+        for i in 0..rest {
+            let j = used + i;
+            if j != i || j >= self.len {
                 ops.copy(
-                    self.head().at((n + f) * self.frame),
-                    self.head().at(f * self.frame),
+                    self.frame(x, j),
+                    at(self.buf).at(i * self.frame),
                     self.frame,
                 )?;
             }
         }
-        self.len -= n;
+        self.len = rest;
         Ok(())
     }
 }
@@ -216,9 +209,9 @@ impl Queue {
 struct ResnetStream {
     conv1: ConvStream,
     conv2: ConvStream,
-    skip: Queue,
-    /// LayerNorm output of the shortcut (0.9.0 layout).
-    tmp: Option<usize>,
+    skip: Carry,
+    /// LayerNorm output and shortcut output of the 0.9.0 layout's shortcut.
+    shortcut: Option<(usize, usize)>,
     cin: usize,
     cout: usize,
 }
@@ -226,7 +219,7 @@ struct ResnetStream {
 #[derive(Debug)]
 struct UpsampleStream {
     conv: ConvStream,
-    res: Option<Queue>,
+    res: Option<Carry>,
     out: usize,
     t: usize,
     cin: usize,
@@ -285,7 +278,7 @@ pub struct Stream {
     mutation: Mutation,
 }
 
-/// Channels, height, width and frames at the output of the decoder.
+/// Channels, frames, height and width at the output of the decoder.
 pub fn output_geometry(
     cfg: &VaeConfig,
     latent: (usize, usize, usize),
@@ -293,6 +286,71 @@ pub fn output_geometry(
     let sc = cfg.spatial_compression();
     let frames = (latent.0.max(1) - 1) * cfg.temporal_compression() + 1;
     (cfg.out_channels, frames, latent.1 * sc, latent.2 * sc)
+}
+
+/// One node of the decoder before its buffers exist.
+enum Spec {
+    Resnet(usize, usize, Which),
+    Upsample(usize, usize, bool, usize),
+    Out(usize, usize),
+}
+
+/// A resolution stage: (frames, height, width, max frames per push) and the
+/// nodes that run at it.
+struct Stage {
+    geom: (usize, usize, usize, usize),
+    specs: Vec<Spec>,
+}
+
+/// The decoder's nodes grouped by resolution stage.
+fn stages(
+    cfg: &VaeConfig,
+    latent: (usize, usize, usize),
+    chunk: usize,
+) -> Result<Vec<Stage>, CudaError> {
+    let (first, mid_layers, plan) = cfg.decoder_plan();
+    let (lf, lh, lw) = latent;
+    let mut cur = Stage {
+        geom: (lf, lh, lw, chunk.min(lf)),
+        specs: (0..mid_layers)
+            .map(|j| Spec::Resnet(first, first, Which::Mid(j)))
+            .collect(),
+    };
+    let mut out = Vec::new();
+    let mut c = first;
+    for (i, b) in plan.iter().enumerate() {
+        if b.in_channels != b.out_channels {
+            cur.specs
+                .push(Spec::Resnet(c, b.out_channels, Which::UpConvIn(i)));
+            c = b.out_channels;
+        }
+        if b.upsample {
+            let cin = b.out_channels * b.factor;
+            if cin != c {
+                return Err(CudaError::Invalid(format!(
+                    "VAE up block {i}: the upsampler expects {cin} channels, the stream carries {c}"
+                )));
+            }
+            cur.specs
+                .push(Spec::Upsample(cin, cin * 8 / b.factor, b.residual, i));
+            let (t, h, w, s) = cur.geom;
+            out.push(std::mem::replace(
+                &mut cur,
+                Stage {
+                    geom: (2 * t - 1, 2 * h, 2 * w, 2 * s),
+                    specs: Vec::new(),
+                },
+            ));
+            c = cin / b.factor;
+        }
+        for j in 0..b.layers {
+            cur.specs.push(Spec::Resnet(c, c, Which::UpRes(i, j)));
+        }
+    }
+    let p = cfg.patch_size;
+    cur.specs.push(Spec::Out(c, cfg.out_channels * p * p));
+    out.push(cur);
+    Ok(out)
 }
 
 impl Stream {
@@ -304,7 +362,7 @@ impl Stream {
         latent: (usize, usize, usize),
         chunk: usize,
         mutation: Mutation,
-        alloc: &mut dyn FnMut(usize, &str) -> Result<usize, CudaError>,
+        alloc: Alloc<'_>,
     ) -> Result<Stream, CudaError> {
         cfg.validate()
             .map_err(|e| CudaError::Invalid(format!("VAE config: {e}")))?;
@@ -314,96 +372,123 @@ impl Stream {
                 "VAE stream over latent {latent:?} in chunks of {chunk}: every size must be positive"
             )));
         }
-        let (first, mid_layers, plan) = cfg.decoder_plan();
-        let (mut t, mut h, mut w, mut s) = (lf, lh, lw, chunk.min(lf));
-        let conv_in = ConvStream::new(alloc, cfg.latent_channels, first, h, w, s, t)?;
+        let stages = stages(cfg, latent, chunk)?;
+        let first = cfg.decoder_plan().0;
+        let mut conv_in = None;
         let mut nodes = Vec::new();
-        let resnet = |alloc: &mut dyn FnMut(usize, &str) -> Result<usize, CudaError>,
-                      cin: usize,
-                      cout: usize,
-                      h: usize,
-                      w: usize,
-                      s: usize,
-                      t: usize|
-         -> Result<ResnetStream, CudaError> {
-            Ok(ResnetStream {
-                conv1: ConvStream::new(alloc, cin, cout, h, w, s, t)?,
-                conv2: ConvStream::new(alloc, cout, cout, h, w, s + 1, t)?,
-                skip: Queue::new(alloc, s + 2, h * w * cout, "a VAE skip queue")?,
-                tmp: if cin != cout {
-                    Some(alloc(s * h * w * cin, "a VAE shortcut norm")?)
-                } else {
-                    None
-                },
-                cin,
-                cout,
-            })
-        };
-        for j in 0..mid_layers {
-            nodes.push(Node::Resnet(
-                resnet(alloc, first, first, h, w, s, t)?,
-                Which::Mid(j),
-            ));
-        }
-        let mut c = first;
-        for (i, b) in plan.iter().enumerate() {
-            if b.in_channels != b.out_channels {
-                nodes.push(Node::Resnet(
-                    resnet(alloc, c, b.out_channels, h, w, s, t)?,
-                    Which::UpConvIn(i),
-                ));
-                c = b.out_channels;
-            }
-            if b.upsample {
-                let cin = b.out_channels * b.factor;
-                if cin != c {
-                    return Err(CudaError::Invalid(format!(
-                        "VAE up block {i}: the upsampler expects {cin} channels, the stream carries {c}"
-                    )));
-                }
-                let cy = cin * 8 / b.factor;
-                let conv = ConvStream::new(alloc, cin, cy, h, w, s, t)?;
-                let res = if b.residual {
-                    Some(Queue::new(
-                        alloc,
-                        s + 1,
-                        h * w * cin,
-                        "a VAE upsampler residual",
-                    )?)
-                } else {
-                    None
+        for (k, st) in stages.iter().enumerate() {
+            let (t, h, w, s) = st.geom;
+            // The stage's shared window and its shared output (the outputs
+            // consumed within the push that makes them).
+            let mut win_c = if k == 0 { cfg.latent_channels } else { 0 };
+            let mut tmp_c = 0;
+            for sp in &st.specs {
+                let (wc, tc) = match sp {
+                    Spec::Resnet(cin, cout, _) => ((*cin).max(*cout), *cout),
+                    Spec::Upsample(cin, cy, _, _) => (*cin, *cy),
+                    Spec::Out(c, co) => (*c, *co),
                 };
-                let out = alloc(2 * (s + 1) * 4 * h * w * (cy / 8), "a VAE upsampler output")?;
-                nodes.push(Node::Upsample(
-                    UpsampleStream {
-                        conv,
-                        res,
-                        out,
-                        t: 0,
-                        cin,
-                    },
-                    i,
-                ));
-                c = cy / 8;
-                (t, h, w, s) = (2 * t - 1, 2 * h, 2 * w, 2 * s);
+                win_c = win_c.max(wc);
+                tmp_c = tmp_c.max(tc);
             }
-            for j in 0..b.layers {
-                nodes.push(Node::Resnet(
-                    resnet(alloc, c, c, h, w, s, t)?,
-                    Which::UpRes(i, j),
-                ));
+            let win = alloc((s + 4) * h * w * win_c, "a VAE stage's convolution window")?;
+            let tmp = alloc((s + 1) * h * w * tmp_c, "a VAE stage's convolution output")?;
+            if k == 0 {
+                conv_in = Some(ConvStream::new(
+                    alloc,
+                    (cfg.latent_channels, first),
+                    (h, w),
+                    s,
+                    t,
+                    win,
+                    None,
+                    "the VAE's conv_in output",
+                )?);
+            }
+            for sp in &st.specs {
+                nodes.push(match *sp {
+                    Spec::Resnet(cin, cout, which) => Node::Resnet(
+                        ResnetStream {
+                            conv1: ConvStream::new(
+                                alloc,
+                                (cin, cout),
+                                (h, w),
+                                s,
+                                t,
+                                win,
+                                Some(tmp),
+                                "",
+                            )?,
+                            conv2: ConvStream::new(
+                                alloc,
+                                (cout, cout),
+                                (h, w),
+                                s + 1,
+                                t,
+                                win,
+                                None,
+                                "a VAE resnet output",
+                            )?,
+                            skip: Carry::new(alloc, 2, h * w * cout, "a VAE resnet's skip frames")?,
+                            shortcut: if cin != cout {
+                                Some((
+                                    alloc(s * h * w * cin, "a VAE shortcut norm")?,
+                                    alloc(s * h * w * cout, "a VAE shortcut output")?,
+                                ))
+                            } else {
+                                None
+                            },
+                            cin,
+                            cout,
+                        },
+                        which,
+                    ),
+                    Spec::Upsample(cin, cy, residual, i) => Node::Upsample(
+                        UpsampleStream {
+                            conv: ConvStream::new(
+                                alloc,
+                                (cin, cy),
+                                (h, w),
+                                s,
+                                t,
+                                win,
+                                Some(tmp),
+                                "",
+                            )?,
+                            res: if residual {
+                                Some(Carry::new(
+                                    alloc,
+                                    1,
+                                    h * w * cin,
+                                    "a VAE upsampler's residual frame",
+                                )?)
+                            } else {
+                                None
+                            },
+                            out: alloc(
+                                2 * (s + 1) * 4 * h * w * (cy / 8),
+                                "a VAE upsampler output",
+                            )?,
+                            t: 0,
+                            cin,
+                        },
+                        i,
+                    ),
+                    Spec::Out(c, co) => Node::Out(ConvStream::new(
+                        alloc,
+                        (c, co),
+                        (h, w),
+                        s,
+                        t,
+                        win,
+                        Some(tmp),
+                        "",
+                    )?),
+                });
             }
         }
-        let p = cfg.patch_size;
-        nodes.push(Node::Out(ConvStream::new(
-            alloc,
-            c,
-            cfg.out_channels * p * p,
-            h,
-            w,
-            s,
-            t,
-        )?));
+        let conv_in =
+            conv_in.ok_or_else(|| CudaError::Invalid("the VAE stream has no stage".into()))?;
         Ok(Stream {
             conv_in,
             nodes,
@@ -521,10 +606,9 @@ fn push<O: VaeOps>(
                 &NormOp::RmsSilu(mods[0]),
                 r.conv1.slot(),
             )?;
-            let q = r.skip.tail(x.n)?;
-            match (&rw.shortcut, r.tmp) {
-                (Some((lw, lb, conv)), Some(tmp)) => {
-                    let tmp = Loc { buf: tmp, off: 0 };
+            // The skip frames of this push: x itself, or its shortcut.
+            let skip = match (&rw.shortcut, r.shortcut) {
+                (Some((lw, lb, conv)), Some((ln, sx))) => {
                     ops.norm(
                         x.at,
                         x.n * hw,
@@ -535,35 +619,49 @@ fn push<O: VaeOps>(
                             bias: lb,
                             eps: w.ln_eps,
                         },
-                        tmp,
+                        at(ln),
                     )?;
-                    ops.conv1(conv, tmp, x.n * hw, q)?;
+                    ops.conv1(conv, at(ln), x.n * hw, at(sx))?;
+                    at(sx)
                 }
-                _ => ops.copy(x.at, q, x.n * hw * r.cin)?,
-            }
+                _ => x.at,
+            };
             let y1 = r.conv1.run(ops, &rw.conv1, x.n)?;
-            if y1.n == 0 {
-                return Ok(Frames { n: 0, ..y1 });
-            }
-            ops.norm(
-                y1.at,
-                y1.n * hw,
-                r.cout,
-                Some(rw.conv1.bias()),
-                &NormOp::RmsSilu(mods[1]),
-                r.conv2.slot(),
-            )?;
-            let y2 = r.conv2.run(ops, &rw.conv2, y1.n)?;
-            if y2.n > 0 {
+            let y2 = if y1.n > 0 {
+                ops.norm(
+                    y1.at,
+                    y1.n * hw,
+                    r.cout,
+                    Some(rw.conv1.bias()),
+                    &NormOp::RmsSilu(mods[1]),
+                    r.conv2.slot(),
+                )?;
+                r.conv2.run(ops, &rw.conv2, y1.n)?
+            } else {
+                Frames { n: 0, ..y1 }
+            };
+            // Output frame j adds skip frame j of [carried, new].
+            let carried = r.skip.len.min(y2.n);
+            let f = hw * r.cout;
+            if carried > 0 {
                 ops.bias_add(
                     y2.at,
-                    y2.n * hw,
+                    carried * hw,
                     r.cout,
                     rw.conv2.bias(),
-                    Some(r.skip.head()),
+                    Some(at(r.skip.buf)),
                 )?;
-                r.skip.pop(ops, y2.n)?;
             }
+            if y2.n > carried {
+                ops.bias_add(
+                    y2.at.at(carried * f),
+                    (y2.n - carried) * hw,
+                    r.cout,
+                    rw.conv2.bias(),
+                    Some(skip),
+                )?;
+            }
+            r.skip.advance(ops, skip, x.n, y2.n)?;
             Ok(y2)
         }
         Node::Upsample(u, i) => {
@@ -573,33 +671,61 @@ fn push<O: VaeOps>(
                 .ok_or_else(|| CudaError::Invalid(format!("up block {i} has no upsampler")))?;
             debug_assert_eq!(*residual, u.res.is_some());
             ops.copy(x.at, u.conv.slot(), x.n * hw * u.cin)?;
-            if let Some(q) = &mut u.res {
-                let at = q.tail(x.n)?;
-                ops.copy(x.at, at, x.n * hw * u.cin)?;
-            }
             let y = u.conv.run(ops, conv, x.n)?;
             let cy = u.conv.co;
             let mut out = Frames {
-                at: Loc { buf: u.out, off: 0 },
+                at: at(u.out),
                 n: 0,
                 h: 2 * x.h,
                 w: 2 * x.w,
                 c: cy / 8,
             };
-            if y.n == 0 {
-                return Ok(out);
+            if y.n > 0 {
+                let drop = u.t == 0;
+                let fo = 4 * hw * (cy / 8);
+                match (&u.res, mutation) {
+                    (Some(q), m) if m != Mutation::SkipUpsampleResidual => {
+                        // Conv frame j pairs with input frame j of [carried, new].
+                        let carried = q.len.min(y.n);
+                        if carried > 0 {
+                            ops.d2s(
+                                y.at,
+                                carried,
+                                x.h,
+                                x.w,
+                                cy,
+                                conv.bias(),
+                                Some((at(q.buf), u.cin)),
+                                drop,
+                                out.at,
+                            )?;
+                        }
+                        if y.n > carried {
+                            let skip_out = if carried > 0 {
+                                2 * carried - usize::from(drop)
+                            } else {
+                                0
+                            };
+                            ops.d2s(
+                                y.at.at(carried * hw * cy),
+                                y.n - carried,
+                                x.h,
+                                x.w,
+                                cy,
+                                conv.bias(),
+                                Some((x.at, u.cin)),
+                                drop && carried == 0,
+                                out.at.at(skip_out * fo),
+                            )?;
+                        }
+                    }
+                    _ => ops.d2s(y.at, y.n, x.h, x.w, cy, conv.bias(), None, drop, out.at)?,
+                }
+                out.n = 2 * y.n - usize::from(drop);
+                u.t += y.n;
             }
-            let drop = u.t == 0;
-            let res = match (&u.res, mutation) {
-                (_, Mutation::SkipUpsampleResidual) => None,
-                (Some(q), _) => Some((q.head(), u.cin)),
-                (None, _) => None,
-            };
-            ops.d2s(y.at, y.n, x.h, x.w, cy, conv.bias(), res, drop, out.at)?;
-            out.n = 2 * y.n - usize::from(drop);
-            u.t += y.n;
             if let Some(q) = &mut u.res {
-                q.pop(ops, y.n)?;
+                q.advance(ops, x.at, x.n, y.n)?;
             }
             Ok(out)
         }
