@@ -78,15 +78,18 @@ if [ "${RENDERS:-1}" = 1 ] && [ "$st_rc" = 0 ]; then
   python3 - "$work/render-device" "$work/render-host" >> "$OUT/renders.log" 2>&1 <<'EOF'
 import json, math, sys
 def y4m(path):
+    # The engine writes C444 (three full planes per frame); FRAME headers
+    # are skipped by length, never by searching the pixel bytes.
     b = open(path, "rb").read()
     head, rest = b.split(b"\n", 1)
     f = dict((t[0], t[1:]) for t in head.decode().split()[1:])
+    assert f.get("C", "420").startswith("444"), "not C444: %r" % head
     w, h = int(f["W"]), int(f["H"])
-    n = w * h * 3 // 2
+    n = 3 * w * h
     frames = []
     while rest:
-        hdr, rest = rest.split(b"\n", 1)
-        frames.append(rest[:n]); rest = rest[n:]
+        assert rest[:6] == b"FRAME\n", "bad frame header"
+        frames.append(rest[6:6 + n]); rest = rest[6 + n:]
     return w, h, frames
 def phases(path):
     opens, out = {}, []

@@ -261,9 +261,10 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
 /// ([`crate::cuda::vae::decode_bytes`]: exact, every buffer the stream
 /// allocates; measured equal on the device) and, on the cuDNN path, an
 /// allowance for cuDNN's workspace ([`crate::cuda::vae::CUDNN_WORKSPACE_ALLOWANCE`],
-/// an estimate). On the host, `load.vae` reads the file through (the registered
-/// reader pins it) and `decode.video` holds the latents, their noise and the
-/// decoded clip.
+/// an estimate; device run 2, rung 1: load.vae measured = projected to the
+/// byte, decode.video 25.7 MB under the projection, the unused allowance). On the host, `load.vae` reads the file through (the registered
+/// reader pins it) and `decode.video` holds the latents, their noise, the
+/// decoded clip and (on the cuDNN path) an allowance for cuDNN's libraries.
 fn project_device_vae(
     p: &Preset,
     g: &Geometry,
@@ -285,8 +286,10 @@ fn project_device_vae(
     let (f, h, w) = latent_grid(g);
     let chunk = crate::cuda::vae::DEVICE_CHUNK_LATENT_FRAMES;
     let mut decode = crate::cuda::vae::decode_bytes(&p.vae, (f, h, w), chunk).unwrap_or(0);
+    let mut host_libs = 0;
     if crate::cuda::vae::RENDER_CONV_PATH == crate::cuda::vae::device::ConvPath::Cudnn {
         decode += crate::cuda::vae::CUDNN_WORKSPACE_ALLOWANCE;
+        host_libs = crate::cuda::vae::CUDNN_HOST_ALLOWANCE;
     }
     device_phases.insert(
         "load.vae".into(),
@@ -301,7 +304,7 @@ fn project_device_vae(
     );
     phases.insert(
         "decode.video".into(),
-        BASE_BYTES + CUDA_HOST_BYTES + latents + clip,
+        BASE_BYTES + CUDA_HOST_BYTES + host_libs + latents + clip,
     );
 }
 

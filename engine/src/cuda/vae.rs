@@ -47,10 +47,10 @@ use device::{ConvPath, DeviceOps};
 use ops::{DecoderW, Mutation, VaeOps};
 use stream::{latent_frames, output_geometry, Stream};
 
-/// Latent frames per device chunk in the render. Device run 1 (ltxv-2b,
-/// 768x512x121, cuDNN): one piece 119.3 ms and 29.7 GiB of decode buffers,
-/// chunks of 4 124.1 ms and 8.0 GiB, chunks of 2 140.0 ms and 4.4 GiB: 4 keeps
-/// the time within 4% of one piece at a quarter of its memory.
+/// Latent frames per device chunk in the render. Device run 2 (ltxv-2b,
+/// 768x512x121, cuDNN, stage-shared windows): one piece 114.5 ms and 9.83 GiB
+/// of decode buffers, chunks of 4 121.2 ms and 2.88 GiB, chunks of 2 134.8 ms
+/// and 1.72 GiB: 4 stays within 6% of one piece at 29% of its memory.
 pub const DEVICE_CHUNK_LATENT_FRAMES: usize = 4;
 
 /// The conv path the render uses: cuDNN (device run 1: 690-750 TFLOP/s on the
@@ -60,8 +60,12 @@ pub const DEVICE_CHUNK_LATENT_FRAMES: usize = 4;
 pub const RENDER_CONV_PATH: ConvPath = ConvPath::Cudnn;
 
 /// Device bytes the plan allows for cuDNN's workspace (an estimate: the most
-/// it asked for in device run 1 was 17.3 MB).
+/// it asked for in device run 1 was 17.3 MB; rung 1's decode used 7.9 MB).
 pub const CUDNN_WORKSPACE_ALLOWANCE: u64 = 32 << 20;
+
+/// Host bytes the plan allows for cuDNN's libraries while it decodes (an
+/// estimate: rung 1's decode.video peaked 15 MB above the projection without it).
+pub const CUDNN_HOST_ALLOWANCE: u64 = 64 << 20;
 
 /// How one decode runs.
 #[derive(Debug, Clone, Copy)]
