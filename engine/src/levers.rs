@@ -52,6 +52,8 @@ pub const STAGING: &str = "staging";
 pub const DENOISE_GRAPH: &str = "denoise-graph";
 /// Lever id: where the text encoder (the `conditioning` phase) runs.
 pub const CONDITIONING: &str = "conditioning";
+/// Lever id: where the video VAE decodes on a CUDA render.
+pub const VAE: &str = "vae";
 
 static REGISTRY: &[LeverDef] = &[
     LeverDef {
@@ -113,6 +115,17 @@ static REGISTRY: &[LeverDef] = &[
         doc: "host runs the T5 text encoder on the CPU arm in f32; device stages its bf16 \
               weights to the GPU in load.text_encoder and runs the forward(s) there, freeing \
               it before load.dit (inert with --prompt-embeds)",
+    },
+    LeverDef {
+        id: VAE,
+        arms: &["host", "device"],
+        default: "device",
+        baseline: "host",
+        applies_to: Applies::Cuda,
+        doc: "host decodes the video VAE on the CPU reference arm; device stages the VAE to the \
+              GPU and decodes there in temporal chunks (bf16 activations, cuDNN convolutions, \
+              or the engine's implicit-GEMM kernel where cuDNN does not load), pixels copied \
+              back per chunk",
     },
 ];
 
@@ -259,6 +272,11 @@ impl LeverSet {
         self.arm(CONDITIONING) == "device"
     }
 
+    /// Whether the `vae` lever asks for the device decode (inert off the CUDA arm).
+    pub fn vae_on_device(&self) -> bool {
+        self.arm(VAE) == "device"
+    }
+
     /// The host pool size the `host-threads` arm asks for, given `cores` available.
     pub fn host_threads(&self, cores: usize) -> usize {
         if self.arm(HOST_THREADS) == "1" {
@@ -308,6 +326,28 @@ mod tests {
             registry_json()["levers"]["release-pages"]["applies_to"],
             "both"
         );
+    }
+
+    #[test]
+    fn the_vae_lever_matches_the_spec_and_defaults_to_the_device() {
+        let d = LeverSet::resolve(Profile::Default, []).unwrap();
+        assert!(d.vae_on_device());
+        let b = LeverSet::resolve(Profile::Baseline, []).unwrap();
+        assert!(!b.vae_on_device());
+        let h = LeverSet::resolve(Profile::Default, [("vae", "host")]).unwrap();
+        assert!(!h.vae_on_device());
+        let j = registry_json();
+        assert_eq!(j["levers"]["vae"]["applies_to"], "cuda");
+        assert_eq!(j["levers"]["vae"]["baseline"], "host");
+        assert_eq!(j["levers"]["vae"]["arms"][1], "device");
+        // specs/levers.toml's entry names the same arms.
+        let spec = include_str!("../../specs/levers.toml");
+        let at = spec
+            .find("id = \"vae\"")
+            .expect("the vae lever in specs/levers.toml");
+        let entry = &spec[at..at + 400];
+        assert!(entry.contains("arms = [\"host\", \"device\"]"), "{entry}");
+        assert!(entry.contains("baseline = \"host\""), "{entry}");
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! One render, phase by phase, with the markers of contracts section 2. The
-//! VAE runs on the host (the CPU reference arm); the text encoder too, unless
-//! a `device = cuda` render has `conditioning = device`: then
-//! `load.text_encoder` stages its bf16 weights to the GPU (lever `staging`)
+//! text encoder and the VAE run on the host (the CPU reference arm) unless a
+//! `device = cuda` render moves them: with `conditioning = device`,
+//! `load.text_encoder` stages T5's bf16 weights to the GPU (lever `staging`)
 //! and runs a warm-up forward, `conditioning` encodes the prompt(s) there as
 //! one batch (`device_ms` from CUDA events) and frees the encoder before
-//! `load.dit`; with `--prompt-embeds` the lever is inert. The DiT's
+//! `load.dit` (inert with `--prompt-embeds`); with `vae = device` the decoder
+//! is staged in `load.vae` and decodes on the device (below). The DiT's
 //! denoise loop runs on the arm the request names ([`crate::denoise`]): on the
 //! CPU in f32, or device-resident on the GPU (weights staged through the
 //! `staging` lever, latents on the device from the first step to the last, one
@@ -27,9 +28,13 @@
 //! pages as tensors are materialized and the whole files at the end of each load;
 //! `host-threads` sizes the rayon pool the render runs in (set by the caller);
 //! on the device arm `staging = serial|batched` picks how the transformer
-//! reaches the device, `release-pages` drops its file pages once copied, and
+//! reaches the device, `release-pages` drops its file pages once copied,
 //! `denoise-graph = on` replays each forward as a captured CUDA graph (the
-//! `denoise` close says `graph` and `graph_capture_ms`).
+//! `denoise` close says `graph` and `graph_capture_ms`), and `vae = host|device`
+//! picks where the VAE decodes on a CUDA render (on the device: staged in
+//! `load.vae`, decoded in chunks of [`DEVICE_CHUNK_LATENT_FRAMES`] latent
+//! frames, `device_ms` and `peak_device_bytes` on every `decode.video.chunk`;
+//! inert on the CPU arm).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -43,6 +48,10 @@ use serde_json::Value;
 use crate::cuda::backend::{open_cuda_denoiser, Dispatch};
 use crate::cuda::staging::{StagingArm, StagingOptions};
 use crate::cuda::t5::{open_device_t5, DeviceT5};
+use crate::cuda::vae::{
+    self as cuda_vae, open_device_vae, ChunkReport, DecodeOptions, DeviceVae,
+    DEVICE_CHUNK_LATENT_FRAMES, RENDER_CONV_PATH,
+};
 use crate::denoise::{Conditioning, CpuDenoiser, Denoiser, TextCond};
 use crate::frames::png::write_png;
 use crate::frames::y4m::Y4mWriter;
@@ -88,8 +97,8 @@ pub struct RenderRequest {
     pub levers: LeverSet,
     /// Host pool size the render runs with (for the record).
     pub threads: usize,
-    /// The device arm of the DiT (and of T5 under `conditioning = device`;
-    /// the VAE runs on the host either way).
+    /// The device arm of the DiT (and of T5 under `conditioning = device`, of
+    /// the VAE under `vae = device`).
     pub device: Device,
     /// Write every frame as a PNG too.
     pub all_frames: bool,
@@ -358,7 +367,7 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
         lat
     };
 
-    // ---- VAE: load, then decode.
+    // ---- VAE: load, then decode (on the device with `vae = device` on a CUDA render).
     let pixels = {
         let ph = rec.phase("load.vae", Attrs::new());
         let mut specs = vae::decoder_tensor_specs(&p.vae);
@@ -374,61 +383,18 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
             &|n| n.starts_with("encoder."),
             opts,
         )?;
-        let model = VaeDecoder::load(&VarBuilder::new(&src), &p.vae)
-            .map_err(|e| BadInput(e.to_string()))?;
-        let (a, kept) = finish_load(src, &req.levers);
-        ph.finish(a);
-
-        let lf = grid.0;
-        let chunks = lf.div_ceil(DECODE_CHUNK_LATENT_FRAMES);
-        let dec = rec.phase(
-            "decode.video",
-            attrs! {"chunk_latent_frames" => DECODE_CHUNK_LATENT_FRAMES, "chunks" => chunks},
-        );
-        // The decoder reports the end of each chunk. Chunk 0 opens now and also
-        // covers preparing the latents; each report closes its chunk and opens
-        // the next; the last chunk also covers freeing the decoder.
-        let mut open_chunk = Some(rec.phase("decode.video.chunk", attrs! {"chunk" => 0}));
-        // Tokens [N, C] in (f, h, w) order -> channel-first [C, f, h, w].
-        let lc = p.vae.latent_channels;
-        let mut z = unpack_latents(latents.data(), lc);
-        drop(latents);
-        schedule::denormalize_latents(
-            &mut z,
-            model.latents_mean(),
-            model.latents_std(),
-            p.vae_scaling.scaling_factor,
-        )
-        .map_err(|e| anyhow!("denormalize: {e}"))?;
-        let timestep = if p.vae.timestep_conditioning {
-            let noise = decode_noise(rung.seed, lc, grid);
-            schedule::mix_decode_noise(&mut z, noise.data(), p.vae_scaling.decode_noise_scale)
-                .map_err(|e| anyhow!("decode noise: {e}"))?;
-            p.vae_scaling.decode_timestep
+        if req.device == Device::Cuda && req.levers.vae_on_device() {
+            let (dv, a) = load_cuda_vae(src, req, rec)?;
+            ph.finish(a);
+            decode_cuda(dv, latents, req, grid, rec)?
         } else {
-            0.0
-        };
-        let z =
-            Tensor::new(&[lc, grid.0, grid.1, grid.2], z).map_err(|e| anyhow!("latents: {e}"))?;
-        let mut on_chunk = |i: usize| {
-            if i + 1 < chunks {
-                if let Some(c) = open_chunk.take() {
-                    c.finish(Attrs::new());
-                }
-                open_chunk = Some(rec.phase("decode.video.chunk", attrs! {"chunk" => i + 1}));
-            }
-        };
-        let px = model
-            .decode_chunked(&z, timestep, DECODE_CHUNK_LATENT_FRAMES, &mut on_chunk)
-            .context("VAE decode")?;
-        drop(model);
-        drop(kept);
-        drop(z);
-        if let Some(c) = open_chunk.take() {
-            c.finish(Attrs::new());
+            let model = VaeDecoder::load(&VarBuilder::new(&src), &p.vae)
+                .map_err(|e| BadInput(e.to_string()))?;
+            let (mut a, kept) = finish_load(src, &req.levers);
+            a.insert("arm".into(), Value::from("cpu"));
+            ph.finish(a);
+            decode_host(model, kept, latents, req, grid, rec)?
         }
-        dec.finish(attrs! {"frames" => px.shape().get(1).copied().unwrap_or(0)});
-        px
     };
 
     // ---- Frames.
@@ -507,15 +473,9 @@ fn load_cuda_dit(
 
 /// The device arm's staging options from the `staging` and `release-pages` levers.
 fn staging_options(req: &RenderRequest) -> anyhow::Result<(StagingArm, StagingOptions)> {
-    let arm = StagingArm::parse(req.levers.arm(crate::levers::STAGING)).ok_or_else(|| {
-        anyhow!(
-            "lever staging has arm '{}', expected serial|batched",
-            req.levers.arm(crate::levers::STAGING)
-        )
-    })?;
-    let mut opts = StagingOptions::new(arm);
-    opts.release_pages = req.levers.release_pages();
-    Ok((arm, opts))
+    // The arm was validated when the lever set was resolved.
+    let opts = req.levers.staging();
+    Ok((opts.arm, opts))
 }
 
 /// `conditioning = device`: the validated T5 checkpoint's tensors staged onto
@@ -604,6 +564,176 @@ fn encode_on_device(
         .next()
         .ok_or_else(|| anyhow!("the device text encoder returned no states"))?;
     Ok((c, conds.next(), ms))
+}
+
+/// Tokens `[N, C]` in (f, h, w) order to channel-first latents `[C, f, h, w]`,
+/// denormalised, with the decode noise mixed in where the decoder is
+/// timestep-conditioned; returns them and the decode timestep.
+fn prepare_latents(
+    latents: Tensor,
+    mean: &[f32],
+    std: &[f32],
+    req: &RenderRequest,
+    grid: (usize, usize, usize),
+) -> anyhow::Result<(Tensor, f32)> {
+    let p = &req.preset;
+    let lc = p.vae.latent_channels;
+    let mut z = unpack_latents(latents.data(), lc);
+    drop(latents);
+    schedule::denormalize_latents(&mut z, mean, std, p.vae_scaling.scaling_factor)
+        .map_err(|e| anyhow!("denormalize: {e}"))?;
+    let timestep = if p.vae.timestep_conditioning {
+        let noise = decode_noise(req.rung.seed, lc, grid);
+        schedule::mix_decode_noise(&mut z, noise.data(), p.vae_scaling.decode_noise_scale)
+            .map_err(|e| anyhow!("decode noise: {e}"))?;
+        p.vae_scaling.decode_timestep
+    } else {
+        0.0
+    };
+    let z = Tensor::new(&[lc, grid.0, grid.1, grid.2], z).map_err(|e| anyhow!("latents: {e}"))?;
+    Ok((z, timestep))
+}
+
+/// `decode.video` on the host: one `decode.video.chunk` per temporal chunk.
+fn decode_host(
+    model: VaeDecoder,
+    kept: Retained,
+    latents: Tensor,
+    req: &RenderRequest,
+    grid: (usize, usize, usize),
+    rec: &Recorder,
+) -> anyhow::Result<Tensor> {
+    let lf = grid.0;
+    let chunks = lf.div_ceil(DECODE_CHUNK_LATENT_FRAMES);
+    let dec = rec.phase(
+        "decode.video",
+        attrs! {"chunk_latent_frames" => DECODE_CHUNK_LATENT_FRAMES, "chunks" => chunks, "arm" => "cpu"},
+    );
+    // The decoder reports the end of each chunk. Chunk 0 opens now and also
+    // covers preparing the latents; each report closes its chunk and opens
+    // the next; the last chunk also covers freeing the decoder.
+    let mut open_chunk = Some(rec.phase("decode.video.chunk", attrs! {"chunk" => 0}));
+    let (z, timestep) = prepare_latents(
+        latents,
+        model.latents_mean(),
+        model.latents_std(),
+        req,
+        grid,
+    )?;
+    let mut on_chunk = |i: usize| {
+        if i + 1 < chunks {
+            if let Some(c) = open_chunk.take() {
+                c.finish(Attrs::new());
+            }
+            open_chunk = Some(rec.phase("decode.video.chunk", attrs! {"chunk" => i + 1}));
+        }
+    };
+    let px = model
+        .decode_chunked(&z, timestep, DECODE_CHUNK_LATENT_FRAMES, &mut on_chunk)
+        .context("VAE decode")?;
+    drop(model);
+    drop(kept);
+    drop(z);
+    if let Some(c) = open_chunk.take() {
+        c.finish(Attrs::new());
+    }
+    dec.finish(attrs! {"frames" => px.shape().get(1).copied().unwrap_or(0)});
+    Ok(px)
+}
+
+/// The CUDA arm's VAE: the decoder's tensors (and the latent statistics) of
+/// the validated checkpoint staged onto the device (lever `staging`,
+/// `release-pages`), the convolution weights reordered there, the device's
+/// allocator attached to the recorder.
+fn load_cuda_vae(
+    src: SafetensorsSource,
+    req: &RenderRequest,
+    rec: &Recorder,
+) -> anyhow::Result<(DeviceVae, Attrs)> {
+    let tensors: Vec<_> = src
+        .extents()
+        .map_err(|e| BadInput(e.to_string()))?
+        .into_iter()
+        .filter(|e| {
+            e.name.starts_with("decoder.") || e.name == "latents_mean" || e.name == "latents_std"
+        })
+        .collect();
+    drop(src);
+    let opts = req.levers.staging();
+    let (dv, r) = open_device_vae(&tensors, &req.preset.vae, &opts, RENDER_CONV_PATH)
+        .context("the CUDA arm's VAE")?;
+    rec.attach_device(cuda_vae::mem(&dv));
+    let st = &r.staging;
+    let mut a = attrs! {
+        "arm" => "cuda",
+        "staging" => opts.arm.name(),
+        "release_pages" => opts.release_pages,
+        attr::BYTES_STAGED => st.bytes,
+        "tensors" => tensors.len(),
+        "staging_s" => st.seconds,
+        attr::DEVICE_MS => st.device_ms,
+        "device_open_s" => r.device_open_s,
+        "prepare_s" => r.prepare_s,
+        "conv" => dv.path.name(),
+    };
+    if let Some(e) = &dv.cudnn_error {
+        // cuDNN did not load: the engine's own kernel runs instead.
+        a.insert("conv_fallback".into(), Value::from(e.as_str()));
+    }
+    Ok((dv, a))
+}
+
+/// `decode.video` on the device: one `decode.video.chunk` per device chunk
+/// (`device_ms` from CUDA events on its close), pixels copied back per chunk.
+fn decode_cuda(
+    mut dv: DeviceVae,
+    latents: Tensor,
+    req: &RenderRequest,
+    grid: (usize, usize, usize),
+    rec: &Recorder,
+) -> anyhow::Result<Tensor> {
+    let chunk = DEVICE_CHUNK_LATENT_FRAMES;
+    let chunks = grid.0.div_ceil(chunk);
+    let dec = rec.phase(
+        "decode.video",
+        attrs! {"chunk_latent_frames" => chunk, "chunks" => chunks, "arm" => "cuda", "conv" => dv.path.name()},
+    );
+    let mut open_chunk = Some(rec.phase("decode.video.chunk", attrs! {"chunk" => 0}));
+    let (z, timestep) = prepare_latents(latents, dv.latents_mean(), dv.latents_std(), req, grid)?;
+    let mut last: Option<ChunkReport> = None;
+    let mut on_chunk = |r: &ChunkReport| {
+        if r.index + 1 < r.chunks {
+            if let Some(c) = open_chunk.take() {
+                c.finish(attrs! {attr::DEVICE_MS => r.device_ms, "frames" => r.frames});
+            }
+            open_chunk = Some(rec.phase("decode.video.chunk", attrs! {"chunk" => r.index + 1}));
+        } else {
+            last = Some(*r);
+        }
+    };
+    let out = dv
+        .decode(&z, timestep, &DecodeOptions::render(chunk), &mut on_chunk)
+        .context("VAE decode on the device")?;
+    // The last chunk also covers freeing the decoder and its device memory.
+    drop(dv);
+    drop(z);
+    if let Some(c) = open_chunk.take() {
+        let mut a = Attrs::new();
+        if let Some(r) = last {
+            a.insert(attr::DEVICE_MS.into(), Value::from(r.device_ms));
+            a.insert("frames".into(), Value::from(r.frames));
+        }
+        c.finish(a);
+    }
+    let px = out
+        .pixels
+        .ok_or_else(|| anyhow!("the device VAE returned no pixels"))?;
+    dec.finish(attrs! {
+        "frames" => px.shape().get(1).copied().unwrap_or(0),
+        attr::DEVICE_MS => out.device_ms,
+        "workspace_bytes" => out.workspace_bytes,
+    });
+    Ok(px)
 }
 
 /// Write `video.y4m`, `first.png`, `middle.png` (frame `(F-1)/2`), `last.png`, and

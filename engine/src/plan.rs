@@ -65,6 +65,8 @@
 //! the host, `load.text_encoder` holds what staging reads through and the
 //! runtime, `conditioning` the runtime and the output states (`4 P L d_model`),
 //! never the f32 encoder.
+//!
+//! With `vae = device` the VAE's phases move too (see `project_device_vae`).
 
 use std::collections::BTreeMap;
 
@@ -265,6 +267,9 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
             .unwrap_or((0, 0));
         device_phases.insert("load.dit".into(), staged + loaded);
         device_phases.insert("denoise".into(), staged + loaded + looping);
+        if levers.vae_on_device() {
+            project_device_vae(p, g, arm, &mut phases, &mut device_phases);
+        }
     }
     Projection {
         host_peak_bytes: phases.values().copied().max().unwrap_or(0),
@@ -274,6 +279,61 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
         phases,
         device_phases,
     }
+}
+
+/// The VAE on the device (`vae = device`): `load.vae` holds the staged
+/// decoder (and latent statistics), the cuBLASLt workspace and, while the
+/// convolution weights are reordered, a copy of the largest one; `decode.video`
+/// the staged weights, the workspace and the decode's buffers for chunks of
+/// [`crate::cuda::vae::DEVICE_CHUNK_LATENT_FRAMES`] latent frames
+/// ([`crate::cuda::vae::decode_bytes`]: exact, every buffer the stream
+/// allocates; measured equal on the device) and, on the cuDNN path, an
+/// allowance for cuDNN's workspace ([`crate::cuda::vae::CUDNN_WORKSPACE_ALLOWANCE`],
+/// an estimate; device run 2, rung 1: load.vae measured = projected to the
+/// byte, decode.video 25.7 MB under the projection, the unused allowance). On the host, `load.vae` reads the file through (the registered
+/// reader pins it) and `decode.video` holds the latents, their noise, the
+/// decoded clip and (on the cuDNN path) an allowance for cuDNN's libraries.
+fn project_device_vae(
+    p: &Preset,
+    g: &Geometry,
+    arm: StagingArm,
+    phases: &mut BTreeMap<String, u64>,
+    device_phases: &mut BTreeMap<String, u64>,
+) {
+    let specs = &loaded_specs(p)[2].1;
+    let s = stored(specs);
+    let staged: u64 = match arm {
+        StagingArm::Batched => specs.iter().map(|t| align_up(t.nbytes()) as u64).sum(),
+        StagingArm::Serial => specs.iter().map(|t| t.nbytes().max(1) as u64).sum(),
+    };
+    let read_through = match arm {
+        StagingArm::Batched => s,
+        StagingArm::Serial => largest(specs),
+    };
+    let ws = crate::cuda::gemm::WORKSPACE_BYTES as u64;
+    let (f, h, w) = latent_grid(g);
+    let chunk = crate::cuda::vae::DEVICE_CHUNK_LATENT_FRAMES;
+    let mut decode = crate::cuda::vae::decode_bytes(&p.vae, (f, h, w), chunk).unwrap_or(0);
+    let mut host_libs = 0;
+    if crate::cuda::vae::RENDER_CONV_PATH == crate::cuda::vae::device::ConvPath::Cudnn {
+        decode += crate::cuda::vae::CUDNN_WORKSPACE_ALLOWANCE;
+        host_libs = crate::cuda::vae::CUDNN_HOST_ALLOWANCE;
+    }
+    device_phases.insert(
+        "load.vae".into(),
+        staged + ws + crate::cuda::vae::reorder_bytes(&p.vae),
+    );
+    device_phases.insert("decode.video".into(), staged + ws + decode);
+    let latents = 2 * 4 * 128 * (f * h * w) as u64;
+    let clip = 4 * 3 * (g.frames * g.height * g.width) as u64;
+    phases.insert(
+        "load.vae".into(),
+        BASE_BYTES + CUDA_HOST_BYTES + read_through,
+    );
+    phases.insert(
+        "decode.video".into(),
+        BASE_BYTES + CUDA_HOST_BYTES + host_libs + latents + clip,
+    );
 }
 
 fn align_up(n: usize) -> usize {
@@ -399,6 +459,50 @@ mod tests {
         };
         assert_eq!(cpu(&dev).phases, cpu(&host).phases);
         assert!(cpu(&dev).device_phases.is_empty());
+    }
+
+    #[test]
+    fn the_device_vae_projects_its_phases_and_the_host_arm_is_untouched() {
+        let p = preset("ltxv-2b").unwrap();
+        // T5 on the host in both, so the VAE's phases are compared alone.
+        let dev = LeverSet::resolve(Profile::Default, [("conditioning", "host")]).unwrap();
+        let host = LeverSet::resolve(
+            Profile::Default,
+            [("conditioning", "host"), ("vae", "host")],
+        )
+        .unwrap();
+        let g1 = Geometry {
+            frames: 25,
+            height: 320,
+            width: 512,
+            guidance: false,
+            device: Device::Cuda,
+            ..g()
+        };
+        let a = project(&p, &g1, &dev);
+        let b = project(&p, &g1, &host);
+        assert!(!b.device_phases.contains_key("decode.video"));
+        let dec = a.device_phases["decode.video"];
+        let decode = crate::cuda::vae::decode_bytes(
+            &p.vae,
+            (4, 10, 16),
+            crate::cuda::vae::DEVICE_CHUNK_LATENT_FRAMES,
+        )
+        .unwrap();
+        assert!(dec > decode && dec - decode < 2 << 30, "{dec} {decode}");
+        assert!(a.device_phases["load.vae"] < dec);
+        // The DiT still sets the device peak; the host no longer holds the f32 VAE.
+        assert_eq!(a.device_peak_bytes, a.device_phases["denoise"]);
+        assert!(a.phases["decode.video"] < b.phases["decode.video"]);
+        // On the CPU arm the lever is inert.
+        let cpu = Geometry {
+            device: Device::Cpu,
+            ..g1
+        };
+        assert_eq!(
+            project(&p, &cpu, &dev).phases,
+            project(&p, &cpu, &host).phases
+        );
     }
 
     #[test]

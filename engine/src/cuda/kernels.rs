@@ -175,10 +175,22 @@ impl Kernels {
             }
             .ctx(format!("raising the shared-memory limit of {f}"))?;
         }
+        for (f, bytes) in super::vae::device::big_smem_kernels() {
+            let func = k.func(f)?;
+            // SAFETY: as above.
+            unsafe {
+                dres::function::set_function_attribute(
+                    func.cu_function(),
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )
+            }
+            .ctx(format!("raising the shared-memory limit of {f}"))?;
+        }
         Ok(k)
     }
 
-    fn func(&self, name: &str) -> Result<&CudaFunction, CudaError> {
+    pub(crate) fn func(&self, name: &str) -> Result<&CudaFunction, CudaError> {
         self.funcs
             .get(name)
             .ok_or_else(|| CudaError::Invalid(format!("kernel '{name}' is not loaded")))

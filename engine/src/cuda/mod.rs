@@ -19,6 +19,7 @@
 //! - [`backend`]: the device-resident sampler loop behind [`crate::denoise::Denoiser`].
 //! - [`t5`]: the T5 text encoder forward (lever `conditioning = device`);
 //!   [`t5_check`] its checks against the host arm.
+//! - [`vae`]: the video VAE decoder on the device, streamed in temporal chunks.
 //! - [`selftest`] / [`bench`] / [`burn`]: device checks against the CPU arm,
 //!   benchmarks, the GEMM load; [`graph_check`] / [`graph_bench`]: graph-replayed vs eager
 //!   loops, checked and timed.
@@ -38,6 +39,7 @@ pub mod selftest;
 pub mod staging;
 pub mod t5;
 pub mod t5_check;
+pub mod vae;
 
 use cudarc::cublaslt::result::CublasError;
 use cudarc::driver::DriverError;

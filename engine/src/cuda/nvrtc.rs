@@ -25,12 +25,15 @@ pub const ATTENTION_CU: &str = include_str!("kernels/attention.cu");
 
 /// The T5 encoder's kernels (embedding, RMS norm, gated GELU, biased attention).
 pub const T5_CU: &str = include_str!("kernels/t5.cu");
+/// The video VAE decoder's kernels.
+pub const VAE_CU: &str = include_str!("kernels/vae.cu");
 
 /// Every kernel module: (name, source).
 pub const MODULES: &[(&str, &str)] = &[
     ("elementwise", ELEMENTWISE_CU),
     ("attention", ATTENTION_CU),
     ("t5", T5_CU),
+    ("vae", VAE_CU),
 ];
 
 /// The target architecture (the H200 is compute capability 9.0).

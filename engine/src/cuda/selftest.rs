@@ -97,9 +97,9 @@ pub struct Check {
 }
 
 impl Check {
-    /// `dev` against `reference` with tolerance `tol` on the relative L2 error;
-    /// fails on a non-finite output and on an all-zero reference.
-    pub(crate) fn new(name: impl Into<String>, dev: &[f32], reference: &[f32], tol: f64) -> Check {
+    /// A check of `dev` against `reference` at tolerance `tol` on the relative
+    /// L2 error; fails on a non-finite output and on an all-zero reference.
+    pub fn new(name: impl Into<String>, dev: &[f32], reference: &[f32], tol: f64) -> Check {
         let (rel, max_abs) = rel_err(dev, reference);
         let nontrivial = reference.iter().any(|v| *v != 0.0);
         Check {
@@ -148,6 +148,10 @@ impl Rng {
             .map(|_| lo + (hi - lo) * ((self.next() >> 40) as f32 / 16_777_216.0))
             .collect()
     }
+    /// Approximately normal values (see [`Rng::normal`]) rounded through bf16.
+    pub fn normal_bf16(&mut self, n: usize, std: f32) -> Vec<f32> {
+        rb(&self.normal(n, std))
+    }
     /// Approximately normal (sum of 4 uniforms, scaled to unit variance) times `std`.
     pub fn normal(&mut self, n: usize, std: f32) -> Vec<f32> {
         (0..n)
@@ -173,8 +177,8 @@ fn name_hash(s: &str) -> u64 {
     })
 }
 
-/// Deterministic synthetic bf16 values for one DiT tensor: Linear weights
-/// uniform ±1/√in, biases ±0.1, q/k norm weights 1 ± 0.2, scale-shift tables
+/// Deterministic synthetic bf16 values for one DiT or VAE tensor: Linear
+/// weights uniform ±1/√in, convolution weights ±1/√fan-in, biases ±0.1, q/k norm weights 1 ± 0.2, scale-shift tables
 /// ±0.5. A pure function of (seed, name, index).
 pub fn synth_tensor(spec: &TensorSpec, seed: u64) -> Vec<u16> {
     let n = spec.numel();
@@ -188,6 +192,10 @@ pub fn synth_tensor(spec: &TensorSpec, seed: u64) -> Vec<u16> {
             (0.0, 0.1)
         } else if spec.shape.len() == 2 {
             (0.0, 1.0 / (spec.shape[1] as f32).sqrt())
+        } else if spec.shape.len() == 5 {
+            // Convolution weights [co, ci, kt, kh, kw]: uniform ±1/√fan-in.
+            let fan_in: usize = spec.shape[1..].iter().product();
+            (0.0, 1.0 / (fan_in as f32).sqrt())
         } else {
             (0.0, 0.5)
         };
@@ -283,6 +291,15 @@ impl Rig {
         let kernels = Arc::new(Kernels::load(&gpu)?);
         let gemm = Arc::new(Gemm::new(&gpu)?);
         Ok(Rig { gpu, kernels, gemm })
+    }
+
+    /// Rig with the same GPU, kernels and cuBLASLt handle (shared).
+    pub fn share(&self) -> Rig {
+        Rig {
+            gpu: self.gpu.clone(),
+            kernels: self.kernels.clone(),
+            gemm: self.gemm.clone(),
+        }
     }
 
     pub(crate) fn bf16(&self, x: &[f32]) -> Result<DeviceBuffer, CudaError> {
@@ -853,6 +870,81 @@ pub struct SelftestOptions {
     pub only: Option<Section>,
 }
 
+/// A part of the selftest that can run alone (`--only`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Section {
+    /// Staging, the DiT's kernels, GEMMs, attention and forwards (and their benchmarks).
+    Dit,
+    /// The T5 encoder's kernels and forwards (and its benchmark).
+    T5,
+    /// The `denoise-graph` lever: graph vs eager loops, and with `bench` the
+    /// loop benchmark only ([`super::graph_bench::denoise_graph`]).
+    Graph,
+    /// The video VAE decoder's primitives and whole decodes (and its benchmark).
+    Vae,
+}
+
+/// Sections 1-3: staging, kernels, GEMMs, attention, whole DiT forwards.
+fn run_dit_sections(
+    rig: &Rig,
+    opts: &SelftestOptions,
+    rng: &mut Rng,
+    checks: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let report = |checks: &Vec<Check>, from: usize| {
+        for c in &checks[from..] {
+            eprintln!("{}", c.row());
+        }
+    };
+    // 1. Staging first: the tiny model's weights through both arms.
+    let tiny = DitDims::from_config(&crate::presets::dit_tiny())?;
+    let tiny_file = opts.scratch.join("tiny-dit.safetensors");
+    write_synth_safetensors(&tiny_file, &tiny.tensor_specs(), 11)?;
+    let tiny_w = Arc::new(check_staging(rig, &tiny_file, checks)?);
+    check_sharded_staging(
+        rig,
+        &opts.scratch,
+        &tiny.tensor_specs(),
+        11,
+        &tiny_w,
+        checks,
+    )?;
+    report(checks, 0);
+    let mut from = checks.len();
+    // 2. Kernels, GEMMs, attention.
+    check_kernels(rig, rng, checks)?;
+    check_gemms(rig, rng, checks)?;
+    check_attention(rig, rng, checks)?;
+    report(checks, from);
+    from = checks.len();
+    // 3. Whole forwards: tiny (2 blocks), one ltxv-2b block, one ltxv-13b block.
+    check_forward(rig, rng, "tiny", tiny, tiny_w, 11, (2, 2, 3), 32, checks)?;
+    for (label, dims, seed) in [
+        ("ltxv-2b x1 block", DitDims::LTXV_2B.with_layers(1), 21u64),
+        ("ltxv-13b x1 block", DitDims::LTXV_13B.with_layers(1), 31u64),
+    ] {
+        let f = opts
+            .scratch
+            .join(format!("{}-1block.safetensors", dims.head_dim));
+        write_synth_safetensors(&f, &dims.tensor_specs(), seed)?;
+        let (w, _) = staging::stage_file(&rig.gpu, &f, &StagingOptions::new(StagingArm::Batched))?;
+        check_forward(
+            rig,
+            rng,
+            label,
+            dims,
+            Arc::new(w),
+            seed,
+            (3, 8, 12),
+            128,
+            checks,
+        )?;
+        let _ = std::fs::remove_file(&f);
+    }
+    report(checks, from);
+    Ok(())
+}
+
 /// Run every check (and the benchmarks with `bench`), printing one line per
 /// check as it completes and the table last. Returns whether all passed.
 pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
@@ -878,99 +970,59 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
             eprintln!("{}", c.row());
         }
     };
-    if opts.only == Some(Section::Graph) {
-        super::graph_check::check_graphs(&rig, &mut rng, &mut checks)?;
-        report(&checks, 0);
-        let mut rows = Vec::new();
-        if opts.bench {
-            super::graph_bench::denoise_graph(&rig, &mut rows)?;
-        }
-        return Ok(summary(&rig, &checks, &rows, t0));
-    }
-    let t5 = |checks: &mut Vec<Check>, rng: &mut Rng| -> Result<Vec<String>, CudaError> {
-        let from = checks.len();
-        super::t5_check::check_t5(&rig, rng, &opts.scratch, checks)?;
-        report(checks, from);
-        // A benchmark that stops on an error says so in its rows.
-        Ok(match opts.bench {
-            true => super::bench::run_t5(&rig, &opts.scratch)
-                .unwrap_or_else(|e| vec![format!("t5 bench FAILED: {e}")]),
-            false => Vec::new(),
-        })
+    let all = opts.only.is_none();
+    let wants = |s: Section| all || opts.only == Some(s);
+    let mut bench_rows = Vec::new();
+    // A benchmark that stops on an error says so in its rows; the checks go on.
+    let bench = |rows: &mut Vec<String>, what: &str, r: Result<Vec<String>, CudaError>| match r {
+        Ok(v) => rows.extend(v),
+        Err(e) => rows.push(format!("{what} bench FAILED: {e}")),
     };
-    if opts.only == Some(Section::T5) {
-        let rows = t5(&mut checks, &mut rng)?;
-        return Ok(summary(&rig, &checks, &rows, t0));
+    // 1-3. Staging, kernels, GEMMs, attention, whole DiT forwards.
+    if wants(Section::Dit) {
+        run_dit_sections(&rig, opts, &mut rng, &mut checks)?;
     }
-    // 1. Staging first: the tiny model's weights through both arms.
-    let tiny = DitDims::from_config(&crate::presets::dit_tiny())?;
-    let tiny_file = opts.scratch.join("tiny-dit.safetensors");
-    write_synth_safetensors(&tiny_file, &tiny.tensor_specs(), 11)?;
-    let tiny_w = Arc::new(check_staging(&rig, &tiny_file, &mut checks)?);
-    check_sharded_staging(
-        &rig,
-        &opts.scratch,
-        &tiny.tensor_specs(),
-        11,
-        &tiny_w,
-        &mut checks,
-    )?;
-    report(&checks, 0);
-    let mut from = checks.len();
-    // 2. Kernels, GEMMs, attention.
-    check_kernels(&rig, &mut rng, &mut checks)?;
-    check_gemms(&rig, &mut rng, &mut checks)?;
-    check_attention(&rig, &mut rng, &mut checks)?;
-    report(&checks, from);
-    from = checks.len();
-    // 3. Whole forwards: tiny (2 blocks), one ltxv-2b block, one ltxv-13b block.
-    check_forward(
-        &rig,
-        &mut rng,
-        "tiny",
-        tiny,
-        tiny_w,
-        11,
-        (2, 2, 3),
-        32,
-        &mut checks,
-    )?;
-    for (label, dims, seed) in [
-        ("ltxv-2b x1 block", DitDims::LTXV_2B.with_layers(1), 21u64),
-        ("ltxv-13b x1 block", DitDims::LTXV_13B.with_layers(1), 31u64),
-    ] {
-        let f = opts
-            .scratch
-            .join(format!("{}-1block.safetensors", dims.head_dim));
-        write_synth_safetensors(&f, &dims.tensor_specs(), seed)?;
-        let (w, _) = staging::stage_file(&rig.gpu, &f, &StagingOptions::new(StagingArm::Batched))?;
-        check_forward(
-            &rig,
-            &mut rng,
-            label,
-            dims,
-            Arc::new(w),
-            seed,
-            (3, 8, 12),
-            128,
-            &mut checks,
-        )?;
-        let _ = std::fs::remove_file(&f);
-    }
-    report(&checks, from);
-    if opts.only.is_none() {
-        from = checks.len();
-        // 4. The denoise loop replayed from CUDA graphs against the eager loop.
+    // 4. The denoise loop replayed from CUDA graphs against the eager loop.
+    if wants(Section::Graph) {
+        let from = checks.len();
         super::graph_check::check_graphs(&rig, &mut rng, &mut checks)?;
         report(&checks, from);
     }
-    let mut bench_rows = if opts.bench {
-        super::bench::run(&rig, &opts.scratch)?
-    } else {
-        Vec::new()
-    };
-    if opts.only.is_none() {
-        bench_rows.extend(t5(&mut checks, &mut rng)?);
+    if opts.bench {
+        if all || opts.only == Some(Section::Dit) {
+            // Staging, forwards and the graph on/off loop (bench::run).
+            bench(
+                &mut bench_rows,
+                "dit",
+                super::bench::run(&rig, &opts.scratch),
+            );
+        } else if opts.only == Some(Section::Graph) {
+            let mut rows = Vec::new();
+            let r = super::graph_bench::denoise_graph(&rig, &mut rows).map(|_| rows);
+            bench(&mut bench_rows, "graph", r);
+        }
+    }
+    // 5. The T5 encoder.
+    if wants(Section::T5) {
+        let from = checks.len();
+        super::t5_check::check_t5(&rig, &mut rng, &opts.scratch, &mut checks)?;
+        report(&checks, from);
+        if opts.bench {
+            bench(
+                &mut bench_rows,
+                "t5",
+                super::bench::run_t5(&rig, &opts.scratch),
+            );
+        }
+    }
+    // 6. The VAE decoder.
+    if wants(Section::Vae) {
+        let from = checks.len();
+        super::vae::check::check_vae(&rig, &opts.scratch, &mut checks)?;
+        report(&checks, from);
+        if opts.bench {
+            bench(&mut bench_rows, "vae", super::vae::bench::bench_vae(&rig));
+        }
     }
     Ok(summary(&rig, &checks, &bench_rows, t0))
 }

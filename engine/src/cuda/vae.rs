@@ -1,0 +1,466 @@
+//! The video VAE decoder on the device (lever `vae = device`).
+//!
+//! The decoder's weights are staged from the VAE checkpoint (bf16, one arena)
+//! and each 3x3x3 convolution weight is reordered once, in place, to
+//! `[co][27][ci]` (what the implicit-GEMM kernel and cuDNN's NHWC filter
+//! layout both read). A decode streams the latent clip through the decoder in
+//! temporal chunks ([`stream`]): buffers are sized for the chunk, each
+//! convolution keeps the two frames its kernel still needs, and pixels come
+//! back to the host as the last layer emits them, so device memory grows with
+//! the chunk, not the clip, and any chunking gives the same pixels.
+//!
+//! Activations are bf16 (halving the traffic of the ~0.8 GB-per-tensor last
+//! stage at 768x512x121), every reduction and every elementwise step is f32 in
+//! registers; the residual stream stays bf16 because each resnet renormalises
+//! its input (per-voxel RMS), so a rounding of 2^-9 per add does not grow
+//! through the stack (the check's tolerance argues the bound). Pixels leave
+//! the device as f32.
+//!
+//! - [`ops`]: the primitives ([`ops::VaeOps`]) and the weight walk.
+//! - [`stream`]: the chunked stream over any backend.
+//! - [`host`]: the primitives on the host (the reference; testable without a GPU).
+//! - [`device`]: the primitives on the device (kernels, cuBLASLt, the conv path).
+//! - [`cudnn`]: the cuDNN convolution arm.
+//! - [`check`] / [`bench`]: the selftest section and the benchmark.
+
+pub mod bench;
+pub mod check;
+pub mod cudnn;
+pub mod device;
+pub mod host;
+pub mod ops;
+pub mod stream;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::result as dres;
+
+use super::memory::{download, DeviceBuffer};
+use super::selftest::{widen, Rig};
+use super::staging::{self, DeviceWeights, StagingOptions, StagingReport};
+use super::{CudaError, DriverContext};
+use crate::models::vae::{decoder_tensor_specs, VaeConfig};
+use crate::tensor::Tensor;
+use crate::weights::safetensors::Extent;
+use device::{ConvPath, DeviceOps};
+use ops::{DecoderW, Mutation, VaeOps};
+use stream::{latent_frames, output_geometry, Stream};
+
+/// Latent frames per device chunk in the render. Device run 2 (ltxv-2b,
+/// 768x512x121, cuDNN, stage-shared windows): one piece 114.5 ms and 9.83 GiB
+/// of decode buffers, chunks of 4 121.2 ms and 2.88 GiB, chunks of 2 134.8 ms
+/// and 1.72 GiB: 4 stays within 6% of one piece at 29% of its memory.
+pub const DEVICE_CHUNK_LATENT_FRAMES: usize = 4;
+
+/// The conv path the render uses: cuDNN (device run 1: 690-750 TFLOP/s on the
+/// decoder's 3x3x3 shapes against 225-250 for the engine's mma.sync kernel;
+/// decode 124.1 ms against 298.7 at chunks of 4), falling back to the engine's
+/// kernel where cuDNN does not load.
+pub const RENDER_CONV_PATH: ConvPath = ConvPath::Cudnn;
+
+/// Device bytes the plan allows for cuDNN's workspace (an estimate: the most
+/// it asked for in device run 1 was 17.3 MB; rung 1's decode used 7.9 MB).
+pub const CUDNN_WORKSPACE_ALLOWANCE: u64 = 32 << 20;
+
+/// Host bytes the plan allows for cuDNN's libraries while it decodes (an
+/// estimate: rung 1's decode.video peaked 15 MB above the projection without it).
+pub const CUDNN_HOST_ALLOWANCE: u64 = 64 << 20;
+
+/// How one decode runs.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeOptions {
+    /// Latent frames per chunk (>= 1).
+    pub chunk: usize,
+    /// Copy the pixels to the host (off: the benchmark keeps them on the device).
+    pub download: bool,
+    /// Fill every activation buffer with NaN first (checks).
+    pub poison: bool,
+    /// A deliberate defect (checks that must be able to fail).
+    pub mutation: Mutation,
+}
+
+impl DecodeOptions {
+    /// The render's options: chunks of `chunk`, pixels downloaded.
+    pub fn render(chunk: usize) -> DecodeOptions {
+        DecodeOptions {
+            chunk,
+            download: true,
+            poison: false,
+            mutation: Mutation::None,
+        }
+    }
+}
+
+/// One chunk of a decode, reported as it completes.
+#[derive(Debug, Clone, Copy)]
+pub struct ChunkReport {
+    /// Chunk index.
+    pub index: usize,
+    /// Chunks of the decode.
+    pub chunks: usize,
+    /// Device milliseconds (CUDA events on the compute stream, host waits excluded).
+    pub device_ms: f64,
+    /// Pixel frames the chunk completed.
+    pub frames: usize,
+}
+
+/// What a decode returned.
+#[derive(Debug)]
+pub struct DecodeOutcome {
+    /// Pixels `[3, F, H, W]` (with `download`).
+    pub pixels: Option<Tensor>,
+    /// Device milliseconds of the whole decode (sum of the chunks).
+    pub device_ms: f64,
+    /// Device bytes of the decode's buffers (activations, embeddings, pixel staging).
+    pub workspace_bytes: u64,
+}
+
+/// The decoder resident on the device.
+pub struct DeviceVae {
+    rig: Rig,
+    cfg: VaeConfig,
+    weights: DeviceWeights,
+    cudnn: Option<cudnn::CudnnConv>,
+    /// Why cuDNN is not loaded, if it was asked for and is not.
+    pub cudnn_error: Option<String>,
+    /// The convolution path decodes use.
+    pub path: ConvPath,
+    latents_mean: Vec<f32>,
+    latents_std: Vec<f32>,
+}
+
+/// Names of the decoder's 3x3x3 convolution weights and their shapes.
+fn conv3_weights(cfg: &VaeConfig) -> Vec<(String, Vec<usize>)> {
+    decoder_tensor_specs(cfg)
+        .into_iter()
+        .filter(|s| s.shape.len() == 5 && s.shape[2] == 3)
+        .map(|s| (s.name, s.shape))
+        .collect()
+}
+
+/// Device bytes of the transient buffer the weight reordering uses (the
+/// largest 3x3x3 convolution weight).
+pub fn reorder_bytes(cfg: &VaeConfig) -> u64 {
+    conv3_weights(cfg)
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>() as u64 * 2)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Elements of the time-embedding buffers a decode allocates (sinusoid and
+/// three vectors per embedder).
+fn temb_elems(cfg: &VaeConfig) -> usize {
+    if !cfg.timestep_conditioning {
+        return 0;
+    }
+    let (first, _, plan) = cfg.decoder_plan();
+    let last = plan.last().map(|b| b.out_channels).unwrap_or(first);
+    let dims = std::iter::once(4 * first)
+        .chain(plan.iter().map(|b| 4 * b.in_channels))
+        .chain(std::iter::once(2 * last));
+    dims.map(|d| ops::SINUSOID + 3 * d).sum()
+}
+
+/// Device bytes one decode of `latent` latent voxels in chunks of `chunk`
+/// allocates: every stream buffer, the time embeddings, the pixel staging.
+pub fn decode_bytes(
+    cfg: &VaeConfig,
+    latent: (usize, usize, usize),
+    chunk: usize,
+) -> Result<u64, CudaError> {
+    let elems: usize = stream::buffer_elems(cfg, latent, chunk)?.iter().sum();
+    let (oc, _, h, w) = output_geometry(cfg, latent);
+    let st = Stream::new(cfg, latent, chunk, Mutation::None, &mut |_, _| Ok(0))?;
+    Ok(((elems + temb_elems(cfg)) * 2 + st.pixel_frames_cap() * oc * h * w * 4) as u64)
+}
+
+impl DeviceVae {
+    /// Binds staged `weights` of a decoder of `cfg` on `rig`'s GPU: checks every
+    /// decoder tensor, reorders the convolution weights in place, reads the
+    /// latent statistics; with `path = Cudnn` loads cuDNN, falling back to
+    /// [`ConvPath::Igemm`] (reason in [`DeviceVae::cudnn_error`]) when it cannot.
+    pub fn new(
+        rig: Rig,
+        cfg: &VaeConfig,
+        weights: DeviceWeights,
+        path: ConvPath,
+    ) -> Result<DeviceVae, CudaError> {
+        cfg.validate()
+            .map_err(|e| CudaError::Invalid(format!("VAE config: {e}")))?;
+        for s in decoder_tensor_specs(cfg) {
+            weights.get(&s.name, &s.shape)?;
+        }
+        let c = cfg.latent_channels;
+        let stat = |name: &str| -> Result<Vec<f32>, CudaError> {
+            let t = weights.get(name, &[c])?;
+            Ok(widen(&download::<u16>(&rig.gpu, t.ptr, c)?))
+        };
+        let (latents_mean, latents_std) = (stat("latents_mean")?, stat("latents_std")?);
+        // Reorder [co][ci][27] -> [co][27][ci] through one transient buffer.
+        let convs = conv3_weights(cfg);
+        let tmp = DeviceBuffer::alloc(
+            &rig.gpu,
+            reorder_bytes(cfg) as usize,
+            "reordering the VAE weights",
+        )?;
+        let s = &rig.gpu.compute;
+        for (name, shape) in &convs {
+            let t = weights.get(name, shape)?;
+            rig.gpu.bind()?;
+            // SAFETY: `tmp` holds the largest weight; `t` is this tensor's range.
+            unsafe { dres::memcpy_dtod_async(tmp.ptr(), t.ptr, t.bytes, s.cu_stream()) }
+                .ctx("copying a VAE weight aside")?;
+            let n = t.bytes / 2;
+            let p = super::kernels::Params::default()
+                .ptr(tmp.ptr())
+                .ptr(t.ptr)
+                .int(shape[0])
+                .int(shape[1])
+                .int(27);
+            let blocks = n.div_ceil(256).clamp(1, rig.gpu.sms.max(1) as usize * 16);
+            rig.kernels
+                .launch("vae_permute", (blocks as u32, 1, 1), 256, 0, s, p)?;
+        }
+        rig.gpu.sync_compute()?;
+        drop(tmp);
+        let mut v = DeviceVae {
+            rig,
+            cfg: cfg.clone(),
+            weights,
+            cudnn: None,
+            cudnn_error: None,
+            path: ConvPath::Igemm,
+            latents_mean,
+            latents_std,
+        };
+        v.set_path(path);
+        Ok(v)
+    }
+
+    /// Switches the convolution path; asking for cuDNN loads it, and a cuDNN
+    /// that cannot load leaves the path at [`ConvPath::Igemm`] with the reason
+    /// in [`DeviceVae::cudnn_error`]. Returns the path in effect.
+    pub fn set_path(&mut self, path: ConvPath) -> ConvPath {
+        if path == ConvPath::Cudnn && self.cudnn.is_none() {
+            match cudnn::CudnnConv::open(&self.rig.gpu) {
+                Ok(c) => self.cudnn = Some(c),
+                Err(e) => self.cudnn_error = Some(e.to_string()),
+            }
+        }
+        self.path = if path == ConvPath::Cudnn && self.cudnn.is_none() {
+            ConvPath::Igemm
+        } else {
+            path
+        };
+        self.path
+    }
+
+    /// The loaded cuDNN's version and the algorithms it chose, if loaded.
+    pub fn cudnn_report(&self) -> Option<(usize, Vec<String>)> {
+        self.cudnn.as_ref().map(|c| {
+            (
+                c.version,
+                c.algorithms()
+                    .into_iter()
+                    .map(|(s, a, ws)| format!("{s:?}: {a} ws={ws}"))
+                    .collect(),
+            )
+        })
+    }
+
+    /// The decoder's config.
+    pub fn config(&self) -> &VaeConfig {
+        &self.cfg
+    }
+
+    /// The GPU, kernels and cuBLASLt handle.
+    pub fn rig(&self) -> &Rig {
+        &self.rig
+    }
+
+    /// Per-channel latent mean (`latents_mean`).
+    pub fn latents_mean(&self) -> &[f32] {
+        &self.latents_mean
+    }
+
+    /// Per-channel latent standard deviation (`latents_std`).
+    pub fn latents_std(&self) -> &[f32] {
+        &self.latents_std
+    }
+
+    /// Decodes `latents [C, F', H', W']` (denormalised, decode noise mixed in)
+    /// at `timestep`, in chunks, calling `on_chunk` as each completes.
+    pub fn decode(
+        &mut self,
+        latents: &Tensor,
+        timestep: f32,
+        opts: &DecodeOptions,
+        on_chunk: &mut dyn FnMut(&ChunkReport),
+    ) -> Result<DecodeOutcome, CudaError> {
+        let s = latents.shape();
+        let c = self.cfg.latent_channels;
+        if s.len() != 4 || s[0] != c || s[1..].contains(&0) {
+            return Err(CudaError::Invalid(format!(
+                "VAE latents of shape {s:?}: expected [{c}, F' >= 1, H' >= 1, W' >= 1]"
+            )));
+        }
+        if opts.chunk == 0 || !timestep.is_finite() {
+            return Err(CudaError::Invalid(format!(
+                "VAE decode in chunks of {} at timestep {timestep}: the chunk must be >= 1 and the \
+                 timestep finite",
+                opts.chunk
+            )));
+        }
+        let latent = (s[1], s[2], s[3]);
+        let geom = output_geometry(&self.cfg, latent);
+        let cfg = self.cfg.clone();
+        let rig = &self.rig;
+        let mut ops = DeviceOps::new(
+            &rig.gpu,
+            &rig.kernels,
+            &rig.gemm,
+            &self.weights,
+            self.path,
+            self.cudnn.as_mut(),
+        )?;
+        let bytes0 = rig.gpu.mem.current();
+        let w = DecoderW::bind(&mut ops, &cfg, timestep)?;
+        let stream_from = ops.buffers();
+        let mut st = Stream::new(&cfg, latent, opts.chunk, opts.mutation, &mut |n, what| {
+            ops.alloc(n, what)
+        })?;
+        ops.pixel_sink(st.pixel_frames_cap(), geom, opts.download)?;
+        let workspace_bytes = rig.gpu.mem.current() - bytes0;
+        if opts.poison {
+            ops.poison_from(stream_from)?;
+        }
+        // Timing starts after the allocations (host work the GPU would wait on).
+        ops.begin()?;
+        let chunks = st.chunks();
+        let hw = latent.1 * latent.2;
+        let mut total_ms = 0.0;
+        for k in 0..chunks {
+            let t0 = k * opts.chunk;
+            let n = opts.chunk.min(latent.0 - t0);
+            let data = latent_frames(latents.data(), c, latent.0, hw, t0, n);
+            if k > 0 {
+                ops.begin()?;
+            }
+            let frames = st.push_chunk(&mut ops, &w, n, &data)?;
+            ops.end()?;
+            let ms = ops.take_ms();
+            total_ms += ms;
+            on_chunk(&ChunkReport {
+                index: k,
+                chunks,
+                device_ms: ms,
+                frames,
+            });
+        }
+        if st.emitted() != geom.1 {
+            return Err(CudaError::Invalid(format!(
+                "the VAE stream emitted {} of {} frames",
+                st.emitted(),
+                geom.1
+            )));
+        }
+        let pixels = match ops.take_pixels() {
+            Some(v) => Some(
+                Tensor::new(&[geom.0, geom.1, geom.2, geom.3], v)
+                    .map_err(|e| CudaError::Invalid(format!("VAE pixels: {e}")))?,
+            ),
+            None => None,
+        };
+        Ok(DecodeOutcome {
+            pixels,
+            device_ms: total_ms,
+            workspace_bytes,
+        })
+    }
+}
+
+/// What opening the device VAE did (for the `load.vae` close).
+#[derive(Debug, Clone)]
+pub struct VaeOpenReport {
+    /// Seconds to open the GPU, load the kernels and create the GEMM handle.
+    pub device_open_s: f64,
+    /// The staging run.
+    pub staging: StagingReport,
+    /// Seconds to check and reorder the weights.
+    pub prepare_s: f64,
+}
+
+/// Opens GPU 0, stages the VAE's tensors (`tensors`: the extents of the
+/// validated checkpoint's decoder and latent statistics) and binds them.
+pub fn open_device_vae(
+    tensors: &[Extent],
+    cfg: &VaeConfig,
+    staging: &StagingOptions,
+    path: ConvPath,
+) -> Result<(DeviceVae, VaeOpenReport), CudaError> {
+    let t0 = Instant::now();
+    let rig = Rig::open()?;
+    let device_open_s = t0.elapsed().as_secs_f64();
+    let (w, report) = staging::stage(&rig.gpu, tensors, staging)?;
+    let t1 = Instant::now();
+    let vae = DeviceVae::new(rig, cfg, w, path)?;
+    Ok((
+        vae,
+        VaeOpenReport {
+            device_open_s,
+            staging: report,
+            prepare_s: t1.elapsed().as_secs_f64(),
+        },
+    ))
+}
+
+/// The device allocator's tracker of a device VAE (for `peak_device_bytes`).
+pub fn mem(v: &DeviceVae) -> Arc<super::memory::MemTracker> {
+    v.rig.gpu.mem.clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conv_paths_round_trip_and_pick_their_tiles() {
+        for p in ConvPath::ALL {
+            assert_eq!(ConvPath::parse(p.name()), Some(p));
+        }
+        assert_eq!(ConvPath::Igemm.igemm_kernel(48).0, "conv3d_128x64");
+        assert_eq!(ConvPath::Igemm.igemm_kernel(128).0, "conv3d_128x128");
+        assert_eq!(ConvPath::IgemmWide.igemm_kernel(1024).0, "conv3d_256x128");
+        assert_eq!(ConvPath::IgemmWide.igemm_kernel(1024).4, 92_160);
+        assert!(device::big_smem_kernels()
+            .iter()
+            .all(|(_, b)| *b <= 227 * 1024));
+        let names = crate::cuda::kernels::kernel_names(crate::cuda::nvrtc::VAE_CU);
+        for (k, _) in device::big_smem_kernels() {
+            assert!(names.iter().any(|n| n == k), "{k} missing from vae.cu");
+        }
+        for k in [
+            "vae_norm",
+            "vae_bias_add",
+            "vae_d2s",
+            "vae_pixels",
+            "vae_permute",
+        ] {
+            assert!(names.iter().any(|n| n == k), "{k} missing from vae.cu");
+        }
+    }
+
+    #[test]
+    fn decode_bytes_grow_with_the_chunk_and_count_every_buffer() {
+        let cfg = crate::presets::vae_095();
+        let a = decode_bytes(&cfg, (16, 16, 24), 1).unwrap();
+        let b = decode_bytes(&cfg, (16, 16, 24), 4).unwrap();
+        assert!(b > a && a > 0);
+        assert_eq!(decode_bytes(&cfg, (40, 16, 24), 4).unwrap(), b);
+        // The last stage dominates: at least the conv windows of ten convolutions.
+        assert!(a > 10 * 4 * 24576 * 128 * 2, "{a}");
+        assert_eq!(reorder_bytes(&cfg), 4096 * 1024 * 27 * 2);
+    }
+}

@@ -1,0 +1,269 @@
+//! The VAE benchmark of `engine selftest-cuda --bench` (`just bench-gpu`):
+//! the ltxv-2b decoder at 768x512x121 (latent 16x16x24, timestep
+//! conditioning on) with weights generated on the device, every conv path and
+//! a few chunk sizes, the median device time of a few decodes after a
+//! warm-up against PyTorch's 234 ms (target <= 180 ms), the device peak; and
+//! the heaviest convolution shapes alone, per path.
+
+use std::collections::HashMap;
+
+use super::super::context::Timer;
+use super::super::memory::{align_up, DeviceBuffer};
+use super::super::selftest::{Rig, Rng};
+use super::super::staging::{DeviceWeights, Staged};
+use super::super::CudaError;
+use super::check::decoder_specs;
+use super::cudnn::CudnnConv;
+use super::device::{ConvPath, DevConv, DevVec, DeviceOps};
+use super::ops::{Loc, Mutation, VaeOps};
+use super::{DecodeOptions, DeviceVae};
+use crate::models::vae::VaeConfig;
+use crate::tensor::Tensor;
+use crate::weights::DType;
+
+/// PyTorch's decode time at 768x512x121 on the H200 (the reference), ms.
+pub const PYTORCH_MS: f64 = 234.0;
+/// The target, ms.
+pub const TARGET_MS: f64 = 180.0;
+/// Latent grid of 768x512 at 121 frames.
+pub const LATENT_768X512X121: (usize, usize, usize) = (16, 16, 24);
+
+/// FLOPs of the decoder's convolutions over `latent` (2 per multiply-add).
+pub fn decode_flops(cfg: &VaeConfig, latent: (usize, usize, usize)) -> f64 {
+    let (first, mid, plan) = cfg.decoder_plan();
+    let (mut t, mut h, mut w) = latent;
+    let conv = |vox: usize, ci: usize, co: usize, k: usize| 2.0 * (vox * k * ci * co) as f64;
+    let mut vox = t * h * w;
+    let mut f = conv(vox, cfg.latent_channels, first, 27);
+    f += (2 * mid) as f64 * conv(vox, first, first, 27);
+    let mut c = first;
+    for b in &plan {
+        if b.in_channels != b.out_channels {
+            f += conv(vox, c, b.out_channels, 27)
+                + conv(vox, b.out_channels, b.out_channels, 27)
+                + conv(vox, c, b.out_channels, 1);
+            c = b.out_channels;
+        }
+        if b.upsample {
+            let up_in = b.out_channels * b.factor;
+            f += conv(vox, up_in, up_in * 8 / b.factor, 27);
+            (t, h, w) = (2 * t - 1, 2 * h, 2 * w);
+            vox = t * h * w;
+            c = b.out_channels;
+        }
+        f += (2 * b.layers) as f64 * conv(vox, c, c, 27);
+    }
+    let p = cfg.patch_size;
+    f + conv(vox, c, cfg.out_channels * p * p, 27)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Weights of `cfg`'s decoder generated on the device (uniform, scaled so
+/// activations stay O(1)): for timing only.
+pub fn device_weights(rig: &Rig, cfg: &VaeConfig, seed: u64) -> Result<DeviceWeights, CudaError> {
+    let specs = decoder_specs(cfg);
+    let total: usize = specs.iter().map(|s| align_up(s.nbytes())).sum();
+    let arena = DeviceBuffer::alloc(&rig.gpu, total, "device-generated VAE weights")?;
+    let mut map = HashMap::new();
+    let mut off = 0usize;
+    for (i, s) in specs.iter().enumerate() {
+        let ptr = arena.ptr() + off as u64;
+        let scale = match s.shape.len() {
+            5 | 2 => 1.0 / (s.shape[1..].iter().product::<usize>() as f32).sqrt(),
+            0 => 1.0,
+            _ => 0.1,
+        };
+        rig.kernels.fill_uniform_bf16(
+            &rig.gpu.compute,
+            ptr,
+            s.numel(),
+            seed ^ (i as u64) << 20,
+            scale,
+        )?;
+        map.insert(
+            s.name.clone(),
+            Staged {
+                ptr,
+                bytes: s.nbytes(),
+                dtype: DType::BF16,
+                shape: s.shape.clone(),
+            },
+        );
+        off += align_up(s.nbytes());
+    }
+    rig.gpu.sync_compute()?;
+    Ok(DeviceWeights::from_arena(arena, map, "<device-generated>"))
+}
+
+/// Runs the VAE benchmark; returns its table rows.
+pub fn bench_vae(rig: &Rig) -> Result<Vec<String>, CudaError> {
+    let mut rows = Vec::new();
+    let push = |rows: &mut Vec<String>, r: String| {
+        eprintln!("{r}");
+        rows.push(r);
+    };
+    let gpu = &rig.gpu;
+    let cfg = crate::presets::vae_095();
+    let latent = LATENT_768X512X121;
+    let flops = decode_flops(&cfg, latent);
+    let w = device_weights(rig, &cfg, 77)?;
+    let mut vae = DeviceVae::new(rig.share(), &cfg, w, ConvPath::Igemm)?;
+    let mut rng = Rng::new(123);
+    let n = 128 * latent.0 * latent.1 * latent.2;
+    let z = Tensor::new(&[128, latent.0, latent.1, latent.2], rng.normal(n, 1.0))
+        .map_err(|e| CudaError::Invalid(e.to_string()))?;
+    for path in ConvPath::ALL {
+        if vae.set_path(path) != path {
+            push(
+                &mut rows,
+                format!(
+                    "vae      {} not measured: {}",
+                    path.name(),
+                    vae.cudnn_error.clone().unwrap_or_default()
+                ),
+            );
+            continue;
+        }
+        for chunk in [16usize, 4, 2] {
+            let opts = DecodeOptions {
+                chunk,
+                download: false,
+                poison: false,
+                mutation: Mutation::None,
+            };
+            let warm = vae.decode(&z, 0.05, &opts, &mut |_| {})?;
+            gpu.mem.reset_peak();
+            let mut ms = Vec::new();
+            for _ in 0..3 {
+                ms.push(vae.decode(&z, 0.05, &opts, &mut |_| {})?.device_ms);
+            }
+            let m = median(ms);
+            push(
+                &mut rows,
+                format!(
+                    "vae      ltxv-2b decode 768x512x121 {:<10} chunk {chunk:>2}: {m:>7.1} ms ({:.0} TFLOP/s conv)  PyTorch {PYTORCH_MS} ms, target <= {TARGET_MS}: {}; peak device {:.2} GiB (decode buffers {:.2} GiB)",
+                    path.name(),
+                    flops / m / 1e9,
+                    if m <= TARGET_MS { "MET" } else { "MISSED" },
+                    gpu.mem.peak() as f64 / (1u64 << 30) as f64,
+                    warm.workspace_bytes as f64 / (1u64 << 30) as f64,
+                ),
+            );
+        }
+    }
+    if let Some((v, algos)) = vae.cudnn_report() {
+        eprintln!("bench: cuDNN {v} algorithms: {algos:?}");
+    }
+    drop(vae);
+    // The heaviest convolutions alone (whole-clip shapes of each stage).
+    let mut cudnn = CudnnConv::open(gpu).ok();
+    let none = DeviceWeights::from_arena(
+        DeviceBuffer::alloc(gpu, 256, "no weights")?,
+        HashMap::new(),
+        "<none>",
+    );
+    for (ci, co, tin, h, wd) in [
+        (1024usize, 1024usize, 18usize, 16usize, 24usize),
+        (1024, 4096, 18, 16, 24),
+        (512, 512, 33, 32, 48),
+        (256, 256, 63, 64, 96),
+        (128, 128, 123, 128, 192),
+        (128, 48, 123, 128, 192),
+    ] {
+        let f = 2.0 * ((tin - 2) * h * wd * 27 * ci * co) as f64;
+        let mut cells = Vec::new();
+        for path in ConvPath::ALL {
+            let c = if path == ConvPath::Cudnn {
+                match cudnn.as_mut() {
+                    Some(c) => Some(c),
+                    None => continue,
+                }
+            } else {
+                None
+            };
+            let mut ops = DeviceOps::new(gpu, &rig.kernels, &rig.gemm, &none, path, c)?;
+            let x = Loc {
+                buf: ops.alloc(tin * h * wd * ci, "bench x")?,
+                off: 0,
+            };
+            let wt = Loc {
+                buf: ops.alloc(co * 27 * ci, "bench w")?,
+                off: 0,
+            };
+            let y = Loc {
+                buf: ops.alloc((tin - 2) * h * wd * co, "bench y")?,
+                off: 0,
+            };
+            let s = &gpu.compute;
+            rig.kernels
+                .fill_uniform_bf16(s, ops.ptr(x)?, tin * h * wd * ci, 1, 1.0)?;
+            rig.kernels.fill_uniform_bf16(
+                s,
+                ops.ptr(wt)?,
+                co * 27 * ci,
+                2,
+                1.0 / ((27 * ci) as f32).sqrt(),
+            )?;
+            let conv = DevConv {
+                w: ops.ptr(wt)?,
+                b: DevVec { ptr: 0, len: co },
+                ci,
+                co,
+                k: 3,
+            };
+            for _ in 0..2 {
+                ops.conv3(&conv, x, tin, h, wd, y)?;
+            }
+            let t = Timer::new(gpu)?;
+            let mut v = Vec::new();
+            for _ in 0..5 {
+                t.start(s)?;
+                ops.conv3(&conv, x, tin, h, wd, y)?;
+                t.stop(s)?;
+                v.push(t.elapsed_ms()?);
+            }
+            let m = median(v);
+            cells.push(format!("{} {m:.2} ms {:.0} TF/s", path.name(), f / m / 1e9));
+        }
+        push(
+            &mut rows,
+            format!(
+                "vae      conv {ci:>4}->{co:<4} {tin}x{h}x{wd}: {}",
+                cells.join(" | ")
+            ),
+        );
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_decoders_flops_match_a_hand_count() {
+        // ltxv-2b at latent 16x16x24: ~60 TFLOP (hand count in the bench notes).
+        let f = decode_flops(&crate::presets::vae_095(), LATENT_768X512X121);
+        assert!((f / 1e12 - 60.5).abs() < 1.0, "{}", f / 1e12);
+        // One 1x1x1 latent frame of the tiny decoder by hand:
+        // conv_in 128->64, mid 2 x 64->64, up0 64->256 then (t, h, w) = (1, 2, 2),
+        // 2 x 32->32, up1 32->128 at 4 voxels -> (1, 4, 4), 2 x 16->16, up2
+        // 16->64 at 16 voxels -> (1, 8, 8), 2 x 8->8, conv_out 8->48 at 64 voxels.
+        let t = decode_flops(&crate::presets::vae_tiny(), (1, 1, 1));
+        let want = 54.0
+            * (128.0 * 64.0
+                + 2.0 * 64.0 * 64.0
+                + 64.0 * 256.0
+                + 4.0 * 2.0 * 32.0 * 32.0
+                + 4.0 * 32.0 * 128.0
+                + 16.0 * 2.0 * 16.0 * 16.0
+                + 16.0 * 16.0 * 64.0
+                + 64.0 * 2.0 * 8.0 * 8.0
+                + 64.0 * 8.0 * 48.0);
+        assert_eq!(t, want);
+    }
+}

@@ -1,0 +1,549 @@
+//! `engine selftest-cuda`'s VAE section: every device primitive against the
+//! host primitive on the same bf16 values, then the whole device decoder
+//! against the CPU arm's [`VaeDecoder`] (the tiny preset's VAE and the real
+//! ltxv-2b VAE dims with synthetic weights), then chunked against one piece on
+//! the device. Outputs are poisoned first (NaN bytes). With
+//! `ENGINE_SELFTEST_MUTATE=skip-modulation` (or `skip-upsample-residual`) the
+//! device decoder runs with that defect, and the decoder checks must go red.
+//!
+//! Tolerances (relative L2 error), argued before any run:
+//! - convolution, norm, bias/skip add, depth-to-space: the reference sees the
+//!   same bf16 inputs and computes in f32; the device accumulates in f32 and
+//!   rounds its output to bf16 once (≤ 2^-9 relative per element, ~1.1e-3
+//!   RMS), plus f32 reassociation (the conv sums 27 ci products in another
+//!   order: ~1e-6). Tolerance 5e-3, as for the DiT's bf16-output kernels.
+//! - pixels: bf16 input plus bias in f32 on both sides: bit-exact (0).
+//! - the whole decoder against the f32 CPU arm: every layer's output is
+//!   rounded to bf16 (conv outputs, norm outputs, the residual stream, the
+//!   upsampler outputs, the time embeddings: ~1.1e-3 RMS each). A resnet
+//!   rounds ~5 times; its per-voxel RMS norms are scale-invariant and its
+//!   convolutions (weights ±1/√fan-in) have gain ~1, so the errors of ~25
+//!   stages (20 resnets, 3 upsamplers, conv_in, conv_out) add like a random
+//!   walk: √(25 · 5) · 1.1e-3 ≈ 1.2e-2 at worst; expected 5e-3 to 1e-2.
+//!   Tolerance 3e-2.
+//! - chunked against one piece on the device with the engine's kernel: every
+//!   output element is computed by the same instructions in the same order
+//!   whatever the chunk (the convolution's K loop and the per-voxel kernels do
+//!   not depend on how many frames a launch covers): bit-exact (0). cuDNN may
+//!   choose another algorithm per shape: the decoder tolerance (3e-2).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+use super::super::memory::DeviceBuffer;
+use super::super::selftest::{synth_source, write_synth_safetensors, Check, Rig, Rng};
+use super::super::staging::{self, DeviceWeights, StagingArm, StagingOptions};
+use super::super::CudaError;
+use super::cudnn::CudnnConv;
+use super::device::{ConvPath, DevConv, DevMod, DevVec, DeviceOps};
+use super::host::{HostConv, HostOps};
+use super::ops::{Loc, Mutation, NormOp, VaeOps};
+use super::{DecodeOptions, DeviceVae};
+use crate::models::vae::{decoder_tensor_specs, tensor_specs, VaeConfig, VaeDecoder};
+use crate::tensor::Tensor;
+use crate::weights::{MapSource, TensorSpec, VarBuilder};
+
+/// Tolerance of the bf16-output primitives.
+const PRIM_TOL: f64 = 5e-3;
+/// Tolerance of the whole decoder against the CPU arm (and of cuDNN's chunking).
+pub const DECODER_TOL: f64 = 3e-2;
+
+/// The mutation the environment asks for (`ENGINE_SELFTEST_MUTATE`).
+pub fn mutation_from_env() -> Result<Mutation, CudaError> {
+    let v = std::env::var("ENGINE_SELFTEST_MUTATE").unwrap_or_default();
+    Mutation::parse(&v).ok_or_else(|| {
+        CudaError::Invalid(format!(
+            "ENGINE_SELFTEST_MUTATE={v}: expected none, skip-modulation or skip-upsample-residual"
+        ))
+    })
+}
+
+/// The tensors the decoder reads (decoder and latent statistics).
+pub fn decoder_specs(cfg: &VaeConfig) -> Vec<TensorSpec> {
+    let mut v = decoder_tensor_specs(cfg);
+    v.extend(
+        tensor_specs(cfg)
+            .into_iter()
+            .filter(|s| s.name == "latents_mean" || s.name == "latents_std"),
+    );
+    v
+}
+
+fn empty_weights(rig: &Rig) -> Result<DeviceWeights, CudaError> {
+    Ok(DeviceWeights::from_arena(
+        DeviceBuffer::alloc(&rig.gpu, 256, "no weights")?,
+        HashMap::new(),
+        "<none>",
+    ))
+}
+
+/// The convolution paths to check: the engine's kernels, and cuDNN when it loads.
+fn paths(cudnn: &Option<CudnnConv>) -> Vec<ConvPath> {
+    ConvPath::ALL
+        .into_iter()
+        .filter(|p| *p != ConvPath::Cudnn || cudnn.is_some())
+        .collect()
+}
+
+/// Runs `f` on a fresh device backend of `path` (its buffers freed after).
+fn with_dev<T>(
+    rig: &Rig,
+    none: &DeviceWeights,
+    path: ConvPath,
+    cudnn: &mut Option<CudnnConv>,
+    f: impl FnOnce(&mut DeviceOps<'_>) -> Result<T, CudaError>,
+) -> Result<T, CudaError> {
+    let c = if path == ConvPath::Cudnn {
+        cudnn.as_mut()
+    } else {
+        None
+    };
+    let mut ops = DeviceOps::new(&rig.gpu, &rig.kernels, &rig.gemm, none, path, c)?;
+    f(&mut ops)
+}
+
+/// Allocates and fills buffers on a device backend, every byte poisoned first.
+fn dev_bufs(
+    ops: &mut DeviceOps<'_>,
+    data: &[&[f32]],
+    outs: &[usize],
+) -> Result<Vec<Loc>, CudaError> {
+    let mut v = Vec::new();
+    for d in data {
+        v.push(Loc {
+            buf: ops.alloc(d.len(), "a check input")?,
+            off: 0,
+        });
+    }
+    for n in outs {
+        v.push(Loc {
+            buf: ops.alloc(*n, "a check output")?,
+            off: 0,
+        });
+    }
+    ops.poison_from(0)?;
+    for (l, d) in v.iter().zip(data) {
+        ops.upload(*l, d)?;
+    }
+    Ok(v)
+}
+
+fn host_bufs(
+    ops: &mut HostOps<'_>,
+    data: &[&[f32]],
+    outs: &[usize],
+) -> Result<Vec<Loc>, CudaError> {
+    let mut v = Vec::new();
+    for d in data {
+        let l = Loc {
+            buf: ops.alloc(d.len(), "in")?,
+            off: 0,
+        };
+        ops.upload(l, d)?;
+        v.push(l);
+    }
+    for n in outs {
+        v.push(Loc {
+            buf: ops.alloc(*n, "out")?,
+            off: 0,
+        });
+    }
+    Ok(v)
+}
+
+fn dvec(ops: &DeviceOps<'_>, at: Loc, len: usize) -> Result<DevVec, CudaError> {
+    Ok(DevVec {
+        ptr: ops.ptr(at)?,
+        len,
+    })
+}
+
+/// Every primitive on the device against the host primitive.
+fn check_primitives(
+    rig: &Rig,
+    rng: &mut Rng,
+    cudnn: &mut Option<CudnnConv>,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let none = empty_weights(rig)?;
+    let src = MapSource::new();
+    let host = |geom| HostOps::new(&src, geom);
+    // Convolutions: a 128-wide output, a narrow one whose 8-channel chunks span
+    // several taps per k block, a wide one, a K tail (ci = 8).
+    for (ci, co, tin, h, w) in [
+        (64usize, 128usize, 5usize, 6usize, 10usize),
+        (16, 48, 4, 5, 7),
+        (256, 256, 3, 9, 13),
+        (8, 64, 3, 4, 4),
+        (128, 384, 4, 7, 9),
+    ] {
+        let x = rng.normal_bf16(tin * h * w * ci, 1.0);
+        let bound = 1.0 / ((27 * ci) as f32).sqrt();
+        let wt: Vec<f32> = rng
+            .normal_bf16(co * 27 * ci, 1.0)
+            .iter()
+            .map(|v| super::super::selftest::rb(&[v * bound])[0])
+            .collect();
+        let b = rng.normal_bf16(co, 0.1);
+        // Host weight [taps][ci][co] from the device order [co][taps][ci].
+        let mut hw = vec![0.0f32; wt.len()];
+        for o in 0..co {
+            for t in 0..27 {
+                for i in 0..ci {
+                    hw[(t * ci + i) * co + o] = wt[(o * 27 + t) * ci + i];
+                }
+            }
+        }
+        let hc = HostConv {
+            w: hw,
+            b: b.clone(),
+            ci,
+            co,
+            k: 3,
+        };
+        let nout = (tin - 2) * h * w * co;
+        let mut ho = host((3, 1, 1, 1));
+        let hl = host_bufs(&mut ho, &[&x], &[nout])?;
+        ho.conv3(&hc, hl[0], tin, h, w, hl[1])?;
+        let want = ho.buffer(hl[1].buf).to_vec();
+        for path in paths(cudnn) {
+            let got = with_dev(rig, &none, path, cudnn, |ops| {
+                let l = dev_bufs(ops, &[&x, &wt, &b], &[nout])?;
+                let conv = DevConv {
+                    w: ops.ptr(l[1])?,
+                    b: dvec(ops, l[2], co)?,
+                    ci,
+                    co,
+                    k: 3,
+                };
+                let t0 = Instant::now();
+                ops.conv3(&conv, l[0], tin, h, w, l[3])?;
+                let r = ops.read(l[3], nout)?;
+                Ok((r, t0.elapsed().as_secs_f64() * 1e3))
+            })?;
+            let mut c = Check::new(
+                format!("vae conv3 {} {ci}->{co} frames {tin} {h}x{w}", path.name()),
+                &got.0,
+                &want,
+                PRIM_TOL,
+            );
+            c.note = format!("{:.1} ms incl. first-use setup", got.1);
+            out.push(c);
+        }
+    }
+    // Per-voxel norms: RMS with and without modulation (and a bias first), LayerNorm.
+    for c in [1024usize, 128, 8] {
+        let rows = 301;
+        let x: Vec<f32> = rng
+            .normal_bf16(rows * c, 2.0)
+            .iter()
+            .map(|v| super::super::selftest::rb(&[v + 0.3])[0])
+            .collect();
+        let bias = rng.normal_bf16(c, 0.3);
+        let t: Vec<Vec<f32>> = (0..4).map(|_| rng.normal_bf16(c, 0.3)).collect();
+        let shift: Vec<f32> = t[0].iter().zip(&t[1]).map(|(a, b)| a + b).collect();
+        let scale: Vec<f32> = t[2].iter().zip(&t[3]).map(|(a, b)| a + b).collect();
+        let hmod = (shift, scale);
+        for (kind, use_bias) in [
+            ("rms+mod+silu", true),
+            ("rms+silu", false),
+            ("layernorm", false),
+        ] {
+            let mut ho = host((3, 1, 1, 1));
+            let hl = host_bufs(&mut ho, &[&x], &[rows * c])?;
+            let hb = bias.clone();
+            let op = match kind {
+                "rms+mod+silu" => NormOp::RmsSilu(Some(&hmod)),
+                "rms+silu" => NormOp::RmsSilu(None),
+                _ => NormOp::LayerNorm {
+                    weight: &t[0],
+                    bias: &t[1],
+                    eps: 1e-6,
+                },
+            };
+            ho.norm(hl[0], rows, c, use_bias.then_some(&hb), &op, hl[1])?;
+            let want = ho.buffer(hl[1].buf).to_vec();
+            let got = with_dev(rig, &none, ConvPath::Igemm, cudnn, |ops| {
+                let l = dev_bufs(ops, &[&x, &bias, &t[0], &t[1], &t[2], &t[3]], &[rows * c])?;
+                let v: Vec<DevVec> = (1..6)
+                    .map(|i| dvec(ops, l[i], c))
+                    .collect::<Result<_, _>>()?;
+                let m = DevMod {
+                    shift: (v[1].ptr, v[2].ptr),
+                    scale: (v[3].ptr, v[4].ptr),
+                };
+                let op = match kind {
+                    "rms+mod+silu" => NormOp::RmsSilu(Some(&m)),
+                    "rms+silu" => NormOp::RmsSilu(None),
+                    _ => NormOp::LayerNorm {
+                        weight: &v[1],
+                        bias: &v[2],
+                        eps: 1e-6,
+                    },
+                };
+                ops.norm(l[0], rows, c, use_bias.then_some(&v[0]), &op, l[6])?;
+                ops.read(l[6], rows * c)
+            })?;
+            out.push(Check::new(
+                format!("vae norm {kind} c={c} rows={rows}"),
+                &got,
+                &want,
+                PRIM_TOL,
+            ));
+        }
+    }
+    // Bias + skip, in place.
+    {
+        let (rows, c) = (513usize, 256usize);
+        let y = rng.normal_bf16(rows * c, 1.0);
+        let s = rng.normal_bf16(rows * c, 1.0);
+        let b = rng.normal_bf16(c, 0.5);
+        let mut ho = host((3, 1, 1, 1));
+        let hl = host_bufs(&mut ho, &[&y, &s], &[])?;
+        ho.bias_add(hl[0], rows, c, &b, Some(hl[1]))?;
+        let want = ho.buffer(hl[0].buf).to_vec();
+        let got = with_dev(rig, &none, ConvPath::Igemm, cudnn, |ops| {
+            let l = dev_bufs(ops, &[&y, &s, &b], &[])?;
+            let bv = dvec(ops, l[2], c)?;
+            ops.bias_add(l[0], rows, c, &bv, Some(l[1]))?;
+            ops.read(l[0], rows * c)
+        })?;
+        out.push(Check::new(
+            format!("vae bias+skip rows={rows} c={c}"),
+            &got,
+            &want,
+            PRIM_TOL,
+        ));
+    }
+    // Depth-to-space with the residual repeated twice, first frame dropped or not.
+    for drop in [true, false] {
+        let (frames, h, w, cy, cr) = (3usize, 5usize, 7usize, 64usize, 32usize);
+        let y = rng.normal_bf16(frames * h * w * cy, 1.0);
+        let r = rng.normal_bf16(frames * h * w * cr, 1.0);
+        let b = rng.normal_bf16(cy, 0.5);
+        let nout = (2 * frames - usize::from(drop)) * 4 * h * w * (cy / 8);
+        let mut ho = host((3, 1, 1, 1));
+        let hl = host_bufs(&mut ho, &[&y, &r], &[nout])?;
+        ho.d2s(hl[0], frames, h, w, cy, &b, Some((hl[1], cr)), drop, hl[2])?;
+        let want = ho.buffer(hl[2].buf).to_vec();
+        let got = with_dev(rig, &none, ConvPath::Igemm, cudnn, |ops| {
+            let l = dev_bufs(ops, &[&y, &r, &b], &[nout])?;
+            let bv = dvec(ops, l[2], cy)?;
+            ops.d2s(l[0], frames, h, w, cy, &bv, Some((l[1], cr)), drop, l[3])?;
+            ops.read(l[3], nout)
+        })?;
+        out.push(Check::new(
+            format!("vae depth-to-space+residual drop={drop}"),
+            &got,
+            &want,
+            PRIM_TOL,
+        ));
+    }
+    // Unpatchify to f32 pixels, at frame 1 of a 4-frame clip.
+    {
+        let (frames, h, w, p) = (2usize, 3usize, 5usize, 4usize);
+        let geom = (3, 4, h * p, w * p);
+        let y = rng.normal_bf16(frames * h * w * 3 * p * p, 1.0);
+        let b = rng.normal_bf16(3 * p * p, 0.5);
+        let mut ho = host(geom);
+        let hl = host_bufs(&mut ho, &[&y], &[])?;
+        ho.pixels(hl[0], frames, h, w, &b, p, 1)?;
+        let want: Vec<f32> = ho.out.clone();
+        let got = with_dev(rig, &none, ConvPath::Igemm, cudnn, |ops| {
+            ops.pixel_sink(frames, geom, true)?;
+            let l = dev_bufs(ops, &[&y, &b], &[])?;
+            let bv = dvec(ops, l[1], 3 * p * p)?;
+            ops.pixels(l[0], frames, h, w, &bv, p, 1)?;
+            ops.take_pixels()
+                .ok_or_else(|| CudaError::Invalid("no pixels came back".into()))
+        })?;
+        // Frames 0 and 3 are never written: compare frames 1..3 only.
+        let plane = geom.2 * geom.3;
+        let pick = |v: &[f32]| -> Vec<f32> {
+            (0..3)
+                .flat_map(|c| v[(c * 4 + 1) * plane..(c * 4 + 3) * plane].to_vec())
+                .collect()
+        };
+        out.push(Check::new(
+            "vae pixels (unpatchify, f32) frames 1-2 of 4",
+            &pick(&got),
+            &pick(&want),
+            0.0,
+        ));
+    }
+    Ok(())
+}
+
+/// One decoder config with synthetic weights: staged on the device and loaded
+/// into the CPU arm.
+struct Model {
+    vae: DeviceVae,
+    host: VaeDecoder,
+}
+
+fn model(
+    rig: &Rig,
+    scratch: &Path,
+    label: &str,
+    cfg: &VaeConfig,
+    seed: u64,
+) -> Result<Model, CudaError> {
+    let specs = decoder_specs(cfg);
+    let file = scratch.join(format!("vae-{label}.safetensors"));
+    write_synth_safetensors(&file, &specs, seed)?;
+    let (w, _) = staging::stage_file(&rig.gpu, &file, &StagingOptions::new(StagingArm::Batched))?;
+    let _ = std::fs::remove_file(&file);
+    let src = synth_source(&specs, seed)?;
+    let host = VaeDecoder::load(&VarBuilder::new(&src), cfg)
+        .map_err(|e| CudaError::Invalid(format!("CPU arm VAE: {e}")))?;
+    Ok(Model {
+        vae: DeviceVae::new(rig.share(), cfg, w, ConvPath::Igemm)?,
+        host,
+    })
+}
+
+fn decode(
+    m: &mut Model,
+    path: ConvPath,
+    z: &Tensor,
+    t: f32,
+    chunk: usize,
+    mutation: Mutation,
+) -> Result<(Vec<f32>, f64, u64), CudaError> {
+    m.vae.set_path(path);
+    let opts = DecodeOptions {
+        chunk,
+        download: true,
+        poison: true,
+        mutation,
+    };
+    let o = m.vae.decode(z, t, &opts, &mut |_| {})?;
+    let px = o
+        .pixels
+        .ok_or_else(|| CudaError::Invalid("no pixels came back".into()))?;
+    Ok((px.into_data(), o.device_ms, o.workspace_bytes))
+}
+
+/// The VAE section: primitives, the tiny and the ltxv-2b decoders against the
+/// CPU arm with every conv path, chunked against one piece.
+pub fn check_vae(rig: &Rig, scratch: &Path, out: &mut Vec<Check>) -> Result<(), CudaError> {
+    let mutation = mutation_from_env()?;
+    let mut rng = Rng::new(0x0005_eed0_0fae);
+    let mut cudnn = match CudnnConv::open(&rig.gpu) {
+        Ok(c) => {
+            eprintln!("selftest-cuda: cuDNN {} loaded", c.version);
+            Some(c)
+        }
+        Err(e) => {
+            eprintln!("selftest-cuda: cuDNN arm not checked: {e}");
+            None
+        }
+    };
+    check_primitives(rig, &mut rng, &mut cudnn, out)?;
+    let have_cudnn = cudnn.is_some();
+    drop(cudnn);
+    let t = 0.05f32;
+    for (label, cfg, latent, seed) in [
+        (
+            "tiny",
+            crate::presets::vae_tiny(),
+            (3usize, 2usize, 3usize),
+            41u64,
+        ),
+        ("ltxv-2b", crate::presets::vae_095(), (3, 4, 6), 42),
+    ] {
+        let mut m = model(rig, scratch, label, &cfg, seed)?;
+        let n = 128 * latent.0 * latent.1 * latent.2;
+        let z = Tensor::new(
+            &[128, latent.0, latent.1, latent.2],
+            rng.normal_bf16(n, 1.0),
+        )
+        .map_err(|e| CudaError::Invalid(e.to_string()))?;
+        let t0 = Instant::now();
+        let want = m
+            .host
+            .decode(&z, t)
+            .map_err(|e| CudaError::Invalid(format!("CPU arm decode: {e}")))?
+            .into_data();
+        let cpu_s = t0.elapsed().as_secs_f64();
+        for path in ConvPath::ALL {
+            if path == ConvPath::Cudnn && !have_cudnn {
+                continue;
+            }
+            let (got, ms, bytes) = decode(&mut m, path, &z, t, latent.0, mutation)?;
+            if m.vae.path != path {
+                return Err(CudaError::Invalid(format!(
+                    "conv path {} asked, {} in effect ({:?})",
+                    path.name(),
+                    m.vae.path.name(),
+                    m.vae.cudnn_error
+                )));
+            }
+            let mut c = Check::new(
+                format!(
+                    "vae decode {label} latent {latent:?} {} vs the CPU arm{}",
+                    path.name(),
+                    if mutation == Mutation::None {
+                        String::new()
+                    } else {
+                        format!(" MUTATED {mutation:?}")
+                    }
+                ),
+                &got,
+                &want,
+                DECODER_TOL,
+            );
+            c.note = format!(
+                "device {ms:.1} ms, CPU arm {cpu_s:.1} s, workspace {:.1} MB",
+                bytes as f64 / 1e6
+            );
+            out.push(c);
+            // The plan's projection of the decode's buffers is exact.
+            let proj = super::decode_bytes(&cfg, latent, latent.0)?;
+            out.push(Check {
+                name: format!(
+                    "vae decode {label} {} bytes == plan's decode_bytes",
+                    path.name()
+                ),
+                rel: (proj as f64 - bytes as f64).abs(),
+                max_abs: 0.0,
+                tol: 0.0,
+                pass: proj == bytes,
+                note: format!("measured {bytes}, projected {proj}"),
+            });
+            // Chunked against one piece, on the device.
+            let one = got;
+            for chunk in [1usize, 2] {
+                let (ch, _, cbytes) = decode(&mut m, path, &z, t, chunk, mutation)?;
+                let tol = if path == ConvPath::Cudnn {
+                    DECODER_TOL
+                } else {
+                    0.0
+                };
+                let mut c = Check::new(
+                    format!(
+                        "vae decode {label} {} chunks of {chunk} == one piece",
+                        path.name()
+                    ),
+                    &ch,
+                    &one,
+                    tol,
+                );
+                c.note = format!(
+                    "workspace {:.1} MB (one piece {:.1} MB)",
+                    cbytes as f64 / 1e6,
+                    bytes as f64 / 1e6
+                );
+                out.push(c);
+            }
+        }
+        if let Some(r) = m.vae.cudnn_report() {
+            eprintln!(
+                "selftest-cuda: cuDNN {} algorithms ({label}): {:?}",
+                r.0, r.1
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,651 @@
+//! The decoder's primitives on the device: bf16 activations in tracked
+//! buffers, f32 arithmetic in the kernels (`kernels/vae.cu`), the 3x3x3
+//! convolutions through the chosen [`ConvPath`], the time embeddings through
+//! cuBLASLt, every launch on the compute stream.
+
+use cudarc::driver::result as dres;
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::CudaEvent;
+
+use super::super::context::Gpu;
+use super::super::gemm::{Epilogue, Gemm};
+use super::super::kernels::{Kernels, Map, Params, NULL};
+use super::super::memory::{download, upload, DeviceBuffer};
+use super::super::selftest::narrow;
+use super::super::staging::DeviceWeights;
+use super::super::{CudaError, DriverContext};
+use super::cudnn::CudnnConv;
+use super::ops::{HasBias, Loc, NormOp, VaeOps, SINUSOID};
+
+/// How the 3x3x3 convolutions run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConvPath {
+    /// The engine's implicit-GEMM kernel (`conv3d_128x128` / `conv3d_128x64`).
+    Igemm,
+    /// The kernel with 256 x 128 tiles and 64 x 64 warp tiles (`conv3d_256x128`).
+    IgemmWide,
+    /// cuDNN's `cudnnConvolutionForward` (NDHWC, bf16, f32 compute).
+    Cudnn,
+}
+
+impl ConvPath {
+    /// Every path, in a stable order.
+    pub const ALL: [ConvPath; 3] = [ConvPath::Igemm, ConvPath::IgemmWide, ConvPath::Cudnn];
+
+    /// Stable name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConvPath::Igemm => "igemm",
+            ConvPath::IgemmWide => "igemm-wide",
+            ConvPath::Cudnn => "cudnn",
+        }
+    }
+
+    /// Parse a name.
+    pub fn parse(s: &str) -> Option<ConvPath> {
+        ConvPath::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    /// The kernel and tile of the implicit GEMM for `co` output channels:
+    /// (name, block threads, tile rows, tile columns, shared bytes).
+    pub fn igemm_kernel(self, co: usize) -> (&'static str, u32, usize, usize, u32) {
+        if co < 128 {
+            ("conv3d_128x64", 128, 128, 64, igemm_smem(128, 64, 4))
+        } else if self == ConvPath::IgemmWide {
+            ("conv3d_256x128", 256, 256, 128, igemm_smem(256, 128, 3))
+        } else {
+            ("conv3d_128x128", 256, 128, 128, igemm_smem(128, 128, 4))
+        }
+    }
+}
+
+/// Padded shared row of the implicit-GEMM tiles, elements (BK 32 + 8).
+const IGEMM_SROW: usize = 40;
+
+/// Dynamic shared memory of an implicit-GEMM tile of `stages` stages, bytes.
+pub fn igemm_smem(bm: usize, bn: usize, stages: usize) -> u32 {
+    (stages * (bm + bn) * IGEMM_SROW * 2) as u32
+}
+
+/// The VAE kernels that need more than 48 KiB of shared memory, and how much.
+pub fn big_smem_kernels() -> [(&'static str, u32); 3] {
+    [
+        ("conv3d_128x128", igemm_smem(128, 128, 4)),
+        ("conv3d_256x128", igemm_smem(256, 128, 3)),
+        ("conv3d_128x64", igemm_smem(128, 64, 4)),
+    ]
+}
+
+/// A device vector (bf16).
+#[derive(Debug, Clone, Copy)]
+pub struct DevVec {
+    /// Address.
+    pub ptr: CUdeviceptr,
+    /// Elements.
+    pub len: usize,
+}
+
+/// A device convolution: weight `[co][taps][ci]` bf16 (k = 3: reordered at
+/// load) or `[co][ci]` (k = 1), bias `[co]`.
+#[derive(Debug, Clone, Copy)]
+pub struct DevConv {
+    /// Weight address.
+    pub w: CUdeviceptr,
+    /// Bias.
+    pub b: DevVec,
+    /// Input channels.
+    pub ci: usize,
+    /// Output channels.
+    pub co: usize,
+    /// Kernel size.
+    pub k: usize,
+}
+
+impl HasBias<DevVec> for DevConv {
+    fn bias(&self) -> &DevVec {
+        &self.b
+    }
+}
+
+/// A modulation: shift = shift.0 + shift.1, scale = scale.0 + scale.1 (bf16 rows).
+#[derive(Debug, Clone, Copy)]
+pub struct DevMod {
+    /// (table row, embedding slice) of the shift.
+    pub shift: (CUdeviceptr, CUdeviceptr),
+    /// (table row, embedding slice) of the scale.
+    pub scale: (CUdeviceptr, CUdeviceptr),
+}
+
+/// Threads per block of the VAE's elementwise kernels.
+const EW: u32 = 256;
+
+/// Where pixels go: the device staging buffer, and the host clip when downloading.
+struct Pixels {
+    staging: DeviceBuffer,
+    cap_frames: usize,
+    host: Option<Vec<f32>>,
+    geom: (usize, usize, usize, usize),
+}
+
+/// The device backend of one decode.
+pub struct DeviceOps<'a> {
+    gpu: &'a Gpu,
+    kernels: &'a Kernels,
+    gemm: &'a Gemm,
+    weights: &'a DeviceWeights,
+    path: ConvPath,
+    cudnn: Option<&'a mut CudnnConv>,
+    bufs: Vec<DeviceBuffer>,
+    pixels: Option<Pixels>,
+    seg: (CudaEvent, CudaEvent),
+    seg_open: bool,
+    /// Device milliseconds of the closed segments since the last [`DeviceOps::take_ms`].
+    ms: f64,
+}
+
+impl<'a> DeviceOps<'a> {
+    /// A backend on `gpu` over `weights` (convolution weights already
+    /// reordered), convolving through `path` (`cudnn` required for
+    /// [`ConvPath::Cudnn`]).
+    pub fn new(
+        gpu: &'a Gpu,
+        kernels: &'a Kernels,
+        gemm: &'a Gemm,
+        weights: &'a DeviceWeights,
+        path: ConvPath,
+        cudnn: Option<&'a mut CudnnConv>,
+    ) -> Result<DeviceOps<'a>, CudaError> {
+        if path == ConvPath::Cudnn && cudnn.is_none() {
+            return Err(CudaError::NotAvailable(
+                "the cuDNN convolution path was asked for but cuDNN is not loaded".into(),
+            ));
+        }
+        Ok(DeviceOps {
+            gpu,
+            kernels,
+            gemm,
+            weights,
+            path,
+            cudnn,
+            bufs: Vec::new(),
+            pixels: None,
+            seg: (gpu.event()?, gpu.event()?),
+            seg_open: false,
+            ms: 0.0,
+        })
+    }
+
+    /// The values at `at` (bf16 widened to f32; synchronous, for checks).
+    pub fn read(&self, at: Loc, elems: usize) -> Result<Vec<f32>, CudaError> {
+        let p = self.ptr(at)?;
+        Ok(super::super::selftest::widen(&download::<u16>(
+            self.gpu, p, elems,
+        )?))
+    }
+
+    /// The device address of `at`.
+    pub fn ptr(&self, at: Loc) -> Result<CUdeviceptr, CudaError> {
+        let b = self
+            .bufs
+            .get(at.buf)
+            .ok_or_else(|| CudaError::Invalid(format!("VAE buffer {} does not exist", at.buf)))?;
+        Ok(b.ptr() + (at.off * 2) as u64)
+    }
+
+    /// Allocates the pixel staging buffer for `cap_frames` frames of a clip of
+    /// `geom` (channels, frames, height, width); with `download` the pixels are
+    /// copied into a host clip as they come.
+    pub fn pixel_sink(
+        &mut self,
+        cap_frames: usize,
+        geom: (usize, usize, usize, usize),
+        download: bool,
+    ) -> Result<(), CudaError> {
+        let (c, f, h, w) = geom;
+        self.pixels = Some(Pixels {
+            staging: DeviceBuffer::alloc(
+                self.gpu,
+                cap_frames * c * h * w * 4,
+                "the VAE's pixel staging",
+            )?,
+            cap_frames,
+            host: if download {
+                Some(vec![0.0f32; c * f * h * w])
+            } else {
+                None
+            },
+            geom,
+        });
+        Ok(())
+    }
+
+    /// The host clip `[c, frames, h, w]` (when downloading).
+    pub fn take_pixels(&mut self) -> Option<Vec<f32>> {
+        self.pixels.as_mut().and_then(|p| p.host.take())
+    }
+
+    /// Buffers allocated so far (the next buffer's id).
+    pub fn buffers(&self) -> usize {
+        self.bufs.len()
+    }
+
+    /// Fills every activation buffer from id `from` on (and the pixel
+    /// staging) with 0xFF bytes (NaN in bf16 and f32), so a read of anything
+    /// the decoder did not write shows in the output.
+    pub fn poison_from(&self, from: usize) -> Result<(), CudaError> {
+        for b in self.bufs.iter().skip(from) {
+            b.fill_bytes(self.gpu, 0xFF, &self.gpu.compute)?;
+        }
+        if let Some(p) = &self.pixels {
+            p.staging.fill_bytes(self.gpu, 0xFF, &self.gpu.compute)?;
+        }
+        Ok(())
+    }
+
+    /// Starts timing a span of work on the compute stream.
+    pub fn begin(&mut self) -> Result<(), CudaError> {
+        self.seg
+            .0
+            .record(&self.gpu.compute)
+            .ctx("recording a VAE start event")?;
+        self.seg_open = true;
+        Ok(())
+    }
+
+    /// Ends the span, waits for it, and adds its device time.
+    pub fn end(&mut self) -> Result<(), CudaError> {
+        if !self.seg_open {
+            return Ok(());
+        }
+        self.seg
+            .1
+            .record(&self.gpu.compute)
+            .ctx("recording a VAE end event")?;
+        self.seg.1.synchronize().ctx("waiting for the VAE")?;
+        self.ms += self
+            .seg
+            .0
+            .elapsed_ms(&self.seg.1)
+            .ctx("reading VAE event time")? as f64;
+        self.seg_open = false;
+        Ok(())
+    }
+
+    /// Device milliseconds of the spans ended since the last call.
+    pub fn take_ms(&mut self) -> f64 {
+        std::mem::take(&mut self.ms)
+    }
+
+    fn ew_grid(&self, n: usize) -> (u32, u32, u32) {
+        let blocks = n
+            .div_ceil(EW as usize)
+            .clamp(1, self.gpu.sms.max(1) as usize * 16);
+        (blocks as u32, 1, 1)
+    }
+
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<CUdeviceptr, CudaError> {
+        Ok(self.weights.get(name, shape)?.ptr)
+    }
+
+    fn small(&mut self, elems: usize, what: &str) -> Result<CUdeviceptr, CudaError> {
+        let id = self.alloc(elems, what)?;
+        self.ptr(Loc { buf: id, off: 0 })
+    }
+
+    /// Launches the implicit-GEMM convolution.
+    #[allow(clippy::too_many_arguments)]
+    pub fn igemm(
+        kernels: &Kernels,
+        gpu: &Gpu,
+        path: ConvPath,
+        x: CUdeviceptr,
+        w: CUdeviceptr,
+        y: CUdeviceptr,
+        frames_in: usize,
+        h: usize,
+        wd: usize,
+        ci: usize,
+        co: usize,
+    ) -> Result<(), CudaError> {
+        let m = (frames_in - 2) * h * wd;
+        if m > i32::MAX as usize || 27 * ci * co > i32::MAX as usize {
+            return Err(CudaError::Invalid(format!(
+                "VAE convolution of {m} voxels x {ci} -> {co} channels is too large for one launch"
+            )));
+        }
+        let (name, threads, bm, bn, smem) = path.igemm_kernel(co);
+        let grid = (m.div_ceil(bm) as u32, co.div_ceil(bn) as u32, 1);
+        let p = Params::default()
+            .ptr(x)
+            .ptr(w)
+            .ptr(y)
+            .int(h)
+            .int(wd)
+            .int(ci)
+            .int(co)
+            .int(m);
+        kernels.launch(name, grid, threads, smem, &gpu.compute, p)
+    }
+}
+
+impl VaeOps for DeviceOps<'_> {
+    type Vec = DevVec;
+    type Conv = DevConv;
+    type Mod = DevMod;
+
+    fn alloc(&mut self, elems: usize, what: &str) -> Result<usize, CudaError> {
+        self.bufs
+            .push(DeviceBuffer::alloc(self.gpu, elems * 2, what)?);
+        Ok(self.bufs.len() - 1)
+    }
+
+    fn copy(&mut self, src: Loc, dst: Loc, elems: usize) -> Result<(), CudaError> {
+        let (s, d) = (self.ptr(src)?, self.ptr(dst)?);
+        self.gpu.bind()?;
+        // SAFETY: both ranges lie in live buffers of this backend (the stream
+        // sizes every buffer for what it copies) and do not overlap.
+        unsafe { dres::memcpy_dtod_async(d, s, elems * 2, self.gpu.compute.cu_stream()) }
+            .ctx("copying VAE frames")
+    }
+
+    fn upload(&mut self, dst: Loc, data: &[f32]) -> Result<(), CudaError> {
+        let d = self.ptr(dst)?;
+        upload(self.gpu, d, &narrow(data))
+    }
+
+    fn conv3(
+        &mut self,
+        conv: &DevConv,
+        x: Loc,
+        frames_in: usize,
+        h: usize,
+        w: usize,
+        y: Loc,
+    ) -> Result<(), CudaError> {
+        if conv.k != 3 || conv.ci % 8 != 0 || conv.co % 8 != 0 || frames_in < 3 {
+            return Err(CudaError::Invalid(format!(
+                "VAE conv3 with k={} {} -> {} channels over {frames_in} frames: needs k = 3, \
+                 channels multiples of 8 and at least 3 frames",
+                conv.k, conv.ci, conv.co
+            )));
+        }
+        let (xp, yp) = (self.ptr(x)?, self.ptr(y)?);
+        match self.path {
+            ConvPath::Cudnn => {
+                let c = self
+                    .cudnn
+                    .as_deref_mut()
+                    .ok_or_else(|| CudaError::NotAvailable("cuDNN is not loaded".into()))?;
+                c.forward(self.gpu, xp, conv.w, yp, frames_in, h, w, conv.ci, conv.co)
+            }
+            p => Self::igemm(
+                self.kernels,
+                self.gpu,
+                p,
+                xp,
+                conv.w,
+                yp,
+                frames_in,
+                h,
+                w,
+                conv.ci,
+                conv.co,
+            ),
+        }
+    }
+
+    fn conv1(&mut self, conv: &DevConv, x: Loc, rows: usize, y: Loc) -> Result<(), CudaError> {
+        let (xp, yp) = (self.ptr(x)?, self.ptr(y)?);
+        self.gemm.linear(
+            &self.gpu.compute,
+            xp,
+            conv.w,
+            conv.b.ptr,
+            yp,
+            rows,
+            conv.co,
+            conv.ci,
+            Epilogue::Bias,
+        )
+    }
+
+    fn norm(
+        &mut self,
+        x: Loc,
+        rows: usize,
+        c: usize,
+        bias: Option<&DevVec>,
+        op: &NormOp<'_, Self>,
+        y: Loc,
+    ) -> Result<(), CudaError> {
+        if c % 8 != 0 {
+            return Err(CudaError::Invalid(format!(
+                "VAE norm over {c} channels: needs a multiple of 8"
+            )));
+        }
+        let (xp, yp) = (self.ptr(x)?, self.ptr(y)?);
+        let (mode, eps, t) = match op {
+            NormOp::RmsSilu(Some(m)) => (
+                0,
+                super::host::PIXEL_NORM_EPS,
+                [m.shift.0, m.shift.1, m.scale.0, m.scale.1],
+            ),
+            NormOp::RmsSilu(None) => (0, super::host::PIXEL_NORM_EPS, [NULL; 4]),
+            NormOp::LayerNorm { weight, bias, eps } => {
+                (1, *eps, [weight.ptr, NULL, bias.ptr, NULL])
+            }
+        };
+        let p = Params::default()
+            .ptr(xp)
+            .ptr(bias.map_or(NULL, |b| b.ptr))
+            .n(rows)
+            .int(c)
+            .f32(eps)
+            .i32(mode)
+            .ptr(t[0])
+            .ptr(t[1])
+            .ptr(t[2])
+            .ptr(t[3])
+            .ptr(yp);
+        let rows_per_block = (EW / 32) as usize;
+        let grid = (rows.div_ceil(rows_per_block) as u32, 1, 1);
+        self.kernels
+            .launch("vae_norm", grid, EW, 0, &self.gpu.compute, p)
+    }
+
+    fn bias_add(
+        &mut self,
+        y: Loc,
+        rows: usize,
+        c: usize,
+        bias: &DevVec,
+        skip: Option<Loc>,
+    ) -> Result<(), CudaError> {
+        let yp = self.ptr(y)?;
+        let sp = match skip {
+            Some(s) => self.ptr(s)?,
+            None => NULL,
+        };
+        let n8 = rows * c / 8;
+        let p = Params::default().ptr(yp).ptr(bias.ptr).ptr(sp).n(n8).int(c);
+        let grid = self.ew_grid(n8);
+        self.kernels
+            .launch("vae_bias_add", grid, EW, 0, &self.gpu.compute, p)
+    }
+
+    fn d2s(
+        &mut self,
+        y: Loc,
+        frames: usize,
+        h: usize,
+        w: usize,
+        cy: usize,
+        bias: &DevVec,
+        res: Option<(Loc, usize)>,
+        drop: bool,
+        out: Loc,
+    ) -> Result<(), CudaError> {
+        let (yp, op) = (self.ptr(y)?, self.ptr(out)?);
+        let (rp, cr) = match res {
+            Some((r, cr)) => (self.ptr(r)?, cr),
+            None => (NULL, 8),
+        };
+        let n = frames * h * w * cy / 8;
+        let p = Params::default()
+            .ptr(yp)
+            .ptr(bias.ptr)
+            .ptr(rp)
+            .int(frames)
+            .int(h)
+            .int(w)
+            .int(cy)
+            .int(cr)
+            .i32(i32::from(drop))
+            .ptr(op);
+        let grid = self.ew_grid(n);
+        self.kernels
+            .launch("vae_d2s", grid, EW, 0, &self.gpu.compute, p)
+    }
+
+    fn pixels(
+        &mut self,
+        y: Loc,
+        frames: usize,
+        h: usize,
+        w: usize,
+        bias: &DevVec,
+        p: usize,
+        first: usize,
+    ) -> Result<(), CudaError> {
+        let yp = self.ptr(y)?;
+        let (staging, cap, geom) = match &self.pixels {
+            Some(px) => (px.staging.ptr(), px.cap_frames, px.geom),
+            None => {
+                return Err(CudaError::Invalid(
+                    "VAE pixels before the pixel sink exists".into(),
+                ))
+            }
+        };
+        let (oc, total, hh, ww) = geom;
+        if frames > cap || first + frames > total || h * p != hh || w * p != ww {
+            return Err(CudaError::Invalid(format!(
+                "VAE pixels: frames {first}+{frames} of {total} (staging {cap}) at {}x{} into {hh}x{ww}",
+                h * p,
+                w * p
+            )));
+        }
+        let n = frames * oc * hh * ww;
+        let prm = Params::default()
+            .ptr(yp)
+            .ptr(bias.ptr)
+            .int(frames)
+            .int(h)
+            .int(w)
+            .int(oc)
+            .int(p)
+            .ptr(staging);
+        let grid = self.ew_grid(n);
+        self.kernels
+            .launch("vae_pixels", grid, EW, 0, &self.gpu.compute, prm)?;
+        let downloading = self.pixels.as_ref().is_some_and(|p| p.host.is_some());
+        if downloading {
+            let was_open = self.seg_open;
+            self.end()?;
+            let plane = hh * ww;
+            if let Some(px) = self.pixels.as_mut() {
+                if let Some(host) = px.host.as_mut() {
+                    for j in 0..frames {
+                        for c in 0..oc {
+                            let dst = &mut host[(c * total + first + j) * plane..][..plane];
+                            let src = staging + (((j * oc + c) * plane) * 4) as u64;
+                            // SAFETY: `dst` has room for one plane; the source
+                            // plane lies inside the staging buffer (frames <= cap);
+                            // the end() above waited for the kernel.
+                            unsafe { dres::memcpy_dtoh_sync(dst, src) }
+                                .ctx("copying VAE pixels to the host")?;
+                        }
+                    }
+                }
+            }
+            if was_open {
+                self.begin()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn conv_weight(
+        &mut self,
+        name: &str,
+        ci: usize,
+        co: usize,
+        k: usize,
+    ) -> Result<DevConv, CudaError> {
+        let shape = [co, ci, k, k, k];
+        Ok(DevConv {
+            w: self.tensor(&format!("{name}.weight"), &shape)?,
+            b: DevVec {
+                ptr: self.tensor(&format!("{name}.bias"), &[co])?,
+                len: co,
+            },
+            ci,
+            co,
+            k,
+        })
+    }
+
+    fn vector(&mut self, name: &str, len: usize) -> Result<DevVec, CudaError> {
+        Ok(DevVec {
+            ptr: self.tensor(name, &[len])?,
+            len,
+        })
+    }
+
+    fn scalar(&mut self, name: &str) -> Result<f32, CudaError> {
+        let p = self.tensor(name, &[])?;
+        let v = download::<u16>(self.gpu, p, 1)?;
+        Ok(half::bf16::from_bits(v[0]).to_f32())
+    }
+
+    fn time_embedding(&mut self, prefix: &str, dim: usize, t: f32) -> Result<DevVec, CudaError> {
+        let e = format!("{prefix}.time_embedder.timestep_embedder");
+        let w1 = self.tensor(&format!("{e}.linear_1.weight"), &[dim, SINUSOID])?;
+        let b1 = self.tensor(&format!("{e}.linear_1.bias"), &[dim])?;
+        let w2 = self.tensor(&format!("{e}.linear_2.weight"), &[dim, dim])?;
+        let b2 = self.tensor(&format!("{e}.linear_2.bias"), &[dim])?;
+        let sin = self.small(SINUSOID, "a VAE timestep sinusoid")?;
+        let h = self.small(dim, "a VAE time embedding")?;
+        let hs = self.small(dim, "a VAE time embedding")?;
+        let out = self.small(dim, "a VAE time embedding")?;
+        let s = &self.gpu.compute;
+        self.kernels.timestep_sinusoid(s, sin, t, SINUSOID / 2)?;
+        self.gemm
+            .linear(s, sin, w1, b1, h, 1, dim, SINUSOID, Epilogue::Bias)?;
+        self.kernels.map(s, Map::SiluBf16, h, hs, dim)?;
+        self.gemm
+            .linear(s, hs, w2, b2, out, 1, dim, dim, Epilogue::Bias)?;
+        Ok(DevVec { ptr: out, len: dim })
+    }
+
+    fn modulation(
+        &mut self,
+        table: &str,
+        rows: usize,
+        c: usize,
+        emb: &DevVec,
+        k: usize,
+    ) -> Result<DevMod, CudaError> {
+        let t = self.tensor(table, &[rows, c])?;
+        if emb.len != rows * c || 2 * k + 2 > rows {
+            return Err(CudaError::Invalid(format!(
+                "VAE modulation {k} of {table} [{rows}, {c}] with an embedding of {}",
+                emb.len
+            )));
+        }
+        let row = |base: CUdeviceptr, r: usize| base + (r * c * 2) as u64;
+        Ok(DevMod {
+            shift: (row(t, 2 * k), row(emb.ptr, 2 * k)),
+            scale: (row(t, 2 * k + 1), row(emb.ptr, 2 * k + 1)),
+        })
+    }
+}
