@@ -846,18 +846,6 @@ pub fn check_forward(
     Ok(())
 }
 
-/// A part of the selftest that can run alone (`--only`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Section {
-    /// Staging, the DiT's kernels, GEMMs, attention and forwards (and their benchmarks).
-    Dit,
-    /// The T5 encoder's kernels and forwards (and its benchmark).
-    T5,
-    /// The `denoise-graph` lever: graph vs eager loops, and with `bench` the
-    /// loop benchmark only ([`super::graph_bench::denoise_graph`]).
-    Graph,
-}
-
 /// Options of [`run`].
 #[derive(Debug, Clone)]
 pub struct SelftestOptions {
