@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""The PyTorch + diffusers reference for the engine's GPU benchmarks (issue 7).
+
+It loads the SAME weights directory the engine renders from (diffusers layout, as
+`engine synth-weights` writes it) through diffusers' own loaders, and times:
+
+  vae       AutoencoderKLLTXVideo.decode of random latents at a geometry (bf16,
+            timestep-conditioned when the VAE is), CUDA-synchronized wall per decode;
+  pipeline  LTXPipeline at a rung's geometry, steps and guidance: the load
+            (from_pretrained + .to(device)) and each call (text encoding, denoise,
+            decode to float frames), wall-clock.
+
+Usage:
+  reference_ltx.py vae      --weights DIR --width W --height H --frames F [--repeat N]
+  reference_ltx.py pipeline --weights DIR --width W --height H --frames F --steps S
+                            --guidance G [--seed N] [--prompt P] [--negative P] [--repeat N]
+  common: [--device cuda|cpu] [--dtype bf16|f32] [--json OUT]
+
+Prints one line per timed repetition and a JSON summary (also written to --json):
+medians in milliseconds, the versions of torch and diffusers, the device name.
+Numbers from it are only meaningful beside the engine's, measured in the same call
+on the same machine (scripts/device-bench-gpu.sh does that).
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=["vae", "pipeline"])
+    ap.add_argument("--weights", required=True)
+    ap.add_argument("--width", type=int, required=True)
+    ap.add_argument("--height", type=int, required=True)
+    ap.add_argument("--frames", type=int, required=True)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--guidance", type=float, default=3.0)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--prompt", default="a red fox trotting through fresh snow at sunrise, cinematic")
+    ap.add_argument("--negative", default="")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
+    ap.add_argument("--decode-timestep", type=float, default=0.05)
+    ap.add_argument("--decode-noise-scale", type=float, default=0.025)
+    ap.add_argument("--json")
+    return ap.parse_args()
+
+
+def sync(dev):
+    if dev.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def latent_grid(a, vae_cfg):
+    sp = vae_cfg.get("spatial_compression_ratio") or 32
+    tp = vae_cfg.get("temporal_compression_ratio") or 8
+    if (a.frames - 1) % tp or a.width % sp or a.height % sp:
+        sys.exit(
+            f"geometry {a.width}x{a.height}x{a.frames}: width and height must be multiples of "
+            f"{sp} and frames - 1 a multiple of {tp}"
+        )
+    return (a.frames - 1) // tp + 1, a.height // sp, a.width // sp
+
+
+def run_vae(a, dtype):
+    from diffusers import AutoencoderKLLTXVideo
+
+    t0 = time.perf_counter()
+    vae = AutoencoderKLLTXVideo.from_pretrained(a.weights, subfolder="vae", torch_dtype=dtype)
+    vae = vae.to(a.device).eval()
+    sync(a.device)
+    load_ms = (time.perf_counter() - t0) * 1e3
+    f, h, w = latent_grid(a, vae.config)
+    g = torch.Generator(device="cpu").manual_seed(a.seed)
+    z = torch.randn((1, vae.config.latent_channels, f, h, w), generator=g).to(a.device, dtype)
+    temb = None
+    if getattr(vae.config, "timestep_conditioning", False):
+        temb = torch.tensor([a.decode_timestep], device=a.device, dtype=dtype)
+    times = []
+    shape = None
+    with torch.no_grad():
+        for i in range(a.repeat + 1):
+            sync(a.device)
+            t = time.perf_counter()
+            out = vae.decode(z, temb=temb, return_dict=False)[0]
+            sync(a.device)
+            ms = (time.perf_counter() - t) * 1e3
+            shape = list(out.shape)
+            print(f"vae decode {'warm-up' if i == 0 else i}: {ms:.1f} ms, output {shape}", flush=True)
+            if i > 0:
+                times.append(ms)
+            del out
+    peak = torch.cuda.max_memory_allocated() if a.device.startswith("cuda") else None
+    return {
+        "load_ms": load_ms,
+        "latent_grid": [f, h, w],
+        "output_shape": shape,
+        "decode_ms": times,
+        "decode_ms_median": statistics.median(times),
+        "peak_device_bytes": peak,
+    }
+
+
+def run_pipeline(a, dtype):
+    from diffusers import LTXPipeline
+
+    t0 = time.perf_counter()
+    pipe = LTXPipeline.from_pretrained(a.weights, torch_dtype=dtype).to(a.device)
+    sync(a.device)
+    load_ms = (time.perf_counter() - t0) * 1e3
+    print(f"pipeline load: {load_ms:.1f} ms", flush=True)
+    times = []
+    shape = None
+    for i in range(a.repeat + 1):
+        g = torch.Generator(device=a.device).manual_seed(a.seed)
+        sync(a.device)
+        t = time.perf_counter()
+        out = pipe(
+            prompt=a.prompt,
+            negative_prompt=a.negative,
+            width=a.width,
+            height=a.height,
+            num_frames=a.frames,
+            num_inference_steps=a.steps,
+            guidance_scale=a.guidance,
+            decode_timestep=a.decode_timestep,
+            decode_noise_scale=a.decode_noise_scale,
+            generator=g,
+            output_type="np",
+            return_dict=False,
+        )[0]
+        sync(a.device)
+        ms = (time.perf_counter() - t) * 1e3
+        shape = list(out.shape)
+        print(f"pipeline call {'warm-up' if i == 0 else i}: {ms:.1f} ms, frames {shape}", flush=True)
+        if i > 0:
+            times.append(ms)
+        del out
+    peak = torch.cuda.max_memory_allocated() if a.device.startswith("cuda") else None
+    return {
+        "load_ms": load_ms,
+        "output_shape": shape,
+        "call_ms": times,
+        "call_ms_median": statistics.median(times),
+        "peak_device_bytes": peak,
+    }
+
+
+def main():
+    a = parse()
+    torch.set_grad_enabled(False)
+    dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    import diffusers
+
+    res = run_vae(a, dtype) if a.mode == "vae" else run_pipeline(a, dtype)
+    res.update(
+        {
+            "mode": a.mode,
+            "geometry": [a.width, a.height, a.frames],
+            "steps": a.steps,
+            "guidance": a.guidance,
+            "dtype": a.dtype,
+            "torch": torch.__version__,
+            "diffusers": diffusers.__version__,
+            "device": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu",
+        }
+    )
+    s = json.dumps(res, indent=1)
+    print(s)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(s + "\n")
+
+
+if __name__ == "__main__":
+    main()
