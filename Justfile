@@ -40,12 +40,16 @@ faults-long RUNS="40" SEED="9":
 fuzz CASES="20000":
     PROPTEST_CASES={{CASES}} cargo test --workspace --test fuzz --test fuzz_safetensors -- --nocapture
 
-# CUDA arm on a GPU machine: every kernel and the device DiT forward against the
-# f32 host reference, the graph-replayed loop against the eager one, then the
-# staging / forward / denoise / denoise-graph benchmarks (table last).
+# CUDA arm on a GPU machine, every figure side by side in one run: every kernel, the
+# device T5, VAE and DiT forward against the f32 host reference and the graph-replayed
+# loop against the eager one, then the staging / forward / denoise graph on-off / T5 /
+# VAE benchmarks; rung 2 rendered under `harness run` (default profile); the PyTorch +
+# diffusers reference (scripts/reference_ltx.py: VAE decode and the LTXPipeline at rung
+# 2's geometry, steps and guidance); a table of both with the ratios last. Weights and
+# the store go under $WORK (default ~/ltx-bench).
 bench-gpu:
-    cargo build --release -p engine
-    LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-} target/release/engine selftest-cuda --bench --scratch target/selftest-cuda
+    cargo build --bins
+    scripts/bench-gpu.sh {{bin}} selftest synth:ltxv-2b run:2:default ref:2 table
 
 # The denoise-graph lever alone on a GPU machine: graph vs eager loops (bit-exact,
 # with the mutant) and the loop benchmark, off vs on, at rung 2's and rung 1's grids.

@@ -17,7 +17,8 @@ Usage:
   common: [--device cuda|cpu] [--dtype bf16|f32] [--json OUT]
 
 Prints one line per timed repetition and a JSON summary (also written to --json):
-medians in milliseconds, the versions of torch and diffusers, the device name.
+medians in milliseconds (and the untimed-for-the-median first call, `warm_up_ms`, which
+a cold process pays), the versions of torch and diffusers, the device name.
 Numbers from it are only meaningful beside the engine's, measured in the same call
 on the same machine (scripts/device-bench-gpu.sh does that).
 """
@@ -94,10 +95,13 @@ def run_vae(a, dtype):
             print(f"vae decode {'warm-up' if i == 0 else i}: {ms:.1f} ms, output {shape}", flush=True)
             if i > 0:
                 times.append(ms)
+            else:
+                warm_up = ms
             del out
     peak = torch.cuda.max_memory_allocated() if a.device.startswith("cuda") else None
     return {
         "load_ms": load_ms,
+        "warm_up_ms": warm_up,
         "latent_grid": [f, h, w],
         "output_shape": shape,
         "decode_ms": times,
@@ -140,10 +144,13 @@ def run_pipeline(a, dtype):
         print(f"pipeline call {'warm-up' if i == 0 else i}: {ms:.1f} ms, frames {shape}", flush=True)
         if i > 0:
             times.append(ms)
+        else:
+            warm_up = ms
         del out
     peak = torch.cuda.max_memory_allocated() if a.device.startswith("cuda") else None
     return {
         "load_ms": load_ms,
+        "warm_up_ms": warm_up,
         "output_shape": shape,
         "call_ms": times,
         "call_ms_median": statistics.median(times),

@@ -1,0 +1,178 @@
+#!/bin/bash
+# The GPU benchmarks and full renders, as a list of steps run in order on one machine
+# so that every figure is side by side (issue 7's `just bench-gpu`, and the device
+# calls that produce the committed evidence):
+#
+#   scripts/bench-gpu.sh BIN_DIR STEP...
+#
+# BIN_DIR holds `engine` and `harness` (target/debug here: the dev profile is
+# optimized). Steps:
+#   selftest              engine selftest-cuda --bench: every device check against the
+#                         CPU arm, then the staging/forward/denoise/graph/T5/VAE benches
+#   synth:PRESET          synthesize the preset's weights (in the background; a step
+#                         that needs them waits), unless already there
+#   run:RUNG:PROFILE[:K=V,K=V]
+#                         harness run of rungs/RUNG.toml with that profile and lever
+#                         overrides; the bundle is sealed into $WORK/store
+#   ref:RUNG              the PyTorch + diffusers reference at the rung's geometry, steps
+#                         and guidance (scripts/reference_ltx.py vae, then pipeline)
+#   campaign:RUNGS:LEVERS:REPEAT
+#                         harness campaign (order random, seed 1) into $WORK/store
+#   table                 the summary: engine phases of every rung-2/3 bundle beside
+#                         the reference's walls, with the ratios
+#
+# Environment: WORK (weights, store, scratch; default $HOME/ltx-bench, never /tmp),
+# OUT (logs and bundles.tar.partNN; default $WORK/out), DEADLINE_S (seconds this script may
+# take in all; each step's timeout is cut to what is left, default 86400),
+# PACK_LOGS (1: logs into one logs.tgz at the end), PYTHON (default python3), REF_SITE (extra PYTHONPATH for diffusers, optional).
+set -o pipefail
+bin=$(cd "${1:?usage: bench-gpu.sh BIN_DIR STEP...}" && pwd)
+shift
+t0=$(date +%s)
+WORK=${WORK:-$HOME/ltx-bench}
+OUT=${OUT:-$WORK/out}
+DEADLINE_S=${DEADLINE_S:-86400}
+PY=${PYTHON:-python3}
+mkdir -p "$WORK" "$OUT"
+store=$WORK/store
+E=$bin/engine
+H=$bin/harness
+export ENGINE_CACHE_DIR=$WORK/cache
+export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+cudnn=$("$PY" -c 'import nvidia.cudnn,os;print(os.path.dirname(nvidia.cudnn.__file__))' 2>/dev/null)
+[ -n "$cudnn" ] && export LD_LIBRARY_PATH=$cudnn/lib:$LD_LIBRARY_PATH
+( cd "$bin" && sha256sum engine harness ) > "$OUT/sha256.txt"
+{ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+  echo "cores $(nproc)"; free -g | head -2; df -hT "$WORK" | tail -1
+  echo "lease ${HARNESS_LEASE_ID:-none}"; } > "$OUT/env.txt" 2>&1
+log=$OUT/steps.txt
+
+left() { echo $(( DEADLINE_S - ($(date +%s) - t0) )); }
+cap() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }
+# The device tool brings back at most 8 files of $OUT, about 64 MB in all (a 86 MB tar
+# was refused on 2026-12-01): pack only the bundles sealed by THIS call (a warm machine
+# keeps the store of earlier calls, already brought back) and split the tar into 12 MiB
+# parts, `bundles.tar.partNN`; rejoin with `cat bundles.tar.part* | tar -x`.
+mkdir -p "$store/bundles"
+before=$(ls "$store/bundles")
+pack() {
+  local new; new=$(comm -13 <(echo "$before" | sort) <(ls "$store/bundles" | sort) | sed 's|^|bundles/|')
+  rm -f "$OUT"/bundles.tar.part*
+  [ -n "$new" ] && tar -C "$store" -cf - $new | split -b 12M -d - "$OUT/bundles.tar.part"
+}
+note() { echo "$(( $(date +%s) - t0 ))s $*" | tee -a "$log"; }
+declare -A synth_pid
+weights_of() { echo "$WORK/weights-$1"; }
+preset_of() { sed -n 's/^preset *= *"\(.*\)"/\1/p' "rungs/$1.toml"; }
+need() { # wait for a preset's weights
+  local p=$1 w; w=$(weights_of "$1")
+  if [ -n "${synth_pid[$p]}" ]; then wait "${synth_pid[$p]}"; note "synth $p rc=$?"; unset "synth_pid[$p]"; fi
+  [ -f "$w/model_index.json" ] || { note "weights $p missing: synthesizing now";
+    "$E" synth-weights --preset "$p" --out "$w" >> "$OUT/synth-$p.log" 2>&1; note "synth $p rc=$?"; }
+}
+geometry() { "$PY" - "rungs/$1.toml" <<'EOF'
+import sys, tomllib
+r = tomllib.load(open(sys.argv[1], "rb"))
+print(r["width"], r["height"], r["frames"], r["steps"], r["guidance"], r["seed"])
+EOF
+}
+
+for step in "$@"; do
+  [ "$(left)" -le 10 ] && { note "deadline: skipping $step and the rest"; break; }
+  IFS=: read -r kind a b c <<< "$step"
+  case $kind in
+    selftest)
+      timeout "$(cap 200)" "$E" selftest-cuda --bench --scratch "$WORK/selftest" \
+        > "$OUT/selftest.log" 2>&1
+      note "selftest rc=$?" ;;
+    synth)
+      w=$(weights_of "$a")
+      if [ ! -f "$w/model_index.json" ]; then
+        ( "$E" synth-weights --preset "$a" --out "$w" > "$OUT/synth-$a.log" 2>&1 ) &
+        synth_pid[$a]=$!
+        note "synth $a started"
+      fi ;;
+    run)
+      p=$(preset_of "$a"); need "$p"
+      flags=(--profile "$b")
+      [ -n "$c" ] && for kv in ${c//,/ }; do flags+=(--lever "$kv"); done
+      name="run-$a-$b${c:+-${c//[=,]/_}}"
+      s=$(date +%s.%N)
+      timeout -s TERM -k 20 "$(cap 480)" "$H" run --rung "rungs/$a.toml" "${flags[@]}" \
+        --store "$store" --engine "$E" --weights "$(weights_of "$p")" --cadence-ms 100 \
+        > "$OUT/$name.out" 2> "$OUT/$name.err" < /dev/null
+      rc=$?
+      note "$name rc=$rc wall $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $s}") s"
+      pack ;;
+    ref)
+      p=$(preset_of "$a"); need "$p"
+      read -r W Hh F S G SEED <<< "$(geometry "$a")"
+      geo=(--weights "$(weights_of "$p")" --width "$W" --height "$Hh" --frames "$F" --seed "$SEED")
+      export PYTHONPATH=${REF_SITE:+$REF_SITE:}${PYTHONPATH:-} PYTHONUNBUFFERED=1
+      timeout "$(cap 120)" "$PY" scripts/reference_ltx.py vae "${geo[@]}" --repeat 5 \
+        --json "$OUT/ref-$a-vae.json" > "$OUT/ref-$a-vae.log" 2>&1
+      note "ref $a vae rc=$?"
+      timeout "$(cap 300)" "$PY" scripts/reference_ltx.py pipeline "${geo[@]}" --steps "$S" \
+        --guidance "$G" --repeat 1 --json "$OUT/ref-$a-pipeline.json" \
+        > "$OUT/ref-$a-pipeline.log" 2>&1
+      note "ref $a pipeline rc=$?" ;;
+    campaign)
+      for r in ${a//,/ }; do need "$(preset_of "$r")"; done
+      p=$(preset_of "${a%%,*}")
+      timeout -s TERM -k 30 "$(cap 3600)" "$H" campaign --rungs "$a" --levers "$b" \
+        --repeat "$c" --engine "$E" --store "$store" -- --weights "$(weights_of "$p")" \
+        --cadence-ms 100 > "$OUT/campaign.out" 2> "$OUT/campaign.err" < /dev/null
+      note "campaign $a $b x$c rc=$?"
+      pack ;;
+    table) ;;
+    *) note "unknown step $step"; exit 2 ;;
+  esac
+done
+pack
+
+echo "==================== table ===================="
+cat "$OUT/sha256.txt"; head -1 "$OUT/env.txt"
+cat "$log"
+[ -f "$OUT/selftest.log" ] && grep -E 'passed, .* failed|FAIL|median|ms ' "$OUT/selftest.log" | tail -30
+"$PY" - "$H" "$store" "$OUT" <<'EOF'
+import json, subprocess, sys, glob, os
+h, store, out = sys.argv[1:4]
+try:
+    ls = json.loads(subprocess.run([h, "ls", "--store", store, "--json"], capture_output=True, text=True).stdout or "[]")
+except Exception as e:
+    ls = []; print("ls failed:", e)
+keep = ("load.text_encoder", "conditioning", "load.dit", "denoise", "load.vae", "decode.video", "artifacts.frames")
+rows = {}
+for b in ls:
+    d = json.loads(subprocess.run([h, "show", "--store", store, "--json", b["id"]], capture_output=True, text=True).stdout)
+    ph = {p["name"]: p["duration_s"] for p in d["phases"] if p["depth"] == 0}
+    prof = d["manifest"].get("profile")
+    over = ",".join(f"{k}={v}" for k, v in sorted((b.get("levers") or {}).items()))
+    wall = b.get("run_wall_s") or 0
+    print(f"{b['id'][:12]} rung {b['rung']} {prof}{'+' + over if over else ''} complete={b['complete']} exit={b['exit']} "
+          f"run wall {wall:.2f} s engine wall {b.get('wall_s') or 0:.2f} s | " +
+          " ".join(f"{k} {ph[k]:.2f}" for k in keep if k in ph))
+    if prof == "default" and not over:
+        rows.setdefault(b["rung"], []).append((wall, ph))
+for f in sorted(glob.glob(os.path.join(out, "ref-*-*.json"))):
+    r = json.load(open(f))
+    rung = os.path.basename(f).split("-")[1]
+    if r["mode"] == "vae":
+        print(f"ref rung {rung} vae decode median {r['decode_ms_median']:.1f} ms (n={len(r['decode_ms'])}), torch {r['torch']} diffusers {r['diffusers']}")
+    else:
+        call = r["call_ms_median"] / 1e3; load = r["load_ms"] / 1e3
+        cold = r.get("warm_up_ms", 0) / 1e3
+        print(f"ref rung {rung} pipeline load {load:.2f} s, first call {cold:.2f} s, call median {call:.2f} s")
+        for wall, ph in rows.get(rung, []):
+            noload = sum(v for k, v in ph.items() if not k.startswith("load."))
+            print(f"  engine default: run wall {wall:.2f} s / ref load+first call {load+cold:.2f} s = {wall/(load+cold):.3f}x (both cold); "
+                  f"run wall / ref load+warm call {load+call:.2f} s = {wall/(load+call):.3f}x; "
+                  f"non-load phases {noload:.2f} s / ref warm call {call:.2f} s = {noload/call:.3f}x (target <= 0.75)")
+EOF
+echo "took $(( $(date +%s) - t0 )) s"
+# PACK_LOGS=1 (the device call sets it): every log into one logs.tgz, so that the
+# bundle parts and the logs fit the device tool's 8 files.
+if [ "${PACK_LOGS:-0}" = 1 ]; then
+  ( cd "$OUT" && ls | grep -v -e '^bundles.tar.part' -e '^logs.tgz$' > .list &&
+    tar -czf logs.tgz -T .list && xargs rm -f < .list && rm -f .list )
+fi
