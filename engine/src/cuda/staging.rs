@@ -608,7 +608,12 @@ fn stage_registered(
     }
     sync?;
     if opts.release_pages {
-        release(&f, start as u64, (end - start) as u64);
+        // The pages are still mapped into this process by `map` (the copies read
+        // through it), and the kernel does not drop mapped pages on fadvise alone:
+        // unmap them from our page tables first, then drop them from the cache.
+        // (With a bare fadvise here the rung-2 campaign 223c8a9b01c34e09 found
+        // the weights as cached during denoise with the lever on as off.)
+        crate::weights::residency::release_range(&map, &f, start, end - start);
     }
     Ok(Some(copies.into_inner()))
 }
