@@ -29,17 +29,16 @@ use super::memory::{align_up, DeviceBuffer};
 use super::selftest::{write_synth_safetensors, Rig, Rng};
 use super::staging::{self, pinned_copy_gbps, DeviceWeights, Staged, StagingArm, StagingOptions};
 use super::{CudaError, DriverContext};
-use crate::weights::DType;
+use crate::weights::{DType, TensorSpec};
 
 /// The latent grid of 768x512 at 121 frames: 6144 tokens.
 pub const GRID_6144: (usize, usize, usize) = (16, 16, 24);
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (the upper one for an even count); NaN when `v` is empty.
+/// Shared by every device benchmark.
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[v.len() / 2]
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Median device ms of `reps` runs of `f` on the compute stream after `warm` runs.
@@ -65,24 +64,37 @@ fn time_ms(
 
 /// Weights of `dims` generated on the device (uniform, small): for timing only.
 pub fn device_weights(rig: &Rig, dims: &DitDims, seed: u64) -> Result<DeviceWeights, CudaError> {
-    let specs = dims.tensor_specs();
+    generate_weights(rig, &dims.tensor_specs(), seed, "synthetic", |s| {
+        if s.shape.len() == 2 && !s.name.ends_with("scale_shift_table") {
+            1.0 / (s.shape[1] as f32).sqrt()
+        } else {
+            0.1
+        }
+    })
+}
+
+/// Every tensor of `specs` generated on the device in one arena, uniform in
+/// `[-scale(spec), scale(spec))` from `seed` (each tensor its own stream): weights
+/// for timing only, never for a check. `what` names the arena in an allocation error.
+pub fn generate_weights(
+    rig: &Rig,
+    specs: &[TensorSpec],
+    seed: u64,
+    what: &str,
+    scale: impl Fn(&TensorSpec) -> f32,
+) -> Result<DeviceWeights, CudaError> {
     let total: usize = specs.iter().map(|s| align_up(s.nbytes())).sum();
-    let arena = DeviceBuffer::alloc(&rig.gpu, total, "device-generated synthetic weights")?;
+    let arena = DeviceBuffer::alloc(&rig.gpu, total, &format!("device-generated {what} weights"))?;
     let mut map = HashMap::new();
     let mut off = 0usize;
     for (i, s) in specs.iter().enumerate() {
         let ptr = arena.ptr() + off as u64;
-        let scale = if s.shape.len() == 2 && !s.name.ends_with("scale_shift_table") {
-            1.0 / (s.shape[1] as f32).sqrt()
-        } else {
-            0.1
-        };
         rig.kernels.fill_uniform_bf16(
             &rig.gpu.compute,
             ptr,
             s.numel(),
             seed ^ (i as u64) << 20,
-            scale,
+            scale(s),
         )?;
         map.insert(
             s.name.clone(),

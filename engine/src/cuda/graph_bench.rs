@@ -19,7 +19,7 @@
 use std::sync::Arc;
 
 use super::backend::{run_loop, CudaDenoiser, Dispatch, LoopRun};
-use super::bench::{device_weights, GRID_6144};
+use super::bench::{device_weights, median, GRID_6144};
 use super::dit::{DeviceDit, DitDims, Geometry, LATENT_CHANNELS};
 use super::selftest::{rel_err, Rig, Rng};
 use super::staging::DeviceWeights;
@@ -60,11 +60,6 @@ pub const CASES: [LoopCase; 2] = [
         rounds: 5,
     },
 ];
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
 
 /// Figures of one arm over the measured rounds.
 #[derive(Debug, Default)]

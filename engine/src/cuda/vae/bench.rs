@@ -7,10 +7,11 @@
 
 use std::collections::HashMap;
 
+use super::super::bench::{generate_weights, median};
 use super::super::context::Timer;
-use super::super::memory::{align_up, DeviceBuffer};
+use super::super::memory::DeviceBuffer;
 use super::super::selftest::{Rig, Rng};
-use super::super::staging::{DeviceWeights, Staged};
+use super::super::staging::DeviceWeights;
 use super::super::CudaError;
 use super::check::decoder_specs;
 use super::cudnn::CudnnConv;
@@ -19,7 +20,6 @@ use super::ops::{Loc, Mutation, VaeOps};
 use super::{DecodeOptions, DeviceVae};
 use crate::models::vae::VaeConfig;
 use crate::tensor::Tensor;
-use crate::weights::DType;
 
 /// PyTorch's decode time at 768x512x121 on the H200 (the reference), ms.
 pub const PYTORCH_MS: f64 = 234.0;
@@ -57,46 +57,16 @@ pub fn decode_flops(cfg: &VaeConfig, latent: (usize, usize, usize)) -> f64 {
     f + conv(vox, c, cfg.out_channels * p * p, 27)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 /// Weights of `cfg`'s decoder generated on the device (uniform, scaled so
 /// activations stay O(1)): for timing only.
 pub fn device_weights(rig: &Rig, cfg: &VaeConfig, seed: u64) -> Result<DeviceWeights, CudaError> {
-    let specs = decoder_specs(cfg);
-    let total: usize = specs.iter().map(|s| align_up(s.nbytes())).sum();
-    let arena = DeviceBuffer::alloc(&rig.gpu, total, "device-generated VAE weights")?;
-    let mut map = HashMap::new();
-    let mut off = 0usize;
-    for (i, s) in specs.iter().enumerate() {
-        let ptr = arena.ptr() + off as u64;
-        let scale = match s.shape.len() {
+    generate_weights(rig, &decoder_specs(cfg), seed, "VAE", |s| {
+        match s.shape.len() {
             5 | 2 => 1.0 / (s.shape[1..].iter().product::<usize>() as f32).sqrt(),
             0 => 1.0,
             _ => 0.1,
-        };
-        rig.kernels.fill_uniform_bf16(
-            &rig.gpu.compute,
-            ptr,
-            s.numel(),
-            seed ^ (i as u64) << 20,
-            scale,
-        )?;
-        map.insert(
-            s.name.clone(),
-            Staged {
-                ptr,
-                bytes: s.nbytes(),
-                dtype: DType::BF16,
-                shape: s.shape.clone(),
-            },
-        );
-        off += align_up(s.nbytes());
-    }
-    rig.gpu.sync_compute()?;
-    Ok(DeviceWeights::from_arena(arena, map, "<device-generated>"))
+        }
+    })
 }
 
 /// Runs the VAE benchmark; returns its table rows.
