@@ -27,6 +27,7 @@ use std::path::PathBuf;
 
 use crate::levers_spec::{DeviceKind, Lever};
 use crate::rank::bundle::Bundle;
+use crate::weights_cache::Policy as WeightsCache;
 
 /// How the two arms of a lever are ordered within a round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -109,6 +110,7 @@ impl Plan {
 }
 
 /// Build the schedule. `engine_sha256` is the binary every run uses.
+#[allow(clippy::too_many_arguments)]
 pub fn plan(
     engine_sha256: &str,
     rungs: &[RungRef],
@@ -116,6 +118,7 @@ pub fn plan(
     repeat: u32,
     order: Order,
     seed: u64,
+    weights_cache: WeightsCache,
 ) -> Plan {
     let mut h = Sha256::new();
     h.update(format!("harness campaign v1\nengine {engine_sha256}\n"));
@@ -126,6 +129,10 @@ pub fn plan(
         h.update(format!("lever {} {} {}\n", l.id, l.baseline, l.treatment));
     }
     h.update(format!("repeat {repeat}\norder {order:?}\nseed {seed}\n"));
+    // Added after the first campaigns: `as-is` (their state) leaves the id as it was.
+    if weights_cache != WeightsCache::AsIs {
+        h.update(format!("weights-cache {}\n", weights_cache.as_str()));
+    }
     let id: String = format!("{:x}", h.finalize()).chars().take(16).collect();
 
     let mut skipped = Vec::new();
@@ -372,10 +379,46 @@ mod tests {
         ]
     }
 
+    /// The id of a committed campaign recomputes from its inputs: adding the cache
+    /// state to the identity left `as-is` campaigns' ids as they were (campaign
+    /// 223c8a9b01c34e09's bundles are in reports/evidence/).
+    #[test]
+    fn an_as_is_campaign_keeps_the_id_it_had() {
+        let s = spec();
+        let levers: Vec<&Lever> = s
+            .select("staging,release-pages,denoise-graph,host-threads")
+            .unwrap();
+        let rung2 = RungRef {
+            name: "2".into(),
+            path: "rungs/2.toml".into(),
+            sha256: "79901375eee7cc42e55a68b330a6e94da8897e4339eecea32b70bb60d1008d6c".into(),
+            device: DeviceKind::Cuda,
+        };
+        let engine = "651450a4a391b17845adf9d666cd812cf5f8f0db4f32216c08070154543bb6b5";
+        let p = plan(
+            engine,
+            &[rung2],
+            &levers,
+            3,
+            Order::Random,
+            1,
+            WeightsCache::AsIs,
+        );
+        assert_eq!(p.id, "223c8a9b01c34e09");
+    }
+
     fn all_plan(order: Order, seed: u64) -> Plan {
         let s = spec();
         let levers: Vec<&Lever> = s.select("all").unwrap();
-        plan("engine-sha", &rungs(), &levers, 5, order, seed)
+        plan(
+            "engine-sha",
+            &rungs(),
+            &levers,
+            5,
+            order,
+            seed,
+            WeightsCache::AsIs,
+        )
     }
 
     #[test]
@@ -431,6 +474,31 @@ mod tests {
         }
         let a = all_plan(Order::Random, 7);
         assert_eq!(a, all_plan(Order::Random, 7));
+        // A controlled cache state is part of the campaign's identity; the schedule
+        // is the same.
+        let s = spec();
+        let levers: Vec<&Lever> = s.select("all").unwrap();
+        let cold = plan(
+            "engine-sha",
+            &rungs(),
+            &levers,
+            5,
+            Order::Random,
+            7,
+            WeightsCache::Cold,
+        );
+        let warm = plan(
+            "engine-sha",
+            &rungs(),
+            &levers,
+            5,
+            Order::Random,
+            7,
+            WeightsCache::Warm,
+        );
+        assert_ne!(cold.id, a.id);
+        assert_ne!(cold.id, warm.id);
+        assert_eq!(cold.entries, a.entries);
         let b = all_plan(Order::Random, 8);
         assert_ne!(a.id, b.id);
         assert_ne!(

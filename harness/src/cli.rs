@@ -252,6 +252,17 @@ pub struct CampaignArgs {
     /// The engine binary every run uses (hashed into the campaign id).
     #[arg(long, default_value = "target/debug/engine")]
     pub engine: PathBuf,
+    /// The weights' page-cache state at the start of every run (`harness run
+    /// --weights-cache`); anything but as-is is part of the campaign id. Use cold
+    /// (or warm) for a lever whose metric reads the weights, so that no run inherits
+    /// the state its predecessor left.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "as-is|cold|warm",
+        default_value = "as-is"
+    )]
+    pub weights_cache: crate::weights_cache::Policy,
     /// The lever spec.
     #[arg(long, default_value = DEFAULT_SPEC)]
     pub spec: PathBuf,
@@ -405,8 +416,15 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
     // as skipped. An arm the spec names but the engine lacks is an error.
     let registry = engine_levers(&args.engine)?;
     let (levers, missing) = reconcile(&args.spec, levers, &registry)?;
-    let mut plan =
-        crate::campaign::plan(&engine, &rungs, &levers, args.repeat, args.order, args.seed);
+    let mut plan = crate::campaign::plan(
+        &engine,
+        &rungs,
+        &levers,
+        args.repeat,
+        args.order,
+        args.seed,
+        args.weights_cache,
+    );
     for l in &missing {
         for r in &rungs {
             plan.skipped.push(crate::campaign::Skip {
@@ -431,11 +449,12 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
         Err(_) => Default::default(),
     };
     println!(
-        "campaign {} (engine {}, order {:?}, seed {}): {} runs over {} round(s), {} already sealed",
+        "campaign {} (engine {}, order {:?}, seed {}, weights cache {}): {} runs over {} round(s), {} already sealed",
         plan.id,
         &engine[..12],
         plan.order,
         plan.seed,
+        args.weights_cache.as_str(),
         plan.entries.len(),
         plan.repeat,
         done.len()
@@ -463,7 +482,15 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
         harness,
         engine: args.engine.clone(),
         store: root.clone(),
-        extra: args.run_flags.clone(),
+        extra: {
+            let mut extra = Vec::new();
+            if args.weights_cache != crate::weights_cache::Policy::AsIs {
+                extra.push("--weights-cache".to_string());
+                extra.push(args.weights_cache.as_str().to_string());
+            }
+            extra.extend(args.run_flags.iter().cloned());
+            extra
+        },
         signals: Some(std::sync::Arc::new(signals)),
     };
     let out = crate::campaign::execute(&plan, &rungs, &done, &mut runner, |e, what| {

@@ -51,3 +51,4 @@ pub mod verify;
 pub mod view;
 pub mod watchdog;
 pub mod weights;
+pub mod weights_cache;

@@ -607,3 +607,27 @@ fn harness_control_reports_each_control() {
         .unwrap();
     assert!(wd.contains("pass") && wd.contains("SIGKILL"), "{wd}");
 }
+
+/// A cache state is about weight files: asking for one on a run that names none is
+/// refused before the engine starts, with the flag and the remedy in the message.
+#[test]
+fn a_weights_cache_state_without_weights_is_refused() {
+    let s = store("cache-no-weights");
+    let out = exec(&s, &["--weights-cache", "cold"], GOOD_FRAMES);
+    assert_eq!(code(&out), 3, "{}", text(&out.stderr));
+    let m = manifest(&out);
+    assert_eq!(m["exit"]["reason"], "gate-refused");
+    let g = m["gates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "weights-cache")
+        .unwrap()
+        .clone();
+    assert_eq!(g["verdict"], "refuse");
+    let d = g["detail"].as_str().unwrap();
+    assert!(
+        d.contains("--weights-cache cold") && d.contains("--weights"),
+        "{d}"
+    );
+}

@@ -60,6 +60,18 @@ fn rung0_renders_under_the_harness_into_a_complete_verified_bundle() {
         m["weights"]
     );
     assert_eq!(m["weights"]["synthesized"], true);
+    // The weights' page-cache state at engine start is recorded (as-is by default).
+    let cache = m["gates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "weights-cache")
+        .unwrap_or_else(|| panic!("no weights-cache gate: {}", m["gates"]));
+    assert_eq!(cache["verdict"], "pass", "{cache}");
+    assert!(
+        cache["detail"].as_str().unwrap().starts_with("as-is: "),
+        "{cache}"
+    );
     // The engine's own phases, nested and accounted for.
     let p = &m["phases"];
     assert!(p["instances"].as_u64().unwrap() >= 8, "{p}");
@@ -119,4 +131,57 @@ fn rung0_renders_under_the_harness_into_a_complete_verified_bundle() {
         text(&v.stdout),
         text(&v.stderr)
     );
+}
+
+/// `--weights-cache cold`: the harness evicts the weight files before the engine
+/// starts, measures that they left (at most 2% resident) and records it; the render
+/// still completes. Mutation: make `evict` a no-op and the gate refuses (the files
+/// were just synthesized and read, so they are resident).
+#[test]
+fn a_cold_start_is_reached_measured_and_recorded() {
+    let store = fresh_dir("rung0-cold");
+    let run = || {
+        Command::new(HARNESS)
+            .current_dir(repo())
+            .args([
+                "run",
+                "--rung",
+                "rungs/0.toml",
+                "--weights-cache",
+                "cold",
+                "--store",
+            ])
+            .arg(&store)
+            .arg("--engine")
+            .arg(engine())
+            .env_remove("HARNESS_LEASE_ID")
+            .output()
+            .expect("harness runs")
+    };
+    // Twice: the second run starts from the pages the first one's engine read.
+    for _ in 0..2 {
+        let out = run();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let dir = bundle_path(&out);
+        let m: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+        let cache = m["gates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["name"] == "weights-cache")
+            .unwrap()
+            .clone();
+        assert_eq!(cache["verdict"], "pass", "{cache}");
+        let detail = cache["detail"].as_str().unwrap();
+        assert!(detail.starts_with("cold: "), "{detail}");
+        // "... GiB after (P%)": P is at most 2.
+        let pct: f64 = detail
+            .split('(')
+            .nth(1)
+            .and_then(|t| t.split('%').next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("no share in {detail}"));
+        assert!(pct <= 2.0, "{detail}");
+    }
 }

@@ -52,6 +52,16 @@ pub struct RunArgs {
     /// Sample and journal every column (on), or only what the watchdog needs (off).
     #[arg(long, value_name = "on|off", default_value = "on")]
     pub observer: String,
+    /// The weight files' page-cache state when the engine starts: as-is (what the
+    /// previous run left), cold (evicted) or warm (read once). Measured and recorded
+    /// in the `weights-cache` gate; a state that cannot be reached refuses the run.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "as-is|cold|warm",
+        default_value = "as-is"
+    )]
+    pub weights_cache: crate::weights_cache::Policy,
     /// Run CMD ARGS (any engine that speaks the marker protocol) instead of the
     /// engine's `render`: `harness run --exec -- CMD ARGS...`.
     #[arg(long)]
@@ -109,6 +119,8 @@ pub struct RunPlan {
     pub lease_id: Option<String>,
     /// Observer on.
     pub observer: bool,
+    /// The weights' page-cache state at engine start.
+    pub weights_cache: crate::weights_cache::Policy,
     /// The campaign schedule fragment, when the run is one position of a campaign.
     pub schedule: Option<serde_json::Value>,
 }
@@ -244,6 +256,7 @@ impl RunArgs {
             timeout_s: self.timeout,
             lease_id: self.lease_id.clone(),
             observer,
+            weights_cache: self.weights_cache,
         })
     }
 }

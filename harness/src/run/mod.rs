@@ -531,6 +531,31 @@ fn preflight(
         }
     };
 
+    // The weights' page-cache state at engine start (as-is only records it).
+    match (&weights, plan.weights_cache) {
+        (Some(w), policy) => match crate::weights_cache::prepare(&w.paths(), policy) {
+            Ok(p) => {
+                gate!(p.gate());
+            }
+            Err(e) if policy == crate::weights_cache::Policy::AsIs => {
+                gate!(Gate::new(
+                    "weights-cache",
+                    Verdict::NotApplicable,
+                    format!("as-is: {e}")
+                ));
+            }
+            Err(e) => refuse!("weights-cache", e.to_string()),
+        },
+        (None, crate::weights_cache::Policy::AsIs) => {}
+        (None, policy) => refuse!(
+            "weights-cache",
+            format!(
+                "--weights-cache {}: this run names no weight files (give --weights, or run a rung)",
+                policy.as_str()
+            )
+        ),
+    }
+
     // The command line.
     let command = match &plan.engine {
         Engine::Render { .. } => {
