@@ -16,8 +16,9 @@
 #                         overrides; the bundle is sealed into $WORK/store
 #   ref:RUNG              the PyTorch + diffusers reference at the rung's geometry, steps
 #                         and guidance (scripts/reference_ltx.py vae, then pipeline)
-#   campaign:RUNGS:LEVERS:REPEAT
-#                         harness campaign (order random, seed 1) into $WORK/store
+#   campaign:RUNGS:LEVERS:REPEAT[:CACHE]
+#                         harness campaign (order random, seed 1) into $WORK/store;
+#                         CACHE = as-is (default), cold or warm (--weights-cache)
 #   table                 the summary: engine phases of every rung-2/3 bundle beside
 #                         the reference's walls, with the ratios
 #
@@ -79,7 +80,7 @@ EOF
 
 for step in "$@"; do
   [ "$(left)" -le 10 ] && { note "deadline: skipping $step and the rest"; break; }
-  IFS=: read -r kind a b c <<< "$step"
+  IFS=: read -r kind a b c d <<< "$step"
   case $kind in
     selftest)
       timeout "$(cap 200)" "$E" selftest-cuda --bench --scratch "$WORK/selftest" \
@@ -120,9 +121,9 @@ for step in "$@"; do
       for r in ${a//,/ }; do need "$(preset_of "$r")"; done
       p=$(preset_of "${a%%,*}")
       timeout -s TERM -k 30 "$(cap 3600)" "$H" campaign --rungs "$a" --levers "$b" \
-        --repeat "$c" --engine "$E" --store "$store" -- --weights "$(weights_of "$p")" \
+        --repeat "$c" --weights-cache "${d:-as-is}" --engine "$E" --store "$store" -- --weights "$(weights_of "$p")" \
         --cadence-ms 100 > "$OUT/campaign.out" 2> "$OUT/campaign.err" < /dev/null
-      note "campaign $a $b x$c rc=$?"
+      note "campaign $a $b x$c cache ${d:-as-is} rc=$?"
       pack ;;
     table) ;;
     *) note "unknown step $step"; exit 2 ;;
