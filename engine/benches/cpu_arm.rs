@@ -147,4 +147,36 @@ fn main() {
         )
     });
     println!("dit_2b_one_block_256_tokens: {:.1} ms", s * 1e3);
+
+    // The artifacts phase's host work at rung 2's geometry (768x512, 121 frames):
+    // pixels to RGB8 frames, and the y4m written frame by frame (the old path)
+    // against the batched parallel writer, side by side in this run.
+    let (f, h, w) = (121, 512, 768);
+    let px = Tensor::new(&[3, f, h, w], Gaussian::new(5, "px").vec(3 * f * h * w)).unwrap();
+    let s = median_s(3, || drop(engine::frames::frames_from_pixels(&px).unwrap()));
+    println!("frames_from_pixels_768x512x121: {:.1} ms", s * 1e3);
+    let frames = engine::frames::frames_from_pixels(&px).unwrap();
+    drop(px);
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-scratch");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("video.y4m");
+    let serial = median_s(3, || {
+        let mut y = engine::frames::y4m::Y4mWriter::create(&path, w, h, 25.0).unwrap();
+        for fr in &frames {
+            y.write_frame(fr).unwrap();
+        }
+        y.finish().unwrap();
+    });
+    let batched = median_s(3, || {
+        let mut y = engine::frames::y4m::Y4mWriter::create(&path, w, h, 25.0).unwrap();
+        y.write_frames(&frames).unwrap();
+        y.finish().unwrap();
+    });
+    println!(
+        "y4m_768x512x121: frame by frame {:.1} ms, batched {:.1} ms, ratio {:.2}",
+        serial * 1e3,
+        batched * 1e3,
+        batched / serial
+    );
+    let _ = std::fs::remove_file(&path);
 }

@@ -747,25 +747,40 @@ pub fn write_frames(
     let first = frames
         .first()
         .ok_or_else(|| anyhow!("the decoder produced no frames"))?;
+    use rayon::prelude::*;
     let (w, h) = (first.width, first.height);
-    let mut y4m = Y4mWriter::create(&out.join("video.y4m"), w, h, fps)?;
-    for f in frames {
-        y4m.write_frame(f)?;
-    }
-    let n = y4m.finish()?;
     let last = frames.len() - 1;
-    for (name, i) in [
+    let mut pngs: Vec<(String, &Frame)> = [
         ("first.png", 0),
         ("middle.png", last / 2),
         ("last.png", last),
-    ] {
-        write_png(&out.join(name), &frames[i])?;
-    }
+    ]
+    .into_iter()
+    .map(|(name, i)| (name.to_string(), &frames[i]))
+    .collect();
     if all {
-        for (i, f) in frames.iter().enumerate() {
-            write_png(&out.join(format!("frame_{i:05}.png")), f)?;
-        }
+        pngs.extend(
+            frames
+                .iter()
+                .enumerate()
+                .map(|(i, f)| (format!("frame_{i:05}.png"), f)),
+        );
     }
+    // The video and the pictures are independent files: written side by side.
+    let (video, pictures) = rayon::join(
+        || -> anyhow::Result<usize> {
+            let mut y4m = Y4mWriter::create(&out.join("video.y4m"), w, h, fps)?;
+            y4m.write_frames(frames)?;
+            Ok(y4m.finish()?)
+        },
+        || -> anyhow::Result<()> {
+            pngs.par_iter()
+                .try_for_each(|(name, f)| write_png(&out.join(name), f))?;
+            Ok(())
+        },
+    );
+    let n = video?;
+    pictures?;
     Ok(RenderOutcome {
         frames_written: n,
         width: w,

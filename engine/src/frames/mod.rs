@@ -45,7 +45,9 @@ pub fn frames_from_pixels(pixels: &Tensor) -> Result<Vec<Frame>, FrameError> {
     let (f, h, w) = (s[1], s[2], s[3]);
     let plane = h * w;
     let d = pixels.data();
+    use rayon::prelude::*;
     Ok((0..f)
+        .into_par_iter()
         .map(|fi| {
             let mut rgb = vec![0u8; 3 * plane];
             for c in 0..3 {
