@@ -196,8 +196,26 @@ pub fn control(
     }
 }
 
-/// One attempt; the flag says whether the limit was crossed (by the probe's report
-/// or the watchdog's reading).
+/// Whether the probe's report shows the condition the watchdog must act on: for the
+/// floor, MemAvailable below it for at least [`CONTROL_MAX_TICKS`] ticks plus one
+/// (a shorter dip may fall between two readings); for the budget, any crossing
+/// (the probe's own bytes only grow). An unknown stretch counts as sustained, so a
+/// probe that cannot say is never a reason to retry.
+pub fn sustained_crossing(
+    kind: ControlKind,
+    crossed: bool,
+    longest_below_ms: Option<u64>,
+    cadence_ms: u64,
+) -> bool {
+    match (kind, longest_below_ms) {
+        _ if !crossed => false,
+        (ControlKind::Floor, Some(ms)) => ms >= (CONTROL_MAX_TICKS + 1) * cadence_ms,
+        _ => true,
+    }
+}
+
+/// One attempt; the flag says whether the condition under test arose (see
+/// [`sustained_crossing`]): only a failure without it is retried.
 fn control_once(
     probe_exe: &Path,
     kind: ControlKind,
@@ -285,10 +303,13 @@ fn control_once(
     };
     let mut crossed_ns = None;
     let mut held = false;
+    let mut longest_below_ms: Option<u64> = None;
     if let Some(out) = child.stdout.take() {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             if let Some(t) = line.strip_prefix("crossed ") {
                 crossed_ns = t.trim().parse::<u64>().ok();
+            } else if let Some(t) = line.strip_prefix("longest-below-ms ") {
+                longest_below_ms = t.trim().parse::<u64>().ok();
             } else if line == "held" {
                 held = true;
             }
@@ -308,11 +329,15 @@ fn control_once(
     let report = sampler.stop();
     let signal = status.and_then(|s| s.signal());
     let Some(trip) = report.trip else {
-        // Retryable only when the probe never saw its reading cross.
-        let crossed = crossed_ns.is_some();
+        // Retryable only when the condition under test never arose: the probe's
+        // reading never crossed, or (floor) it stayed below the floor for less than
+        // the watchdog's promise of two ticks (other processes freed memory: seen
+        // when tests that allocate and free gigabytes run beside the control).
+        let sustained =
+            sustained_crossing(kind, crossed_ns.is_some(), longest_below_ms, cadence_ms);
         return (
             fail(format!(
-                "the watchdog never fired: the probe {} {} (limits {:?}, probe exit {status:?})",
+                "the watchdog never fired: the probe {} {}{} (limits {:?}, probe exit {status:?})",
                 if held {
                     "allocated and held 1 GiB"
                 } else {
@@ -323,9 +348,13 @@ fn control_once(
                 } else {
                     "but its reading never crossed the limit (other memory moved?)"
                 },
+                match longest_below_ms {
+                    Some(ms) => format!(", below the floor for at most {ms} ms in one stretch"),
+                    None => String::new(),
+                },
                 limits
             )),
-            crossed,
+            sustained,
         );
     };
     if signal != Some(libc::SIGKILL) {
@@ -399,7 +428,9 @@ impl ControlLock {
 /// allocate STEP bytes (touching every page) every EVERY_MS ms up to MAX bytes;
 /// print `crossed <t_ns>` once, when REPORT_AT bytes are held or, with a non-zero
 /// FLOOR, when MemAvailable first reads below FLOOR bytes; print `held` at MAX,
-/// then hold HOLD_MS ms (still watching MemAvailable) and exit 0.
+/// then hold HOLD_MS ms (still watching MemAvailable); with a FLOOR, print
+/// `longest-below-ms <ms>` (the longest stretch MemAvailable stayed below it) and
+/// exit 0.
 pub fn alloc_probe_main(args: &[String]) -> u8 {
     let nums: Vec<u64> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let (step, every_ms, report_at, max, hold_ms, floor) = match nums[..] {
@@ -413,20 +444,28 @@ pub fn alloc_probe_main(args: &[String]) -> u8 {
     let mut held: Vec<Vec<u8>> = Vec::new();
     let mut total = 0u64;
     let mut reported = false;
+    // With a floor: the start of the current stretch below it, and the longest one.
+    let mut below_since: Option<u64> = None;
+    let mut longest_below_ns = 0u64;
     use std::io::Write;
     let mut out = std::io::stdout();
     let mut report = |total: u64, out: &mut std::io::Stdout| {
-        if reported {
-            return;
-        }
+        let now = monotonic_ns();
         let crossed = if floor > 0 {
-            crate::sampler::system::mem_available_bytes().is_ok_and(|a| a < floor)
+            let below = crate::sampler::system::mem_available_bytes().is_ok_and(|a| a < floor);
+            if below {
+                let since = *below_since.get_or_insert(now);
+                longest_below_ns = longest_below_ns.max(now - since);
+            } else {
+                below_since = None;
+            }
+            below
         } else {
             total >= report_at
         };
-        if crossed {
+        if crossed && !reported {
             reported = true;
-            let _ = writeln!(out, "crossed {}", monotonic_ns());
+            let _ = writeln!(out, "crossed {now}");
             let _ = out.flush();
         }
     };
@@ -444,12 +483,39 @@ pub fn alloc_probe_main(args: &[String]) -> u8 {
         std::thread::sleep(Duration::from_millis(every_ms.max(1)));
     }
     std::hint::black_box(&held);
+    if floor > 0 {
+        let _ = writeln!(out, "longest-below-ms {}", longest_below_ns / 1_000_000);
+        let _ = out.flush();
+    }
     0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Mutation: make every crossing sustained and the first case turns red (a dip
+    /// shorter than three ticks would fail the control instead of retrying it).
+    #[test]
+    fn only_a_dip_shorter_than_three_ticks_is_retryable() {
+        let f = ControlKind::Floor;
+        assert!(!sustained_crossing(f, true, Some(120), 100));
+        assert!(sustained_crossing(f, true, Some(300), 100));
+        assert!(!sustained_crossing(f, false, Some(5_000), 100));
+        assert!(sustained_crossing(f, true, None, 100));
+        assert!(sustained_crossing(
+            ControlKind::UnifiedBudget,
+            true,
+            None,
+            100
+        ));
+        assert!(!sustained_crossing(
+            ControlKind::UnifiedBudget,
+            false,
+            None,
+            100
+        ));
+    }
 
     fn row(avail: Option<f64>, unified: Option<f64>) -> Sample {
         let mut s = Sample::empty(42);
