@@ -196,6 +196,17 @@ pub fn control(
     }
 }
 
+/// The start of the crossing the watchdog acted on: the last one reported at or
+/// before its trip at `trip_ns`, else the first (a trip before any report).
+pub fn acted_on(crossings: &[u64], trip_ns: u64) -> Option<u64> {
+    crossings
+        .iter()
+        .copied()
+        .filter(|&c| c <= trip_ns)
+        .max()
+        .or_else(|| crossings.first().copied())
+}
+
 /// Whether the probe's report shows the condition the watchdog must act on: for the
 /// floor, MemAvailable below it for at least [`CONTROL_MAX_TICKS`] ticks plus one
 /// (a shorter dip may fall between two readings); for the budget, any crossing
@@ -304,10 +315,15 @@ fn control_once(
     let mut crossed_ns = None;
     let mut held = false;
     let mut longest_below_ms: Option<u64> = None;
+    // Every crossing's start, in order (floor: one per stretch below the floor).
+    let mut crossings: Vec<u64> = Vec::new();
     if let Some(out) = child.stdout.take() {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             if let Some(t) = line.strip_prefix("crossed ") {
-                crossed_ns = t.trim().parse::<u64>().ok();
+                if let Ok(t) = t.trim().parse::<u64>() {
+                    crossings.push(t);
+                    crossed_ns.get_or_insert(t);
+                }
             } else if let Some(t) = line.strip_prefix("longest-below-ms ") {
                 longest_below_ms = t.trim().parse::<u64>().ok();
             } else if line == "held" {
@@ -364,7 +380,7 @@ fn control_once(
         ));
     }
     let tick_ns = cadence_ms * 1_000_000;
-    let detail = match crossed_ns {
+    let detail = match acted_on(&crossings, trip.t_ns) {
         Some(c) => {
             let latency = trip.t_ns as i128 - c as i128;
             if latency > (CONTROL_MAX_TICKS * tick_ns) as i128 {
@@ -426,8 +442,9 @@ impl ControlLock {
 
 /// The hidden `__alloc-probe STEP EVERY_MS REPORT_AT MAX HOLD_MS [FLOOR]` mode:
 /// allocate STEP bytes (touching every page) every EVERY_MS ms up to MAX bytes;
-/// print `crossed <t_ns>` once, when REPORT_AT bytes are held or, with a non-zero
-/// FLOOR, when MemAvailable first reads below FLOOR bytes; print `held` at MAX,
+/// print `crossed <t_ns>` when REPORT_AT bytes are held or, with a non-zero
+/// FLOOR, when MemAvailable first reads below FLOOR bytes (and again at the start of
+/// every later stretch below it); print `held` at MAX,
 /// then hold HOLD_MS ms (still watching MemAvailable); with a FLOOR, print
 /// `longest-below-ms <ms>` (the longest stretch MemAvailable stayed below it) and
 /// exit 0.
@@ -454,6 +471,11 @@ pub fn alloc_probe_main(args: &[String]) -> u8 {
         let crossed = if floor > 0 {
             let below = crate::sampler::system::mem_available_bytes().is_ok_and(|a| a < floor);
             if below {
+                if below_since.is_none() {
+                    // Every stretch's start is reported: the watchdog's latency
+                    // runs from the stretch it acted on, not an earlier dip.
+                    reported = false;
+                }
                 let since = *below_since.get_or_insert(now);
                 longest_below_ns = longest_below_ns.max(now - since);
             } else {
@@ -496,6 +518,16 @@ mod tests {
 
     /// Mutation: make every crossing sustained and the first case turns red (a dip
     /// shorter than three ticks would fail the control instead of retrying it).
+    /// Mutation: take the first crossing always and a trip after a second stretch
+    /// reads as late.
+    #[test]
+    fn latency_runs_from_the_stretch_the_watchdog_acted_on() {
+        assert_eq!(acted_on(&[100, 900], 950), Some(900));
+        assert_eq!(acted_on(&[100, 900], 500), Some(100));
+        assert_eq!(acted_on(&[100, 900], 50), Some(100));
+        assert_eq!(acted_on(&[], 50), None);
+    }
+
     #[test]
     fn only_a_dip_shorter_than_three_ticks_is_retryable() {
         let f = ControlKind::Floor;
