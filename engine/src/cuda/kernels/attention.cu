@@ -487,19 +487,26 @@ __device__ __forceinline__ void flash_mt_fwd(const bf16* __restrict__ q, const b
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
             const float base0 = mx0 == NEG_INF ? 0.0f : mx0 * sl2;
             const float base1 = mx1 == NEG_INF ? 0.0f : mx1 * sl2;
-            const float c0 = ex2_approx(fmaf(m[mt][0], sl2, -base0));
-            const float c1 = ex2_approx(fmaf(m[mt][1], sl2, -base1));
+            // Once the running max settles it rarely grows: skip the rescale of
+            // the sums and output accumulators (HD/2 multiplies per thread) when
+            // no row of the warp's m-tile changed its max (the factors are 1 in
+            // exact arithmetic). Not in the bias variant (cross-attention: few
+            // key tiles, and the vote costs hd-128 m-tiles a register spill).
+            if (BIAS || !__all_sync(0xffffffffu, mx0 == m[mt][0] && mx1 == m[mt][1])) {
+                const float c0 = ex2_approx(fmaf(m[mt][0], sl2, -base0));
+                const float c1 = ex2_approx(fmaf(m[mt][1], sl2, -base1));
+                l[mt][0] *= c0;
+                l[mt][1] *= c1;
+#pragma unroll
+                for (int i = 0; i < DTILES; ++i) {
+                    oacc[mt][i][0] *= c0;
+                    oacc[mt][i][1] *= c0;
+                    oacc[mt][i][2] *= c1;
+                    oacc[mt][i][3] *= c1;
+                }
+            }
             m[mt][0] = mx0;
             m[mt][1] = mx1;
-            l[mt][0] *= c0;
-            l[mt][1] *= c1;
-#pragma unroll
-            for (int i = 0; i < DTILES; ++i) {
-                oacc[mt][i][0] *= c0;
-                oacc[mt][i][1] *= c0;
-                oacc[mt][i][2] *= c1;
-                oacc[mt][i][3] *= c1;
-            }
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 s[mt][nt][0] = ex2_approx(fmaf(s[mt][nt][0], sl2, -base0));
