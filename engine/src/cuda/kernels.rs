@@ -47,16 +47,24 @@ pub enum MtLayout {
     W8M1,
     /// 8 warps of 2 m-tiles: 256 query rows per block.
     W8M2,
+    /// As `W4M2`, with half the probabilities' 2^x computed by a polynomial on
+    /// the FMA pipe instead of the special-function unit (`ex2_poly`).
+    W4M2Poly,
 }
 
 impl MtLayout {
     /// Every layout built.
-    pub const ALL: [MtLayout; 3] = [MtLayout::W4M2, MtLayout::W8M1, MtLayout::W8M2];
+    pub const ALL: [MtLayout; 4] = [
+        MtLayout::W4M2,
+        MtLayout::W8M1,
+        MtLayout::W8M2,
+        MtLayout::W4M2Poly,
+    ];
 
     /// Warps per block.
     pub fn warps(self) -> u32 {
         match self {
-            MtLayout::W4M2 => 4,
+            MtLayout::W4M2 | MtLayout::W4M2Poly => 4,
             MtLayout::W8M1 | MtLayout::W8M2 => 8,
         }
     }
@@ -65,8 +73,13 @@ impl MtLayout {
     pub fn mtiles(self) -> u32 {
         match self {
             MtLayout::W8M1 => 1,
-            MtLayout::W4M2 | MtLayout::W8M2 => 2,
+            MtLayout::W4M2 | MtLayout::W8M2 | MtLayout::W4M2Poly => 2,
         }
+    }
+
+    /// Whether half the probabilities' 2^x run on the FMA pipe.
+    pub fn poly_exp(self) -> bool {
+        self == MtLayout::W4M2Poly
     }
 
     /// Query rows per block.
@@ -94,9 +107,10 @@ impl MtLayout {
     /// The entry point at head dim `hd`, with the key-bias variant when `bias`.
     pub fn entry(self, hd: usize, bias: bool) -> String {
         format!(
-            "flash_mt{}_hd{hd}_w{}{}",
+            "flash_mt{}_hd{hd}_w{}_x{}{}",
             self.mtiles(),
             self.warps(),
+            u8::from(self.poly_exp()),
             if bias { "_bias" } else { "" }
         )
     }
@@ -134,6 +148,7 @@ impl AttnKernel {
             AttnKernel::FlashMt(MtLayout::W4M2) => "flash-w4m2",
             AttnKernel::FlashMt(MtLayout::W8M1) => "flash-w8m1",
             AttnKernel::FlashMt(MtLayout::W8M2) => "flash-w8m2",
+            AttnKernel::FlashMt(MtLayout::W4M2Poly) => "flash-w4m2-poly",
         }
     }
 
@@ -703,7 +718,7 @@ mod tests {
             ]
         );
         let a = module_kernels("attention", nvrtc::ATTENTION_CU);
-        assert_eq!(a.len(), 8 + 12, "{a:?}");
+        assert_eq!(a.len(), 8 + 16, "{a:?}");
         for hd in FLASH_HEAD_DIMS {
             let macro_line = format!("FLASH2({hd}, {FLASH_WARPS})");
             assert!(
@@ -718,11 +733,12 @@ mod tests {
         for l in MtLayout::ALL {
             for hd in FLASH_HEAD_DIMS {
                 let line = format!(
-                    "\nFLASH_MT({hd}, {}, {}, {}, {})",
+                    "\nFLASH_MT({hd}, {}, {}, {}, {}, {})",
                     l.warps(),
                     l.mtiles(),
                     l.keys_per_tile(hd),
-                    l.q_in_registers(hd)
+                    l.q_in_registers(hd),
+                    u8::from(l.poly_exp())
                 );
                 assert!(nvrtc::ATTENTION_CU.contains(&line), "{line} missing");
             }
@@ -766,8 +782,12 @@ mod tests {
 
     #[test]
     fn flash_mt_names_and_rows_follow_the_layout() {
-        assert_eq!(MtLayout::W4M2.entry(64, false), "flash_mt2_hd64_w4");
-        assert_eq!(MtLayout::W8M1.entry(128, true), "flash_mt1_hd128_w8_bias");
+        assert_eq!(MtLayout::W4M2.entry(64, false), "flash_mt2_hd64_w4_x0");
+        assert_eq!(
+            MtLayout::W8M1.entry(128, true),
+            "flash_mt1_hd128_w8_x0_bias"
+        );
+        assert_eq!(MtLayout::W4M2Poly.entry(64, false), "flash_mt2_hd64_w4_x1");
         assert_eq!(MtLayout::W4M2.rows(), 128);
         assert_eq!(MtLayout::W8M1.rows(), 128);
         assert_eq!(MtLayout::W8M2.rows(), 256);
@@ -777,7 +797,10 @@ mod tests {
             .iter()
             .map(|&l| AttnKernel::FlashMt(l).name())
             .collect();
-        assert_eq!(names, ["flash-w4m2", "flash-w8m1", "flash-w8m2"]);
+        assert_eq!(
+            names,
+            ["flash-w4m2", "flash-w8m1", "flash-w8m2", "flash-w4m2-poly"]
+        );
     }
 
     #[test]

@@ -675,7 +675,8 @@ pub fn check_attention(rig: &Rig, rng: &mut Rng, out: &mut Vec<Check>) -> Result
 /// is ~1.7 below the final one). Tolerance 1e-2, argued as for the CPU checks:
 /// both outputs are rounded to bf16 (~1.1e-3 RMS each) and the fused kernels
 /// also round the probabilities to bf16 (~1.1e-3 relative, averaging over the
-/// keys); expected ~2-3e-3. Red on: the running output not rescaled when the
+/// keys; the poly layout's 2^x adds at most 7.5e-5 relative per probability);
+/// expected ~2-3e-3. Red on: the running output not rescaled when the
 /// max grows (errors O(1), corrections ~0.2), a K/V stage overwritten before
 /// all warps read it (a different tile's keys), rows past a tile not written
 /// (NaN from the poisoned output).

@@ -335,6 +335,23 @@ FLASH2(128, 8)
 //  * one __syncthreads per K/V tile: the copy of tile it+1 is issued after the
 //    barrier that follows everyone's wait for tile it, so the stage it overwrites
 //    (read during tile it-1) is free, and the copy overlaps tile it's mma work.
+//  * the rescale of the running sums and outputs is skipped when no row of the
+//    warp's m-tile raised its max (a warp vote);
+//  * optionally (POLY) half the probabilities' 2^x on the FMA pipe (ex2_poly).
+
+// 2^x on the FMA pipe (x <= 0; -inf and anything below -126 give ~0): x = j + f
+// with j = round(x) (the 1.5 * 2^23 shifter) and f in [-0.5, 0.5]; 2^f by a
+// degree-3 polynomial fitted for relative error (max 7.5e-5, 1/27 of bf16's
+// 2^-9 rounding of the probability it feeds); 2^j added into the exponent.
+// The special-function unit does 16 ex2 per clock per SM, the FMA pipe 128
+// FFMA: moving half the probabilities here unloads the ex2 unit at hd 64.
+__device__ __forceinline__ float ex2_poly(float x) {
+    x = fmaxf(x, -126.0f);
+    const float t = x + 12582912.0f;
+    const float f = x - (t - 12582912.0f);
+    const float p = fmaf(fmaf(fmaf(0.05517166682f, f, 0.24261113509f), f, 0.69326098701f), f, 0.99992807279f);
+    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
 
 template <int HD>
 __device__ __forceinline__ void fmt_load_rows(bf16* dst, const bf16* __restrict__ src, int row0, int nrows,
@@ -350,7 +367,7 @@ __device__ __forceinline__ void fmt_load_rows(bf16* dst, const bf16* __restrict_
     }
 }
 
-template <int HD, int WARPS, int MT, int BN, bool QREG, bool BIAS>
+template <int HD, int WARPS, int MT, int BN, bool QREG, bool POLY, bool BIAS>
 __device__ __forceinline__ void flash_mt_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k,
                                              const bf16* __restrict__ v, bf16* __restrict__ o, int nq, int nk,
                                              int ldq, int ldk, int ldv, int ldo, const float* __restrict__ kbias,
@@ -509,10 +526,17 @@ __device__ __forceinline__ void flash_mt_fwd(const bf16* __restrict__ q, const b
             m[mt][1] = mx1;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                s[mt][nt][0] = ex2_approx(fmaf(s[mt][nt][0], sl2, -base0));
-                s[mt][nt][1] = ex2_approx(fmaf(s[mt][nt][1], sl2, -base0));
-                s[mt][nt][2] = ex2_approx(fmaf(s[mt][nt][2], sl2, -base1));
-                s[mt][nt][3] = ex2_approx(fmaf(s[mt][nt][3], sl2, -base1));
+                if (POLY && (nt & 1)) {
+                    s[mt][nt][0] = ex2_poly(fmaf(s[mt][nt][0], sl2, -base0));
+                    s[mt][nt][1] = ex2_poly(fmaf(s[mt][nt][1], sl2, -base0));
+                    s[mt][nt][2] = ex2_poly(fmaf(s[mt][nt][2], sl2, -base1));
+                    s[mt][nt][3] = ex2_poly(fmaf(s[mt][nt][3], sl2, -base1));
+                } else {
+                    s[mt][nt][0] = ex2_approx(fmaf(s[mt][nt][0], sl2, -base0));
+                    s[mt][nt][1] = ex2_approx(fmaf(s[mt][nt][1], sl2, -base0));
+                    s[mt][nt][2] = ex2_approx(fmaf(s[mt][nt][2], sl2, -base1));
+                    s[mt][nt][3] = ex2_approx(fmaf(s[mt][nt][3], sl2, -base1));
+                }
                 l[mt][0] += s[mt][nt][0] + s[mt][nt][1];
                 l[mt][1] += s[mt][nt][2] + s[mt][nt][3];
             }
@@ -564,20 +588,24 @@ __device__ __forceinline__ void flash_mt_fwd(const bf16* __restrict__ q, const b
     }
 }
 
-// Entry points flash_mt<MT>_hd<HD>_w<W>[_bias]: W warps of MT m-tiles, BN keys per
-// K/V tile, Q fragments in registers when QREG. Launch with 32*W threads,
-// 16*MT*W query rows per block and (16*MT*W + 4*BN) * (HD+8) * 2 bytes of
-// dynamic shared memory (kernels.rs `flash_mt_smem_bytes`).
-#define FLASH_MT(HD, W, MT, BN, QREG)                                                                    \
-    extern "C" __global__ void __launch_bounds__(32 * W) flash_mt##MT##_hd##HD##_w##W(REF_ARGS) {       \
-        flash_mt_fwd<HD, W, MT, BN, QREG, false>(q, k, v, o, nq, nk, ldq, ldk, ldv, ldo, kbias, scale);  \
-    }                                                                                                    \
-    extern "C" __global__ void __launch_bounds__(32 * W) flash_mt##MT##_hd##HD##_w##W##_bias(REF_ARGS) { \
-        flash_mt_fwd<HD, W, MT, BN, QREG, true>(q, k, v, o, nq, nk, ldq, ldk, ldv, ldo, kbias, scale);   \
+// Entry points flash_mt<MT>_hd<HD>_w<W>_x<POLY>[_bias]: W warps of MT m-tiles, BN
+// keys per K/V tile, Q fragments in registers when QREG, half the probabilities'
+// 2^x on the FMA pipe when POLY is 1. Launch with 32*W threads, 16*MT*W query
+// rows per block and (16*MT*W + 4*BN) * (HD+8) * 2 bytes of dynamic shared
+// memory (kernels.rs `MtLayout::smem_bytes`).
+#define FLASH_MT(HD, W, MT, BN, QREG, POLY)                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * W) flash_mt##MT##_hd##HD##_w##W##_x##POLY(REF_ARGS) { \
+        flash_mt_fwd<HD, W, MT, BN, QREG, POLY, false>(q, k, v, o, nq, nk, ldq, ldk, ldv, ldo, kbias, scale); \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * W)                                                \
+        flash_mt##MT##_hd##HD##_w##W##_x##POLY##_bias(REF_ARGS) {                                       \
+        flash_mt_fwd<HD, W, MT, BN, QREG, POLY, true>(q, k, v, o, nq, nk, ldq, ldk, ldv, ldo, kbias, scale); \
     }
-FLASH_MT(64, 4, 2, 64, true)
-FLASH_MT(128, 4, 2, 32, false)
-FLASH_MT(64, 8, 1, 64, true)
-FLASH_MT(128, 8, 1, 64, true)
-FLASH_MT(64, 8, 2, 64, true)
-FLASH_MT(128, 8, 2, 32, false)
+FLASH_MT(64, 4, 2, 64, true, 0)
+FLASH_MT(128, 4, 2, 32, false, 0)
+FLASH_MT(64, 8, 1, 64, true, 0)
+FLASH_MT(128, 8, 1, 64, true, 0)
+FLASH_MT(64, 8, 2, 64, true, 0)
+FLASH_MT(128, 8, 2, 32, false, 0)
+FLASH_MT(64, 4, 2, 64, true, 1)
+FLASH_MT(128, 4, 2, 32, false, 1)
