@@ -24,7 +24,7 @@ use cudarc::driver::result as dres;
 use super::context::Timer;
 use super::dit::{DeviceDit, DitDims, Geometry, TextSlot, LATENT_CHANNELS};
 use super::gemm::{flops, Epilogue};
-use super::kernels::NULL;
+use super::kernels::{AttnKernel, NULL};
 use super::memory::{align_up, DeviceBuffer};
 use super::selftest::{write_synth_safetensors, Rig, Rng};
 use super::staging::{self, pinned_copy_gbps, DeviceWeights, Staged, StagingArm, StagingOptions};
@@ -305,11 +305,11 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
         }
         let kbias = DeviceBuffer::alloc(gpu, l * 4, "bench kbias")?;
         crate::cuda::memory::upload(gpu, kbias.ptr(), &vec![0.0f32; l])?;
-        let attn_alone = |nk: usize, kb: u64| {
+        let attn_alone = |kind: AttnKernel, nk: usize, kb: u64| {
             time_ms(rig, 2, 10, || {
                 k.attention(
                     s,
-                    best_kind,
+                    kind,
                     dims.heads,
                     dims.head_dim,
                     (q.ptr(), d),
@@ -323,8 +323,50 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
                 )
             })
         };
-        let best_attn = attn_alone(n, NULL)?;
-        let cross_ms = attn_alone(l, kbias.ptr())?;
+        let best_attn = attn_alone(best_kind, n, NULL)?;
+        let cross_ms = attn_alone(best_kind, l, kbias.ptr())?;
+        // Every fused kernel side by side (self and cross), then the whole
+        // forward with the fastest flash_mt layout.
+        let mut side = Vec::new();
+        let mut fastest: Option<(AttnKernel, f64)> = None;
+        for kind in AttnKernel::all() {
+            if kind == AttnKernel::Reference {
+                continue;
+            }
+            let self_ms = attn_alone(kind, n, NULL)?;
+            let cross = attn_alone(kind, l, kbias.ptr())?;
+            side.push(format!(
+                "{}={self_ms:.3} ms ({:.0} TFLOP/s), cross {cross:.3}",
+                kind.name(),
+                sa / dims.layers as f64 / self_ms / 1e9
+            ));
+            if matches!(kind, AttnKernel::FlashMt(_)) && fastest.is_none_or(|(_, t)| self_ms < t) {
+                fastest = Some((kind, self_ms));
+            }
+        }
+        push(
+            &mut rows,
+            format!(
+                "forward  {name} self-attn/block old vs new: {}",
+                side.join("; ")
+            ),
+        );
+        if let Some((kind, _)) = fastest {
+            dit.attn = kind;
+            let with = time_ms(rig, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
+                dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
+            })?;
+            dit.attn = best_kind;
+            push(
+                &mut rows,
+                format!(
+                    "forward  {name} 6144 tok with attn={}: {with:.1} ms (attn={}: {best:.1} ms) {:.0} TFLOP/s",
+                    kind.name(),
+                    best_kind.name(),
+                    total / with / 1e9
+                ),
+            );
+        }
         let ff = DeviceBuffer::alloc(gpu, n * 4 * d * 2, "bench ff")?;
         let wbig = DeviceBuffer::alloc(gpu, 4 * d * d * 2, "bench w")?;
         let bias = DeviceBuffer::alloc(gpu, 4 * d * 2, "bench bias")?;

@@ -31,6 +31,94 @@ pub enum AttnKernel {
     Reference,
     /// The fused flash kernel (flash v2, 8 warps, ldmatrix; head dims 64 and 128).
     Flash,
+    /// The fused flash kernel with several m-tiles per warp and the Q tile in
+    /// shared memory (`flash_mt_fwd` in attention.cu; head dims 64 and 128).
+    FlashMt(MtLayout),
+}
+
+/// A warp layout of the `flash_mt` kernels: warps per block and 16-row m-tiles
+/// per warp. Each layout has one `FLASH_MT` line per head dim in attention.cu.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MtLayout {
+    /// 4 warps of 2 m-tiles: 128 query rows per block.
+    W4M2,
+    /// 8 warps of 1 m-tile: 128 query rows per block (flash2's layout, with the
+    /// Q tile in shared memory and one barrier per K/V tile).
+    W8M1,
+    /// 8 warps of 2 m-tiles: 256 query rows per block.
+    W8M2,
+    /// As `W4M2`, with half the probabilities' 2^x computed by a polynomial on
+    /// the FMA pipe instead of the special-function unit (`ex2_poly`).
+    W4M2Poly,
+}
+
+impl MtLayout {
+    /// Every layout built.
+    pub const ALL: [MtLayout; 4] = [
+        MtLayout::W4M2,
+        MtLayout::W8M1,
+        MtLayout::W8M2,
+        MtLayout::W4M2Poly,
+    ];
+
+    /// Warps per block.
+    pub fn warps(self) -> u32 {
+        match self {
+            MtLayout::W4M2 | MtLayout::W4M2Poly => 4,
+            MtLayout::W8M1 | MtLayout::W8M2 => 8,
+        }
+    }
+
+    /// 16-row m-tiles per warp.
+    pub fn mtiles(self) -> u32 {
+        match self {
+            MtLayout::W8M1 => 1,
+            MtLayout::W4M2 | MtLayout::W8M2 | MtLayout::W4M2Poly => 2,
+        }
+    }
+
+    /// Whether half the probabilities' 2^x run on the FMA pipe.
+    pub fn poly_exp(self) -> bool {
+        self == MtLayout::W4M2Poly
+    }
+
+    /// Query rows per block.
+    pub fn rows(self) -> u32 {
+        16 * self.warps() * self.mtiles()
+    }
+
+    /// Keys per K/V tile at head dim `hd`: 32 where two hd-128 m-tiles' f32
+    /// accumulators would otherwise not fit the 255 registers without spills
+    /// (`nvcc -Xptxas -v`: 240 registers at 32, 96 bytes spilled at 64).
+    pub fn keys_per_tile(self, hd: usize) -> usize {
+        if hd >= 128 && self.mtiles() == 2 {
+            32
+        } else {
+            64
+        }
+    }
+
+    /// Dynamic shared memory at head dim `hd`, bytes: the Q tile and two stages
+    /// of the K and V tiles, rows padded by 8 elements.
+    pub fn smem_bytes(self, hd: usize) -> u32 {
+        ((self.rows() as usize + 4 * self.keys_per_tile(hd)) * (hd + 8) * 2) as u32
+    }
+
+    /// The entry point at head dim `hd`, with the key-bias variant when `bias`.
+    pub fn entry(self, hd: usize, bias: bool) -> String {
+        format!(
+            "flash_mt{}_hd{hd}_w{}_x{}{}",
+            self.mtiles(),
+            self.warps(),
+            u8::from(self.poly_exp()),
+            if bias { "_bias" } else { "" }
+        )
+    }
+
+    /// Whether Q fragments stay in registers for the whole loop at head dim `hd`.
+    pub fn q_in_registers(self, hd: usize) -> bool {
+        hd < 128 || self.mtiles() == 1
+    }
 }
 
 impl AttnKernel {
@@ -45,11 +133,22 @@ impl AttnKernel {
         }
     }
 
+    /// Every kernel, the reference first, then flash2 and the flash_mt layouts.
+    pub fn all() -> Vec<AttnKernel> {
+        let mut v = vec![AttnKernel::Reference, AttnKernel::Flash];
+        v.extend(MtLayout::ALL.map(AttnKernel::FlashMt));
+        v
+    }
+
     /// Stable name (used in reports).
     pub fn name(self) -> &'static str {
         match self {
             AttnKernel::Reference => "reference",
             AttnKernel::Flash => "flash",
+            AttnKernel::FlashMt(MtLayout::W4M2) => "flash-w4m2",
+            AttnKernel::FlashMt(MtLayout::W8M1) => "flash-w8m1",
+            AttnKernel::FlashMt(MtLayout::W8M2) => "flash-w8m2",
+            AttnKernel::FlashMt(MtLayout::W4M2Poly) => "flash-w4m2-poly",
         }
     }
 
@@ -57,7 +156,7 @@ impl AttnKernel {
     pub fn head_dims(self) -> &'static [usize] {
         match self {
             AttnKernel::Reference => &[16, 32, 64, 128],
-            AttnKernel::Flash => &FLASH_HEAD_DIMS,
+            AttnKernel::Flash | AttnKernel::FlashMt(_) => &FLASH_HEAD_DIMS,
         }
     }
 }
@@ -162,15 +261,27 @@ impl Kernels {
             sms: gpu.sms.max(1) as u32,
             report,
         };
-        // The hd128 flash kernels need more than the default 48 KiB.
-        for f in ["flash2_hd128_w8", "flash2_hd128_w8_bias"] {
+        // The hd128 flash kernels and the flash_mt kernels need more than the
+        // default 48 KiB.
+        let mut big = vec![
+            ("flash2_hd128_w8".to_string(), flash_smem_bytes(128)),
+            ("flash2_hd128_w8_bias".to_string(), flash_smem_bytes(128)),
+        ];
+        for l in MtLayout::ALL {
+            for hd in FLASH_HEAD_DIMS {
+                for bias in [false, true] {
+                    big.push((l.entry(hd, bias), l.smem_bytes(hd)));
+                }
+            }
+        }
+        for (f, bytes) in &big {
             let func = k.func(f)?;
             // SAFETY: a valid function handle and a supported attribute.
             unsafe {
                 dres::function::set_function_attribute(
                     func.cu_function(),
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    flash_smem_bytes(128) as i32,
+                    *bytes as i32,
                 )
             }
             .ctx(format!("raising the shared-memory limit of {f}"))?;
@@ -435,9 +546,16 @@ impl Kernels {
                 )));
             }
         }
-        // Query rows per block: one per thread for the reference, 16 per warp for flash.
+        // Query rows per block: one per thread for the reference, 16 per warp for
+        // flash, 16 per m-tile for flash_mt.
         let (name, block, rows, smem) = match kind {
             AttnKernel::Reference => (format!("attn_ref_hd{hd}"), REF_THREADS, REF_THREADS, 0),
+            AttnKernel::FlashMt(l) => (
+                l.entry(hd, kbias != NULL),
+                32 * l.warps(),
+                l.rows(),
+                l.smem_bytes(hd),
+            ),
             AttnKernel::Flash => {
                 let bias = if kbias != NULL { "_bias" } else { "" };
                 (
@@ -514,12 +632,17 @@ pub struct RopeArgs {
     pub base: [f32; 3],
 }
 
-/// The flash entry points, generated by the `FLASH2` macro in attention.cu.
+/// The flash entry points, generated by the `FLASH2` and `FLASH_MT` macros in
+/// attention.cu.
 pub fn flash_names() -> Vec<String> {
     let mut v = Vec::new();
     for hd in FLASH_HEAD_DIMS {
         v.push(format!("flash2_hd{hd}_w{FLASH_WARPS}"));
         v.push(format!("flash2_hd{hd}_w{FLASH_WARPS}_bias"));
+        for l in MtLayout::ALL {
+            v.push(l.entry(hd, false));
+            v.push(l.entry(hd, true));
+        }
     }
     v
 }
@@ -595,7 +718,7 @@ mod tests {
             ]
         );
         let a = module_kernels("attention", nvrtc::ATTENTION_CU);
-        assert_eq!(a.len(), 8, "{a:?}");
+        assert_eq!(a.len(), 8 + 16, "{a:?}");
         for hd in FLASH_HEAD_DIMS {
             let macro_line = format!("FLASH2({hd}, {FLASH_WARPS})");
             assert!(
@@ -605,6 +728,25 @@ mod tests {
         }
         // Exactly the instantiations the launcher names: no dead variants.
         assert_eq!(nvrtc::ATTENTION_CU.matches("\nFLASH2(").count(), 2);
+        // Each layout's table entry (warps, m-tiles, keys per tile, Q in
+        // registers) is the instantiated one.
+        for l in MtLayout::ALL {
+            for hd in FLASH_HEAD_DIMS {
+                let line = format!(
+                    "\nFLASH_MT({hd}, {}, {}, {}, {}, {})",
+                    l.warps(),
+                    l.mtiles(),
+                    l.keys_per_tile(hd),
+                    l.q_in_registers(hd),
+                    u8::from(l.poly_exp())
+                );
+                assert!(nvrtc::ATTENTION_CU.contains(&line), "{line} missing");
+            }
+        }
+        assert_eq!(
+            nvrtc::ATTENTION_CU.matches("\nFLASH_MT(").count(),
+            MtLayout::ALL.len() * FLASH_HEAD_DIMS.len()
+        );
     }
 
     #[test]
@@ -628,6 +770,37 @@ mod tests {
         assert_eq!(flash_smem_bytes(64), 36_864);
         assert_eq!(flash_smem_bytes(128), 69_632);
         assert!(flash_smem_bytes(128) <= 227 * 1024);
+        // W4M2 at hd 64: Q 128 rows + 4 K/V tiles of 64, rows of 72 bf16.
+        assert_eq!(MtLayout::W4M2.smem_bytes(64), (128 + 256) * 72 * 2);
+        assert_eq!(MtLayout::W8M2.smem_bytes(128), (256 + 128) * 136 * 2);
+        for l in MtLayout::ALL {
+            for hd in FLASH_HEAD_DIMS {
+                assert!(l.smem_bytes(hd) <= 227 * 1024, "{l:?} hd {hd}");
+            }
+        }
+    }
+
+    #[test]
+    fn flash_mt_names_and_rows_follow_the_layout() {
+        assert_eq!(MtLayout::W4M2.entry(64, false), "flash_mt2_hd64_w4_x0");
+        assert_eq!(
+            MtLayout::W8M1.entry(128, true),
+            "flash_mt1_hd128_w8_x0_bias"
+        );
+        assert_eq!(MtLayout::W4M2Poly.entry(64, false), "flash_mt2_hd64_w4_x1");
+        assert_eq!(MtLayout::W4M2.rows(), 128);
+        assert_eq!(MtLayout::W8M1.rows(), 128);
+        assert_eq!(MtLayout::W8M2.rows(), 256);
+        assert_eq!(MtLayout::W4M2.keys_per_tile(128), 32);
+        assert_eq!(MtLayout::W8M1.keys_per_tile(128), 64);
+        let names: Vec<&str> = MtLayout::ALL
+            .iter()
+            .map(|&l| AttnKernel::FlashMt(l).name())
+            .collect();
+        assert_eq!(
+            names,
+            ["flash-w4m2", "flash-w8m1", "flash-w8m2", "flash-w4m2-poly"]
+        );
     }
 
     #[test]
