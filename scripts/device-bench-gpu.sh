@@ -7,6 +7,8 @@
 # steps are run by scripts/bench-gpu.sh (see there) with a deadline under the device
 # tool's 10-minute command limit. Weights and the store live under $WORK on the
 # machine's disk (kept while the machine stays warm; the carried dir is not).
+# The tool refuses a checkout over 64 MiB: run `scripts/device-tree.sh slim` first
+# (the committed bundles leave the working tree) and `scripts/device-tree.sh full` after.
 set -o pipefail
 carry=${1:?usage: device-bench-gpu.sh CARRY STEP...}
 shift
