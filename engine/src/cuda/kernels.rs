@@ -808,8 +808,14 @@ mod tests {
 
     #[test]
     fn the_forward_uses_flash_where_it_is_built() {
-        assert_eq!(AttnKernel::best_for(64), AttnKernel::FlashMt(MtLayout::W8M2));
-        assert_eq!(AttnKernel::best_for(128), AttnKernel::FlashMt(MtLayout::W8M2));
+        assert_eq!(
+            AttnKernel::best_for(64),
+            AttnKernel::FlashMt(MtLayout::W8M2)
+        );
+        assert_eq!(
+            AttnKernel::best_for(128),
+            AttnKernel::FlashMt(MtLayout::W8M2)
+        );
         assert_eq!(AttnKernel::best_for(16), AttnKernel::Reference);
     }
 }
