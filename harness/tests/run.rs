@@ -12,7 +12,7 @@ use serde_json::Value;
 
 mod real_engine;
 
-use real_engine::{bundle_path, text, HARNESS};
+use real_engine::{bundle_path, gate, text, HARNESS};
 const ENGINE: &str = env!("CARGO_BIN_EXE_test-engine");
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -494,13 +494,7 @@ fn a_rung_run_synthesizes_weights_once_and_completes() {
         args.windows(2).any(|w| w == ["--lever", "vae=host"]),
         "{args:?}"
     );
-    let headroom = m["gates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["name"] == "headroom")
-        .unwrap()
-        .clone();
+    let headroom = gate(&m, "headroom");
     assert_eq!(headroom["verdict"], "pass", "{headroom}");
     // The page cache of the weight files was read.
     assert!(
@@ -542,13 +536,7 @@ fn refused_runs_leave_a_bundle_recording_the_refusal() {
         .unwrap();
     assert_eq!(code(&out), 3);
     let m = manifest(&out);
-    let lease = m["gates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["name"] == "lease")
-        .unwrap()
-        .clone();
+    let lease = gate(&m, "lease");
     assert_eq!(lease["verdict"], "refuse");
     assert!(text(&out.stderr).contains("HARNESS_LEASE_ID"));
     let out = harness(&s)
@@ -617,13 +605,7 @@ fn a_weights_cache_state_without_weights_is_refused() {
     assert_eq!(code(&out), 3, "{}", text(&out.stderr));
     let m = manifest(&out);
     assert_eq!(m["exit"]["reason"], "gate-refused");
-    let g = m["gates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["name"] == "weights-cache")
-        .unwrap()
-        .clone();
+    let g = gate(&m, "weights-cache");
     assert_eq!(g["verdict"], "refuse");
     let d = g["detail"].as_str().unwrap();
     assert!(

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 mod real_engine;
 
-use real_engine::{bundle_path, engine, fresh_dir, repo, text, HARNESS};
+use real_engine::{bundle_path, engine, fresh_dir, gate, repo, text, HARNESS};
 
 #[test]
 fn rung0_renders_under_the_harness_into_a_complete_verified_bundle() {
@@ -61,12 +61,7 @@ fn rung0_renders_under_the_harness_into_a_complete_verified_bundle() {
     );
     assert_eq!(m["weights"]["synthesized"], true);
     // The weights' page-cache state at engine start is recorded (as-is by default).
-    let cache = m["gates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["name"] == "weights-cache")
-        .unwrap_or_else(|| panic!("no weights-cache gate: {}", m["gates"]));
+    let cache = gate(&m, "weights-cache");
     assert_eq!(cache["verdict"], "pass", "{cache}");
     assert!(
         cache["detail"].as_str().unwrap().starts_with("as-is: "),
@@ -165,13 +160,7 @@ fn a_cold_start_is_reached_measured_and_recorded() {
         let dir = bundle_path(&out);
         let m: Value =
             serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
-        let cache = m["gates"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|g| g["name"] == "weights-cache")
-            .unwrap()
-            .clone();
+        let cache = gate(&m, "weights-cache");
         assert_eq!(cache["verdict"], "pass", "{cache}");
         let detail = cache["detail"].as_str().unwrap();
         assert!(detail.starts_with("cold: "), "{detail}");

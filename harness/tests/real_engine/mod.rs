@@ -60,3 +60,12 @@ pub fn bundle_path(out: &Output) -> PathBuf {
         });
     PathBuf::from(p.trim())
 }
+
+/// The entry `name` of a manifest's `gates` list; panics naming the gates present.
+pub fn gate(manifest: &serde_json::Value, name: &str) -> serde_json::Value {
+    manifest["gates"]
+        .as_array()
+        .and_then(|gs| gs.iter().find(|g| g["name"] == name))
+        .cloned()
+        .unwrap_or_else(|| panic!("no '{name}' gate in {}", manifest["gates"]))
+}
