@@ -40,3 +40,4 @@ pub mod store;
 pub mod table;
 pub mod tables;
 pub mod verify;
+pub mod weights_digest;

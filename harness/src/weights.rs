@@ -8,14 +8,10 @@
 //! re-hashing (hashing would read every byte and warm the page cache the run is
 //! about to measure).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use sha2::{Digest, Sha256};
-
-/// Name of the digest file at the root of a weights directory.
-pub const DIGEST_FILE: &str = "DIGEST";
+pub use evidence::weights_digest::DIGEST_FILE;
 
 /// A weights problem, naming the path.
 #[derive(Debug, thiserror::Error)]
@@ -118,27 +114,18 @@ pub fn list_files(dir: &Path) -> Result<Vec<WeightFile>, WeightsError> {
 
 /// Hex sha256 of a file's bytes.
 pub fn sha256_file(path: &Path) -> Result<String, WeightsError> {
-    let mut f = std::fs::File::open(path).map_err(io(path))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(io(path))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(format!("{:x}", h.finalize()))
+    evidence::weights_digest::sha256_file(path).map_err(io(path))
 }
 
 /// The digest of `dir`, computed by hashing every file.
 pub fn compute_digest(dir: &Path, files: &[WeightFile]) -> Result<String, WeightsError> {
-    let mut h = Sha256::new();
-    for f in files {
-        let sum = sha256_file(&dir.join(&f.path))?;
-        h.update(format!("{sum}  {}\n", f.path).as_bytes());
-    }
-    Ok(format!("sha256:{:x}", h.finalize()))
+    let sums = files
+        .iter()
+        .map(|f| Ok((f.path.clone(), sha256_file(&dir.join(&f.path))?)))
+        .collect::<Result<Vec<(String, String)>, WeightsError>>()?;
+    Ok(evidence::weights_digest::digest_of(
+        sums.iter().map(|(p, s)| (p.as_str(), s.as_str())),
+    ))
 }
 
 /// The digest in `dir/DIGEST`, when the file exists; an error when it exists but
@@ -146,20 +133,13 @@ pub fn compute_digest(dir: &Path, files: &[WeightFile]) -> Result<String, Weight
 pub fn read_digest_file(dir: &Path) -> Result<Option<String>, WeightsError> {
     let p = dir.join(DIGEST_FILE);
     match std::fs::read_to_string(&p) {
-        Ok(text) => {
-            let d = text.trim();
-            let ok = d
-                .strip_prefix("sha256:")
-                .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
-            if ok {
-                Ok(Some(d.to_string()))
-            } else {
-                Err(WeightsError::Invalid {
-                    path: p,
-                    why: format!("expected 'sha256:<64 hex digits>', found {d:?}"),
-                })
-            }
-        }
+        Ok(text) => match evidence::weights_digest::parse_digest(&text) {
+            Some(d) => Ok(Some(d)),
+            None => Err(WeightsError::Invalid {
+                path: p,
+                why: format!("expected 'sha256:<64 hex digits>', found {:?}", text.trim()),
+            }),
+        },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(io(&p)(e)),
     }
@@ -294,6 +274,7 @@ pub fn synthesize(engine: &Path, preset: &str, cache: &Path) -> Result<Weights, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest, Sha256};
 
     fn scratch(name: &str) -> PathBuf {
         let d = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -1,23 +1,15 @@
-//! The weights digest (contracts section 1): sha256 over the sorted list of
-//! `(relative path, sha256 of file)` lines, so it depends on neither file order nor
-//! timestamps.
-//!
-//! Precisely: for every regular file under the weights directory except `DIGEST`
-//! itself, one line `"<sha256 hex of the file>  <relative path>\n"` (the
-//! `sha256sum` format, path with `/` separators); the lines sorted by path (byte
-//! order); the digest is `"sha256:" + hex(sha256(concatenated lines))`. The `DIGEST`
-//! file holds that string and a newline and is written last, so a directory
-//! without it is incomplete.
+//! The weights digest (contracts section 1), as `evidence::weights_digest`
+//! defines it for both crates: this module walks a weights directory, hashes its
+//! files in parallel and writes the `DIGEST` file durably.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use evidence::weights_digest;
 use rayon::prelude::*;
-use sha2::{Digest, Sha256};
 
-/// Name of the digest file at the root of a weights directory.
-pub const DIGEST_FILE: &str = "DIGEST";
+pub use evidence::weights_digest::DIGEST_FILE;
 
 /// A digest could not be computed or written.
 #[derive(Debug, thiserror::Error)]
@@ -47,32 +39,15 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// Hex sha256 of the file at `path`, streamed in 1 MiB reads.
 pub fn sha256_file(path: &Path) -> Result<String, DigestError> {
-    let err = |source| DigestError {
+    weights_digest::sha256_file(path).map_err(|source| DigestError {
         file: path.to_path_buf(),
         source,
-    };
-    let mut f = File::open(path).map_err(err)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(err)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex(&h.finalize()))
+    })
 }
 
 /// The digest of a list of files (any order): `sha256:<hex>` per the module docs.
 pub fn digest_of(files: &[FileDigest]) -> String {
-    let mut sorted: Vec<&FileDigest> = files.iter().collect();
-    sorted.sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
-    let mut h = Sha256::new();
-    for f in sorted {
-        h.update(format!("{}  {}\n", f.sha256, f.path).as_bytes());
-    }
-    format!("sha256:{}", hex(&h.finalize()))
+    weights_digest::digest_of(files.iter().map(|f| (f.path.as_str(), f.sha256.as_str())))
 }
 
 fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DigestError> {
@@ -146,35 +121,12 @@ pub fn write_digest_file(dir: &Path, digest: &str) -> Result<(), DigestError> {
 
 /// The digest recorded in `DIR/DIGEST`, if the file exists and holds one.
 pub fn read_digest_file(dir: &Path) -> Option<String> {
-    let s = std::fs::read_to_string(dir.join(DIGEST_FILE)).ok()?;
-    let d = s.trim();
-    (d.starts_with("sha256:") && d.len() == 7 + 64).then(|| d.to_string())
+    weights_digest::parse_digest(&std::fs::read_to_string(dir.join(DIGEST_FILE)).ok()?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fd(path: &str, sha: &str) -> FileDigest {
-        FileDigest {
-            path: path.into(),
-            bytes: 1,
-            sha256: sha.into(),
-        }
-    }
-
-    #[test]
-    fn digest_is_order_independent_and_matches_a_hand_computation() {
-        let a = fd("vae/x.safetensors", "aa");
-        let b = fd("transformer/y.safetensors", "bb");
-        let d1 = digest_of(&[a.clone(), b.clone()]);
-        let d2 = digest_of(&[b, a]);
-        assert_eq!(d1, d2);
-        let mut h = Sha256::new();
-        h.update(b"bb  transformer/y.safetensors\naa  vae/x.safetensors\n");
-        assert_eq!(d1, format!("sha256:{}", hex(&h.finalize())));
-        assert_ne!(d1, digest_of(&[fd("vae/x.safetensors", "ab")]));
-    }
 
     #[test]
     fn directory_digest_skips_digest_file_and_sees_content_changes() {
