@@ -279,12 +279,8 @@ pub struct CampaignArgs {
 }
 
 fn sha256_file(p: &Path) -> anyhow::Result<String> {
-    use sha2::{Digest, Sha256};
-    let mut f = std::fs::File::open(p)
-        .map_err(|e| UsageError(format!("{}: cannot open: {e}", p.display())))?;
-    let mut h = Sha256::new();
-    std::io::copy(&mut f, &mut h).with_context(|| format!("reading {}", p.display()))?;
-    Ok(format!("{:x}", h.finalize()))
+    evidence::weights_digest::sha256_file(p)
+        .map_err(|e| UsageError(format!("{}: cannot read: {e}", p.display())).into())
 }
 
 /// The rung references of a `--rungs` argument.

@@ -9,12 +9,10 @@
 //! * `headroom`: the engine's projected host peak fits in MemAvailable minus the floor.
 //! * `watchdog-control`: the watchdog's positive control passed (H1).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::sampler::gpu::Gpu;
 
@@ -72,19 +70,8 @@ pub fn lease(required: bool, id: Option<&str>) -> Gate {
     }
 }
 
-/// Hex sha256 of a file.
-pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            return Ok(format!("{:x}", h.finalize()));
-        }
-        h.update(&buf[..n]);
-    }
-}
+/// Hex sha256 of a file (streamed; the same function the weights digest uses).
+pub use evidence::weights_digest::sha256_file;
 
 /// Resolve `program` like a shell would (a name without `/` is looked up in PATH).
 pub fn resolve_program(program: &Path) -> Option<PathBuf> {
@@ -285,6 +272,7 @@ pub fn headroom(plan: &Plan, mem_available: u64, floor: u64, unified: bool) -> G
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest, Sha256};
 
     #[test]
     fn lease_is_required_only_when_the_rung_says_so() {
