@@ -46,7 +46,7 @@ use evidence::rung::{Device, Rung};
 use serde_json::Value;
 
 use crate::cuda::backend::{open_cuda_denoiser, Dispatch};
-use crate::cuda::staging::{StagingArm, StagingOptions};
+use crate::cuda::staging::{StagingOptions, StagingReport};
 use crate::cuda::t5::{open_device_t5, DeviceT5};
 use crate::cuda::vae::{
     self as cuda_vae, open_device_vae, ChunkReport, DecodeOptions, DeviceVae,
@@ -447,35 +447,40 @@ fn load_cuda_dit(
 ) -> anyhow::Result<(Box<dyn Denoiser>, Attrs, Option<Retained>)> {
     let tensors = src.extents().map_err(|e| BadInput(e.to_string()))?;
     drop(src);
-    let (arm, opts) = staging_options(req)?;
+    let opts = req.levers.staging();
     let dispatch = Dispatch::from_graph_lever(req.levers.denoise_graph());
     let (den, r) = open_cuda_denoiser(&tensors, &req.preset.dit, &opts, &cond, grid, fps, dispatch)
         .context("the CUDA arm's transformer")?;
     rec.attach_device(den.mem());
-    let st = &r.staging;
-    let a = attrs! {
+    let mut a = staging_attrs(&opts, &r.staging, tensors.len(), r.device_open_s);
+    a.insert("dispatch".into(), Value::from(dispatch.name()));
+    Ok((Box::new(den), a, None))
+}
+
+/// What every device load's close says of its staging: the arm, the levers that
+/// shaped it (`staging`, `release_pages`), the bytes, tensors, files, copies and
+/// allocations it made, its wall (`staging_s`, s) and rate (`staging_gbps`, GB/s),
+/// its device time (`device_ms`) and the device's open time (`device_open_s`, s).
+fn staging_attrs(
+    opts: &StagingOptions,
+    st: &StagingReport,
+    tensors: usize,
+    device_open_s: f64,
+) -> Attrs {
+    attrs! {
         "arm" => "cuda",
-        "staging" => arm.name(),
-        "dispatch" => dispatch.name(),
+        "staging" => opts.arm.name(),
         "release_pages" => opts.release_pages,
         attr::BYTES_STAGED => st.bytes,
-        "tensors" => tensors.len(),
+        "tensors" => tensors,
         "files" => st.files,
         "copies" => st.copies,
         "allocations" => st.allocations,
         "staging_s" => st.seconds,
         "staging_gbps" => st.gbps(),
         attr::DEVICE_MS => st.device_ms,
-        "device_open_s" => r.device_open_s,
-    };
-    Ok((Box::new(den), a, None))
-}
-
-/// The device arm's staging options from the `staging` and `release-pages` levers.
-fn staging_options(req: &RenderRequest) -> anyhow::Result<(StagingArm, StagingOptions)> {
-    // The arm was validated when the lever set was resolved.
-    let opts = req.levers.staging();
-    Ok((opts.arm, opts))
+        "device_open_s" => device_open_s,
+    }
 }
 
 /// `conditioning = device`: the validated T5 checkpoint's tensors staged onto
@@ -491,29 +496,16 @@ fn load_cuda_t5(
 ) -> anyhow::Result<(DeviceT5, Attrs)> {
     let tensors = src.extents().map_err(|e| BadInput(e.to_string()))?;
     drop(src);
-    let (arm, opts) = staging_options(req)?;
+    let opts = req.levers.staging();
     let (mut t5, r) =
         open_device_t5(&tensors, &req.preset.t5, &opts).context("the CUDA arm's text encoder")?;
     rec.attach_device(t5.mem());
     let warm_ms = t5
         .warm_up(prompts, req.preset.max_text_tokens)
         .context("the CUDA arm's text encoder: warm-up forward")?;
-    let st = &r.staging;
-    let a = attrs! {
-        "arm" => "cuda",
-        "staging" => arm.name(),
-        "release_pages" => opts.release_pages,
-        attr::BYTES_STAGED => st.bytes,
-        "tensors" => t5.weights().names().count(),
-        "files" => st.files,
-        "copies" => st.copies,
-        "allocations" => st.allocations,
-        "staging_s" => st.seconds,
-        "staging_gbps" => st.gbps(),
-        attr::DEVICE_MS => st.device_ms,
-        "device_open_s" => r.device_open_s,
-        "warm_up_device_ms" => warm_ms,
-    };
+    let staged = t5.weights().names().count();
+    let mut a = staging_attrs(&opts, &r.staging, staged, r.device_open_s);
+    a.insert("warm_up_device_ms".into(), Value::from(warm_ms));
     Ok((t5, a))
 }
 
@@ -663,19 +655,9 @@ fn load_cuda_vae(
     let (dv, r) = open_device_vae(&tensors, &req.preset.vae, &opts, RENDER_CONV_PATH)
         .context("the CUDA arm's VAE")?;
     rec.attach_device(cuda_vae::mem(&dv));
-    let st = &r.staging;
-    let mut a = attrs! {
-        "arm" => "cuda",
-        "staging" => opts.arm.name(),
-        "release_pages" => opts.release_pages,
-        attr::BYTES_STAGED => st.bytes,
-        "tensors" => tensors.len(),
-        "staging_s" => st.seconds,
-        attr::DEVICE_MS => st.device_ms,
-        "device_open_s" => r.device_open_s,
-        "prepare_s" => r.prepare_s,
-        "conv" => dv.path.name(),
-    };
+    let mut a = staging_attrs(&opts, &r.staging, tensors.len(), r.device_open_s);
+    a.insert("prepare_s".into(), Value::from(r.prepare_s));
+    a.insert("conv".into(), Value::from(dv.path.name()));
     if let Some(e) = &dv.cudnn_error {
         // cuDNN did not load: the engine's own kernel runs instead.
         a.insert("conv_fallback".into(), Value::from(e.as_str()));

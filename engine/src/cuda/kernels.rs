@@ -124,7 +124,9 @@ impl MtLayout {
 impl AttnKernel {
     /// The kernel the forward runs at head dim `hd`: flash_mt with 8 warps of two
     /// m-tiles where it is built, else the reference. Device run attn-1
-    /// (2026-12-01, 6144 tokens, side by side in one run): self-attention per
+    /// (2026-12-01, 6144 tokens, side by side in one run of
+    /// `engine selftest-cuda --only dit --bench`, scripts/device-attn.sh; log in
+    /// reports/device-runs/attn-1): self-attention per
     /// block 1.168 ms against flash2's 1.525 at hd 64 and 2.250 against 2.563 at
     /// hd 128, the fastest of the four layouts at both; ltxv-2b forward 69.6 ms
     /// against 77.1, ltxv-13b 325.8 against 340.3; every check passed.
@@ -341,6 +343,19 @@ impl Kernels {
     }
 
     /// A grid-stride elementwise kernel over `n` elements.
+    /// Launch a row-wise kernel: one block of [`ROW_THREADS`] threads per row of
+    /// `rows`, `smem` bytes of dynamic shared memory.
+    pub(crate) fn launch_rows(
+        &self,
+        name: &str,
+        rows: usize,
+        smem: u32,
+        s: &CudaStream,
+        params: Params,
+    ) -> Result<(), CudaError> {
+        self.launch(name, (rows as u32, 1, 1), ROW_THREADS, smem, s, params)
+    }
+
     pub(crate) fn launch_ew(
         &self,
         name: &str,
@@ -404,7 +419,7 @@ impl Kernels {
             .f32(r.base[0])
             .f32(r.base[1])
             .f32(r.base[2]);
-        self.launch("qk_norm_rope", (rows as u32, 1, 1), ROW_THREADS, 0, s, p)
+        self.launch_rows("qk_norm_rope", rows, 0, s, p)
     }
 
     /// The fused row step of the forward (see `residual_norm` in
@@ -444,14 +459,7 @@ impl Kernels {
             .ptr(shift.1)
             .ptr(scale.1)
             .ptr(h);
-        self.launch(
-            "residual_norm",
-            (rows as u32, 1, 1),
-            ROW_THREADS,
-            (d * 4) as u32,
-            s,
-            p,
-        )
+        self.launch_rows("residual_norm", rows, (d * 4) as u32, s, p)
     }
 
     /// The sinusoidal timestep embedding of `t` (cosines first) into bf16 [2 * half].

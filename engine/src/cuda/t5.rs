@@ -48,8 +48,6 @@ pub const ATTN_HEAD_DIMS: [usize; 2] = [16, 64];
 const ATTN_QUERIES: usize = 16;
 /// Threads per attention block.
 const ATTN_THREADS: u32 = 128;
-/// Threads per block of the row-wise kernels.
-const ROW_THREADS: u32 = 256;
 /// Longest prompt the device encoder accepts, tokens (the brief's bound; the
 /// kernels themselves only need `2L - 1` buckets).
 pub const MAX_TOKENS: usize = 512;
@@ -74,7 +72,7 @@ pub fn embed(
     d: usize,
 ) -> Result<(), CudaError> {
     let p = Params::default().ptr(ids).ptr(table).ptr(x).int(d);
-    k.launch("t5_embed", (rows as u32, 1, 1), ROW_THREADS, 0, s, p)
+    k.launch_rows("t5_embed", rows, 0, s, p)
 }
 
 /// Per row of `x` (f32 [rows, d]): `x += y` when `y` (bf16) is given, then
@@ -106,14 +104,7 @@ pub fn add_rms(
         .f32(eps)
         .ptr(h)
         .ptr(out);
-    k.launch(
-        "t5_add_rms",
-        (rows as u32, 1, 1),
-        ROW_THREADS,
-        (d * 4) as u32,
-        s,
-        p,
-    )
+    k.launch_rows("t5_add_rms", rows, (d * 4) as u32, s, p)
 }
 
 /// `g = bf16(gelu_tanh(a) * b)` over n bf16 elements (`g` may be `a`).
