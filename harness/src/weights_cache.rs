@@ -153,7 +153,12 @@ pub fn prepare(paths: &[PathBuf], policy: Policy) -> Result<Prepared, CacheError
         }
     }
     let seconds = t.elapsed().as_secs_f64();
-    let resident_after_bytes = residency.resident_bytes().map_err(CacheError::Residency)?;
+    // as-is changed nothing: one reading serves for both.
+    let resident_after_bytes = if policy == Policy::AsIs {
+        resident_before_bytes
+    } else {
+        residency.resident_bytes().map_err(CacheError::Residency)?
+    };
     Ok(Prepared {
         policy,
         total_bytes,
