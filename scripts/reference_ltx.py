@@ -24,6 +24,7 @@ on the same machine (scripts/device-bench-gpu.sh does that).
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -57,6 +58,27 @@ def sync(dev):
         torch.cuda.synchronize()
 
 
+def timed(a, label, what, call):
+    """Run `call` a.repeat + 1 times, CUDA-synchronized wall per call; the first is
+    the warm-up (what a cold process pays). Prints one line per call and returns
+    (warm-up ms, the timed calls' ms, the last output's shape)."""
+    warm_up, times, shape = None, [], None
+    for i in range(a.repeat + 1):
+        sync(a.device)
+        t = time.perf_counter()
+        out = call()
+        sync(a.device)
+        ms = (time.perf_counter() - t) * 1e3
+        shape = list(out.shape)
+        print(f"{label} {'warm-up' if i == 0 else i}: {ms:.1f} ms, {what} {shape}", flush=True)
+        if i == 0:
+            warm_up = ms
+        else:
+            times.append(ms)
+        del out
+    return warm_up, times, shape
+
+
 def latent_grid(a, vae_cfg):
     sp = vae_cfg.get("spatial_compression_ratio") or 32
     tp = vae_cfg.get("temporal_compression_ratio") or 8
@@ -82,22 +104,10 @@ def run_vae(a, dtype):
     temb = None
     if getattr(vae.config, "timestep_conditioning", False):
         temb = torch.tensor([a.decode_timestep], device=a.device, dtype=dtype)
-    times = []
-    shape = None
     with torch.no_grad():
-        for i in range(a.repeat + 1):
-            sync(a.device)
-            t = time.perf_counter()
-            out = vae.decode(z, temb=temb, return_dict=False)[0]
-            sync(a.device)
-            ms = (time.perf_counter() - t) * 1e3
-            shape = list(out.shape)
-            print(f"vae decode {'warm-up' if i == 0 else i}: {ms:.1f} ms, output {shape}", flush=True)
-            if i > 0:
-                times.append(ms)
-            else:
-                warm_up = ms
-            del out
+        warm_up, times, shape = timed(
+            a, "vae decode", "output", lambda: vae.decode(z, temb=temb, return_dict=False)[0]
+        )
     peak = torch.cuda.max_memory_allocated() if a.device.startswith("cuda") else None
     return {
         "load_ms": load_ms,
@@ -118,13 +128,10 @@ def run_pipeline(a, dtype):
     sync(a.device)
     load_ms = (time.perf_counter() - t0) * 1e3
     print(f"pipeline load: {load_ms:.1f} ms", flush=True)
-    times = []
-    shape = None
-    for i in range(a.repeat + 1):
+
+    def call():
         g = torch.Generator(device=a.device).manual_seed(a.seed)
-        sync(a.device)
-        t = time.perf_counter()
-        out = pipe(
+        return pipe(
             prompt=a.prompt,
             negative_prompt=a.negative,
             width=a.width,
@@ -138,15 +145,8 @@ def run_pipeline(a, dtype):
             output_type="np",
             return_dict=False,
         )[0]
-        sync(a.device)
-        ms = (time.perf_counter() - t) * 1e3
-        shape = list(out.shape)
-        print(f"pipeline call {'warm-up' if i == 0 else i}: {ms:.1f} ms, frames {shape}", flush=True)
-        if i > 0:
-            times.append(ms)
-        else:
-            warm_up = ms
-        del out
+
+    warm_up, times, shape = timed(a, "pipeline call", "frames", call)
     peak = torch.cuda.max_memory_allocated() if a.device.startswith("cuda") else None
     return {
         "load_ms": load_ms,
@@ -180,8 +180,11 @@ def main():
     s = json.dumps(res, indent=1)
     print(s)
     if a.json:
-        with open(a.json, "w") as f:
+        # Written beside and renamed: a killed run leaves no half-written summary.
+        tmp = a.json + ".tmp"
+        with open(tmp, "w") as f:
             f.write(s + "\n")
+        os.replace(tmp, a.json)
 
 
 if __name__ == "__main__":
