@@ -114,6 +114,9 @@ pub struct Bundle {
     pub levers: BTreeMap<String, String>,
     /// `schedule`, for campaign runs.
     pub schedule: Option<Schedule>,
+    /// `run.start_unix_ns`: when the harness started the run, in nanoseconds since the
+    /// Unix epoch (the host's clock), when recorded.
+    pub start_unix_ns: Option<u64>,
     /// Why the run counts as contended (`contention.flagged`), if it does.
     pub contended: Option<String>,
     /// Why the run is incomplete (`complete`, `exit`, `completion`), if it is.
@@ -297,6 +300,7 @@ pub(crate) mod tests {
             weights_digest: "w".into(),
             levers: BTreeMap::new(),
             schedule: None,
+            start_unix_ns: None,
             contended: None,
             incomplete: None,
             phases: vec![

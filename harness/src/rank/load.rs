@@ -247,6 +247,7 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
         weights_digest: string("weights.digest")?,
         levers,
         schedule,
+        start_unix_ns: get(m, "run.start_unix_ns").and_then(Value::as_u64),
         contended,
         incomplete: incompleteness(m),
         phases: Vec::new(),

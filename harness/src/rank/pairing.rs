@@ -6,8 +6,10 @@
 //! share a cell: the same lever, rung, campaign, round, engine sha256, host, weights
 //! digest, profile, and arm of every OTHER lever. A cell with more than one run of an
 //! arm keeps the lowest id and excludes the rest as duplicates; a cell with one arm
-//! only leaves its run unpaired. Every bundle not used in a pair is listed with the
-//! reason.
+//! only leaves its run unpaired. Where several campaigns measured a lever at a rung,
+//! the newest one with a pair decides and the others' runs are superseded (a later
+//! campaign re-measures: a fixed binary, a controlled cache state). Every bundle not
+//! used in a pair is listed with the reason.
 //!
 //! Promise: the result depends on the set of bundles, not on their order.
 
@@ -206,6 +208,7 @@ pub fn pair(bundles: &[Bundle], spec: &LeverSpec) -> Pairing {
             continue;
         };
         let mut lr = LeverRungPairs::default();
+        let by_cell = drop_superseded(by_cell, &lever.id, &rung, &mut out.excluded);
         for (cell, (base, treat)) in by_cell {
             lr.baseline_runs += base.len();
             lr.treatment_runs += treat.len();
@@ -269,6 +272,57 @@ pub fn pair(bundles: &[Bundle], spec: &LeverSpec) -> Pairing {
     }
     out.excluded.sort();
     out
+}
+
+/// Keep only the cells of the campaign that decides a lever at a rung: the newest
+/// campaign (by the latest `run.start_unix_ns` of its usable runs; ties by campaign
+/// id) among those with at least one pair. Every usable run of an older campaign is
+/// excluded as superseded: a later campaign is a re-measurement (a fixed binary, a
+/// controlled cache state), and pooling it with the one it replaces would average two
+/// different experiments. With no paired campaign at all nothing is dropped.
+fn drop_superseded<'a>(
+    by_cell: BTreeMap<Cell, (Vec<&'a Bundle>, Vec<&'a Bundle>)>,
+    lever: &str,
+    rung: &str,
+    excluded: &mut Vec<Exclusion>,
+) -> BTreeMap<Cell, (Vec<&'a Bundle>, Vec<&'a Bundle>)> {
+    // campaign -> (has a pair, newest start).
+    let mut campaigns: BTreeMap<&str, (bool, u64)> = BTreeMap::new();
+    for (cell, (base, treat)) in &by_cell {
+        let e = campaigns.entry(cell.campaign.as_str()).or_default();
+        e.0 |= !base.is_empty() && !treat.is_empty();
+        for b in base.iter().chain(treat.iter()) {
+            e.1 = e.1.max(b.start_unix_ns.unwrap_or(0));
+        }
+    }
+    let decider = campaigns
+        .iter()
+        .filter(|(_, (paired, _))| *paired)
+        .max_by_key(|(id, (_, newest))| (*newest, *id))
+        .map(|(id, _)| id.to_string());
+    let Some(decider) = decider else {
+        return by_cell;
+    };
+    let mut kept = BTreeMap::new();
+    for (cell, arms) in by_cell {
+        if cell.campaign == decider {
+            kept.insert(cell, arms);
+            continue;
+        }
+        for b in arms.0.iter().chain(arms.1.iter()) {
+            excluded.push(Exclusion {
+                id: b.id.clone(),
+                reason: format!(
+                    "superseded: campaign {} measured {lever} at rung {rung} later; \
+                     the newest campaign with a pair decides (this run is campaign {}, round {})",
+                    short(&decider),
+                    short(&cell.campaign),
+                    cell.round
+                ),
+            });
+        }
+    }
+    kept
 }
 
 fn short(s: &str) -> &str {
@@ -394,6 +448,76 @@ next_hypothesis = "n"
         assert!(reason("a5").contains("no treatment run"));
         assert!(reason("nosched").contains("not a campaign run"));
         assert_eq!(p.excluded.len(), 8);
+    }
+
+    /// A run of campaign `camp`, round `round`, started at `t` seconds.
+    fn run_in(camp: &str, id: &str, round: u32, arm: &str, load_s: f64, t: u64) -> Bundle {
+        let mut b = run(id, round, arm, load_s);
+        if let Some(s) = b.schedule.as_mut() {
+            s.campaign = camp.into();
+        }
+        b.start_unix_ns = Some(t * 1_000_000_000);
+        b
+    }
+
+    #[test]
+    fn the_newest_paired_campaign_decides_and_older_ones_are_superseded() {
+        // "old" (two pairs, started at t=100..103) was re-measured by "new" (one pair,
+        // t=200..201); "late" started last but has no pair, so it cannot decide.
+        // Mutations that turn this red: pooling every campaign (4 pairs), picking the
+        // oldest campaign, or letting an unpaired campaign decide (no pairs at all).
+        let bundles = vec![
+            run_in("old", "o1", 1, "serial", 10.0, 100),
+            run_in("old", "o2", 1, "batched", 5.0, 101),
+            run_in("old", "o3", 2, "serial", 10.0, 102),
+            run_in("old", "o4", 2, "batched", 5.0, 103),
+            run_in("new", "n1", 1, "serial", 10.0, 201),
+            run_in("new", "n2", 1, "batched", 9.0, 200),
+            run_in("late", "l1", 1, "serial", 10.0, 300),
+        ];
+        let p = pair(&bundles, &spec());
+        let lr = &p.by_lever_rung[&("staging".to_string(), "2".to_string())];
+        let got: Vec<(&str, &str)> = lr
+            .rounds
+            .iter()
+            .map(|r| (r.baseline_id.as_str(), r.treatment_id.as_str()))
+            .collect();
+        assert_eq!(got, [("n1", "n2")]);
+        assert_eq!((lr.baseline_runs, lr.treatment_runs), (1, 1));
+        let reason = |id: &str| {
+            p.excluded
+                .iter()
+                .find(|e| e.id == id)
+                .map(|e| e.reason.clone())
+                .unwrap_or_default()
+        };
+        for id in ["o1", "o2", "o3", "o4", "l1"] {
+            assert!(
+                reason(id).starts_with("superseded: campaign new measured staging at rung 2"),
+                "{id}: {}",
+                reason(id)
+            );
+        }
+        assert!(
+            reason("o3").contains("campaign old, round 2"),
+            "{}",
+            reason("o3")
+        );
+        // Equal start times: the campaign id breaks the tie, in any input order.
+        let tie = vec![
+            run_in("a", "a1", 1, "serial", 10.0, 5),
+            run_in("a", "a2", 1, "batched", 5.0, 5),
+            run_in("b", "b1", 1, "serial", 10.0, 5),
+            run_in("b", "b2", 1, "batched", 9.0, 5),
+        ];
+        let mut rev = tie.clone();
+        rev.reverse();
+        for set in [tie, rev] {
+            let p = pair(&set, &spec());
+            let lr = &p.by_lever_rung[&("staging".to_string(), "2".to_string())];
+            assert_eq!(lr.rounds.len(), 1);
+            assert_eq!(lr.rounds[0].baseline_id, "b1");
+        }
     }
 
     #[test]

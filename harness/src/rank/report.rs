@@ -208,6 +208,7 @@ fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o, "## Method")?;
     writeln!(o)?;
     writeln!(o, "- Pairs: same campaign, round, rung, engine sha256, host, weights digest, profile and arm of every other lever; complete, uncontended runs only.")?;
+    writeln!(o, "- Campaigns: where several campaigns measured a lever at a rung, the newest with a pair (latest run start) decides; the older ones' runs are listed as superseded, never pooled.")?;
     writeln!(o, "- Effect: geometric mean of per-pair ratios treatment/baseline; absolute saving: mean of baseline - treatment.")?;
     writeln!(
         o,
