@@ -368,7 +368,7 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
     };
 
     // ---- VAE: load, then decode (on the device with `vae = device` on a CUDA render).
-    let pixels = {
+    let decoded = {
         let ph = rec.phase("load.vae", Attrs::new());
         let mut specs = vae::decoder_tensor_specs(&p.vae);
         specs.extend(
@@ -401,8 +401,10 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
     let ph = rec.phase("artifacts.frames", Attrs::new());
     std::fs::create_dir_all(&req.out)
         .with_context(|| format!("{}: cannot create the output directory", req.out.display()))?;
-    let frames = frames_from_pixels(&pixels).context("decoded pixels")?;
-    drop(pixels);
+    let frames = match decoded {
+        Decoded::Pixels(pixels) => frames_from_pixels(&pixels).context("decoded pixels")?,
+        Decoded::Frames(frames) => frames,
+    };
     let outcome = write_frames(&frames, &req.out, rung.fps, req.all_frames)?;
     ph.finish(attrs! {"frames" => outcome.frames_written});
     rec.emitter().info(attrs! {
@@ -586,6 +588,14 @@ fn prepare_latents(
     Ok((z, timestep))
 }
 
+/// What `decode.video` hands to `artifacts.frames`.
+enum Decoded {
+    /// The CPU arm's f32 clip `[3, F, H, W]`, converted there.
+    Pixels(Tensor),
+    /// The device's RGB8 frames, converted on the device.
+    Frames(Vec<Frame>),
+}
+
 /// `decode.video` on the host: one `decode.video.chunk` per temporal chunk.
 fn decode_host(
     model: VaeDecoder,
@@ -594,7 +604,7 @@ fn decode_host(
     req: &RenderRequest,
     grid: (usize, usize, usize),
     rec: &Recorder,
-) -> anyhow::Result<Tensor> {
+) -> anyhow::Result<Decoded> {
     let lf = grid.0;
     let chunks = lf.div_ceil(DECODE_CHUNK_LATENT_FRAMES);
     let dec = rec.phase(
@@ -630,7 +640,7 @@ fn decode_host(
         c.finish(Attrs::new());
     }
     dec.finish(attrs! {"frames" => px.shape().get(1).copied().unwrap_or(0)});
-    Ok(px)
+    Ok(Decoded::Pixels(px))
 }
 
 /// The CUDA arm's VAE: the decoder's tensors (and the latent statistics) of
@@ -666,14 +676,14 @@ fn load_cuda_vae(
 }
 
 /// `decode.video` on the device: one `decode.video.chunk` per device chunk
-/// (`device_ms` from CUDA events on its close), pixels copied back per chunk.
+/// (`device_ms` from CUDA events on its close), RGB8 frames copied back per chunk.
 fn decode_cuda(
     mut dv: DeviceVae,
     latents: Tensor,
     req: &RenderRequest,
     grid: (usize, usize, usize),
     rec: &Recorder,
-) -> anyhow::Result<Tensor> {
+) -> anyhow::Result<Decoded> {
     let chunk = DEVICE_CHUNK_LATENT_FRAMES;
     let chunks = grid.0.div_ceil(chunk);
     let dec = rec.phase(
@@ -707,15 +717,15 @@ fn decode_cuda(
         }
         c.finish(a);
     }
-    let px = out
-        .pixels
-        .ok_or_else(|| anyhow!("the device VAE returned no pixels"))?;
+    let frames = out
+        .frames
+        .ok_or_else(|| anyhow!("the device VAE returned no frames"))?;
     dec.finish(attrs! {
-        "frames" => px.shape().get(1).copied().unwrap_or(0),
+        "frames" => frames.len(),
         attr::DEVICE_MS => out.device_ms,
         "workspace_bytes" => out.workspace_bytes,
     });
-    Ok(px)
+    Ok(Decoded::Frames(frames))
 }
 
 /// Write `video.y4m`, `first.png`, `middle.png` (frame `(F-1)/2`), `last.png`, and

@@ -292,7 +292,8 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
 /// an estimate; device run 2, rung 1: load.vae measured = projected to the
 /// byte, decode.video 25.7 MB under the projection, the unused allowance). On the host, `load.vae` reads the file through (the registered
 /// reader pins it) and `decode.video` holds the latents, their noise, the
-/// decoded clip and (on the cuDNN path) an allowance for cuDNN's libraries.
+/// decoded clip as RGB8 frames (converted on the device: no f32 clip comes
+/// back) and (on the cuDNN path) an allowance for cuDNN's libraries.
 fn project_device_vae(
     p: &Preset,
     g: &Geometry,
@@ -325,7 +326,7 @@ fn project_device_vae(
     );
     device_phases.insert("decode.video".into(), staged + ws + decode);
     let latents = 2 * 4 * 128 * (f * h * w) as u64;
-    let clip = 4 * 3 * (g.frames * g.height * g.width) as u64;
+    let clip = 3 * (g.frames * g.height * g.width) as u64;
     phases.insert(
         "load.vae".into(),
         BASE_BYTES + CUDA_HOST_BYTES + read_through,

@@ -13,14 +13,18 @@
 //! stage at 768x512x121), every reduction and every elementwise step is f32 in
 //! registers; the residual stream stays bf16 because each resnet renormalises
 //! its input (per-voxel RMS), so a rounding of 2^-9 per add does not grow
-//! through the stack (the check's tolerance argues the bound). Pixels leave
-//! the device as f32.
+//! through the stack (the check's tolerance argues the bound). The last layer
+//! writes f32 pixels to a staging buffer, a kernel converts them there to the
+//! render's RGB8 frames (bit-exact with [`crate::frames::to_u8`]), and the
+//! render downloads only those (a quarter of the f32 bytes); the f32 pixels
+//! can still be downloaded ([`Download`]) for the checks.
 //!
 //! - [`ops`]: the primitives ([`ops::VaeOps`]) and the weight walk.
 //! - [`stream`]: the chunked stream over any backend.
 //! - [`host`]: the primitives on the host (the reference; testable without a GPU).
 //! - [`device`]: the primitives on the device (kernels, cuBLASLt, the conv path).
 //! - [`cudnn`]: the cuDNN convolution arm.
+//! - [`rgb8`]: the RGB8 conversion's layout, defects and host model.
 //! - [`check`] / [`bench`]: the selftest section and the benchmark.
 
 pub mod bench;
@@ -29,6 +33,7 @@ pub mod cudnn;
 pub mod device;
 pub mod host;
 pub mod ops;
+pub mod rgb8;
 pub mod stream;
 
 use std::sync::Arc;
@@ -40,6 +45,7 @@ use super::memory::{download, DeviceBuffer};
 use super::selftest::{widen, Rig};
 use super::staging::{self, DeviceWeights, StagingOptions, StagingReport};
 use super::{CudaError, DriverContext};
+use crate::frames::Frame;
 use crate::models::vae::{decoder_tensor_specs, VaeConfig};
 use crate::tensor::Tensor;
 use crate::weights::safetensors::Extent;
@@ -67,13 +73,39 @@ pub const CUDNN_WORKSPACE_ALLOWANCE: u64 = 32 << 20;
 /// estimate: rung 1's decode.video peaked 15 MB above the projection without it).
 pub const CUDNN_HOST_ALLOWANCE: u64 = 64 << 20;
 
+/// What a decode copies to the host as the frames come (the device converts
+/// the pixels to RGB8 whichever it is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Download {
+    /// Nothing (the benchmark keeps the pixels on the device).
+    None,
+    /// The f32 clip `[3, F, H, W]` (the checks, the benchmark's comparison).
+    F32,
+    /// The RGB8 frames (the render).
+    Rgb8,
+    /// Both (the checks compare them).
+    Both,
+}
+
+impl Download {
+    /// Whether the f32 clip is copied.
+    pub fn f32(self) -> bool {
+        matches!(self, Download::F32 | Download::Both)
+    }
+
+    /// Whether the RGB8 frames are copied.
+    pub fn rgb8(self) -> bool {
+        matches!(self, Download::Rgb8 | Download::Both)
+    }
+}
+
 /// How one decode runs.
 #[derive(Debug, Clone, Copy)]
 pub struct DecodeOptions {
     /// Latent frames per chunk (>= 1).
     pub chunk: usize,
-    /// Copy the pixels to the host (off: the benchmark keeps them on the device).
-    pub download: bool,
+    /// What is copied to the host.
+    pub download: Download,
     /// Fill every activation buffer with NaN first (checks).
     pub poison: bool,
     /// A deliberate defect (checks that must be able to fail).
@@ -81,11 +113,11 @@ pub struct DecodeOptions {
 }
 
 impl DecodeOptions {
-    /// The render's options: chunks of `chunk`, pixels downloaded.
+    /// The render's options: chunks of `chunk`, RGB8 frames downloaded.
     pub fn render(chunk: usize) -> DecodeOptions {
         DecodeOptions {
             chunk,
-            download: true,
+            download: Download::Rgb8,
             poison: false,
             mutation: Mutation::None,
         }
@@ -108,8 +140,10 @@ pub struct ChunkReport {
 /// What a decode returned.
 #[derive(Debug)]
 pub struct DecodeOutcome {
-    /// Pixels `[3, F, H, W]` (with `download`).
+    /// Pixels `[3, F, H, W]` (when downloading f32).
     pub pixels: Option<Tensor>,
+    /// The RGB8 frames (when downloading RGB8).
+    pub frames: Option<Vec<Frame>>,
     /// Device milliseconds of the whole decode (sum of the chunks).
     pub device_ms: f64,
     /// Device bytes of the decode's buffers (activations, embeddings, pixel staging).
@@ -164,7 +198,8 @@ fn temb_elems(cfg: &VaeConfig) -> usize {
 }
 
 /// Device bytes one decode of `latent` latent voxels in chunks of `chunk`
-/// allocates: every stream buffer, the time embeddings, the pixel staging.
+/// allocates: every stream buffer, the time embeddings, the pixel staging
+/// (f32 and RGB8).
 pub fn decode_bytes(
     cfg: &VaeConfig,
     latent: (usize, usize, usize),
@@ -173,7 +208,9 @@ pub fn decode_bytes(
     let elems: usize = stream::buffer_elems(cfg, latent, chunk)?.iter().sum();
     let (oc, _, h, w) = output_geometry(cfg, latent);
     let st = Stream::new(cfg, latent, chunk, Mutation::None, &mut |_, _| Ok(0))?;
-    Ok(((elems + temb_elems(cfg)) * 2 + st.pixel_frames_cap() * oc * h * w * 4) as u64)
+    let cap = st.pixel_frames_cap();
+    let rgb8 = device::rgb8_staging_bytes(cap, (oc, 0, h, w));
+    Ok(((elems + temb_elems(cfg)) * 2 + cap * oc * h * w * 4 + rgb8) as u64)
 }
 
 impl DeviceVae {
@@ -366,6 +403,7 @@ impl DeviceVae {
                 geom.1
             )));
         }
+        let frames = ops.take_frames()?;
         let pixels = match ops.take_pixels() {
             Some(v) => Some(
                 Tensor::new(&[geom.0, geom.1, geom.2, geom.3], v)
@@ -375,6 +413,7 @@ impl DeviceVae {
         };
         Ok(DecodeOutcome {
             pixels,
+            frames,
             device_ms: total_ms,
             workspace_bytes,
         })
@@ -447,9 +486,35 @@ mod tests {
             "vae_d2s",
             "vae_pixels",
             "vae_permute",
+            "vae_rgb8",
         ] {
             assert!(names.iter().any(|n| n == k), "{k} missing from vae.cu");
         }
+    }
+
+    #[test]
+    fn downloads_say_what_crosses_and_rgb8_staging_needs_three_colours() {
+        assert!(Download::Both.f32() && Download::Both.rgb8());
+        assert!(!Download::None.f32() && !Download::None.rgb8());
+        assert!(Download::F32.f32() && !Download::F32.rgb8());
+        assert!(!Download::Rgb8.f32() && Download::Rgb8.rgb8());
+        assert_eq!(DecodeOptions::render(4).download, Download::Rgb8);
+        let geom = (3, 121, 512, 768);
+        assert_eq!(device::rgb8_staging_bytes(5, geom), 5 * 512 * 768 * 3);
+        assert_eq!(device::rgb8_staging_bytes(5, (4, 121, 512, 768)), 0);
+        // decode_bytes counts it: a quarter of the f32 staging on top.
+        let cfg = crate::presets::vae_095();
+        let st = Stream::new(&cfg, (16, 16, 24), 4, Mutation::None, &mut |_, _| Ok(0)).unwrap();
+        let cap = st.pixel_frames_cap();
+        let elems: usize = stream::buffer_elems(&cfg, (16, 16, 24), 4)
+            .unwrap()
+            .iter()
+            .sum();
+        let f32_staging = cap * 3 * 512 * 768 * 4;
+        assert_eq!(
+            decode_bytes(&cfg, (16, 16, 24), 4).unwrap() as usize,
+            (elems + temb_elems(&cfg)) * 2 + f32_staging + f32_staging / 4
+        );
     }
 
     #[test]

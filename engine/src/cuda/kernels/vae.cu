@@ -17,6 +17,8 @@
 //  * vae_bias_add, vae_d2s, vae_pixels, vae_permute: bias (+ skip), the
 //    upsampler's depth-to-space (+ residual), the final unpatchify to f32
 //    pixels, the weight reordering at load.
+//  * vae_rgb8: f32 pixels to the RGB8 frames the render writes, bit-exact
+//    with the host's frames::to_u8.
 #include "common.cuh"
 
 __device__ __forceinline__ unsigned int vae_smem_u32(const void* p) {
@@ -388,6 +390,64 @@ extern "C" __global__ void vae_pixels(const bf16* __restrict__ yin, const bf16* 
         const int yy = Y / p, hs = Y - yy * p, xx = X / p, ws = X - xx * p;
         const int q = c * p * p + ws * p + hs;
         out[i] = bf2f(yin[((f * h + yy) * w + xx) * cy + q]) + bf2f(bias[q]);
+    }
+}
+
+// Defects of vae_rgb8 for its check (cuda/vae/rgb8.rs, Rgb8Mutation::code).
+#define RGB8_MUT_RINT 1
+#define RGB8_MUT_FMA 2
+#define RGB8_MUT_SWAP_RB 3
+#define RGB8_MUT_SKIP_LAST 4
+
+// One pixel value to its 8-bit code, exactly as the host's frames::to_u8:
+//   x = clamp((v + 1) * 0.5, 0, 1) * 255; NaN -> 0; round half away from zero.
+// Why every f32 input gives the host's byte: Rust evaluates that expression
+// as three IEEE-754 binary32 operations, each rounded once to nearest-even
+// (Rust never contracts a * b + c into an FMA), and clamp / is_nan / round
+// are exact. Here the same three operations run in the same order through
+// the explicitly rounded __fadd_rn / __fmul_rn (which the compiler may not
+// fuse, whatever --fmad says), the clamp is the same two comparisons in the
+// same order (a NaN passes both, as in Rust's f32::clamp, and becomes 0
+// below), and roundf is CUDA's exact round-half-away-from-zero (0 ulp). The
+// modules are compiled without -ftz / fast-math, so subnormals behave as on
+// the host; and even flushed, none would change a result: a subnormal v gives
+// v + 1 = 1 either way, v + 1 is 0 or at least 2^-24 in magnitude (v near -1
+// has an ulp of 2^-24), so no later operand or result is subnormal. The
+// final conversion takes an integer in [0, 255] (or -0), so it is exact.
+__device__ __forceinline__ unsigned char vae_to_u8(float v, int mutate) {
+    float y;
+    if (mutate == RGB8_MUT_FMA) {
+        // One rounding instead of three: not the host's result near the ties.
+        y = fminf(fmaxf(__fmaf_rn(v, 127.5f, 127.5f), 0.0f), 255.0f);
+    } else {
+        float x = __fmul_rn(__fadd_rn(v, 1.0f), 0.5f);
+        if (x < 0.0f) x = 0.0f;
+        if (x > 1.0f) x = 1.0f;
+        y = __fmul_rn(x, 255.0f);
+    }
+    if (y != y) return 0;
+    const float r = mutate == RGB8_MUT_RINT ? rintf(y) : roundf(y);
+    return (unsigned char)(unsigned int)r;
+}
+
+// f32 pixels [frames][3][hh][ww] (what vae_pixels writes) to RGB8
+// [frames][hh][ww][3] (each frame one frames::Frame's bytes). One thread per
+// pixel; mutate (0 in the render) injects one of the RGB8_MUT_* defects.
+extern "C" __global__ void vae_rgb8(const float* __restrict__ px, int frames, int hh, int ww, int mutate,
+                                    unsigned char* __restrict__ rgb) {
+    const long long plane = (long long)hh * ww;
+    const long long total = (long long)frames * plane;
+    const long long written = mutate == RGB8_MUT_SKIP_LAST ? total - plane : total;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < written; i += (long long)gridDim.x * blockDim.x) {
+        const long long f = i / plane;
+        const float* s = px + 2 * f * plane + i;  // (3 f) plane + (i - f plane)
+        unsigned char* d = rgb + 3 * i;
+        const unsigned char r = vae_to_u8(s[0], mutate), g = vae_to_u8(s[plane], mutate),
+                            b = vae_to_u8(s[2 * plane], mutate);
+        const bool swap = mutate == RGB8_MUT_SWAP_RB;
+        d[0] = swap ? b : r;
+        d[1] = g;
+        d[2] = swap ? r : b;
     }
 }
 

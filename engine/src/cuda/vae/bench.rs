@@ -3,9 +3,12 @@
 //! conditioning on) with weights generated on the device, every conv path and
 //! a few chunk sizes, the median device time of a few decodes after a
 //! warm-up against PyTorch's 234 ms (target <= 180 ms), the device peak; and
-//! the heaviest convolution shapes alone, per path.
+//! the heaviest convolution shapes alone, per path; and the wall time to the
+//! host's frames with the f32 download and the host's conversion against the
+//! device's RGB8 frames.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use super::super::bench::{generate_weights, median};
 use super::super::context::Timer;
@@ -17,7 +20,8 @@ use super::check::decoder_specs;
 use super::cudnn::CudnnConv;
 use super::device::{ConvPath, DevConv, DevVec, DeviceOps};
 use super::ops::{Loc, Mutation, VaeOps};
-use super::{DecodeOptions, DeviceVae};
+use super::{DecodeOptions, DeviceVae, Download};
+use crate::frames::frames_from_pixels;
 use crate::models::vae::VaeConfig;
 use crate::tensor::Tensor;
 
@@ -101,7 +105,7 @@ pub fn bench_vae(rig: &Rig) -> Result<Vec<String>, CudaError> {
         for chunk in [16usize, 4, 2] {
             let opts = DecodeOptions {
                 chunk,
-                download: false,
+                download: Download::None,
                 poison: false,
                 mutation: Mutation::None,
             };
@@ -124,6 +128,49 @@ pub fn bench_vae(rig: &Rig) -> Result<Vec<String>, CudaError> {
                 ),
             );
         }
+    }
+    // The render's decode to host frames: the f32 clip and the host's
+    // conversion (what decode.video + artifacts.frames paid before) against
+    // the device's RGB8 frames, host wall clock, after the warm-ups above.
+    let path = vae.set_path(super::RENDER_CONV_PATH);
+    let chunk = super::DEVICE_CHUNK_LATENT_FRAMES;
+    for (label, download) in [
+        ("f32 + host to_u8", Download::F32),
+        ("rgb8 from device", Download::Rgb8),
+    ] {
+        let opts = DecodeOptions {
+            chunk,
+            download,
+            poison: false,
+            mutation: Mutation::None,
+        };
+        let (mut wall, mut dev) = (Vec::new(), Vec::new());
+        let mut n = 0;
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            let o = vae.decode(&z, 0.05, &opts, &mut |_| {})?;
+            let frames = match (o.frames, o.pixels) {
+                (Some(f), _) => f,
+                (None, Some(p)) => {
+                    frames_from_pixels(&p).map_err(|e| CudaError::Invalid(e.to_string()))?
+                }
+                (None, None) => {
+                    return Err(CudaError::Invalid("the decode returned nothing".into()))
+                }
+            };
+            wall.push(t0.elapsed().as_secs_f64() * 1e3);
+            dev.push(o.device_ms);
+            n = frames.len();
+        }
+        push(
+            &mut rows,
+            format!(
+                "vae      ltxv-2b decode 768x512x121 {} chunk {chunk} to {n} host frames, {label:<16}: {:>7.1} ms wall ({:.1} ms device)",
+                path.name(),
+                median(wall),
+                median(dev),
+            ),
+        );
     }
     if let Some((v, algos)) = vae.cudnn_report() {
         eprintln!("bench: cuDNN {v} algorithms: {algos:?}");

@@ -26,20 +26,47 @@
 //!   whatever the chunk (the convolution's K loop and the per-voxel kernels do
 //!   not depend on how many frames a launch covers): bit-exact (0). cuDNN may
 //!   choose another algorithm per shape: the decoder tolerance (3e-2).
+//! - RGB8 conversion kernel (`vae_rgb8`) against its host model
+//!   ([`super::rgb8::rgb8_host`], i.e. [`crate::frames::to_u8`] per value):
+//!   the kernel evaluates the host's three IEEE binary32 operations in the
+//!   same order, each rounded once to nearest (no contraction), then the
+//!   same clamp, NaN rule and round-half-away (the argument is spelled out
+//!   at `vae_to_u8` in vae.cu): bit-exact, tolerance 0 differing bytes, on
+//!   the probe set (every f32 within 256 steps of each of the 255 rounding
+//!   boundaries, specials, random bit patterns) and on a render-sized
+//!   launch. Each of [`super::rgb8::Rgb8Mutation::DEFECTS`] must then turn
+//!   the probe red (rint: the even ties; fma: one rounding instead of three;
+//!   swapped R/B; an unwritten last frame shows the 0xAB poison); a unit
+//!   test shows on the host that each changes the probe's bytes.
+//! - RGB8 frames of a decode against `to_u8` of the same decode's f32 clip
+//!   (both downloaded): the same argument, tolerance 0, in one piece and in
+//!   chunks of 1 and 2 (the RGB8 staging re-poisoned before every chunk, so
+//!   a frame the kernel skips shows as 0xAB and one never copied fails the
+//!   decode). Red: channels swapped or frames misplaced in the kernel or the
+//!   copy, a conversion that is not `to_u8`.
+//! - RGB8 frames of a decode against the CPU arm's frames: per byte,
+//!   |code_dev - code_cpu| <= 127.5 |v_dev - v_cpu| + 1 + 1e-3, where v are
+//!   the two arms' f32 values (the f32 check above bounds those): the map
+//!   v -> 255 clamp((v + 1) / 2) has slope 127.5 and clamps only shrink
+//!   differences, each rounding moves a code by <= 0.5, and the f32
+//!   evaluation is within 1e-4 of exact; a byte outside that is a layout or
+//!   conversion bug (NaN on either side fails). Red: channel swap, frame order.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
-use super::super::memory::DeviceBuffer;
+use super::super::memory::{download, upload, DeviceBuffer};
 use super::super::selftest::{synth_source, write_synth_safetensors, Check, Rig, Rng};
 use super::super::staging::{self, DeviceWeights, StagingArm, StagingOptions};
 use super::super::CudaError;
 use super::cudnn::CudnnConv;
-use super::device::{ConvPath, DevConv, DevMod, DevVec, DeviceOps};
+use super::device::{launch_rgb8, ConvPath, DevConv, DevMod, DevVec, DeviceOps};
 use super::host::{HostConv, HostOps};
 use super::ops::{Loc, Mutation, NormOp, VaeOps};
-use super::{DecodeOptions, DeviceVae};
+use super::rgb8::{mismatches, probe_values, rgb8_bytes, rgb8_host, Rgb8Mutation, RGB8_POISON};
+use super::{DecodeOptions, DeviceVae, Download};
+use crate::frames::{frames_from_pixels, to_u8, Frame};
 use crate::models::vae::{decoder_tensor_specs, tensor_specs, VaeConfig, VaeDecoder};
 use crate::tensor::Tensor;
 use crate::weights::{MapSource, TensorSpec, VarBuilder};
@@ -351,7 +378,7 @@ fn check_primitives(
         ho.pixels(hl[0], frames, h, w, &b, p, 1)?;
         let want: Vec<f32> = ho.out.clone();
         let got = with_dev(rig, &none, ConvPath::Igemm, cudnn, |ops| {
-            ops.pixel_sink(frames, geom, true)?;
+            ops.pixel_sink(frames, geom, Download::F32)?;
             let l = dev_bufs(ops, &[&y, &b], &[])?;
             let bv = dvec(ops, l[1], 3 * p * p)?;
             ops.pixels(l[0], frames, h, w, &bv, p, 1)?;
@@ -403,6 +430,8 @@ fn model(
     })
 }
 
+/// One poisoned decode with both downloads: (f32 clip, RGB8 frames, device
+/// ms, workspace bytes).
 fn decode(
     m: &mut Model,
     path: ConvPath,
@@ -410,11 +439,11 @@ fn decode(
     t: f32,
     chunk: usize,
     mutation: Mutation,
-) -> Result<(Vec<f32>, f64, u64), CudaError> {
+) -> Result<(Vec<f32>, Vec<Frame>, f64, u64), CudaError> {
     m.vae.set_path(path);
     let opts = DecodeOptions {
         chunk,
-        download: true,
+        download: Download::Both,
         poison: true,
         mutation,
     };
@@ -422,7 +451,168 @@ fn decode(
     let px = o
         .pixels
         .ok_or_else(|| CudaError::Invalid("no pixels came back".into()))?;
-    Ok((px.into_data(), o.device_ms, o.workspace_bytes))
+    let frames = o
+        .frames
+        .ok_or_else(|| CudaError::Invalid("no RGB8 frames came back".into()))?;
+    Ok((px.into_data(), frames, o.device_ms, o.workspace_bytes))
+}
+
+/// A check that `got` equals `want` byte for byte (tolerance 0): `rel` is
+/// the fraction of bytes that differ, `max_abs` the largest code difference.
+fn bytes_check(name: String, got: &[u8], want: &[u8], note: &str) -> Check {
+    let (n, max) = mismatches(got, want);
+    Check {
+        name,
+        rel: n as f64 / want.len().max(1) as f64,
+        max_abs: max as f64,
+        tol: 0.0,
+        pass: n == 0 && !want.is_empty(),
+        note: format!("{n} of {} bytes differ{note}", want.len()),
+    }
+}
+
+/// The RGB8 conversion kernel alone against its host model (see the module
+/// doc: tolerance 0), then each defect must turn the probe red.
+fn check_rgb8_kernel(rig: &Rig, rng: &mut Rng, out: &mut Vec<Check>) -> Result<(), CudaError> {
+    let gpu = &rig.gpu;
+    let run = |src: &[f32], frames: usize, h: usize, w: usize, m: Rgb8Mutation| {
+        let n = rgb8_bytes(frames, h, w);
+        let x = DeviceBuffer::alloc(gpu, src.len() * 4, "an RGB8 check input")?;
+        let y = DeviceBuffer::alloc(gpu, n, "an RGB8 check output")?;
+        y.fill_bytes(gpu, RGB8_POISON, &gpu.compute)?;
+        upload(gpu, x.ptr(), src)?;
+        launch_rgb8(&rig.kernels, gpu, x.ptr(), frames, h, w, m, y.ptr())?;
+        download::<u8>(gpu, y.ptr(), n)
+    };
+    let model = |src: &[f32], frames: usize, h: usize, w: usize, m: Rgb8Mutation| {
+        rgb8_host(src, frames, h, w, m)
+            .ok_or_else(|| CudaError::Invalid("RGB8 check: input of the wrong size".into()))
+    };
+    // The probe as frames of 37 x 64 (odd rows), padded with values in range.
+    let (h, w) = (37usize, 64usize);
+    let mut probe = probe_values(rng, 1 << 16);
+    let frame = 3 * h * w;
+    let frames = probe.len().div_ceil(frame);
+    let pad = rng.uniform(frames * frame - probe.len(), -1.25, 1.25);
+    probe.extend(pad);
+    let want = model(&probe, frames, h, w, Rgb8Mutation::None)?;
+    let got = run(&probe, frames, h, w, Rgb8Mutation::None)?;
+    out.push(bytes_check(
+        format!("vae rgb8 kernel == to_u8, probe of {} values", probe.len()),
+        &got,
+        &want,
+        ": ties, clamp, NaN, random bits",
+    ));
+    // A render-sized launch: every thread strides over several pixels.
+    let (f2, h2, w2) = (3usize, 512usize, 768usize);
+    let big = rng.uniform(f2 * 3 * h2 * w2, -1.2, 1.2);
+    out.push(bytes_check(
+        format!("vae rgb8 kernel == to_u8, {f2} frames {w2}x{h2}"),
+        &run(&big, f2, h2, w2, Rgb8Mutation::None)?,
+        &model(&big, f2, h2, w2, Rgb8Mutation::None)?,
+        "",
+    ));
+    // Each defect must differ from to_u8 on the probe (and match its own
+    // host model, so the check knows what it caught).
+    for m in Rgb8Mutation::DEFECTS {
+        let bad = run(&probe, frames, h, w, m)?;
+        let (n, max) = mismatches(&bad, &want);
+        let (own, _) = mismatches(&bad, &model(&probe, frames, h, w, m)?);
+        out.push(Check {
+            name: format!("vae rgb8 kernel MUTATED {} goes red", m.name()),
+            rel: n as f64 / want.len() as f64,
+            max_abs: max as f64,
+            tol: 0.0,
+            pass: n > 0,
+            note: format!(
+                "{n} bytes differ from to_u8 (0 would mean the check cannot see it); \
+                 {own} from the defect's host model"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Bytes of the device's RGB8 `frames` that differ from `to_u8` of the same
+/// decode's f32 clip `px` (`[3, F, H, W]`), bytes compared, and whether
+/// every f32 value is finite (NaN maps to 0 on both sides, so a NaN clip
+/// would otherwise pass). A frame count or size that differs counts as
+/// `usize::MAX` differing bytes.
+fn rgb8_vs_own_f32(
+    frames: &[Frame],
+    px: &[f32],
+    shape: &[usize],
+) -> Result<(usize, usize, bool), CudaError> {
+    let t = Tensor::new(shape, px.to_vec()).map_err(|e| CudaError::Invalid(e.to_string()))?;
+    let want = frames_from_pixels(&t).map_err(|e| CudaError::Invalid(e.to_string()))?;
+    let finite = px.iter().all(|v| v.is_finite());
+    if want.len() != frames.len() {
+        return Ok((usize::MAX, 0, finite));
+    }
+    let mut n = 0;
+    let mut bytes = 0;
+    for (g, w) in frames.iter().zip(&want) {
+        if (g.width, g.height) != (w.width, w.height) {
+            return Ok((usize::MAX, bytes, finite));
+        }
+        n += mismatches(&g.rgb, &w.rgb).0;
+        bytes += w.rgb.len();
+    }
+    Ok((n, bytes, finite))
+}
+
+/// The device's RGB8 frames against the CPU arm's, per byte within what the
+/// two arms' f32 values allow (see the module doc).
+fn rgb8_vs_cpu(
+    name: String,
+    frames: &[Frame],
+    got: &[f32],
+    want: &[f32],
+    shape: &[usize],
+) -> Check {
+    let (f, h, w) = (shape[1], shape[2], shape[3]);
+    let plane = h * w;
+    let (mut bad, mut max, mut num, mut den) = (0usize, 0u8, 0.0f64, 0.0f64);
+    let shaped = frames.len() == f
+        && got.len() == want.len()
+        && want.len() == 3 * f * plane
+        && frames.iter().all(|fr| fr.rgb.len() == 3 * plane);
+    if shaped {
+        for (fi, fr) in frames.iter().enumerate() {
+            for p in 0..plane {
+                for c in 0..3 {
+                    let i = (c * f + fi) * plane + p;
+                    let (dev, cpu) = (fr.rgb[3 * p + c], to_u8(want[i]));
+                    let d = dev.abs_diff(cpu);
+                    let allowed = 127.5 * (got[i] as f64 - want[i] as f64).abs() + 1.0 + 1e-3;
+                    // NaN on either side: the comparison is false.
+                    let within = (d as f64) <= allowed;
+                    if !within {
+                        bad += 1;
+                    }
+                    max = max.max(d);
+                    num += (d as f64).powi(2);
+                    den += (cpu as f64 - 127.5).powi(2);
+                }
+            }
+        }
+    }
+    let n = want.len().max(1);
+    Check {
+        name,
+        rel: if shaped { bad as f64 / n as f64 } else { 1.0 },
+        max_abs: max as f64,
+        tol: 0.0,
+        pass: shaped && bad == 0,
+        note: if shaped {
+            format!(
+                "{bad} of {n} bytes outside 127.5|dv| + 1; code diffs L2 {:.2e} of the codes'",
+                (num / den.max(1e-300)).sqrt()
+            )
+        } else {
+            "frame count or size differs".into()
+        },
+    }
 }
 
 /// The VAE section: primitives, the tiny and the ltxv-2b decoders against the
@@ -441,6 +631,8 @@ pub fn check_vae(rig: &Rig, scratch: &Path, out: &mut Vec<Check>) -> Result<(), 
         }
     };
     check_primitives(rig, &mut rng, &mut cudnn, out)?;
+    // Its own generator: the decoder checks below keep their inputs.
+    check_rgb8_kernel(rig, &mut Rng::new(0x0005_eed0_0b8e), out)?;
     let have_cudnn = cudnn.is_some();
     drop(cudnn);
     let t = 0.05f32;
@@ -464,14 +656,15 @@ pub fn check_vae(rig: &Rig, scratch: &Path, out: &mut Vec<Check>) -> Result<(), 
         let want = m
             .host
             .decode(&z, t)
-            .map_err(|e| CudaError::Invalid(format!("CPU arm decode: {e}")))?
-            .into_data();
+            .map_err(|e| CudaError::Invalid(format!("CPU arm decode: {e}")))?;
+        let shape = want.shape().to_vec();
+        let want = want.into_data();
         let cpu_s = t0.elapsed().as_secs_f64();
         for path in ConvPath::ALL {
             if path == ConvPath::Cudnn && !have_cudnn {
                 continue;
             }
-            let (got, ms, bytes) = decode(&mut m, path, &z, t, latent.0, mutation)?;
+            let (got, frames, ms, bytes) = decode(&mut m, path, &z, t, latent.0, mutation)?;
             if m.vae.path != path {
                 return Err(CudaError::Invalid(format!(
                     "conv path {} asked, {} in effect ({:?})",
@@ -512,10 +705,28 @@ pub fn check_vae(rig: &Rig, scratch: &Path, out: &mut Vec<Check>) -> Result<(), 
                 pass: proj == bytes,
                 note: format!("measured {bytes}, projected {proj}"),
             });
+            out.push(rgb8_vs_cpu(
+                format!(
+                    "vae decode {label} {} rgb8 vs the CPU arm's frames",
+                    path.name()
+                ),
+                &frames,
+                &got,
+                &want,
+                &shape,
+            ));
+            let mut exact = vec![(
+                "one piece".to_string(),
+                rgb8_vs_own_f32(&frames, &got, &shape)?,
+            )];
             // Chunked against one piece, on the device.
             let one = got;
             for chunk in [1usize, 2] {
-                let (ch, _, cbytes) = decode(&mut m, path, &z, t, chunk, mutation)?;
+                let (ch, chf, _, cbytes) = decode(&mut m, path, &z, t, chunk, mutation)?;
+                exact.push((
+                    format!("chunks of {chunk}"),
+                    rgb8_vs_own_f32(&chf, &ch, &shape)?,
+                ));
                 let tol = if path == ConvPath::Cudnn {
                     DECODER_TOL
                 } else {
@@ -537,6 +748,30 @@ pub fn check_vae(rig: &Rig, scratch: &Path, out: &mut Vec<Check>) -> Result<(), 
                 );
                 out.push(c);
             }
+            // The RGB8 frames of all three decodes against to_u8 of their own f32 clip.
+            let bad: usize = exact.iter().map(|e| e.1 .0).fold(0, usize::saturating_add);
+            let bytes: usize = exact.iter().map(|e| e.1 .1).sum();
+            let finite = exact.iter().all(|e| e.1 .2);
+            out.push(Check {
+                name: format!(
+                    "vae decode {label} {} rgb8 == to_u8(device f32), 3 chunkings",
+                    path.name()
+                ),
+                rel: bad as f64 / bytes.max(1) as f64,
+                max_abs: if bad == 0 { 0.0 } else { f64::NAN },
+                tol: 0.0,
+                pass: bad == 0 && bytes > 0 && finite,
+                note: exact
+                    .iter()
+                    .map(|(k, (n, b, fin))| {
+                        format!(
+                            "{k}: {n} of {b} differ{}",
+                            if *fin { "" } else { ", f32 NaN" }
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            });
         }
         if let Some(r) = m.vae.cudnn_report() {
             eprintln!(

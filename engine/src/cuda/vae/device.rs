@@ -16,6 +16,9 @@ use super::super::staging::DeviceWeights;
 use super::super::{CudaError, DriverContext};
 use super::cudnn::CudnnConv;
 use super::ops::{HasBias, Loc, NormOp, VaeOps, SINUSOID};
+use super::rgb8::{rgb8_bytes, Rgb8Mutation, RGB8_POISON};
+use super::Download;
+use crate::frames::Frame;
 
 /// How the 3x3x3 convolutions run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,12 +122,58 @@ pub struct DevMod {
 /// Threads per block of the VAE's elementwise kernels.
 const EW: u32 = 256;
 
-/// Where pixels go: the device staging buffer, and the host clip when downloading.
+/// Where pixels go: the f32 staging buffer, its RGB8 conversion (three
+/// colours only), and on the host the f32 clip and/or the frames.
 struct Pixels {
     staging: DeviceBuffer,
+    rgb8: Option<DeviceBuffer>,
     cap_frames: usize,
     host: Option<Vec<f32>>,
+    /// One slot per frame of the clip, filled as the frames come.
+    frames: Option<Vec<Option<Frame>>>,
+    /// Poison the RGB8 staging before every conversion (checks): a byte the
+    /// kernel skips shows as [`RGB8_POISON`], not as an earlier chunk's.
+    repoison: bool,
     geom: (usize, usize, usize, usize),
+}
+
+/// Device bytes of the RGB8 staging for `cap_frames` frames of a clip of
+/// `geom` (channels, frames, height, width): none unless the clip has three colours.
+pub fn rgb8_staging_bytes(cap_frames: usize, geom: (usize, usize, usize, usize)) -> usize {
+    if geom.0 == 3 {
+        rgb8_bytes(cap_frames, geom.2, geom.3)
+    } else {
+        0
+    }
+}
+
+/// Launches `vae_rgb8`: f32 pixels `[frames][3][hh][ww]` at `src` to RGB8
+/// `[frames][hh][ww][3]` at `dst` (bit-exact with [`crate::frames::to_u8`]
+/// unless `mutate` injects a defect), on the compute stream.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_rgb8(
+    kernels: &Kernels,
+    gpu: &Gpu,
+    src: CUdeviceptr,
+    frames: usize,
+    hh: usize,
+    ww: usize,
+    mutate: Rgb8Mutation,
+    dst: CUdeviceptr,
+) -> Result<(), CudaError> {
+    if hh * ww > i32::MAX as usize || frames > i32::MAX as usize {
+        return Err(CudaError::Invalid(format!(
+            "RGB8 conversion of {frames} frames of {hh}x{ww}: too large for one launch"
+        )));
+    }
+    let p = Params::default()
+        .ptr(src)
+        .int(frames)
+        .int(hh)
+        .int(ww)
+        .i32(mutate.code())
+        .ptr(dst);
+    kernels.launch_ew("vae_rgb8", frames * hh * ww, &gpu.compute, p)
 }
 
 /// The device backend of one decode.
@@ -192,36 +241,66 @@ impl<'a> DeviceOps<'a> {
         Ok(b.ptr() + (at.off * 2) as u64)
     }
 
-    /// Allocates the pixel staging buffer for `cap_frames` frames of a clip of
-    /// `geom` (channels, frames, height, width); with `download` the pixels are
-    /// copied into a host clip as they come.
+    /// Allocates the pixel staging buffers for `cap_frames` frames of a clip
+    /// of `geom` (channels, frames, height, width): f32, and RGB8 when the clip
+    /// has three colours (converted on the device whatever `download` says,
+    /// as the render does); `download` picks what is copied to the host as
+    /// the frames come (RGB8 needs three colours).
     pub fn pixel_sink(
         &mut self,
         cap_frames: usize,
         geom: (usize, usize, usize, usize),
-        download: bool,
+        download: Download,
     ) -> Result<(), CudaError> {
         let (c, f, h, w) = geom;
+        let rgb8_bytes = rgb8_staging_bytes(cap_frames, geom);
+        if download.rgb8() && c != 3 {
+            return Err(CudaError::Invalid(format!(
+                "RGB8 frames of a clip of {c} colours: needs 3"
+            )));
+        }
         self.pixels = Some(Pixels {
             staging: DeviceBuffer::alloc(
                 self.gpu,
                 cap_frames * c * h * w * 4,
                 "the VAE's pixel staging",
             )?,
-            cap_frames,
-            host: if download {
-                Some(vec![0.0f32; c * f * h * w])
+            rgb8: if rgb8_bytes > 0 {
+                Some(DeviceBuffer::alloc(
+                    self.gpu,
+                    rgb8_bytes,
+                    "the VAE's RGB8 staging",
+                )?)
             } else {
                 None
             },
+            cap_frames,
+            host: download.f32().then(|| vec![0.0f32; c * f * h * w]),
+            frames: download.rgb8().then(|| vec![None; f]),
+            repoison: false,
             geom,
         });
         Ok(())
     }
 
-    /// The host clip `[c, frames, h, w]` (when downloading).
+    /// The host clip `[c, frames, h, w]` (when downloading f32).
     pub fn take_pixels(&mut self) -> Option<Vec<f32>> {
         self.pixels.as_mut().and_then(|p| p.host.take())
+    }
+
+    /// The host frames (when downloading RGB8); an error names the first
+    /// frame that never came.
+    pub fn take_frames(&mut self) -> Result<Option<Vec<Frame>>, CudaError> {
+        let Some(slots) = self.pixels.as_mut().and_then(|p| p.frames.take()) else {
+            return Ok(None);
+        };
+        let mut v = Vec::with_capacity(slots.len());
+        for (i, s) in slots.into_iter().enumerate() {
+            v.push(s.ok_or_else(|| {
+                CudaError::Invalid(format!("the VAE never delivered RGB8 frame {i}"))
+            })?);
+        }
+        Ok(Some(v))
     }
 
     /// Buffers allocated so far (the next buffer's id).
@@ -231,13 +310,18 @@ impl<'a> DeviceOps<'a> {
 
     /// Fills every activation buffer from id `from` on (and the pixel
     /// staging) with 0xFF bytes (NaN in bf16 and f32), so a read of anything
-    /// the decoder did not write shows in the output.
-    pub fn poison_from(&self, from: usize) -> Result<(), CudaError> {
+    /// the decoder did not write shows in the output; the RGB8 staging gets
+    /// [`RGB8_POISON`] now and before every later conversion.
+    pub fn poison_from(&mut self, from: usize) -> Result<(), CudaError> {
         for b in self.bufs.iter().skip(from) {
             b.fill_bytes(self.gpu, 0xFF, &self.gpu.compute)?;
         }
-        if let Some(p) = &self.pixels {
+        if let Some(p) = self.pixels.as_mut() {
             p.staging.fill_bytes(self.gpu, 0xFF, &self.gpu.compute)?;
+            if let Some(r) = &p.rgb8 {
+                r.fill_bytes(self.gpu, RGB8_POISON, &self.gpu.compute)?;
+            }
+            p.repoison = true;
         }
         Ok(())
     }
@@ -518,8 +602,13 @@ impl VaeOps for DeviceOps<'_> {
         first: usize,
     ) -> Result<(), CudaError> {
         let yp = self.ptr(y)?;
-        let (staging, cap, geom) = match &self.pixels {
-            Some(px) => (px.staging.ptr(), px.cap_frames, px.geom),
+        let (staging, rgb8, cap, geom) = match &self.pixels {
+            Some(px) => (
+                px.staging.ptr(),
+                px.rgb8.as_ref().map(|b| (b.ptr(), px.repoison)),
+                px.cap_frames,
+                px.geom,
+            ),
             None => {
                 return Err(CudaError::Invalid(
                     "VAE pixels before the pixel sink exists".into(),
@@ -547,12 +636,57 @@ impl VaeOps for DeviceOps<'_> {
         let grid = self.ew_grid(n);
         self.kernels
             .launch("vae_pixels", grid, EW, 0, &self.gpu.compute, prm)?;
-        let downloading = self.pixels.as_ref().is_some_and(|p| p.host.is_some());
+        if let Some((rp, poison)) = rgb8 {
+            if let Some(b) = self.pixels.as_ref().and_then(|p| p.rgb8.as_ref()) {
+                if poison {
+                    b.fill_bytes(self.gpu, RGB8_POISON, &self.gpu.compute)?;
+                }
+            }
+            launch_rgb8(
+                self.kernels,
+                self.gpu,
+                staging,
+                frames,
+                hh,
+                ww,
+                Rgb8Mutation::None,
+                rp,
+            )?;
+        }
+        let downloading = self
+            .pixels
+            .as_ref()
+            .is_some_and(|p| p.host.is_some() || p.frames.is_some());
         if downloading {
             let was_open = self.seg_open;
             self.end()?;
+            if !was_open {
+                // No timed span to wait on (a direct call): the copies below
+                // run on the legacy stream, which does not wait for the
+                // non-blocking compute stream.
+                self.gpu.sync_compute()?;
+            }
             let plane = hh * ww;
             if let Some(px) = self.pixels.as_mut() {
+                // One copy per frame straight into the frame's own bytes
+                // (1.18 MB at 768x512): no f32 crosses the bus and no host
+                // buffer is copied again.
+                if let (Some(slots), Some((rp, _))) = (px.frames.as_mut(), rgb8) {
+                    let fb = rgb8_bytes(1, hh, ww);
+                    for j in 0..frames {
+                        let mut rgb = vec![0u8; fb];
+                        // SAFETY: `rgb` has room for one frame; frame j lies
+                        // inside the RGB8 staging (frames <= cap); the end()
+                        // above waited for the conversion.
+                        unsafe { dres::memcpy_dtoh_sync(&mut rgb, rp + (j * fb) as u64) }
+                            .ctx("copying VAE frames to the host")?;
+                        slots[first + j] = Some(Frame {
+                            width: ww,
+                            height: hh,
+                            rgb,
+                        });
+                    }
+                }
                 if let Some(host) = px.host.as_mut() {
                     for j in 0..frames {
                         for c in 0..oc {
