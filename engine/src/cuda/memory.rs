@@ -198,12 +198,22 @@ pub fn download<T: Copy + Default>(
     Ok(out)
 }
 
-/// Copy `data` to device memory at `dst` (synchronous, pageable source).
+/// Copy `data` to device memory at `dst`; on return the copy is complete and the
+/// compute stream's later work sees it.
+///
+/// The copy is queued on the compute stream and that stream is then waited on. A
+/// synchronous `cuMemcpyHtoD` is not enough: from pageable memory it returns once
+/// the data is staged, before the DMA lands, and it runs on the legacy stream,
+/// which the non-blocking compute stream does not wait for, so a kernel queued
+/// next could read the buffer half-written (selftest run bench5 caught this:
+/// `t5 gated gelu` and the RGB8 probe read inputs that had not arrived).
 pub fn upload<T: Copy>(gpu: &Gpu, dst: CUdeviceptr, data: &[T]) -> Result<(), CudaError> {
     gpu.bind()?;
-    gpu.sync_compute()?;
-    // SAFETY: the caller names a device range of at least data.len() elements.
-    unsafe { dres::memcpy_htod_sync(dst, data) }.ctx("copying host memory to the device")
+    // SAFETY: the caller names a device range of at least data.len() elements;
+    // `data` outlives the copy, which the synchronize below waits for.
+    unsafe { dres::memcpy_htod_async(dst, data, gpu.compute.cu_stream()) }
+        .ctx("copying host memory to the device")?;
+    gpu.sync_compute()
 }
 
 #[cfg(test)]
