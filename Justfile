@@ -43,13 +43,14 @@ fuzz CASES="20000":
 # CUDA arm on a GPU machine, every figure side by side in one run: every kernel, the
 # device T5, VAE and DiT forward against the f32 host reference and the graph-replayed
 # loop against the eager one, then the staging / forward / denoise graph on-off / T5 /
-# VAE benchmarks; rung 2 rendered under `harness run` (default profile); the PyTorch +
+# VAE benchmarks; rung 2 rendered under `harness run` (default profile, weights warm in the
+# page cache as the reference's are); the PyTorch +
 # diffusers reference (scripts/reference_ltx.py: VAE decode and the LTXPipeline at rung
 # 2's geometry, steps and guidance); a table of both with the ratios last. Weights and
 # the store go under $WORK (default ~/ltx-bench).
 bench-gpu:
     cargo build --bins
-    scripts/bench-gpu.sh {{bin}} selftest synth:ltxv-2b run:2:default ref:2 table
+    scripts/bench-gpu.sh {{bin}} selftest synth:ltxv-2b run:2:default::warm ref:2 table
 
 # The denoise-graph lever alone on a GPU machine: graph vs eager loops (bit-exact,
 # with the mutant) and the loop benchmark, off vs on, at rung 2's and rung 1's grids.

@@ -11,11 +11,15 @@
 #                         CPU arm, then the staging/forward/denoise/graph/T5/VAE benches
 #   synth:PRESET          synthesize the preset's weights (in the background; a step
 #                         that needs them waits), unless already there
-#   run:RUNG:PROFILE[:K=V,K=V]
+#   run:RUNG:PROFILE[:K=V,K=V[:CACHE]]
 #                         harness run of rungs/RUNG.toml with that profile and lever
-#                         overrides; the bundle is sealed into $WORK/store
+#                         overrides; the bundle is sealed into $WORK/store; CACHE =
+#                         as-is (default), cold or warm (--weights-cache)
 #   ref:RUNG              the PyTorch + diffusers reference at the rung's geometry, steps
-#                         and guidance (scripts/reference_ltx.py vae, then pipeline)
+#                         and guidance (scripts/reference_ltx.py vae, then pipeline), with
+#                         the weights read into the page cache first (compare it with a
+#                         run whose CACHE is warm: the default profile's release-pages
+#                         leaves the weights cold for whoever comes next)
 #   campaign:RUNGS:LEVERS:REPEAT[:CACHE]
 #                         harness campaign (order random, seed 1) into $WORK/store;
 #                         CACHE = as-is (default), cold or warm (--weights-cache)
@@ -83,7 +87,7 @@ for step in "$@"; do
   IFS=: read -r kind a b c d <<< "$step"
   case $kind in
     selftest)
-      timeout "$(cap 200)" "$E" selftest-cuda --bench --scratch "$WORK/selftest" \
+      timeout "$(cap 280)" "$E" selftest-cuda --bench --scratch "$WORK/selftest" \
         > "$OUT/selftest.log" 2>&1
       note "selftest rc=$?" ;;
     synth)
@@ -99,6 +103,7 @@ for step in "$@"; do
       [ -n "$c" ] && for kv in ${c//,/ }; do flags+=(--lever "$kv"); done
       name="run-$a-$b${c:+-${c//[=,]/_}}"
       s=$(date +%s.%N)
+      [ -n "$d" ] && { flags+=(--weights-cache "$d"); name+="-$d"; }
       timeout -s TERM -k 20 "$(cap 480)" "$H" run --rung "rungs/$a.toml" "${flags[@]}" \
         --store "$store" --engine "$E" --weights "$(weights_of "$p")" --cadence-ms 100 \
         > "$OUT/$name.out" 2> "$OUT/$name.err" < /dev/null
@@ -110,6 +115,8 @@ for step in "$@"; do
       read -r W Hh F S G SEED <<< "$(geometry "$a")"
       geo=(--weights "$(weights_of "$p")" --width "$W" --height "$Hh" --frames "$F" --seed "$SEED")
       export PYTHONPATH=${REF_SITE:+$REF_SITE:}${PYTHONPATH:-} PYTHONUNBUFFERED=1
+      find "$(weights_of "$p")" -type f -exec cat {} + > /dev/null
+      note "ref $a weights read into the page cache"
       timeout "$(cap 120)" "$PY" scripts/reference_ltx.py vae "${geo[@]}" --repeat 5 \
         --json "$OUT/ref-$a-vae.json" > "$OUT/ref-$a-vae.log" 2>&1
       note "ref $a vae rc=$?"
@@ -122,7 +129,7 @@ for step in "$@"; do
       p=$(preset_of "${a%%,*}")
       timeout -s TERM -k 30 "$(cap 3600)" "$H" campaign --rungs "$a" --levers "$b" \
         --repeat "$c" --weights-cache "${d:-as-is}" --engine "$E" --store "$store" -- --weights "$(weights_of "$p")" \
-        --cadence-ms 100 > "$OUT/campaign.out" 2> "$OUT/campaign.err" < /dev/null
+        --cadence-ms 100 > "$OUT/campaign-$a-${b//,/+}.out" 2> "$OUT/campaign-$a-${b//,/+}.err" < /dev/null
       note "campaign $a $b x$c cache ${d:-as-is} rc=$?"
       pack ;;
     table) ;;
