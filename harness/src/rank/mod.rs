@@ -20,6 +20,7 @@ pub mod verdict;
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::levers_spec::{Direction, Lever, LeverSpec, Unit};
 use bundle::Bundle;
@@ -124,10 +125,11 @@ pub fn rank(
     command: &str,
 ) -> Ranking {
     let pairing = pairing::pair(bundles, spec);
+    let devices = rung_devices(bundles);
     let mut levers: Vec<LeverResult> = spec
         .levers
         .iter()
-        .map(|l| lever_result(spec, l, &pairing))
+        .map(|l| lever_result(spec, l, &pairing, &devices))
         .collect();
     // Measured rank: verdict-grade estimates at the reference rung, by fractional
     // saving (largest first), ties by id.
@@ -189,8 +191,62 @@ pub fn rank(
     }
 }
 
-fn lever_result(spec: &LeverSpec, l: &Lever, p: &pairing::Pairing) -> LeverResult {
-    let at = |rung: &str| rung_result(l, rung, p.by_lever_rung.get(&(l.id.clone(), rung.into())));
+/// The devices each rung's bundles ran on (`rung.config.device`), by rung name;
+/// bundles that do not record one are left out.
+fn rung_devices(bundles: &[Bundle]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut m: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for b in bundles {
+        if let Some(d) = &b.device {
+            m.entry(b.rung.clone()).or_default().insert(d.clone());
+        }
+    }
+    m
+}
+
+/// Why `l` does not apply at `rung`: every bundle of the rung ran on a device the
+/// lever's arms do not differ on. `None` when it applies, or when no bundle says
+/// where the rung runs.
+fn not_applicable(
+    l: &Lever,
+    rung: &str,
+    devices: &BTreeMap<String, BTreeSet<String>>,
+) -> Option<String> {
+    let ds = devices.get(rung).filter(|d| !d.is_empty())?;
+    let applies: Vec<String> = l
+        .applies_to
+        .iter()
+        .map(|d| {
+            serde_json::to_value(d)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+        })
+        .collect::<Option<_>>()?;
+    if ds.iter().any(|d| applies.contains(d)) {
+        return None;
+    }
+    Some(format!(
+        "{} applies to {} and rung {rung} runs on {}",
+        l.id,
+        applies.join(", "),
+        ds.iter().cloned().collect::<Vec<_>>().join(", ")
+    ))
+}
+
+fn lever_result(
+    spec: &LeverSpec,
+    l: &Lever,
+    p: &pairing::Pairing,
+    devices: &BTreeMap<String, BTreeSet<String>>,
+) -> LeverResult {
+    let at = |rung: &str| {
+        let mut r = rung_result(l, rung, p.by_lever_rung.get(&(l.id.clone(), rung.into())));
+        if r.baseline_runs + r.treatment_runs == 0 {
+            if let Some(why) = not_applicable(l, rung, devices) {
+                r.verdict = Verdict::NotApplicable { why };
+            }
+        }
+        r
+    };
     let reference = at(spec.reference_rung.as_str());
     let other_rungs = p
         .by_lever_rung
@@ -263,5 +319,38 @@ fn missing_pairs(l: &Lever, rung: &str, lr: &LeverRungPairs) -> String {
         (b, t) => format!(
             "pairs at rung {rung}: {b} baseline and {t} treatment run(s) share no round, engine, host and weights"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rank::bundle::tests::sample_bundle;
+    use crate::rank::pairing::tests::spec;
+
+    fn verdict_at_reference(device: Option<&str>) -> Verdict {
+        // The test spec's lever `staging` applies to the CPU arm only; the bundle
+        // is not a campaign run, so it never pairs.
+        let mut b = sample_bundle("x");
+        b.device = device.map(str::to_string);
+        let r = rank(&spec(), &[b], &[], "t");
+        r.levers[0].reference.verdict.clone()
+    }
+
+    #[test]
+    fn a_lever_for_another_device_is_not_applicable_at_the_rung() {
+        match verdict_at_reference(Some("cuda")) {
+            Verdict::NotApplicable { why } => {
+                assert_eq!(why, "staging applies to cpu and rung 2 runs on cuda")
+            }
+            v => panic!("want n/a, got {v:?}"),
+        }
+        // Where it applies, or where no bundle says the device, evidence is missing.
+        for d in [Some("cpu"), None] {
+            assert!(
+                matches!(verdict_at_reference(d), Verdict::Insufficient { .. }),
+                "{d:?}"
+            );
+        }
     }
 }

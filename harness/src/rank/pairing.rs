@@ -330,7 +330,7 @@ fn short(s: &str) -> &str {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::levers_spec::LeverSpec;
     use crate::rank::bundle::tests::sample_bundle;

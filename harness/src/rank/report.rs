@@ -119,6 +119,7 @@ fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
                 }
             }
             Verdict::Insufficient { missing } => write!(o, " — missing: {missing}.")?,
+            Verdict::NotApplicable { why } => write!(o, " — not applicable: {why}.")?,
         }
         writeln!(o)?;
     }

@@ -32,15 +32,22 @@ pub enum Verdict {
         /// What evidence is missing.
         missing: String,
     },
+    /// The lever does not apply where the rung runs (its arms do not differ on
+    /// that device), so there is nothing to measure there.
+    NotApplicable {
+        /// Why: the lever's devices and the rung's.
+        why: String,
+    },
 }
 
 impl Verdict {
-    /// The verdict's name: `confirmed`, `refuted` or `insufficient`.
+    /// The verdict's name: `confirmed`, `refuted`, `insufficient` or `n/a`.
     pub fn name(&self) -> &'static str {
         match self {
             Verdict::Confirmed => "confirmed",
             Verdict::Refuted { .. } => "refuted",
             Verdict::Insufficient { .. } => "insufficient",
+            Verdict::NotApplicable { .. } => "n/a",
         }
     }
 }
