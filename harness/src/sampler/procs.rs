@@ -182,14 +182,26 @@ mod tests {
             .unwrap();
         let root = child.id() as i32;
         let mut found = HashSet::new();
-        for _ in 0..100 {
+        // Wait until both children have exec'd `sleep`: a child caught between fork
+        // and exec is still a copy of sh whose memory is changing, and the two RSS
+        // readings below would differ by more than a few pages.
+        let is_sleep = |p: &i32| {
+            Process::new(*p)
+                .and_then(|pr| pr.stat())
+                .is_ok_and(|st| st.comm == "sleep")
+        };
+        for _ in 0..250 {
             found = descendants(root);
-            if found.len() >= 3 {
+            if found.len() >= 3 && found.iter().filter(|p| **p != root).all(is_sleep) {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         assert_eq!(found.len(), 3, "{found:?}");
+        assert!(
+            found.iter().filter(|p| **p != root).all(is_sleep),
+            "{found:?}"
+        );
         let mut tree = ProcessTree::new(root);
         assert_eq!(tree.pids().count(), 3);
         let mut s = Sample::empty(0);
