@@ -364,6 +364,15 @@ next_hypothesis = "n"
         .unwrap()
     }
 
+    /// Why `id` was excluded (empty when it was not).
+    fn reason_of(p: &Pairing, id: &str) -> String {
+        p.excluded
+            .iter()
+            .find(|e| e.id == id)
+            .map(|e| e.reason.clone())
+            .unwrap_or_default()
+    }
+
     fn run(id: &str, round: u32, arm: &str, load_s: f64) -> Bundle {
         let mut b = sample_bundle(id);
         b.schedule = Some(Schedule {
@@ -420,13 +429,7 @@ next_hypothesis = "n"
             .collect();
         assert_eq!(got, [("a1", "b1", 10.0, 7.0), ("a2", "b2", 11.0, 8.0)]);
         assert_eq!(p.used_ids(), ["a1", "a2", "b1", "b2"]);
-        let reason = |id: &str| {
-            p.excluded
-                .iter()
-                .find(|e| e.id == id)
-                .map(|e| e.reason.clone())
-                .unwrap_or_default()
-        };
+        let reason = |id: &str| reason_of(&p, id);
         assert!(
             reason("a3").contains("no treatment run (staging=batched)"),
             "{}",
@@ -484,13 +487,7 @@ next_hypothesis = "n"
             .collect();
         assert_eq!(got, [("n1", "n2")]);
         assert_eq!((lr.baseline_runs, lr.treatment_runs), (1, 1));
-        let reason = |id: &str| {
-            p.excluded
-                .iter()
-                .find(|e| e.id == id)
-                .map(|e| e.reason.clone())
-                .unwrap_or_default()
-        };
+        let reason = |id: &str| reason_of(&p, id);
         for id in ["o1", "o2", "o3", "o4", "l1"] {
             assert!(
                 reason(id).starts_with("superseded: campaign new measured staging at rung 2"),
