@@ -13,7 +13,7 @@ use engine::models::dit::{self, Transformer};
 use engine::models::init;
 use engine::models::t5::{self, T5Encoder};
 use engine::models::vae::{self, VaeDecoder};
-use engine::ops::conv3d::Conv3d;
+use engine::ops::conv3d::{Conv3d, TILE_MAX_COLS};
 use engine::ops::linear::{gemm, MatRef};
 use engine::presets::preset;
 use engine::rng::{initial_latents, Gaussian};
@@ -88,6 +88,37 @@ fn main() {
             2.0 * (co * ci * 27 * h * w) as f64 / s / 1e9
         );
     }
+
+    // One conv3d output frame at a decoder-like size (128 -> 128, 3x3x3, 256x384):
+    // the accumulator tile bounded (TILE_MAX_COLS) against unbounded, side by side.
+    let (ci, co, h, w) = (128, 128, 256, 384);
+    let conv = Conv3d::new(
+        Tensor::new(&[co, ci, 3, 3, 3], Gaussian::new(3, "w").vec(co * ci * 27)).unwrap(),
+        vec![0.0; co],
+    );
+    let frames: Vec<_> = (0..3)
+        .map(|i| conv.pad(&Gaussian::new(10 + i, "x").vec(ci * h * w), h, w))
+        .collect();
+    let window: Vec<_> = frames.iter().collect();
+    let flop = 2.0 * (co * ci * 27 * h * w) as f64;
+    let mut rates = Vec::new();
+    for cols in [usize::MAX, TILE_MAX_COLS, 2048] {
+        let s = median_s(3, || drop(conv.forward_padded_tiled(&window, cols)));
+        let label = if cols == usize::MAX {
+            "unbounded".to_string()
+        } else {
+            cols.to_string()
+        };
+        println!(
+            "conv3d_frame_128to128_256x384_threads{all}_tile_cols_{label}: {:.1} GFLOP/s",
+            flop / s / 1e9
+        );
+        rates.push(flop / s);
+    }
+    println!(
+        "conv3d_frame_128to128_256x384 tile {TILE_MAX_COLS} vs unbounded: {:.2}x",
+        rates[1] / rates[0]
+    );
 
     // Tiny preset: a rung-0-sized render's compute (weights already in memory).
     let p = preset("tiny").expect("tiny preset");

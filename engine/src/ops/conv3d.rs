@@ -19,6 +19,11 @@ use crate::ops::linear::{gemm_serial, MatRef};
 use crate::tensor::Tensor;
 use crate::weights::{VarBuilder, WeightError};
 
+/// Padded output columns per tile of [`Conv3d::forward_padded`]: a 64-channel
+/// block's accumulator is then at most 1 MiB (`64 * 4096 * 4` bytes), which a core's
+/// L2 holds across the kernel's taps.
+pub const TILE_MAX_COLS: usize = 4096;
+
 /// How time is padded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TimePad {
@@ -124,6 +129,16 @@ impl Conv3d {
     /// # Panics
     /// If the window length is not `kt` or the frames differ in size (bugs).
     pub fn forward_padded(&self, window: &[&PaddedFrame]) -> Vec<f32> {
+        self.forward_padded_tiled(window, TILE_MAX_COLS)
+    }
+
+    /// [`Conv3d::forward_padded`] with tiles of at most `max_cols` padded output
+    /// columns (whole rows; at least one row): the tile's accumulator is
+    /// `out-channel block x max_cols` f32 and is read and written once per kernel
+    /// tap, so it should stay in a core's cache. The result does not depend on it
+    /// (each output element sums the same products in the same order); the
+    /// benchmark compares settings.
+    pub fn forward_padded_tiled(&self, window: &[&PaddedFrame], max_cols: usize) -> Vec<f32> {
         let (kt, kh, kw) = self.k;
         assert_eq!(
             window.len(),
@@ -149,7 +164,7 @@ impl Conv3d {
         let cb = if want_tiles > 1 && co > 64 { 64 } else { co };
         let co_tiles = co.div_ceil(cb);
         let row_tiles = want_tiles.div_ceil(co_tiles).clamp(1, h);
-        let rb = h.div_ceil(row_tiles);
+        let rb = h.div_ceil(row_tiles).min((max_cols / wp).max(1));
         let row_tiles = h.div_ceil(rb);
 
         let tiles: Vec<(usize, usize, Vec<f32>)> = (0..co_tiles * row_tiles)
@@ -355,6 +370,35 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_tile_width_does_not_change_a_single_bit() {
+        // 70 output channels (two channel blocks) over 24 rows: one row per tile,
+        // three rows, and unbounded must give identical bits, since each output
+        // element sums the same products in the same order whatever the tiling.
+        // Mutation that turns this red: a tile whose rows overlap or skip (rb
+        // rounding), or a column offset that ignores the tile's first row.
+        let (co, ci, h, w) = (70usize, 16usize, 24usize, 20usize);
+        let conv = Conv3d::new(
+            Tensor::new(&[co, ci, 3, 3, 3], Gaussian::new(9, "w").vec(co * ci * 27)).unwrap(),
+            Gaussian::new(9, "b").vec(co),
+        );
+        let frames: Vec<_> = (0..3)
+            .map(|i| conv.pad(&Gaussian::new(20 + i, "x").vec(ci * h * w), h, w))
+            .collect();
+        let window: Vec<_> = frames.iter().collect();
+        let want = conv.forward_padded_tiled(&window, usize::MAX);
+        assert!(want.iter().all(|v| v.is_finite()) && want.iter().any(|v| *v != 0.0));
+        for cols in [1, w + 2, 3 * (w + 2), TILE_MAX_COLS] {
+            let got = conv.forward_padded_tiled(&window, cols);
+            assert_eq!(got.len(), want.len());
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(g, e)| g.to_bits() == e.to_bits());
+            assert!(same, "max_cols {cols} changed the result");
         }
     }
 }
