@@ -312,7 +312,6 @@ fn control_once(
             return no_cross(format!("cannot start the sampler: {e}"));
         }
     };
-    let mut crossed_ns = None;
     let mut held = false;
     let mut longest_below_ms: Option<u64> = None;
     // Every crossing's start, in order (floor: one per stretch below the floor).
@@ -322,7 +321,6 @@ fn control_once(
             if let Some(t) = line.strip_prefix("crossed ") {
                 if let Ok(t) = t.trim().parse::<u64>() {
                     crossings.push(t);
-                    crossed_ns.get_or_insert(t);
                 }
             } else if let Some(t) = line.strip_prefix("longest-below-ms ") {
                 longest_below_ms = t.trim().parse::<u64>().ok();
@@ -350,7 +348,7 @@ fn control_once(
         // the watchdog's promise of two ticks (other processes freed memory: seen
         // when tests that allocate and free gigabytes run beside the control).
         let sustained =
-            sustained_crossing(kind, crossed_ns.is_some(), longest_below_ms, cadence_ms);
+            sustained_crossing(kind, !crossings.is_empty(), longest_below_ms, cadence_ms);
         return (
             fail(format!(
                 "the watchdog never fired: the probe {} {}{} (limits {:?}, probe exit {status:?})",
@@ -359,7 +357,7 @@ fn control_once(
                 } else {
                     "ran"
                 },
-                if crossed_ns.is_some() {
+                if !crossings.is_empty() {
                     "and saw its reading cross the limit"
                 } else {
                     "but its reading never crossed the limit (other memory moved?)"

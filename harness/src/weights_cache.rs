@@ -209,6 +209,7 @@ fn read_through(path: &Path) -> Result<(), CacheError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampler::pagecache::tests::noise;
     use std::io::Write;
 
     fn weights(name: &str, mib: usize) -> Vec<PathBuf> {
@@ -217,18 +218,10 @@ mod tests {
             .join(name);
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
-        let mut x = 0x2545_f491u32;
         let mut out = Vec::new();
-        for i in 0..2 {
+        for i in 0..2u32 {
             let p = d.join(format!("part-{i}.safetensors"));
-            let data: Vec<u8> = (0..mib << 20)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 17;
-                    x ^= x << 5;
-                    x as u8
-                })
-                .collect();
+            let data = noise(0x2545_f491 + i, mib << 20);
             let mut f = std::fs::File::create(&p).unwrap();
             f.write_all(&data).unwrap();
             f.sync_all().unwrap();

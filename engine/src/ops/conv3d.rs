@@ -24,6 +24,13 @@ use crate::weights::{VarBuilder, WeightError};
 /// L2 holds across the kernel's taps.
 pub const TILE_MAX_COLS: usize = 4096;
 
+/// Rows per tile: `h` split into `row_tiles` blocks, cut further so that a block's
+/// `rows * wp` padded columns stay within `max_cols` (at least one row).
+fn row_block(h: usize, wp: usize, row_tiles: usize, max_cols: usize) -> usize {
+    h.div_ceil(row_tiles.max(1))
+        .min((max_cols / wp.max(1)).max(1))
+}
+
 /// How time is padded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TimePad {
@@ -164,7 +171,7 @@ impl Conv3d {
         let cb = if want_tiles > 1 && co > 64 { 64 } else { co };
         let co_tiles = co.div_ceil(cb);
         let row_tiles = want_tiles.div_ceil(co_tiles).clamp(1, h);
-        let rb = h.div_ceil(row_tiles).min((max_cols / wp).max(1));
+        let rb = row_block(h, wp, row_tiles, max_cols);
         let row_tiles = h.div_ceil(rb);
 
         let tiles: Vec<(usize, usize, Vec<f32>)> = (0..co_tiles * row_tiles)
@@ -371,6 +378,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn row_blocks_respect_the_column_bound() {
+        // A 768-wide decoder layer (wp 770) over 512 rows in 32 tiles: 16 rows is
+        // 12320 columns, cut to 5 rows (3850 <= 4096).
+        assert_eq!(row_block(512, 770, 32, TILE_MAX_COLS), 5);
+        assert_eq!(row_block(512, 770, 32, usize::MAX), 16);
+        // Narrow frames keep the split over threads; a row wider than the bound
+        // still gets one row.
+        assert_eq!(row_block(64, 66, 4, TILE_MAX_COLS), 16);
+        assert_eq!(row_block(8, 5000, 1, TILE_MAX_COLS), 1);
     }
 
     #[test]

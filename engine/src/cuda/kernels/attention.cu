@@ -145,19 +145,27 @@ __device__ __forceinline__ float ex2_approx(float x) {
     return y;
 }
 
+// Rows row0 .. row0+nrows of head h (columns h*HD ..) into shared rows of HD + 8
+// elements, by cp.async; rows at or past n are zero-filled. The caller commits.
+template <int HD>
+__device__ __forceinline__ void fmt_load_rows(bf16* dst, const bf16* __restrict__ src, int row0, int nrows,
+                                              int n, int ld, int h) {
+    constexpr int SROW = HD + 8;
+    constexpr int CHUNKS = HD / 8;
+    for (int i = threadIdx.x; i < nrows * CHUNKS; i += blockDim.x) {
+        const int r = i / CHUNKS, c8 = (i % CHUNKS) * 8;
+        const int row = row0 + r;
+        const bool ok = row < n;
+        const long long rr = ok ? row : 0;
+        cp_async16(dst + r * SROW + c8, src + rr * ld + h * HD + c8, ok);
+    }
+}
+
 template <int HD>
 __device__ __forceinline__ void fa2_load_tile(bf16* ks, bf16* vs, const bf16* __restrict__ k,
                                               const bf16* __restrict__ v, int kt, int nk, int ldk, int ldv, int h) {
-    constexpr int SROW = HD + 8;
-    constexpr int CHUNKS = HD / 8;
-    for (int i = threadIdx.x; i < FA_BN * CHUNKS; i += blockDim.x) {
-        const int r = i / CHUNKS, c8 = (i % CHUNKS) * 8;
-        const int key = kt + r;
-        const bool ok = key < nk;
-        const long long kr = ok ? key : 0;
-        cp_async16(ks + r * SROW + c8, k + kr * ldk + h * HD + c8, ok);
-        cp_async16(vs + r * SROW + c8, v + kr * ldv + h * HD + c8, ok);
-    }
+    fmt_load_rows<HD>(ks, k, kt, FA_BN, nk, ldk, h);
+    fmt_load_rows<HD>(vs, v, kt, FA_BN, nk, ldv, h);
     cp_async_commit();
 }
 
@@ -351,20 +359,6 @@ __device__ __forceinline__ float ex2_poly(float x) {
     const float f = x - (t - 12582912.0f);
     const float p = fmaf(fmaf(fmaf(0.05517166682f, f, 0.24261113509f), f, 0.69326098701f), f, 0.99992807279f);
     return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
-template <int HD>
-__device__ __forceinline__ void fmt_load_rows(bf16* dst, const bf16* __restrict__ src, int row0, int nrows,
-                                              int n, int ld, int h) {
-    constexpr int SROW = HD + 8;
-    constexpr int CHUNKS = HD / 8;
-    for (int i = threadIdx.x; i < nrows * CHUNKS; i += blockDim.x) {
-        const int r = i / CHUNKS, c8 = (i % CHUNKS) * 8;
-        const int row = row0 + r;
-        const bool ok = row < n;
-        const long long rr = ok ? row : 0;
-        cp_async16(dst + r * SROW + c8, src + rr * ld + h * HD + c8, ok);
-    }
 }
 
 template <int HD, int WARPS, int MT, int BN, bool QREG, bool POLY, bool BIAS>
