@@ -209,7 +209,7 @@ fn read_through(path: &Path) -> Result<(), CacheError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::pagecache::tests::noise;
+    use crate::completion::y4m::tests::noise;
     use std::io::Write;
 
     fn weights(name: &str, mib: usize) -> Vec<PathBuf> {
@@ -221,7 +221,7 @@ mod tests {
         let mut out = Vec::new();
         for i in 0..2u32 {
             let p = d.join(format!("part-{i}.safetensors"));
-            let data = noise(0x2545_f491 + i, mib << 20);
+            let data = noise(mib << 20, 0x2545_f491 + i);
             let mut f = std::fs::File::create(&p).unwrap();
             f.write_all(&data).unwrap();
             f.sync_all().unwrap();

@@ -220,7 +220,7 @@ pub fn header_line(header: &Header) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn stream(h: &Header, frames: &[Vec<u8>]) -> Vec<u8> {
@@ -232,7 +232,9 @@ mod tests {
         out
     }
 
-    fn noise(n: usize, seed: u32) -> Vec<u8> {
+    /// `n` bytes of xorshift32 noise from `seed`: test content whose bytes are not
+    /// all alike (frames here, page-cache files in sampler::pagecache and weights_cache).
+    pub(crate) fn noise(n: usize, seed: u32) -> Vec<u8> {
         let mut x = seed.wrapping_mul(2_654_435_761).max(1);
         (0..n)
             .map(|_| {

@@ -118,22 +118,10 @@ impl Residency {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::completion::y4m::tests::noise;
     use std::io::Write;
-
-    /// `n` bytes of xorshift32 noise from `seed` (non-zero): file contents for
-    /// page-cache tests, which only need pages that are not all alike.
-    pub(crate) fn noise(mut seed: u32, n: usize) -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 17;
-                seed ^= seed << 5;
-                seed as u8
-            })
-            .collect()
-    }
 
     fn dir(name: &str) -> PathBuf {
         let d = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -149,7 +137,7 @@ pub(crate) mod tests {
         let d = dir("drop");
         let path = d.join("w.bin");
         let mut f = std::fs::File::create(&path).unwrap();
-        let data = noise(0x9e37_79b9, 4 << 20);
+        let data = noise(4 << 20, 0x9e37_79b9);
         f.write_all(&data).unwrap();
         f.sync_all().unwrap();
         let empty = d.join("empty.bin");
