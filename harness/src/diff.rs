@@ -13,7 +13,7 @@ use serde_json::Value;
 use std::fmt::Write;
 
 use crate::levers_spec::Unit;
-use crate::rank::bundle::Bundle;
+use crate::rank::bundle::{Bundle, PhaseRow};
 use crate::rank::report::{fixed, value};
 
 /// The manifest fields compared, with a label: `(path, label)`.
@@ -85,9 +85,10 @@ pub struct PhaseDiff {
     pub delta_s: Option<f64>,
     /// `b_s / a_s`.
     pub ratio: Option<f64>,
-    /// Peak RSS inside the phase in A, bytes.
+    /// Peak RSS inside the phase in A (sampled or the engine's reported mark,
+    /// whichever is larger), bytes.
     pub a_peak_rss_bytes: Option<i64>,
-    /// Peak RSS inside the phase in B, bytes.
+    /// Peak RSS inside the phase in B (as for A), bytes.
     pub b_peak_rss_bytes: Option<i64>,
 }
 
@@ -152,7 +153,7 @@ pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
         x.phases
             .iter()
             .filter(|p| p.name == n)
-            .filter_map(|p| p.peak_rss_bytes)
+            .filter_map(PhaseRow::peak_host_rss_bytes)
             .max()
     };
     let phases = names

@@ -61,8 +61,9 @@ pub enum Metric {
     },
     /// Seconds: from the first phase's open to the last phase's close.
     RenderWall,
-    /// Bytes: the largest `peak_rss_bytes` over the phase's instances (every phase
-    /// when `phase` is absent).
+    /// Bytes: the largest peak resident set over the phase's instances (every
+    /// phase when `phase` is absent): per instance, the sampled `peak_rss_bytes`
+    /// or the engine's `peak_host_bytes` close attribute, whichever is larger.
     PeakRss {
         /// Restrict to this phase.
         #[serde(default)]

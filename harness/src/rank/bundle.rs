@@ -44,12 +44,29 @@ pub struct PhaseRow {
     pub is_leaf: bool,
     /// Peak sampled RSS inside the phase, bytes.
     pub peak_rss_bytes: Option<i64>,
+    /// The engine's own high-water mark of its resident set inside the phase (the
+    /// `peak_host_bytes` close attribute, `specs/markers.md`), bytes; `None` when the
+    /// engine did not report one or the phase never closed.
+    pub peak_host_bytes: Option<i64>,
     /// Peak device bytes from the close attributes.
     pub peak_device_bytes: Option<i64>,
     /// Share of the phase's samples with the GPU busy, 0..1.
     pub gpu_busy_share: Option<f64>,
     /// Samples inside the phase.
     pub samples: Option<i64>,
+}
+
+impl PhaseRow {
+    /// Peak resident host bytes inside the phase: the larger of the sampled peak
+    /// and the engine's reported high-water mark. Samples bound the peak from
+    /// below (a phase shorter than the cadence has none); the engine's mark is
+    /// exact for its own process but absent from engines that do not report it.
+    pub fn peak_host_rss_bytes(&self) -> Option<i64> {
+        match (self.peak_rss_bytes, self.peak_host_bytes) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// Peaks and counts of the sampled columns rank uses, over one set of samples.
@@ -206,7 +223,11 @@ impl Bundle {
                 .ok_or_else(|| "no phases to span".to_string()),
             Metric::PeakRss { phase } => {
                 need_phase(phase)?;
-                max_i64(rows(phase), |r| r.peak_rss_bytes, "peak_rss_bytes")
+                max_i64(
+                    rows(phase),
+                    PhaseRow::peak_host_rss_bytes,
+                    "peak_rss_bytes sample or peak_host_bytes close attribute",
+                )
             }
             Metric::DevicePeak { phase } => {
                 need_phase(phase)?;
@@ -261,6 +282,7 @@ pub(crate) mod tests {
             duration_s: Some(dur),
             is_leaf: name != "denoise",
             peak_rss_bytes: Some(rss),
+            peak_host_bytes: None,
             peak_device_bytes: None,
             gpu_busy_share: None,
             samples: Some(3),
@@ -356,6 +378,33 @@ pub(crate) mod tests {
             phase: Some("load.dit".into())
         })
         .is_err());
+    }
+
+    #[test]
+    fn peak_rss_is_the_larger_of_the_samples_and_the_engines_own_mark() {
+        let mut b = sample_bundle("abc");
+        // load.dit: no sample fell inside it (a phase shorter than the cadence),
+        // but the engine reported its high-water mark.
+        b.phases[0].peak_rss_bytes = None;
+        b.phases[0].peak_host_bytes = Some(2600);
+        // One step's mark exceeds every sample; the other's is below its sample.
+        b.phases[2].peak_host_bytes = Some(1700);
+        b.phases[3].peak_host_bytes = Some(1100);
+        let m = |b: &Bundle, phase: Option<&str>| {
+            b.metric(&Metric::PeakRss {
+                phase: phase.map(str::to_string),
+            })
+        };
+        assert_eq!(m(&b, Some("load.dit")), Ok(2600.0));
+        assert_eq!(m(&b, Some("denoise.step")), Ok(1700.0));
+        assert_eq!(m(&b, Some("denoise")), Ok(1500.0));
+        assert_eq!(m(&b, None), Ok(2600.0));
+        b.phases[0].peak_host_bytes = None;
+        let e = m(&b, Some("load.dit")).unwrap_err();
+        assert!(
+            e.contains("peak_rss_bytes") && e.contains("peak_host_bytes"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -228,6 +228,7 @@ mod tests {
             duration_s: Some(dur),
             is_leaf: true,
             peak_rss_bytes: None,
+            peak_host_bytes: None,
             peak_device_bytes: None,
             gpu_busy_share: None,
             samples: None,

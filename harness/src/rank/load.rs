@@ -353,6 +353,7 @@ fn phases_scan(dirs: &[(PathBuf, Bundle)]) -> Result<BTreeMap<String, Vec<PhaseR
                 col("is_leaf").cast(DataType::Boolean),
                 col("peak_rss_bytes").cast(DataType::Int64),
                 col("peak_device_bytes").cast(DataType::Int64),
+                col("attrs_json").cast(DataType::String),
                 col("gpu_busy_share").cast(DataType::Float64),
                 col("samples").cast(DataType::Int64),
             ])
@@ -379,6 +380,10 @@ fn phases_scan(dirs: &[(PathBuf, Bundle)]) -> Result<BTreeMap<String, Vec<PhaseR
         i("samples")?,
     );
     let (dur, busy) = (f("duration_s")?, f("gpu_busy_share")?);
+    let attrs = c("attrs_json")?
+        .str()
+        .cloned()
+        .map_err(|e| err_for(dirs, FILE, e))?;
     let leaf = c("is_leaf")?
         .bool()
         .cloned()
@@ -393,12 +398,25 @@ fn phases_scan(dirs: &[(PathBuf, Bundle)]) -> Result<BTreeMap<String, Vec<PhaseR
             duration_s: dur.get(r),
             is_leaf: leaf.get(r).unwrap_or(false),
             peak_rss_bytes: rss.get(r),
+            peak_host_bytes: attrs.get(r).and_then(close_peak_host_bytes),
             peak_device_bytes: dev.get(r),
             gpu_busy_share: busy.get(r),
             samples: samples.get(r),
         });
     }
     Ok(out)
+}
+
+/// The `peak_host_bytes` close attribute of a phase row's `attrs_json`
+/// (`{"close":{...},"open":{...}}`); `None` when absent, not a non-negative
+/// integer, or the JSON does not parse (the bundle's hashes already vouch for
+/// the bytes; an engine that wrote no such attribute simply has no value).
+fn close_peak_host_bytes(attrs_json: &str) -> Option<i64> {
+    let v: Value = serde_json::from_str(attrs_json).ok()?;
+    let n = v
+        .get("close")?
+        .get(evidence::marker::attr::PEAK_HOST_BYTES)?;
+    n.as_u64().and_then(|b| i64::try_from(b).ok())
 }
 
 /// Sample peaks per bundle directory and innermost phase.
@@ -560,6 +578,24 @@ mod tests {
         m["rung"]["config"]["width"] = json!(null);
         let e = facts(&m).unwrap_err().to_string();
         assert!(e.contains("'rung.config.width'"), "{e}");
+    }
+
+    #[test]
+    fn the_engines_peak_comes_from_the_close_attributes_only() {
+        let f = close_peak_host_bytes;
+        assert_eq!(
+            f(
+                r#"{"close":{"peak_host_bytes":16347136,"peak_host_source":"vmhwm_reset"},"open":{}}"#
+            ),
+            Some(16_347_136)
+        );
+        // An open attribute of that name is not a measurement of the phase.
+        assert_eq!(f(r#"{"close":{},"open":{"peak_host_bytes":5}}"#), None);
+        assert_eq!(f(r#"{"open":{}}"#), None);
+        assert_eq!(f(r#"{"close":{"peak_host_bytes":-3}}"#), None);
+        assert_eq!(f(r#"{"close":{"peak_host_bytes":1.5}}"#), None);
+        assert_eq!(f(r#"{"close":{"peak_host_bytes":"1 GiB"}}"#), None);
+        assert_eq!(f("not json"), None);
     }
 
     #[test]
