@@ -29,10 +29,13 @@ pub fn fixed(x: f64, dp: usize) -> String {
     }
 }
 
-/// A value in `unit` for people: `12.345 s`, `3.210 GiB`, `0.850`.
+/// A value in `unit` for people: `12.345 s`, `3.210 GiB`, `0.850`. Bytes under
+/// 1 GiB in magnitude print in MiB (`18.234 MiB`), so that a rung-0 peak keeps
+/// its digits instead of reading `0.018 GiB`.
 pub fn value(x: f64, unit: Unit) -> String {
     match unit {
         Unit::Seconds => format!("{} s", fixed(x, 3)),
+        Unit::Bytes if x.abs() < GIB => format!("{} MiB", fixed(x / (GIB / 1024.0), 3)),
         Unit::Bytes => format!("{} GiB", fixed(x / GIB, 3)),
         Unit::Share => fixed(x, 3),
     }
@@ -316,6 +319,9 @@ mod tests {
         assert_eq!(fixed(-1.26, 1), "-1.3");
         assert_eq!(fixed(f64::NAN, 2), "n/a");
         assert_eq!(value(1.5 * GIB, Unit::Bytes), "1.500 GiB");
+        assert_eq!(value(GIB, Unit::Bytes), "1.000 GiB");
+        assert_eq!(value(18.5 * 1024.0 * 1024.0, Unit::Bytes), "18.500 MiB");
+        assert_eq!(value(-3.0 * 1024.0 * 1024.0, Unit::Bytes), "-3.000 MiB");
         assert_eq!(value(2.0, Unit::Seconds), "2.000 s");
     }
 }
