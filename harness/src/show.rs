@@ -41,6 +41,29 @@ fn verdicts(v: Option<&Value>) -> String {
     }
 }
 
+/// The `contention` fragment in one line: `quiet` or `FLAGGED: why`, then what the
+/// run saw while the engine ran (`during`, absent from bundles sealed before it
+/// was recorded).
+fn contention_line(v: Option<&Value>) -> String {
+    let Some(c) = v.filter(|c| c.is_object()) else {
+        return "-".into();
+    };
+    let detail = c.get("detail").and_then(Value::as_str).unwrap_or("?");
+    let head = if c.get("flagged").and_then(Value::as_bool) == Some(true) {
+        format!("FLAGGED: {detail}")
+    } else {
+        detail.to_string()
+    };
+    match c
+        .get("during")
+        .and_then(|d| d.get("detail"))
+        .and_then(Value::as_str)
+    {
+        Some(d) => format!("{head} | during the run: {d}"),
+        None => format!("{head} | during the run: not recorded"),
+    }
+}
+
 /// The summary text (everything above the phase table).
 pub fn summary_text(s: &BundleSummary) -> String {
     let m = &s.manifest;
@@ -92,6 +115,11 @@ pub fn summary_text(s: &BundleSummary) -> String {
     );
     let _ = writeln!(o, "gates    {}", verdicts(m.fragment("gates")));
     let _ = writeln!(o, "controls {}", verdicts(m.fragment("controls")));
+    let _ = writeln!(
+        o,
+        "contention {}",
+        contention_line(m.fragment("contention"))
+    );
     let c = &m.cadence;
     let f = |v: Option<f64>| v.map_or("-".into(), |x| format!("{x:.1}"));
     let _ = writeln!(
@@ -160,4 +188,25 @@ pub fn run(args: ShowArgs) -> anyhow::Result<u8> {
         .with_context(|| format!("reading the phase table of {}", dir.display()))?;
     print!("{table}");
     Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_contention_line_says_start_and_during() {
+        let q = serde_json::json!({"flagged": false, "detail": "quiet",
+            "during": {"detail": "quiet: 0.02 cores of other work, mean over 12.0 s"}});
+        assert_eq!(
+            contention_line(Some(&q)),
+            "quiet | during the run: quiet: 0.02 cores of other work, mean over 12.0 s"
+        );
+        let f = serde_json::json!({"flagged": true, "detail": "1.90 cores busy with other work during the run"});
+        assert_eq!(
+            contention_line(Some(&f)),
+            "FLAGGED: 1.90 cores busy with other work during the run | during the run: not recorded"
+        );
+        assert_eq!(contention_line(None), "-");
+    }
 }

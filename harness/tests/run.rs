@@ -613,3 +613,84 @@ fn a_weights_cache_state_without_weights_is_refused() {
         "{d}"
     );
 }
+
+/// Contention that starts after the start gate's window is caught during the run:
+/// once the engine is running, this test keeps every core of the host busy, and
+/// the bundle's `contention` is flagged with `during` naming the other work (the
+/// engine itself sleeps, so none of it is the engine's). Without the `during`
+/// judgement the run reads as quiet: the burners start after the start window.
+#[test]
+fn work_that_starts_after_the_gate_flags_the_run_as_contended_during_it() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let s = store("contended-during");
+    let mut child = harness(&s)
+        .args(["--cadence-ms", "50", "--exec", "--", ENGINE])
+        .args(["--hello", "--pid", "--open", "work", "--sleep-ms", "2500"])
+        .args(["--close", "work"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let l = line.unwrap();
+        let started = l.starts_with("test-engine pid=");
+        seen.push(l);
+        if started {
+            break;
+        }
+    }
+    assert!(
+        seen.last()
+            .is_some_and(|l| l.starts_with("test-engine pid=")),
+        "the engine never started:\n{}",
+        seen.join("\n")
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let burners: Vec<_> = (0..cores)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                // Nice 19: the burners take only what nothing else wants, so the
+                // tests running beside this one (and their watchdog controls) keep
+                // their CPU. /proc/stat counts nice time as busy all the same.
+                // SAFETY: setpriority on this thread's own id.
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+                let mut x = 1u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+            })
+        })
+        .collect();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    stop.store(true, Ordering::Relaxed);
+    for b in burners {
+        b.join().unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let m = manifest(&out);
+    let c = &m["contention"];
+    let d = &c["during"];
+    assert_eq!(d["judged"], true, "{c}");
+    assert!(d["window_s"].as_f64().unwrap() >= 2.5, "{c}");
+    let other = d["other_busy_cores"].as_f64().unwrap();
+    let limit = d["limit_cores"].as_f64().unwrap();
+    assert!(other > limit, "other {other} vs limit {limit}: {c}");
+    // The sleeping engine used next to nothing; the burners are other work.
+    assert!(d["engine_cores"].as_f64().unwrap() < 0.2, "{c}");
+    assert_eq!(d["flagged"], true, "{c}");
+    assert_eq!(c["flagged"], true, "{c}");
+    assert!(
+        c["detail"].as_str().unwrap().contains("during the run"),
+        "{c}"
+    );
+    assert!(
+        rest.iter().any(|l| l.contains("contention FLAGGED")),
+        "{}",
+        rest.join("\n")
+    );
+}

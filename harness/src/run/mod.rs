@@ -7,6 +7,7 @@
 //! nothing, since there is nowhere durable to write.
 
 pub mod args;
+pub mod contention;
 pub mod facts;
 pub mod gates;
 pub mod markers;
@@ -132,6 +133,9 @@ struct Ready {
     gpu: Option<Arc<Gpu>>,
     gpu_reason: Option<String>,
     engine_fragment: serde_json::Value,
+    /// The `contention` fragment as judged before the start (completed with
+    /// `during` once the engine is reaped).
+    contention: serde_json::Value,
 }
 
 /// How preflight ended without an engine.
@@ -246,6 +250,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
         .as_ref()
         .map(Weights::paths)
         .unwrap_or_default();
+    let cpu_start = contention::CpuMark::now();
     let running = match spawn::spawn(&ready.command, &frames_dir) {
         Ok(r) => r,
         Err(e) => {
@@ -319,6 +324,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
     crate::sampler::kill_group(pid, libc::SIGKILL);
     let report = sampler.stop();
     let status = spawn::reap(&mut child).context("reaping the engine")?;
+    let cpu_end = contention::CpuMark::now();
     let t_end = monotonic_ns();
     if let Some(why) = journal.failure() {
         anyhow::bail!(
@@ -384,6 +390,14 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
     .fragment();
     sampler_results(&mut sf, &report);
     s.fragment("sampler", sf)?;
+    let during = contention::during(&cpu_start, &cpu_end, facts::cores());
+    if during.flagged {
+        eprintln!("harness: contention FLAGGED: {}", during.detail);
+    }
+    s.fragment(
+        "contention",
+        contention::with_during(&ready.contention, &during),
+    )?;
     eprintln!(
         "harness: engine ended after {:.2} s; {} marker lines ({} malformed); {} samples, {} missed ticks",
         (t_end.saturating_sub(start_ns)) as f64 / 1e9,
@@ -620,7 +634,7 @@ fn preflight(
     );
     let flagged = c["flagged"].as_bool().unwrap_or(false);
     let detail = c["detail"].as_str().unwrap_or("").to_string();
-    s.fragment("contention", c)?;
+    s.fragment("contention", c.clone())?;
     gate!(Gate::new(
         "contention",
         Verdict::Pass,
@@ -700,6 +714,7 @@ fn preflight(
         gpu,
         gpu_reason,
         engine_fragment,
+        contention: c,
     }))
 }
 

@@ -1,0 +1,269 @@
+//! Contention during the run: how many cores other work kept busy while the
+//! engine ran, from the whole host's CPU time minus the engine's and the
+//! harness's own.
+//!
+//! The `contention` gate judges the host in a 500 ms window before the engine
+//! starts; a job that starts later (a neighbour's build, a second render) was
+//! invisible to it. Two [`CpuMark`]s, one just before the engine is spawned and one
+//! just after it is reaped, bound the engine's lifetime: `/proc/stat`'s aggregate
+//! busy jiffies give the host's busy cores over that window, `getrusage` gives the
+//! harness's own CPU (`RUSAGE_SELF`) and the engine's with every descendant it reaped
+//! (`RUSAGE_CHILDREN`, which counts a child once it is waited for). What is left is
+//! other work. It is a mean over the engine's lifetime: a burst shorter than the
+//! run is diluted, which is why the start window stays as a second judge.
+
+use serde::Serialize;
+
+use super::gates::{parse_cpu_line, CONTENTION_LOAD_PER_CORE};
+
+/// Windows shorter than this are recorded but not judged, seconds: `/proc/stat`
+/// counts in jiffies (10 ms per core), too coarse for a shorter window.
+pub const MIN_WINDOW_S: f64 = 1.0;
+
+/// CPU accounting at one instant.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CpuMark {
+    /// CLOCK_MONOTONIC nanoseconds.
+    pub t_ns: u64,
+    /// (busy, total) jiffies of `/proc/stat`'s `cpu` line; None when unreadable.
+    pub host_jiffies: Option<(u64, u64)>,
+    /// This process's user + system CPU, seconds, all threads.
+    pub harness_cpu_s: Option<f64>,
+    /// User + system CPU of this process's reaped children and their reaped
+    /// descendants, seconds.
+    pub children_cpu_s: Option<f64>,
+}
+
+fn rusage_seconds(who: libc::c_int) -> Option<f64> {
+    // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage and `who` one of the RUSAGE_ constants.
+    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
+        return None;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Some(tv(ru.ru_utime) + tv(ru.ru_stime))
+}
+
+impl CpuMark {
+    /// Read every counter now.
+    pub fn now() -> CpuMark {
+        let host_jiffies = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|t| t.lines().next().and_then(parse_cpu_line));
+        CpuMark {
+            t_ns: evidence::clock::monotonic_ns(),
+            host_jiffies,
+            harness_cpu_s: rusage_seconds(libc::RUSAGE_SELF),
+            children_cpu_s: rusage_seconds(libc::RUSAGE_CHILDREN),
+        }
+    }
+}
+
+/// Other work's CPU over the engine's lifetime (the manifest's `contention.during`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct During {
+    /// Seconds between the two marks.
+    pub window_s: f64,
+    /// Cores busy across the whole host, mean over the window.
+    pub host_busy_cores: Option<f64>,
+    /// Cores the engine and its descendants used, mean over the window.
+    pub engine_cores: Option<f64>,
+    /// Cores the harness itself used (sampler, readers, journal), mean.
+    pub harness_cores: Option<f64>,
+    /// `host_busy_cores - engine_cores - harness_cores`, floored at 0 (the
+    /// counters tick at different granularities), cores.
+    pub other_busy_cores: Option<f64>,
+    /// Other work above this many cores flags the run: the start gate's limit.
+    pub limit_cores: f64,
+    /// Whether the window was long enough and every counter readable.
+    pub judged: bool,
+    /// Whether other work exceeded the limit.
+    pub flagged: bool,
+    /// One line for people.
+    pub detail: String,
+}
+
+/// Judge the window between `start` (before the engine was spawned) and `end`
+/// (after it was reaped) on a host of `cores` cores.
+pub fn during(start: &CpuMark, end: &CpuMark, cores: usize) -> During {
+    let window_s = end.t_ns.saturating_sub(start.t_ns) as f64 / 1e9;
+    let limit_cores = CONTENTION_LOAD_PER_CORE * cores as f64;
+    let per_s = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if window_s > 0.0 => Some((b - a).max(0.0) / window_s),
+        _ => None,
+    };
+    let host_busy_cores = match (start.host_jiffies, end.host_jiffies) {
+        (Some((b0, t0)), Some((b1, t1))) => t1
+            .checked_sub(t0)
+            .filter(|dt| *dt > 0)
+            .map(|dt| b1.saturating_sub(b0) as f64 / dt as f64 * cores as f64),
+        _ => None,
+    };
+    let engine_cores = per_s(start.children_cpu_s, end.children_cpu_s);
+    let harness_cores = per_s(start.harness_cpu_s, end.harness_cpu_s);
+    let other_busy_cores = match (host_busy_cores, engine_cores, harness_cores) {
+        (Some(h), Some(e), Some(s)) => Some((h - e - s).max(0.0)),
+        _ => None,
+    };
+    let (judged, flagged, detail) = match other_busy_cores {
+        None => (
+            false,
+            false,
+            "not judged: /proc/stat or getrusage unreadable".to_string(),
+        ),
+        Some(_) if window_s < MIN_WINDOW_S => (
+            false,
+            false,
+            format!("not judged: the engine ran {window_s:.2} s, under {MIN_WINDOW_S} s"),
+        ),
+        Some(o) if o > limit_cores => (
+            true,
+            true,
+            format!(
+                "{o:.2} cores busy with other work during the run, above {limit_cores:.2} \
+                 ({CONTENTION_LOAD_PER_CORE} per core on {cores} cores, mean over {window_s:.1} s)"
+            ),
+        ),
+        Some(o) => (
+            true,
+            false,
+            format!("quiet: {o:.2} cores of other work, mean over {window_s:.1} s"),
+        ),
+    };
+    During {
+        window_s,
+        host_busy_cores,
+        engine_cores,
+        harness_cores,
+        other_busy_cores,
+        limit_cores,
+        judged,
+        flagged,
+        detail,
+    }
+}
+
+/// The `contention` fragment completed with `during`: `flagged` becomes "at start
+/// or during the run" and `detail` names every reason.
+pub fn with_during(start_fragment: &serde_json::Value, d: &During) -> serde_json::Value {
+    let mut c = start_fragment.clone();
+    let at_start = c["flagged"].as_bool().unwrap_or(false);
+    let start_detail = c["detail"].as_str().unwrap_or("").to_string();
+    c["during"] = serde_json::to_value(d).unwrap_or(serde_json::Value::Null);
+    c["flagged"] = serde_json::Value::Bool(at_start || d.flagged);
+    c["detail"] = serde_json::Value::String(match (at_start, d.flagged) {
+        (_, false) => start_detail,
+        (false, true) => d.detail.clone(),
+        (true, true) => format!("{start_detail}; {}", d.detail),
+    });
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(t_s: f64, busy: u64, total: u64, harness: f64, children: f64) -> CpuMark {
+        CpuMark {
+            t_ns: (t_s * 1e9) as u64,
+            host_jiffies: Some((busy, total)),
+            harness_cpu_s: Some(harness),
+            children_cpu_s: Some(children),
+        }
+    }
+
+    #[test]
+    fn other_work_is_the_host_minus_the_engine_and_the_harness() {
+        // 10 s on 4 cores: 4000 jiffies in all, 3000 busy = 3.0 cores busy. The
+        // engine used 15 s of CPU (1.5 cores), the harness 1 s (0.1 core): 1.4
+        // cores of other work, under the 2.0-core limit (0.5 per core): quiet.
+        let d = during(
+            &mark(5.0, 100, 1000, 2.0, 7.0),
+            &mark(15.0, 3100, 5000, 3.0, 22.0),
+            4,
+        );
+        assert!((d.window_s - 10.0).abs() < 1e-9);
+        assert!((d.host_busy_cores.unwrap() - 3.0).abs() < 1e-9);
+        assert!((d.engine_cores.unwrap() - 1.5).abs() < 1e-9);
+        assert!((d.harness_cores.unwrap() - 0.1).abs() < 1e-9);
+        assert!((d.other_busy_cores.unwrap() - 1.4).abs() < 1e-9);
+        assert_eq!(d.limit_cores, 2.0);
+        assert!(d.judged && !d.flagged, "{d:?}");
+        // The same host fully busy (4.0 cores) while the engine used 1.5: flagged.
+        let d = during(
+            &mark(5.0, 100, 1000, 2.0, 7.0),
+            &mark(15.0, 4100, 5000, 3.0, 22.0),
+            4,
+        );
+        assert!((d.other_busy_cores.unwrap() - 2.4).abs() < 1e-9);
+        assert!(d.flagged, "{d:?}");
+        assert!(d.detail.contains("2.40 cores"), "{}", d.detail);
+    }
+
+    #[test]
+    fn short_windows_and_missing_counters_are_recorded_not_judged() {
+        let d = during(
+            &mark(0.0, 0, 0, 0.0, 0.0),
+            &mark(0.5, 200, 200, 0.0, 0.0),
+            2,
+        );
+        assert_eq!(d.other_busy_cores, Some(2.0));
+        assert!(!d.judged && !d.flagged, "{d:?}");
+        assert!(d.detail.contains("0.50 s"), "{}", d.detail);
+        let mut end = mark(10.0, 2000, 2000, 0.0, 0.0);
+        end.children_cpu_s = None;
+        let d = during(&mark(0.0, 0, 0, 0.0, 0.0), &end, 2);
+        assert_eq!(d.other_busy_cores, None);
+        assert!(!d.judged && !d.flagged);
+        // Accounting jitter never reports negative other work.
+        let d = during(
+            &mark(0.0, 0, 1000, 0.0, 0.0),
+            &mark(10.0, 500, 2000, 0.0, 20.0),
+            1,
+        );
+        assert_eq!(d.other_busy_cores, Some(0.0));
+    }
+
+    #[test]
+    fn the_fragment_is_flagged_at_start_or_during_and_names_both() {
+        let quiet =
+            serde_json::json!({"flagged": false, "detail": "quiet", "busy_cores_at_start": 0.1});
+        let busy_start = serde_json::json!({"flagged": true, "detail": "3.00 cores busy"});
+        let d_busy = during(
+            &mark(0.0, 0, 1000, 0.0, 0.0),
+            &mark(10.0, 1000, 2000, 0.0, 0.0),
+            1,
+        );
+        let d_quiet = during(
+            &mark(0.0, 0, 1000, 0.0, 0.0),
+            &mark(10.0, 0, 2000, 0.0, 0.0),
+            1,
+        );
+        assert!(d_busy.flagged && !d_quiet.flagged);
+        let c = with_during(&quiet, &d_quiet);
+        assert_eq!(c["flagged"], false);
+        assert_eq!(c["detail"], "quiet");
+        assert_eq!(c["busy_cores_at_start"], 0.1);
+        assert_eq!(c["during"]["judged"], true);
+        let c = with_during(&quiet, &d_busy);
+        assert_eq!(c["flagged"], true);
+        assert!(c["detail"].as_str().unwrap().contains("during the run"));
+        let c = with_during(&busy_start, &d_busy);
+        assert!(c["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("3.00 cores busy; "));
+        let c = with_during(&busy_start, &d_quiet);
+        assert_eq!(c["flagged"], true);
+        assert_eq!(c["detail"], "3.00 cores busy");
+    }
+
+    #[test]
+    fn a_real_mark_reads_every_counter_here() {
+        let m = CpuMark::now();
+        assert!(m.host_jiffies.is_some());
+        assert!(m.harness_cpu_s.unwrap() > 0.0);
+        assert!(m.children_cpu_s.is_some());
+    }
+}
