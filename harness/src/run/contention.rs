@@ -15,6 +15,7 @@
 use serde::Serialize;
 
 use super::gates::{parse_cpu_line, CONTENTION_LOAD_PER_CORE};
+use crate::sampler::system::rusage_cpu_seconds;
 
 /// Windows shorter than this are recorded but not judged, seconds: `/proc/stat`
 /// counts in jiffies (10 ms per core), too coarse for a shorter window.
@@ -34,17 +35,6 @@ pub struct CpuMark {
     pub children_cpu_s: Option<f64>,
 }
 
-fn rusage_seconds(who: libc::c_int) -> Option<f64> {
-    // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid, writable rusage and `who` one of the RUSAGE_ constants.
-    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
-        return None;
-    }
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Some(tv(ru.ru_utime) + tv(ru.ru_stime))
-}
-
 impl CpuMark {
     /// Read every counter now.
     pub fn now() -> CpuMark {
@@ -54,8 +44,8 @@ impl CpuMark {
         CpuMark {
             t_ns: evidence::clock::monotonic_ns(),
             host_jiffies,
-            harness_cpu_s: rusage_seconds(libc::RUSAGE_SELF),
-            children_cpu_s: rusage_seconds(libc::RUSAGE_CHILDREN),
+            harness_cpu_s: rusage_cpu_seconds(libc::RUSAGE_SELF),
+            children_cpu_s: rusage_cpu_seconds(libc::RUSAGE_CHILDREN),
         }
     }
 }

@@ -14,16 +14,23 @@ pub struct SystemProbe {
     prev_self: Option<(f64, u64)>,
 }
 
-/// This process's user + system CPU time in seconds, all threads, from getrusage.
-pub fn self_cpu_seconds() -> Option<f64> {
+/// User + system CPU time in seconds of `who` (`libc::RUSAGE_SELF`: this process,
+/// all threads; `libc::RUSAGE_CHILDREN`: its reaped children and their reaped
+/// descendants), from getrusage; None when the call fails.
+pub fn rusage_cpu_seconds(who: libc::c_int) -> Option<f64> {
     // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid, writable rusage.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+    // SAFETY: `ru` is a valid, writable rusage; an invalid `who` fails with EINVAL.
+    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
         return None;
     }
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     Some(tv(ru.ru_utime) + tv(ru.ru_stime))
+}
+
+/// This process's user + system CPU time in seconds, all threads, from getrusage.
+pub fn self_cpu_seconds() -> Option<f64> {
+    rusage_cpu_seconds(libc::RUSAGE_SELF)
 }
 
 /// MemAvailable in bytes, now.
