@@ -127,8 +127,13 @@ for step in "$@"; do
     campaign)
       for r in ${a//,/ }; do need "$(preset_of "$r")"; done
       p=$(preset_of "${a%%,*}")
+      # --budget-s: stop before a run expected to outlast the deadline (it would be
+      # killed and sealed interrupted, its time lost); 30 s are kept for packing.
+      budget=$(( $(left) - 30 ))
+      [ "$budget" -gt 0 ] || { note "campaign $a $b: no time left"; continue; }
       timeout -s TERM -k 30 "$(cap 3600)" "$H" campaign --rungs "$a" --levers "$b" \
-        --repeat "$c" --weights-cache "${d:-as-is}" --engine "$E" --store "$store" -- --weights "$(weights_of "$p")" \
+        --repeat "$c" --weights-cache "${d:-as-is}" --engine "$E" --store "$store" --budget-s "$budget" \
+        -- --weights "$(weights_of "$p")" \
         --cadence-ms 100 > "$OUT/campaign-$a-${b//,/+}.out" 2> "$OUT/campaign-$a-${b//,/+}.err" < /dev/null
       note "campaign $a $b x$c cache ${d:-as-is} rc=$?"
       pack ;;

@@ -224,6 +224,8 @@ pub struct RunOutcome {
     pub complete: bool,
     /// The exit reason recorded (`completed`, `interrupted`, ...).
     pub exit_reason: String,
+    /// The run's wall (`phases.run_wall_s`), seconds, when recorded.
+    pub run_wall_s: Option<f64>,
 }
 
 /// Why a run did not produce a usable outcome.
@@ -267,13 +269,16 @@ pub struct CampaignOutcome {
 
 /// Run every entry of `plan` not in `done`, in order, through `runner`.
 ///
-/// Stops cleanly (returns `Ok` with `stopped` set) on a gate refusal or an
-/// interrupted run; returns `Err` when the run machinery itself fails.
+/// Stops cleanly (returns `Ok` with `stopped` set) on a gate refusal, an
+/// interrupted run, or, with a `budget`, before a position expected to end past
+/// its deadline (every complete run sealed here teaches the budget its wall);
+/// returns `Err` when the run machinery itself fails.
 pub fn execute(
     plan: &Plan,
     rungs: &[RungRef],
     done: &BTreeSet<u32>,
     runner: &mut dyn Runner,
+    mut budget: Option<&mut crate::campaign_budget::Budget>,
     mut progress: impl FnMut(&Entry, &str),
 ) -> Result<CampaignOutcome, anyhow::Error> {
     let mut out = CampaignOutcome {
@@ -309,9 +314,16 @@ pub fn execute(
             levers: BTreeMap::from([(e.lever.clone(), e.arm.clone())]),
             schedule: plan.fragment(e),
         };
+        if let Some(why) = budget.as_deref_mut().and_then(|b| b.refuse(e)) {
+            out.stopped = Some(why);
+            return Ok(out);
+        }
         progress(e, "start");
         match runner.run(&job) {
             Ok(r) if r.complete => {
+                if let (Some(b), Some(w)) = (budget.as_deref_mut(), r.run_wall_s) {
+                    b.history.record(&e.rung, &e.lever, &e.arm, w);
+                }
                 progress(e, &format!("sealed {} (complete)", r.bundle_id));
                 out.remaining -= 1;
                 out.completed.push((e.position, r.bundle_id));
@@ -537,6 +549,9 @@ mod tests {
         calls: Vec<Job>,
         refuse_at: Option<u64>,
         incomplete_at: Option<u64>,
+        /// The wall every run reports, seconds; each run advances `clock` by it.
+        wall_s: f64,
+        clock: std::rc::Rc<std::cell::Cell<u64>>,
     }
 
     impl Runner for Fake {
@@ -549,10 +564,13 @@ mod tests {
                 });
             }
             self.calls.push(job.clone());
+            self.clock
+                .set(self.clock.get() + (self.wall_s * 1e9) as u64);
             Ok(RunOutcome {
                 bundle_id: format!("b{pos}"),
                 complete: self.incomplete_at != Some(pos),
                 exit_reason: "completed".into(),
+                run_wall_s: Some(self.wall_s),
             })
         }
     }
@@ -581,8 +599,10 @@ mod tests {
             calls: vec![],
             refuse_at: None,
             incomplete_at: None,
+            wall_s: 10.0,
+            clock: Default::default(),
         };
-        let out = execute(&p, &rungs(), &done, &mut f, |_, _| {}).unwrap();
+        let out = execute(&p, &rungs(), &done, &mut f, None, |_, _| {}).unwrap();
         assert_eq!(out.skipped_done, 9);
         assert_eq!(out.completed.len(), p.entries.len() - 9);
         assert_eq!(out.remaining, 0);
@@ -609,8 +629,10 @@ mod tests {
             calls: vec![],
             refuse_at: Some(6),
             incomplete_at: Some(2),
+            wall_s: 10.0,
+            clock: Default::default(),
         };
-        let out = execute(&p, &rungs(), &BTreeSet::new(), &mut f, |_, _| {}).unwrap();
+        let out = execute(&p, &rungs(), &BTreeSet::new(), &mut f, None, |_, _| {}).unwrap();
         assert_eq!(f.calls.len(), 6, "nothing runs after the refusal");
         assert_eq!(out.completed.len(), 5);
         assert_eq!(out.incomplete, vec![(2, "b2".to_string())]);
@@ -620,5 +642,60 @@ mod tests {
             why.contains("position 6") && why.contains("'headroom'") && why.contains("8 GiB floor"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn a_budget_stops_before_the_first_position_that_would_overrun_it() {
+        let p = all_plan(Order::Random, 3);
+        let clock: std::rc::Rc<std::cell::Cell<u64>> = Default::default();
+        clock.set(5_000_000_000);
+        let mut f = Fake {
+            calls: vec![],
+            refuse_at: None,
+            incomplete_at: None,
+            wall_s: 10.0,
+            clock: clock.clone(),
+        };
+        let c = clock.clone();
+        let mut budget = crate::campaign_budget::Budget {
+            deadline_ns: clock.get() + 35_000_000_000,
+            now_ns: Box::new(move || c.get()),
+            history: Default::default(),
+        };
+        let out = execute(
+            &p,
+            &rungs(),
+            &BTreeSet::new(),
+            &mut f,
+            Some(&mut budget),
+            |_, _| {},
+        )
+        .unwrap();
+        // Nothing known: the first run starts and teaches 10 s. Then 25 s and 15 s
+        // are left: two more fit; with 5 s left the fourth does not start.
+        assert_eq!(f.calls.len(), 3);
+        assert_eq!(out.completed.len(), 3);
+        assert_eq!(out.remaining, p.entries.len() - 3);
+        let why = out.stopped.unwrap();
+        assert!(why.starts_with("budget: position "), "{why}");
+        assert!(
+            why.contains("10.0 s") && why.contains("5.0 s of the budget"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn sealed_runs_of_this_campaign_seed_the_expected_walls() {
+        let p = all_plan(Order::Random, 3);
+        let e = &p.entries[0];
+        let mut mine = sealed(&p, e, "a", true);
+        mine.run_wall_s = Some(42.0);
+        let mut cut = sealed(&p, e, "b", false);
+        cut.run_wall_s = Some(500.0);
+        let mut other = sealed(&p, e, "c", true);
+        other.run_wall_s = Some(900.0);
+        other.schedule.as_mut().unwrap().campaign = "other".into();
+        let h = crate::campaign_budget::WallHistory::from_bundles(&p, &[mine, cut, other]);
+        assert_eq!(h.expected(e).map(|x| x.wall_s), Some(42.0));
     }
 }

@@ -95,6 +95,7 @@ pub fn outcome_of(dir: &Path) -> anyhow::Result<RunOutcome> {
         bundle_id,
         complete: complete && verdict_pass,
         exit_reason,
+        run_wall_s: m["phases"]["run_wall_s"].as_f64(),
     })
 }
 

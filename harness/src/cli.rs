@@ -272,6 +272,13 @@ pub struct CampaignArgs {
     /// Print the schedule and what is already done, run nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Seconds this invocation may take (a lease or device session's end): stop,
+    /// before starting it, at the first position expected to end later. Expected =
+    /// the longest complete run of the same rung and arm in this campaign (sealed
+    /// before, or in this invocation), else of the same rung; a position with
+    /// neither starts. Rerun to resume.
+    #[arg(long, value_name = "SECONDS")]
+    pub budget_s: Option<f64>,
     /// Extra `harness run` flags for every run, after `--`
     /// (e.g. `-- --cadence-ms 50 --timeout 600`).
     #[arg(last = true, value_name = "RUN_FLAGS")]
@@ -401,6 +408,7 @@ pub fn reconcile<'a>(
 
 /// Run `harness campaign`.
 pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
+    let t0 = evidence::clock::monotonic_ns();
     let spec = LeverSpec::load(&args.spec).map_err(|e| UsageError(e.to_string()))?;
     let levers = spec.select(&args.levers).map_err(UsageError)?;
     if args.repeat == 0 {
@@ -433,17 +441,30 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
             });
         }
     }
-    let root = read_store_root(args.store.as_deref())?;
-    let done = match load::store_bundle_dirs(&root) {
-        Ok(dirs) => {
-            let facts: Vec<_> = dirs
-                .iter()
-                .filter_map(|d| load::read_manifest(d).ok())
-                .collect();
-            crate::campaign::done_positions(&plan, &facts)
+    if let Some(b) = args.budget_s {
+        if !(b.is_finite() && b > 0.0) {
+            return Err(UsageError(format!(
+                "--budget-s: expected a positive number of seconds, got {b}"
+            ))
+            .into());
         }
-        Err(_) => Default::default(),
+    }
+    let root = read_store_root(args.store.as_deref())?;
+    let sealed: Vec<_> = match load::store_bundle_dirs(&root) {
+        Ok(dirs) => dirs
+            .iter()
+            .filter_map(|d| load::read_manifest(d).ok())
+            .collect(),
+        Err(_) => Vec::new(),
     };
+    let done = crate::campaign::done_positions(&plan, &sealed);
+    let mut budget = args.budget_s.map(|s| {
+        crate::campaign_budget::Budget::new(
+            t0,
+            s,
+            crate::campaign_budget::WallHistory::from_bundles(&plan, &sealed),
+        )
+    });
     println!(
         "campaign {} (engine {}, order {:?}, seed {}, weights cache {}): {} runs over {} round(s), {} already sealed",
         plan.id,
@@ -489,12 +510,19 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
         },
         signals: Some(std::sync::Arc::new(signals)),
     };
-    let out = crate::campaign::execute(&plan, &rungs, &done, &mut runner, |e, what| {
-        eprintln!(
-            "campaign: position {} (round {}, rung {}, {}={}): {what}",
-            e.position, e.round, e.rung, e.lever, e.arm
-        );
-    })?;
+    let out = crate::campaign::execute(
+        &plan,
+        &rungs,
+        &done,
+        &mut runner,
+        budget.as_mut(),
+        |e, what| {
+            eprintln!(
+                "campaign: position {} (round {}, rung {}, {}={}): {what}",
+                e.position, e.round, e.rung, e.lever, e.arm
+            );
+        },
+    )?;
     println!(
         "campaign {}: {} sealed complete, {} incomplete, {} already done, {} remaining",
         out.campaign,

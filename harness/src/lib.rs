@@ -26,6 +26,7 @@
 //!   picture or a Perfetto trace; [`view`] holds `harness plot` and `harness export`.
 
 pub mod campaign;
+pub mod campaign_budget;
 pub mod campaign_runner;
 pub mod classify;
 pub mod cli;

@@ -119,3 +119,43 @@ fn a_gate_refusal_stops_the_campaign_and_says_where() {
     );
     assert!(so.contains("resume: rerun the same command"), "{so}");
 }
+
+/// `--budget-s` stops before a position expected to overrun the budget (learned
+/// from the run this invocation sealed), not in the middle of it; a rerun without
+/// the budget resumes and finishes; and a nonsense budget is a usage error.
+#[test]
+fn a_budget_stops_between_runs_and_a_rerun_resumes() {
+    let store = fresh_dir("campaign-budget");
+    // Nothing is known at first: position 0 starts. A rung-0 run takes over a
+    // second (the watchdog control alone is more), so with a 0.5 s budget the
+    // second position is expected to overrun and does not start.
+    let out = campaign(&store, &["--budget-s", "0.5"]);
+    let so = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{so}\n{}", text(&out.stderr));
+    assert!(so.contains("1 sealed complete, 0 incomplete"), "{so}");
+    assert!(
+        so.contains("stopped: budget: position 1 (round 1, rung 0, host-threads="),
+        "{so}"
+    );
+    assert!(
+        so.contains("in this campaign) and 0.0 s of the budget"),
+        "{so}"
+    );
+    assert_eq!(manifests(&store).len(), 1, "no run was cut off");
+    let out = campaign(&store, &[]);
+    let so = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{so}\n{}", text(&out.stderr));
+    assert!(
+        so.contains("3 sealed complete, 0 incomplete, 1 already done"),
+        "{so}"
+    );
+    for bad in ["0", "-3", "nan", "soon"] {
+        let out = campaign(&store, &[&format!("--budget-s={bad}")]);
+        assert_eq!(out.status.code(), Some(2), "--budget-s {bad}");
+        assert!(
+            text(&out.stderr).contains("--budget-s"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+}

@@ -134,6 +134,9 @@ pub struct Bundle {
     /// `run.start_unix_ns`: when the harness started the run, in nanoseconds since the
     /// Unix epoch (the host's clock), when recorded.
     pub start_unix_ns: Option<u64>,
+    /// `phases.run_wall_s`: seconds from the harness starting the run to its end
+    /// (gates, engine and sealing included), when recorded.
+    pub run_wall_s: Option<f64>,
     /// Why the run counts as contended (`contention.flagged`), if it does.
     pub contended: Option<String>,
     /// Why the run is incomplete (`complete`, `exit`, `completion`), if it is.
@@ -323,6 +326,7 @@ pub(crate) mod tests {
             levers: BTreeMap::new(),
             schedule: None,
             start_unix_ns: None,
+            run_wall_s: None,
             contended: None,
             incomplete: None,
             phases: vec![

@@ -248,6 +248,7 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
         levers,
         schedule,
         start_unix_ns: get(m, "run.start_unix_ns").and_then(Value::as_u64),
+        run_wall_s: get(m, "phases.run_wall_s").and_then(Value::as_f64),
         contended,
         incomplete: incompleteness(m),
         phases: Vec::new(),
@@ -516,6 +517,7 @@ mod tests {
             "exit": {"reason": "completed", "code": 0},
             "completion": {"verdict": "pass", "reasons": []},
             "schedule": {"campaign": "c1", "round": 2, "position": 5, "arm": "batched", "lever": "staging", "seed": 9},
+            "phases": {"run_wall_s": 12.5},
             "complete": true
         })
     }
@@ -543,6 +545,7 @@ mod tests {
         assert_eq!(b.contended, None);
         assert_eq!(b.incomplete, None);
         assert_eq!(b.device.as_deref(), Some("cpu"));
+        assert_eq!(b.run_wall_s, Some(12.5));
     }
 
     #[test]
