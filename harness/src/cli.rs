@@ -479,15 +479,42 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
     for s in &plan.skipped {
         println!("  skip {} at rung {}: {}", s.lever, s.rung, s.why);
     }
+    // With a budget, each position to run shows what it is expected to take and
+    // when (cumulatively) it would end, from the walls already sealed.
+    let (mut planned_s, mut fit, mut unknown, mut to_run) = (0.0, 0, 0, 0);
     for e in &plan.entries {
-        let mark = if done.contains(&e.position) {
-            "done"
-        } else {
-            "todo"
-        };
+        let is_done = done.contains(&e.position);
+        let mut eta = String::new();
+        if let (false, Some(b)) = (is_done, &budget) {
+            to_run += 1;
+            match b.history.expected(e) {
+                Some(x) => {
+                    planned_s += x.wall_s;
+                    if planned_s <= args.budget_s.unwrap_or(f64::INFINITY) {
+                        fit += 1;
+                    }
+                    eta = format!("  ~{:.0} s, ends ~{planned_s:.0} s in", x.wall_s);
+                }
+                None => {
+                    unknown += 1;
+                    eta = "  ~? s (no complete run of this rung yet)".into();
+                }
+            }
+        }
         println!(
-            "  {:>4} round {:>2} rung {} {}={} {mark}",
-            e.position, e.round, e.rung, e.lever, e.arm
+            "  {:>4} round {:>2} rung {} {}={} {}{eta}",
+            e.position,
+            e.round,
+            e.rung,
+            e.lever,
+            e.arm,
+            if is_done { "done" } else { "todo" }
+        );
+    }
+    if let Some(s) = args.budget_s {
+        println!(
+            "budget {s:.0} s: {fit} of {to_run} positions to run expected to fit by the walls \
+             sealed so far; {unknown} have no history (they start, and teach it)"
         );
     }
     if args.dry_run {

@@ -142,6 +142,20 @@ fn a_budget_stops_between_runs_and_a_rerun_resumes() {
         "{so}"
     );
     assert_eq!(manifests(&store).len(), 1, "no run was cut off");
+    // A dry run with a budget shows each remaining position's expected wall (rung
+    // 0's one sealed run teaches every arm of the rung) and how many fit.
+    let out = campaign(&store, &["--dry-run", "--budget-s", "3600"]);
+    let so = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{so}");
+    let todo: Vec<&str> = so.lines().filter(|l| l.contains(" todo")).collect();
+    assert_eq!(todo.len(), 3, "{so}");
+    assert!(todo.iter().all(|l| l.contains(" s, ends ~")), "{so}");
+    assert!(
+        so.contains("budget 3600 s: 3 of 3 positions to run expected to fit")
+            && so.contains("0 have no history"),
+        "{so}"
+    );
+    assert_eq!(manifests(&store).len(), 1, "a dry run runs nothing");
     let out = campaign(&store, &[]);
     let so = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{so}\n{}", text(&out.stderr));
