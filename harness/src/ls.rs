@@ -9,13 +9,14 @@ use crate::store_arg::{classify, StoreArg};
 use crate::summary::BundleSummary;
 
 /// List the bundles: id, rung, levers, exit, wall, date, host (oldest first).
-/// An exit marked `*` is an incomplete bundle.
+/// An exit marked `*` is an incomplete bundle, `!` one that ran under contention
+/// (rank excludes both).
 #[derive(Debug, Args)]
 pub struct LsArgs {
     #[command(flatten)]
     pub store: StoreArg,
     /// Print one JSON array on stdout: one object per bundle, oldest first, with
-    /// id, rung, levers, exit, complete, run_wall_s, wall_s, date_unix_s, host
+    /// id, rung, levers, exit, complete, contended, run_wall_s, wall_s, date_unix_s, host
     /// (fields of `LsRow`). Exit 0; 2 or 3 when the store cannot be opened.
     #[arg(long)]
     pub json: bool,
@@ -34,6 +35,8 @@ pub struct LsRow {
     pub exit: Option<String>,
     /// The manifest's `complete`.
     pub complete: bool,
+    /// `contention.flagged`: other work on the host before or during the run.
+    pub contended: bool,
     /// The harness's run wall in seconds, null when not recorded.
     pub run_wall_s: Option<f64>,
     /// The engine's wall in seconds (first to last marker), null without markers.
@@ -64,6 +67,7 @@ impl LsRow {
                 .unwrap_or_default(),
             exit: m.exit().map(|e| e.reason),
             complete: m.complete,
+            contended: s.contended(),
             run_wall_s: m.phases.run_wall_s,
             wall_s: m.phases.wall_s,
             date_unix_s: s.date_unix_s,
@@ -98,7 +102,7 @@ pub fn run(args: LsArgs) -> anyhow::Result<u8> {
             &s.id[..12.min(s.id.len())],
             s.rung(),
             s.levers(),
-            s.exit(),
+            format!("{}{}", s.exit(), if s.contended() { "!" } else { "" }),
             s.wall(),
             s.date(),
             s.host()

@@ -81,6 +81,16 @@ impl BundleSummary {
         }
     }
 
+    /// Whether the run counts as contended (`contention.flagged`: other work on the
+    /// host before the engine started or while it ran); rank excludes such runs.
+    pub fn contended(&self) -> bool {
+        self.manifest
+            .fragment("contention")
+            .and_then(|c| c.get("flagged"))
+            .and_then(Value::as_bool)
+            == Some(true)
+    }
+
     /// The run's wall in seconds (harness run wall, else engine wall), or `-`.
     pub fn wall(&self) -> String {
         let p = &self.manifest.phases;

@@ -693,4 +693,25 @@ fn work_that_starts_after_the_gate_flags_the_run_as_contended_during_it() {
         "{}",
         rest.join("\n")
     );
+    // `ls` marks the run for whoever scans the store.
+    let ls = Command::new(HARNESS)
+        .args(["ls", "--json", "--store"])
+        .arg(&s)
+        .output()
+        .unwrap();
+    let rows: Value = serde_json::from_slice(&ls.stdout).unwrap();
+    assert_eq!(rows[0]["contended"], true, "{rows}");
+    let ls = Command::new(HARNESS)
+        .args(["ls", "--store"])
+        .arg(&s)
+        .output()
+        .unwrap();
+    let listing = text(&ls.stdout);
+    let row = listing.lines().nth(1).unwrap_or("");
+    assert!(
+        row.split_whitespace()
+            .nth(3)
+            .is_some_and(|x| x.ends_with('!')),
+        "{listing}"
+    );
 }
