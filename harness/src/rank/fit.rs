@@ -10,8 +10,10 @@
 //!
 //! Which bundles: complete, uncontended ones (campaign or not), in the group that has
 //! the most bundles among the groups with at least two distinct voxel counts; a group
-//! is one engine sha256, host, profile and lever assignment, so lever arms never mix
-//! into one fit.
+//! is one engine sha256, host, weights digest and device, profile and lever
+//! assignment, so lever arms never mix into one fit, and neither do models: rung 2
+//! (ltxv-2b) and rung 3 (ltxv-13b) differ in voxels *and* in work per voxel, and a
+//! line through them would credit the model's size to the resolution.
 
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -52,6 +54,8 @@ pub struct ScalingFit {
     pub engine_sha256: String,
     /// The group's host key.
     pub host: String,
+    /// The group's weights digest and device (`sha256:… on cuda`).
+    pub model: String,
     /// The group's profile and lever assignment (`profile; a=x,b=y`).
     pub config: String,
     /// Distinct voxel counts, ascending, with the rung names seen at each.
@@ -69,7 +73,7 @@ pub struct NoFit {
     pub missing: String,
 }
 
-type GroupKey = (String, String, String);
+type GroupKey = (String, String, String, String);
 
 fn group_key(b: &Bundle) -> GroupKey {
     let levers = b
@@ -81,6 +85,11 @@ fn group_key(b: &Bundle) -> GroupKey {
     (
         b.engine_sha256.clone(),
         b.host.clone(),
+        format!(
+            "{} on {}",
+            b.weights_digest,
+            b.device.as_deref().unwrap_or("?")
+        ),
         format!(
             "{}; {}",
             b.profile,
@@ -111,7 +120,7 @@ pub fn fit(bundles: &[Bundle]) -> Result<ScalingFit, NoFit> {
         );
     let Some((key, members)) = best else {
         return Err(NoFit {
-            missing: "complete, uncontended runs of one engine, host and lever assignment at two or more rungs of different voxel counts".into(),
+            missing: "complete, uncontended runs of one engine, host, weights, device and lever assignment at two or more rungs of different voxel counts".into(),
         });
     };
     let mut members: Vec<&Bundle> = members.clone();
@@ -168,7 +177,8 @@ pub fn fit(bundles: &[Bundle]) -> Result<ScalingFit, NoFit> {
     Ok(ScalingFit {
         engine_sha256: key.0.clone(),
         host: key.1.clone(),
-        config: key.2.clone(),
+        model: key.2.clone(),
+        config: key.3.clone(),
         rungs: rungs
             .into_iter()
             .map(|(v, names)| (v, names.into_iter().collect::<Vec<_>>().join(",")))
@@ -277,6 +287,23 @@ mod tests {
         let bundles = vec![at("a", 400_000, 0.0), at("b", 400_000, 0.01)];
         let e = fit(&bundles).unwrap_err();
         assert!(e.missing.contains("two or more rungs"), "{}", e.missing);
+    }
+
+    /// Two models, each at its own rung, with everything else equal: no line is
+    /// drawn through them.
+    #[test]
+    fn runs_of_different_weights_or_devices_never_share_a_fit() {
+        let small = at("a", 400_000, 0.0);
+        let mut big = at("b", 1_100_000, 0.0);
+        big.weights_digest = "sha256:other-model".into();
+        let e = fit(&[small.clone(), big]).unwrap_err();
+        assert!(e.missing.contains("weights, device"), "{}", e.missing);
+        let mut gpu = at("c", 1_100_000, 0.0);
+        gpu.device = Some("cuda".into());
+        assert!(fit(&[small.clone(), gpu]).is_err());
+        // The same model at both rungs does fit, and the group names it.
+        let f = fit(&[small, at("d", 1_100_000, 0.0)]).unwrap();
+        assert_eq!(f.model, "w on cpu");
     }
 
     #[test]

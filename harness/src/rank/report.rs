@@ -158,9 +158,10 @@ fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
                 .collect();
             writeln!(
                 o,
-                "Group: engine `{}`, host `{}`, config `{}`; {}; {} bundle(s). A phase does not scale when its scaling exponent (0 = constant, 1 = proportional to voxels) is below {}.",
+                "Group: engine `{}`, host `{}`, weights `{}`, config `{}`; {}; {} bundle(s). A phase does not scale when its scaling exponent (0 = constant, 1 = proportional to voxels) is below {}.",
                 short(&f.engine_sha256),
                 f.host,
+                f.model,
                 f.config,
                 rungs.join(", "),
                 f.bundle_ids.len(),
