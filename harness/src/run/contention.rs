@@ -11,6 +11,12 @@
 //! (`RUSAGE_CHILDREN`, which counts a child once it is waited for). What is left is
 //! other work. It is a mean over the engine's lifetime: a burst shorter than the
 //! run is diluted, which is why the start window stays as a second judge.
+//!
+//! What it cannot attribute counts as other work: kernel threads and interrupts
+//! serving the engine's I/O (small beside the limit of half the cores), and any
+//! descendant the engine leaves running unreaped (the harness kills the group at
+//! the end, but an orphan's CPU never reaches `RUSAGE_CHILDREN`): an engine that
+//! forks workers should wait for them.
 
 use serde::Serialize;
 
