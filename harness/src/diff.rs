@@ -65,7 +65,13 @@ pub struct FieldDiff {
     pub a: String,
     /// Compact JSON of B's value.
     pub b: String,
-    /// Whether they differ.
+    /// What a reviewer compares of A's value: `name=verdict` for gates and
+    /// controls (their details carry readings that differ on every run), a one-line
+    /// summary for the achieved cadence, the compact JSON otherwise.
+    pub a_view: String,
+    /// The same of B's value.
+    pub b_view: String,
+    /// Whether the views differ.
     pub differs: bool,
 }
 
@@ -129,18 +135,54 @@ fn at<'a>(m: &'a Value, path: &str) -> &'a Value {
         .unwrap_or(&Value::Null)
 }
 
+/// The reviewer's view of manifest field `path` (see [`FieldDiff::a_view`]).
+fn view(path: &str, v: &Value) -> String {
+    match (path, v) {
+        ("gates" | "controls", Value::Array(items)) => items
+            .iter()
+            .map(|g| {
+                format!(
+                    "{}={}",
+                    g.get("name").and_then(Value::as_str).unwrap_or("?"),
+                    g.get("verdict").and_then(Value::as_str).unwrap_or("?")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        ("cadence", Value::Object(c)) => {
+            let f = |k: &str| c.get(k).and_then(Value::as_f64);
+            let ms = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1} ms"));
+            let missed = match (f("missed_ticks"), f("samples")) {
+                (Some(m), Some(n)) if m + n > 0.0 => format!("{:.1}%", 100.0 * m / (m + n)),
+                _ => "-".into(),
+            };
+            format!(
+                "every {} wanted; median {}, p99 {}, max {}; {missed} of ticks missed",
+                ms(f("expected_ms")),
+                ms(f("median_interval_ms")),
+                ms(f("p99_interval_ms")),
+                ms(f("max_interval_ms"))
+            )
+        }
+        _ => v.to_string(),
+    }
+}
+
 /// Compare two bundles given their facts and their raw manifests.
 pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
     let fields = FIELDS
         .iter()
         .map(|(path, label)| {
             let (va, vb) = (at(ma, path), at(mb, path));
+            let (a_view, b_view) = (view(path, va), view(path, vb));
             FieldDiff {
                 field: path.to_string(),
                 label: label.to_string(),
                 a: va.to_string(),
                 b: vb.to_string(),
-                differs: va != vb,
+                differs: a_view != b_view,
+                a_view,
+                b_view,
             }
         })
         .collect();
@@ -268,7 +310,13 @@ fn write_md(o: &mut String, d: &Diff) -> std::fmt::Result {
         writeln!(o, "| field | A | B |")?;
         writeln!(o, "|---|---|---|")?;
         for f in differing {
-            writeln!(o, "| {} | `{}` | `{}` |", f.label, cell(&f.a), cell(&f.b))?;
+            writeln!(
+                o,
+                "| {} | `{}` | `{}` |",
+                f.label,
+                cell(&f.a_view),
+                cell(&f.b_view)
+            )?;
         }
     }
     writeln!(o)?;
@@ -280,7 +328,13 @@ fn write_md(o: &mut String, d: &Diff) -> std::fmt::Result {
             "exit.reason" | "exit.code" | "completion.verdict" | "completion.frames" | "complete"
         )
     }) {
-        writeln!(o, "- {}: A `{}`, B `{}`", f.label, cell(&f.a), cell(&f.b))?;
+        writeln!(
+            o,
+            "- {}: A `{}`, B `{}`",
+            f.label,
+            cell(&f.a_view),
+            cell(&f.b_view)
+        )?;
     }
     writeln!(o)?;
     writeln!(o, "## Phases")?;
@@ -394,5 +448,48 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("Manifest differences (2 of"), "{md}");
+    }
+
+    #[test]
+    fn gates_compare_by_verdict_and_cadence_by_its_summary() {
+        let a = sample_bundle("aaa");
+        let b = sample_bundle("bbb");
+        let gates = |detail: &str, verdict: &str| {
+            json!([{"name": "store-durable", "verdict": "pass", "detail": "/s is durable"},
+                   {"name": "headroom", "verdict": verdict, "detail": detail}])
+        };
+        let cad = |first: u64, missed: u64| {
+            json!({"expected_ms": 100.0, "first_t_ns": first, "median_interval_ms": 100.0,
+                   "p99_interval_ms": 210.44, "max_interval_ms": 234.8, "missed_ticks": missed,
+                   "samples": 396})
+        };
+        let m = |g: Value, c: Value| json!({"gates": g, "cadence": c});
+        // Readings in the details and clock origins differ on every run: no difference.
+        let d = diff(
+            &a,
+            &m(gates("MemAvailable 133 GB", "pass"), cad(1, 4)),
+            &b,
+            &m(gates("MemAvailable 131 GB", "pass"), cad(9, 4)),
+        );
+        assert!(d.fields.iter().all(|f| !f.differs), "{:?}", d.fields);
+        // A verdict that changed, and a cadence that degraded, do show.
+        let d = diff(
+            &a,
+            &m(gates("x", "pass"), cad(1, 4)),
+            &b,
+            &m(gates("x", "refuse"), cad(1, 104)),
+        );
+        let g = d.fields.iter().find(|f| f.field == "gates").unwrap();
+        assert!(g.differs);
+        assert_eq!(g.b_view, "store-durable=pass headroom=refuse");
+        let c = d.fields.iter().find(|f| f.field == "cadence").unwrap();
+        assert!(c.differs);
+        assert_eq!(
+            c.a_view,
+            "every 100.0 ms wanted; median 100.0 ms, p99 210.4 ms, max 234.8 ms; 1.0% of ticks missed"
+        );
+        assert!(c.b_view.ends_with("20.8% of ticks missed"), "{}", c.b_view);
+        let md = markdown(&d);
+        assert!(md.contains("| gates | `store-durable=pass headroom=pass` | `store-durable=pass headroom=refuse` |"), "{md}");
     }
 }

@@ -504,6 +504,18 @@ fn a_rung_run_synthesizes_weights_once_and_completes() {
         "{}",
         m["sensors_unavailable"]
     );
+    // The sampler states what its slow parts cost: the page-cache probe ran at
+    // least on the first tick, and every journaled row was timed.
+    let parts = &m["sampler"]["tick_cost_parts_us"];
+    assert!(
+        parts["pagecache"]["ticks"].as_u64().unwrap() >= 1,
+        "{parts}"
+    );
+    assert!(
+        parts["pagecache"]["max_us"].as_f64().unwrap() > 0.0,
+        "{parts}"
+    );
+    assert_eq!(parts["sink"]["ticks"], m["sampler"]["ticks"], "{parts}");
     // Twice: the same synthesized weights are reused.
     let out2 = run();
     let m2 = manifest(&out2);

@@ -839,6 +839,7 @@ fn sampler_results(f: &mut serde_json::Value, r: &SamplerReport) {
     f["ticks"] = serde_json::json!(r.ticks);
     f["missed_ticks"] = serde_json::json!(r.missed_ticks);
     f["tick_cost_us"] = serde_json::to_value(&r.cost).unwrap_or_default();
+    f["tick_cost_parts_us"] = serde_json::to_value(&r.parts).unwrap_or_default();
 }
 
 /// Write the closing fragments, seal, print the phase table and the bundle.

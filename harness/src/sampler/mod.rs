@@ -183,6 +183,11 @@ pub struct SamplerReport {
     pub trip: Option<Trip>,
     /// Cost of the work of one tick.
     pub cost: CostStats,
+    /// Cost of each part of the tick's work that can dominate it, by part:
+    /// `pagecache` (mincore over the weight files), `gpu_slow` (NVML energy and
+    /// PCIe), `tree_rescan` (the engine's process tree), all on the slow
+    /// sub-cadence, and `sink` (journaling the row), every tick.
+    pub parts: BTreeMap<&'static str, CostStats>,
 }
 
 /// A running sampler.
@@ -239,6 +244,7 @@ impl Sampler {
                     reasons,
                     trip: self.trip.lock().map(|t| t.clone()).unwrap_or(None),
                     cost: CostStats::default(),
+                    parts: BTreeMap::new(),
                 }
             }
         }
@@ -270,6 +276,23 @@ pub struct TickReader<'g> {
     last_engine_gpu: Option<f64>,
     /// Reasons for unavailable columns.
     pub reasons: Reasons,
+    /// Nanoseconds spent in each timed part (see [`SamplerReport::parts`]).
+    pub part_costs: BTreeMap<&'static str, Vec<u64>>,
+}
+
+/// Run `f`, adding its duration to `costs[part]`.
+fn timed<T>(
+    costs: &mut BTreeMap<&'static str, Vec<u64>>,
+    part: &'static str,
+    f: impl FnOnce() -> T,
+) -> T {
+    let t0 = monotonic_ns();
+    let out = f();
+    costs
+        .entry(part)
+        .or_default()
+        .push(monotonic_ns().saturating_sub(t0));
+    out
 }
 
 impl TickReader<'_> {
@@ -342,6 +365,7 @@ impl<'g> TickReader<'g> {
             last_weights_cached: None,
             last_engine_gpu: None,
             reasons,
+            part_costs: BTreeMap::new(),
         }
     }
 
@@ -352,7 +376,7 @@ impl<'g> TickReader<'g> {
         let full = self.observer;
         if let Some(tree) = &mut self.tree {
             if slow && index > 0 {
-                tree.rescan();
+                timed(&mut self.part_costs, "tree_rescan", || tree.rescan());
                 self.pids = tree.pids().collect();
             }
             tree.read(&mut s, &mut self.reasons, !full, t_ns);
@@ -366,7 +390,9 @@ impl<'g> TickReader<'g> {
             if full {
                 g.read_fast(&mut s, &mut self.reasons, &self.pids);
                 if slow {
-                    g.read_slow(&mut s, &mut self.reasons);
+                    timed(&mut self.part_costs, "gpu_slow", || {
+                        g.read_slow(&mut s, &mut self.reasons)
+                    });
                 }
             } else if self.unified {
                 g.read_processes(&mut s, &mut self.reasons, &self.pids);
@@ -377,7 +403,7 @@ impl<'g> TickReader<'g> {
         }
         if slow && (full || self.unified) {
             if let Some(r) = &mut self.residency {
-                match r.resident_bytes() {
+                match timed(&mut self.part_costs, "pagecache", || r.resident_bytes()) {
                     Ok(b) => {
                         self.last_weights_cached = Some(b as f64);
                         s.set("weights_cached_bytes", Some(b as f64));
@@ -428,7 +454,7 @@ fn run_loop(
             }
         }
         if config.observer {
-            sink.sample(&s);
+            timed(&mut reader.part_costs, "sink", || sink.sample(&s));
             if reader.reasons.take_changed() {
                 sink.unavailable(&reader.reasons);
             }
@@ -444,6 +470,11 @@ fn run_loop(
         reasons: reader.reasons,
         trip,
         cost: CostStats::of(&mut costs),
+        parts: reader
+            .part_costs
+            .iter_mut()
+            .map(|(k, v)| (*k, CostStats::of(v)))
+            .collect(),
     }
 }
 
