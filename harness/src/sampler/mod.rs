@@ -2,8 +2,9 @@
 //!
 //! Each tick reads, in this order: the engine's process tree (procfs), the system
 //! (meminfo, PSI, load, the harness's own CPU), the GPU (NVML; energy and PCIe only
-//! on the slow sub-cadence), and, on the slow sub-cadence, the page-cache residency
-//! of the weight files. It then derives `unified_bytes`, hands the row to the
+//! on the slow sub-cadence), and the newest page-cache residency of the weight files
+//! (read about once a second on a thread of its own: a pass over tens of GB takes
+//! longer than a tick, see [`pagecache`]). It then derives `unified_bytes`, hands the row to the
 //! watchdog (which may kill the engine's process group on the spot), and passes it
 //! to the sink (the journal). Timestamps are [`evidence::clock::monotonic_ns`], the
 //! clock engines stamp markers with.
@@ -31,7 +32,7 @@ use evidence::sample::Sample;
 use crate::watchdog::{Limits, Trip};
 use cadence::Ticker;
 use gpu::{Gpu, GpuProbe, GPU_COLUMNS};
-use pagecache::Residency;
+use pagecache::{Background, Residency};
 use procs::ProcessTree;
 use system::SystemProbe;
 
@@ -183,10 +184,11 @@ pub struct SamplerReport {
     pub trip: Option<Trip>,
     /// Cost of the work of one tick.
     pub cost: CostStats,
-    /// Cost of each part of the tick's work that can dominate it, by part:
-    /// `pagecache` (mincore over the weight files), `gpu_slow` (NVML energy and
-    /// PCIe), `tree_rescan` (the engine's process tree), all on the slow
-    /// sub-cadence, and `sink` (journaling the row), every tick.
+    /// Cost of each part of the sampler's work that can dominate a tick, by part:
+    /// `gpu_slow` (NVML energy and PCIe) and `tree_rescan` (the engine's process
+    /// tree) on the slow sub-cadence, `sink` (journaling the row) every tick, and
+    /// `pagecache` (a mincore pass over the weight files), which runs on its own
+    /// thread about once a second and so no longer counts in the tick's cost.
     pub parts: BTreeMap<&'static str, CostStats>,
 }
 
@@ -270,7 +272,7 @@ pub struct TickReader<'g> {
     tree: Option<ProcessTree>,
     system: SystemProbe,
     gpu: Option<GpuProbe<'g>>,
-    residency: Option<Residency>,
+    residency: Option<Background>,
     pids: HashSet<i32>,
     last_weights_cached: Option<f64>,
     last_engine_gpu: Option<f64>,
@@ -300,6 +302,20 @@ impl TickReader<'_> {
     /// with the observer off and no unified budget).
     pub fn reads_beyond_floor(&self) -> bool {
         self.tree.is_some() || self.gpu.is_some() || self.residency.is_some()
+    }
+
+    /// Statistics of each timed part so far (see [`SamplerReport::parts`]); the
+    /// page-cache passes are timed on their own thread.
+    pub fn part_cost_stats(&self) -> BTreeMap<&'static str, CostStats> {
+        let mut out: BTreeMap<&'static str, CostStats> = self
+            .part_costs
+            .iter()
+            .map(|(k, v)| (*k, CostStats::of(&mut v.clone())))
+            .collect();
+        if let Some(bg) = &self.residency {
+            out.insert("pagecache", CostStats::of(&mut bg.costs_ns()));
+        }
+        out
     }
 }
 
@@ -344,7 +360,12 @@ impl<'g> TickReader<'g> {
             None
         } else {
             match Residency::open(&config.weights) {
-                Ok(r) => Some(r),
+                Ok(r) => Some(Background::start(
+                    r,
+                    std::time::Duration::from_millis(
+                        config.cadence_ms.max(1) * config.slow_every(),
+                    ),
+                )),
                 Err(e) => {
                     reasons.note("weights_cached_bytes", &e.to_string());
                     None
@@ -401,9 +422,10 @@ impl<'g> TickReader<'g> {
                 self.last_engine_gpu = Some(v);
             }
         }
-        if slow && (full || self.unified) {
-            if let Some(r) = &mut self.residency {
-                match timed(&mut self.part_costs, "pagecache", || r.resident_bytes()) {
+        // Each pass of the page-cache probe lands in the first row after it ends.
+        if full || self.unified {
+            if let Some(r) = self.residency.as_mut().and_then(Background::take_new) {
+                match r.bytes {
                     Ok(b) => {
                         self.last_weights_cached = Some(b as f64);
                         s.set("weights_cached_bytes", Some(b as f64));
@@ -464,17 +486,14 @@ fn run_loop(
     if config.observer && reader.reasons.take_changed() {
         sink.unavailable(&reader.reasons);
     }
+    let parts = reader.part_cost_stats();
     SamplerReport {
         ticks,
         missed_ticks: ticker.missed(),
         reasons: reader.reasons,
         trip,
         cost: CostStats::of(&mut costs),
-        parts: reader
-            .part_costs
-            .iter_mut()
-            .map(|(k, v)| (*k, CostStats::of(v)))
-            .collect(),
+        parts,
     }
 }
 
