@@ -138,17 +138,7 @@ fn at<'a>(m: &'a Value, path: &str) -> &'a Value {
 /// The reviewer's view of manifest field `path` (see [`FieldDiff::a_view`]).
 fn view(path: &str, v: &Value) -> String {
     match (path, v) {
-        ("gates" | "controls", Value::Array(items)) => items
-            .iter()
-            .map(|g| {
-                format!(
-                    "{}={}",
-                    g.get("name").and_then(Value::as_str).unwrap_or("?"),
-                    g.get("verdict").and_then(Value::as_str).unwrap_or("?")
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(" "),
+        ("gates" | "controls", Value::Array(_)) => crate::summary::verdicts(Some(v)),
         ("cadence", Value::Object(c)) => {
             let f = |k: &str| c.get(k).and_then(Value::as_f64);
             let ms = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1} ms"));

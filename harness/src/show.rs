@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::exit;
 use crate::store_arg::{find_bundle, StoreArg};
-use crate::summary::BundleSummary;
+use crate::summary::{verdicts, BundleSummary};
 
 /// Print a bundle's manifest summary and phase table.
 #[derive(Debug, Args)]
@@ -22,23 +22,6 @@ pub struct ShowArgs {
     /// unknown or ambiguous id.
     #[arg(long)]
     pub json: bool,
-}
-
-fn verdicts(v: Option<&Value>) -> String {
-    match v.and_then(Value::as_array) {
-        Some(a) if !a.is_empty() => a
-            .iter()
-            .map(|g| {
-                format!(
-                    "{}={}",
-                    g.get("name").and_then(Value::as_str).unwrap_or("?"),
-                    g.get("verdict").and_then(Value::as_str).unwrap_or("?")
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(" "),
-        _ => "-".into(),
-    }
 }
 
 /// The `contention` fragment in one line: `quiet` or `FLAGGED: why`, then what the

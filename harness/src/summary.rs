@@ -143,6 +143,25 @@ pub fn utc_minutes(unix_s: i64) -> String {
     )
 }
 
+/// A `gates` or `controls` fragment as `name=verdict` pairs separated by spaces,
+/// `-` when absent or empty.
+pub fn verdicts(v: Option<&Value>) -> String {
+    match v.and_then(Value::as_array) {
+        Some(a) if !a.is_empty() => a
+            .iter()
+            .map(|g| {
+                format!(
+                    "{}={}",
+                    g.get("name").and_then(Value::as_str).unwrap_or("?"),
+                    g.get("verdict").and_then(Value::as_str).unwrap_or("?")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => "-".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
