@@ -301,7 +301,7 @@ pub fn execute(
         })
         .collect();
     out.remaining = todo.len();
-    for e in todo {
+    for (i, e) in todo.iter().copied().enumerate() {
         let Some(rung) = rungs.iter().find(|r| r.name == e.rung) else {
             anyhow::bail!(
                 "schedule position {} names rung {} that is not in the campaign",
@@ -318,7 +318,11 @@ pub fn execute(
             out.stopped = Some(why);
             return Ok(out);
         }
-        progress(e, "start");
+        let eta = budget
+            .as_deref()
+            .map(|b| format!(": {}", b.history.eta(&todo[i..])))
+            .unwrap_or_default();
+        progress(e, &format!("start{eta}"));
         match runner.run(&job) {
             Ok(r) if r.complete => {
                 if let (Some(b), Some(w)) = (budget.as_deref_mut(), r.run_wall_s) {

@@ -74,6 +74,43 @@ impl WallHistory {
     }
 }
 
+impl WallHistory {
+    /// What the positions `left` (this one first) are expected to take, for a
+    /// progress line: `expected ~45 s; 6 left ~4m35s` (positions with no history
+    /// are counted apart, not guessed).
+    pub fn eta(&self, left: &[&Entry]) -> String {
+        let this = left
+            .first()
+            .and_then(|e| self.expected(e))
+            .map_or("expected ~? s".to_string(), |x| {
+                format!("expected ~{}", human_s(x.wall_s))
+            });
+        let (mut sum, mut unknown) = (0.0, 0);
+        for e in left {
+            match self.expected(e) {
+                Some(x) => sum += x.wall_s,
+                None => unknown += 1,
+            }
+        }
+        let rest = if unknown == 0 {
+            String::new()
+        } else {
+            format!(" + {unknown} with no history yet")
+        };
+        format!("{this}; {} left ~{}{rest}", left.len(), human_s(sum))
+    }
+}
+
+/// Seconds for people: `45 s`, `4m35s`, `1h02m`.
+fn human_s(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    match s {
+        0..=99 => format!("{s} s"),
+        100..=5999 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
 /// The deadline a campaign invocation works to.
 pub struct Budget {
     /// CLOCK_MONOTONIC nanoseconds by which every started position should end.
@@ -179,5 +216,24 @@ mod tests {
         );
         t.set(t.get() + 100_000_000_000);
         assert_eq!(b.left_s(), 0.0);
+    }
+
+    #[test]
+    fn the_progress_line_counts_what_is_left_by_sealed_walls() {
+        let mut h = WallHistory::default();
+        h.record("3", "vae", "host", 180.0);
+        h.record("3", "vae", "device", 45.0);
+        let (a, b, c) = (
+            entry(1, "3", "host"),
+            entry(2, "3", "device"),
+            entry(3, "1", "host"),
+        );
+        assert_eq!(h.eta(&[&a, &b]), "expected ~3m00s; 2 left ~3m45s");
+        assert_eq!(
+            h.eta(&[&c, &a]),
+            "expected ~? s; 2 left ~3m00s + 1 with no history yet"
+        );
+        assert_eq!(human_s(45.4), "45 s");
+        assert_eq!(human_s(7300.0), "2h01m");
     }
 }

@@ -458,13 +458,13 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
         Err(_) => Vec::new(),
     };
     let done = crate::campaign::done_positions(&plan, &sealed);
-    let mut budget = args.budget_s.map(|s| {
-        crate::campaign_budget::Budget::new(
-            t0,
-            s,
-            crate::campaign_budget::WallHistory::from_bundles(&plan, &sealed),
-        )
-    });
+    // Always learned, for the progress lines; without --budget-s the deadline is
+    // infinitely far and nothing is refused.
+    let mut budget = crate::campaign_budget::Budget::new(
+        t0,
+        args.budget_s.unwrap_or(f64::INFINITY),
+        crate::campaign_budget::WallHistory::from_bundles(&plan, &sealed),
+    );
     println!(
         "campaign {} (engine {}, order {:?}, seed {}, weights cache {}): {} runs over {} round(s), {} already sealed",
         plan.id,
@@ -485,9 +485,9 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
     for e in &plan.entries {
         let is_done = done.contains(&e.position);
         let mut eta = String::new();
-        if let (false, Some(b)) = (is_done, &budget) {
+        if let (false, Some(_)) = (is_done, args.budget_s) {
             to_run += 1;
-            match b.history.expected(e) {
+            match budget.history.expected(e) {
                 Some(x) => {
                     planned_s += x.wall_s;
                     if planned_s <= args.budget_s.unwrap_or(f64::INFINITY) {
@@ -542,7 +542,7 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
         &rungs,
         &done,
         &mut runner,
-        budget.as_mut(),
+        Some(&mut budget),
         |e, what| {
             eprintln!(
                 "campaign: position {} (round {}, rung {}, {}={}): {what}",

@@ -142,6 +142,12 @@ fn a_budget_stops_between_runs_and_a_rerun_resumes() {
         "{so}"
     );
     assert_eq!(manifests(&store).len(), 1, "no run was cut off");
+    // Progress lines say what is left: nothing was known before the first run.
+    let se = text(&out.stderr);
+    assert!(
+        se.contains(": start: expected ~? s; 4 left ~0 s + 4 with no history yet"),
+        "{se}"
+    );
     // A dry run with a budget shows each remaining position's expected wall (rung
     // 0's one sealed run teaches every arm of the rung) and how many fit.
     let out = campaign(&store, &["--dry-run", "--budget-s", "3600"]);
@@ -163,6 +169,13 @@ fn a_budget_stops_between_runs_and_a_rerun_resumes() {
         so.contains("3 sealed complete, 0 incomplete, 1 already done"),
         "{so}"
     );
+    // The rerun knows rung 0's wall from the first run's bundle.
+    let se = text(&out.stderr);
+    assert!(
+        se.contains(": start: expected ~") && se.contains("; 3 left ~"),
+        "{se}"
+    );
+    assert!(!se.contains("no history"), "{se}");
     for bad in ["0", "-3", "nan", "soon"] {
         let out = campaign(&store, &[&format!("--budget-s={bad}")]);
         assert_eq!(out.status.code(), Some(2), "--budget-s {bad}");
