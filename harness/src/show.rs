@@ -47,6 +47,35 @@ fn contention_line(v: Option<&Value>) -> String {
     }
 }
 
+/// The sampler's own cost in one line: a tick's work (median, p99) and each timed
+/// part's p99; None for bundles sealed before the sampler reported it.
+fn sampler_cost_line(v: Option<&Value>) -> Option<String> {
+    let ms = |c: &Value, k: &str| c.get(k).and_then(Value::as_f64).map(|us| us / 1e3);
+    let tick = v?.get("tick_cost_us")?;
+    let mut line = format!(
+        "sampler work per tick: median {:.2} ms, p99 {:.2} ms",
+        ms(tick, "median_us")?,
+        ms(tick, "p99_us")?
+    );
+    if let Some(parts) = v?.get("tick_cost_parts_us").and_then(Value::as_object) {
+        let p: Vec<String> = parts
+            .iter()
+            .filter_map(|(k, c)| {
+                let off = if k == "pagecache" { ", own thread" } else { "" };
+                Some(format!(
+                    "{k} p99 {:.2} ms (x{}{off})",
+                    ms(c, "p99_us")?,
+                    c.get("ticks")?
+                ))
+            })
+            .collect();
+        if !p.is_empty() {
+            line += &format!("; {}", p.join(", "));
+        }
+    }
+    Some(line)
+}
+
 /// The summary text (everything above the phase table).
 pub fn summary_text(s: &BundleSummary) -> String {
     let m = &s.manifest;
@@ -115,6 +144,9 @@ pub fn summary_text(s: &BundleSummary) -> String {
         f(c.max_interval_ms),
         c.missed_ticks.map_or("-".into(), |n| n.to_string())
     );
+    if let Some(line) = sampler_cost_line(m.fragment("sampler")) {
+        let _ = writeln!(o, "         {line}");
+    }
     if let Some(su) = m.fragment("sensors_unavailable").and_then(Value::as_object) {
         for (k, v) in su {
             let _ = writeln!(
@@ -176,6 +208,28 @@ pub fn run(args: ShowArgs) -> anyhow::Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sampler_cost_line_names_each_part() {
+        let v = serde_json::json!({
+            "tick_cost_us": {"median_us": 480.0, "p99_us": 2500.0},
+            "tick_cost_parts_us": {
+                "pagecache": {"p99_us": 310000.0, "ticks": 5},
+                "sink": {"p99_us": 38.0, "ticks": 57}
+            }
+        });
+        assert_eq!(
+            sampler_cost_line(Some(&v)).unwrap(),
+            "sampler work per tick: median 0.48 ms, p99 2.50 ms; pagecache p99 310.00 ms \
+             (x5, own thread), sink p99 0.04 ms (x57)"
+        );
+        let old = serde_json::json!({"tick_cost_us": {"median_us": 480.0, "p99_us": 2500.0}});
+        assert_eq!(
+            sampler_cost_line(Some(&old)).unwrap(),
+            "sampler work per tick: median 0.48 ms, p99 2.50 ms"
+        );
+        assert_eq!(sampler_cost_line(Some(&serde_json::json!({}))), None);
+    }
 
     #[test]
     fn the_contention_line_says_start_and_during() {
