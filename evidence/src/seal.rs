@@ -107,11 +107,20 @@ fn cadence(samples: &[Sample], expected_ms: Option<f64>) -> Cadence {
             (ms(iv[n / 2 - 1]) + ms(iv[n / 2])) / 2.0
         }
     });
-    let missed = expected_ms.filter(|e| *e > 0.0).map(|e| {
-        iv.iter()
-            .map(|&ns| ((ms(ns) / e).round() as u64).saturating_sub(1))
-            .sum()
-    });
+    // Deadlines with no sample: the slots the recording spans at the expected
+    // period, less the samples taken. (Summing round(interval / expected) - 1 per
+    // interval counted a tick that fired late, say at 160 ms, and the on-time tick
+    // after it as a miss; at rung 3 that read 157 where 44 deadlines were skipped.)
+    let missed =
+        expected_ms
+            .filter(|e| *e > 0.0)
+            .map(|e| match (samples.first(), samples.last()) {
+                (Some(a), Some(b)) => {
+                    let slots = (ms(b.t_ns.saturating_sub(a.t_ns)) / e).round() as u64 + 1;
+                    slots.saturating_sub(samples.len() as u64)
+                }
+                _ => 0,
+            });
     Cadence {
         samples: samples.len() as u64,
         expected_ms,
@@ -734,6 +743,14 @@ mod tests {
         assert_eq!(c.max_interval_ms, Some(300.0));
         assert_eq!(c.missed_ticks, Some(2));
         assert_eq!(cadence(&v, None).missed_ticks, None);
+        // A late tick (160 ms) followed by an on-time one (40 ms) skipped no
+        // deadline: 10 such pairs over 2 s hold 21 samples in 21 slots.
+        let late: Vec<Sample> = (0..21u64)
+            .map(|i| s((i / 2) * 200_000_000 + (i % 2) * 160_000_000))
+            .collect();
+        assert_eq!(cadence(&late, Some(100.0)).missed_ticks, Some(0));
+        assert_eq!(cadence(&late, Some(100.0)).max_interval_ms, Some(160.0));
+        assert_eq!(cadence(&[], Some(100.0)).missed_ticks, Some(0));
         assert_eq!(cadence(&[], Some(100.0)).median_interval_ms, None);
     }
 
