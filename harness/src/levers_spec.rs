@@ -46,6 +46,16 @@ pub enum DeviceKind {
     Cuda,
 }
 
+impl DeviceKind {
+    /// The name rung files and bundles use (`cpu`, `cuda`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+        }
+    }
+}
+
 /// What a lever is measured by, computed per bundle.
 ///
 /// Phase-restricted sample metrics (`weights-cached`, `unified-peak`) use the
@@ -492,6 +502,14 @@ next_hypothesis = "n"
 
     fn err(text: &str) -> String {
         p(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn device_names_are_the_rung_files_spelling() {
+        for d in [DeviceKind::Cpu, DeviceKind::Cuda] {
+            assert_eq!(serde_json::to_value(d).unwrap(), d.as_str());
+        }
+        assert_eq!(DeviceKind::Cuda.as_str(), "cuda");
     }
 
     #[test]

@@ -212,16 +212,8 @@ fn not_applicable(
     devices: &BTreeMap<String, BTreeSet<String>>,
 ) -> Option<String> {
     let ds = devices.get(rung).filter(|d| !d.is_empty())?;
-    let applies: Vec<String> = l
-        .applies_to
-        .iter()
-        .map(|d| {
-            serde_json::to_value(d)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-        })
-        .collect::<Option<_>>()?;
-    if ds.iter().any(|d| applies.contains(d)) {
+    let applies: Vec<&str> = l.applies_to.iter().map(|d| d.as_str()).collect();
+    if ds.iter().any(|d| applies.contains(&d.as_str())) {
         return None;
     }
     Some(format!(
