@@ -6,9 +6,10 @@
 //! this process mapped itself (none), so such files make the column unavailable
 //! with that reason rather than a false 0.
 //!
-//! A pass costs about 10-15 ns a page (mincore over a 35 GB mapping took 86-130 ms
-//! on the development VM), so it runs on its own thread ([`Background`]): on the
-//! sampler's thread, one tick in ten overran the 100 ms cadence at rung 3.
+//! A pass is slow for large weights (over 16 GiB of resident pages, 247-310 ms on
+//! the development VM: `scripts/cadence-weights.sh`), so it runs on its own thread
+//! ([`Background`]): on the sampler's thread, one tick in ten overran the 100 ms
+//! cadence at rung 3.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
