@@ -400,16 +400,40 @@ mod tests {
         // Mutation that turns this red: a tile whose rows overlap or skip (rb
         // rounding), or a column offset that ignores the tile's first row.
         let (co, ci, h, w) = (70usize, 16usize, 24usize, 20usize);
-        let conv = Conv3d::new(
-            Tensor::new(&[co, ci, 3, 3, 3], Gaussian::new(9, "w").vec(co * ci * 27)).unwrap(),
+        let (wt, b) = (
+            Gaussian::new(9, "w").vec(co * ci * 27),
             Gaussian::new(9, "b").vec(co),
         );
-        let frames: Vec<_> = (0..3)
-            .map(|i| conv.pad(&Gaussian::new(20 + i, "x").vec(ci * h * w), h, w))
+        let conv = Conv3d::new(
+            Tensor::new(&[co, ci, 3, 3, 3], wt.clone()).unwrap(),
+            b.clone(),
+        );
+        let xs: Vec<Vec<f32>> = (0..3)
+            .map(|i| Gaussian::new(20 + i, "x").vec(ci * h * w))
             .collect();
+        let frames: Vec<_> = xs.iter().map(|x| conv.pad(x, h, w)).collect();
         let window: Vec<_> = frames.iter().collect();
         let want = conv.forward_padded_tiled(&window, usize::MAX);
-        assert!(want.iter().all(|v| v.is_finite()) && want.iter().any(|v| *v != 0.0));
+        // The reference itself is right: the window is frames 0, 1, 2, i.e. the
+        // causal convolution's output frame 2 of that 3-frame clip.
+        let hw = h * w;
+        let mut clip = vec![0.0f32; ci * 3 * hw];
+        for (t, x) in xs.iter().enumerate() {
+            for c in 0..ci {
+                clip[(c * 3 + t) * hw..(c * 3 + t + 1) * hw]
+                    .copy_from_slice(&x[c * hw..(c + 1) * hw]);
+            }
+        }
+        let full = naive(&wt, &b, &clip, [co, ci, 3, 3, 3], 3, h, w, TimePad::Causal);
+        assert_eq!(want.len(), co * hw);
+        for o in 0..co {
+            for (g, e) in want[o * hw..(o + 1) * hw]
+                .iter()
+                .zip(&full[(o * 3 + 2) * hw..(o * 3 + 3) * hw])
+            {
+                assert!((g - e).abs() < 1e-4 * (1.0 + e.abs()), "{g} vs {e}");
+            }
+        }
         for cols in [1, w + 2, 3 * (w + 2), TILE_MAX_COLS] {
             let got = conv.forward_padded_tiled(&window, cols);
             assert_eq!(got.len(), want.len());
