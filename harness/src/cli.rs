@@ -485,12 +485,12 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
     for e in &plan.entries {
         let is_done = done.contains(&e.position);
         let mut eta = String::new();
-        if let (false, Some(_)) = (is_done, args.budget_s) {
+        if let (false, Some(limit)) = (is_done, args.budget_s) {
             to_run += 1;
             match budget.history.expected(e) {
                 Some(x) => {
                     planned_s += x.wall_s;
-                    if planned_s <= args.budget_s.unwrap_or(f64::INFINITY) {
+                    if planned_s <= limit {
                         fit += 1;
                     }
                     eta = format!("  ~{:.0} s, ends ~{planned_s:.0} s in", x.wall_s);
