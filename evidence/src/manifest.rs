@@ -147,13 +147,26 @@ pub struct Cadence {
     pub p99_interval_ms: Option<f64>,
     /// Longest interval, milliseconds.
     pub max_interval_ms: Option<f64>,
-    /// Ticks that should have happened but did not: per interval,
-    /// `round(interval / expected) - 1` when positive, summed. Null without `expected_ms`.
+    /// Deadlines that got no sample: [`Cadence::slots`] less `samples` (at least
+    /// 0). Null without `expected_ms`. Bundles sealed before commit cf98c2c hold
+    /// the older count (per interval `round(interval / expected) - 1`, summed),
+    /// which also counted late ticks; `slots` recomputes from any bundle.
     pub missed_ticks: Option<u64>,
     /// CLOCK_MONOTONIC ns of the first sample.
     pub first_t_ns: Option<u64>,
     /// CLOCK_MONOTONIC ns of the last sample.
     pub last_t_ns: Option<u64>,
+}
+
+impl Cadence {
+    /// The deadlines the recording spans at the expected period:
+    /// `round((last_t_ns - first_t_ns) / expected) + 1`; None without an expected
+    /// period or without samples.
+    pub fn slots(&self) -> Option<u64> {
+        let e = self.expected_ms.filter(|e| *e > 0.0)?;
+        let (a, b) = (self.first_t_ns?, self.last_t_ns?);
+        Some((b.saturating_sub(a) as f64 / 1e6 / e).round() as u64 + 1)
+    }
 }
 
 /// One group of containment or exclusivity checks: every phase instance of one

@@ -107,30 +107,24 @@ fn cadence(samples: &[Sample], expected_ms: Option<f64>) -> Cadence {
             (ms(iv[n / 2 - 1]) + ms(iv[n / 2])) / 2.0
         }
     });
-    // Deadlines with no sample: the slots the recording spans at the expected
-    // period, less the samples taken. (Summing round(interval / expected) - 1 per
-    // interval counted a tick that fired late, say at 160 ms, and the on-time tick
-    // after it as a miss; at rung 3 that read 157 where 44 deadlines were skipped.)
-    let missed =
-        expected_ms
-            .filter(|e| *e > 0.0)
-            .map(|e| match (samples.first(), samples.last()) {
-                (Some(a), Some(b)) => {
-                    let slots = (ms(b.t_ns.saturating_sub(a.t_ns)) / e).round() as u64 + 1;
-                    slots.saturating_sub(samples.len() as u64)
-                }
-                _ => 0,
-            });
-    Cadence {
+    let mut c = Cadence {
         samples: samples.len() as u64,
         expected_ms,
         median_interval_ms: median,
         p99_interval_ms: pick(0.99),
         max_interval_ms: iv.last().map(|&n| ms(n)),
-        missed_ticks: missed,
+        missed_ticks: None,
         first_t_ns: samples.first().map(|s| s.t_ns),
         last_t_ns: samples.last().map(|s| s.t_ns),
-    }
+    };
+    // Deadlines with no sample: the slots the recording spans at the expected
+    // period, less the samples taken. (Summing round(interval / expected) - 1 per
+    // interval counted a tick that fired late, say at 160 ms, and the on-time tick
+    // after it as a miss; at rung 3 that read 157 where 44 deadlines were skipped.)
+    c.missed_ticks = expected_ms
+        .filter(|e| *e > 0.0)
+        .map(|_| c.slots().map_or(0, |n| n.saturating_sub(c.samples)));
+    c
 }
 
 fn i64_of(v: u64) -> i64 {
@@ -742,7 +736,9 @@ mod tests {
         assert_eq!(c.p99_interval_ms, Some(300.0));
         assert_eq!(c.max_interval_ms, Some(300.0));
         assert_eq!(c.missed_ticks, Some(2));
+        assert_eq!(c.slots(), Some(102));
         assert_eq!(cadence(&v, None).missed_ticks, None);
+        assert_eq!(cadence(&v, None).slots(), None);
         // A late tick (160 ms) followed by an on-time one (40 ms) skipped no
         // deadline: 10 such pairs over 2 s hold 21 samples in 21 slots.
         let late: Vec<Sample> = (0..21u64)

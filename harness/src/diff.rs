@@ -142,12 +142,19 @@ fn view(path: &str, v: &Value) -> String {
         ("cadence", Value::Object(c)) => {
             let f = |k: &str| c.get(k).and_then(Value::as_f64);
             let ms = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1} ms"));
-            let missed = match (f("missed_ticks"), f("samples")) {
-                (Some(m), Some(n)) if m + n > 0.0 => format!("{:.1}%", 100.0 * m / (m + n)),
+            // Recomputed from the span (as `show` does), so that bundles sealed
+            // with the older missed-ticks count compare like new ones.
+            let slots = serde_json::from_value::<evidence::manifest::Cadence>(v.clone())
+                .ok()
+                .and_then(|c| Some((c.slots()?, c.samples)));
+            let missed = match slots {
+                Some((n, got)) if n > 0 => {
+                    format!("{:.1}%", 100.0 * n.saturating_sub(got) as f64 / n as f64)
+                }
                 _ => "-".into(),
             };
             format!(
-                "every {} wanted; median {}, p99 {}, max {}; {missed} of ticks missed",
+                "every {} wanted; median {}, p99 {}, max {}; {missed} of deadlines without a sample",
                 ms(f("expected_ms")),
                 ms(f("median_interval_ms")),
                 ms(f("p99_interval_ms")),
@@ -448,26 +455,29 @@ mod tests {
             json!([{"name": "store-durable", "verdict": "pass", "detail": "/s is durable"},
                    {"name": "headroom", "verdict": verdict, "detail": detail}])
         };
-        let cad = |first: u64, missed: u64| {
-            json!({"expected_ms": 100.0, "first_t_ns": first, "median_interval_ms": 100.0,
-                   "p99_interval_ms": 210.44, "max_interval_ms": 234.8, "missed_ticks": missed,
+        // 396 samples over `slots` deadlines of 100 ms from `first`; the stored
+        // missed_ticks (an older bundle's count) is ignored.
+        let cad = |first: u64, slots: u64| {
+            json!({"expected_ms": 100.0, "first_t_ns": first,
+                   "last_t_ns": first + (slots - 1) * 100_000_000, "median_interval_ms": 100.0,
+                   "p99_interval_ms": 210.44, "max_interval_ms": 234.8, "missed_ticks": 157,
                    "samples": 396})
         };
         let m = |g: Value, c: Value| json!({"gates": g, "cadence": c});
         // Readings in the details and clock origins differ on every run: no difference.
         let d = diff(
             &a,
-            &m(gates("MemAvailable 133 GB", "pass"), cad(1, 4)),
+            &m(gates("MemAvailable 133 GB", "pass"), cad(1, 400)),
             &b,
-            &m(gates("MemAvailable 131 GB", "pass"), cad(9, 4)),
+            &m(gates("MemAvailable 131 GB", "pass"), cad(9, 400)),
         );
         assert!(d.fields.iter().all(|f| !f.differs), "{:?}", d.fields);
         // A verdict that changed, and a cadence that degraded, do show.
         let d = diff(
             &a,
-            &m(gates("x", "pass"), cad(1, 4)),
+            &m(gates("x", "pass"), cad(1, 400)),
             &b,
-            &m(gates("x", "refuse"), cad(1, 104)),
+            &m(gates("x", "refuse"), cad(1, 500)),
         );
         let g = d.fields.iter().find(|f| f.field == "gates").unwrap();
         assert!(g.differs);
@@ -476,9 +486,13 @@ mod tests {
         assert!(c.differs);
         assert_eq!(
             c.a_view,
-            "every 100.0 ms wanted; median 100.0 ms, p99 210.4 ms, max 234.8 ms; 1.0% of ticks missed"
+            "every 100.0 ms wanted; median 100.0 ms, p99 210.4 ms, max 234.8 ms; 1.0% of deadlines without a sample"
         );
-        assert!(c.b_view.ends_with("20.8% of ticks missed"), "{}", c.b_view);
+        assert!(
+            c.b_view.ends_with("20.8% of deadlines without a sample"),
+            "{}",
+            c.b_view
+        );
         let md = markdown(&d);
         assert!(md.contains("| gates | `store-durable=pass headroom=pass` | `store-durable=pass headroom=refuse` |"), "{md}");
     }

@@ -136,13 +136,18 @@ pub fn summary_text(s: &BundleSummary) -> String {
     let f = |v: Option<f64>| v.map_or("-".into(), |x| format!("{x:.1}"));
     let _ = writeln!(
         o,
-        "samples  {} (cadence {} ms wanted; median {} ms, p99 {} ms, max {} ms; {} missed ticks)",
+        "samples  {} (cadence {} ms wanted; median {} ms, p99 {} ms, max {} ms; {})",
         c.samples,
         f(c.expected_ms),
         f(c.median_interval_ms),
         f(c.p99_interval_ms),
         f(c.max_interval_ms),
-        c.missed_ticks.map_or("-".into(), |n| n.to_string())
+        // Recomputed from the span, so bundles sealed with the older count agree.
+        c.slots()
+            .map_or("- deadlines without a sample".into(), |n| format!(
+                "{} of {n} deadlines without a sample",
+                n.saturating_sub(c.samples)
+            ))
     );
     if let Some(line) = sampler_cost_line(m.fragment("sampler")) {
         let _ = writeln!(o, "         {line}");
