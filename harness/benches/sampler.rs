@@ -49,7 +49,7 @@ fn main() {
             }),
             weights: vec![],
         };
-        let mut reader = TickReader::new(&config, target, gpu.as_deref(), why.clone());
+        let mut reader = TickReader::new(&config, target, gpu.as_ref(), why.clone());
         let mut costs = Vec::new();
         for i in 0..2000u64 {
             let t = monotonic_ns();

@@ -57,11 +57,21 @@ fn sampler_cost_line(v: Option<&Value>) -> Option<String> {
         ms(tick, "median_us")?,
         ms(tick, "p99_us")?
     );
+    // Which parts ran off the tick: the bundle says; older bundles ran only the
+    // page-cache pass on a thread of its own.
+    let off_tick: Vec<&str> = match v?.get("off_tick_parts").and_then(Value::as_array) {
+        Some(a) => a.iter().filter_map(Value::as_str).collect(),
+        None => vec!["pagecache"],
+    };
     if let Some(parts) = v?.get("tick_cost_parts_us").and_then(Value::as_object) {
         let p: Vec<String> = parts
             .iter()
             .filter_map(|(k, c)| {
-                let off = if k == "pagecache" { ", own thread" } else { "" };
+                let off = if off_tick.contains(&k.as_str()) {
+                    ", own thread"
+                } else {
+                    ""
+                };
                 Some(format!(
                     "{k} p99 {:.2} ms (x{}{off})",
                     ms(c, "p99_us")?,
@@ -234,6 +244,31 @@ mod tests {
             "sampler work per tick: median 0.48 ms, p99 2.50 ms"
         );
         assert_eq!(sampler_cost_line(Some(&serde_json::json!({}))), None);
+        // A bundle that records its off-tick parts is read by them; one without
+        // ran gpu_slow on the tick.
+        let parts = serde_json::json!({
+            "gpu_slow": {"p99_us": 55620.0, "ticks": 25},
+            "pagecache": {"p99_us": 320430.0, "ticks": 22}
+        });
+        let new = serde_json::json!({
+            "tick_cost_us": {"median_us": 510.0, "p99_us": 900.0},
+            "tick_cost_parts_us": parts,
+            "off_tick_parts": ["gpu_slow", "pagecache"]
+        });
+        assert_eq!(
+            sampler_cost_line(Some(&new)).unwrap(),
+            "sampler work per tick: median 0.51 ms, p99 0.90 ms; gpu_slow p99 55.62 ms \
+             (x25, own thread), pagecache p99 320.43 ms (x22, own thread)"
+        );
+        let before = serde_json::json!({
+            "tick_cost_us": {"median_us": 510.0, "p99_us": 49940.0},
+            "tick_cost_parts_us": parts
+        });
+        assert_eq!(
+            sampler_cost_line(Some(&before)).unwrap(),
+            "sampler work per tick: median 0.51 ms, p99 49.94 ms; gpu_slow p99 55.62 ms \
+             (x25), pagecache p99 320.43 ms (x22, own thread)"
+        );
     }
 
     #[test]

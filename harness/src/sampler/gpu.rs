@@ -3,8 +3,9 @@
 //! NVML is initialised once per run ([`Gpu::open`]); a missing library or driver is
 //! a reason, never a crash: every GPU column is then null with that reason. Per-call
 //! errors (GB10 answers `memory_info` with NOT_SUPPORTED) make only that column null,
-//! with the error recorded once. Energy and PCIe throughput block for milliseconds
-//! (PCIe for its 20 ms window), so they are read on the slow sub-cadence only.
+//! with the error recorded once. Energy and PCIe throughput block for tens of
+//! milliseconds (PCIe for its 20 ms window; 45-137 ms p99 on the H200), so they are
+//! read about once a second on a thread of their own ([`SlowReading`]).
 
 use std::collections::HashSet;
 
@@ -245,30 +246,75 @@ impl<'a> GpuProbe<'a> {
             self.dev.temperature(TemperatureSensor::Gpu),
         );
     }
+}
 
-    /// The slow columns: energy counter and PCIe throughput (tens of milliseconds).
-    pub fn read_slow(&self, s: &mut Sample, reasons: &mut Reasons) {
-        set_or_note(
-            s,
-            reasons,
-            "gpu_energy_mj",
-            "total_energy_consumption",
-            self.dev.total_energy_consumption().map(|v| v as f64),
-        );
-        set_or_note(
-            s,
-            reasons,
-            "gpu_pcie_tx_kibps",
+/// One pass over the slow columns (energy and PCIe throughput), read off the tick by
+/// a [`super::periodic::Periodic`] worker: each value or why NVML refused it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlowReading {
+    /// `gpu_pcie_tx_kibps`: KiB/s sent over a 20 ms window.
+    pub pcie_tx_kibps: Result<f64, String>,
+    /// `gpu_pcie_rx_kibps`: KiB/s received over a 20 ms window.
+    pub pcie_rx_kibps: Result<f64, String>,
+    /// `gpu_energy_mj`: millijoules since the driver loaded, read last so that its
+    /// time is the pass's end, the closest to the row it lands in.
+    pub energy_mj: Result<f64, String>,
+}
+
+fn nvml<T: Into<f64>>(call: &str, r: Result<T, NvmlError>) -> Result<f64, String> {
+    r.map(Into::into).map_err(|e| format!("NVML {call}: {e}"))
+}
+
+impl Gpu {
+    /// Read the slow columns (tens of milliseconds: the PCIe counters block for
+    /// their window). Safe to call from any thread.
+    pub fn read_slow(&self) -> SlowReading {
+        let dev = match self.device() {
+            Ok(d) => d,
+            Err(e) => {
+                let why = format!("NVML device: {e}");
+                return SlowReading {
+                    pcie_tx_kibps: Err(why.clone()),
+                    pcie_rx_kibps: Err(why.clone()),
+                    energy_mj: Err(why),
+                };
+            }
+        };
+        let pcie_tx_kibps = nvml(
             "pcie_throughput(Send)",
-            self.dev.pcie_throughput(PcieUtilCounter::Send),
+            dev.pcie_throughput(PcieUtilCounter::Send),
         );
-        set_or_note(
-            s,
-            reasons,
-            "gpu_pcie_rx_kibps",
+        let pcie_rx_kibps = nvml(
             "pcie_throughput(Receive)",
-            self.dev.pcie_throughput(PcieUtilCounter::Receive),
+            dev.pcie_throughput(PcieUtilCounter::Receive),
         );
+        let energy_mj = nvml(
+            "total_energy_consumption",
+            dev.total_energy_consumption().map(|v| v as f64),
+        );
+        SlowReading {
+            pcie_tx_kibps,
+            pcie_rx_kibps,
+            energy_mj,
+        }
+    }
+}
+
+impl SlowReading {
+    /// Put each value in its column of `s`, or note why it is missing.
+    pub fn apply(self, s: &mut Sample, reasons: &mut Reasons) {
+        for (col, v) in [
+            ("gpu_pcie_tx_kibps", self.pcie_tx_kibps),
+            ("gpu_pcie_rx_kibps", self.pcie_rx_kibps),
+            ("gpu_energy_mj", self.energy_mj),
+        ] {
+            match v {
+                Ok(v) => {
+                    s.set(col, Some(v));
+                }
+                Err(why) => reasons.note(col, &why),
+            }
+        }
     }
 }
 
@@ -296,5 +342,25 @@ mod tests {
         }
         let e = Gpu::open(u32::MAX).err().unwrap();
         assert!(e.contains("NVML") || e.contains("no GPU"), "{e}");
+    }
+
+    #[test]
+    fn a_slow_reading_fills_its_columns_and_names_what_nvml_refused() {
+        let mut s = Sample::empty(1);
+        let mut reasons = Reasons::default();
+        SlowReading {
+            pcie_tx_kibps: Ok(1234.0),
+            pcie_rx_kibps: Err("NVML pcie_throughput(Receive): not supported".into()),
+            energy_mj: Ok(9_876_543.0),
+        }
+        .apply(&mut s, &mut reasons);
+        assert_eq!(s.get("gpu_pcie_tx_kibps"), Some(1234.0));
+        assert_eq!(s.get("gpu_energy_mj"), Some(9_876_543.0));
+        assert_eq!(s.get("gpu_pcie_rx_kibps"), None);
+        assert_eq!(
+            reasons.map().get("gpu_pcie_rx_kibps").map(String::as_str),
+            Some("NVML pcie_throughput(Receive): not supported")
+        );
+        assert_eq!(reasons.map().len(), 1, "{:?}", reasons.map());
     }
 }

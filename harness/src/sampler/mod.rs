@@ -1,10 +1,12 @@
 //! The sampler: its own thread, one [`Sample`] per tick on absolute deadlines.
 //!
 //! Each tick reads, in this order: the engine's process tree (procfs), the system
-//! (meminfo, PSI, load, the harness's own CPU), the GPU (NVML; energy and PCIe only
-//! on the slow sub-cadence), and the newest page-cache residency of the weight files
-//! (read about once a second on a thread of its own: a pass over tens of GB takes
-//! longer than a tick, see [`pagecache`]). It then derives `unified_bytes`, hands the row to the
+//! (meminfo, PSI, load, the harness's own CPU), the GPU's fast columns (NVML), and
+//! takes the newest finished reading of the two slow parts, which run about once a
+//! second on threads of their own ([`periodic`]): NVML's energy and PCIe throughput
+//! (tens of milliseconds, see [`gpu`]) and the page-cache residency of the weight
+//! files (a pass over tens of GB takes longer than a tick, see [`pagecache`]). It
+//! then derives `unified_bytes`, hands the row to the
 //! watchdog (which may kill the engine's process group on the spot), and passes it
 //! to the sink (the journal). Timestamps are [`evidence::clock::monotonic_ns`], the
 //! clock engines stamp markers with.
@@ -17,6 +19,7 @@
 pub mod cadence;
 pub mod gpu;
 pub mod pagecache;
+pub mod periodic;
 pub mod procs;
 pub mod system;
 
@@ -31,8 +34,9 @@ use evidence::sample::Sample;
 
 use crate::watchdog::{Limits, Trip};
 use cadence::Ticker;
-use gpu::{Gpu, GpuProbe, GPU_COLUMNS};
-use pagecache::{Background, Residency};
+use gpu::{Gpu, GpuProbe, SlowReading, GPU_COLUMNS};
+use pagecache::Residency;
+use periodic::Periodic;
 use procs::ProcessTree;
 use system::SystemProbe;
 
@@ -123,6 +127,7 @@ impl SamplerConfig {
             "cadence_ms": self.cadence_ms,
             "slow_every": self.slow_every(),
             "pagecache_every": self.slow_every(),
+            "off_tick_parts": OFF_TICK_PARTS,
             "observer": if self.observer { "on" } else { "off" },
         })
     }
@@ -185,12 +190,18 @@ pub struct SamplerReport {
     /// Cost of the work of one tick.
     pub cost: CostStats,
     /// Cost of each part of the sampler's work that can dominate a tick, by part:
-    /// `gpu_slow` (NVML energy and PCIe) and `tree_rescan` (the engine's process
-    /// tree) on the slow sub-cadence, `sink` (journaling the row) every tick, and
-    /// `pagecache` (a mincore pass over the weight files), which runs on its own
-    /// thread about once a second and so no longer counts in the tick's cost.
+    /// `tree_rescan` (the engine's process tree) on the slow sub-cadence and `sink`
+    /// (journaling the row) every tick, both on the tick; `gpu_slow` (NVML energy
+    /// and PCIe) and `pagecache` (a mincore pass over the weight files), which run
+    /// on threads of their own about once a second ([`OFF_TICK_PARTS`]) and so do not
+    /// count in the tick's cost.
     pub parts: BTreeMap<&'static str, CostStats>,
 }
+
+/// The timed parts that run on threads of their own ([`periodic`]), so that their
+/// cost is not part of a tick's. Recorded in the `sampler` fragment as
+/// `off_tick_parts`: bundles without it read `gpu_slow` on the tick.
+pub const OFF_TICK_PARTS: [&str; 2] = ["gpu_slow", "pagecache"];
 
 /// A running sampler.
 pub struct Sampler {
@@ -217,7 +228,7 @@ impl Sampler {
                 run_loop(
                     config,
                     target,
-                    gpu.as_deref(),
+                    gpu.as_ref(),
                     gpu_absent_reason,
                     sink,
                     &stop2,
@@ -272,7 +283,8 @@ pub struct TickReader<'g> {
     tree: Option<ProcessTree>,
     system: SystemProbe,
     gpu: Option<GpuProbe<'g>>,
-    residency: Option<Background>,
+    gpu_slow: Option<Periodic<SlowReading>>,
+    residency: Option<Periodic<Result<u64, String>>>,
     pids: HashSet<i32>,
     last_weights_cached: Option<f64>,
     last_engine_gpu: Option<f64>,
@@ -305,26 +317,30 @@ impl TickReader<'_> {
     }
 
     /// Statistics of each timed part so far (see [`SamplerReport::parts`]); the
-    /// page-cache passes are timed on their own thread.
+    /// slow GPU reads and the page-cache passes are timed on their own threads.
     pub fn part_cost_stats(&self) -> BTreeMap<&'static str, CostStats> {
         let mut out: BTreeMap<&'static str, CostStats> = self
             .part_costs
             .iter()
             .map(|(k, v)| (*k, CostStats::of(&mut v.clone())))
             .collect();
-        if let Some(bg) = &self.residency {
-            out.insert("pagecache", CostStats::of(&mut bg.costs_ns()));
+        if let Some(p) = &self.gpu_slow {
+            out.insert("gpu_slow", CostStats::of(&mut p.costs_ns()));
+        }
+        if let Some(p) = &self.residency {
+            out.insert("pagecache", CostStats::of(&mut p.costs_ns()));
         }
         out
     }
 }
 
 impl<'g> TickReader<'g> {
-    /// Readers for `target`'s tree, the system, `gpu` and the weight files.
+    /// Readers for `target`'s tree, the system, `gpu` and the weight files; starts
+    /// the slow parts' threads (they stop when the reader is dropped).
     pub fn new(
         config: &SamplerConfig,
         target: Target,
-        gpu: Option<&'g Gpu>,
+        gpu: Option<&'g Arc<Gpu>>,
         gpu_absent_reason: Option<String>,
     ) -> Self {
         let mut reasons = Reasons::default();
@@ -340,9 +356,20 @@ impl<'g> TickReader<'g> {
         } else {
             gpu_absent_reason
         };
-        let gpu = match gpu.map(GpuProbe::new) {
-            Some(Ok(p)) => Some(p),
-            Some(Err(why)) => {
+        let every =
+            std::time::Duration::from_millis(config.cadence_ms.max(1) * config.slow_every());
+        let mut gpu_slow = None;
+        let gpu = match gpu.map(|g| (g, GpuProbe::new(g))) {
+            Some((g, Ok(p))) => {
+                // The slow columns are journaled only with the observer on; the
+                // unified budget needs none of them.
+                if config.observer {
+                    let g = Arc::clone(g);
+                    gpu_slow = Some(Periodic::start("gpu-slow", every, move || g.read_slow()));
+                }
+                Some(p)
+            }
+            Some((_, Err(why))) => {
                 GPU_COLUMNS.iter().for_each(|c| reasons.note(c, &why));
                 None
             }
@@ -360,12 +387,9 @@ impl<'g> TickReader<'g> {
             None
         } else {
             match Residency::open(&config.weights) {
-                Ok(r) => Some(Background::start(
-                    r,
-                    std::time::Duration::from_millis(
-                        config.cadence_ms.max(1) * config.slow_every(),
-                    ),
-                )),
+                Ok(mut r) => Some(Periodic::start("pagecache", every, move || {
+                    r.resident_bytes()
+                })),
                 Err(e) => {
                     reasons.note("weights_cached_bytes", &e.to_string());
                     None
@@ -381,6 +405,7 @@ impl<'g> TickReader<'g> {
             tree,
             system: SystemProbe::default(),
             gpu,
+            gpu_slow,
             residency,
             pids,
             last_weights_cached: None,
@@ -410,10 +435,9 @@ impl<'g> TickReader<'g> {
         if let Some(g) = &self.gpu {
             if full {
                 g.read_fast(&mut s, &mut self.reasons, &self.pids);
-                if slow {
-                    timed(&mut self.part_costs, "gpu_slow", || {
-                        g.read_slow(&mut s, &mut self.reasons)
-                    });
+                // Each slow pass lands in the first row after it ends.
+                if let Some(r) = self.gpu_slow.as_mut().and_then(Periodic::take_new) {
+                    r.value.apply(&mut s, &mut self.reasons);
                 }
             } else if self.unified {
                 g.read_processes(&mut s, &mut self.reasons, &self.pids);
@@ -424,8 +448,8 @@ impl<'g> TickReader<'g> {
         }
         // Each pass of the page-cache probe lands in the first row after it ends.
         if full || self.unified {
-            if let Some(r) = self.residency.as_mut().and_then(Background::take_new) {
-                match r.bytes {
+            if let Some(r) = self.residency.as_mut().and_then(Periodic::take_new) {
+                match r.value {
                     Ok(b) => {
                         self.last_weights_cached = Some(b as f64);
                         s.set("weights_cached_bytes", Some(b as f64));
@@ -449,7 +473,7 @@ impl<'g> TickReader<'g> {
 fn run_loop(
     config: SamplerConfig,
     target: Target,
-    gpu: Option<&Gpu>,
+    gpu: Option<&Arc<Gpu>>,
     gpu_absent_reason: Option<String>,
     mut sink: Box<dyn SampleSink>,
     stop: &AtomicBool,

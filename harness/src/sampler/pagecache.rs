@@ -8,16 +8,10 @@
 //!
 //! A pass is slow for large weights (over 16 GiB of resident pages, 247-310 ms on
 //! the development VM: `scripts/cadence-weights.sh`), so it runs on its own thread
-//! ([`Background`]): on the sampler's thread, one tick in ten overran the 100 ms
-//! cadence at rung 3.
+//! ([`super::periodic::Periodic`]): on the sampler's thread, one tick in ten overran
+//! the 100 ms cadence at rung 3.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Duration;
-
-use evidence::clock::monotonic_ns;
 
 use memmap2::Mmap;
 
@@ -128,96 +122,6 @@ impl Residency {
     }
 }
 
-/// One pass of a [`Background`] probe.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Reading {
-    /// 1 for the first pass, then one more per pass.
-    pub seq: u64,
-    /// Resident bytes of the weight files, or why mincore failed.
-    pub bytes: Result<u64, String>,
-    /// CLOCK_MONOTONIC nanoseconds when the pass began.
-    pub t_ns: u64,
-}
-
-#[derive(Default)]
-struct Shared {
-    latest: Option<Reading>,
-    costs_ns: Vec<u64>,
-}
-
-/// A [`Residency`] read on its own thread every `every`, so that a pass over tens
-/// of GB never delays the sampler's fixed-cadence tick. The first pass runs in
-/// [`Background::start`] itself, so a reading exists before the first tick.
-/// Dropping it stops the thread (at most one pass later).
-pub struct Background {
-    shared: Arc<Mutex<Shared>>,
-    stop: Option<mpsc::Sender<()>>,
-    handle: Option<JoinHandle<()>>,
-    seen: u64,
-}
-
-fn pass(r: &mut Residency, seq: u64, shared: &Mutex<Shared>) {
-    let t_ns = monotonic_ns();
-    let bytes = r.resident_bytes();
-    let cost = monotonic_ns().saturating_sub(t_ns);
-    if let Ok(mut s) = shared.lock() {
-        s.latest = Some(Reading { seq, bytes, t_ns });
-        s.costs_ns.push(cost);
-    }
-}
-
-impl Background {
-    /// Read `r` now, then every `every` on a new thread.
-    pub fn start(mut r: Residency, every: Duration) -> Background {
-        let shared = Arc::new(Mutex::new(Shared::default()));
-        pass(&mut r, 1, &shared);
-        let (tx, rx) = mpsc::channel::<()>();
-        let sh = shared.clone();
-        let handle = std::thread::Builder::new()
-            .name("pagecache".into())
-            .spawn(move || {
-                let mut seq = 1;
-                // Any message, or the sender dropped, ends the loop.
-                while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(every) {
-                    seq += 1;
-                    pass(&mut r, seq, &sh);
-                }
-            })
-            .ok();
-        Background {
-            shared,
-            stop: Some(tx),
-            handle,
-            seen: 0,
-        }
-    }
-
-    /// The newest reading not taken before, if a pass has finished since.
-    pub fn take_new(&mut self) -> Option<Reading> {
-        let s = self.shared.lock().ok()?;
-        let r = s.latest.as_ref().filter(|r| r.seq > self.seen)?.clone();
-        self.seen = r.seq;
-        Some(r)
-    }
-
-    /// Nanoseconds each pass took so far.
-    pub fn costs_ns(&self) -> Vec<u64> {
-        self.shared
-            .lock()
-            .map(|s| s.costs_ns.clone())
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        self.stop.take();
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,39 +173,5 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("nope.safetensors"), "{e}");
-    }
-
-    #[test]
-    fn the_background_probe_reads_first_then_hands_each_new_pass_over_once() {
-        let d = dir("background");
-        let path = d.join("w.bin");
-        std::fs::write(&path, noise(1 << 20, 7)).unwrap();
-        let r = Residency::open(std::slice::from_ref(&path)).unwrap();
-        let mut bg = Background::start(r, Duration::from_millis(20));
-        // The first pass ran in start: a reading is there before any wait.
-        let first = bg.take_new().unwrap();
-        assert_eq!(first.seq, 1);
-        assert_eq!(first.bytes, Ok(1 << 20));
-        assert!(first.t_ns > 0);
-        // Taken once only.
-        assert_eq!(bg.take_new().filter(|r| r.seq == 1), None);
-        // Later passes arrive on their own.
-        let t0 = std::time::Instant::now();
-        let next = loop {
-            if let Some(r) = bg.take_new() {
-                break r;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(5), "no second pass");
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        assert!(next.seq >= 2, "{next:?}");
-        assert!(next.t_ns > first.t_ns);
-        assert!(bg.costs_ns().len() >= 2);
-        // Dropping stops the thread promptly (a 1-hour period does not hold it).
-        let r = Residency::open(&[path]).unwrap();
-        let long = Background::start(r, Duration::from_secs(3600));
-        let t0 = std::time::Instant::now();
-        drop(long);
-        assert!(t0.elapsed() < Duration::from_secs(1));
     }
 }
