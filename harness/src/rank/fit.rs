@@ -75,6 +75,11 @@ pub struct NoFit {
 
 type GroupKey = (String, String, String, String);
 
+/// The fewest runs a phase is fitted from: a fixed + per-voxel line has two
+/// parameters, so two points always fit it exactly (R² = 1 whatever the data);
+/// a third is the first that can disagree with the line.
+pub const MIN_POINTS: usize = 3;
+
 fn group_key(b: &Bundle) -> GroupKey {
     let levers = b
         .levers
@@ -108,7 +113,9 @@ pub fn fit(bundles: &[Bundle]) -> Result<ScalingFit, NoFit> {
     }
     let best = groups
         .iter()
-        .filter(|(_, v)| v.iter().map(|b| b.voxels).collect::<BTreeSet<_>>().len() >= 2)
+        .filter(|(_, v)| {
+            v.len() >= MIN_POINTS && v.iter().map(|b| b.voxels).collect::<BTreeSet<_>>().len() >= 2
+        })
         // Most bundles; ties go to the smallest key (BTreeMap order; only a strictly
         // larger group replaces the one held).
         .fold(
@@ -120,7 +127,7 @@ pub fn fit(bundles: &[Bundle]) -> Result<ScalingFit, NoFit> {
         );
     let Some((key, members)) = best else {
         return Err(NoFit {
-            missing: "complete, uncontended runs of one engine, host, weights, device and lever assignment at two or more rungs of different voxel counts".into(),
+            missing: format!("{MIN_POINTS} or more complete, uncontended runs of one engine, host, weights, device and lever assignment at two or more rungs of different voxel counts (a line through two points fits exactly, so its R² says nothing)"),
         });
     };
     let mut members: Vec<&Bundle> = members.clone();
@@ -151,7 +158,7 @@ pub fn fit(bundles: &[Bundle]) -> Result<ScalingFit, NoFit> {
                 }
             }
         }
-        if distinct(&xs) < 2 || n_max == 0 {
+        if xs.len() < MIN_POINTS || distinct(&xs) < 2 || n_max == 0 {
             continue;
         }
         let (fixed, slope, r2) = least_squares(&xs, &ys);
@@ -302,8 +309,26 @@ mod tests {
         gpu.device = Some("cuda".into());
         assert!(fit(&[small.clone(), gpu]).is_err());
         // The same model at both rungs does fit, and the group names it.
-        let f = fit(&[small, at("d", 1_100_000, 0.0)]).unwrap();
+        let f = fit(&[small, at("d", 1_100_000, 0.0), at("e", 1_100_000, 0.01)]).unwrap();
         assert_eq!(f.model, "w on cpu");
+    }
+
+    /// Two runs at two rungs fit any line exactly: no fit is claimed from them,
+    /// and the reason says why (found with a cold rung-1 and a warm rung-2 run on
+    /// the H200, whose 2-point "fit" read R² 1.000 for every phase).
+    #[test]
+    fn two_points_are_not_a_fit() {
+        let e = fit(&[at("a", 400_000, 0.0), at("b", 1_100_000, 0.0)]).unwrap_err();
+        assert!(e.missing.contains("3 or more"), "{}", e.missing);
+        assert!(e.missing.contains("R²"), "{}", e.missing);
+        // A third run, at either rung, makes a fit of 3 points per phase.
+        let f = fit(&[
+            at("a", 400_000, 0.0),
+            at("b", 1_100_000, 0.0),
+            at("c", 400_000, 0.02),
+        ])
+        .unwrap();
+        assert!(f.phases.iter().all(|p| p.points == 3), "{:?}", f.phases);
     }
 
     #[test]
