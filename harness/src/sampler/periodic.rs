@@ -143,7 +143,11 @@ mod tests {
         }
         let next = wait_new(&mut p);
         assert!(next.seq >= 2, "{next:?}");
-        assert_eq!(next.value, (next.seq - 1) * 10 + 7, "value of pass {next:?}");
+        assert_eq!(
+            next.value,
+            (next.seq - 1) * 10 + 7,
+            "value of pass {next:?}"
+        );
         assert!(next.t_ns > first.t_ns);
         assert!(p.costs_ns().len() as u64 >= next.seq);
     }
@@ -166,7 +170,10 @@ mod tests {
             worst = worst.max(t.elapsed());
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert!(seen >= 2, "{seen} passes finished in 700 ms of 200 ms passes");
+        assert!(
+            seen >= 2,
+            "{seen} passes finished in 700 ms of 200 ms passes"
+        );
         assert!(worst < Duration::from_millis(50), "a take waited {worst:?}");
         let costs = p.costs_ns();
         assert!(costs.iter().all(|&c| c >= 200_000_000), "{costs:?}");
