@@ -118,6 +118,23 @@ pub enum Unit {
 }
 
 impl Metric {
+    /// Whether the value depends on how much of the weight files the page cache held
+    /// when the engine started: a load phase's wall (or GPU share), the render wall,
+    /// and the page-cache and unified footprints. Rank pairs runs for such a metric
+    /// only when both started in about the same cache state
+    /// (`rank::pairing::CACHE_SHARE_MAX_GAP`). Peak resident set, device peak and the
+    /// other phases' walls are not moved by it (the CPU arm's mapped weights are
+    /// resident once touched either way).
+    pub fn reads_weights(&self) -> bool {
+        match self {
+            Metric::PhaseWall { phase } | Metric::GpuBusyShare { phase } => {
+                phase.starts_with("load.")
+            }
+            Metric::RenderWall | Metric::WeightsCached { .. } | Metric::UnifiedPeak { .. } => true,
+            Metric::PeakRss { .. } | Metric::DevicePeak { .. } => false,
+        }
+    }
+
     /// The metric's unit.
     pub fn unit(&self) -> Unit {
         match self {
@@ -613,5 +630,14 @@ next_hypothesis = "n"
             assert!(l.seed_issue.starts_with('#'), "{id}: {}", l.seed_issue);
         }
         assert_eq!(s.reference_rung, "2");
+        // The levers whose metric the weights' page-cache state moves (rank pairs
+        // them only within one cache state): load.dit, weights_cached, render wall.
+        let reading: Vec<&str> = s
+            .levers
+            .iter()
+            .filter(|l| l.metric.reads_weights())
+            .map(|l| l.id.as_str())
+            .collect();
+        assert_eq!(reading, ["staging", "release-pages", "host-threads"]);
     }
 }

@@ -172,5 +172,11 @@ fn a_cold_start_is_reached_measured_and_recorded() {
             .and_then(|t| t.parse().ok())
             .unwrap_or_else(|| panic!("no share in {detail}"));
         assert!(pct <= 2.0, "{detail}");
+        // The same figures as numbers, for rank's cache-state check of pairs.
+        let f = &m["weights_cache"];
+        assert_eq!(f["policy"], "cold", "{f}");
+        let total = f["total_bytes"].as_u64().unwrap_or(0);
+        let after = f["resident_after_bytes"].as_u64().unwrap_or(u64::MAX);
+        assert!(total > 0 && after * 50 <= total, "{f}");
     }
 }

@@ -139,6 +139,10 @@ pub struct Bundle {
     pub run_wall_s: Option<f64>,
     /// Why the run counts as contended (`contention.flagged`), if it does.
     pub contended: Option<String>,
+    /// Share (0..1) of the weight files' bytes in the page cache just before the
+    /// engine started (`weights_cache`, or the `weights-cache` gate of bundles sealed
+    /// before that fragment existed); `None` where neither was recorded.
+    pub cache_share_at_start: Option<f64>,
     /// Why the run is incomplete (`complete`, `exit`, `completion`), if it is.
     pub incomplete: Option<String>,
     /// Phase rows in open order.
@@ -336,6 +340,7 @@ pub(crate) mod tests {
                 ph("denoise.step", 1, 8_000_000_000, 5.0, 1500),
             ],
             samples_by_phase: samples,
+            cache_share_at_start: None,
         }
     }
 

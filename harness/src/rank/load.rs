@@ -253,7 +253,33 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
         incomplete: incompleteness(m),
         phases: Vec::new(),
         samples_by_phase: BTreeMap::new(),
+        cache_share_at_start: cache_share_at_start(m),
     })
+}
+
+/// The share of the weights resident at engine start: from the `weights_cache`
+/// fragment (bytes), else from the `weights-cache` gate's detail, whose figures
+/// bundles sealed before the fragment existed carry only as text ("... GiB after
+/// (100.0%) ..."; the wording is the harness's own and frozen in those bundles).
+fn cache_share_at_start(m: &Value) -> Option<f64> {
+    let after = get(m, "weights_cache.resident_after_bytes").and_then(Value::as_f64);
+    let total = get(m, "weights_cache.total_bytes").and_then(Value::as_f64);
+    if let (Some(a), Some(t)) = (after, total) {
+        return Some(if t > 0.0 {
+            (a / t).clamp(0.0, 1.0)
+        } else {
+            1.0
+        });
+    }
+    let gate = get(m, "gates")?
+        .as_array()?
+        .iter()
+        .find(|g| g.get("name").and_then(Value::as_str) == Some("weights-cache"))?;
+    let detail = gate.get("detail")?.as_str()?;
+    let (_, rest) = detail.split_once(" GiB after (")?;
+    let (pct, _) = rest.split_once("%)")?;
+    let pct: f64 = pct.trim().parse().ok()?;
+    (0.0..=100.0).contains(&pct).then_some(pct / 100.0)
 }
 
 /// Why a run is incomplete: `complete` false, an exit other than `completed`, or a
@@ -546,6 +572,29 @@ mod tests {
         assert_eq!(b.incomplete, None);
         assert_eq!(b.device.as_deref(), Some("cpu"));
         assert_eq!(b.run_wall_s, Some(12.5));
+        assert_eq!(b.cache_share_at_start, None, "neither fragment nor gate");
+    }
+
+    #[test]
+    fn the_cache_share_at_start_comes_from_the_fragment_or_the_old_gate_text() {
+        let mut m = manifest();
+        // A bundle from before the fragment: the gate's own wording.
+        m["gates"] = json!([
+            {"name": "headroom", "verdict": "pass", "detail": "x"},
+            {"name": "weights-cache", "verdict": "pass",
+             "detail": "as-is: 35.487 of 35.487 GiB resident before, 0.034 GiB after (3.7%), 0.00 s"}
+        ]);
+        let b = facts(&m).unwrap();
+        assert!((b.cache_share_at_start.unwrap() - 0.037).abs() < 1e-12);
+        // The fragment wins over the text.
+        m["weights_cache"] = json!({"policy": "warm", "total_bytes": 400u64,
+            "resident_before_bytes": 0u64, "resident_after_bytes": 300u64, "seconds": 1.5});
+        assert_eq!(facts(&m).unwrap().cache_share_at_start, Some(0.75));
+        // A gate that could not read residency says nothing about the share.
+        m["weights_cache"] = Value::Null;
+        m["gates"] = json!([{"name": "weights-cache", "verdict": "not-applicable",
+            "detail": "as-is: page-cache residency of the weights cannot be read: EPERM"}]);
+        assert_eq!(facts(&m).unwrap().cache_share_at_start, None);
     }
 
     #[test]

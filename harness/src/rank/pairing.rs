@@ -6,7 +6,12 @@
 //! share a cell: the same lever, rung, campaign, round, engine sha256, host, weights
 //! digest, profile, and arm of every OTHER lever. A cell with more than one run of an
 //! arm keeps the lowest id and excludes the rest as duplicates; a cell with one arm
-//! only leaves its run unpaired. Where several campaigns measured a lever at a rung,
+//! only leaves its run unpaired. For a metric that reads the weights (a load phase,
+//! the render wall, the page-cache footprint: [`Metric::reads_weights`]) a pair whose
+//! runs started with the page cache holding shares of the weights more than
+//! [`CACHE_SHARE_MAX_GAP`] apart is not a pair: both runs are excluded, naming the
+//! shares (an `as-is` campaign's first run inherits the previous step's warm cache,
+//! the rest start cold). Where several campaigns measured a lever at a rung,
 //! the newest one with a pair decides and the others' runs are superseded (a later
 //! campaign re-measures: a fixed binary, a controlled cache state). Every bundle not
 //! used in a pair is listed with the reason.
@@ -16,6 +21,8 @@
 use serde::Serialize;
 use std::collections::BTreeMap;
 
+#[cfg(doc)]
+use crate::levers_spec::Metric;
 use crate::levers_spec::{Lever, LeverSpec};
 use crate::rank::bundle::Bundle;
 use crate::rank::stats::Pair;
@@ -46,6 +53,65 @@ pub struct Cell {
     pub profile: String,
     /// Every other lever's arm, `a=x,b=y`.
     pub other_levers: String,
+}
+
+/// The largest gap between two runs' shares (0..1) of the weight bytes in the page
+/// cache at engine start that still pairs them on a metric that reads the weights.
+/// A quarter of the weights read from disk instead of memory is seconds of load at
+/// rung 3 (35 GiB): the as-is host-threads campaign 7f0605dedf9a8064 paired a 100%
+/// baseline (render 23.3 s) with a 0% treatment (42.0 s). Runs under
+/// `--weights-cache warm` (at least 98%) or `cold` (at most 2%) always pair.
+pub const CACHE_SHARE_MAX_GAP: f64 = 0.25;
+
+type Cells<'a> = BTreeMap<Cell, (Vec<&'a Bundle>, Vec<&'a Bundle>)>;
+
+/// Drop the first baseline and treatment of each cell when `lever`'s metric reads
+/// the weights and their recorded cache shares at start differ by more than
+/// [`CACHE_SHARE_MAX_GAP`]; runs without a recorded share keep pairing (bundles from
+/// before the `weights-cache` gate).
+fn drop_cache_mismatched<'a>(
+    by_cell: Cells<'a>,
+    lever: &Lever,
+    rung: &str,
+    excluded: &mut Vec<Exclusion>,
+) -> Cells<'a> {
+    if !lever.metric.reads_weights() {
+        return by_cell;
+    }
+    let mut kept = BTreeMap::new();
+    for (cell, (mut base, mut treat)) in by_cell {
+        if let (Some(&b), Some(&t)) = (base.first(), treat.first()) {
+            if let (Some(sb), Some(st)) = (b.cache_share_at_start, t.cache_share_at_start) {
+                if (sb - st).abs() > CACHE_SHARE_MAX_GAP {
+                    for (run, role, other, share, other_share) in
+                        [(b, "baseline", t, sb, st), (t, "treatment", b, st, sb)]
+                    {
+                        excluded.push(Exclusion {
+                            id: run.id.clone(),
+                            reason: format!(
+                                "cache state differs: in round {} of campaign {} ({} at rung {rung}) \
+                                 this {role} run started with {:.1}% of the weights in the page cache \
+                                 and {} with {:.1}%, more than {:.0} points apart, and {} reads the \
+                                 weights (rerun with --weights-cache warm or cold)",
+                                cell.round,
+                                short(&cell.campaign),
+                                lever.id,
+                                100.0 * share,
+                                other.short_id(),
+                                100.0 * other_share,
+                                100.0 * CACHE_SHARE_MAX_GAP,
+                                lever.metric.label()
+                            ),
+                        });
+                    }
+                    base.remove(0);
+                    treat.remove(0);
+                }
+            }
+        }
+        kept.insert(cell, (base, treat));
+    }
+    kept
 }
 
 /// One paired round.
@@ -208,6 +274,7 @@ pub fn pair(bundles: &[Bundle], spec: &LeverSpec) -> Pairing {
             continue;
         };
         let mut lr = LeverRungPairs::default();
+        let by_cell = drop_cache_mismatched(by_cell, lever, &rung, &mut out.excluded);
         let by_cell = drop_superseded(by_cell, &lever.id, &rung, &mut out.excluded);
         for (cell, (base, treat)) in by_cell {
             lr.baseline_runs += base.len();
@@ -534,6 +601,56 @@ next_hypothesis = "n"
         let b = pair(&bundles, &spec());
         assert_eq!(a, b);
         assert_eq!(a.by_lever_rung.values().next().unwrap().rounds.len(), 6);
+    }
+
+    /// The as-is host-threads campaign at rung 3, in miniature: round 1's baseline
+    /// inherited a warm cache, its treatment started cold. Mutations that turn this
+    /// red: no check (3 pairs), a check on every metric (the denoise pair goes), a
+    /// gap compared without abs (only one direction caught).
+    #[test]
+    fn a_pair_started_in_different_cache_states_is_not_a_pair_for_a_weights_metric() {
+        let with = |id: &str, round: u32, arm: &str, share: Option<f64>| {
+            let mut b = run(id, round, arm, 10.0);
+            b.cache_share_at_start = share;
+            b
+        };
+        let bundles = vec![
+            with("a1", 1, "serial", Some(1.0)),
+            with("b1", 1, "batched", Some(0.0)),
+            with("a2", 2, "serial", Some(0.0)),
+            with("b2", 2, "batched", Some(0.9)),
+            with("a3", 3, "serial", Some(0.037)),
+            with("b3", 3, "batched", Some(0.0)),
+            with("a4", 4, "serial", None),
+            with("b4", 4, "batched", Some(1.0)),
+        ];
+        let p = pair(&bundles, &spec());
+        let lr = &p.by_lever_rung[&("staging".to_string(), "2".to_string())];
+        let rounds: Vec<u32> = lr.rounds.iter().map(|r| r.cell.round).collect();
+        assert_eq!(
+            rounds,
+            [3, 4],
+            "3.7% vs 0% pairs; an unrecorded share pairs"
+        );
+        let r = reason_of(&p, "a1");
+        assert!(
+            r.starts_with("cache state differs: in round 1 of campaign camp")
+                && r.contains("this baseline run started with 100.0%")
+                && r.contains("b1 with 0.0%")
+                && r.contains("wall(load.dit) reads the weights"),
+            "{r}"
+        );
+        assert!(reason_of(&p, "b2").contains("this treatment run started with 90.0%"));
+        assert_eq!(p.excluded.len(), 4, "{:?}", p.excluded);
+
+        // A metric that does not read the weights keeps every pair.
+        let mut s = spec();
+        s.levers[0].metric = crate::levers_spec::Metric::PhaseWall {
+            phase: "denoise".into(),
+        };
+        let p = pair(&bundles, &s);
+        assert_eq!(p.by_lever_rung.values().next().unwrap().rounds.len(), 4);
+        assert!(p.excluded.is_empty(), "{:?}", p.excluded);
     }
 
     #[test]

@@ -213,6 +213,11 @@ fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o, "## Method")?;
     writeln!(o)?;
     writeln!(o, "- Pairs: same campaign, round, rung, engine sha256, host, weights digest, profile and arm of every other lever; complete, uncontended runs only.")?;
+    writeln!(
+        o,
+        "- Cache state: for a metric that reads the weights (a load phase, render wall, page-cache or unified footprint) the two runs of a pair must have started with shares of the weights in the page cache at most {:.0} points apart; other pairs are excluded, naming both shares.",
+        100.0 * crate::rank::pairing::CACHE_SHARE_MAX_GAP
+    )?;
     writeln!(o, "- Campaigns: where several campaigns measured a lever at a rung, the newest with a pair (latest run start) decides; the older ones' runs are listed as superseded, never pooled.")?;
     writeln!(o, "- Effect: geometric mean of per-pair ratios treatment/baseline; absolute saving: mean of baseline - treatment.")?;
     writeln!(

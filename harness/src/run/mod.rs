@@ -549,6 +549,9 @@ fn preflight(
     match (&weights, plan.weights_cache) {
         (Some(w), policy) => match crate::weights_cache::prepare(&w.paths(), policy) {
             Ok(p) => {
+                // The figures as numbers too: rank pairs weight-reading metrics
+                // only between runs that started in about the same cache state.
+                s.fragment("weights_cache", serde_json::to_value(&p)?)?;
                 gate!(p.gate());
             }
             Err(e) if policy == crate::weights_cache::Policy::AsIs => {
