@@ -9,9 +9,11 @@
 //! (0 = constant, 1 = proportional to voxels).
 //!
 //! Which bundles: complete, uncontended ones (campaign or not), in the group that has
-//! the most bundles among the groups with at least two distinct voxel counts; a group
-//! is one engine sha256, host, weights digest and device, profile and lever
-//! assignment, so lever arms never mix into one fit, and neither do models: rung 2
+//! the most bundles among the groups with at least [`MIN_POINTS`] runs at two or more
+//! distinct voxel counts; a group is one engine sha256, host, weights digest and
+//! device, profile, lever assignment and page-cache state at start (warm, cold,
+//! partial or unrecorded: a load phase read from disk is not the same line as one
+//! read from memory), so lever arms never mix into one fit, and neither do models: rung 2
 //! (ltxv-2b) and rung 3 (ltxv-13b) differ in voxels *and* in work per voxel, and a
 //! line through them would credit the model's size to the resolution.
 
@@ -19,6 +21,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::rank::bundle::Bundle;
+use crate::rank::pairing::CACHE_SHARE_MAX_GAP;
 
 /// Scaling exponent below which a phase is named as not scaling.
 pub const FLAT_EXPONENT: f64 = 0.1;
@@ -96,11 +99,24 @@ fn group_key(b: &Bundle) -> GroupKey {
             b.device.as_deref().unwrap_or("?")
         ),
         format!(
-            "{}; {}",
+            "{}; {}; cache {}",
             b.profile,
-            if levers.is_empty() { "-" } else { &levers }
+            if levers.is_empty() { "-" } else { &levers },
+            cache_state(b.cache_share_at_start)
         ),
     )
+}
+
+/// The page-cache state a run started in, as a fit group sees it: `warm` within
+/// [`CACHE_SHARE_MAX_GAP`] of every byte resident, `cold` within it of none,
+/// `partial` between, `unrecorded` for bundles without the figure.
+fn cache_state(share: Option<f64>) -> &'static str {
+    match share {
+        None => "unrecorded",
+        Some(s) if s >= 1.0 - CACHE_SHARE_MAX_GAP => "warm",
+        Some(s) if s <= CACHE_SHARE_MAX_GAP => "cold",
+        Some(_) => "partial",
+    }
 }
 
 /// Fit every phase of the best group of `bundles` (any order).
@@ -311,6 +327,32 @@ mod tests {
         // The same model at both rungs does fit, and the group names it.
         let f = fit(&[small, at("d", 1_100_000, 0.0), at("e", 1_100_000, 0.01)]).unwrap();
         assert_eq!(f.model, "w on cpu");
+    }
+
+    /// Cold and warm runs are two groups: the fit takes the larger and never draws
+    /// one line through both (a cold rung-1 and warm rung-2 run would credit the disk
+    /// to the resolution).
+    #[test]
+    fn runs_started_in_different_cache_states_never_share_a_fit() {
+        let with = |id: &str, voxels: u64, share: Option<f64>| {
+            let mut b = at(id, voxels, 0.0);
+            b.cache_share_at_start = share;
+            b
+        };
+        let f = fit(&[
+            with("w1", 400_000, Some(1.0)),
+            with("w2", 1_100_000, Some(0.99)),
+            with("w3", 1_100_000, Some(0.8)),
+            with("c1", 400_000, Some(0.0)),
+            with("c2", 1_100_000, Some(0.037)),
+            with("p1", 400_000, Some(0.5)),
+        ])
+        .unwrap();
+        assert_eq!(f.bundle_ids, ["w1", "w2", "w3"]);
+        assert_eq!(f.config, "default; -; cache warm");
+        assert_eq!(cache_state(Some(0.2)), "cold");
+        assert_eq!(cache_state(Some(0.5)), "partial");
+        assert_eq!(cache_state(None), "unrecorded");
     }
 
     /// Two runs at two rungs fit any line exactly: no fit is claimed from them,
