@@ -135,7 +135,10 @@ for step in "$@"; do
         --repeat "$c" --weights-cache "${d:-as-is}" --engine "$E" --store "$store" --budget-s "$budget" \
         -- --weights "$(weights_of "$p")" \
         --cadence-ms 100 > "$OUT/campaign-$a-${b//,/+}.out" 2> "$OUT/campaign-$a-${b//,/+}.err" < /dev/null
-      note "campaign $a $b x$c cache ${d:-as-is} rc=$?"
+      rc=$?
+      # rc 1 is also a clean stop (the budget, an interrupted run): say which.
+      note "campaign $a $b x$c cache ${d:-as-is} rc=$rc; $(grep -E '^(campaign [0-9a-f]+:|stopped:)' \
+        "$OUT/campaign-$a-${b//,/+}.out" | tr '\n' ' ')"
       pack ;;
     table) ;;
     *) note "unknown step $step"; exit 2 ;;
