@@ -43,6 +43,7 @@ pub const FIELDS: &[(&str, &str)] = &[
     ("cadence", "achieved cadence"),
     ("contention.flagged", "contended (at start or during)"),
     ("contention.detail", "contention"),
+    ("weights_cache", "weights in page cache at start"),
     ("gates", "gates"),
     ("controls", "controls"),
     ("watchdog.tripped", "watchdog tripped"),
@@ -165,13 +166,33 @@ fn view(path: &str, v: &Value) -> String {
     }
 }
 
+/// The weights' page-cache state at engine start as a reviewer compares it: the
+/// policy where the `weights_cache` fragment names it, and the resident share in
+/// whole percent (from the fragment, or from the `weights-cache` gate of bundles
+/// sealed before it; both gates read `pass` whether 100% or 4% was resident, so the
+/// gate verdicts alone hide the difference).
+fn cache_view(fragment: &Value, share: Option<f64>) -> String {
+    match (fragment.get("policy").and_then(Value::as_str), share) {
+        (Some(p), Some(s)) => format!("{p}: {:.0}% resident", 100.0 * s),
+        (None, Some(s)) => format!("{:.0}% resident", 100.0 * s),
+        (_, None) => "not recorded".into(),
+    }
+}
+
 /// Compare two bundles given their facts and their raw manifests.
 pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
     let fields = FIELDS
         .iter()
         .map(|(path, label)| {
             let (va, vb) = (at(ma, path), at(mb, path));
-            let (a_view, b_view) = (view(path, va), view(path, vb));
+            let (a_view, b_view) = if *path == "weights_cache" {
+                (
+                    cache_view(va, a.cache_share_at_start),
+                    cache_view(vb, b.cache_share_at_start),
+                )
+            } else {
+                (view(path, va), view(path, vb))
+            };
             FieldDiff {
                 field: path.to_string(),
                 label: label.to_string(),
@@ -495,5 +516,46 @@ mod tests {
         );
         let md = markdown(&d);
         assert!(md.contains("| gates | `store-durable=pass headroom=pass` | `store-durable=pass headroom=refuse` |"), "{md}");
+    }
+
+    /// Two as-is runs whose gates both pass, one warm and one cold: the diff shows
+    /// the page-cache state (the host-threads campaign 7f0605dedf9a's round 1).
+    #[test]
+    fn the_cache_state_at_start_shows_where_the_gates_agree() {
+        let (mut a, mut b) = (sample_bundle("aaa"), sample_bundle("bbb"));
+        a.cache_share_at_start = Some(1.0);
+        b.cache_share_at_start = Some(0.037);
+        let m = json!({"gates": [{"name": "weights-cache", "verdict": "pass", "detail": "as-is"}]});
+        let d = diff(&a, &m, &b, &m);
+        let c = d
+            .fields
+            .iter()
+            .find(|f| f.field == "weights_cache")
+            .unwrap();
+        assert!(c.differs);
+        assert_eq!(
+            (c.a_view.as_str(), c.b_view.as_str()),
+            ("100% resident", "4% resident")
+        );
+        assert!(
+            !d.fields
+                .iter()
+                .find(|f| f.field == "gates")
+                .unwrap()
+                .differs
+        );
+        // With the fragment the policy is named; an unrecorded share says so.
+        let f = json!({"weights_cache": {"policy": "warm"}});
+        b.cache_share_at_start = None;
+        let d = diff(&a, &f, &b, &json!({}));
+        let c = d
+            .fields
+            .iter()
+            .find(|f| f.field == "weights_cache")
+            .unwrap();
+        assert_eq!(
+            (c.a_view.as_str(), c.b_view.as_str()),
+            ("warm: 100% resident", "not recorded")
+        );
     }
 }
