@@ -86,6 +86,35 @@ fn sampler_cost_line(v: Option<&Value>) -> Option<String> {
     Some(line)
 }
 
+/// The weights' page-cache state at engine start in one line: the resident share
+/// and the policy (from the `weights_cache` fragment, or the `weights-cache` gate of
+/// bundles sealed before it).
+fn cache_line(fragment: Option<&Value>, gates: Option<&Value>) -> String {
+    let m = serde_json::json!({"weights_cache": fragment, "gates": gates});
+    let Some(share) = crate::rank::load::cache_share_at_start(&m) else {
+        return "weights' page-cache state at start not recorded".into();
+    };
+    let policy = fragment
+        .and_then(|f| f.get("policy"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| {
+            gates?
+                .as_array()?
+                .iter()
+                .find(|g| g.get("name").and_then(Value::as_str) == Some("weights-cache"))?
+                .get("detail")?
+                .as_str()?
+                .split_once(':')
+                .map(|(p, _)| p.to_string())
+        })
+        .unwrap_or_else(|| "?".into());
+    format!(
+        "{:.1}% of the weights in the page cache at engine start ({policy})",
+        100.0 * share
+    )
+}
+
 /// The summary text (everything above the phase table).
 pub fn summary_text(s: &BundleSummary) -> String {
     let m = &s.manifest;
@@ -136,6 +165,11 @@ pub fn summary_text(s: &BundleSummary) -> String {
         s.str_at("completion", "verdict")
     );
     let _ = writeln!(o, "gates    {}", verdicts(m.fragment("gates")));
+    let _ = writeln!(
+        o,
+        "cache    {}",
+        cache_line(m.fragment("weights_cache"), m.fragment("gates"))
+    );
     let _ = writeln!(o, "controls {}", verdicts(m.fragment("controls")));
     let _ = writeln!(
         o,
@@ -268,6 +302,26 @@ mod tests {
             sampler_cost_line(Some(&before)).unwrap(),
             "sampler work per tick: median 0.51 ms, p99 49.94 ms; gpu_slow p99 55.62 ms \
              (x25), pagecache p99 320.43 ms (x22, own thread)"
+        );
+    }
+
+    #[test]
+    fn the_cache_line_reads_the_fragment_or_the_old_gate() {
+        let gates = serde_json::json!([{"name": "weights-cache", "verdict": "pass",
+            "detail": "as-is: 35.487 of 35.487 GiB resident before, 1.313 GiB after (3.7%), 0.00 s"}]);
+        assert_eq!(
+            cache_line(None, Some(&gates)),
+            "3.7% of the weights in the page cache at engine start (as-is)"
+        );
+        let frag = serde_json::json!({"policy": "warm", "total_bytes": 1000u64,
+            "resident_before_bytes": 0u64, "resident_after_bytes": 1000u64, "seconds": 2.0});
+        assert_eq!(
+            cache_line(Some(&frag), Some(&gates)),
+            "100.0% of the weights in the page cache at engine start (warm)"
+        );
+        assert_eq!(
+            cache_line(None, None),
+            "weights' page-cache state at start not recorded"
         );
     }
 

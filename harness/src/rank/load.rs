@@ -261,7 +261,7 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
 /// fragment (bytes), else from the `weights-cache` gate's detail, whose figures
 /// bundles sealed before the fragment existed carry only as text ("... GiB after
 /// (100.0%) ..."; the wording is the harness's own and frozen in those bundles).
-fn cache_share_at_start(m: &Value) -> Option<f64> {
+pub(crate) fn cache_share_at_start(m: &Value) -> Option<f64> {
     let after = get(m, "weights_cache.resident_after_bytes").and_then(Value::as_f64);
     let total = get(m, "weights_cache.total_bytes").and_then(Value::as_f64);
     if let (Some(a), Some(t)) = (after, total) {
