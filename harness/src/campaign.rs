@@ -365,10 +365,48 @@ pub fn execute(
     Ok(out)
 }
 
+/// A warning per lever whose metric reads the weights when the campaign leaves the
+/// page cache as it finds it: each run then inherits what the previous one left
+/// (the rung-3 host-threads campaign 7f0605dedf9a8064 paired a warm baseline with a
+/// cold treatment), and rank drops such pairs. Empty under `cold` or `warm`.
+pub fn cache_warnings(levers: &[&Lever], policy: WeightsCache) -> Vec<String> {
+    if policy != WeightsCache::AsIs {
+        return Vec::new();
+    }
+    levers
+        .iter()
+        .filter(|l| l.metric.reads_weights())
+        .map(|l| {
+            format!(
+                "{}: its metric {} reads the weights and this campaign leaves the page cache \
+                 as-is, so each run starts in the state the previous one left; rank drops \
+                 pairs whose start states differ by more than {:.0} points. Give \
+                 --weights-cache warm (or cold) to fix the state.",
+                l.id,
+                l.metric.label(),
+                100.0 * crate::rank::pairing::CACHE_SHARE_MAX_GAP
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::levers_spec::LeverSpec;
+
+    #[test]
+    fn an_as_is_campaign_warns_for_the_levers_whose_metric_reads_the_weights() {
+        let s = spec();
+        let levers: Vec<&Lever> = s.select("staging,vae,host-threads").unwrap();
+        let w = cache_warnings(&levers, WeightsCache::AsIs);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].starts_with("staging: its metric wall(load.dit) reads the weights"));
+        assert!(w[1].starts_with("host-threads: its metric render_wall"));
+        assert!(w[1].contains("--weights-cache warm"));
+        assert!(cache_warnings(&levers, WeightsCache::Warm).is_empty());
+        assert!(cache_warnings(&levers, WeightsCache::Cold).is_empty());
+    }
     use crate::rank::bundle::tests::sample_bundle;
     use crate::rank::bundle::Schedule;
     use std::path::Path;

@@ -479,6 +479,9 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
     for s in &plan.skipped {
         println!("  skip {} at rung {}: {}", s.lever, s.rung, s.why);
     }
+    for w in crate::campaign::cache_warnings(&levers, args.weights_cache) {
+        println!("  warning: {w}");
+    }
     // With a budget, each position to run shows what it is expected to take and
     // when (cumulatively) it would end, from the walls already sealed.
     let (mut planned_s, mut fit, mut unknown, mut to_run) = (0.0, 0, 0, 0);
