@@ -332,6 +332,19 @@ impl TickReader<'_> {
         }
         out
     }
+
+    /// Note, for each slow part whose thread could not start, why its columns stop
+    /// after the first reading.
+    fn note_spawn_errors(&mut self) {
+        if let Some(why) = self.gpu_slow.as_ref().and_then(Periodic::spawn_error) {
+            for c in ["gpu_energy_mj", "gpu_pcie_tx_kibps", "gpu_pcie_rx_kibps"] {
+                self.reasons.note(c, why);
+            }
+        }
+        if let Some(why) = self.residency.as_ref().and_then(Periodic::spawn_error) {
+            self.reasons.note("weights_cached_bytes", why);
+        }
+    }
 }
 
 impl<'g> TickReader<'g> {
@@ -398,7 +411,7 @@ impl<'g> TickReader<'g> {
         };
         let tree = (!floor_only).then(|| ProcessTree::new(target.pid));
         let pids = tree.iter().flat_map(ProcessTree::pids).collect();
-        TickReader {
+        let mut reader = TickReader {
             observer: config.observer,
             unified,
             slow_every: config.slow_every(),
@@ -412,7 +425,9 @@ impl<'g> TickReader<'g> {
             last_engine_gpu: None,
             reasons,
             part_costs: BTreeMap::new(),
-        }
+        };
+        reader.note_spawn_errors();
+        reader
     }
 
     /// Read tick `index` taken at `t_ns` (CLOCK_MONOTONIC).

@@ -39,6 +39,7 @@ pub struct Periodic<T> {
     shared: Arc<Mutex<Shared<T>>>,
     stop: Option<mpsc::Sender<()>>,
     handle: Option<JoinHandle<()>>,
+    spawn_error: Option<String>,
 }
 
 fn pass<T>(work: &mut impl FnMut() -> T, seq: u64, shared: &Mutex<Shared<T>>) {
@@ -54,7 +55,8 @@ fn pass<T>(work: &mut impl FnMut() -> T, seq: u64, shared: &Mutex<Shared<T>>) {
 impl<T: Send + 'static> Periodic<T> {
     /// Run `work` now, then every `every` (measured from the end of one pass to the
     /// start of the next) on a new thread called `name`. If the thread cannot be
-    /// spawned, the first reading is the only one.
+    /// spawned, the first reading is the only one and [`Periodic::spawn_error`] says
+    /// why.
     pub fn start(
         name: &str,
         every: Duration,
@@ -67,7 +69,7 @@ impl<T: Send + 'static> Periodic<T> {
         pass(&mut work, 1, &shared);
         let (tx, rx) = mpsc::channel::<()>();
         let sh = shared.clone();
-        let handle = std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
                 let mut seq = 1;
@@ -76,13 +78,25 @@ impl<T: Send + 'static> Periodic<T> {
                     seq += 1;
                     pass(&mut work, seq, &sh);
                 }
-            })
-            .ok();
+            });
+        let (handle, spawn_error) = match spawned {
+            Ok(h) => (Some(h), None),
+            Err(e) => (
+                None,
+                Some(format!("the {name} thread could not start: {e}")),
+            ),
+        };
         Periodic {
             shared,
             stop: Some(tx),
             handle,
+            spawn_error,
         }
+    }
+
+    /// Why no pass after the first will come, if the thread could not be spawned.
+    pub fn spawn_error(&self) -> Option<&str> {
+        self.spawn_error.as_deref()
     }
 
     /// The newest reading not taken before, if a pass has finished since; an older
@@ -134,6 +148,7 @@ mod tests {
             c.fetch_add(1, Ordering::SeqCst) * 10 + 7
         });
         // A reading is there before any wait, from the first call.
+        assert_eq!(p.spawn_error(), None);
         let first = p.take_new().expect("the first pass ran in start");
         assert_eq!((first.seq, first.value), (1, 7));
         assert!(first.t_ns > 0);
