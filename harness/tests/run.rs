@@ -634,6 +634,114 @@ fn a_weights_cache_state_without_weights_is_refused() {
     );
 }
 
+/// The tests that burn every core take turns: each one's burners are the other's
+/// "other work".
+static BURNERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Other work inside one phase flags that phase even when the lifetime mean stays
+/// low: the engine sleeps 3 s in `quiet`, then 2 s in `work`; the test burns every
+/// core (nice 19) from `+work` to `-work` only, as the harness's status lines say.
+#[test]
+fn work_inside_one_phase_flags_that_phase() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let _one_burner = BURNERS.lock().unwrap_or_else(|e| e.into_inner());
+    let s = store("contended-phase");
+    let mut child = harness(&s)
+        .args(["--cadence-ms", "50", "--exec", "--", ENGINE])
+        .args([
+            "--hello",
+            "--open",
+            "quiet",
+            "--sleep-ms",
+            "3000",
+            "--close",
+            "quiet",
+        ])
+        .args(["--open", "work", "--sleep-ms", "2000", "--close", "work"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    /// Read `lines` into `seen` until one starts with `prefix`; false at the end.
+    fn wait_for(
+        prefix: &str,
+        seen: &mut Vec<String>,
+        lines: &mut impl Iterator<Item = std::io::Result<String>>,
+    ) -> bool {
+        for line in lines.by_ref() {
+            let l = line.unwrap();
+            let hit = l.trim_start().starts_with(prefix);
+            seen.push(l);
+            if hit {
+                return true;
+            }
+        }
+        false
+    }
+    assert!(
+        wait_for("+work", &mut seen, &mut lines),
+        "{}",
+        seen.join("\n")
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let burners: Vec<_> = (0..cores)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                // SAFETY: setpriority on this thread's own id.
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+                let mut x = 1u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+            })
+        })
+        .collect();
+    let closed = wait_for("-work", &mut seen, &mut lines);
+    stop.store(true, Ordering::Relaxed);
+    for b in burners {
+        b.join().unwrap();
+    }
+    assert!(closed, "{}", seen.join("\n"));
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let out = child.wait_with_output().unwrap();
+    let m = manifest(&out);
+    let c = &m["contention"];
+    let d = &c["during"];
+    let phases = d["phases"].as_array().unwrap_or_else(|| panic!("{c}"));
+    let names: Vec<&str> = phases.iter().filter_map(|p| p["phase"].as_str()).collect();
+    assert_eq!(names, ["quiet", "work"], "{c}");
+    let (quiet, work) = (&phases[0], &phases[1]);
+    let limit = d["limit_cores"].as_f64().unwrap();
+    let w = work["other_busy_cores"].as_f64().unwrap();
+    let q = quiet["other_busy_cores"].as_f64().unwrap();
+    assert!(work["seconds"].as_f64().unwrap() >= 1.9, "{work}");
+    assert!(work["ticks"].as_u64().unwrap() >= 30, "{work}");
+    assert!(
+        w > limit,
+        "work: {w} cores of other work, limit {limit}: {c}"
+    );
+    // The rows land in their own phase (50 ms rows: ~60 in quiet, ~40 in work).
+    assert!(quiet["ticks"].as_u64().unwrap() >= 50, "{quiet}");
+    assert!(q.is_finite(), "{quiet}");
+    assert_eq!(work["flagged"], true, "{c}");
+    assert_eq!(d["flagged"], true, "{c}");
+    assert_eq!(c["flagged"], true, "{c}");
+    assert!(
+        c["detail"].as_str().unwrap().contains("inside work ("),
+        "{c}"
+    );
+    assert!(
+        rest.iter().any(|l| l.contains("contention FLAGGED")),
+        "{}",
+        rest.join("\n")
+    );
+}
+
 /// Contention that starts after the start gate's window is caught during the run:
 /// once the engine is running, this test keeps every core of the host busy, and
 /// the bundle's `contention` is flagged with `during` naming the other work (the
@@ -643,6 +751,7 @@ fn a_weights_cache_state_without_weights_is_refused() {
 fn work_that_starts_after_the_gate_flags_the_run_as_contended_during_it() {
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
+    let _one_burner = BURNERS.lock().unwrap_or_else(|e| e.into_inner());
     let s = store("contended-during");
     let mut child = harness(&s)
         .args(["--cadence-ms", "50", "--exec", "--", ENGINE])

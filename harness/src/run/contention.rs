@@ -10,7 +10,13 @@
 //! harness's own CPU (`RUSAGE_SELF`) and the engine's with every descendant it reaped
 //! (`RUSAGE_CHILDREN`, which counts a child once it is waited for). What is left is
 //! other work. It is a mean over the engine's lifetime: a burst shorter than the
-//! run is diluted, which is why the start window stays as a second judge.
+//! run is diluted, which is why the start window stays as a second judge, and why
+//! each top-level phase is judged too ([`TickOthers`], [`by_phase`]): every
+//! journaled sampler row adds the host's busy cores over its tick (`/proc/stat`)
+//! less that row's `cpu_cores` (the engine's tree) and `harness_cpu_cores`, and
+//! the rows inside a phase give its mean. A lever's metric is usually one phase
+//! (load.dit, decode.video): other work inside a 2 s phase of a 40 s run moves
+//! the metric while barely moving the lifetime mean.
 //!
 //! What it cannot attribute counts as other work: kernel threads and interrupts
 //! serving the engine's I/O (small beside the limit of half the cores), and any
@@ -44,9 +50,7 @@ pub struct CpuMark {
 impl CpuMark {
     /// Read every counter now.
     pub fn now() -> CpuMark {
-        let host_jiffies = std::fs::read_to_string("/proc/stat")
-            .ok()
-            .and_then(|t| t.lines().next().and_then(parse_cpu_line));
+        let host_jiffies = TickOthers::host_jiffies();
         CpuMark {
             t_ns: evidence::clock::monotonic_ns(),
             host_jiffies,
@@ -54,6 +58,144 @@ impl CpuMark {
             children_cpu_s: rusage_cpu_seconds(libc::RUSAGE_CHILDREN),
         }
     }
+}
+
+/// Phases shorter than this many sampler rows are recorded but not judged.
+pub const MIN_PHASE_TICKS: usize = 5;
+
+/// Other work per sampler row, kept in memory by the run's sample sink.
+#[derive(Debug, Clone, Default)]
+pub struct TickOthers {
+    cores: usize,
+    prev: Option<(u64, u64)>,
+    /// (row `t_ns`, cores of other work over the tick ending at the row).
+    pub values: Vec<(u64, f64)>,
+}
+
+impl TickOthers {
+    /// For a host of `cores` cores.
+    pub fn new(cores: usize) -> TickOthers {
+        TickOthers {
+            cores,
+            ..Default::default()
+        }
+    }
+
+    /// `/proc/stat`'s aggregate (busy, total) jiffies now.
+    pub fn host_jiffies() -> Option<(u64, u64)> {
+        std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|t| t.lines().next().and_then(parse_cpu_line))
+    }
+
+    /// Fold in one row at `t_ns` with the host's jiffies read for it and the row's
+    /// engine and harness cores. A row missing any reading adds nothing (and the
+    /// next row's host delta starts from this one's jiffies when they were read).
+    pub fn on_row(
+        &mut self,
+        t_ns: u64,
+        host: Option<(u64, u64)>,
+        engine_cores: Option<f64>,
+        harness_cores: Option<f64>,
+    ) {
+        let prev = self.prev;
+        if host.is_some() {
+            self.prev = host;
+        }
+        let (Some((b0, t0)), Some((b1, t1)), Some(e), Some(h)) =
+            (prev, host, engine_cores, harness_cores)
+        else {
+            return;
+        };
+        let Some(dt) = t1.checked_sub(t0).filter(|d| *d > 0) else {
+            return;
+        };
+        let busy = b1.saturating_sub(b0) as f64 / dt as f64 * self.cores as f64;
+        self.values.push((t_ns, (busy - e - h).max(0.0)));
+    }
+}
+
+/// Other work inside one top-level phase.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PhaseDuring {
+    /// The phase name.
+    pub phase: String,
+    /// Seconds from its open to its close (or to the end of the engine).
+    pub seconds: f64,
+    /// Sampler rows inside it.
+    pub ticks: usize,
+    /// Mean cores of other work over those rows.
+    pub other_busy_cores: Option<f64>,
+    /// Whether it was long enough ([`MIN_WINDOW_S`], [`MIN_PHASE_TICKS`]) to judge.
+    pub judged: bool,
+    /// Whether other work exceeded the limit inside it.
+    pub flagged: bool,
+}
+
+/// Judge each top-level phase `(name, open_ns, close_ns)` (a phase still open
+/// ends at `end_ns`) by the rows of `values` whose tick ends inside it.
+pub fn by_phase(
+    values: &[(u64, f64)],
+    phases: &[(String, u64, Option<u64>)],
+    end_ns: u64,
+    limit_cores: f64,
+) -> Vec<PhaseDuring> {
+    phases
+        .iter()
+        .map(|(name, open, close)| {
+            let close = close.unwrap_or(end_ns).max(*open);
+            let inside: Vec<f64> = values
+                .iter()
+                .filter(|(t, _)| *t > *open && *t <= close)
+                .map(|(_, v)| *v)
+                .collect();
+            let seconds = (close - open) as f64 / 1e9;
+            let other =
+                (!inside.is_empty()).then(|| inside.iter().sum::<f64>() / inside.len() as f64);
+            let judged = seconds >= MIN_WINDOW_S && inside.len() >= MIN_PHASE_TICKS;
+            PhaseDuring {
+                phase: name.clone(),
+                seconds,
+                ticks: inside.len(),
+                other_busy_cores: other,
+                judged,
+                flagged: judged && other.is_some_and(|o| o > limit_cores),
+            }
+        })
+        .collect()
+}
+
+/// `d` with its per-phase judgements: a phase over the limit flags the run (when
+/// the lifetime mean did not already), and the detail names it.
+pub fn with_phases(mut d: During, phases: Vec<PhaseDuring>) -> During {
+    let over: Vec<String> = phases
+        .iter()
+        .filter(|p| p.flagged)
+        .map(|p| {
+            format!(
+                "{} ({:.2} cores over {:.1} s)",
+                p.phase,
+                p.other_busy_cores.unwrap_or(0.0),
+                p.seconds
+            )
+        })
+        .collect();
+    if !over.is_empty() {
+        let what = format!(
+            "other work above {:.2} cores inside {}",
+            d.limit_cores,
+            over.join(", ")
+        );
+        d.detail = if d.flagged {
+            format!("{}; {what}", d.detail)
+        } else {
+            format!("{what}; over the whole run {}", d.detail)
+        };
+        d.flagged = true;
+        d.judged = true;
+    }
+    d.phases = phases;
+    d
 }
 
 /// Other work's CPU over the engine's lifetime (the manifest's `contention.during`).
@@ -74,10 +216,13 @@ pub struct During {
     pub limit_cores: f64,
     /// Whether the window was long enough and every counter readable.
     pub judged: bool,
-    /// Whether other work exceeded the limit.
+    /// Whether other work exceeded the limit, over the lifetime or inside a
+    /// top-level phase.
     pub flagged: bool,
     /// One line for people.
     pub detail: String,
+    /// Each top-level phase's own judgement (empty when the engine marked none).
+    pub phases: Vec<PhaseDuring>,
 }
 
 /// Judge the window between `start` (before the engine was spawned) and `end`
@@ -137,6 +282,7 @@ pub fn during(start: &CpuMark, end: &CpuMark, cores: usize) -> During {
         judged,
         flagged,
         detail,
+        phases: Vec::new(),
     }
 }
 
@@ -159,6 +305,99 @@ pub fn with_during(start_fragment: &serde_json::Value, d: &During) -> serde_json
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rows every 100 ms on a 2-core host (20 jiffies a tick): the engine uses 0.5
+    /// core, the harness 0.1; the host is busy 0.6 cores for 10 rows, then 1.9.
+    #[test]
+    fn other_work_per_row_is_the_host_tick_less_the_rows_engine_and_harness() {
+        let mut t = TickOthers::new(2);
+        let (mut busy, mut total) = (1000u64, 5000u64);
+        for i in 0..20u64 {
+            busy += if i < 10 { 6 } else { 19 };
+            total += 20;
+            t.on_row(i * 100_000_000, Some((busy, total)), Some(0.5), Some(0.1));
+        }
+        // The first row only sets the origin.
+        assert_eq!(t.values.len(), 19);
+        assert!(
+            t.values[..9].iter().all(|(_, v)| v.abs() < 1e-9),
+            "{:?}",
+            t.values
+        );
+        assert!(
+            t.values[9..].iter().all(|(_, v)| (v - 1.3).abs() < 1e-9),
+            "{:?}",
+            t.values
+        );
+        // A row without the engine's reading adds nothing but keeps the origin.
+        t.on_row(
+            2_000_000_000,
+            Some((busy + 19, total + 20)),
+            None,
+            Some(0.1),
+        );
+        t.on_row(
+            2_100_000_000,
+            Some((busy + 38, total + 40)),
+            Some(0.5),
+            Some(0.1),
+        );
+        assert_eq!(t.values.len(), 20);
+        assert!((t.values[19].1 - 1.3).abs() < 1e-9);
+    }
+
+    /// The case the lifetime mean misses: 1.8 cores of other work inside a 2 s
+    /// phase of a 20 s run is 0.18 over the run, under a 1.0 limit.
+    #[test]
+    fn a_burst_inside_one_phase_flags_that_phase_and_the_run() {
+        let ms = |x: u64| x * 1_000_000;
+        let values: Vec<(u64, f64)> = (1..=200)
+            .map(|i| {
+                (
+                    ms(i * 100),
+                    if (181..=200).contains(&i) { 1.8 } else { 0.0 },
+                )
+            })
+            .collect();
+        let phases = vec![
+            ("load.dit".to_string(), 0, Some(ms(18_000))),
+            ("decode.video".to_string(), ms(18_000), Some(ms(20_000))),
+            ("artifacts".to_string(), ms(20_000), Some(ms(20_300))),
+        ];
+        let p = by_phase(&values, &phases, ms(20_300), 1.0);
+        assert_eq!(p[0].ticks, 180);
+        assert!(p[0].judged && !p[0].flagged, "{:?}", p[0]);
+        assert_eq!(p[1].ticks, 20);
+        assert!((p[1].other_busy_cores.unwrap() - 1.8).abs() < 1e-9);
+        assert!(p[1].judged && p[1].flagged, "{:?}", p[1]);
+        // 0.3 s and no rows: recorded, not judged.
+        assert!(!p[2].judged && !p[2].flagged && p[2].other_busy_cores.is_none());
+
+        let quiet = during(
+            &CpuMark {
+                t_ns: 0,
+                host_jiffies: Some((0, 0)),
+                harness_cpu_s: Some(0.0),
+                children_cpu_s: Some(0.0),
+            },
+            &CpuMark {
+                t_ns: ms(20_000),
+                host_jiffies: Some((720, 4000)), // 0.36 of 2 cores busy
+                harness_cpu_s: Some(0.0),
+                children_cpu_s: Some(3.6), // the engine: 0.18 core
+            },
+            2,
+        );
+        assert!(quiet.judged && !quiet.flagged, "{quiet:?}");
+        let d = with_phases(quiet, p);
+        assert!(d.flagged);
+        assert!(
+            d.detail.starts_with("other work above 1.00 cores inside decode.video (1.80 cores over 2.0 s); over the whole run quiet"),
+            "{}",
+            d.detail
+        );
+        assert_eq!(d.phases.len(), 3);
+    }
 
     fn mark(t_s: f64, busy: u64, total: u64, harness: f64, children: f64) -> CpuMark {
         CpuMark {

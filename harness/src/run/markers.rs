@@ -32,6 +32,9 @@ pub struct Live {
     pub frames_written: Option<u64>,
     /// Engine name and version from `hello`.
     pub engine: Option<(String, String)>,
+    /// Top-level phases in open order: name, open and close (None while open)
+    /// CLOCK_MONOTONIC ns from the markers; what contention is judged over per phase.
+    pub top_level: Vec<(String, u64, Option<u64>)>,
 }
 
 impl Live {
@@ -41,10 +44,22 @@ impl Live {
             Marker::Hello {
                 engine, version, ..
             } => self.engine = Some((engine.clone(), version.clone())),
-            Marker::Open { name, .. } => self.open.push(name.clone()),
-            Marker::Close { name, .. } => {
+            Marker::Open { name, t_ns, .. } => {
+                if self.open.is_empty() {
+                    self.top_level.push((name.clone(), *t_ns, None));
+                }
+                self.open.push(name.clone());
+            }
+            Marker::Close { name, t_ns, .. } => {
                 if let Some(i) = self.open.iter().rposition(|n| n == name) {
                     self.open.remove(i);
+                    // The outermost closed: its top-level entry ends (once; a child
+                    // left open by an out-of-order close does not reopen it).
+                    if i == 0 {
+                        if let Some(last) = self.top_level.last_mut().filter(|l| l.2.is_none()) {
+                            last.2 = Some(*t_ns);
+                        }
+                    }
                 }
             }
             Marker::Tick { .. } => {}
@@ -158,6 +173,47 @@ fn pump<R: Read>(
 mod tests {
     use super::*;
     use evidence::attrs;
+
+    #[test]
+    fn top_level_phases_are_kept_with_their_marker_times() {
+        let mut l = Live::default();
+        let at = |t: u64, open: bool, n: &str| {
+            if open {
+                Marker::Open {
+                    t_ns: t,
+                    name: n.into(),
+                    attrs: Default::default(),
+                }
+            } else {
+                Marker::Close {
+                    t_ns: t,
+                    name: n.into(),
+                    attrs: Default::default(),
+                }
+            }
+        };
+        for m in [
+            at(1, true, "load"),
+            at(2, true, "load.dit"),
+            at(3, false, "load.dit"),
+            at(4, false, "load"),
+            at(5, true, "denoise"),
+            at(6, true, "denoise.step"),
+            at(7, false, "denoise"), // out of order: the step stays open
+            at(8, false, "denoise.step"),
+            at(10, true, "decode"),
+        ] {
+            l.apply(&m);
+        }
+        assert_eq!(
+            l.top_level,
+            [
+                ("load".to_string(), 1, Some(4)),
+                ("denoise".to_string(), 5, Some(7)),
+                ("decode".to_string(), 10, None),
+            ]
+        );
+    }
 
     #[test]
     fn live_state_follows_nesting_by_name() {

@@ -51,6 +51,9 @@ struct JournalSink {
     failed: bool,
     /// The live status line, fed every sample (GPU utilization, RSS).
     printer: Option<crate::progress::SharedPrinter>,
+    /// Other work per row, judged per phase once the engine is reaped. Locked
+    /// by the sampler's thread only until the sampler stops.
+    others: Arc<Mutex<contention::TickOthers>>,
 }
 
 impl JournalSink {
@@ -67,6 +70,14 @@ impl JournalSink {
 impl SampleSink for JournalSink {
     fn sample(&mut self, s: &evidence::sample::Sample) {
         self.append(&Record::Sample(s.clone()));
+        if let Ok(mut o) = self.others.lock() {
+            o.on_row(
+                s.t_ns,
+                contention::TickOthers::host_jiffies(),
+                s.get("cpu_cores"),
+                s.get("harness_cpu_cores"),
+            );
+        }
         // try_lock: the sampler carries the watchdog (H1) and must never wait on
         // a terminal; an echo thread blocked on a full stderr holds this lock.
         if let Some(Ok(mut p)) = self.printer.as_ref().map(|p| p.try_lock()) {
@@ -298,6 +309,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
         Some(printer.clone()),
     )?;
     let mut child = running.child;
+    let others = Arc::new(Mutex::new(contention::TickOthers::new(facts::cores())));
     let sampler = Sampler::spawn(
         config,
         Target { pid, pgid: pid },
@@ -307,6 +319,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
             journal: journal.clone(),
             failed: false,
             printer: Some(printer.clone()),
+            others: others.clone(),
         }),
     );
     let sampler = match sampler {
@@ -391,6 +404,16 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
     sampler_results(&mut sf, &report);
     s.fragment("sampler", sf)?;
     let during = contention::during(&cpu_start, &cpu_end, facts::cores());
+    // ...and inside each top-level phase the engine marked.
+    let top_level = live.top_level.clone();
+    let per_row = others
+        .lock()
+        .map(|mut o| std::mem::take(&mut o.values))
+        .unwrap_or_default();
+    let during = contention::with_phases(
+        during.clone(),
+        contention::by_phase(&per_row, &top_level, cpu_end.t_ns, during.limit_cores),
+    );
     if during.flagged {
         eprintln!("harness: contention FLAGGED: {}", during.detail);
     }
