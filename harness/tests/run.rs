@@ -638,13 +638,52 @@ fn a_weights_cache_state_without_weights_is_refused() {
 /// "other work".
 static BURNERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Threads keeping every core busy at nice 19 until [`Burners::stop`]: the burners
+/// take only what nothing else wants, so the tests running beside them (and their
+/// watchdog controls) keep their CPU, while /proc/stat counts nice time as busy all
+/// the same. Hold [`BURNERS`] while they run.
+struct Burners {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Burners {
+    fn start() -> Burners {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let threads = (0..cores)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    // SAFETY: setpriority on this thread's own id.
+                    unsafe {
+                        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19)
+                    };
+                    let mut x = 1u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                        );
+                    }
+                })
+            })
+            .collect();
+        Burners { stop, threads }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+    }
+}
+
 /// Other work inside one phase flags that phase even when the lifetime mean stays
 /// low: the engine sleeps 3 s in `quiet`, then 2 s in `work`; the test burns every
 /// core (nice 19) from `+work` to `-work` only, as the harness's status lines say.
 #[test]
 fn work_inside_one_phase_flags_that_phase() {
-    use std::sync::atomic::AtomicBool;
-    use std::sync::Arc;
     let _one_burner = BURNERS.lock().unwrap_or_else(|e| e.into_inner());
     let s = store("contended-phase");
     let mut child = harness(&s)
@@ -686,26 +725,9 @@ fn work_inside_one_phase_flags_that_phase() {
         "{}",
         seen.join("\n")
     );
-    let stop = Arc::new(AtomicBool::new(false));
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let burners: Vec<_> = (0..cores)
-        .map(|_| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                // SAFETY: setpriority on this thread's own id.
-                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
-                let mut x = 1u64;
-                while !stop.load(Ordering::Relaxed) {
-                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-                }
-            })
-        })
-        .collect();
+    let burners = Burners::start();
     let closed = wait_for("-work", &mut seen, &mut lines);
-    stop.store(true, Ordering::Relaxed);
-    for b in burners {
-        b.join().unwrap();
-    }
+    burners.stop();
     assert!(closed, "{}", seen.join("\n"));
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     let out = child.wait_with_output().unwrap();
@@ -749,8 +771,6 @@ fn work_inside_one_phase_flags_that_phase() {
 /// judgement the run reads as quiet: the burners start after the start window.
 #[test]
 fn work_that_starts_after_the_gate_flags_the_run_as_contended_during_it() {
-    use std::sync::atomic::AtomicBool;
-    use std::sync::Arc;
     let _one_burner = BURNERS.lock().unwrap_or_else(|e| e.into_inner());
     let s = store("contended-during");
     let mut child = harness(&s)
@@ -777,29 +797,9 @@ fn work_that_starts_after_the_gate_flags_the_run_as_contended_during_it() {
         "the engine never started:\n{}",
         seen.join("\n")
     );
-    let stop = Arc::new(AtomicBool::new(false));
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let burners: Vec<_> = (0..cores)
-        .map(|_| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                // Nice 19: the burners take only what nothing else wants, so the
-                // tests running beside this one (and their watchdog controls) keep
-                // their CPU. /proc/stat counts nice time as busy all the same.
-                // SAFETY: setpriority on this thread's own id.
-                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
-                let mut x = 1u64;
-                while !stop.load(Ordering::Relaxed) {
-                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-                }
-            })
-        })
-        .collect();
+    let burners = Burners::start();
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
-    stop.store(true, Ordering::Relaxed);
-    for b in burners {
-        b.join().unwrap();
-    }
+    burners.stop();
     let out = child.wait_with_output().unwrap();
     let m = manifest(&out);
     let c = &m["contention"];
