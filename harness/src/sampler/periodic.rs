@@ -60,6 +60,17 @@ impl<T: Send + 'static> Periodic<T> {
     pub fn start(
         name: &str,
         every: Duration,
+        work: impl FnMut() -> T + Send + 'static,
+    ) -> Periodic<T> {
+        Self::start_on(std::thread::Builder::new(), name, every, work)
+    }
+
+    /// [`Periodic::start`] with the thread built by `builder` (a test makes its
+    /// spawn fail with an impossible stack size).
+    fn start_on(
+        builder: std::thread::Builder,
+        name: &str,
+        every: Duration,
         mut work: impl FnMut() -> T + Send + 'static,
     ) -> Periodic<T> {
         let shared = Arc::new(Mutex::new(Shared {
@@ -69,16 +80,14 @@ impl<T: Send + 'static> Periodic<T> {
         pass(&mut work, 1, &shared);
         let (tx, rx) = mpsc::channel::<()>();
         let sh = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                let mut seq = 1;
-                // Any message, or the sender dropped, ends the loop.
-                while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(every) {
-                    seq += 1;
-                    pass(&mut work, seq, &sh);
-                }
-            });
+        let spawned = builder.name(name.into()).spawn(move || {
+            let mut seq = 1;
+            // Any message, or the sender dropped, ends the loop.
+            while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(every) {
+                seq += 1;
+                pass(&mut work, seq, &sh);
+            }
+        });
         let (handle, spawn_error) = match spawned {
             Ok(h) => (Some(h), None),
             Err(e) => (
@@ -192,6 +201,23 @@ mod tests {
         assert!(worst < Duration::from_millis(50), "a take waited {worst:?}");
         let costs = p.costs_ns();
         assert!(costs.iter().all(|&c| c >= 200_000_000), "{costs:?}");
+    }
+
+    #[test]
+    fn a_thread_that_cannot_start_leaves_the_first_reading_and_says_why() {
+        // 64 TiB of stack: the spawn fails (EAGAIN or ENOMEM), as when a host
+        // runs out of threads or memory.
+        let b = std::thread::Builder::new().stack_size(1 << 46);
+        let mut p = Periodic::start_on(b, "test-nospawn", Duration::from_millis(1), || 5u8);
+        let why = p.spawn_error().expect("the spawn failed").to_string();
+        assert!(
+            why.starts_with("the test-nospawn thread could not start: "),
+            "{why}"
+        );
+        assert_eq!(p.take_new().map(|r| (r.seq, r.value)), Some((1, 5)));
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(p.take_new().is_none(), "no pass after the first");
+        drop(p); // nothing to join
     }
 
     #[test]
