@@ -8,6 +8,7 @@
 //! re-hashing (hashing would read every byte and warm the page cache the run is
 //! about to measure).
 
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -218,13 +219,36 @@ pub fn synthesize(engine: &Path, preset: &str, cache: &Path) -> Result<Weights, 
         std::process::id(),
         evidence::clock::monotonic_ns()
     ));
-    let out = Command::new(engine)
+    let mut child = Command::new(engine)
         .args(["synth-weights", "--preset", preset, "--out"])
         .arg(&tmp)
         .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .map_err(io(engine))?;
+    // The engine's stderr is echoed as it comes (synthesis takes a minute at
+    // ltxv-13b) and its last line kept: a failure's cause ("No space left on
+    // device") belongs in the refusal the bundle records, not only on a terminal.
+    let stderr = child.stderr.take();
+    let echo = std::thread::spawn(move || {
+        let mut last = String::new();
+        for line in stderr
+            .map(|e| std::io::BufReader::new(e).lines())
+            .into_iter()
+            .flatten()
+            .map_while(Result::ok)
+        {
+            eprintln!("{line}");
+            if !line.trim().is_empty() {
+                last = line;
+            }
+        }
+        last
+    });
+    let out = child.wait_with_output().map_err(io(engine));
+    let last_err = echo.join().unwrap_or_default();
+    let out = out?;
     let fail = |why: String| {
         let _ = std::fs::remove_dir_all(&tmp);
         WeightsError::Invalid {
@@ -234,8 +258,13 @@ pub fn synthesize(engine: &Path, preset: &str, cache: &Path) -> Result<Weights, 
     };
     if !out.status.success() {
         return Err(fail(format!(
-            "`synth-weights --preset {preset}` failed with {}",
-            out.status
+            "`synth-weights --preset {preset}` failed with {}{}",
+            out.status,
+            if last_err.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", last_err.trim())
+            }
         )));
     }
     let printed = String::from_utf8_lossy(&out.stdout)
@@ -330,6 +359,36 @@ mod tests {
         assert!(e.contains("DIGEST") && e.contains("md5:abc"), "{e}");
         let e = describe(&d.join("missing"), false).unwrap_err().to_string();
         assert!(e.contains("missing"), "{e}");
+    }
+
+    /// A synthesis that fails says why in the error (what the weights gate records
+    /// in the bundle), and leaves no partial directory behind.
+    #[test]
+    fn a_failed_synthesis_names_the_engines_last_error_line() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = scratch("synth-fails");
+        let fake = d.join("engine.sh");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\nmkdir -p \"$5\"\necho 'writing shards' >&2\n\
+             echo 'engine: error: x.safetensors: No space left on device (os error 28)' >&2\n\
+             echo >&2\nexit 1\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cache = d.join("cache");
+        let e = synthesize(&fake, "ltxv-2b", &cache)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`synth-weights --preset ltxv-2b` failed with exit status: 1: engine: error: x.safetensors: No space left on device (os error 28)"),
+            "{e}"
+        );
+        let left: Vec<_> = std::fs::read_dir(cache.join("weights"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[test]
