@@ -5,7 +5,7 @@
 //! | 0 | success (a run: completed; verify: every check passed) |
 //! | 1 | the command ran and its answer is negative (a run not completed, a bundle that fails verify, a control that failed) |
 //! | 2 | usage or input error (bad arguments, malformed rung file, unknown bundle id) |
-//! | 3 | refused by a gate (volatile store, missing lease id, no headroom, failed instrument control) |
+//! | 3 | refused by a gate (volatile store, missing lease id, a CUDA rung without a usable GPU, no headroom, failed instrument control) |
 //! | 4 | the harness itself failed (I/O error, full disk, internal error) |
 
 /// The exit codes as `harness --help` prints them (after the command list).
@@ -16,7 +16,8 @@ Exit codes (stable; the same with --json, whose document goes to stdout and erro
      verify (or that pack refuses for it), a pack whose files do not verify on unpack
   2  usage or input error: bad arguments, unknown or ambiguous bundle id, malformed rung
      file, a malformed or hostile pack (traversal, link, duplicate, oversize)
-  3  refused by a gate: volatile store, missing lease id, no headroom, failed control
+  3  refused by a gate: volatile store, missing lease id, a CUDA rung without a GPU,
+     no headroom, failed control
   4  the harness itself failed: I/O error, full disk, internal error";
 
 /// Success.

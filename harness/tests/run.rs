@@ -580,6 +580,43 @@ fn refused_runs_leave_a_bundle_recording_the_refusal() {
         .unwrap();
     assert_eq!(code(&out), 3);
     assert!(text(&out.stderr).contains("/nonexistent/engine"));
+    // A CUDA rung where NVML opens no GPU (this machine, unless it has one): refused
+    // before weights are synthesized, naming the device and NVML's reason.
+    if harness::sampler::gpu::Gpu::open(0).is_err() {
+        let cuda = dir.join("cuda");
+        std::fs::create_dir_all(&cuda).unwrap();
+        let r = cuda.join("t.toml");
+        std::fs::write(
+            &r,
+            "preset = \"tiny\"\nwidth = 64\nheight = 32\nframes = 9\nsteps = 3\n\
+             guidance = 3.0\nseed = 7\ndevice = \"cuda\"\n",
+        )
+        .unwrap();
+        let out = harness(&s)
+            .args(["--rung", r.to_str().unwrap(), "--engine", ENGINE])
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 3, "{}", text(&out.stderr));
+        let m = manifest(&out);
+        let g = gate(&m, "device");
+        assert_eq!(g["verdict"], "refuse", "{g}");
+        let d = g["detail"].as_str().unwrap();
+        assert!(
+            d.starts_with(r.to_str().unwrap())
+                && d.contains("device = \"cuda\"")
+                && d.contains("NVML"),
+            "{d}"
+        );
+        assert!(
+            m["gates"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|g| g["name"] != "weights"),
+            "refused before the weights: {}",
+            m["gates"]
+        );
+    }
 }
 
 #[test]

@@ -57,6 +57,16 @@ impl Gate {
 /// `rank` rather than silently mixed with quiet ones.
 pub const CONTENTION_LOAD_PER_CORE: f64 = 0.5;
 
+/// Why the CUDA rung at `rung_file` is refused where NVML opened no GPU (`why` is
+/// its reason).
+pub fn no_gpu_for_cuda(rung_file: &Path, why: &str) -> String {
+    format!(
+        "{}: the rung renders on the CUDA arm (device = \"cuda\") but no GPU can be used \
+         here ({why}); run it on a GPU machine, or rung 0 here (the CPU arm)",
+        rung_file.display()
+    )
+}
+
 /// The `lease` gate: `required` comes from the rung.
 pub fn lease(required: bool, id: Option<&str>) -> Gate {
     match (id.map(str::trim).filter(|s| !s.is_empty()), required) {

@@ -493,6 +493,13 @@ fn preflight(
             .map(|g| g.facts())
             .unwrap_or(serde_json::Value::Null),
     )?;
+    // A CUDA rung on a machine with no usable GPU is refused here, before minutes
+    // of weight synthesis and an engine that would fail at its first device call.
+    if let (Some((file, r)), Some(why)) = (&plan.rung, &gpu_reason) {
+        if r.device == evidence::rung::Device::Cuda {
+            refuse!("device", gates::no_gpu_for_cuda(file, why));
+        }
+    }
 
     // H5: the engine runs from the store under its hash.
     let (source, exec) = match &plan.engine {
