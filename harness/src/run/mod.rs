@@ -495,9 +495,19 @@ fn preflight(
     )?;
     // A CUDA rung on a machine with no usable GPU is refused here, before minutes
     // of weight synthesis and an engine that would fail at its first device call.
-    if let (Some((file, r)), Some(why)) = (&plan.rung, &gpu_reason) {
-        if r.device == evidence::rung::Device::Cuda {
-            refuse!("device", gates::no_gpu_for_cuda(file, why));
+    if let Some((file, r)) = &plan.rung {
+        match (r.device, &gpu, &gpu_reason) {
+            (evidence::rung::Device::Cuda, None, Some(why)) => {
+                refuse!("device", gates::no_gpu_for_cuda(file, why));
+            }
+            (evidence::rung::Device::Cuda, Some(g), _) => {
+                gate!(Gate::new(
+                    "device",
+                    Verdict::Pass,
+                    format!("cuda rung; NVML opened GPU {}", g.index())
+                ));
+            }
+            _ => {}
         }
     }
 
