@@ -125,8 +125,13 @@ for step in "$@"; do
         > "$OUT/ref-$a-pipeline.log" 2>&1
       note "ref $a pipeline rc=$?" ;;
     campaign)
-      for r in ${a//,/ }; do need "$(preset_of "$r")"; done
       p=$(preset_of "${a%%,*}")
+      # One --weights serves every run of the campaign: rungs of different presets
+      # (2 is ltxv-2b, 3 is ltxv-13b) need one campaign step each.
+      mixed=0
+      for r in ${a//,/ }; do [ "$(preset_of "$r")" = "$p" ] || mixed=1; done
+      [ "$mixed" = 0 ] || { note "campaign $a $b: its rungs use different presets; give one campaign step per preset"; continue; }
+      need "$p"
       # --budget-s: stop before a run expected to outlast the deadline (it would be
       # killed and sealed interrupted, its time lost); 30 s are kept for packing.
       budget=$(( $(left) - 30 ))
