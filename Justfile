@@ -52,6 +52,17 @@ bench-gpu:
     cargo build --bins
     scripts/bench-gpu.sh {{bin}} selftest synth:ltxv-2b run:2:default::warm ref:2 table
 
+# The whole device re-derivation on a GPU machine (about an hour on an H200): every lever
+# that applies at rungs 2 and 3, 3 interleaved rounds each, weights warm in the page cache
+# (one campaign per rung: they use different weights), sealed into $WORK/store (default
+# ~/ltx-bench) and packed under $WORK/out. Then copy the new bundles into
+# reports/evidence/bundles, `harness verify` them, and `just rank`.
+#
+# Re-derive the device lever ranking (rungs 2 and 3) on a GPU machine.
+rederive:
+    cargo build --bins
+    scripts/bench-gpu.sh {{bin}} synth:ltxv-2b synth:ltxv-13b campaign:2:conditioning,vae,staging,release-pages,host-threads,denoise-graph:3:warm campaign:3:conditioning,vae,staging,release-pages,host-threads,denoise-graph:3:warm
+
 # The denoise-graph lever alone on a GPU machine: graph vs eager loops (bit-exact,
 # with the mutant) and the loop benchmark, off vs on, at rung 2's and rung 1's grids.
 bench-graph:
