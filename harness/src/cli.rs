@@ -436,7 +436,7 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
                 rung: r.name.clone(),
                 why: format!(
                     "the engine ({}) has no lever '{l}' yet",
-                    &engine[..12.min(engine.len())]
+                    crate::short_id::short(&engine)
                 ),
             });
         }
@@ -468,7 +468,7 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
     println!(
         "campaign {} (engine {}, order {:?}, seed {}, weights cache {}): {} runs over {} round(s), {} already sealed",
         plan.id,
-        &engine[..12],
+        crate::short_id::short(&engine),
         plan.order,
         plan.seed,
         args.weights_cache.as_str(),

@@ -43,6 +43,7 @@ pub mod rank;
 pub mod recover;
 pub mod run;
 pub mod sampler;
+pub mod short_id;
 pub mod show;
 pub mod store_arg;
 pub mod summary;

@@ -99,7 +99,7 @@ pub fn run(args: LsArgs) -> anyhow::Result<u8> {
     for s in &rows {
         println!(
             "{:<12}  {:<8} {:<28} {:<16} {:>9}  {:<16}  {}",
-            &s.id[..12.min(s.id.len())],
+            crate::short_id::short(&s.id),
             s.rung(),
             s.levers(),
             format!("{}{}", s.exit(), if s.contended() { "!" } else { "" }),

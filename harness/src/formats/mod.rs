@@ -30,7 +30,7 @@ pub trait Format {
 /// The default output path of `format` for bundle `id`: `<first 12 hex of id>.<suffix>`
 /// in the working directory.
 pub fn default_out(id: &str, suffix: &str) -> std::path::PathBuf {
-    std::path::PathBuf::from(format!("{}.{suffix}", &id[..12.min(id.len())]))
+    std::path::PathBuf::from(format!("{}.{suffix}", crate::short_id::short(id)))
 }
 
 /// Write `bytes` to `out` through a temporary file in the same directory and a

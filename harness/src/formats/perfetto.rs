@@ -49,7 +49,7 @@ pub fn trace_value(t: &Timeline) -> Value {
     let rung = t.fragment_str("rung", "name").unwrap_or_else(|| "-".into());
     events.push(json!({
         "ph": "M", "name": "process_name", "pid": PID, "tid": 0,
-        "args": {"name": format!("rung {rung} · bundle {}", &t.id[..12.min(t.id.len())])}
+        "args": {"name": format!("rung {rung} · bundle {}", crate::short_id::short(&t.id))}
     }));
     events.push(json!({
         "ph": "M", "name": "thread_name", "pid": PID, "tid": PHASES_TID,

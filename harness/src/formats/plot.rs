@@ -133,7 +133,7 @@ pub fn title_lines(t: &Timeline) -> (String, String) {
     let line1 = format!("rung {rung}{geo} · profile {profile} · levers: {levers}");
     let engine = t
         .fragment_str("engine", "sha256")
-        .map(|s| s[..12.min(s.len())].to_string())
+        .map(|s| crate::short_id::short(&s).to_string())
         .unwrap_or_else(dash);
     let exit = match t.manifest.exit() {
         Some(e) => format!(

@@ -154,7 +154,7 @@ pub struct Bundle {
 impl Bundle {
     /// The short id people read: the first 12 characters.
     pub fn short_id(&self) -> &str {
-        &self.id[..self.id.len().min(12)]
+        crate::short_id::short(&self.id)
     }
 
     /// Sample peaks over every sample, or over the samples whose innermost phase is

@@ -26,6 +26,7 @@ use crate::levers_spec::Metric;
 use crate::levers_spec::{Lever, LeverSpec};
 use crate::rank::bundle::Bundle;
 use crate::rank::stats::Pair;
+use crate::short_id::short;
 
 /// A bundle that is not used, and why.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -65,10 +66,11 @@ pub const CACHE_SHARE_MAX_GAP: f64 = 0.25;
 
 type Cells<'a> = BTreeMap<Cell, (Vec<&'a Bundle>, Vec<&'a Bundle>)>;
 
-/// Drop the first baseline and treatment of each cell when `lever`'s metric reads
-/// the weights and their recorded cache shares at start differ by more than
-/// [`CACHE_SHARE_MAX_GAP`]; runs without a recorded share keep pairing (bundles from
-/// before the `weights-cache` gate).
+/// Drop the first baseline and treatment of each cell (the runs that would pair)
+/// while `lever`'s metric reads the weights and their recorded cache shares at start
+/// differ by more than [`CACHE_SHARE_MAX_GAP`]: a duplicate run next in line is
+/// checked in turn, never paired unchecked. Runs without a recorded share keep
+/// pairing (bundles from before the `weights-cache` gate).
 fn drop_cache_mismatched<'a>(
     by_cell: Cells<'a>,
     lever: &Lever,
@@ -80,34 +82,36 @@ fn drop_cache_mismatched<'a>(
     }
     let mut kept = BTreeMap::new();
     for (cell, (mut base, mut treat)) in by_cell {
-        if let (Some(&b), Some(&t)) = (base.first(), treat.first()) {
-            if let (Some(sb), Some(st)) = (b.cache_share_at_start, t.cache_share_at_start) {
-                if (sb - st).abs() > CACHE_SHARE_MAX_GAP {
-                    for (run, role, other, share, other_share) in
-                        [(b, "baseline", t, sb, st), (t, "treatment", b, st, sb)]
-                    {
-                        excluded.push(Exclusion {
-                            id: run.id.clone(),
-                            reason: format!(
-                                "cache state differs: in round {} of campaign {} ({} at rung {rung}) \
-                                 this {role} run started with {:.1}% of the weights in the page cache \
-                                 and {} with {:.1}%, more than {:.0} points apart, and {} reads the \
-                                 weights (rerun with --weights-cache warm or cold)",
-                                cell.round,
-                                short(&cell.campaign),
-                                lever.id,
-                                100.0 * share,
-                                other.short_id(),
-                                100.0 * other_share,
-                                100.0 * CACHE_SHARE_MAX_GAP,
-                                lever.metric.label()
-                            ),
-                        });
-                    }
-                    base.remove(0);
-                    treat.remove(0);
-                }
+        while let (Some(&b), Some(&t)) = (base.first(), treat.first()) {
+            let (Some(sb), Some(st)) = (b.cache_share_at_start, t.cache_share_at_start) else {
+                break;
+            };
+            if (sb - st).abs() <= CACHE_SHARE_MAX_GAP {
+                break;
             }
+            for (run, role, other, share, other_share) in
+                [(b, "baseline", t, sb, st), (t, "treatment", b, st, sb)]
+            {
+                excluded.push(Exclusion {
+                    id: run.id.clone(),
+                    reason: format!(
+                        "cache state differs: in round {} of campaign {} ({} at rung {rung}) \
+                         this {role} run started with {:.1}% of the weights in the page cache \
+                         and {} with {:.1}%, more than {:.0} points apart, and {} reads the \
+                         weights (rerun with --weights-cache warm or cold)",
+                        cell.round,
+                        short(&cell.campaign),
+                        lever.id,
+                        100.0 * share,
+                        other.short_id(),
+                        100.0 * other_share,
+                        100.0 * CACHE_SHARE_MAX_GAP,
+                        lever.metric.label()
+                    ),
+                });
+            }
+            base.remove(0);
+            treat.remove(0);
         }
         kept.insert(cell, (base, treat));
     }
@@ -392,10 +396,6 @@ fn drop_superseded<'a>(
     kept
 }
 
-fn short(s: &str) -> &str {
-    &s[..s.len().min(12)]
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -642,6 +642,41 @@ next_hypothesis = "n"
         );
         assert!(reason_of(&p, "b2").contains("this treatment run started with 90.0%"));
         assert_eq!(p.excluded.len(), 4, "{:?}", p.excluded);
+
+        // Duplicates next in line are checked in turn, never paired unchecked: a1/b1
+        // are 100 points apart, then a1b/b1b too, so round 1 has no pair at all.
+        let mut dup = bundles.clone();
+        dup.push(with("a1b", 1, "serial", Some(0.0)));
+        dup.push(with("b1b", 1, "batched", Some(1.0)));
+        let p = pair(&dup, &spec());
+        let lr = &p.by_lever_rung[&("staging".to_string(), "2".to_string())];
+        assert!(
+            lr.rounds.iter().all(|r| r.cell.round != 1),
+            "{:?}",
+            lr.rounds
+        );
+        assert!(
+            reason_of(&p, "a1b").starts_with("cache state differs"),
+            "{}",
+            reason_of(&p, "a1b")
+        );
+        assert!(reason_of(&p, "b1b").starts_with("cache state differs"));
+        // ...and one that matches its partner pairs once the mismatched pair is gone.
+        let mut dup = bundles.clone();
+        dup.push(with("a1b", 1, "serial", Some(0.0)));
+        let p = pair(&dup, &spec());
+        let lr = &p.by_lever_rung[&("staging".to_string(), "2".to_string())];
+        let r1: Vec<_> = lr.rounds.iter().filter(|r| r.cell.round == 1).collect();
+        assert_eq!(
+            r1.len(),
+            0,
+            "b1 was dropped with a1; a1b has no treatment left"
+        );
+        assert!(
+            reason_of(&p, "a1b").contains("no treatment run"),
+            "{}",
+            reason_of(&p, "a1b")
+        );
 
         // A metric that does not read the weights keeps every pair.
         let mut s = spec();

@@ -13,6 +13,7 @@ use crate::rank::fit::FLAT_EXPONENT;
 use crate::rank::stats::CONFIDENCE;
 use crate::rank::verdict::{pct, Verdict, MIN_PAIRS};
 use crate::rank::{FitOutcome, LeverResult, Ranking, RungResult};
+use crate::short_id::short;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -39,10 +40,6 @@ pub fn value(x: f64, unit: Unit) -> String {
         Unit::Bytes => format!("{} GiB", fixed(x / GIB, 3)),
         Unit::Share => fixed(x, 3),
     }
-}
-
-fn short(id: &str) -> &str {
-    &id[..id.len().min(12)]
 }
 
 /// Render `r` as markdown.
