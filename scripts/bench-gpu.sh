@@ -68,7 +68,7 @@ pack() {
 note() { echo "$(( $(date +%s) - t0 ))s $*" | tee -a "$log"; }
 declare -A synth_pid
 weights_of() { echo "$WORK/weights-$1"; }
-preset_of() { sed -n 's/^preset *= *"\(.*\)"/\1/p' "rungs/$1.toml"; }
+preset_of() { sed -n 's/^preset *= *"\(.*\)"/\1/p' "rungs/$1.toml" 2>/dev/null; }
 need() { # wait for a preset's weights
   local p=$1 w; w=$(weights_of "$1")
   if [ -n "${synth_pid[$p]}" ]; then wait "${synth_pid[$p]}"; note "synth $p rc=$?"; unset "synth_pid[$p]"; fi
@@ -128,9 +128,13 @@ for step in "$@"; do
       p=$(preset_of "${a%%,*}")
       # One --weights serves every run of the campaign: rungs of different presets
       # (2 is ltxv-2b, 3 is ltxv-13b) need one campaign step each.
-      mixed=0
-      for r in ${a//,/ }; do [ "$(preset_of "$r")" = "$p" ] || mixed=1; done
-      [ "$mixed" = 0 ] || { note "campaign $a $b: its rungs use different presets; give one campaign step per preset"; continue; }
+      bad=""
+      for r in ${a//,/ }; do
+        q=$(preset_of "$r")
+        if [ -z "$q" ]; then bad="rungs/$r.toml names no preset (missing file?)"; break; fi
+        [ "$q" = "$p" ] || bad="its rungs use different presets ($p, $q); give one campaign step per preset"
+      done
+      [ -z "$bad" ] || { note "campaign $a $b: $bad"; continue; }
       need "$p"
       # --budget-s: stop before a run expected to outlast the deadline (it would be
       # killed and sealed interrupted, its time lost); 30 s are kept for packing.

@@ -233,14 +233,18 @@ pub fn synthesize(engine: &Path, preset: &str, cache: &Path) -> Result<Weights, 
     let stderr = child.stderr.take();
     let echo = std::thread::spawn(move || {
         let mut last = String::new();
+        // Byte lines read to the end whatever they hold: stopping early would close
+        // the pipe and fail the engine's next write.
         for line in stderr
-            .map(|e| std::io::BufReader::new(e).lines())
+            .map(|e| std::io::BufReader::new(e).split(b'\n'))
             .into_iter()
             .flatten()
             .map_while(Result::ok)
         {
+            let line = String::from_utf8_lossy(&line).into_owned();
             eprintln!("{line}");
-            if !line.trim().is_empty() {
+            // A panic ends with the backtrace hint; the cause is the line before.
+            if !line.trim().is_empty() && !line.starts_with("note: run with `RUST_BACKTRACE") {
                 last = line;
             }
         }

@@ -516,14 +516,16 @@ fn a_rung_run_synthesizes_weights_once_and_completes() {
         "{parts}"
     );
     assert_eq!(parts["sink"]["ticks"], m["sampler"]["ticks"], "{parts}");
-    // ...and which of them ran off the tick (no GPU here: no gpu_slow part).
+    // ...and which of them ran off the tick; the slow GPU part exists exactly where
+    // NVML opens a GPU.
     assert_eq!(
         m["sampler"]["off_tick_parts"],
         serde_json::json!(["gpu_slow", "pagecache"]),
         "{}",
         m["sampler"]
     );
-    assert!(parts.get("gpu_slow").is_none(), "{parts}");
+    let has_gpu = harness::sampler::gpu::Gpu::open(0).is_ok();
+    assert_eq!(parts.get("gpu_slow").is_some(), has_gpu, "{parts}");
     // Twice: the same synthesized weights are reused.
     let out2 = run();
     let m2 = manifest(&out2);

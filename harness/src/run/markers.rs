@@ -35,6 +35,9 @@ pub struct Live {
     /// Top-level phases in open order: name, open and close (None while open)
     /// CLOCK_MONOTONIC ns from the markers; what contention is judged over per phase.
     pub top_level: Vec<(String, u64, Option<u64>)>,
+    /// Where in `open` the open top-level phase sits, if one is open: a child left
+    /// open by an out-of-order close stays in `open` without hiding later phases.
+    top_open: Option<usize>,
 }
 
 impl Live {
@@ -45,20 +48,24 @@ impl Live {
                 engine, version, ..
             } => self.engine = Some((engine.clone(), version.clone())),
             Marker::Open { name, t_ns, .. } => {
-                if self.open.is_empty() {
+                if self.top_open.is_none() {
                     self.top_level.push((name.clone(), *t_ns, None));
+                    self.top_open = Some(self.open.len());
                 }
                 self.open.push(name.clone());
             }
             Marker::Close { name, t_ns, .. } => {
                 if let Some(i) = self.open.iter().rposition(|n| n == name) {
                     self.open.remove(i);
-                    // The outermost closed: its top-level entry ends (once; a child
-                    // left open by an out-of-order close does not reopen it).
-                    if i == 0 {
-                        if let Some(last) = self.top_level.last_mut().filter(|l| l.2.is_none()) {
-                            last.2 = Some(*t_ns);
+                    match self.top_open {
+                        Some(top) if i == top => {
+                            if let Some(last) = self.top_level.last_mut() {
+                                last.2 = Some(*t_ns);
+                            }
+                            self.top_open = None;
                         }
+                        Some(top) if i < top => self.top_open = Some(top - 1),
+                        _ => {}
                     }
                 }
             }
@@ -202,6 +209,13 @@ mod tests {
             at(7, false, "denoise"), // out of order: the step stays open
             at(8, false, "denoise.step"),
             at(10, true, "decode"),
+            at(11, true, "decode.chunk"),
+            at(12, false, "decode"), // out of order: the chunk never closes
+            at(13, true, "artifacts"),
+            at(14, true, "artifacts"), // the same name nested
+            at(15, false, "artifacts"),
+            at(16, false, "artifacts"),
+            at(17, true, "tail"),
         ] {
             l.apply(&m);
         }
@@ -210,9 +224,12 @@ mod tests {
             [
                 ("load".to_string(), 1, Some(4)),
                 ("denoise".to_string(), 5, Some(7)),
-                ("decode".to_string(), 10, None),
+                ("decode".to_string(), 10, Some(12)),
+                ("artifacts".to_string(), 13, Some(16)),
+                ("tail".to_string(), 17, None),
             ]
         );
+        assert_eq!(l.open, ["decode.chunk", "tail"]);
     }
 
     #[test]
