@@ -24,6 +24,35 @@ pub struct ShowArgs {
     pub json: bool,
 }
 
+/// Other work per top-level phase (`contention.during.phases`) in one line: each
+/// judged phase's mean cores, `!` where it was over the limit; None for bundles
+/// without per-phase figures or with no phase long enough to judge.
+fn contention_phases_line(v: Option<&Value>) -> Option<String> {
+    let phases = v?.get("during")?.get("phases")?.as_array()?;
+    let parts: Vec<String> = phases
+        .iter()
+        .filter(|p| p.get("judged").and_then(Value::as_bool) == Some(true))
+        .filter_map(|p| {
+            let flag = if p.get("flagged").and_then(Value::as_bool) == Some(true) {
+                "!"
+            } else {
+                ""
+            };
+            Some(format!(
+                "{} {:.2}{flag}",
+                p.get("phase")?.as_str()?,
+                p.get("other_busy_cores")?.as_f64()?
+            ))
+        })
+        .collect();
+    (!parts.is_empty()).then(|| {
+        format!(
+            "by phase (cores of other work, ! over the limit): {}",
+            parts.join(", ")
+        )
+    })
+}
+
 /// The `contention` fragment in one line: `quiet` or `FLAGGED: why`, then what the
 /// run saw while the engine ran (`during`, absent from bundles sealed before it
 /// was recorded).
@@ -176,6 +205,9 @@ pub fn summary_text(s: &BundleSummary) -> String {
         "contention {}",
         contention_line(m.fragment("contention"))
     );
+    if let Some(line) = contention_phases_line(m.fragment("contention")) {
+        let _ = writeln!(o, "           {line}");
+    }
     let c = &m.cadence;
     let f = |v: Option<f64>| v.map_or("-".into(), |x| format!("{x:.1}"));
     let _ = writeln!(
@@ -339,5 +371,17 @@ mod tests {
             "FLAGGED: 1.90 cores busy with other work during the run | during the run: not recorded"
         );
         assert_eq!(contention_line(None), "-");
+        // Per phase: the judged ones, the flagged marked; nothing without figures.
+        let p = serde_json::json!({"during": {"phases": [
+            {"phase": "load.dit", "judged": true, "flagged": false, "other_busy_cores": 0.02},
+            {"phase": "conditioning", "judged": false, "flagged": false, "other_busy_cores": 1.5},
+            {"phase": "decode.video", "judged": true, "flagged": true, "other_busy_cores": 1.8}
+        ]}});
+        assert_eq!(
+            contention_phases_line(Some(&p)).unwrap(),
+            "by phase (cores of other work, ! over the limit): load.dit 0.02, decode.video 1.80!"
+        );
+        assert_eq!(contention_phases_line(Some(&q)), None);
+        assert_eq!(contention_phases_line(None), None);
     }
 }
