@@ -167,6 +167,15 @@ impl Cadence {
         let (a, b) = (self.first_t_ns?, self.last_t_ns?);
         Some((b.saturating_sub(a) as f64 / 1e6 / e).round() as u64 + 1)
     }
+
+    /// `(deadlines without a sample, deadlines spanned)`: [`Cadence::slots`] less the
+    /// samples taken (at least 0), and the slots; None where `slots` is. Seal, `show`
+    /// and `diff` all count misses through this, so bundles sealed with the older
+    /// `missed_ticks` read the same as new ones.
+    pub fn deadlines_without_sample(&self) -> Option<(u64, u64)> {
+        let n = self.slots()?;
+        Some((n.saturating_sub(self.samples), n))
+    }
 }
 
 /// One group of containment or exclusivity checks: every phase instance of one

@@ -123,7 +123,7 @@ fn cadence(samples: &[Sample], expected_ms: Option<f64>) -> Cadence {
     // after it as a miss; at rung 3 that read 157 where 44 deadlines were skipped.)
     c.missed_ticks = expected_ms
         .filter(|e| *e > 0.0)
-        .map(|_| c.slots().map_or(0, |n| n.saturating_sub(c.samples)));
+        .map(|_| c.deadlines_without_sample().map_or(0, |(missed, _)| missed));
     c
 }
 
@@ -737,6 +737,7 @@ mod tests {
         assert_eq!(c.max_interval_ms, Some(300.0));
         assert_eq!(c.missed_ticks, Some(2));
         assert_eq!(c.slots(), Some(102));
+        assert_eq!(c.deadlines_without_sample(), Some((2, 102)));
         assert_eq!(cadence(&v, None).missed_ticks, None);
         assert_eq!(cadence(&v, None).slots(), None);
         // A late tick (160 ms) followed by an on-time one (40 ms) skipped no

@@ -145,13 +145,11 @@ fn view(path: &str, v: &Value) -> String {
             let ms = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1} ms"));
             // Recomputed from the span (as `show` does), so that bundles sealed
             // with the older missed-ticks count compare like new ones.
-            let slots = serde_json::from_value::<evidence::manifest::Cadence>(v.clone())
+            let counted = serde_json::from_value::<evidence::manifest::Cadence>(v.clone())
                 .ok()
-                .and_then(|c| Some((c.slots()?, c.samples)));
-            let missed = match slots {
-                Some((n, got)) if n > 0 => {
-                    format!("{:.1}%", 100.0 * n.saturating_sub(got) as f64 / n as f64)
-                }
+                .and_then(|c| c.deadlines_without_sample());
+            let missed = match counted {
+                Some((missed, n)) if n > 0 => format!("{:.1}%", 100.0 * missed as f64 / n as f64),
                 _ => "-".into(),
             };
             format!(
@@ -167,15 +165,18 @@ fn view(path: &str, v: &Value) -> String {
 }
 
 /// The weights' page-cache state at engine start as a reviewer compares it: the
-/// policy where the `weights_cache` fragment names it, and the resident share in
-/// whole percent (from the fragment, or from the `weights-cache` gate of bundles
-/// sealed before it; both gates read `pass` whether 100% or 4% was resident, so the
-/// gate verdicts alone hide the difference).
-fn cache_view(fragment: &Value, share: Option<f64>) -> String {
-    match (fragment.get("policy").and_then(Value::as_str), share) {
-        (Some(p), Some(s)) => format!("{p}: {:.0}% resident", 100.0 * s),
-        (None, Some(s)) => format!("{:.0}% resident", 100.0 * s),
-        (_, None) => "not recorded".into(),
+/// policy and the resident share in whole percent (`rank::load::cache_at_start`:
+/// the `weights_cache` fragment, or the `weights-cache` gate of bundles sealed
+/// before it; both gates read `pass` whether 100% or 4% was resident, so the gate
+/// verdicts alone hide the difference).
+fn cache_view(manifest: &Value) -> String {
+    match crate::rank::load::cache_at_start(manifest) {
+        Some(c) => format!(
+            "{}: {:.0}% resident",
+            c.policy.as_deref().unwrap_or("?"),
+            100.0 * c.share
+        ),
+        None => "not recorded".into(),
     }
 }
 
@@ -186,10 +187,7 @@ pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
         .map(|(path, label)| {
             let (va, vb) = (at(ma, path), at(mb, path));
             let (a_view, b_view) = if *path == "weights_cache" {
-                (
-                    cache_view(va, a.cache_share_at_start),
-                    cache_view(vb, b.cache_share_at_start),
-                )
+                (cache_view(ma), cache_view(mb))
             } else {
                 (view(path, va), view(path, vb))
             };
@@ -522,40 +520,30 @@ mod tests {
     /// the page-cache state (the host-threads campaign 7f0605dedf9a's round 1).
     #[test]
     fn the_cache_state_at_start_shows_where_the_gates_agree() {
-        let (mut a, mut b) = (sample_bundle("aaa"), sample_bundle("bbb"));
-        a.cache_share_at_start = Some(1.0);
-        b.cache_share_at_start = Some(0.037);
-        let m = json!({"gates": [{"name": "weights-cache", "verdict": "pass", "detail": "as-is"}]});
-        let d = diff(&a, &m, &b, &m);
-        let c = d
-            .fields
-            .iter()
-            .find(|f| f.field == "weights_cache")
-            .unwrap();
+        let (a, b) = (sample_bundle("aaa"), sample_bundle("bbb"));
+        let gate = |after: &str, pct: &str| {
+            json!({"gates": [{"name": "weights-cache", "verdict": "pass", "detail": format!(
+                "as-is: {after} of 35.487 GiB resident before, {after} GiB after ({pct}%), 0.00 s"
+            )}]})
+        };
+        let d = diff(&a, &gate("35.487", "100.0"), &b, &gate("1.313", "3.7"));
+        let field =
+            |d: &Diff, name: &str| d.fields.iter().find(|f| f.field == name).cloned().unwrap();
+        let c = field(&d, "weights_cache");
         assert!(c.differs);
         assert_eq!(
             (c.a_view.as_str(), c.b_view.as_str()),
-            ("100% resident", "4% resident")
+            ("as-is: 100% resident", "as-is: 4% resident")
         );
-        assert!(
-            !d.fields
-                .iter()
-                .find(|f| f.field == "gates")
-                .unwrap()
-                .differs
-        );
-        // With the fragment the policy is named; an unrecorded share says so.
-        let f = json!({"weights_cache": {"policy": "warm"}});
-        b.cache_share_at_start = None;
+        assert!(!field(&d, "gates").differs);
+        // With the fragment its policy and bytes are read; an unrecorded state says so.
+        let f = json!({"weights_cache": {"policy": "warm", "total_bytes": 1000u64,
+            "resident_before_bytes": 0u64, "resident_after_bytes": 990u64, "seconds": 1.0}});
         let d = diff(&a, &f, &b, &json!({}));
-        let c = d
-            .fields
-            .iter()
-            .find(|f| f.field == "weights_cache")
-            .unwrap();
+        let c = field(&d, "weights_cache");
         assert_eq!(
             (c.a_view.as_str(), c.b_view.as_str()),
-            ("warm: 100% resident", "not recorded")
+            ("warm: 99% resident", "not recorded")
         );
     }
 }

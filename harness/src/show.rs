@@ -120,27 +120,13 @@ fn sampler_cost_line(v: Option<&Value>) -> Option<String> {
 /// bundles sealed before it).
 fn cache_line(fragment: Option<&Value>, gates: Option<&Value>) -> String {
     let m = serde_json::json!({"weights_cache": fragment, "gates": gates});
-    let Some(share) = crate::rank::load::cache_share_at_start(&m) else {
+    let Some(c) = crate::rank::load::cache_at_start(&m) else {
         return "weights' page-cache state at start not recorded".into();
     };
-    let policy = fragment
-        .and_then(|f| f.get("policy"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .or_else(|| {
-            gates?
-                .as_array()?
-                .iter()
-                .find(|g| g.get("name").and_then(Value::as_str) == Some("weights-cache"))?
-                .get("detail")?
-                .as_str()?
-                .split_once(':')
-                .map(|(p, _)| p.to_string())
-        })
-        .unwrap_or_else(|| "?".into());
     format!(
-        "{:.1}% of the weights in the page cache at engine start ({policy})",
-        100.0 * share
+        "{:.1}% of the weights in the page cache at engine start ({})",
+        100.0 * c.share,
+        c.policy.as_deref().unwrap_or("?")
     )
 }
 
@@ -219,11 +205,10 @@ pub fn summary_text(s: &BundleSummary) -> String {
         f(c.p99_interval_ms),
         f(c.max_interval_ms),
         // Recomputed from the span, so bundles sealed with the older count agree.
-        c.slots()
-            .map_or("- deadlines without a sample".into(), |n| format!(
-                "{} of {n} deadlines without a sample",
-                n.saturating_sub(c.samples)
-            ))
+        c.deadlines_without_sample().map_or(
+            "- deadlines without a sample".into(),
+            |(missed, n)| format!("{missed} of {n} deadlines without a sample")
+        )
     );
     if let Some(line) = sampler_cost_line(m.fragment("sampler")) {
         let _ = writeln!(o, "         {line}");
@@ -340,7 +325,7 @@ mod tests {
     #[test]
     fn the_cache_line_reads_the_fragment_or_the_old_gate() {
         let gates = serde_json::json!([{"name": "weights-cache", "verdict": "pass",
-            "detail": "as-is: 35.487 of 35.487 GiB resident before, 1.313 GiB after (3.7%), 0.00 s"}]);
+            "detail": "as-is: 1.313 of 35.487 GiB resident before, 1.313 GiB after (3.7%), 0.00 s"}]);
         assert_eq!(
             cache_line(None, Some(&gates)),
             "3.7% of the weights in the page cache at engine start (as-is)"

@@ -253,22 +253,38 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
         incomplete: incompleteness(m),
         phases: Vec::new(),
         samples_by_phase: BTreeMap::new(),
-        cache_share_at_start: cache_share_at_start(m),
+        cache_share_at_start: cache_at_start(m).map(|c| c.share),
     })
 }
 
-/// The share of the weights resident at engine start: from the `weights_cache`
-/// fragment (bytes), else from the `weights-cache` gate's detail, whose figures
-/// bundles sealed before the fragment existed carry only as text ("... GiB after
-/// (100.0%) ..."; the wording is the harness's own and frozen in those bundles).
-pub(crate) fn cache_share_at_start(m: &Value) -> Option<f64> {
+/// The weights' page-cache state at engine start, as a manifest records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheAtStart {
+    /// `as-is`, `cold` or `warm`, where recorded.
+    pub policy: Option<String>,
+    /// Share (0..1) of the weight bytes resident.
+    pub share: f64,
+}
+
+/// The page-cache state at engine start of manifest `m` (or of an object holding
+/// its `weights_cache` and `gates`): from the `weights_cache` fragment (bytes),
+/// else from the `weights-cache` gate's detail, whose figures bundles sealed before
+/// the fragment existed carry only as text ("as-is: ... GiB after (100.0%) ..."; the
+/// wording is the harness's own and frozen in those bundles). The one reader of it
+/// for rank, `show` and `diff`.
+pub fn cache_at_start(m: &Value) -> Option<CacheAtStart> {
     let after = get(m, "weights_cache.resident_after_bytes").and_then(Value::as_f64);
     let total = get(m, "weights_cache.total_bytes").and_then(Value::as_f64);
     if let (Some(a), Some(t)) = (after, total) {
-        return Some(if t > 0.0 {
-            (a / t).clamp(0.0, 1.0)
-        } else {
-            1.0
+        return Some(CacheAtStart {
+            policy: get(m, "weights_cache.policy")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            share: if t > 0.0 {
+                (a / t).clamp(0.0, 1.0)
+            } else {
+                1.0
+            },
         });
     }
     let gate = get(m, "gates")?
@@ -276,10 +292,14 @@ pub(crate) fn cache_share_at_start(m: &Value) -> Option<f64> {
         .iter()
         .find(|g| g.get("name").and_then(Value::as_str) == Some("weights-cache"))?;
     let detail = gate.get("detail")?.as_str()?;
-    let (_, rest) = detail.split_once(" GiB after (")?;
+    let (policy, figures) = detail.split_once(": ")?;
+    let (_, rest) = figures.split_once(" GiB after (")?;
     let (pct, _) = rest.split_once("%)")?;
     let pct: f64 = pct.trim().parse().ok()?;
-    (0.0..=100.0).contains(&pct).then_some(pct / 100.0)
+    (0.0..=100.0).contains(&pct).then(|| CacheAtStart {
+        policy: Some(policy.to_string()),
+        share: pct / 100.0,
+    })
 }
 
 /// Why a run is incomplete: `complete` false, an exit other than `completed`, or a
@@ -582,14 +602,16 @@ mod tests {
         m["gates"] = json!([
             {"name": "headroom", "verdict": "pass", "detail": "x"},
             {"name": "weights-cache", "verdict": "pass",
-             "detail": "as-is: 35.487 of 35.487 GiB resident before, 0.034 GiB after (3.7%), 0.00 s"}
+             "detail": "as-is: 1.313 of 35.487 GiB resident before, 1.313 GiB after (3.7%), 0.00 s"}
         ]);
         let b = facts(&m).unwrap();
         assert!((b.cache_share_at_start.unwrap() - 0.037).abs() < 1e-12);
+        assert_eq!(cache_at_start(&m).unwrap().policy.as_deref(), Some("as-is"));
         // The fragment wins over the text.
         m["weights_cache"] = json!({"policy": "warm", "total_bytes": 400u64,
             "resident_before_bytes": 0u64, "resident_after_bytes": 300u64, "seconds": 1.5});
         assert_eq!(facts(&m).unwrap().cache_share_at_start, Some(0.75));
+        assert_eq!(cache_at_start(&m).unwrap().policy.as_deref(), Some("warm"));
         // A gate that could not read residency says nothing about the share.
         m["weights_cache"] = Value::Null;
         m["gates"] = json!([{"name": "weights-cache", "verdict": "not-applicable",
