@@ -116,11 +116,9 @@ pub fn rank(args: &RankArgs) -> anyhow::Result<u8> {
     }
     match &args.out {
         Some(out) => {
-            if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent)
-                    .with_context(|| format!("creating {}", parent.display()))?;
-            }
-            std::fs::write(out, &md).with_context(|| format!("writing {}", out.display()))?;
+            // Through a temporary file and a rename (the directory made as needed):
+            // a full disk never leaves a truncated table under the committed name.
+            crate::formats::write_file(out, md.as_bytes())?;
             eprintln!(
                 "harness rank: {} bundle(s), {} used, {} excluded; wrote {}",
                 ranking.bundles_seen,
