@@ -394,6 +394,9 @@ pub fn cache_warnings(levers: &[&Lever], policy: WeightsCache) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::levers_spec::LeverSpec;
+    use crate::rank::bundle::tests::sample_bundle;
+    use crate::rank::bundle::Schedule;
+    use std::path::Path;
 
     #[test]
     fn an_as_is_campaign_warns_for_the_levers_whose_metric_reads_the_weights() {
@@ -407,9 +410,6 @@ mod tests {
         assert!(cache_warnings(&levers, WeightsCache::Warm).is_empty());
         assert!(cache_warnings(&levers, WeightsCache::Cold).is_empty());
     }
-    use crate::rank::bundle::tests::sample_bundle;
-    use crate::rank::bundle::Schedule;
-    use std::path::Path;
 
     fn spec() -> LeverSpec {
         LeverSpec::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/levers.toml"))

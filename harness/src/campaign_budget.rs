@@ -72,9 +72,7 @@ impl WallHistory {
             basis: format!("rung {}", e.rung),
         })
     }
-}
 
-impl WallHistory {
     /// What the positions `left` (this one first) are expected to take, for a
     /// progress line: `expected ~45 s; 6 left ~4m35s` (positions with no history
     /// are counted apart, not guessed).
