@@ -374,8 +374,11 @@ mod tests {
         let fake = d.join("engine.sh");
         std::fs::write(
             &fake,
-            "#!/bin/sh\nmkdir -p \"$5\"\necho 'writing shards' >&2\n\
+            // A line that is not UTF-8 first (reading must go on past it), the
+            // cause, then a panic's backtrace hint (not the cause) and a blank line.
+            "#!/bin/sh\nmkdir -p \"$5\"\nprintf 'writing \\377\\376 shards\\n' >&2\n\
              echo 'engine: error: x.safetensors: No space left on device (os error 28)' >&2\n\
+             echo 'note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace' >&2\n\
              echo >&2\nexit 1\n",
         )
         .unwrap();
