@@ -23,13 +23,22 @@
 #   campaign:RUNGS:LEVERS:REPEAT[:CACHE]
 #                         harness campaign (order random, seed 1) into $WORK/store;
 #                         CACHE = as-is (default), cold or warm (--weights-cache)
+#   t5check:PRESET        the text encoder against transformers' T5EncoderModel at full
+#                         scale (scripts/t5_check.py: f32, bf16 and f64 side by side, the
+#                         host and device arms, every prompt of the set); records the
+#                         reference into $OUT/t5-reference-PRESET.safetensors
+#   oracle:PRESET         whole renders against diffusers' LTXPipeline from the engine's
+#                         own noise (scripts/render_oracle.py: two geometries, with and
+#                         without guidance; own conditioning on both arms, diffusers'
+#                         embeddings, diffusers bf16 against f32)
 #   table                 the summary: engine phases of every rung-2/3 bundle beside
 #                         the reference's walls, with the ratios
 #
 # Environment: WORK (weights, store, scratch; default $HOME/ltx-bench, never /tmp),
 # OUT (logs and bundles.tar.partNN; default $WORK/out), DEADLINE_S (seconds this script may
 # take in all; each step's timeout is cut to what is left, default 86400),
-# PACK_LOGS (1: logs into one logs.tgz at the end), PYTHON (default python3), REF_SITE (extra PYTHONPATH for diffusers, optional).
+# PACK_LOGS (1: logs into one logs.tgz at the end), PYTHON (default python3), REF_SITE (extra PYTHONPATH for diffusers, optional),
+# BEFORE_ENGINE (an older engine binary: t5check and oracle measure it beside the current one, unjudged).
 set -o pipefail
 bin=$(cd "${1:?usage: bench-gpu.sh BIN_DIR STEP...}" && pwd)
 shift
@@ -47,6 +56,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRAR
 cudnn=$("$PY" -c 'import nvidia.cudnn,os;print(os.path.dirname(nvidia.cudnn.__file__))' 2>/dev/null)
 [ -n "$cudnn" ] && export LD_LIBRARY_PATH=$cudnn/lib:$LD_LIBRARY_PATH
 ( cd "$bin" && sha256sum engine harness ) > "$OUT/sha256.txt"
+[ -n "${BEFORE_ENGINE:-}" ] && sha256sum "$BEFORE_ENGINE" | sed "s|  .*|  engine-before|" >> "$OUT/sha256.txt"
 { nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
   echo "cores $(nproc)"; free -g | head -2; df -hT "$WORK" | tail -1
   echo "lease ${HARNESS_LEASE_ID:-none}"; } > "$OUT/env.txt" 2>&1
@@ -149,6 +159,28 @@ for step in "$@"; do
       note "campaign $a $b x$c cache ${d:-as-is} rc=$rc; $(grep -E '^(campaign [0-9a-f]+:|stopped:)' \
         "$OUT/campaign-$a-${b//,/+}.out" | tr '\n' ' ')"
       pack ;;
+    t5check)
+      need "$a"
+      export PYTHONPATH=${REF_SITE:+$REF_SITE:}${PYTHONPATH:-} PYTHONUNBUFFERED=1
+      eng=(--engine "engine=$E"); [ -n "${BEFORE_ENGINE:-}" ] && eng+=(--engine "before=$BEFORE_ENGINE")
+      rm -rf "$WORK/t5check-$a"
+      timeout "$(cap 300)" "$PY" scripts/t5_check.py --weights "$(weights_of "$a")" --preset "$a" "${eng[@]}" \
+        --out "$WORK/t5check-$a" --record "$OUT/t5-reference-$a.safetensors" --masked \
+        > "$OUT/t5check-$a.log" 2>&1
+      rc=$?
+      cp "$WORK/t5check-$a"/*.json "$WORK/t5check-$a"/*.log "$OUT/" 2>/dev/null
+      note "t5check $a rc=$rc; $(grep -E '^t5-check' "$OUT/t5check-$a.log" | tr '\n' ' ')" ;;
+    oracle)
+      need "$a"
+      export PYTHONPATH=${REF_SITE:+$REF_SITE:}${PYTHONPATH:-} PYTHONUNBUFFERED=1
+      eng=(--engine "engine=$E"); [ -n "${BEFORE_ENGINE:-}" ] && eng+=(--engine "before=$BEFORE_ENGINE")
+      rm -rf "$WORK/oracle-$a"
+      timeout "$(cap 400)" "$PY" scripts/render_oracle.py --weights "$(weights_of "$a")" --preset "$a" \
+        "${eng[@]}" --out "$WORK/oracle-$a" > "$OUT/oracle-$a.log" 2>&1
+      rc=$?
+      cp "$WORK/oracle-$a"/*.json "$OUT/" 2>/dev/null
+      mkdir -p "$OUT/oracle-$a-logs" && cp "$WORK/oracle-$a"/*.log "$OUT/oracle-$a-logs/" 2>/dev/null
+      note "oracle $a rc=$rc; $(grep -E '^render-oracle' "$OUT/oracle-$a.log" | tr '\n' ' ')" ;;
     table) ;;
     *) note "unknown step $step"; exit 2 ;;
   esac
@@ -159,6 +191,11 @@ echo "==================== table ===================="
 cat "$OUT/sha256.txt"; head -1 "$OUT/env.txt"
 cat "$log"
 [ -f "$OUT/selftest.log" ] && grep -E 'passed, .* failed|FAIL|median|ms ' "$OUT/selftest.log" | tail -30
+for f in "$OUT"/t5check-*.log "$OUT"/oracle-*.log; do
+  [ -f "$f" ] || continue
+  echo "--- $(basename "$f")"
+  sed -n '/^prompt  real/,$p;/^config  /,$p' "$f" | grep -v '^$' | head -80
+done
 "$PY" - "$H" "$store" "$OUT" <<'EOF'
 import json, subprocess, sys, glob, os
 h, store, out = sys.argv[1:4]
@@ -199,6 +236,6 @@ echo "took $(( $(date +%s) - t0 )) s"
 # PACK_LOGS=1 (the device call sets it): every log into one logs.tgz, so that the
 # bundle parts and the logs fit the device tool's 8 files.
 if [ "${PACK_LOGS:-0}" = 1 ]; then
-  ( cd "$OUT" && ls | grep -v -e '^bundles.tar.part' -e '^logs.tgz$' > .list &&
-    tar -czf logs.tgz -T .list && xargs rm -f < .list && rm -f .list )
+  ( cd "$OUT" && ls | grep -v -e '^bundles.tar.part' -e '^logs.tgz$' -e '^t5-reference-' > .list &&
+    tar -czf logs.tgz -T .list && xargs rm -rf < .list && rm -f .list )
 fi

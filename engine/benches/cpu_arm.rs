@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use engine::models::dit::{self, Transformer};
 use engine::models::init;
-use engine::models::t5::{self, T5Encoder};
+use engine::models::t5::{self, Keys, T5Encoder};
 use engine::models::vae::{self, VaeDecoder};
 use engine::ops::conv3d::{Conv3d, TILE_MAX_COLS};
 use engine::ops::linear::{gemm, MatRef};
@@ -134,8 +134,8 @@ fn main() {
     let grid = (2, 2, 2);
     let steps = 4;
     let render = || {
-        let text = tm.forward(&ids, &mask).unwrap();
-        let neg = tm.forward(&ids[..1], &mask[..1]).unwrap();
+        let text = tm.forward(&ids, Keys::All).unwrap();
+        let neg = tm.forward(&ids[..1], Keys::All).unwrap();
         let sig = schedule::sigmas(&p.scheduler, steps, 8).unwrap();
         let mut lat = engine::ops::space::pack_latents(initial_latents(7, 128, grid).data(), 128);
         for i in 0..steps {

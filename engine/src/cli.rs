@@ -11,6 +11,7 @@ use evidence::marker::Emitter;
 use evidence::rung::{Device, Profile, Rung};
 
 use crate::levers::{self, LeverSet};
+use crate::oracle::encode_text;
 use crate::phase::Recorder;
 use crate::pipeline::{self, BadInput, RenderRequest};
 use crate::plan::{self, Geometry};
@@ -136,6 +137,46 @@ pub enum Command {
         #[arg(long, value_enum)]
         only: Option<crate::cuda::selftest::Section>,
     },
+    /// Tokenize and encode a prompt set with one arm's text encoder, as the
+    /// render conditions, and write ids, masks and hidden states to a
+    /// safetensors file (the engine's side of `scripts/t5_check.py`).
+    EncodeText {
+        /// Weights: a diffusers directory (`tokenizer/`, `text_encoder/`).
+        #[arg(long)]
+        weights: PathBuf,
+        /// The preset whose text encoder and token budget apply.
+        #[arg(long, default_value = "ltxv-2b")]
+        preset: String,
+        /// A JSON file holding an array of prompt strings.
+        #[arg(long)]
+        prompts: PathBuf,
+        /// The arm: the host's f32 encoder or the device's bf16 one.
+        #[arg(long, value_enum, default_value = "cpu")]
+        device: DeviceArg,
+        /// Which keys the encoder attends to (default: what `render` does).
+        #[arg(long, value_enum)]
+        keys: Option<crate::conditioning::KeyRule>,
+        /// Also write the outputs of the first N blocks (host arm only).
+        #[arg(long, default_value_t = 0)]
+        blocks: usize,
+        /// Host threads (default: every core).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// The safetensors file to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Write a rung's initial latents and decode noise, `[1, C, F', H', W']`
+    /// f32, as the reference draws them (the engine's side of
+    /// `scripts/render_oracle.py`).
+    Noise {
+        /// The rung file (its preset, geometry and seed).
+        #[arg(long)]
+        rung: PathBuf,
+        /// The safetensors file to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// A known bf16 GEMM load for S seconds (the harness's GPU-utilization control).
     Burn {
         /// Seconds of load.
@@ -251,6 +292,65 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                     );
                 }
             }
+            Ok(EXIT_OK)
+        }
+        Command::EncodeText {
+            weights,
+            preset,
+            prompts,
+            device,
+            keys,
+            blocks,
+            threads,
+            out,
+        } => {
+            let p = presets::preset(&preset).map_err(|e| bad(format!("--preset: {e}")))?;
+            if threads == Some(0) {
+                return Err(bad("--threads must be at least 1"));
+            }
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads.unwrap_or_else(cores))
+                .build_global()
+                .context("building the host thread pool")?;
+            let req = encode_text::EncodeTextRequest {
+                weights,
+                preset: p,
+                prompts: encode_text::read_prompts(&prompts)?,
+                device: match device {
+                    DeviceArg::Cpu => Device::Cpu,
+                    DeviceArg::Cuda => Device::Cuda,
+                },
+                keys: keys.unwrap_or(crate::conditioning::PIPELINE_KEYS),
+                blocks,
+            };
+            let outcome = encode_text::encode_text(&req)?;
+            encode_text::write(&req, &outcome, &out)?;
+            eprintln!(
+                "engine: encoded {} prompts ({} keys) in {:.2} s after a {:.2} s load{}; wrote {}",
+                outcome.encoded.len(),
+                req.keys.name(),
+                outcome.encode_s,
+                outcome.load_s,
+                outcome
+                    .device_ms
+                    .map(|ms| format!(" ({ms:.2} ms on the device)"))
+                    .unwrap_or_default(),
+                out.display()
+            );
+            Ok(EXIT_OK)
+        }
+        Command::Noise { rung, out } => {
+            let r = load_rung(&rung)?;
+            let p = presets::preset(&r.preset)
+                .map_err(|e| bad(format!("{}: field 'preset': {e}", rung.display())))?;
+            let (f, h, w) = r.latent_grid();
+            let grid = (f as usize, h as usize, w as usize);
+            crate::oracle::noise::write_noise(r.seed, p.dit.in_channels, grid, &out)?;
+            eprintln!(
+                "engine: wrote the latents and decode noise of seed {} over {f}x{h}x{w} into {}",
+                r.seed,
+                out.display()
+            );
             Ok(EXIT_OK)
         }
         Command::SynthWeights { preset, out } => {

@@ -15,6 +15,7 @@
 //! [`levers`], [`frames`] (y4m and PNG output).
 
 pub mod cli;
+pub mod conditioning;
 pub mod cuda;
 pub mod denoise;
 pub mod frames;
@@ -22,6 +23,7 @@ pub mod hostmem;
 pub mod levers;
 pub mod models;
 pub mod ops;
+pub mod oracle;
 pub mod phase;
 pub mod pipeline;
 pub mod plan;

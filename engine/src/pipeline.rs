@@ -45,6 +45,7 @@ use evidence::marker::{attr, Attrs};
 use evidence::rung::{Device, Rung};
 use serde_json::Value;
 
+use crate::conditioning::{encode_device, encode_host, ConditioningError, Encoded, PIPELINE_KEYS};
 use crate::cuda::backend::{open_cuda_denoiser, Dispatch};
 use crate::cuda::staging::{StagingOptions, StagingReport};
 use crate::cuda::t5::{open_device_t5, DeviceT5};
@@ -247,34 +248,45 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
             attrs! {"prompts" => if guidance { 2 } else { 1 }},
         );
         let mut done = Attrs::new();
+        let mut prompts = vec![rung.prompt.as_str()];
+        if guidance {
+            prompts.push(rung.negative_prompt.as_str());
+        }
         let out = match text {
             Text::Embeds(c, u) => (c, if guidance { u } else { None }),
             Text::Device(m) => {
-                let (t5, tok) = *m;
-                let (c, u, ms) = encode_on_device(t5, &tok, rung, guidance)?;
+                let (mut t5, tok) = *m;
+                let (mut e, ms) = encode_device(&mut t5, &tok, &prompts, PIPELINE_KEYS)
+                    .map_err(conditioning_error)?;
+                // Freed inside `conditioning`, before `load.dit`.
+                drop(t5);
                 done.insert("arm".into(), Value::from("cuda"));
+                done.insert("keys".into(), Value::from(PIPELINE_KEYS.name()));
                 done.insert(attr::DEVICE_MS.into(), Value::from(ms));
-                (c, u)
-            }
-            Text::Model(m) => {
-                let (model, tok, _kept) = *m;
-                let encode = |prompt: &str| -> anyhow::Result<TextCond> {
-                    let t = tok.encode(prompt).map_err(|e| BadInput(e.to_string()))?;
-                    let states = model
-                        .forward(&t.ids, &t.mask)
-                        .context("text encoder forward")?;
-                    Ok(TextCond {
-                        states,
-                        mask: t.mask,
-                    })
-                };
-                let c = encode(&rung.prompt)?;
                 let u = if guidance {
-                    Some(encode(&rung.negative_prompt)?)
+                    e.pop().map(Encoded::into_cond)
                 } else {
                     None
                 };
-                (c, u)
+                let c = e
+                    .pop()
+                    .ok_or_else(|| anyhow!("the device text encoder returned no states"))?;
+                (c.into_cond(), u)
+            }
+            Text::Model(m) => {
+                let (model, tok, _kept) = *m;
+                let mut e = encode_host(&model, &tok, &prompts, PIPELINE_KEYS, 0)
+                    .map_err(conditioning_error)?;
+                done.insert("keys".into(), Value::from(PIPELINE_KEYS.name()));
+                let u = if guidance {
+                    e.pop().map(Encoded::into_cond)
+                } else {
+                    None
+                };
+                let c = e
+                    .pop()
+                    .ok_or_else(|| anyhow!("the text encoder returned no states"))?;
+                (c.into_cond(), u)
             }
         };
         done.insert("tokens".into(), Value::from(out.0.mask.len()));
@@ -511,53 +523,12 @@ fn load_cuda_t5(
     Ok((t5, a))
 }
 
-/// Tokenize the prompt (and the negative prompt with guidance) and encode
-/// them on the device, as one batch when their lengths agree; the encoder is
-/// freed before returning (inside `conditioning`, before `load.dit`). Returns
-/// the conditioning and the forwards' device milliseconds.
-fn encode_on_device(
-    mut t5: DeviceT5,
-    tok: &PromptTokenizer,
-    rung: &Rung,
-    guidance: bool,
-) -> anyhow::Result<(TextCond, Option<TextCond>, f64)> {
-    let mut toks = vec![tok
-        .encode(&rung.prompt)
-        .map_err(|e| BadInput(e.to_string()))?];
-    if guidance {
-        toks.push(
-            tok.encode(&rung.negative_prompt)
-                .map_err(|e| BadInput(e.to_string()))?,
-        );
+/// A tokenizer error is the user's input; an encoder failure is the engine's.
+fn conditioning_error(e: ConditioningError) -> anyhow::Error {
+    match e {
+        ConditioningError::Tokenize(t) => BadInput(t.to_string()).into(),
+        other => anyhow::Error::new(other),
     }
-    let one_length = toks.iter().all(|t| t.ids.len() == toks[0].ids.len());
-    let mut states = Vec::with_capacity(toks.len());
-    let mut ms = 0.0;
-    let groups: Vec<Vec<usize>> = if one_length {
-        vec![(0..toks.len()).collect()]
-    } else {
-        (0..toks.len()).map(|i| vec![i]).collect()
-    };
-    for g in groups {
-        let batch: Vec<(&[u32], &[f32])> = g
-            .iter()
-            .map(|i| (toks[*i].ids.as_slice(), toks[*i].mask.as_slice()))
-            .collect();
-        let (y, t) = t5
-            .encode(&batch, false)
-            .context("text encoder forward (device)")?;
-        states.extend(y);
-        ms += t;
-    }
-    drop(t5);
-    let mut conds = states.into_iter().zip(toks).map(|(s, t)| TextCond {
-        states: s,
-        mask: t.mask,
-    });
-    let c = conds
-        .next()
-        .ok_or_else(|| anyhow!("the device text encoder returned no states"))?;
-    Ok((c, conds.next(), ms))
 }
 
 /// Tokens `[N, C]` in (f, h, w) order to channel-first latents `[C, f, h, w]`,

@@ -20,7 +20,7 @@ mod golden_case;
 use std::collections::{BTreeMap, HashMap};
 
 use engine::models::dit::Transformer;
-use engine::models::t5::T5Encoder;
+use engine::models::t5::{Keys, T5Encoder};
 use engine::models::vae::VaeDecoder;
 use engine::models::{dit, t5, vae};
 use engine::ops::space::{pack_latents, unpack_latents};
@@ -112,7 +112,7 @@ fn t5_encoder_matches_the_reference() {
     let src = golden_case::source(&t5::tensor_specs(&p.t5));
     let m = T5Encoder::load(&VarBuilder::new(&src), &p.t5).unwrap();
     let (ids, mask) = golden_case::t5_case();
-    let y = m.forward(&ids, &mask).unwrap();
+    let y = m.forward(&ids, Keys::Masked(&mask)).unwrap();
     check(&g, "t5_out", y.data(), &[12, 64]);
     for (name, bidirectional) in [("t5_buckets_bi", true), ("t5_buckets_uni", false)] {
         let (_, want) = g.get(name);

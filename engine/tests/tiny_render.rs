@@ -6,7 +6,7 @@
 
 use engine::models::dit::{self, Transformer};
 use engine::models::init;
-use engine::models::t5::{self, T5Encoder};
+use engine::models::t5::{self, Keys, T5Encoder};
 use engine::models::vae::{self, VaeDecoder};
 use engine::ops::space::{pack_latents, unpack_latents};
 use engine::presets::preset;
@@ -33,8 +33,8 @@ fn render(wseed: u64, seed: u64) -> Vec<Vec<u8>> {
     let mask: Vec<f32> = (0..l).map(|i| if i < 9 { 1.0 } else { 0.0 }).collect();
     let mut neg_mask = vec![0.0; l];
     neg_mask[0] = 1.0;
-    let text = tm.forward(&ids, &mask).unwrap();
-    let neg = tm.forward(&vec![1; l], &neg_mask).unwrap();
+    let text = tm.forward(&ids, Keys::All).unwrap();
+    let neg = tm.forward(&vec![1; l], Keys::All).unwrap();
     let grid = (2, 2, 2);
     let n = 8;
     let sig = schedule::sigmas(&p.scheduler, 4, n).unwrap();

@@ -29,6 +29,7 @@ use super::memory::{align_up, DeviceBuffer};
 use super::selftest::{write_synth_safetensors, Rig, Rng};
 use super::staging::{self, pinned_copy_gbps, DeviceWeights, Staged, StagingArm, StagingOptions};
 use super::{CudaError, DriverContext};
+use crate::models::t5::Keys;
 use crate::weights::{DType, TensorSpec};
 
 /// The latent grid of 768x512 at 121 frames: 6144 tokens.
@@ -548,24 +549,23 @@ fn t5_rows(rig: &Rig, file: &Path) -> Result<Vec<String>, CudaError> {
     let l = 128;
     let p0 = prompt(&mut rng, cfg.vocab_size, l, 20);
     let p1 = prompt(&mut rng, cfg.vocab_size, l, 57);
-    let one = [(p0.0.as_slice(), p0.1.as_slice())];
+    let one = [(p0.0.as_slice(), Keys::Masked(&p0.1))];
     let two = [
-        (p0.0.as_slice(), p0.1.as_slice()),
-        (p1.0.as_slice(), p1.1.as_slice()),
+        (p0.0.as_slice(), Keys::Masked(&p0.1)),
+        (p1.0.as_slice(), Keys::Masked(&p1.1)),
     ];
-    let mut timed =
-        |b: &[(&[u32], &[f32])]| -> Result<(f64, Vec<crate::tensor::Tensor>), CudaError> {
-            let mut ms = Vec::new();
-            let mut last = Vec::new();
-            for i in 0..7 {
-                let (y, t) = dev.encode(b, false)?;
-                if i >= 2 {
-                    ms.push(t);
-                }
-                last = y;
+    let mut timed = |b: &[(&[u32], Keys)]| -> Result<(f64, Vec<crate::tensor::Tensor>), CudaError> {
+        let mut ms = Vec::new();
+        let mut last = Vec::new();
+        for i in 0..7 {
+            let (y, t) = dev.encode(b, false)?;
+            if i >= 2 {
+                ms.push(t);
             }
-            Ok((median(ms), last))
-        };
+            last = y;
+        }
+        Ok((median(ms), last))
+    };
     let (ms1, y1) = timed(&one)?;
     let (ms2, _) = timed(&two)?;
     let weights_gb = rb.bytes as f64 / 1e9;
@@ -583,7 +583,7 @@ fn t5_rows(rig: &Rig, file: &Path) -> Result<Vec<String>, CudaError> {
     let load_s = t0.elapsed().as_secs_f64();
     let t0 = Instant::now();
     let yh = host
-        .forward(&p0.0, &p0.1)
+        .forward(&p0.0, Keys::Masked(&p0.1))
         .map_err(|e| CudaError::Invalid(format!("host T5 forward: {e}")))?;
     let host_s = t0.elapsed().as_secs_f64();
     drop(host);

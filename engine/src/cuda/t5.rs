@@ -37,7 +37,7 @@ use super::memory::{align_up, download, upload, Arena, MemTracker};
 use super::selftest::Rig;
 use super::staging::{self, DeviceWeights, StagingOptions};
 use super::CudaError;
-use crate::models::t5::{tensor_specs, T5Config, EMBED_ALIAS};
+use crate::models::t5::{tensor_specs, Keys, T5Config, EMBED_ALIAS};
 use crate::ops::t5::relative_position_bucket;
 use crate::tensor::Tensor;
 use crate::weights::safetensors::Extent;
@@ -464,26 +464,30 @@ impl DeviceT5 {
     /// outside the forwards that events time. Returns its device milliseconds.
     pub fn warm_up(&mut self, batch: usize, l: usize) -> Result<f64, CudaError> {
         let ids = vec![1u32.min(self.cfg.vocab_size as u32 - 1); l];
-        let mask = vec![1.0f32; l];
-        let prompts: Vec<(&[u32], &[f32])> = (0..batch.max(1))
-            .map(|_| (ids.as_slice(), mask.as_slice()))
+        let prompts: Vec<(&[u32], Keys)> = (0..batch.max(1))
+            .map(|_| (ids.as_slice(), Keys::All))
             .collect();
         Ok(self.encode(&prompts, false)?.1)
     }
 
-    /// Check one prompt as the host arm does: ids inside the vocabulary, one
-    /// mask value per token, at least one real token.
-    fn check_prompt(&self, i: usize, ids: &[u32], mask: &[f32]) -> Result<(), CudaError> {
+    /// Check one prompt as the host arm does: ids inside the vocabulary, and
+    /// with a mask one value per token and at least one real token.
+    fn check_prompt(&self, i: usize, ids: &[u32], keys: Keys<'_>) -> Result<(), CudaError> {
         let bad = |m: String| Err(CudaError::Invalid(format!("T5 prompt {i}: {m}")));
         if ids.is_empty() || ids.len() > MAX_TOKENS {
             return bad(format!("{} tokens (1..={MAX_TOKENS} accepted)", ids.len()));
         }
-        if mask.len() != ids.len() {
-            return bad(format!(
-                "{} mask values for {} tokens",
-                mask.len(),
-                ids.len()
-            ));
+        if let Keys::Masked(mask) = keys {
+            if mask.len() != ids.len() {
+                return bad(format!(
+                    "{} mask values for {} tokens",
+                    mask.len(),
+                    ids.len()
+                ));
+            }
+            if mask.iter().all(|m| *m <= 0.5) {
+                return bad("the mask masks every token".into());
+            }
         }
         if let Some((j, id)) = ids
             .iter()
@@ -495,28 +499,26 @@ impl DeviceT5 {
                 self.cfg.vocab_size
             ));
         }
-        if mask.iter().all(|m| *m <= 0.5) {
-            return bad("the mask masks every token".into());
-        }
         Ok(())
     }
 
-    /// Encode `prompts` (token ids and mask, one length for all) as one batch:
-    /// the final hidden states f32 `[L, d_model]` of each, and the forward's
+    /// Encode `prompts` (token ids, one length for all, and the keys each
+    /// attends to) as one batch: the final hidden states f32 `[L, d_model]`
+    /// of each, and the forward's
     /// device milliseconds (CUDA events around it; the uploads before and the
     /// download after are outside). With `poison` the workspace and output are
     /// NaN bytes first, so an element the forward fails to write shows.
     pub fn encode(
         &mut self,
-        prompts: &[(&[u32], &[f32])],
+        prompts: &[(&[u32], Keys<'_>)],
         poison: bool,
     ) -> Result<(Vec<Tensor>, f64), CudaError> {
         let Some((first, _)) = prompts.first() else {
             return Err(CudaError::Invalid("T5: no prompt to encode".into()));
         };
         let l = first.len();
-        for (i, (ids, mask)) in prompts.iter().enumerate() {
-            self.check_prompt(i, ids, mask)?;
+        for (i, (ids, keys)) in prompts.iter().enumerate() {
+            self.check_prompt(i, ids, *keys)?;
             if ids.len() != l {
                 return Err(CudaError::Invalid(format!(
                     "T5 prompt {i} has {} tokens, prompt 0 has {l}: one batch needs one length",
@@ -529,9 +531,13 @@ impl DeviceT5 {
             .iter()
             .flat_map(|(ids, _)| ids.iter().map(|v| *v as i32))
             .collect();
+        // Every key live is a mask of ones (the kernel then adds no bias).
         let mask: Vec<f32> = prompts
             .iter()
-            .flat_map(|(_, m)| m.iter().copied())
+            .flat_map(|(ids, keys)| match keys {
+                Keys::All => vec![1.0; ids.len()],
+                Keys::Masked(m) => m.to_vec(),
+            })
             .collect();
         let bucket = buckets(&self.cfg, l);
         let gpu = self.gpu.clone();

@@ -65,7 +65,7 @@ use super::staging::{self, StagingArm, StagingOptions};
 use super::t5::{self as dt5, Ablation, AttnArgs, DeviceT5};
 use super::CudaError;
 use crate::models::init;
-use crate::models::t5::{tensor_specs, T5Config, T5Encoder};
+use crate::models::t5::{tensor_specs, Keys, T5Config, T5Encoder};
 use crate::ops::attention::{attention, AttnBias};
 use crate::ops::norm::rms_norm_rows;
 use crate::ops::t5::position_bias;
@@ -137,8 +137,8 @@ fn upload_i32(rig: &Rig, v: &[i32]) -> Result<DeviceBuffer, CudaError> {
     Ok(b)
 }
 
-fn host_forward(m: &T5Encoder, ids: &[u32], mask: &[f32]) -> Result<Vec<f32>, CudaError> {
-    Ok(m.forward(ids, mask)
+fn host_forward(m: &T5Encoder, ids: &[u32], keys: Keys<'_>) -> Result<Vec<f32>, CudaError> {
+    Ok(m.forward(ids, keys)
         .map_err(|e| CudaError::Invalid(format!("host T5 forward: {e}")))?
         .into_data())
 }
@@ -341,18 +341,20 @@ fn check_model(
     let mut host_s = 0.0;
     for (ids, mask) in prompts {
         let t0 = Instant::now();
-        refs.push(host_forward(&host, ids, mask)?);
+        refs.push(host_forward(&host, ids, Keys::Masked(mask))?);
         host_s += t0.elapsed().as_secs_f64();
     }
+    // The pipeline's call (every key live, as the reference pipeline encodes).
+    let all_ref = host_forward(&host, &prompts[0].0, Keys::All)?;
     drop(host);
     let real = |m: &[f32]| m.iter().filter(|v| **v > 0.5).count();
     let l = prompts[0].0.len();
     // One prompt alone, then all of them as one batch.
     let sets: Vec<Vec<usize>> = vec![vec![0], (0..prompts.len()).collect()];
     for set in sets.iter().filter(|s| s.len() == 1 || prompts.len() > 1) {
-        let batch: Vec<(&[u32], &[f32])> = set
+        let batch: Vec<(&[u32], Keys)> = set
             .iter()
-            .map(|i| (prompts[*i].0.as_slice(), prompts[*i].1.as_slice()))
+            .map(|i| (prompts[*i].0.as_slice(), Keys::Masked(&prompts[*i].1)))
             .collect();
         let (ys, ms) = dev.encode(&batch, true)?;
         for (y, i) in ys.iter().zip(set) {
@@ -374,8 +376,19 @@ fn check_model(
             out.push(c);
         }
     }
+    {
+        let (ys, ms) = dev.encode(&[(prompts[0].0.as_slice(), Keys::All)], true)?;
+        let mut c = Check::new(
+            format!("t5 forward {label} L={l} every key live #0 vs host"),
+            ys[0].data(),
+            &all_ref,
+            FORWARD_TOL,
+        );
+        c.note = format!("device {ms:.2} ms");
+        out.push(c);
+    }
     // Mutants: each must be red against the same reference.
-    let one = [(prompts[0].0.as_slice(), prompts[0].1.as_slice())];
+    let one = [(prompts[0].0.as_slice(), Keys::Masked(&prompts[0].1))];
     for (what, ab) in [
         (
             "no position bias",
@@ -518,9 +531,9 @@ mod tests {
         };
         let mut rng = Rng::new(7);
         let (ids, mask) = prompt(&mut rng, cfg.vocab_size, 32, 12);
-        let good = build(false).forward(&ids, &mask).unwrap();
-        let no_bias = build(true).forward(&ids, &mask).unwrap();
-        let no_mask = build(false).forward(&ids, &[1.0; 32]).unwrap();
+        let good = build(false).forward(&ids, Keys::Masked(&mask)).unwrap();
+        let no_bias = build(true).forward(&ids, Keys::Masked(&mask)).unwrap();
+        let no_mask = build(false).forward(&ids, Keys::All).unwrap();
         let (e1, _) = super::super::selftest::rel_err(no_bias.data(), good.data());
         let (e2, _) = super::super::selftest::rel_err(no_mask.data(), good.data());
         assert!(e1 > 4.0 * FORWARD_TOL, "no position bias: {e1}");
@@ -607,7 +620,7 @@ mod emulated_device_roundings {
         }
         let m = T5Encoder::load(&VarBuilder::new(&src), &cfg).unwrap();
         let (ids, mask) = prompt(&mut Rng::new(5), cfg.vocab_size, l, real);
-        let r = m.forward(&ids, &mask).unwrap();
+        let r = m.forward(&ids, Keys::Masked(&mask)).unwrap();
         let e = emulate(&cfg, &src, &ids, &mask);
         super::super::selftest::rel_err(&e, r.data())
     }

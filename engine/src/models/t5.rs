@@ -188,6 +188,19 @@ pub fn tensor_specs(cfg: &T5Config) -> Vec<TensorSpec> {
     v
 }
 
+/// Which positions the encoder's self-attention may attend to: the
+/// `attention_mask` a caller of transformers' `T5EncoderModel` passes, or not.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Keys<'a> {
+    /// Every position, padding included (the encoder called with token ids
+    /// alone, no attention mask).
+    All,
+    /// Only the positions whose value is above 0.5 (one value per token; at
+    /// least one must be real): padded keys get the most negative f32 as a
+    /// bias, so their probability is exactly 0.
+    Masked(&'a [f32]),
+}
+
 /// The name under which some exports store the token embedding instead of
 /// (or beside) `shared.weight`; a loader may accept it as an alias.
 pub const EMBED_ALIAS: &str = "encoder.embed_tokens.weight";
@@ -268,9 +281,21 @@ impl T5Encoder {
     }
 
     /// The encoder's last hidden states `[L, d_model]` for token `ids` (L of
-    /// them) with attention `mask` (1 = real token, 0 = padding; padded keys
-    /// are ignored, padded rows are still computed as the reference does).
-    pub fn forward(&self, ids: &[u32], mask: &[f32]) -> Result<Tensor, ModelError> {
+    /// them), attending to the positions `keys` allows. Padded rows are
+    /// computed as the reference computes them.
+    pub fn forward(&self, ids: &[u32], keys: Keys<'_>) -> Result<Tensor, ModelError> {
+        self.forward_layers(ids, keys, &mut |_, _| {})
+    }
+
+    /// [`Self::forward`], also handing each block's output (the residual
+    /// stream before the final norm, `[L, d_model]`) to `block` with the
+    /// block's index: what transformers reports as `hidden_states[i + 1]`.
+    pub fn forward_layers(
+        &self,
+        ids: &[u32],
+        keys: Keys<'_>,
+        block: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<Tensor, ModelError> {
         let cfg = &self.cfg;
         let (l, d, heads) = (ids.len(), cfg.d_model, cfg.num_heads);
         if l == 0 {
@@ -281,13 +306,22 @@ impl T5Encoder {
                 found: vec![0],
             });
         }
-        if mask.len() != l {
-            return Err(ModelError::Shape {
-                model: "text_encoder",
-                input: "mask",
-                expected: format!("[{l}] (one value per token)"),
-                found: vec![mask.len()],
-            });
+        if let Keys::Masked(mask) = keys {
+            if mask.len() != l {
+                return Err(ModelError::Shape {
+                    model: "text_encoder",
+                    input: "mask",
+                    expected: format!("[{l}] (one value per token)"),
+                    found: vec![mask.len()],
+                });
+            }
+            if mask.iter().all(|m| *m <= 0.5) {
+                return Err(ModelError::Value {
+                    model: "text_encoder",
+                    input: "mask",
+                    detail: "masks every token".into(),
+                });
+            }
         }
         if let Some((i, id)) = ids
             .iter()
@@ -301,13 +335,6 @@ impl T5Encoder {
                     "token {i} has id {id}, past the vocabulary of {}",
                     cfg.vocab_size
                 ),
-            });
-        }
-        if mask.iter().all(|m| *m <= 0.5) {
-            return Err(ModelError::Value {
-                model: "text_encoder",
-                input: "mask",
-                detail: "masks every token".into(),
             });
         }
         let emb = self.embed.data();
@@ -328,12 +355,16 @@ impl T5Encoder {
             cfg.relative_attention_max_distance,
         );
         // The reference adds the most negative f32 for padded keys.
-        let key_bias: Vec<f32> = mask
-            .iter()
-            .map(|m| if *m > 0.5 { 0.0 } else { f32::MIN })
-            .collect();
+        let key_bias: Option<Vec<f32>> = match keys {
+            Keys::All => None,
+            Keys::Masked(mask) => Some(
+                mask.iter()
+                    .map(|m| if *m > 0.5 { 0.0 } else { f32::MIN })
+                    .collect(),
+            ),
+        };
         let eps = cfg.layer_norm_epsilon as f32;
-        for b in &self.blocks {
+        for (i, b) in self.blocks.iter().enumerate() {
             let mut h = x.clone();
             rms_norm_rows(&mut h, d, Some(&b.ln_attn), eps);
             let (q, k, v) = (b.q.forward(&h, l), b.k.forward(&h, l), b.v.forward(&h, l));
@@ -347,7 +378,7 @@ impl T5Encoder {
                 cfg.d_kv,
                 1.0,
                 AttnBias {
-                    per_key: Some(&key_bias),
+                    per_key: key_bias.as_deref(),
                     per_head: Some(&pos),
                 },
             );
@@ -359,6 +390,7 @@ impl T5Encoder {
             gated_gelu(&mut g, &b.wi_1.forward(&h, l));
             let f = b.wo.forward(&g, l);
             x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
+            block(i, &x);
         }
         rms_norm_rows(&mut x, d, Some(&self.final_norm), eps);
         Ok(Tensor::new(&[l, d], x).expect("rows x d_model"))
@@ -383,31 +415,66 @@ mod tests {
         let m = T5Encoder::load(&VarBuilder::new(&src), &cfg).unwrap();
         let ids = [37, 5, 301, 1, 0, 0];
         let mask = [1.0, 1.0, 1.0, 1.0, 0.0, 0.0];
-        let y = m.forward(&ids, &mask).unwrap();
+        let y = m.forward(&ids, Keys::Masked(&mask)).unwrap();
         assert_eq!(y.shape(), &[6, 64]);
         assert!(y.data().iter().all(|v| v.is_finite()));
         let rms = (y.data().iter().map(|v| v * v).sum::<f32>() / y.numel() as f32).sqrt();
         assert!(rms > 0.3 && rms < 3.0, "{rms}");
         // Real rows do not see padded tokens: other pad ids change nothing in rows 0..4.
-        let y2 = m.forward(&[37, 5, 301, 1, 7, 9], &mask).unwrap();
+        let y2 = m
+            .forward(&[37, 5, 301, 1, 7, 9], Keys::Masked(&mask))
+            .unwrap();
         assert_eq!(&y.data()[..4 * 64], &y2.data()[..4 * 64]);
         assert_ne!(&y.data()[4 * 64..], &y2.data()[4 * 64..]);
         // Token order matters (relative positions), and so does the mask.
-        let y3 = m.forward(&[5, 37, 301, 1, 0, 0], &mask).unwrap();
+        let y3 = m
+            .forward(&[5, 37, 301, 1, 0, 0], Keys::Masked(&mask))
+            .unwrap();
         assert_ne!(&y.data()[2 * 64..3 * 64], &y3.data()[2 * 64..3 * 64]);
-        let y4 = m.forward(&ids, &[1.0; 6]).unwrap();
-        assert_ne!(&y.data()[..64], &y4.data()[..64]);
+        // An all-ones mask is the same computation as no mask.
+        let all = m.forward(&ids, Keys::All).unwrap();
+        assert_eq!(all, m.forward(&ids, Keys::Masked(&[1.0; 6])).unwrap());
+        assert_ne!(&y.data()[..64], &all.data()[..64]);
+        // Without a mask the padded tokens are keys like any other: their ids
+        // reach the real rows.
+        let all2 = m.forward(&[37, 5, 301, 1, 7, 9], Keys::All).unwrap();
+        assert_ne!(&all.data()[..4 * 64], &all2.data()[..4 * 64]);
+    }
+
+    #[test]
+    fn forward_layers_reports_every_block_and_ends_in_the_final_norm() {
+        let (cfg, src) = tiny();
+        let m = T5Encoder::load(&VarBuilder::new(&src), &cfg).unwrap();
+        let ids = [37, 5, 301, 1, 0, 0];
+        let mut seen = Vec::new();
+        let y = m
+            .forward_layers(&ids, Keys::All, &mut |i, x| seen.push((i, x.to_vec())))
+            .unwrap();
+        assert_eq!(seen.len(), cfg.num_layers);
+        assert!(seen
+            .iter()
+            .enumerate()
+            .all(|(k, (i, x))| k == *i && x.len() == 6 * 64));
+        let mut last = seen.last().unwrap().1.clone();
+        rms_norm_rows(
+            &mut last,
+            64,
+            Some(&m.final_norm),
+            cfg.layer_norm_epsilon as f32,
+        );
+        assert_eq!(last.as_slice(), y.data());
+        assert_ne!(seen[0].1, seen[1].1);
     }
 
     #[test]
     fn bad_inputs_and_the_embedding_alias() {
         let (cfg, src) = tiny();
         let m = T5Encoder::load(&VarBuilder::new(&src), &cfg).unwrap();
-        let e = m.forward(&[1, 512], &[1.0, 1.0]).unwrap_err().to_string();
+        let e = m.forward(&[1, 512], Keys::All).unwrap_err().to_string();
         assert!(e.contains("512") && e.contains("vocabulary"), "{e}");
-        assert!(m.forward(&[1, 2], &[1.0]).is_err());
-        assert!(m.forward(&[], &[]).is_err());
-        assert!(m.forward(&[1, 2], &[0.0, 0.0]).is_err());
+        assert!(m.forward(&[1, 2], Keys::Masked(&[1.0])).is_err());
+        assert!(m.forward(&[], Keys::All).is_err());
+        assert!(m.forward(&[1, 2], Keys::Masked(&[0.0, 0.0])).is_err());
         // The embedding stored under the tied alias only loads the same model.
         let specs = tensor_specs(&cfg);
         let mut alias = crate::weights::MapSource::new();
@@ -417,8 +484,8 @@ mod tests {
         alias.insert(EMBED_ALIAS, init::tensor(&specs[0], 12));
         let m2 = T5Encoder::load(&VarBuilder::new(&alias), &cfg).unwrap();
         assert_eq!(
-            m2.forward(&[3, 4], &[1.0, 1.0]).unwrap(),
-            m.forward(&[3, 4], &[1.0, 1.0]).unwrap()
+            m2.forward(&[3, 4], Keys::All).unwrap(),
+            m.forward(&[3, 4], Keys::All).unwrap()
         );
         // A mis-shaped alias is reported under its own name.
         alias.insert(EMBED_ALIAS, Tensor::zeros(&[2, 2]));
