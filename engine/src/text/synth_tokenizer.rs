@@ -1,8 +1,16 @@
 //! A small, valid T5-style tokenizer (`tokenizer.json`) for synthetic weights.
 //!
 //! Same shape as T5's: a Unigram model with `<pad>` = 0, `</s>` = 1, `<unk>` = 2,
-//! NFKC normalization, the Metaspace pre-tokenizer (`▁` marks a word start) and a
-//! post-processor appending `</s>`. The vocabulary is the three specials, `▁`,
+//! the pre-tokenizer T5's files carry (split on whitespace, then Metaspace: `▁`
+//! marks a word start) and a post-processor appending `</s>`. No normalizer:
+//! a real T5 `tokenizer.json` normalizes with SentencePiece's precompiled
+//! character map, which is not synthesized here, and transformers 5 rebuilds a
+//! T5 tokenizer from the vocabulary with that map as its only normalizer
+//! (none when the file has none). With any other normalizer in the file the
+//! `tokenizers` crate, which runs the file as written, and the reference would
+//! tokenize differently (an NFKC normalizer without the whitespace split did:
+//! runs of spaces, tabs and newlines became tokens of their own here and not
+//! there). The vocabulary is the three specials, `▁`,
 //! single characters, then whole words (`▁word`) from a fixed English list, cut to
 //! fit the text encoder's vocabulary. Word pieces score higher than characters,
 //! so known words are one token and anything else falls back to characters.
@@ -161,14 +169,16 @@ pub fn synth_tokenizer_json(vocab: usize) -> Result<String, VocabTooSmall> {
     };
     let metaspace = json!({"type": "Metaspace", "replacement": "\u{2581}",
                            "prepend_scheme": "always", "split": true});
+    let pre_tokenizer = json!({"type": "Sequence",
+                               "pretokenizers": [{"type": "WhitespaceSplit"}, metaspace]});
     let eos = json!({"SpecialToken": {"id": "</s>", "type_id": 0}});
     let v: Value = json!({
         "version": "1.0",
         "truncation": null,
         "padding": null,
         "added_tokens": [special(0, "<pad>"), special(1, "</s>"), special(2, "<unk>")],
-        "normalizer": {"type": "NFKC"},
-        "pre_tokenizer": metaspace,
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer,
         "post_processor": {
             "type": "TemplateProcessing",
             "single": [{"Sequence": {"id": "A", "type_id": 0}}, eos],
@@ -202,6 +212,13 @@ mod tests {
         // An unknown word falls back to characters, never to <unk>.
         let e = t.encode("zq", true).unwrap();
         assert_eq!(e.get_tokens(), ["\u{2581}", "z", "q", "</s>"]);
+        // Whitespace of any kind and length only separates words, as in T5's
+        // own tokenizer files.
+        let e = t.encode("  a fox\n\tin\tthe   snow  ", true).unwrap();
+        assert_eq!(
+            e.get_tokens(),
+            ["\u{2581}a", "\u{2581}fox", "\u{2581}in", "\u{2581}the", "\u{2581}snow", "</s>"]
+        );
         assert!(e.get_ids().iter().all(|&i| i < 100 && i != 2));
         assert_eq!(
             synth_tokenizer_json(10).unwrap_err(),
