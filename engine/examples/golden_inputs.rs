@@ -125,7 +125,31 @@ fn main() -> Result<()> {
         "pipe_negative_mask",
         &Tensor::new(&[pc.negative_mask.len()], pc.negative_mask.clone())?,
     );
+    // The whole render: its noise streams as the reference draws them, and
+    // the synthesized tiny weights directory both sides load.
+    let rc = golden_case::render_case();
+    let (gf, gh, gw) = rc.grid();
+    let shape = [1, 128, gf, gh, gw];
+    put(
+        "render_latents",
+        &Tensor::new(
+            &shape,
+            engine::rng::initial_latents(rc.seed, 128, (gf, gh, gw)).into_data(),
+        )?,
+    );
+    put(
+        "render_decode_noise",
+        &Tensor::new(
+            &shape,
+            engine::rng::decode_noise(rc.seed, 128, (gf, gh, gw)).into_data(),
+        )?,
+    );
     write_tensors(&dir.join("inputs.safetensors"), &inputs)?;
+    let report = engine::weights::synth::synthesize(
+        &p,
+        &dir.join("render_weights"),
+        &engine::weights::synth::SynthOptions::default(),
+    )?;
 
     let (_, vt) = golden_case::vae_case();
     let cases = serde_json::json!({
@@ -134,6 +158,12 @@ fn main() -> Result<()> {
         "pipe": {"width": pc.width, "height": pc.height, "frames": pc.frames, "steps": pc.steps,
                  "guidance": pc.guidance, "fps": pc.fps, "decode_timestep": pc.decode_timestep},
         "schedules": golden_case::SCHEDULES,
+        "render": {"width": rc.width, "height": rc.height, "frames": rc.frames, "steps": rc.steps,
+                   "guidance": rc.guidance, "seed": rc.seed, "fps": rc.fps, "prompt": rc.prompt,
+                   "negative": rc.negative, "max_tokens": p.max_text_tokens,
+                   "decode_timestep": p.vae_scaling.decode_timestep,
+                   "decode_noise_scale": p.vae_scaling.decode_noise_scale,
+                   "weights_digest": report.digest},
     });
     write_json(&dir.join("cases.json"), &cases)?;
 

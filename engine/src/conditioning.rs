@@ -49,8 +49,14 @@ impl KeyRule {
     }
 }
 
-/// The rule the render uses.
-pub const PIPELINE_KEYS: KeyRule = KeyRule::Masked;
+/// The rule the render uses: the reference's. diffusers' `LTXPipeline` calls
+/// the encoder with the token ids alone (`_get_t5_prompt_embeds`), so in every
+/// block each real token also attends to the padding up to
+/// `max_text_tokens`; the tokenizer's mask only reaches the transformer. The
+/// engine used to hand the mask to the encoder as well (`Masked`), which put
+/// its frames far from the reference's (`specs/fidelity.md`; the figures in
+/// `reports/device-notes.md`, "Faithful conditioning").
+pub const PIPELINE_KEYS: KeyRule = KeyRule::All;
 
 /// Encoding a prompt failed.
 #[derive(Debug, thiserror::Error)]

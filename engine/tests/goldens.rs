@@ -14,6 +14,7 @@
 //! defect (a transposed weight, a dropped bias, a wrong RoPE slot or an off-by-
 //! one frame all move outputs by O(1e-1) of their scale).
 
+mod common;
 #[path = "golden_case/mod.rs"]
 mod golden_case;
 
@@ -33,7 +34,10 @@ use safetensors::SafeTensors;
 
 const REL_TOL: f32 = 1e-4;
 
-struct Goldens(HashMap<String, (Vec<usize>, Vec<f32>)>);
+struct Goldens(
+    HashMap<String, (Vec<usize>, Vec<f32>)>,
+    HashMap<String, String>,
+);
 
 impl Goldens {
     fn load() -> Goldens {
@@ -42,6 +46,8 @@ impl Goldens {
             "/tests/goldens/goldens.safetensors"
         );
         let bytes = std::fs::read(path).expect("the committed goldens file");
+        let (_, header) = SafeTensors::read_metadata(&bytes).expect("a valid safetensors header");
+        let meta = header.metadata().clone().unwrap_or_default();
         let st = SafeTensors::deserialize(&bytes).expect("a valid safetensors file");
         let mut m = HashMap::new();
         for (name, view) in st.tensors() {
@@ -53,7 +59,7 @@ impl Goldens {
                 .collect();
             m.insert(name.to_string(), (view.shape().to_vec(), data));
         }
-        Goldens(m)
+        Goldens(m, meta)
     }
 
     fn get(&self, name: &str) -> &(Vec<usize>, Vec<f32>) {
@@ -114,6 +120,9 @@ fn t5_encoder_matches_the_reference() {
     let (ids, mask) = golden_case::t5_case();
     let y = m.forward(&ids, Keys::Masked(&mask)).unwrap();
     check(&g, "t5_out", y.data(), &[12, 64]);
+    // Called as the reference pipeline calls it: token ids alone.
+    let y = m.forward(&ids, Keys::All).unwrap();
+    check(&g, "t5_out_all_keys", y.data(), &[12, 64]);
     for (name, bidirectional) in [("t5_buckets_bi", true), ("t5_buckets_uni", false)] {
         let (_, want) = g.get(name);
         for (i, w) in want.iter().enumerate() {
@@ -216,6 +225,115 @@ fn whole_tiny_pipeline_matches_the_reference() {
         }
     }
     check(&g, "pipe_video", &frames, &[f, 3, c.height, c.width]);
+}
+
+/// The whole tiny render from the prompt, through the real `engine render`
+/// on the CPU arm, against diffusers' `LTXPipeline.from_pretrained` on the
+/// same synthesized directory (tokenizer, T5 called as the pipeline calls it,
+/// DiT with guidance, scheduler, decode noise, timestep-conditioned VAE),
+/// from the same noise streams.
+///
+/// Tolerances: the conditioning (both prompts' encoder states) at the 1e-4
+/// relative tolerance of every other golden (two f32 implementations, two
+/// T5 blocks); its mask exactly. The frames are 8-bit: both sides compute in
+/// f32 and quantize round(255 * clamp((x + 1) / 2)), so a value differs only
+/// where f32 drift (~1e-5 relative here, 0.003 of a level) straddles a
+/// rounding boundary: at most 1 level anywhere and on at most 1% of the
+/// values (expected ~0.3%); PSNR is reported beside it. Any real defect
+/// (a T5 constant, the mask handed to the encoder, the decode noise) moves
+/// the conditioning past 1e-4 or the frames by several levels.
+#[test]
+fn whole_tiny_render_from_the_prompt_matches_the_reference() {
+    use engine::conditioning::{encode_host, PIPELINE_KEYS};
+    use engine::text::tokenizer::PromptTokenizer;
+    use engine::weights::layout::{Component, Layout};
+    use engine::weights::safetensors::LoadOptions;
+
+    let g = Goldens::load();
+    let rc = golden_case::render_case();
+    let p = golden_case::tiny();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_engine"));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("goldens-render");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let weights = dir.join("weights");
+    let digest = common::synth_weights(bin, "tiny", &weights);
+    assert_eq!(
+        digest.lines().last().unwrap_or(""),
+        g.1.get("render_weights_digest")
+            .map(String::as_str)
+            .unwrap_or("?"),
+        "the tiny synthesized weights are not the ones the goldens were made from: \
+         regenerate them (tests/goldens/make_goldens.py)"
+    );
+
+    // The conditioning, as the render computes it.
+    let layout = Layout::resolve(&weights).unwrap();
+    let tok = PromptTokenizer::from_file(
+        &layout.tokenizer_json().unwrap(),
+        p.max_text_tokens,
+        p.t5.vocab_size,
+    )
+    .unwrap();
+    let src = layout
+        .component(Component::TextEncoder)
+        .unwrap()
+        .open(LoadOptions::default())
+        .unwrap();
+    let t5m = T5Encoder::load(&VarBuilder::new(&src), &p.t5).unwrap();
+    let enc = encode_host(&t5m, &tok, &[rc.prompt, rc.negative], PIPELINE_KEYS, 0).unwrap();
+    let l = p.max_text_tokens;
+    for (e, name) in enc.iter().zip(["prompt", "negative"]) {
+        let (_, mask) = g.get(&format!("render_{name}_mask"));
+        assert_eq!(&e.mask, mask, "{name}: tokenizer mask");
+        check(
+            &g,
+            &format!("render_{name}_embeds"),
+            e.states.data(),
+            &[l, p.t5.d_model],
+        );
+    }
+
+    // The whole render through the binary.
+    let rung = dir.join("render.toml");
+    std::fs::write(&rung, rc.rung_toml()).unwrap();
+    let frames_dir = dir.join("frames");
+    let args = common::render_args(&rung, &weights, &frames_dir, &["--all-frames"]);
+    let r = common::run_with_markers(bin, &args, &dir);
+    assert!(
+        r.out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&r.out.stderr)
+    );
+    let (shape, want) = g.get("render_frames");
+    assert_eq!(shape, &[rc.frames, rc.height, rc.width, 3]);
+    let (mut differ, mut worst, mut se) = (0usize, 0i32, 0.0f64);
+    for f in 0..rc.frames {
+        let png =
+            engine::frames::png::read_png(&frames_dir.join(format!("frame_{f:05}.png"))).unwrap();
+        let plane = rc.height * rc.width * 3;
+        for (i, got) in png.rgb.iter().enumerate() {
+            let w = (want[f * plane + i].clamp(0.0, 1.0) * 255.0).round() as i32;
+            let d = (*got as i32 - w).abs();
+            differ += usize::from(d != 0);
+            worst = worst.max(d);
+            se += (d * d) as f64;
+        }
+    }
+    let n = want.len();
+    let psnr = 10.0 * (255.0f64.powi(2) / (se / n as f64).max(1e-12)).log10();
+    eprintln!(
+        "render frames: {differ} of {n} values differ, by at most {worst}; PSNR {psnr:.1} dB"
+    );
+    assert!(
+        worst <= 1,
+        "a frame value is {worst} levels from the reference's"
+    );
+    assert!(
+        differ * 100 <= n,
+        "{differ} of {n} frame values differ from the reference's (at most 1% allowed)"
+    );
+    assert!(psnr >= 45.0, "PSNR {psnr:.1} dB");
 }
 
 /// The released configs' tensor layouts as the reference builds them (on the

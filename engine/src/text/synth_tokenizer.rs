@@ -217,7 +217,14 @@ mod tests {
         let e = t.encode("  a fox\n\tin\tthe   snow  ", true).unwrap();
         assert_eq!(
             e.get_tokens(),
-            ["\u{2581}a", "\u{2581}fox", "\u{2581}in", "\u{2581}the", "\u{2581}snow", "</s>"]
+            [
+                "\u{2581}a",
+                "\u{2581}fox",
+                "\u{2581}in",
+                "\u{2581}the",
+                "\u{2581}snow",
+                "</s>"
+            ]
         );
         assert!(e.get_ids().iter().all(|&i| i < 100 && i != 2));
         assert_eq!(

@@ -149,3 +149,59 @@ pub const SCHEDULES: &[(usize, usize)] = &[
     (30, 6144),
     (50, 4096),
 ];
+
+/// A whole tiny render from the prompt through the engine's own render path
+/// (tokenizer, T5, DiT, scheduler, decode noise, VAE, frames) on the weights
+/// `engine synth-weights --preset tiny` writes, against diffusers'
+/// `LTXPipeline.from_pretrained` on that same directory, from the same noise.
+pub struct RenderCase {
+    pub width: usize,
+    pub height: usize,
+    pub frames: usize,
+    pub steps: usize,
+    pub guidance: f64,
+    pub seed: u64,
+    pub fps: f64,
+    pub prompt: &'static str,
+    pub negative: &'static str,
+}
+
+/// 64x64, 9 frames, 3 steps, guidance 3 (prompt and empty negative prompt),
+/// seed 42, 25 fps: rung 0's shape with one step fewer.
+pub fn render_case() -> RenderCase {
+    RenderCase {
+        width: 64,
+        height: 64,
+        frames: 9,
+        steps: 3,
+        guidance: 3.0,
+        seed: 42,
+        fps: 25.0,
+        prompt: "a red fox trotting through fresh snow at sunrise, cinematic",
+        negative: "",
+    }
+}
+
+impl RenderCase {
+    /// The case as a rung file the engine renders on the CPU arm.
+    pub fn rung_toml(&self) -> String {
+        format!(
+            "preset = \"tiny\"\nwidth = {}\nheight = {}\nframes = {}\nsteps = {}\nguidance = {}\n\
+             seed = {}\nfps = {}\ndevice = \"cpu\"\nprompt = {:?}\nnegative_prompt = {:?}\n",
+            self.width,
+            self.height,
+            self.frames,
+            self.steps,
+            self.guidance,
+            self.seed,
+            self.fps,
+            self.prompt,
+            self.negative
+        )
+    }
+
+    /// The latent grid (F', H', W').
+    pub fn grid(&self) -> (usize, usize, usize) {
+        ((self.frames - 1) / 8 + 1, self.height / 32, self.width / 32)
+    }
+}

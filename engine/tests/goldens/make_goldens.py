@@ -101,6 +101,8 @@ def _t5():
     out["t5_out"] = r.last_hidden_state[0]
     for i, hs in enumerate(r.hidden_states or []):
         out[f"dbg_t5_hidden_{i}"] = hs[0]
+    # As diffusers' LTXPipeline calls it: token ids alone, every key live.
+    out["t5_out_all_keys"] = m(input_ids=ids).last_hidden_state[0]
     rel = torch.arange(-300, 301)
     out["t5_buckets_bi"] = T5Attention._relative_position_bucket(rel, True, 32, 128).float()
     out["t5_buckets_uni"] = T5Attention._relative_position_bucket(rel, False, 32, 128).float()
@@ -223,6 +225,70 @@ def _pipe():
     out["pipe_video"] = pipe(latents=packed.clone(), output_type="pt", **kw)[0][0]
 
 
+@section("render")
+def _render():
+    """A whole text-to-video render from the prompt with diffusers' own loaders on the
+    directory `engine synth-weights --preset tiny` writes, from the engine's noise."""
+    import diffusers.pipelines.ltx.pipeline_ltx as pl
+    from diffusers import LTXPipeline
+
+    c = cases["render"]
+    pipe = LTXPipeline.from_pretrained(os.path.join(IN, "render_weights"), torch_dtype=torch.float32)
+    for part in (pipe.text_encoder, pipe.transformer, pipe.vae):
+        as_f32(part)
+    noise = inp["render_decode_noise"]
+    drawn = []
+
+    def randn(shape, generator=None, device=None, dtype=None, layout=None):
+        # With latents given, the pipeline's only draw is the decode noise.
+        assert tuple(shape) == tuple(noise.shape), (shape, noise.shape)
+        drawn.append(tuple(shape))
+        return noise.to(dtype=dtype)
+
+    captured = {}
+    enc = pipe.encode_prompt
+
+    def encode_prompt(*a, **k):
+        captured["r"] = enc(*a, **k)
+        return captured["r"]
+
+    pipe.encode_prompt = encode_prompt
+    pl.randn_tensor = randn
+    steps = []
+
+    def grab(p, i, t, kw_):
+        steps.append(kw_["latents"][0].clone())
+        return {}
+
+    video = pipe(
+        prompt=c["prompt"],
+        negative_prompt=c["negative"],
+        width=c["width"],
+        height=c["height"],
+        num_frames=c["frames"],
+        frame_rate=int(c["fps"]),
+        num_inference_steps=c["steps"],
+        guidance_scale=c["guidance"],
+        latents=LTXPipeline._pack_latents(inp["render_latents"], 1, 1),
+        decode_timestep=c["decode_timestep"],
+        decode_noise_scale=c["decode_noise_scale"],
+        max_sequence_length=c["max_tokens"],
+        callback_on_step_end=grab,
+        output_type="np",
+        return_dict=False,
+    )[0][0]
+    assert drawn, "the decode noise was never drawn"
+    pe, pm, ne, nm = captured["r"]
+    out["render_prompt_embeds"] = pe[0]
+    out["render_prompt_mask"] = pm[0].float()
+    out["render_negative_embeds"] = ne[0]
+    out["render_negative_mask"] = nm[0].float()
+    out["render_latents_final"] = steps[-1]
+    out["render_frames"] = torch.from_numpy(np.ascontiguousarray(video))
+    log(f"  render: weights {c['weights_digest']}, frames {list(video.shape)}, real tokens "
+        f"{int(pm.sum())} / {int(nm.sum())}")
+
+
 @section("layouts")
 def _layouts():
     from diffusers import AutoencoderKLLTXVideo, LTXVideoTransformer3DModel
@@ -249,6 +315,10 @@ def _layouts():
 
 json.dump(layouts, open(os.path.join(OUT, "layouts.json"), "w"), indent=0, sort_keys=True)
 # Clone: some outputs share storage (T5's last hidden state is also in hidden_states).
-save_file({k: v.detach().float().clone().contiguous() for k, v in out.items()}, os.path.join(OUT, "goldens.safetensors"))
+save_file(
+    {k: v.detach().float().clone().contiguous() for k, v in out.items()},
+    os.path.join(OUT, "goldens.safetensors"),
+    metadata={"render_weights_digest": cases["render"]["weights_digest"]},
+)
 log("outputs:", {k: list(v.shape) for k, v in out.items()})
 log("failed sections:", failed)
