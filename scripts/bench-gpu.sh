@@ -7,8 +7,9 @@
 #
 # BIN_DIR holds `engine` and `harness` (target/debug here: the dev profile is
 # optimized). Steps:
-#   selftest              engine selftest-cuda --bench: every device check against the
-#                         CPU arm, then the staging/forward/denoise/graph/T5/VAE benches
+#   selftest[:SECTION]    engine selftest-cuda --bench: every device check against the
+#                         CPU arm, then the staging/forward/denoise/graph/T5/VAE benches;
+#                         with SECTION (t5, vae, graph, ...) that section's checks alone
 #   synth:PRESET          synthesize the preset's weights (in the background; a step
 #                         that needs them waits), unless already there
 #   run:RUNG:PROFILE[:K=V,K=V[:CACHE]]
@@ -38,7 +39,9 @@
 # OUT (logs and bundles.tar.partNN; default $WORK/out), DEADLINE_S (seconds this script may
 # take in all; each step's timeout is cut to what is left, default 86400),
 # PACK_LOGS (1: logs into one logs.tgz at the end), PYTHON (default python3), REF_SITE (extra PYTHONPATH for diffusers, optional),
-# BEFORE_ENGINE (an older engine binary: t5check and oracle measure it beside the current one, unjudged).
+# BEFORE_ENGINE (an older engine binary: t5check and oracle measure it beside the current one, unjudged),
+# T5CHECK_ARGS and ORACLE_ARGS (extra arguments of the two scripts, e.g. `--device cpu --arms cpu`
+# and `--device cpu --engine-device cpu --configs 64x64x9:3:3` to try them on a machine without a GPU).
 set -o pipefail
 bin=$(cd "${1:?usage: bench-gpu.sh BIN_DIR STEP...}" && pwd)
 shift
@@ -97,9 +100,15 @@ for step in "$@"; do
   IFS=: read -r kind a b c d <<< "$step"
   case $kind in
     selftest)
-      timeout "$(cap 280)" "$E" selftest-cuda --bench --scratch "$WORK/selftest" \
-        > "$OUT/selftest.log" 2>&1
-      note "selftest rc=$?" ;;
+      if [ -n "$a" ]; then
+        timeout "$(cap 280)" "$E" selftest-cuda --only "$a" --scratch "$WORK/selftest" \
+          > "$OUT/selftest-$a.log" 2>&1
+        note "selftest $a rc=$?; $(grep -E 'passed, .* failed' "$OUT/selftest-$a.log" | tail -1)"
+      else
+        timeout "$(cap 280)" "$E" selftest-cuda --bench --scratch "$WORK/selftest" \
+          > "$OUT/selftest.log" 2>&1
+        note "selftest rc=$?"
+      fi ;;
     synth)
       w=$(weights_of "$a")
       if [ ! -f "$w/model_index.json" ]; then
@@ -165,7 +174,7 @@ for step in "$@"; do
       eng=(--engine "engine=$E"); [ -n "${BEFORE_ENGINE:-}" ] && eng+=(--engine "before=$BEFORE_ENGINE")
       rm -rf "$WORK/t5check-$a"
       timeout "$(cap 300)" "$PY" scripts/t5_check.py --weights "$(weights_of "$a")" --preset "$a" "${eng[@]}" \
-        --out "$WORK/t5check-$a" --record "$OUT/t5-reference-$a.safetensors" --masked \
+        --out "$WORK/t5check-$a" --record "$OUT/t5-reference-$a.safetensors" --masked ${T5CHECK_ARGS:-} \
         > "$OUT/t5check-$a.log" 2>&1
       rc=$?
       cp "$WORK/t5check-$a"/*.json "$WORK/t5check-$a"/*.log "$OUT/" 2>/dev/null
@@ -176,7 +185,7 @@ for step in "$@"; do
       eng=(--engine "engine=$E"); [ -n "${BEFORE_ENGINE:-}" ] && eng+=(--engine "before=$BEFORE_ENGINE")
       rm -rf "$WORK/oracle-$a"
       timeout "$(cap 400)" "$PY" scripts/render_oracle.py --weights "$(weights_of "$a")" --preset "$a" \
-        "${eng[@]}" --out "$WORK/oracle-$a" > "$OUT/oracle-$a.log" 2>&1
+        "${eng[@]}" --out "$WORK/oracle-$a" ${ORACLE_ARGS:-} > "$OUT/oracle-$a.log" 2>&1
       rc=$?
       cp "$WORK/oracle-$a"/*.json "$OUT/" 2>/dev/null
       mkdir -p "$OUT/oracle-$a-logs" && cp "$WORK/oracle-$a"/*.log "$OUT/oracle-$a-logs/" 2>/dev/null

@@ -73,6 +73,12 @@ def rung_prompts(root):
     return out
 
 
+def max_tokens_of(weights):
+    """The tokenizer's token budget (`model_max_length` in tokenizer/tokenizer_config.json)."""
+    cfg = json.load(open(os.path.join(weights, "tokenizer", "tokenizer_config.json")))
+    return int(cfg["model_max_length"])
+
+
 def read_safetensors(path):
     """A minimal reader (no torch, no safetensors package): {name: array}, metadata."""
     with open(path, "rb") as f:
@@ -209,13 +215,14 @@ def main():
                     help="BIN or LABEL=BIN (a label starting with 'before' is not required to pass)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--preset", default="ltxv-2b")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, help="token budget (default: the tokenizer's model_max_length)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--arms", default="cpu,cuda")
     ap.add_argument("--record")
     ap.add_argument("--recorded")
     ap.add_argument("--masked", action="store_true")
     a = ap.parse_args()
+    a.max_tokens = a.max_tokens or max_tokens_of(a.weights)
     os.makedirs(a.out, exist_ok=True)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -253,7 +260,7 @@ def main():
         for arm in a.arms.split(","):
             # The default (no --keys) is what the render does: that is what is
             # judged against diffusers. `masked` on both sides is a diagnostic.
-            keys_list = [None] + (["masked"] if a.masked and not a.recorded else [])
+            keys_list = [None] + (["masked"] if a.masked and not a.recorded and required else [])
             for want_keys in keys_list:
                 got = engine_encode(a, binary, label, arm, pfile, want_keys, arm == "cpu" and not a.recorded)
                 judged = want_keys is None
