@@ -174,7 +174,7 @@ for step in "$@"; do
       eng=(--engine "engine=$E"); [ -n "${BEFORE_ENGINE:-}" ] && eng+=(--engine "before=$BEFORE_ENGINE")
       rm -rf "$WORK/t5check-$a"
       timeout "$(cap 300)" "$PY" scripts/t5_check.py --weights "$(weights_of "$a")" --preset "$a" "${eng[@]}" \
-        --out "$WORK/t5check-$a" --record "$OUT/t5-reference-$a.safetensors" --masked ${T5CHECK_ARGS:-} \
+        --out "$WORK/t5check-$a" --record "$OUT/t5-reference-$a.safetensors" --masked cuda ${T5CHECK_ARGS:-} \
         > "$OUT/t5check-$a.log" 2>&1
       rc=$?
       cp "$WORK/t5check-$a"/*.json "$WORK/t5check-$a"/*.log "$OUT/" 2>/dev/null

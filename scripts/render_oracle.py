@@ -203,6 +203,8 @@ def main():
     ap.add_argument("--decode-noise-scale", type=float, default=0.025)
     ap.add_argument("--before-configs", type=int, default=2,
                     help="render the `before` engines at the first N configs only")
+    ap.add_argument("--before-variants", default="a",
+                    help="which renders of the `before` engines: a (device conditioning), ah (host), b")
     a = ap.parse_args()
     a.max_tokens = a.max_tokens or max_tokens_of(a.weights)
     os.makedirs(a.out, exist_ok=True)
@@ -243,27 +245,42 @@ def main():
             pass
 
     rows, verdicts = [], []
+    print("\nconfig               | render                                            | PSNR vs diffusers f32 | note",
+          flush=True)
+
+    def add(name, what, p, note):
+        rows.append((name, what, p, note))
+        print(f"{name:<20} | {what:<49} | {p:>8.2f} dB           | {note}", flush=True)
+
+    variants = {"a": ("(a) own conditioning, device arm", lambda c: []),
+                "ah": ("(a') own conditioning, conditioning=host", lambda c: ["--lever", "conditioning=host"]),
+                "b": ("(b) diffusers' embeddings", lambda c: ["--prompt-embeds", c["embeds"]])}
+    # The judged engines over every config first, then the `before` engines
+    # (first --before-configs configs, --before-variants): a deadline cuts
+    # the unjudged part.
+    jobs = []
     for c in configs:
-        base = ref[("f32", c["name"])]
-        n = base.shape[0]
-        rows.append((c["name"], "(c) diffusers bf16", psnr(ref[("bf16", c["name"])], base), ""))
+        jobs.append((c, None, None, None))
         for label, binary in engines:
-            before = label.startswith("before")
-            if before and configs.index(c) >= a.before_configs:
-                continue
-            variants = [("(a) own conditioning, device arm", []),
-                        ("(a') own conditioning, conditioning=host", ["--lever", "conditioning=host"])]
-            if not before:
-                variants.append(("(b) diffusers' embeddings", ["--prompt-embeds", c["embeds"]]))
-            for what, extra in variants:
-                tag = what.split(" ")[0].strip("()'") + ("h" if "host" in what else "")
-                out_dir = os.path.join(a.out, f"{c['name']}-{label}-{tag}")
-                rc, wall, err = run_engine(a, binary, c["rung"], out_dir, extra)
-                if rc != 0:
-                    rows.append((c["name"], f"{label} {what}", float("nan"), f"exit {rc}: {err}"))
-                    continue
-                got = read_frames(out_dir, n)
-                rows.append((c["name"], f"{label} {what}", psnr(got, base), f"{wall:.1f} s"))
+            if not label.startswith("before"):
+                jobs += [(c, label, binary, v) for v in ("a", "ah", "b")]
+    for label, binary in engines:
+        if label.startswith("before"):
+            jobs += [(c, label, binary, v) for c in configs[:a.before_configs]
+                     for v in a.before_variants.split(",")]
+    for c, label, binary, v in jobs:
+        base = ref[("f32", c["name"])]
+        if label is None:
+            add(c["name"], "(c) diffusers bf16", psnr(ref[("bf16", c["name"])], base), "")
+            continue
+        what, extra = variants[v][0], variants[v][1](c)
+        out_dir = os.path.join(a.out, f"{c['name']}-{label}-{v}")
+        rc, wall, err = run_engine(a, binary, c["rung"], out_dir, extra)
+        if rc != 0:
+            add(c["name"], f"{label} {what}", float("nan"), f"exit {rc}: {err}")
+            continue
+        add(c["name"], f"{label} {what}", psnr(read_frames(out_dir, base.shape[0]), base), f"{wall:.1f} s")
+        json.dump({"rows": rows}, open(os.path.join(a.out, "render_oracle.json"), "w"), indent=1, default=str)
     # Verdicts per config for every judged engine.
     failed = False
     for c in configs:
@@ -279,9 +296,6 @@ def main():
             failed = failed or not (ok_h and ok_d)
     json.dump({"rows": rows, "configs": [{k: v for k, v in c.items() if k != "noise"} for c in configs]},
               open(os.path.join(a.out, "render_oracle.json"), "w"), indent=1, default=str)
-    print("\nconfig               | render                                            | PSNR vs diffusers f32 | note")
-    for name, what, p, note in rows:
-        print(f"{name:<20} | {what:<49} | {p:>8.2f} dB           | {note}")
     print()
     for name, label, ok_h, ok_d, host, dev, floor in verdicts:
         print(f"render-oracle {name} {label}: (a') host {host:.2f} dB {'>=' if ok_h else '<'} 45 "
