@@ -192,7 +192,8 @@ mod tests {
         let m = T5Encoder::load(&VarBuilder::new(&src), &cfg).unwrap();
         let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-scratch/cond");
         std::fs::create_dir_all(&d).unwrap();
-        let p = d.join("tokenizer.json");
+        // One file per test (tests run in parallel; a shared file races).
+        let p = d.join(format!("tokenizer-{max}.json"));
         std::fs::write(&p, synth_tokenizer_json(cfg.vocab_size).unwrap()).unwrap();
         (
             m,

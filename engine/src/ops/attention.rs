@@ -76,12 +76,13 @@ pub fn attention(
                         *x = y;
                         mx = mx.max(y);
                     }
-                    let mut sum = 0.0f32;
+                    // The denominator in f64 (rows of up to ~10^4 keys).
+                    let mut sum = 0.0f64;
                     for x in row.iter_mut() {
                         *x = (*x - mx).exp();
-                        sum += *x;
+                        sum += *x as f64;
                     }
-                    let inv = 1.0 / sum;
+                    let inv = (1.0 / sum) as f32;
                     row.iter_mut().for_each(|x| *x *= inv);
                 }
                 let vv = MatRef::new(&v[h * hd..], nk, hd, d, 1);

@@ -10,12 +10,15 @@ use rayon::prelude::*;
 const PAR_ROWS: usize = 64;
 
 /// RMS norm of every row of `x` (`[rows, d]`) in place:
-/// `x / sqrt(mean(x^2) + eps)`, times `weight` when given (f32 throughout, as
-/// the reference's f32 path).
+/// `x / sqrt(mean(x^2) + eps)`, times `weight` when given. Values stay f32;
+/// the sum of squares is accumulated in f64: a sequential f32 sum over a
+/// 4096-wide row was the largest source of the host arm's drift from an f64
+/// reference (twice the reference's own f32 drift at T5-XXL width, with it
+/// 1.1x; `specs/fidelity.md`).
 pub fn rms_norm_rows(x: &mut [f32], d: usize, weight: Option<&[f32]>, eps: f32) {
     let f = |row: &mut [f32]| {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
-        let r = 1.0 / (ms + eps).sqrt();
+        let ms = row.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>() / d as f64;
+        let r = (1.0 / (ms + eps as f64).sqrt()) as f32;
         match weight {
             Some(w) => row.iter_mut().zip(w).for_each(|(v, w)| *v = *v * r * w),
             None => row.iter_mut().for_each(|v| *v *= r),
@@ -38,9 +41,15 @@ pub fn layer_norm_rows(
     bias: Option<&[f32]>,
 ) {
     let f = |row: &mut [f32]| {
-        let mean = row.iter().sum::<f32>() / d as f32;
-        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d as f32;
-        let r = 1.0 / (var + eps).sqrt();
+        // Sums in f64, as in `rms_norm_rows`.
+        let mean64 = row.iter().map(|v| *v as f64).sum::<f64>() / d as f64;
+        let var = row
+            .iter()
+            .map(|v| (*v as f64 - mean64) * (*v as f64 - mean64))
+            .sum::<f64>()
+            / d as f64;
+        let mean = mean64 as f32;
+        let r = (1.0 / (var + eps as f64).sqrt()) as f32;
         for (i, v) in row.iter_mut().enumerate() {
             let mut y = (*v - mean) * r;
             if let Some(w) = weight {
