@@ -43,14 +43,16 @@ fuzz CASES="20000":
 # CUDA arm on a GPU machine, every figure side by side in one run: every kernel, the
 # device T5, VAE and DiT forward against the f32 host reference and the graph-replayed
 # loop against the eager one, then the staging / forward / denoise graph on-off / T5 /
-# VAE benchmarks; rung 2 rendered under `harness run` (default profile, weights warm in the
+# VAE benchmarks; the fidelity checks against the reference (specs/fidelity.md:
+# scripts/t5_check.py, the text encoder at full scale against transformers, and
+# scripts/render_oracle.py, whole renders against diffusers' LTXPipeline); rung 2 rendered under `harness run` (default profile, weights warm in the
 # page cache as the reference's are); the PyTorch +
 # diffusers reference (scripts/reference_ltx.py: VAE decode and the LTXPipeline at rung
 # 2's geometry, steps and guidance); a table of both with the ratios last. Weights and
 # the store go under $WORK (default ~/ltx-bench).
 bench-gpu:
     cargo build --bins
-    scripts/bench-gpu.sh {{bin}} selftest synth:ltxv-2b run:2:default::warm ref:2 table
+    scripts/bench-gpu.sh {{bin}} selftest synth:ltxv-2b t5check:ltxv-2b oracle:ltxv-2b run:2:default::warm ref:2 table
 
 # The whole device re-derivation on a GPU machine (about an hour on an H200): every lever
 # that applies at rungs 2 and 3, 3 interleaved rounds each, weights warm in the page cache

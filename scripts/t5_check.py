@@ -178,8 +178,20 @@ def reference(a, prompts, masked):
     return ref
 
 
-def recorded_reference(path):
+def weights_digest(weights):
+    """The synthesized directory's digest (`DIGEST`, written by `engine synth-weights`), or ''."""
+    try:
+        return open(os.path.join(weights, "DIGEST")).read().strip()
+    except OSError:
+        return ""
+
+
+def recorded_reference(path, weights):
     t, meta = read_safetensors(path)
+    want, have = meta.get("weights_digest", ""), weights_digest(weights)
+    if want and have and want != have:
+        sys.exit(f"t5_check: {path} was recorded on weights {want}, {weights} holds {have}: "
+                 "record it again (--record) on these weights")
     n = int(meta["prompts_n"])
     return {
         "prompts": json.loads(meta["prompts"]),
@@ -232,7 +244,7 @@ def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     if a.recorded:
-        ref = recorded_reference(a.recorded)
+        ref = recorded_reference(a.recorded, a.weights)
         prompts = ref["prompts"]
     else:
         prompts = rung_prompts(root) + PROMPTS
@@ -254,6 +266,7 @@ def main():
             "prompts": json.dumps(prompts, ensure_ascii=False), "prompts_n": str(len(prompts)),
             "bf16_rel_l2": json.dumps(ref["bf16_err"]), "f32_vs_f64_rel_l2": json.dumps(ref["f32_f64_err"]),
             "versions": json.dumps(ref["versions"]), "preset": a.preset, "weights": os.path.abspath(a.weights),
+            "weights_digest": weights_digest(a.weights),
             "what": "transformers T5EncoderModel(ids) f32, no attention mask, TF32 off: last hidden state"})
         print(f"recorded the reference into {a.record}")
 
