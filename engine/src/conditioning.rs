@@ -14,7 +14,7 @@
 //!    transformer together with the tokenizer's mask, which its
 //!    cross-attention applies.
 
-use crate::cuda::t5::DeviceT5;
+use crate::cuda::models::t5::DeviceT5;
 use crate::cuda::CudaError;
 use crate::denoise::TextCond;
 use crate::models::t5::{Keys, T5Encoder};

@@ -46,13 +46,13 @@ use evidence::rung::{Device, Rung};
 use serde_json::Value;
 
 use crate::conditioning::{encode_device, encode_host, ConditioningError, Encoded, PIPELINE_KEYS};
-use crate::cuda::backend::{open_cuda_denoiser, Dispatch};
-use crate::cuda::staging::{StagingOptions, StagingReport};
-use crate::cuda::t5::{open_device_t5, DeviceT5};
-use crate::cuda::vae::{
+use crate::cuda::denoise::{open_cuda_denoiser, Dispatch};
+use crate::cuda::models::t5::{open_device_t5, DeviceT5};
+use crate::cuda::models::vae::{
     self as cuda_vae, open_device_vae, ChunkReport, DecodeOptions, DeviceVae,
     DEVICE_CHUNK_LATENT_FRAMES, RENDER_CONV_PATH,
 };
+use crate::cuda::staging::{StagingOptions, StagingReport};
 use crate::denoise::{Conditioning, CpuDenoiser, Denoiser, TextCond};
 use crate::frames::png::write_png;
 use crate::frames::y4m::Y4mWriter;
@@ -382,12 +382,7 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
     // ---- VAE: load, then decode (on the device with `vae = device` on a CUDA render).
     let decoded = {
         let ph = rec.phase("load.vae", Attrs::new());
-        let mut specs = vae::decoder_tensor_specs(&p.vae);
-        specs.extend(
-            vae::tensor_specs(&p.vae)
-                .into_iter()
-                .filter(|s| s.name == "latents_mean" || s.name == "latents_std"),
-        );
+        let specs = vae::decoder_read_specs(&p.vae);
         let src = open_component(
             &layout,
             Component::Vae,

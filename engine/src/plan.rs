@@ -48,7 +48,7 @@
 //! boundary; `serial`: one allocation per tensor), the cuBLASLt workspace, the
 //! RoPE table, one text slot per prompt, the forward's workspace for `N` tokens
 //! and `L` text tokens, and the sampler's latents and two velocities
-//! ([`crate::cuda::backend::loaded_bytes`], [`crate::cuda::backend::loop_bytes`]);
+//! ([`crate::cuda::denoise::loaded_bytes`], [`crate::cuda::denoise::loop_bytes`]);
 //! the projection is that sum, so it
 //! matches the measured peak to the byte up to the arena's alignment slack. On
 //! the host, `load.dit` holds what staging reads through (the registered
@@ -59,8 +59,8 @@
 //! With `conditioning = device` (on the CUDA arm) the text encoder is staged in
 //! `load.text_encoder` the same way (its tensors, the cuBLASLt workspace, and
 //! the forward's workspace for `P` prompts of `L` tokens, allocated by the
-//! warm-up forward there: [`crate::cuda::t5::loaded_bytes`],
-//! [`crate::cuda::t5::run_bytes`]) and lives through `conditioning`, which
+//! warm-up forward there: [`crate::cuda::models::t5::loaded_bytes`],
+//! [`crate::cuda::models::t5::run_bytes`]) and lives through `conditioning`, which
 //! frees it before `load.dit`: both phases project that sum on the device. On
 //! the host, `load.text_encoder` holds what staging reads through and the
 //! runtime, `conditioning` the runtime and the output states (`4 P L d_model`),
@@ -74,8 +74,8 @@ use serde::Serialize;
 
 use evidence::rung::Device;
 
-use crate::cuda::backend::{loaded_bytes, loop_bytes};
-use crate::cuda::dit::DitDims;
+use crate::cuda::denoise::{loaded_bytes, loop_bytes};
+use crate::cuda::models::dit::DitDims;
 use crate::cuda::staging::StagingArm;
 use crate::levers::{LeverSet, Widen};
 use crate::models::{dit, t5, vae};
@@ -233,8 +233,8 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
             let t5_specs = t5::tensor_specs(&p.t5);
             let l = p.max_text_tokens;
             let held = staged_bytes(&t5_specs)
-                + crate::cuda::t5::loaded_bytes()
-                + crate::cuda::t5::run_bytes(&p.t5, prompts, l);
+                + crate::cuda::models::t5::loaded_bytes()
+                + crate::cuda::models::t5::run_bytes(&p.t5, prompts, l);
             device_phases.insert("load.text_encoder".into(), held);
             device_phases.insert("conditioning".into(), held);
             phases.insert(
@@ -285,10 +285,10 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
 /// decoder (and latent statistics), the cuBLASLt workspace and, while the
 /// convolution weights are reordered, a copy of the largest one; `decode.video`
 /// the staged weights, the workspace and the decode's buffers for chunks of
-/// [`crate::cuda::vae::DEVICE_CHUNK_LATENT_FRAMES`] latent frames
-/// ([`crate::cuda::vae::decode_bytes`]: exact, every buffer the stream
+/// [`crate::cuda::models::vae::DEVICE_CHUNK_LATENT_FRAMES`] latent frames
+/// ([`crate::cuda::models::vae::decode_bytes`]: exact, every buffer the stream
 /// allocates; measured equal on the device) and, on the cuDNN path, an
-/// allowance for cuDNN's workspace ([`crate::cuda::vae::CUDNN_WORKSPACE_ALLOWANCE`],
+/// allowance for cuDNN's workspace ([`crate::cuda::models::vae::CUDNN_WORKSPACE_ALLOWANCE`],
 /// an estimate; device run 2, rung 1: load.vae measured = projected to the
 /// byte, decode.video 25.7 MB under the projection, the unused allowance). On the host, `load.vae` reads the file through (the registered
 /// reader pins it) and `decode.video` holds the latents, their noise, the
@@ -311,18 +311,20 @@ fn project_device_vae(
         StagingArm::Batched => s,
         StagingArm::Serial => largest(specs),
     };
-    let ws = crate::cuda::gemm::WORKSPACE_BYTES as u64;
+    let ws = crate::cuda::kit::gemm::WORKSPACE_BYTES as u64;
     let (f, h, w) = latent_grid(g);
-    let chunk = crate::cuda::vae::DEVICE_CHUNK_LATENT_FRAMES;
-    let mut decode = crate::cuda::vae::decode_bytes(&p.vae, (f, h, w), chunk).unwrap_or(0);
+    let chunk = crate::cuda::models::vae::DEVICE_CHUNK_LATENT_FRAMES;
+    let mut decode = crate::cuda::models::vae::decode_bytes(&p.vae, (f, h, w), chunk).unwrap_or(0);
     let mut host_libs = 0;
-    if crate::cuda::vae::RENDER_CONV_PATH == crate::cuda::vae::device::ConvPath::Cudnn {
-        decode += crate::cuda::vae::CUDNN_WORKSPACE_ALLOWANCE;
-        host_libs = crate::cuda::vae::CUDNN_HOST_ALLOWANCE;
+    if crate::cuda::models::vae::RENDER_CONV_PATH
+        == crate::cuda::models::vae::device::ConvPath::Cudnn
+    {
+        decode += crate::cuda::models::vae::CUDNN_WORKSPACE_ALLOWANCE;
+        host_libs = crate::cuda::models::vae::CUDNN_HOST_ALLOWANCE;
     }
     device_phases.insert(
         "load.vae".into(),
-        staged + ws + crate::cuda::vae::reorder_bytes(&p.vae),
+        staged + ws + crate::cuda::models::vae::reorder_bytes(&p.vae),
     );
     device_phases.insert("decode.video".into(), staged + ws + decode);
     let latents = 2 * 4 * 128 * (f * h * w) as u64;
@@ -338,7 +340,7 @@ fn project_device_vae(
 }
 
 fn align_up(n: usize) -> usize {
-    crate::cuda::memory::align_up(n)
+    crate::cuda::kit::memory::align_up(n)
 }
 
 #[cfg(test)]
@@ -427,7 +429,8 @@ mod tests {
         let (a, b) = (project(&p, &g1, &dev), project(&p, &g1, &host));
         let t5_specs = t5::tensor_specs(&p.t5);
         let stored_t5: u64 = t5_specs.iter().map(|s| s.nbytes() as u64).sum();
-        let held = crate::cuda::t5::loaded_bytes() + crate::cuda::t5::run_bytes(&p.t5, 2, 128);
+        let held = crate::cuda::models::t5::loaded_bytes()
+            + crate::cuda::models::t5::run_bytes(&p.t5, 2, 128);
         for ph in ["load.text_encoder", "conditioning"] {
             let d = a.device_phases[ph];
             assert!(
@@ -484,10 +487,10 @@ mod tests {
         let b = project(&p, &g1, &host);
         assert!(!b.device_phases.contains_key("decode.video"));
         let dec = a.device_phases["decode.video"];
-        let decode = crate::cuda::vae::decode_bytes(
+        let decode = crate::cuda::models::vae::decode_bytes(
             &p.vae,
             (4, 10, 16),
-            crate::cuda::vae::DEVICE_CHUNK_LATENT_FRAMES,
+            crate::cuda::models::vae::DEVICE_CHUNK_LATENT_FRAMES,
         )
         .unwrap();
         assert!(dec > decode && dec - decode < 2 << 30, "{dec} {decode}");

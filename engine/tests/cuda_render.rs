@@ -79,7 +79,7 @@ fn scratch(name: &str) -> PathBuf {
 
 /// Why the device tests cannot run here, if they cannot.
 fn no_cuda() -> Option<String> {
-    let r = std::panic::catch_unwind(|| engine::cuda::context::Gpu::open(0).map(|_| ()));
+    let r = std::panic::catch_unwind(|| engine::cuda::kit::context::Gpu::open(0).map(|_| ()));
     match r {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(e.to_string()),

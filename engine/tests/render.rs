@@ -463,7 +463,7 @@ fn bad_input_exits_2_with_a_message_naming_the_problem() {
     );
     // Without CUDA the device arm is a clean "no CUDA here" (exit 2), not a
     // panic; where CUDA exists this render succeeds (tests/cuda_render.rs).
-    if engine::cuda::context::probe_libraries().is_err() {
+    if engine::cuda::kit::context::probe_libraries().is_err() {
         fails_with(
             &[
                 "render",

@@ -4,12 +4,12 @@
 
 use std::time::Instant;
 
-use super::context::Timer;
-use super::gemm::{flops, Epilogue};
-use super::kernels::NULL;
-use super::memory::DeviceBuffer;
-use super::selftest::Rig;
-use super::CudaError;
+use crate::cuda::kit::context::Timer;
+use crate::cuda::kit::gemm::{flops, Epilogue};
+use crate::cuda::kit::kernels::NULL;
+use crate::cuda::kit::memory::DeviceBuffer;
+use crate::cuda::kit::DeviceKit;
+use crate::cuda::CudaError;
 
 /// What a burn did.
 #[derive(Debug, Clone)]
@@ -36,14 +36,14 @@ pub fn burn(seconds: f64) -> Result<BurnReport, CudaError> {
             "burn seconds must be positive, got {seconds}"
         )));
     }
-    let rig = Rig::open()?;
-    let (g, k, s) = (&rig.gemm, &rig.kernels, &rig.gpu.compute);
-    let a = DeviceBuffer::alloc(&rig.gpu, N * N * 2, "burn operand A")?;
-    let b = DeviceBuffer::alloc(&rig.gpu, N * N * 2, "burn operand B")?;
-    let c = DeviceBuffer::alloc(&rig.gpu, N * N * 2, "burn output")?;
+    let kit = DeviceKit::open()?;
+    let (g, k, s) = (&kit.gemm, &kit.kernels, &kit.gpu.compute);
+    let a = DeviceBuffer::alloc(&kit.gpu, N * N * 2, "burn operand A")?;
+    let b = DeviceBuffer::alloc(&kit.gpu, N * N * 2, "burn operand B")?;
+    let c = DeviceBuffer::alloc(&kit.gpu, N * N * 2, "burn output")?;
     k.fill_uniform_bf16(s, a.ptr(), N * N, 0xb0, 1.0)?;
     k.fill_uniform_bf16(s, b.ptr(), N * N, 0xb1, 1.0)?;
-    let timer = Timer::new(&rig.gpu)?;
+    let timer = Timer::new(&kit.gpu)?;
     let t0 = Instant::now();
     let (mut gemms, mut device_ms) = (0usize, 0.0f64);
     while t0.elapsed().as_secs_f64() < seconds {

@@ -2,44 +2,36 @@
 //!
 //! Compiled on every machine; CUDA itself is loaded at run time (cudarc with
 //! dynamic loading), so a build or test without a GPU never touches a CUDA
-//! library. [`context::probe_libraries`] checks that the libraries exist before anything
+//! library. [`kit::context::probe_libraries`] checks that the libraries exist before anything
 //! asks cudarc for a symbol (cudarc panics on a missing library), and turns their
 //! absence into [`CudaError::NotAvailable`].
 //!
-//! One file per concern:
-//! - [`context`]: the device, its compute and copy streams, events, the probe.
-//! - [`memory`]: device buffers with an allocator high-water mark, and a bump
-//!   arena for workspaces.
-//! - [`nvrtc`]: run-time compilation of `kernels/*.cu` for sm_90, cached on disk.
-//! - [`kernels`]: typed launches of the elementwise, row-wise and attention
-//!   kernels (a scalar reference attention and the fused flash kernel).
-//! - [`gemm`]: cuBLASLt bf16 GEMMs with fused bias / GELU epilogues and cached plans.
-//! - [`staging`]: weights from a safetensors file onto the device (serial | batched).
-//! - [`dit`]: the LTX-Video transformer forward, device-resident end to end.
-//! - [`backend`]: the device-resident sampler loop behind [`crate::denoise::Denoiser`].
-//! - [`t5`]: the T5 text encoder forward (lever `conditioning = device`);
-//!   [`t5_check`] its checks against the host arm.
-//! - [`vae`]: the video VAE decoder on the device, streamed in temporal chunks.
-//! - [`selftest`] / [`bench`] / [`burn`]: device checks against the CPU arm,
-//!   benchmarks, the GEMM load; [`graph_check`] / [`graph_bench`]: graph-replayed vs eager
-//!   loops, checked and timed.
+//! Layered so that every import points down the list (`tests/it/layout.rs`
+//! holds it):
+//! 1. [`kit`]: the device kit every model is built on: the GPU, streams and
+//!    events ([`kit::context`]), buffers and arenas ([`kit::memory`]), run-time
+//!    compiled kernels ([`kit::nvrtc`], [`kit::kernels`]), cuBLASLt GEMMs
+//!    ([`kit::gemm`]), bf16 on the host ([`kit::bf16`]), and [`kit::DeviceKit`]
+//!    holding them together.
+//! 2. [`staging`]: checkpoint tensors onto the device (the `staging` lever).
+//! 3. [`models`]: the device forwards: the DiT ([`models::dit`]), the T5 encoder
+//!    ([`models::t5`]) and the video VAE decoder ([`models::vae`]).
+//! 4. [`denoise`]: the device-resident denoise loop behind
+//!    [`crate::denoise::Denoiser`] (eager or graph-replayed); [`burn`]: the
+//!    known GEMM load of the GPU-utilization control.
+//! 5. Checks and benchmarks, imported by nothing but the command line:
+//!    [`selftest`] (`engine selftest-cuda`: every device model and kernel
+//!    against the CPU arm), [`bench`] (the device benchmarks) and [`fixtures`]
+//!    (seeded inputs and synthetic weight files both use).
 
-pub mod backend;
 pub mod bench;
 pub mod burn;
-pub mod context;
-pub mod dit;
-pub mod gemm;
-pub mod graph_bench;
-pub mod graph_check;
-pub mod kernels;
-pub mod memory;
-pub mod nvrtc;
+pub mod denoise;
+pub mod fixtures;
+pub mod kit;
+pub mod models;
 pub mod selftest;
 pub mod staging;
-pub mod t5;
-pub mod t5_check;
-pub mod vae;
 
 use cudarc::cublaslt::result::CublasError;
 use cudarc::driver::DriverError;

@@ -38,11 +38,20 @@ use cudarc::driver::result as dres;
 use cudarc::driver::sys::{self as dsys, CUdeviceptr};
 use rayon::prelude::*;
 
-use super::context::Gpu;
-use super::memory::{align_up, DeviceBuffer};
-use super::{CudaError, DriverContext};
+use crate::cuda::kit::context::Gpu;
+use crate::cuda::kit::memory::{align_up, DeviceBuffer};
+use crate::cuda::{CudaError, DriverContext};
 use crate::weights::safetensors::{Extent, LoadOptions, SafetensorsSource};
 use crate::weights::{DType, WeightError};
+
+/// What opening the device arm did (for the `load.dit` close).
+#[derive(Debug, Clone)]
+pub struct OpenReport {
+    /// Seconds to open the GPU, load the kernels and create the GEMM handle.
+    pub device_open_s: f64,
+    /// The staging run.
+    pub staging: StagingReport,
+}
 
 /// Which staging arm runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,7 +218,7 @@ impl DeviceWeights {
                 expected: vec![],
             })
         })?;
-        super::memory::download::<u8>(gpu, t.ptr, t.bytes)
+        crate::cuda::kit::memory::download::<u8>(gpu, t.ptr, t.bytes)
     }
 }
 
@@ -262,7 +271,7 @@ pub fn stage_file(
 }
 
 /// Where each tensor goes in a model's arena: file order, each on an
-/// [`super::memory::ALIGN`] boundary. Returns (offsets, total bytes).
+/// [`crate::cuda::kit::memory::ALIGN`] boundary. Returns (offsets, total bytes).
 pub fn arena_layout(tensors: &[Extent]) -> (Vec<usize>, usize) {
     let mut offs = Vec::with_capacity(tensors.len());
     let mut total = 0usize;

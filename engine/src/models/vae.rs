@@ -323,6 +323,19 @@ pub fn tensor_specs(cfg: &VaeConfig) -> Vec<TensorSpec> {
     v
 }
 
+/// The tensors a decoder reads from a VAE checkpoint: the decoder's own
+/// ([`decoder_tensor_specs`]) and the latent statistics (`latents_mean`,
+/// `latents_std`) the latents are denormalised with.
+pub fn decoder_read_specs(cfg: &VaeConfig) -> Vec<TensorSpec> {
+    let mut v = decoder_tensor_specs(cfg);
+    v.extend(
+        tensor_specs(cfg)
+            .into_iter()
+            .filter(|s| s.name == "latents_mean" || s.name == "latents_std"),
+    );
+    v
+}
+
 /// The decoder's tensors only (`decoder.*`): what [`VaeDecoder`] loads besides
 /// `latents_mean` / `latents_std`.
 pub fn decoder_tensor_specs(cfg: &VaeConfig) -> Vec<TensorSpec> {

@@ -19,8 +19,8 @@ use evidence::rung::Device;
 
 use super::TensorFile;
 use crate::conditioning::{encode_device, encode_host, Encoded, KeyRule};
+use crate::cuda::models::t5::open_device_t5;
 use crate::cuda::staging::{StagingArm, StagingOptions};
-use crate::cuda::t5::open_device_t5;
 use crate::models::t5::{self, T5Encoder};
 use crate::pipeline::BadInput;
 use crate::presets::Preset;

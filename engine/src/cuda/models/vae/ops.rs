@@ -4,12 +4,12 @@
 //! Activations are channels-last: a frame is `[H, W, C]` with `C` contiguous,
 //! frames follow each other in time. Buffers are owned by the backend and
 //! named by a [`Loc`] (buffer id, element offset). Two backends implement
-//! [`VaeOps`]: the device ([`super::device::DeviceOps`], bf16 storage, f32
-//! math) and the host ([`super::host::HostOps`], f32 throughout), which is the
+//! [`VaeOps`]: the device ([`crate::cuda::models::vae::device::DeviceOps`], bf16 storage, f32
+//! math) and the host ([`crate::cuda::models::vae::host::HostOps`], f32 throughout), which is the
 //! reference the device primitives are checked against and lets the stream's
 //! bookkeeping be tested without a GPU.
 
-use super::super::CudaError;
+use crate::cuda::CudaError;
 use crate::models::vae::{VaeConfig, TIMESTEP_CHANNELS};
 
 /// A place in a backend buffer: buffer id and element offset.

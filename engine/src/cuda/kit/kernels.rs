@@ -12,9 +12,27 @@ use cudarc::driver::sys::{CUdeviceptr, CUfunction_attribute};
 use cudarc::driver::{result as dres, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 
-use super::context::Gpu;
-use super::nvrtc::{self, Origin};
-use super::{CudaError, DriverContext};
+use crate::cuda::kit::context::Gpu;
+use crate::cuda::kit::nvrtc::{self, Origin};
+use crate::cuda::{CudaError, DriverContext};
+
+/// Padded shared row of the implicit-GEMM tiles, elements (BK 32 + 8).
+const IGEMM_SROW: usize = 40;
+
+/// Dynamic shared memory of an implicit-GEMM tile of `stages` stages, bytes.
+pub fn igemm_smem(bm: usize, bn: usize, stages: usize) -> u32 {
+    (stages * (bm + bn) * IGEMM_SROW * 2) as u32
+}
+
+/// The kernels (all in `vae.cu`: its implicit-GEMM convolutions) that need
+/// more than 48 KiB of dynamic shared memory, and how much; raised at load.
+pub fn big_smem_kernels() -> [(&'static str, u32); 3] {
+    [
+        ("conv3d_128x128", igemm_smem(128, 128, 4)),
+        ("conv3d_256x128", igemm_smem(256, 128, 3)),
+        ("conv3d_128x64", igemm_smem(128, 64, 4)),
+    ]
+}
 
 /// Null device pointer (an absent optional argument).
 pub const NULL: CUdeviceptr = 0;
@@ -291,7 +309,7 @@ impl Kernels {
             }
             .ctx(format!("raising the shared-memory limit of {f}"))?;
         }
-        for (f, bytes) in super::vae::device::big_smem_kernels() {
+        for (f, bytes) in big_smem_kernels() {
             let func = k.func(f)?;
             // SAFETY: as above.
             unsafe {
@@ -426,7 +444,8 @@ impl Kernels {
     /// `kernels/elementwise.cu`): with `y` given, x (f32 [rows, d]) += y (bf16) *
     /// gate (gate_tab + gate_emb, or 1 when gate_tab is NULL); then h (bf16) =
     /// bf16(x) ([`RowMode::Cast`]) or the modulated RMS / LayerNorm of x, with
-    /// shift = shift.0 + shift.1 and scale = scale.0 + scale.1 (bf16 vectors of d).
+    /// shift = shift.0 + shift.1 and scale = scale.0 + scale.1 (bf16 vectors of d);
+    /// `eps` is the norm's epsilon.
     #[allow(clippy::too_many_arguments)]
     pub fn residual_norm(
         &self,
@@ -437,6 +456,7 @@ impl Kernels {
         rows: usize,
         d: usize,
         mode: RowMode,
+        eps: f32,
         shift: (CUdeviceptr, CUdeviceptr),
         scale: (CUdeviceptr, CUdeviceptr),
         h: CUdeviceptr,
@@ -452,7 +472,7 @@ impl Kernels {
             .ptr(gate.0)
             .ptr(gate.1)
             .int(d)
-            .f32(super::dit::NORM_EPS)
+            .f32(eps)
             .i32(mode as i32)
             .ptr(shift.0)
             .ptr(scale.0)

@@ -12,7 +12,10 @@
 //!   forward's event time over the loop's wall time, with the host emitting a
 //!   tick per forward one forward behind (as the render does);
 //! - the denoise loop with lever `denoise-graph` off and on
-//!   ([`super::graph_bench`]).
+//!   ([`crate::cuda::bench::graph`]).
+
+pub mod graph;
+pub mod vae;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -21,14 +24,18 @@ use std::time::Instant;
 
 use cudarc::driver::result as dres;
 
-use super::context::Timer;
-use super::dit::{DeviceDit, DitDims, Geometry, TextSlot, LATENT_CHANNELS};
-use super::gemm::{flops, Epilogue};
-use super::kernels::{AttnKernel, NULL};
-use super::memory::{align_up, DeviceBuffer};
-use super::selftest::{write_synth_safetensors, Rig, Rng};
-use super::staging::{self, pinned_copy_gbps, DeviceWeights, Staged, StagingArm, StagingOptions};
-use super::{CudaError, DriverContext};
+use crate::cuda::fixtures::write_synth_safetensors;
+use crate::cuda::fixtures::Rng;
+use crate::cuda::kit::context::Timer;
+use crate::cuda::kit::gemm::{flops, Epilogue};
+use crate::cuda::kit::kernels::{AttnKernel, NULL};
+use crate::cuda::kit::memory::{align_up, DeviceBuffer};
+use crate::cuda::kit::DeviceKit;
+use crate::cuda::models::dit::{DeviceDit, DitDims, Geometry, TextSlot, LATENT_CHANNELS};
+use crate::cuda::staging::{
+    self, pinned_copy_gbps, DeviceWeights, Staged, StagingArm, StagingOptions,
+};
+use crate::cuda::{CudaError, DriverContext};
 use crate::models::t5::Keys;
 use crate::weights::{DType, TensorSpec};
 
@@ -44,7 +51,7 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 
 /// Median device ms of `reps` runs of `f` on the compute stream after `warm` runs.
 fn time_ms(
-    rig: &Rig,
+    kit: &DeviceKit,
     warm: usize,
     reps: usize,
     mut f: impl FnMut() -> Result<(), CudaError>,
@@ -52,20 +59,24 @@ fn time_ms(
     for _ in 0..warm {
         f()?;
     }
-    let t = Timer::new(&rig.gpu)?;
+    let t = Timer::new(&kit.gpu)?;
     let mut v = Vec::with_capacity(reps);
     for _ in 0..reps {
-        t.start(&rig.gpu.compute)?;
+        t.start(&kit.gpu.compute)?;
         f()?;
-        t.stop(&rig.gpu.compute)?;
+        t.stop(&kit.gpu.compute)?;
         v.push(t.elapsed_ms()?);
     }
     Ok(median(v))
 }
 
 /// Weights of `dims` generated on the device (uniform, small): for timing only.
-pub fn device_weights(rig: &Rig, dims: &DitDims, seed: u64) -> Result<DeviceWeights, CudaError> {
-    generate_weights(rig, &dims.tensor_specs(), seed, "synthetic", |s| {
+pub fn device_weights(
+    kit: &DeviceKit,
+    dims: &DitDims,
+    seed: u64,
+) -> Result<DeviceWeights, CudaError> {
+    generate_weights(kit, &dims.tensor_specs(), seed, "synthetic", |s| {
         if s.shape.len() == 2 && !s.name.ends_with("scale_shift_table") {
             1.0 / (s.shape[1] as f32).sqrt()
         } else {
@@ -78,20 +89,20 @@ pub fn device_weights(rig: &Rig, dims: &DitDims, seed: u64) -> Result<DeviceWeig
 /// `[-scale(spec), scale(spec))` from `seed` (each tensor its own stream): weights
 /// for timing only, never for a check. `what` names the arena in an allocation error.
 pub fn generate_weights(
-    rig: &Rig,
+    kit: &DeviceKit,
     specs: &[TensorSpec],
     seed: u64,
     what: &str,
     scale: impl Fn(&TensorSpec) -> f32,
 ) -> Result<DeviceWeights, CudaError> {
     let total: usize = specs.iter().map(|s| align_up(s.nbytes())).sum();
-    let arena = DeviceBuffer::alloc(&rig.gpu, total, &format!("device-generated {what} weights"))?;
+    let arena = DeviceBuffer::alloc(&kit.gpu, total, &format!("device-generated {what} weights"))?;
     let mut map = HashMap::new();
     let mut off = 0usize;
     for (i, s) in specs.iter().enumerate() {
         let ptr = arena.ptr() + off as u64;
-        rig.kernels.fill_uniform_bf16(
-            &rig.gpu.compute,
+        kit.kernels.fill_uniform_bf16(
+            &kit.gpu.compute,
             ptr,
             s.numel(),
             seed ^ (i as u64) << 20,
@@ -108,25 +119,25 @@ pub fn generate_weights(
         );
         off += align_up(s.nbytes());
     }
-    rig.gpu.sync_compute()?;
+    kit.gpu.sync_compute()?;
     Ok(DeviceWeights::from_arena(arena, map, "<device-generated>"))
 }
 
 /// Run every benchmark; returns the table rows (printed last by the caller).
-pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
+pub fn run(kit: &DeviceKit, scratch: &Path) -> Result<Vec<String>, CudaError> {
     let mut rows = vec!["== bench (H200 targets from issue 6) ==".to_string()];
     let push = |rows: &mut Vec<String>, r: String| {
         eprintln!("{r}");
         rows.push(r);
     };
-    let (gpu, g, k, s) = (&rig.gpu, &rig.gemm, &rig.kernels, &rig.gpu.compute);
+    let (gpu, g, k, s) = (&kit.gpu, &kit.gemm, &kit.kernels, &kit.gpu.compute);
 
     // Ceilings.
     {
         let bytes = 2usize << 30;
         let a = DeviceBuffer::alloc(gpu, bytes, "the copy ceiling")?;
         let b = DeviceBuffer::alloc(gpu, bytes, "the copy ceiling")?;
-        let ms = time_ms(rig, 2, 10, || {
+        let ms = time_ms(kit, 2, 10, || {
             // SAFETY: both ranges are `bytes` long.
             unsafe { dres::memcpy_dtod_async(b.ptr(), a.ptr(), bytes, s.cu_stream()) }
                 .ctx("device copy")
@@ -144,7 +155,7 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
         let cd = DeviceBuffer::alloc(gpu, n * n * 2, "gemm ceiling")?;
         k.fill_uniform_bf16(s, ad.ptr(), n * n, 1, 1.0)?;
         k.fill_uniform_bf16(s, bd.ptr(), n * n, 2, 1.0)?;
-        let ms = time_ms(rig, 3, 10, || {
+        let ms = time_ms(kit, 3, 10, || {
             g.linear(
                 s,
                 ad.ptr(),
@@ -279,7 +290,7 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
         } else {
             (
                 DitDims::LTXV_13B,
-                Arc::new(device_weights(rig, &DitDims::LTXV_13B, 13)?),
+                Arc::new(device_weights(kit, &DitDims::LTXV_13B, 13)?),
             )
         };
         let mut dit = DeviceDit::new(gpu.clone(), k.clone(), g.clone(), dims, weights)?;
@@ -288,10 +299,10 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
         dit.workspace(n, l)?;
         let io = DeviceBuffer::alloc(gpu, 2 * n * LATENT_CHANNELS * 4, "bench latents")?;
         let (lat_p, vel_p) = (io.ptr(), io.ptr() + (n * LATENT_CHANNELS * 4) as u64);
-        crate::cuda::memory::upload(gpu, lat_p, &lat)?;
+        crate::cuda::kit::memory::upload(gpu, lat_p, &lat)?;
         let (lin, sa, ca) = dims.forward_flops(n, l);
         let total = lin + sa + ca;
-        let best = time_ms(rig, 3, if name == "ltxv-2b" { 10 } else { 5 }, || {
+        let best = time_ms(kit, 3, if name == "ltxv-2b" { 10 } else { 5 }, || {
             dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
         })?;
         let best_kind = dit.attn;
@@ -305,9 +316,9 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
             k.fill_uniform_bf16(s, b.ptr(), n * d, 5, 2.0)?;
         }
         let kbias = DeviceBuffer::alloc(gpu, l * 4, "bench kbias")?;
-        crate::cuda::memory::upload(gpu, kbias.ptr(), &vec![0.0f32; l])?;
+        crate::cuda::kit::memory::upload(gpu, kbias.ptr(), &vec![0.0f32; l])?;
         let attn_alone = |kind: AttnKernel, nk: usize, kb: u64| {
-            time_ms(rig, 2, 10, || {
+            time_ms(kit, 2, 10, || {
                 k.attention(
                     s,
                     kind,
@@ -354,7 +365,7 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
         );
         if let Some((kind, _)) = fastest {
             dit.attn = kind;
-            let with = time_ms(rig, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
+            let with = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
                 dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
             })?;
             dit.attn = best_kind;
@@ -373,7 +384,7 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
         let bias = DeviceBuffer::alloc(gpu, 4 * d * 2, "bench bias")?;
         k.fill_uniform_bf16(s, wbig.ptr(), 4 * d * d, 6, 0.02)?;
         k.fill_uniform_bf16(s, bias.ptr(), 4 * d, 8, 0.1)?;
-        let g_dd = time_ms(rig, 2, 10, || {
+        let g_dd = time_ms(kit, 2, 10, || {
             g.linear(
                 s,
                 q.ptr(),
@@ -386,7 +397,7 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
                 Epilogue::Bias,
             )
         })?;
-        let g_up = time_ms(rig, 2, 10, || {
+        let g_up = time_ms(kit, 2, 10, || {
             g.linear(
                 s,
                 q.ptr(),
@@ -399,7 +410,7 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
                 Epilogue::BiasGelu,
             )
         })?;
-        let g_dn = time_ms(rig, 2, 10, || {
+        let g_dn = time_ms(kit, 2, 10, || {
             g.linear(
                 s,
                 ff.ptr(),
@@ -483,7 +494,7 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
     let _ = std::fs::remove_file(&file);
     // The denoise loop eager vs replayed from graphs (lever denoise-graph).
     drop(w2b);
-    super::graph_bench::denoise_graph(rig, &mut rows)?;
+    crate::cuda::bench::graph::denoise_graph(kit, &mut rows)?;
     Ok(rows)
 }
 
@@ -494,23 +505,23 @@ pub fn run(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
 /// the same machine, with the two outputs compared (informational: over 24
 /// blocks these random weights amplify the bf16 roundings to a relative
 /// difference of ~0.65, as a host emulation of the roundings predicts; see
-/// [`super::t5_check`]). Returns the table rows.
-pub fn run_t5(rig: &Rig, scratch: &Path) -> Result<Vec<String>, CudaError> {
+/// [`crate::cuda::fixtures::t5`]). Returns the table rows.
+pub fn run_t5(kit: &DeviceKit, scratch: &Path) -> Result<Vec<String>, CudaError> {
     let file = scratch.join("t5-xxl.safetensors");
-    let rows = t5_rows(rig, &file);
+    let rows = t5_rows(kit, &file);
     let _ = std::fs::remove_file(&file);
     rows
 }
 
-fn t5_rows(rig: &Rig, file: &Path) -> Result<Vec<String>, CudaError> {
-    use super::t5::DeviceT5;
-    use super::t5_check::{host_encoder, prompt, write_t5_file};
+fn t5_rows(kit: &DeviceKit, file: &Path) -> Result<Vec<String>, CudaError> {
+    use crate::cuda::fixtures::t5::{host_encoder, prompt, write_t5_file};
+    use crate::cuda::models::t5::DeviceT5;
     let mut rows = vec!["== bench: T5-XXL encoder (24 blocks, 128 tokens) ==".to_string()];
     let push = |rows: &mut Vec<String>, r: String| {
         eprintln!("{r}");
         rows.push(r);
     };
-    let gpu = &rig.gpu;
+    let gpu = &kit.gpu;
     let cfg = crate::presets::t5_xxl();
     let t0 = Instant::now();
     let fbytes = write_t5_file(file, &cfg, 5)?;
@@ -543,7 +554,7 @@ fn t5_rows(rig: &Rig, file: &Path) -> Result<Vec<String>, CudaError> {
             w.names().count()
         ),
     );
-    let mut dev = DeviceT5::new(rig, &cfg, w)?;
+    let mut dev = DeviceT5::new(kit, &cfg, w)?;
     gpu.mem.reset_peak();
     let mut rng = Rng::new(77);
     let l = 128;
@@ -587,7 +598,7 @@ fn t5_rows(rig: &Rig, file: &Path) -> Result<Vec<String>, CudaError> {
         .map_err(|e| CudaError::Invalid(format!("host T5 forward: {e}")))?;
     let host_s = t0.elapsed().as_secs_f64();
     drop(host);
-    let (rel, max_abs) = super::selftest::rel_err(y1[0].data(), yh.data());
+    let (rel, max_abs) = crate::cuda::fixtures::rel_err(y1[0].data(), yh.data());
     push(
         &mut rows,
         format!(

@@ -22,9 +22,9 @@ use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use half::bf16;
 
-use super::super::context::Gpu;
-use super::super::memory::DeviceBuffer;
-use super::super::CudaError;
+use crate::cuda::kit::context::Gpu;
+use crate::cuda::kit::memory::DeviceBuffer;
+use crate::cuda::CudaError;
 
 /// Where cuDNN 9 lives on the project's GPU machine (inside the Python venv).
 pub const CUDNN_HINT: &str =

@@ -7,17 +7,17 @@ use cudarc::driver::result as dres;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::CudaEvent;
 
-use super::super::context::Gpu;
-use super::super::gemm::{Epilogue, Gemm};
-use super::super::kernels::{Kernels, Map, Params, NULL};
-use super::super::memory::{download, upload, DeviceBuffer};
-use super::super::selftest::narrow;
-use super::super::staging::DeviceWeights;
-use super::super::{CudaError, DriverContext};
-use super::cudnn::CudnnConv;
-use super::ops::{HasBias, Loc, NormOp, VaeOps, SINUSOID};
-use super::rgb8::{rgb8_bytes, Rgb8Mutation, RGB8_POISON};
-use super::Download;
+use crate::cuda::kit::bf16::narrow;
+use crate::cuda::kit::context::Gpu;
+use crate::cuda::kit::gemm::{Epilogue, Gemm};
+use crate::cuda::kit::kernels::{igemm_smem, Kernels, Map, Params, NULL};
+use crate::cuda::kit::memory::{download, upload, DeviceBuffer};
+use crate::cuda::models::vae::cudnn::CudnnConv;
+use crate::cuda::models::vae::ops::{HasBias, Loc, NormOp, VaeOps, SINUSOID};
+use crate::cuda::models::vae::rgb8::{rgb8_bytes, Rgb8Mutation, RGB8_POISON};
+use crate::cuda::models::vae::Download;
+use crate::cuda::staging::DeviceWeights;
+use crate::cuda::{CudaError, DriverContext};
 use crate::frames::Frame;
 
 /// How the 3x3x3 convolutions run.
@@ -60,23 +60,6 @@ impl ConvPath {
             ("conv3d_128x128", 256, 128, 128, igemm_smem(128, 128, 4))
         }
     }
-}
-
-/// Padded shared row of the implicit-GEMM tiles, elements (BK 32 + 8).
-const IGEMM_SROW: usize = 40;
-
-/// Dynamic shared memory of an implicit-GEMM tile of `stages` stages, bytes.
-pub fn igemm_smem(bm: usize, bn: usize, stages: usize) -> u32 {
-    (stages * (bm + bn) * IGEMM_SROW * 2) as u32
-}
-
-/// The VAE kernels that need more than 48 KiB of shared memory, and how much.
-pub fn big_smem_kernels() -> [(&'static str, u32); 3] {
-    [
-        ("conv3d_128x128", igemm_smem(128, 128, 4)),
-        ("conv3d_256x128", igemm_smem(256, 128, 3)),
-        ("conv3d_128x64", igemm_smem(128, 64, 4)),
-    ]
 }
 
 /// A device vector (bf16).
@@ -227,7 +210,7 @@ impl<'a> DeviceOps<'a> {
     /// The values at `at` (bf16 widened to f32; synchronous, for checks).
     pub fn read(&self, at: Loc, elems: usize) -> Result<Vec<f32>, CudaError> {
         let p = self.ptr(at)?;
-        Ok(super::super::selftest::widen(&download::<u16>(
+        Ok(crate::cuda::kit::bf16::widen(&download::<u16>(
             self.gpu, p, elems,
         )?))
     }
@@ -511,10 +494,10 @@ impl VaeOps for DeviceOps<'_> {
         let (mode, eps, t) = match op {
             NormOp::RmsSilu(Some(m)) => (
                 0,
-                super::host::PIXEL_NORM_EPS,
+                crate::cuda::models::vae::host::PIXEL_NORM_EPS,
                 [m.shift.0, m.shift.1, m.scale.0, m.scale.1],
             ),
-            NormOp::RmsSilu(None) => (0, super::host::PIXEL_NORM_EPS, [NULL; 4]),
+            NormOp::RmsSilu(None) => (0, crate::cuda::models::vae::host::PIXEL_NORM_EPS, [NULL; 4]),
             NormOp::LayerNorm { weight, bias, eps } => {
                 (1, *eps, [weight.ptr, NULL, bias.ptr, NULL])
             }

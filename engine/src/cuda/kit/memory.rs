@@ -7,8 +7,8 @@ use std::sync::Arc;
 use cudarc::driver::result as dres;
 use cudarc::driver::sys::CUdeviceptr;
 
-use super::context::Gpu;
-use super::{CudaError, DriverContext};
+use crate::cuda::kit::context::Gpu;
+use crate::cuda::{CudaError, DriverContext};
 
 /// Alignment of every arena piece, bytes (cuBLASLt's preferred alignment is 16;
 /// 256 keeps every piece on its own cache-line group).

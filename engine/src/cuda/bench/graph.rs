@@ -18,12 +18,14 @@
 
 use std::sync::Arc;
 
-use super::backend::{run_loop, CudaDenoiser, Dispatch, LoopRun};
-use super::bench::{device_weights, median, GRID_6144};
-use super::dit::{DeviceDit, DitDims, Geometry, LATENT_CHANNELS};
-use super::selftest::{rel_err, Rig, Rng};
-use super::staging::DeviceWeights;
-use super::CudaError;
+use crate::cuda::bench::{device_weights, median, GRID_6144};
+use crate::cuda::denoise::{run_loop, CudaDenoiser, Dispatch, LoopRun};
+use crate::cuda::fixtures::rel_err;
+use crate::cuda::fixtures::Rng;
+use crate::cuda::kit::DeviceKit;
+use crate::cuda::models::dit::{DeviceDit, DitDims, Geometry, LATENT_CHANNELS};
+use crate::cuda::staging::DeviceWeights;
+use crate::cuda::CudaError;
 use crate::denoise::{Conditioning, TextCond};
 use crate::schedule::{sigmas, SchedulerConfig};
 use crate::tensor::Tensor;
@@ -117,7 +119,7 @@ fn text(rng: &mut Rng, real: usize) -> Result<TextCond, CudaError> {
 
 /// Both arms of `case`, interleaved; the rows of the table.
 pub fn bench_case(
-    rig: &Rig,
+    kit: &DeviceKit,
     weights: &Arc<DeviceWeights>,
     case: &LoopCase,
 ) -> Result<Vec<String>, CudaError> {
@@ -143,13 +145,13 @@ pub fn bench_case(
         .map_err(|e| CudaError::Invalid(format!("sigmas: {e}")))?;
     let arm = |d: Dispatch| -> Result<CudaDenoiser, CudaError> {
         let dit = DeviceDit::new(
-            rig.gpu.clone(),
-            rig.kernels.clone(),
-            rig.gemm.clone(),
+            kit.gpu.clone(),
+            kit.kernels.clone(),
+            kit.gemm.clone(),
             dims,
             weights.clone(),
         )?;
-        CudaDenoiser::new(rig.clone(), dit, &cond, geo, d)
+        CudaDenoiser::new(kit.clone(), dit, &cond, geo, d)
     };
     let mut dens = [arm(Dispatch::Eager)?, arm(Dispatch::Graph)?];
     let mut figs = [ArmFigures::default(), ArmFigures::default()];
@@ -205,10 +207,10 @@ pub fn bench_case(
 
 /// Every case of [`CASES`] on one set of device-generated ltxv-2b weights; a
 /// case that fails becomes a row saying so (the other still runs).
-pub fn denoise_graph(rig: &Rig, rows: &mut Vec<String>) -> Result<(), CudaError> {
-    let weights = Arc::new(device_weights(rig, &DitDims::LTXV_2B, 7)?);
+pub fn denoise_graph(kit: &DeviceKit, rows: &mut Vec<String>) -> Result<(), CudaError> {
+    let weights = Arc::new(device_weights(kit, &DitDims::LTXV_2B, 7)?);
     for case in &CASES {
-        let r = bench_case(rig, &weights, case)
+        let r = bench_case(kit, &weights, case)
             .unwrap_or_else(|e| vec![format!("denoise-graph {} FAILED: {e}", case.label)]);
         for row in r {
             eprintln!("{row}");

@@ -7,7 +7,6 @@
 //! (one plane per colour); the kernel writes RGB8 `[frames][h][w][3]` (one
 //! [`crate::frames::Frame`]'s `rgb` per frame, back to back).
 
-use crate::cuda::selftest::Rng;
 use crate::frames::to_u8;
 
 /// The byte the checks fill the device's RGB8 staging with first: a frame
@@ -158,59 +157,6 @@ pub fn nudge(v: f32, d: i64) -> f32 {
 /// The f32 steps each side of a rounding boundary the probe covers.
 pub const PROBE_ULPS: i64 = 256;
 
-/// The kernel check's inputs: special values (NaN with several payloads,
-/// infinities, zeros, subnormals, the clamp edges ±1 and their neighbours,
-/// values far outside `[-1, 1]`), every f32 within [`PROBE_ULPS`] steps of
-/// each of the 255 rounding boundaries `v = (2k + 1) / 255 - 1` (where the
-/// host's `x = k + 0.5` ties live), then `random` values: half any bit
-/// pattern, half uniform in `[-1.25, 1.25]`.
-pub fn probe_values(rng: &mut Rng, random: usize) -> Vec<f32> {
-    let mut v = vec![
-        f32::NAN,
-        -f32::NAN,
-        f32::from_bits(0xffff_ffff), // the checks' 0xFF poison
-        f32::from_bits(0x7f80_0001), // a signalling NaN
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        0.0,
-        -0.0,
-        f32::from_bits(1),
-        -f32::from_bits(1),
-        f32::MIN_POSITIVE,
-        -f32::MIN_POSITIVE,
-        f32::MAX,
-        f32::MIN,
-        1e30,
-        -1e30,
-        -1.5,
-        1.5,
-        -2.0,
-        3.0,
-    ];
-    for edge in [-1.0f32, 1.0] {
-        for d in -8..=8 {
-            v.push(nudge(edge, d));
-        }
-    }
-    for k in 0..255u32 {
-        let b = ((2 * k + 1) as f64 / 255.0 - 1.0) as f32;
-        for d in -PROBE_ULPS..=PROBE_ULPS {
-            v.push(nudge(b, d));
-        }
-    }
-    for i in 0..random {
-        if i % 2 == 0 {
-            // Any bit pattern, 16 bits from each of two draws.
-            let u = rng.uniform(2, 0.0, 1.0);
-            let half = |x: f32| ((x * 65536.0) as u32).min(0xffff);
-            v.push(f32::from_bits(half(u[0]) << 16 | half(u[1])));
-        } else {
-            v.push(rng.uniform(1, -1.25, 1.25)[0]);
-        }
-    }
-    v
-}
-
 /// Positions where `got` and `want` differ, and the largest difference.
 pub fn mismatches(got: &[u8], want: &[u8]) -> (usize, u8) {
     if got.len() != want.len() {
@@ -225,6 +171,8 @@ pub fn mismatches(got: &[u8], want: &[u8]) -> (usize, u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cuda::fixtures::rgb8::probe_values;
+    use crate::cuda::fixtures::Rng;
 
     #[test]
     fn layouts_interleave_the_planes_of_each_frame() {

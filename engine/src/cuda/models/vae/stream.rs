@@ -20,8 +20,10 @@
 //! with the chunk, not with the clip, and the pixels of a chunked decode
 //! equal a one-piece decode.
 
-use super::super::CudaError;
-use super::ops::{DecoderW, Frames, HasBias, Loc, Mutation, NormOp, ResnetW, VaeOps};
+use crate::cuda::models::vae::ops::{
+    DecoderW, Frames, HasBias, Loc, Mutation, NormOp, ResnetW, VaeOps,
+};
+use crate::cuda::CudaError;
 use crate::models::vae::VaeConfig;
 
 type Alloc<'a> = &'a mut dyn FnMut(usize, &str) -> Result<usize, CudaError>;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{result as dres, CudaContext, CudaEvent, CudaStream};
 
-use super::memory::MemTracker;
-use super::{CudaError, DriverContext};
+use crate::cuda::kit::memory::MemTracker;
+use crate::cuda::{CudaError, DriverContext};
 
 /// Where cuBLASLt lives on the project's GPU machine (not in the linker cache).
 pub const CUBLASLT_HINT: &str = "/usr/local/cuda-13.0/targets/x86_64-linux/lib";

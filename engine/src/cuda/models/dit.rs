@@ -18,12 +18,12 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUdeviceptr;
 
-use super::context::{Gpu, Timer};
-use super::gemm::{Epilogue, Gemm};
-use super::kernels::{AttnKernel, Kernels, Map, RopeArgs, RowMode, NULL};
-use super::memory::{align_up, download, upload, Arena, DeviceBuffer};
-use super::staging::DeviceWeights;
-use super::CudaError;
+use crate::cuda::kit::context::{Gpu, Timer};
+use crate::cuda::kit::gemm::{Epilogue, Gemm};
+use crate::cuda::kit::kernels::{AttnKernel, Kernels, Map, RopeArgs, RowMode, NULL};
+use crate::cuda::kit::memory::{align_up, download, upload, Arena, DeviceBuffer};
+use crate::cuda::staging::DeviceWeights;
+use crate::cuda::CudaError;
 use crate::models::dit::{DitConfig, ROPE_COMPRESSION};
 use crate::ops::rope::{rope_freqs, ROPE_BASE};
 use crate::weights::TensorSpec;
@@ -649,6 +649,7 @@ impl DeviceDit {
                 n,
                 d,
                 RowMode::Rms,
+                NORM_EPS,
                 (row(b0.sst, 0), row(ws.temb, 0)),
                 (row(b0.sst, 1), row(ws.temb, 1)),
                 ws.h,
@@ -672,6 +673,7 @@ impl DeviceDit {
                 n,
                 d,
                 RowMode::Cast,
+                NORM_EPS,
                 (NULL, NULL),
                 (NULL, NULL),
                 ws.h,
@@ -692,6 +694,7 @@ impl DeviceDit {
                 n,
                 d,
                 RowMode::Rms,
+                NORM_EPS,
                 (row(b.sst, 3), row(ws.temb, 3)),
                 (row(b.sst, 4), row(ws.temb, 4)),
                 ws.h,
@@ -713,7 +716,7 @@ impl DeviceDit {
                     (row(w.sst, 1), ws.emb),
                 ),
             };
-            k.residual_norm(s, ws.x, ws.y, gate, n, d, mode, shift, scl, ws.h)?;
+            k.residual_norm(s, ws.x, ws.y, gate, n, d, mode, NORM_EPS, shift, scl, ws.h)?;
         }
         if blocks.is_empty() {
             k.residual_norm(
@@ -724,6 +727,7 @@ impl DeviceDit {
                 n,
                 d,
                 RowMode::LayerNorm,
+                NORM_EPS,
                 (row(w.sst, 0), ws.emb),
                 (row(w.sst, 1), ws.emb),
                 ws.h,

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use cudarc::nvrtc::sys;
 use sha2::{Digest, Sha256};
 
-use super::CudaError;
+use crate::cuda::CudaError;
 
 /// The shared header every module includes.
 pub const COMMON_CUH: &str = include_str!("kernels/common.cuh");

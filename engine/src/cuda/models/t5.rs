@@ -29,14 +29,13 @@ use std::time::Instant;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::CudaStream;
 
-use super::backend::OpenReport;
-use super::context::{Gpu, Timer};
-use super::gemm::{Epilogue, Gemm};
-use super::kernels::{Kernels, Params, NULL};
-use super::memory::{align_up, download, upload, Arena, MemTracker};
-use super::selftest::Rig;
-use super::staging::{self, DeviceWeights, StagingOptions};
-use super::CudaError;
+use crate::cuda::kit::context::{Gpu, Timer};
+use crate::cuda::kit::gemm::{Epilogue, Gemm};
+use crate::cuda::kit::kernels::{Kernels, Params, NULL};
+use crate::cuda::kit::memory::{align_up, download, upload, Arena, MemTracker};
+use crate::cuda::kit::DeviceKit;
+use crate::cuda::staging::{self, DeviceWeights, OpenReport, StagingOptions};
+use crate::cuda::CudaError;
 use crate::models::t5::{tensor_specs, Keys, T5Config, EMBED_ALIAS};
 use crate::ops::t5::relative_position_bucket;
 use crate::tensor::Tensor;
@@ -385,11 +384,11 @@ pub fn open_device_t5(
     staging: &StagingOptions,
 ) -> Result<(DeviceT5, OpenReport), CudaError> {
     let t0 = Instant::now();
-    let rig = Rig::open()?;
+    let kit = DeviceKit::open()?;
     let device_open_s = t0.elapsed().as_secs_f64();
     let keep = select_extents(tensors, cfg);
-    let (w, report) = staging::stage(&rig.gpu, &keep, staging)?;
-    let t5 = DeviceT5::new(&rig, cfg, w)?;
+    let (w, report) = staging::stage(&kit.gpu, &keep, staging)?;
+    let t5 = DeviceT5::new(&kit, cfg, w)?;
     Ok((
         t5,
         OpenReport {
@@ -401,8 +400,12 @@ pub fn open_device_t5(
 
 impl DeviceT5 {
     /// Bind `weights` (every tensor present, bf16, of the expected shape) on
-    /// the rig's device.
-    pub fn new(rig: &Rig, cfg: &T5Config, weights: DeviceWeights) -> Result<DeviceT5, CudaError> {
+    /// the kit's device.
+    pub fn new(
+        kit: &DeviceKit,
+        cfg: &T5Config,
+        weights: DeviceWeights,
+    ) -> Result<DeviceT5, CudaError> {
         cfg.validate()
             .map_err(|e| CudaError::Invalid(e.to_string()))?;
         if !ATTN_HEAD_DIMS.contains(&cfg.d_kv) {
@@ -426,9 +429,9 @@ impl DeviceT5 {
             weights,
             cfg: cfg.clone(),
             ablation: Ablation::default(),
-            gemm: rig.gemm.clone(),
-            kernels: rig.kernels.clone(),
-            gpu: rig.gpu.clone(),
+            gemm: kit.gemm.clone(),
+            kernels: kit.kernels.clone(),
+            gpu: kit.gpu.clone(),
         })
     }
 
@@ -657,7 +660,7 @@ impl DeviceT5 {
 /// Device bytes the encoder holds besides its staged weights once loaded: the
 /// cuBLASLt workspace.
 pub fn loaded_bytes() -> u64 {
-    super::gemm::WORKSPACE_BYTES as u64
+    crate::cuda::kit::gemm::WORKSPACE_BYTES as u64
 }
 
 /// Device bytes a forward adds over `prompts` prompts of `l` tokens: its workspace.
@@ -759,7 +762,7 @@ mod tests {
 
     #[test]
     fn the_kernel_module_declares_every_launched_entry_point() {
-        let names = super::super::kernels::kernel_names(super::super::nvrtc::T5_CU);
+        let names = crate::cuda::kit::kernels::kernel_names(crate::cuda::kit::nvrtc::T5_CU);
         let mut want: Vec<String> = ["t5_embed", "t5_add_rms", "t5_gated_gelu"]
             .iter()
             .map(|s| s.to_string())

@@ -20,12 +20,15 @@
 
 use std::sync::Arc;
 
-use super::backend::{run_loop, CudaDenoiser, Dispatch, LoopRun};
-use super::bench::device_weights;
-use super::dit::{DeviceDit, DitDims, Geometry, LATENT_CHANNELS};
-use super::selftest::{rel_err, Check, Rig, Rng};
-use super::staging::DeviceWeights;
-use super::CudaError;
+use crate::cuda::bench::device_weights;
+use crate::cuda::denoise::{run_loop, CudaDenoiser, Dispatch, LoopRun};
+use crate::cuda::fixtures::rel_err;
+use crate::cuda::fixtures::Rng;
+use crate::cuda::kit::DeviceKit;
+use crate::cuda::models::dit::{DeviceDit, DitDims, Geometry, LATENT_CHANNELS};
+use crate::cuda::selftest::Check;
+use crate::cuda::staging::DeviceWeights;
+use crate::cuda::CudaError;
 use crate::denoise::{Conditioning, TextCond};
 use crate::schedule::{sigmas, SchedulerConfig};
 use crate::tensor::Tensor;
@@ -92,7 +95,7 @@ fn text(rng: &mut Rng, l: usize, c: usize) -> Result<TextCond, CudaError> {
 /// One poisoned loop of `case` on `weights` with `dispatch` (and the mutant).
 #[allow(clippy::too_many_arguments)]
 fn one_loop(
-    rig: &Rig,
+    kit: &DeviceKit,
     case: &GraphCase,
     weights: &Arc<DeviceWeights>,
     cond: &Conditioning,
@@ -102,9 +105,9 @@ fn one_loop(
     mutant: bool,
 ) -> Result<LoopRun, String> {
     let dit = DeviceDit::new(
-        rig.gpu.clone(),
-        rig.kernels.clone(),
-        rig.gemm.clone(),
+        kit.gpu.clone(),
+        kit.kernels.clone(),
+        kit.gemm.clone(),
         case.dims,
         weights.clone(),
     )
@@ -114,7 +117,7 @@ fn one_loop(
         fps: 25.0,
     };
     let mut den =
-        CudaDenoiser::new(rig.clone(), dit, cond, geo, dispatch).map_err(|e| e.to_string())?;
+        CudaDenoiser::new(kit.clone(), dit, cond, geo, dispatch).map_err(|e| e.to_string())?;
     if mutant {
         den.mutate_skip_timestep_write();
     }
@@ -135,7 +138,7 @@ fn failed(name: String, why: String) -> Check {
 /// Run `case` eager, eager again, with graphs, and as the mutant, and push
 /// the three rows (graph vs eager, the determinism control, the mutant).
 pub fn check_graph(
-    rig: &Rig,
+    kit: &DeviceKit,
     rng: &mut Rng,
     case: &GraphCase,
     seed: u64,
@@ -143,7 +146,7 @@ pub fn check_graph(
 ) -> Result<(), CudaError> {
     let n = case.grid.0 * case.grid.1 * case.grid.2;
     let c = case.dims.caption_channels;
-    let weights = Arc::new(device_weights(rig, &case.dims, seed)?);
+    let weights = Arc::new(device_weights(kit, &case.dims, seed)?);
     let cond = Conditioning {
         cond: text(rng, case.l, c)?,
         uncond: case.l_uncond.map(|l| text(rng, l, c)).transpose()?,
@@ -155,7 +158,7 @@ pub fn check_graph(
     let sig = sigmas(&SchedulerConfig::ltx_video(), case.steps, n)
         .map_err(|e| CudaError::Invalid(format!("sigmas: {e}")))?;
     let run =
-        |d: Dispatch, mutant: bool| one_loop(rig, case, &weights, &cond, &latents, &sig, d, mutant);
+        |d: Dispatch, mutant: bool| one_loop(kit, case, &weights, &cond, &latents, &sig, d, mutant);
     let what = format!("{} {} steps x {fwd} fwd", case.label, case.steps);
     let eager = match run(Dispatch::Eager, false) {
         Ok(r) => r,
@@ -209,9 +212,9 @@ pub fn check_graph(
 }
 
 /// Every case of [`cases`] (device-generated weights, seeds 41, 42, 43).
-pub fn check_graphs(rig: &Rig, rng: &mut Rng, out: &mut Vec<Check>) -> Result<(), CudaError> {
+pub fn check_graphs(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result<(), CudaError> {
     for (i, case) in cases()?.iter().enumerate() {
-        check_graph(rig, rng, case, 41 + i as u64, out)?;
+        check_graph(kit, rng, case, 41 + i as u64, out)?;
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! The T5 section of `engine selftest-cuda`: the device encoder's kernels and
-//! whole forwards ([`super::t5`]) against the host arm (`crate::ops` and
+//! whole forwards ([`crate::cuda::models::t5`]) against the host arm (`crate::ops` and
 //! [`T5Encoder`], f32), at fixed seeds, on random token ids (never zeros) with
 //! a realistic padding mask, every device output poisoned (0xFF bytes = NaN)
 //! before it is written.
@@ -56,84 +56,28 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use rayon::prelude::*;
-
-use super::kernels::NULL;
-use super::memory::{download, upload, DeviceBuffer};
-use super::selftest::{rb, widen, write_safetensors_with, Check, Rig, Rng};
-use super::staging::{self, StagingArm, StagingOptions};
-use super::t5::{self as dt5, Ablation, AttnArgs, DeviceT5};
-use super::CudaError;
-use crate::models::init;
-use crate::models::t5::{tensor_specs, Keys, T5Config, T5Encoder};
+use crate::cuda::fixtures::t5::{host_encoder, prompt, write_t5_file};
+use crate::cuda::fixtures::Rng;
+use crate::cuda::kit::bf16::rb;
+use crate::cuda::kit::bf16::widen;
+use crate::cuda::kit::kernels::NULL;
+use crate::cuda::kit::memory::{download, upload, DeviceBuffer};
+use crate::cuda::kit::DeviceKit;
+use crate::cuda::models::t5::{self as dt5, Ablation, AttnArgs, DeviceT5};
+use crate::cuda::selftest::Check;
+use crate::cuda::staging::{self, StagingArm, StagingOptions};
+use crate::cuda::CudaError;
+use crate::models::t5::{Keys, T5Config, T5Encoder};
 use crate::ops::attention::{attention, AttnBias};
 use crate::ops::norm::rms_norm_rows;
 use crate::ops::t5::position_bias;
-use crate::weights::safetensors::{LoadOptions, SafetensorsSource};
-use crate::weights::{DType, TensorSpec, VarBuilder};
 
 /// Tolerance of a whole forward against the host arm (argued in the module doc).
 pub const FORWARD_TOL: f64 = 2.5e-2;
 
-/// The bf16 bits of the synthetic tensor `spec` under `seed` by the rungs'
-/// rules ([`init::fill`]), generated in parallel slices.
-pub fn init_bits(spec: &TensorSpec, seed: u64) -> Vec<u16> {
-    const UNIT: usize = 1 << 20;
-    let mut out = vec![0u16; spec.numel()];
-    out.par_chunks_mut(UNIT).enumerate().for_each(|(c, chunk)| {
-        let mut f = vec![0f32; chunk.len()];
-        init::fill(
-            &spec.name,
-            &spec.shape,
-            DType::BF16,
-            seed,
-            (c * UNIT) as u64,
-            &mut f,
-        );
-        chunk
-            .iter_mut()
-            .zip(&f)
-            .for_each(|(o, v)| *o = half::bf16::from_f32(*v).to_bits());
-    });
-    out
-}
-
-/// Write the synthetic T5 of `cfg` (seed `seed`) to `path`; returns the bytes.
-pub fn write_t5_file(path: &Path, cfg: &T5Config, seed: u64) -> Result<u64, CudaError> {
-    write_safetensors_with(path, &tensor_specs(cfg), &|s| init_bits(s, seed))
-}
-
-/// The host arm's encoder loaded from `path` as the render loads it (mmap,
-/// widened to f32), pages kept (a later staging may read them).
-pub fn host_encoder(path: &Path, cfg: &T5Config) -> Result<T5Encoder, CudaError> {
-    let src = SafetensorsSource::open(
-        "text_encoder",
-        &[path.to_path_buf()],
-        &|n, _| Some(n.to_string()),
-        LoadOptions {
-            release_pages: false,
-            ..LoadOptions::default()
-        },
-    )?;
-    T5Encoder::load(&VarBuilder::new(&src), cfg)
-        .map_err(|e| CudaError::Invalid(format!("host T5: {e}")))
-}
-
-/// A prompt of `l` random ids in `1..vocab` (never 0: padding slots get random
-/// ids too, so a mask that leaks shows) and a mask of `real` leading ones.
-pub fn prompt(rng: &mut Rng, vocab: usize, l: usize, real: usize) -> (Vec<u32>, Vec<f32>) {
-    let ids = rng
-        .uniform(l, 1.0, vocab as f32)
-        .iter()
-        .map(|v| (*v as u32).clamp(1, vocab as u32 - 1))
-        .collect();
-    let mask = (0..l).map(|j| if j < real { 1.0 } else { 0.0 }).collect();
-    (ids, mask)
-}
-
-fn upload_i32(rig: &Rig, v: &[i32]) -> Result<DeviceBuffer, CudaError> {
-    let b = DeviceBuffer::alloc(&rig.gpu, v.len() * 4, "a check input")?;
-    upload(&rig.gpu, b.ptr(), v)?;
+fn upload_i32(kit: &DeviceKit, v: &[i32]) -> Result<DeviceBuffer, CudaError> {
+    let b = DeviceBuffer::alloc(&kit.gpu, v.len() * 4, "a check input")?;
+    upload(&kit.gpu, b.ptr(), v)?;
     Ok(b)
 }
 
@@ -144,8 +88,12 @@ fn host_forward(m: &T5Encoder, ids: &[u32], keys: Keys<'_>) -> Result<Vec<f32>, 
 }
 
 /// The T5 kernels alone against the host ops.
-pub fn check_t5_kernels(rig: &Rig, rng: &mut Rng, out: &mut Vec<Check>) -> Result<(), CudaError> {
-    let (k, s, gpu) = (&*rig.kernels, &rig.gpu.compute, &rig.gpu);
+pub fn check_t5_kernels(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let (k, s, gpu) = (&*kit.kernels, &kit.gpu.compute, &kit.gpu);
     // Embedding gather: bit-exact.
     {
         let (vocab, d, rows) = (300usize, 64usize, 45usize);
@@ -155,9 +103,9 @@ pub fn check_t5_kernels(rig: &Rig, rng: &mut Rng, out: &mut Vec<Check>) -> Resul
             .iter()
             .map(|v| (*v as i32).clamp(1, vocab as i32 - 1))
             .collect();
-        let td = rig.bf16(&table)?;
-        let idd = upload_i32(rig, &ids)?;
-        let xd = rig.poisoned(rows * d * 4)?;
+        let td = kit.bf16(&table)?;
+        let idd = upload_i32(kit, &ids)?;
+        let xd = kit.poisoned(rows * d * 4)?;
         dt5::embed(k, s, idd.ptr(), td.ptr(), xd.ptr(), rows, d)?;
         let x = download::<f32>(gpu, xd.ptr(), rows * d)?;
         let r: Vec<f32> = ids
@@ -172,9 +120,9 @@ pub fn check_t5_kernels(rig: &Rig, rng: &mut Rng, out: &mut Vec<Check>) -> Resul
         let x: Vec<f32> = rng.normal(rows * d, 3.0).iter().map(|v| v + 0.5).collect();
         let y = rb(&rng.normal(rows * d, 2.0));
         let w = rb(&rng.uniform(d, 0.8, 1.2));
-        let (xd, yd, wd) = (rig.f32(&x)?, rig.bf16(&y)?, rig.bf16(&w)?);
-        let hd = rig.poisoned(rows * d * 2)?;
-        let od = rig.poisoned(rows * d * 4)?;
+        let (xd, yd, wd) = (kit.f32(&x)?, kit.bf16(&y)?, kit.bf16(&w)?);
+        let hd = kit.poisoned(rows * d * 2)?;
+        let od = kit.poisoned(rows * d * 4)?;
         dt5::add_rms(
             k,
             s,
@@ -217,7 +165,7 @@ pub fn check_t5_kernels(rig: &Rig, rng: &mut Rng, out: &mut Vec<Check>) -> Resul
         let n = 100_003;
         let a = rb(&rng.normal(n, 2.0));
         let b = rb(&rng.normal(n, 1.5));
-        let (ad, bd) = (rig.bf16(&a)?, rig.bf16(&b)?);
+        let (ad, bd) = (kit.bf16(&a)?, kit.bf16(&b)?);
         dt5::gated_gelu(k, s, ad.ptr(), bd.ptr(), ad.ptr(), n)?;
         let g = widen(&download::<u16>(gpu, ad.ptr(), n)?);
         let mut r = a.clone();
@@ -249,13 +197,13 @@ pub fn check_t5_kernels(rig: &Rig, rng: &mut Rng, out: &mut Vec<Check>) -> Resul
             ..crate::presets::t5_xxl()
         };
         let bucket = dt5::buckets(&cfg, l);
-        let (qd, kd, vd) = (rig.bf16(&q)?, rig.bf16(&kx)?, rig.bf16(&v)?);
+        let (qd, kd, vd) = (kit.bf16(&q)?, kit.bf16(&kx)?, kit.bf16(&v)?);
         let (td, bd, md) = (
-            rig.bf16(&table)?,
-            upload_i32(rig, &bucket)?,
-            rig.f32(&mask)?,
+            kit.bf16(&table)?,
+            upload_i32(kit, &bucket)?,
+            kit.f32(&mask)?,
         );
-        let od = rig.poisoned(rows * ld * 2)?;
+        let od = kit.poisoned(rows * ld * 2)?;
         dt5::attention(
             k,
             s,
@@ -325,15 +273,15 @@ pub fn check_t5_kernels(rig: &Rig, rng: &mut Rng, out: &mut Vec<Check>) -> Resul
 /// first prompt alone, which must fail the tolerance.
 #[allow(clippy::too_many_arguments)]
 fn check_model(
-    rig: &Rig,
+    kit: &DeviceKit,
     label: &str,
     cfg: &T5Config,
     file: &Path,
     prompts: &[(Vec<u32>, Vec<f32>)],
     out: &mut Vec<Check>,
 ) -> Result<(), CudaError> {
-    let (w, st) = staging::stage_file(&rig.gpu, file, &StagingOptions::new(StagingArm::Batched))?;
-    let mut dev = DeviceT5::new(rig, cfg, w)?;
+    let (w, st) = staging::stage_file(&kit.gpu, file, &StagingOptions::new(StagingArm::Batched))?;
+    let mut dev = DeviceT5::new(kit, cfg, w)?;
     let t0 = Instant::now();
     let host = host_encoder(file, cfg)?;
     let load_s = t0.elapsed().as_secs_f64();
@@ -423,12 +371,12 @@ fn check_model(
 /// tokens) and T5-XXL's dimensions with 2 blocks (2 prompts of 128 tokens, 20
 /// and 57 real), each against the host arm, each with its mutants.
 pub fn check_t5(
-    rig: &Rig,
+    kit: &DeviceKit,
     rng: &mut Rng,
     scratch: &Path,
     out: &mut Vec<Check>,
 ) -> Result<(), CudaError> {
-    if let Err(e) = check_t5_kernels(rig, rng, out) {
+    if let Err(e) = check_t5_kernels(kit, rng, out) {
         out.push(could_not_run("t5 kernels", &e));
     }
     let tiny = crate::presets::t5_tiny();
@@ -454,7 +402,7 @@ pub fn check_t5(
                 bytes as f64 / 1e9,
                 t0.elapsed().as_secs_f64()
             );
-            check_model(rig, label, &cfg, &file, &prompts, out)
+            check_model(kit, label, &cfg, &file, &prompts, out)
         });
         if let Err(e) = r {
             out.push(could_not_run(&format!("t5 forward {label}"), &e));
@@ -479,33 +427,10 @@ fn could_not_run(what: &str, e: &CudaError) -> Check {
 
 #[cfg(test)]
 mod tests {
-    use super::super::selftest::narrow;
     use super::*;
-    use crate::weights::MapSource;
-
-    #[test]
-    fn init_bits_are_the_rungs_values_in_any_slicing() {
-        let s = TensorSpec::new(
-            "encoder.block.0.layer.0.SelfAttention.q.weight",
-            &[48, 64],
-            DType::BF16,
-        );
-        let bits = init_bits(&s, 3);
-        let want = init::tensor(&s, 3);
-        assert_eq!(widen(&bits), want.data());
-        assert_eq!(narrow(want.data()), bits);
-    }
-
-    #[test]
-    fn prompts_have_no_zero_ids_and_the_mask_asked_for() {
-        let mut rng = Rng::new(1);
-        let (ids, mask) = prompt(&mut rng, 32128, 128, 20);
-        assert!(ids.iter().all(|i| *i >= 1 && *i < 32128));
-        assert_eq!(mask.iter().filter(|m| **m > 0.5).count(), 20);
-        assert!(mask[..20].iter().all(|m| *m == 1.0));
-        let distinct: std::collections::HashSet<_> = ids.iter().collect();
-        assert!(distinct.len() > 100);
-    }
+    use crate::cuda::fixtures::t5::init_bits;
+    use crate::models::t5::tensor_specs;
+    use crate::weights::{MapSource, VarBuilder};
 
     /// The mutants the device check relies on are red on the host arm too, by
     /// far, on the tiny encoder with the check's weights: dropping the position
@@ -534,8 +459,8 @@ mod tests {
         let good = build(false).forward(&ids, Keys::Masked(&mask)).unwrap();
         let no_bias = build(true).forward(&ids, Keys::Masked(&mask)).unwrap();
         let no_mask = build(false).forward(&ids, Keys::All).unwrap();
-        let (e1, _) = super::super::selftest::rel_err(no_bias.data(), good.data());
-        let (e2, _) = super::super::selftest::rel_err(no_mask.data(), good.data());
+        let (e1, _) = crate::cuda::fixtures::rel_err(no_bias.data(), good.data());
+        let (e2, _) = crate::cuda::fixtures::rel_err(no_mask.data(), good.data());
         assert!(e1 > 4.0 * FORWARD_TOL, "no position bias: {e1}");
         assert!(e2 > 4.0 * FORWARD_TOL, "no mask: {e2}");
     }
@@ -548,8 +473,10 @@ mod tests {
 #[cfg(test)]
 mod emulated_device_roundings {
     use super::*;
+    use crate::cuda::fixtures::t5::init_bits;
+    use crate::models::t5::tensor_specs;
     use crate::ops::linear::Linear;
-    use crate::weights::MapSource;
+    use crate::weights::{MapSource, VarBuilder};
 
     fn emulate(cfg: &T5Config, src: &MapSource, ids: &[u32], mask: &[f32]) -> Vec<f32> {
         let vb = VarBuilder::new(src);
@@ -622,7 +549,7 @@ mod emulated_device_roundings {
         let (ids, mask) = prompt(&mut Rng::new(5), cfg.vocab_size, l, real);
         let r = m.forward(&ids, Keys::Masked(&mask)).unwrap();
         let e = emulate(&cfg, &src, &ids, &mask);
-        super::super::selftest::rel_err(&e, r.data())
+        crate::cuda::fixtures::rel_err(&e, r.data())
     }
 
     #[test]

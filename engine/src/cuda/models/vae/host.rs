@@ -5,8 +5,8 @@
 
 use rayon::prelude::*;
 
-use super::super::CudaError;
-use super::ops::{HasBias, Loc, NormOp, VaeOps, SINUSOID};
+use crate::cuda::models::vae::ops::{HasBias, Loc, NormOp, VaeOps, SINUSOID};
+use crate::cuda::CudaError;
 use crate::ops::activation::silu;
 use crate::ops::embed::timestep_embedding;
 use crate::ops::linear::Linear;
@@ -358,9 +358,9 @@ impl VaeOps for HostOps<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::ops::{DecoderW, Mutation};
-    use super::super::stream::{latent_frames, output_geometry, Stream};
     use super::*;
+    use crate::cuda::models::vae::ops::{DecoderW, Mutation};
+    use crate::cuda::models::vae::stream::{latent_frames, output_geometry, Stream};
     use crate::models::init;
     use crate::models::vae::{tensor_specs, VaeConfig, VaeDecoder};
     use crate::rng::Gaussian;
@@ -451,7 +451,7 @@ mod tests {
     fn buffers_grow_with_the_chunk_not_the_clip() {
         let cfg = crate::presets::vae_095();
         let total = |lf: usize, chunk: usize| -> usize {
-            super::super::stream::buffer_elems(&cfg, (lf, 16, 24), chunk)
+            crate::cuda::models::vae::stream::buffer_elems(&cfg, (lf, 16, 24), chunk)
                 .unwrap()
                 .iter()
                 .sum()

@@ -27,14 +27,14 @@
 //!   not depend on how many frames a launch covers): bit-exact (0). cuDNN may
 //!   choose another algorithm per shape: the decoder tolerance (3e-2).
 //! - RGB8 conversion kernel (`vae_rgb8`) against its host model
-//!   ([`super::rgb8::rgb8_host`], i.e. [`crate::frames::to_u8`] per value):
+//!   ([`crate::cuda::models::vae::rgb8::rgb8_host`], i.e. [`crate::frames::to_u8`] per value):
 //!   the kernel evaluates the host's three IEEE binary32 operations in the
 //!   same order, each rounded once to nearest (no contraction), then the
 //!   same clamp, NaN rule and round-half-away (the argument is spelled out
 //!   at `vae_to_u8` in vae.cu): bit-exact, tolerance 0 differing bytes, on
 //!   the probe set (every f32 within 256 steps of each of the 255 rounding
 //!   boundaries, specials, random bit patterns) and on a render-sized
-//!   launch. Each of [`super::rgb8::Rgb8Mutation::DEFECTS`] must then turn
+//!   launch. Each of [`crate::cuda::models::vae::rgb8::Rgb8Mutation::DEFECTS`] must then turn
 //!   the probe red (rint: the even ties; fma: one rounding instead of three;
 //!   swapped R/B; an unwritten last frame shows the 0xAB poison); a unit
 //!   test shows on the host that each changes the probe's bytes.
@@ -56,20 +56,28 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
-use super::super::memory::{download, upload, DeviceBuffer};
-use super::super::selftest::{synth_source, write_synth_safetensors, Check, Rig, Rng};
-use super::super::staging::{self, DeviceWeights, StagingArm, StagingOptions};
-use super::super::CudaError;
-use super::cudnn::CudnnConv;
-use super::device::{launch_rgb8, ConvPath, DevConv, DevMod, DevVec, DeviceOps};
-use super::host::{HostConv, HostOps};
-use super::ops::{Loc, Mutation, NormOp, VaeOps};
-use super::rgb8::{mismatches, probe_values, rgb8_bytes, rgb8_host, Rgb8Mutation, RGB8_POISON};
-use super::{DecodeOptions, DeviceVae, Download};
+use crate::cuda::fixtures::rgb8::probe_values;
+use crate::cuda::fixtures::synth_source;
+use crate::cuda::fixtures::write_synth_safetensors;
+use crate::cuda::fixtures::Rng;
+use crate::cuda::kit::memory::{download, upload, DeviceBuffer};
+use crate::cuda::kit::DeviceKit;
+use crate::cuda::models::vae::cudnn::CudnnConv;
+use crate::cuda::models::vae::device::{launch_rgb8, ConvPath, DevConv, DevMod, DevVec, DeviceOps};
+use crate::cuda::models::vae::host::{HostConv, HostOps};
+use crate::cuda::models::vae::ops::{Loc, Mutation, NormOp, VaeOps};
+use crate::cuda::models::vae::rgb8::{
+    mismatches, rgb8_bytes, rgb8_host, Rgb8Mutation, RGB8_POISON,
+};
+use crate::cuda::models::vae::{DecodeOptions, DeviceVae, Download};
+use crate::cuda::selftest::Check;
+use crate::cuda::staging::{self, DeviceWeights, StagingArm, StagingOptions};
+use crate::cuda::CudaError;
 use crate::frames::{frames_from_pixels, to_u8, Frame};
-use crate::models::vae::{decoder_tensor_specs, tensor_specs, VaeConfig, VaeDecoder};
+use crate::models::vae::decoder_read_specs;
+use crate::models::vae::{VaeConfig, VaeDecoder};
 use crate::tensor::Tensor;
-use crate::weights::{MapSource, TensorSpec, VarBuilder};
+use crate::weights::{MapSource, VarBuilder};
 
 /// Tolerance of the bf16-output primitives.
 const PRIM_TOL: f64 = 5e-3;
@@ -86,20 +94,9 @@ pub fn mutation_from_env() -> Result<Mutation, CudaError> {
     })
 }
 
-/// The tensors the decoder reads (decoder and latent statistics).
-pub fn decoder_specs(cfg: &VaeConfig) -> Vec<TensorSpec> {
-    let mut v = decoder_tensor_specs(cfg);
-    v.extend(
-        tensor_specs(cfg)
-            .into_iter()
-            .filter(|s| s.name == "latents_mean" || s.name == "latents_std"),
-    );
-    v
-}
-
-fn empty_weights(rig: &Rig) -> Result<DeviceWeights, CudaError> {
+fn empty_weights(kit: &DeviceKit) -> Result<DeviceWeights, CudaError> {
     Ok(DeviceWeights::from_arena(
-        DeviceBuffer::alloc(&rig.gpu, 256, "no weights")?,
+        DeviceBuffer::alloc(&kit.gpu, 256, "no weights")?,
         HashMap::new(),
         "<none>",
     ))
@@ -115,7 +112,7 @@ fn paths(cudnn: &Option<CudnnConv>) -> Vec<ConvPath> {
 
 /// Runs `f` on a fresh device backend of `path` (its buffers freed after).
 fn with_dev<T>(
-    rig: &Rig,
+    kit: &DeviceKit,
     none: &DeviceWeights,
     path: ConvPath,
     cudnn: &mut Option<CudnnConv>,
@@ -126,7 +123,7 @@ fn with_dev<T>(
     } else {
         None
     };
-    let mut ops = DeviceOps::new(&rig.gpu, &rig.kernels, &rig.gemm, none, path, c)?;
+    let mut ops = DeviceOps::new(&kit.gpu, &kit.kernels, &kit.gemm, none, path, c)?;
     f(&mut ops)
 }
 
@@ -188,12 +185,12 @@ fn dvec(ops: &DeviceOps<'_>, at: Loc, len: usize) -> Result<DevVec, CudaError> {
 
 /// Every primitive on the device against the host primitive.
 fn check_primitives(
-    rig: &Rig,
+    kit: &DeviceKit,
     rng: &mut Rng,
     cudnn: &mut Option<CudnnConv>,
     out: &mut Vec<Check>,
 ) -> Result<(), CudaError> {
-    let none = empty_weights(rig)?;
+    let none = empty_weights(kit)?;
     let src = MapSource::new();
     let host = |geom| HostOps::new(&src, geom);
     // Convolutions: a 128-wide output, a narrow one whose 8-channel chunks span
@@ -210,7 +207,7 @@ fn check_primitives(
         let wt: Vec<f32> = rng
             .normal_bf16(co * 27 * ci, 1.0)
             .iter()
-            .map(|v| super::super::selftest::rb(&[v * bound])[0])
+            .map(|v| crate::cuda::kit::bf16::rb(&[v * bound])[0])
             .collect();
         let b = rng.normal_bf16(co, 0.1);
         // Host weight [taps][ci][co] from the device order [co][taps][ci].
@@ -235,7 +232,7 @@ fn check_primitives(
         ho.conv3(&hc, hl[0], tin, h, w, hl[1])?;
         let want = ho.buffer(hl[1].buf).to_vec();
         for path in paths(cudnn) {
-            let got = with_dev(rig, &none, path, cudnn, |ops| {
+            let got = with_dev(kit, &none, path, cudnn, |ops| {
                 let l = dev_bufs(ops, &[&x, &wt, &b], &[nout])?;
                 let conv = DevConv {
                     w: ops.ptr(l[1])?,
@@ -265,7 +262,7 @@ fn check_primitives(
         let x: Vec<f32> = rng
             .normal_bf16(rows * c, 2.0)
             .iter()
-            .map(|v| super::super::selftest::rb(&[v + 0.3])[0])
+            .map(|v| crate::cuda::kit::bf16::rb(&[v + 0.3])[0])
             .collect();
         let bias = rng.normal_bf16(c, 0.3);
         let t: Vec<Vec<f32>> = (0..4).map(|_| rng.normal_bf16(c, 0.3)).collect();
@@ -291,7 +288,7 @@ fn check_primitives(
             };
             ho.norm(hl[0], rows, c, use_bias.then_some(&hb), &op, hl[1])?;
             let want = ho.buffer(hl[1].buf).to_vec();
-            let got = with_dev(rig, &none, ConvPath::Igemm, cudnn, |ops| {
+            let got = with_dev(kit, &none, ConvPath::Igemm, cudnn, |ops| {
                 let l = dev_bufs(ops, &[&x, &bias, &t[0], &t[1], &t[2], &t[3]], &[rows * c])?;
                 let v: Vec<DevVec> = (1..6)
                     .map(|i| dvec(ops, l[i], c))
@@ -330,7 +327,7 @@ fn check_primitives(
         let hl = host_bufs(&mut ho, &[&y, &s], &[])?;
         ho.bias_add(hl[0], rows, c, &b, Some(hl[1]))?;
         let want = ho.buffer(hl[0].buf).to_vec();
-        let got = with_dev(rig, &none, ConvPath::Igemm, cudnn, |ops| {
+        let got = with_dev(kit, &none, ConvPath::Igemm, cudnn, |ops| {
             let l = dev_bufs(ops, &[&y, &s, &b], &[])?;
             let bv = dvec(ops, l[2], c)?;
             ops.bias_add(l[0], rows, c, &bv, Some(l[1]))?;
@@ -354,7 +351,7 @@ fn check_primitives(
         let hl = host_bufs(&mut ho, &[&y, &r], &[nout])?;
         ho.d2s(hl[0], frames, h, w, cy, &b, Some((hl[1], cr)), drop, hl[2])?;
         let want = ho.buffer(hl[2].buf).to_vec();
-        let got = with_dev(rig, &none, ConvPath::Igemm, cudnn, |ops| {
+        let got = with_dev(kit, &none, ConvPath::Igemm, cudnn, |ops| {
             let l = dev_bufs(ops, &[&y, &r, &b], &[nout])?;
             let bv = dvec(ops, l[2], cy)?;
             ops.d2s(l[0], frames, h, w, cy, &bv, Some((l[1], cr)), drop, l[3])?;
@@ -377,7 +374,7 @@ fn check_primitives(
         let hl = host_bufs(&mut ho, &[&y], &[])?;
         ho.pixels(hl[0], frames, h, w, &b, p, 1)?;
         let want: Vec<f32> = ho.out.clone();
-        let got = with_dev(rig, &none, ConvPath::Igemm, cudnn, |ops| {
+        let got = with_dev(kit, &none, ConvPath::Igemm, cudnn, |ops| {
             ops.pixel_sink(frames, geom, Download::F32)?;
             let l = dev_bufs(ops, &[&y, &b], &[])?;
             let bv = dvec(ops, l[1], 3 * p * p)?;
@@ -410,22 +407,22 @@ struct Model {
 }
 
 fn model(
-    rig: &Rig,
+    kit: &DeviceKit,
     scratch: &Path,
     label: &str,
     cfg: &VaeConfig,
     seed: u64,
 ) -> Result<Model, CudaError> {
-    let specs = decoder_specs(cfg);
+    let specs = decoder_read_specs(cfg);
     let file = scratch.join(format!("vae-{label}.safetensors"));
     write_synth_safetensors(&file, &specs, seed)?;
-    let (w, _) = staging::stage_file(&rig.gpu, &file, &StagingOptions::new(StagingArm::Batched))?;
+    let (w, _) = staging::stage_file(&kit.gpu, &file, &StagingOptions::new(StagingArm::Batched))?;
     let _ = std::fs::remove_file(&file);
     let src = synth_source(&specs, seed)?;
     let host = VaeDecoder::load(&VarBuilder::new(&src), cfg)
         .map_err(|e| CudaError::Invalid(format!("CPU arm VAE: {e}")))?;
     Ok(Model {
-        vae: DeviceVae::new(rig.share(), cfg, w, ConvPath::Igemm)?,
+        vae: DeviceVae::new(kit.share(), cfg, w, ConvPath::Igemm)?,
         host,
     })
 }
@@ -473,15 +470,19 @@ fn bytes_check(name: String, got: &[u8], want: &[u8], note: &str) -> Check {
 
 /// The RGB8 conversion kernel alone against its host model (see the module
 /// doc: tolerance 0), then each defect must turn the probe red.
-fn check_rgb8_kernel(rig: &Rig, rng: &mut Rng, out: &mut Vec<Check>) -> Result<(), CudaError> {
-    let gpu = &rig.gpu;
+fn check_rgb8_kernel(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let gpu = &kit.gpu;
     let run = |src: &[f32], frames: usize, h: usize, w: usize, m: Rgb8Mutation| {
         let n = rgb8_bytes(frames, h, w);
         let x = DeviceBuffer::alloc(gpu, src.len() * 4, "an RGB8 check input")?;
         let y = DeviceBuffer::alloc(gpu, n, "an RGB8 check output")?;
         y.fill_bytes(gpu, RGB8_POISON, &gpu.compute)?;
         upload(gpu, x.ptr(), src)?;
-        launch_rgb8(&rig.kernels, gpu, x.ptr(), frames, h, w, m, y.ptr())?;
+        launch_rgb8(&kit.kernels, gpu, x.ptr(), frames, h, w, m, y.ptr())?;
         download::<u8>(gpu, y.ptr(), n)
     };
     let model = |src: &[f32], frames: usize, h: usize, w: usize, m: Rgb8Mutation| {
@@ -617,10 +618,10 @@ fn rgb8_vs_cpu(
 
 /// The VAE section: primitives, the tiny and the ltxv-2b decoders against the
 /// CPU arm with every conv path, chunked against one piece.
-pub fn check_vae(rig: &Rig, scratch: &Path, out: &mut Vec<Check>) -> Result<(), CudaError> {
+pub fn check_vae(kit: &DeviceKit, scratch: &Path, out: &mut Vec<Check>) -> Result<(), CudaError> {
     let mutation = mutation_from_env()?;
     let mut rng = Rng::new(0x0005_eed0_0fae);
-    let mut cudnn = match CudnnConv::open(&rig.gpu) {
+    let mut cudnn = match CudnnConv::open(&kit.gpu) {
         Ok(c) => {
             eprintln!("selftest-cuda: cuDNN {} loaded", c.version);
             Some(c)
@@ -630,9 +631,9 @@ pub fn check_vae(rig: &Rig, scratch: &Path, out: &mut Vec<Check>) -> Result<(), 
             None
         }
     };
-    check_primitives(rig, &mut rng, &mut cudnn, out)?;
+    check_primitives(kit, &mut rng, &mut cudnn, out)?;
     // Its own generator: the decoder checks below keep their inputs.
-    check_rgb8_kernel(rig, &mut Rng::new(0x0005_eed0_0b8e), out)?;
+    check_rgb8_kernel(kit, &mut Rng::new(0x0005_eed0_0b8e), out)?;
     let have_cudnn = cudnn.is_some();
     drop(cudnn);
     let t = 0.05f32;
@@ -645,7 +646,7 @@ pub fn check_vae(rig: &Rig, scratch: &Path, out: &mut Vec<Check>) -> Result<(), 
         ),
         ("ltxv-2b", crate::presets::vae_095(), (3, 4, 6), 42),
     ] {
-        let mut m = model(rig, scratch, label, &cfg, seed)?;
+        let mut m = model(kit, scratch, label, &cfg, seed)?;
         let n = 128 * latent.0 * latent.1 * latent.2;
         let z = Tensor::new(
             &[128, latent.0, latent.1, latent.2],
@@ -693,7 +694,7 @@ pub fn check_vae(rig: &Rig, scratch: &Path, out: &mut Vec<Check>) -> Result<(), 
             );
             out.push(c);
             // The plan's projection of the decode's buffers is exact.
-            let proj = super::decode_bytes(&cfg, latent, latent.0)?;
+            let proj = crate::cuda::models::vae::decode_bytes(&cfg, latent, latent.0)?;
             out.push(Check {
                 name: format!(
                     "vae decode {label} {} bytes == plan's decode_bytes",

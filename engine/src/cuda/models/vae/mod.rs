@@ -27,8 +27,6 @@
 //! - [`rgb8`]: the RGB8 conversion's layout, defects and host model.
 //! - [`check`] / [`bench`]: the selftest section and the benchmark.
 
-pub mod bench;
-pub mod check;
 pub mod cudnn;
 pub mod device;
 pub mod host;
@@ -41,10 +39,11 @@ use std::time::Instant;
 
 use cudarc::driver::result as dres;
 
-use super::memory::{download, DeviceBuffer};
-use super::selftest::{widen, Rig};
-use super::staging::{self, DeviceWeights, StagingOptions, StagingReport};
-use super::{CudaError, DriverContext};
+use crate::cuda::kit::bf16::widen;
+use crate::cuda::kit::memory::{download, DeviceBuffer};
+use crate::cuda::kit::DeviceKit;
+use crate::cuda::staging::{self, DeviceWeights, StagingOptions, StagingReport};
+use crate::cuda::{CudaError, DriverContext};
 use crate::frames::Frame;
 use crate::models::vae::{decoder_tensor_specs, VaeConfig};
 use crate::tensor::Tensor;
@@ -152,7 +151,7 @@ pub struct DecodeOutcome {
 
 /// The decoder resident on the device.
 pub struct DeviceVae {
-    rig: Rig,
+    kit: DeviceKit,
     cfg: VaeConfig,
     weights: DeviceWeights,
     cudnn: Option<cudnn::CudnnConv>,
@@ -214,12 +213,12 @@ pub fn decode_bytes(
 }
 
 impl DeviceVae {
-    /// Binds staged `weights` of a decoder of `cfg` on `rig`'s GPU: checks every
+    /// Binds staged `weights` of a decoder of `cfg` on `kit`'s GPU: checks every
     /// decoder tensor, reorders the convolution weights in place, reads the
     /// latent statistics; with `path = Cudnn` loads cuDNN, falling back to
     /// [`ConvPath::Igemm`] (reason in [`DeviceVae::cudnn_error`]) when it cannot.
     pub fn new(
-        rig: Rig,
+        kit: DeviceKit,
         cfg: &VaeConfig,
         weights: DeviceWeights,
         path: ConvPath,
@@ -232,38 +231,38 @@ impl DeviceVae {
         let c = cfg.latent_channels;
         let stat = |name: &str| -> Result<Vec<f32>, CudaError> {
             let t = weights.get(name, &[c])?;
-            Ok(widen(&download::<u16>(&rig.gpu, t.ptr, c)?))
+            Ok(widen(&download::<u16>(&kit.gpu, t.ptr, c)?))
         };
         let (latents_mean, latents_std) = (stat("latents_mean")?, stat("latents_std")?);
         // Reorder [co][ci][27] -> [co][27][ci] through one transient buffer.
         let convs = conv3_weights(cfg);
         let tmp = DeviceBuffer::alloc(
-            &rig.gpu,
+            &kit.gpu,
             reorder_bytes(cfg) as usize,
             "reordering the VAE weights",
         )?;
-        let s = &rig.gpu.compute;
+        let s = &kit.gpu.compute;
         for (name, shape) in &convs {
             let t = weights.get(name, shape)?;
-            rig.gpu.bind()?;
+            kit.gpu.bind()?;
             // SAFETY: `tmp` holds the largest weight; `t` is this tensor's range.
             unsafe { dres::memcpy_dtod_async(tmp.ptr(), t.ptr, t.bytes, s.cu_stream()) }
                 .ctx("copying a VAE weight aside")?;
             let n = t.bytes / 2;
-            let p = super::kernels::Params::default()
+            let p = crate::cuda::kit::kernels::Params::default()
                 .ptr(tmp.ptr())
                 .ptr(t.ptr)
                 .int(shape[0])
                 .int(shape[1])
                 .int(27);
-            let blocks = n.div_ceil(256).clamp(1, rig.gpu.sms.max(1) as usize * 16);
-            rig.kernels
+            let blocks = n.div_ceil(256).clamp(1, kit.gpu.sms.max(1) as usize * 16);
+            kit.kernels
                 .launch("vae_permute", (blocks as u32, 1, 1), 256, 0, s, p)?;
         }
-        rig.gpu.sync_compute()?;
+        kit.gpu.sync_compute()?;
         drop(tmp);
         let mut v = DeviceVae {
-            rig,
+            kit,
             cfg: cfg.clone(),
             weights,
             cudnn: None,
@@ -281,7 +280,7 @@ impl DeviceVae {
     /// in [`DeviceVae::cudnn_error`]. Returns the path in effect.
     pub fn set_path(&mut self, path: ConvPath) -> ConvPath {
         if path == ConvPath::Cudnn && self.cudnn.is_none() {
-            match cudnn::CudnnConv::open(&self.rig.gpu) {
+            match cudnn::CudnnConv::open(&self.kit.gpu) {
                 Ok(c) => self.cudnn = Some(c),
                 Err(e) => self.cudnn_error = Some(e.to_string()),
             }
@@ -313,8 +312,8 @@ impl DeviceVae {
     }
 
     /// The GPU, kernels and cuBLASLt handle.
-    pub fn rig(&self) -> &Rig {
-        &self.rig
+    pub fn kit(&self) -> &DeviceKit {
+        &self.kit
     }
 
     /// Per-channel latent mean (`latents_mean`).
@@ -353,23 +352,23 @@ impl DeviceVae {
         let latent = (s[1], s[2], s[3]);
         let geom = output_geometry(&self.cfg, latent);
         let cfg = self.cfg.clone();
-        let rig = &self.rig;
+        let kit = &self.kit;
         let mut ops = DeviceOps::new(
-            &rig.gpu,
-            &rig.kernels,
-            &rig.gemm,
+            &kit.gpu,
+            &kit.kernels,
+            &kit.gemm,
             &self.weights,
             self.path,
             self.cudnn.as_mut(),
         )?;
-        let bytes0 = rig.gpu.mem.current();
+        let bytes0 = kit.gpu.mem.current();
         let w = DecoderW::bind(&mut ops, &cfg, timestep)?;
         let stream_from = ops.buffers();
         let mut st = Stream::new(&cfg, latent, opts.chunk, opts.mutation, &mut |n, what| {
             ops.alloc(n, what)
         })?;
         ops.pixel_sink(st.pixel_frames_cap(), geom, opts.download)?;
-        let workspace_bytes = rig.gpu.mem.current() - bytes0;
+        let workspace_bytes = kit.gpu.mem.current() - bytes0;
         if opts.poison {
             ops.poison_from(stream_from)?;
         }
@@ -440,11 +439,11 @@ pub fn open_device_vae(
     path: ConvPath,
 ) -> Result<(DeviceVae, VaeOpenReport), CudaError> {
     let t0 = Instant::now();
-    let rig = Rig::open()?;
+    let kit = DeviceKit::open()?;
     let device_open_s = t0.elapsed().as_secs_f64();
-    let (w, report) = staging::stage(&rig.gpu, tensors, staging)?;
+    let (w, report) = staging::stage(&kit.gpu, tensors, staging)?;
     let t1 = Instant::now();
-    let vae = DeviceVae::new(rig, cfg, w, path)?;
+    let vae = DeviceVae::new(kit, cfg, w, path)?;
     Ok((
         vae,
         VaeOpenReport {
@@ -456,8 +455,8 @@ pub fn open_device_vae(
 }
 
 /// The device allocator's tracker of a device VAE (for `peak_device_bytes`).
-pub fn mem(v: &DeviceVae) -> Arc<super::memory::MemTracker> {
-    v.rig.gpu.mem.clone()
+pub fn mem(v: &DeviceVae) -> Arc<crate::cuda::kit::memory::MemTracker> {
+    v.kit.gpu.mem.clone()
 }
 
 #[cfg(test)]
@@ -473,11 +472,11 @@ mod tests {
         assert_eq!(ConvPath::Igemm.igemm_kernel(128).0, "conv3d_128x128");
         assert_eq!(ConvPath::IgemmWide.igemm_kernel(1024).0, "conv3d_256x128");
         assert_eq!(ConvPath::IgemmWide.igemm_kernel(1024).4, 92_160);
-        assert!(device::big_smem_kernels()
+        assert!(crate::cuda::kit::kernels::big_smem_kernels()
             .iter()
             .all(|(_, b)| *b <= 227 * 1024));
-        let names = crate::cuda::kernels::kernel_names(crate::cuda::nvrtc::VAE_CU);
-        for (k, _) in device::big_smem_kernels() {
+        let names = crate::cuda::kit::kernels::kernel_names(crate::cuda::kit::nvrtc::VAE_CU);
+        for (k, _) in crate::cuda::kit::kernels::big_smem_kernels() {
             assert!(names.iter().any(|n| n == k), "{k} missing from vae.cu");
         }
         for k in [

@@ -10,18 +10,19 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use super::super::bench::{generate_weights, median};
-use super::super::context::Timer;
-use super::super::memory::DeviceBuffer;
-use super::super::selftest::{Rig, Rng};
-use super::super::staging::DeviceWeights;
-use super::super::CudaError;
-use super::check::decoder_specs;
-use super::cudnn::CudnnConv;
-use super::device::{ConvPath, DevConv, DevVec, DeviceOps};
-use super::ops::{Loc, Mutation, VaeOps};
-use super::{DecodeOptions, DeviceVae, Download};
+use crate::cuda::bench::{generate_weights, median};
+use crate::cuda::fixtures::Rng;
+use crate::cuda::kit::context::Timer;
+use crate::cuda::kit::memory::DeviceBuffer;
+use crate::cuda::kit::DeviceKit;
+use crate::cuda::models::vae::cudnn::CudnnConv;
+use crate::cuda::models::vae::device::{ConvPath, DevConv, DevVec, DeviceOps};
+use crate::cuda::models::vae::ops::{Loc, Mutation, VaeOps};
+use crate::cuda::models::vae::{DecodeOptions, DeviceVae, Download};
+use crate::cuda::staging::DeviceWeights;
+use crate::cuda::CudaError;
 use crate::frames::frames_from_pixels;
+use crate::models::vae::decoder_read_specs;
 use crate::models::vae::VaeConfig;
 use crate::tensor::Tensor;
 
@@ -63,8 +64,12 @@ pub fn decode_flops(cfg: &VaeConfig, latent: (usize, usize, usize)) -> f64 {
 
 /// Weights of `cfg`'s decoder generated on the device (uniform, scaled so
 /// activations stay O(1)): for timing only.
-pub fn device_weights(rig: &Rig, cfg: &VaeConfig, seed: u64) -> Result<DeviceWeights, CudaError> {
-    generate_weights(rig, &decoder_specs(cfg), seed, "VAE", |s| {
+pub fn device_weights(
+    kit: &DeviceKit,
+    cfg: &VaeConfig,
+    seed: u64,
+) -> Result<DeviceWeights, CudaError> {
+    generate_weights(kit, &decoder_read_specs(cfg), seed, "VAE", |s| {
         match s.shape.len() {
             5 | 2 => 1.0 / (s.shape[1..].iter().product::<usize>() as f32).sqrt(),
             0 => 1.0,
@@ -74,18 +79,18 @@ pub fn device_weights(rig: &Rig, cfg: &VaeConfig, seed: u64) -> Result<DeviceWei
 }
 
 /// Runs the VAE benchmark; returns its table rows.
-pub fn bench_vae(rig: &Rig) -> Result<Vec<String>, CudaError> {
+pub fn bench_vae(kit: &DeviceKit) -> Result<Vec<String>, CudaError> {
     let mut rows = Vec::new();
     let push = |rows: &mut Vec<String>, r: String| {
         eprintln!("{r}");
         rows.push(r);
     };
-    let gpu = &rig.gpu;
+    let gpu = &kit.gpu;
     let cfg = crate::presets::vae_095();
     let latent = LATENT_768X512X121;
     let flops = decode_flops(&cfg, latent);
-    let w = device_weights(rig, &cfg, 77)?;
-    let mut vae = DeviceVae::new(rig.share(), &cfg, w, ConvPath::Igemm)?;
+    let w = device_weights(kit, &cfg, 77)?;
+    let mut vae = DeviceVae::new(kit.share(), &cfg, w, ConvPath::Igemm)?;
     let mut rng = Rng::new(123);
     let n = 128 * latent.0 * latent.1 * latent.2;
     let z = Tensor::new(&[128, latent.0, latent.1, latent.2], rng.normal(n, 1.0))
@@ -132,8 +137,8 @@ pub fn bench_vae(rig: &Rig) -> Result<Vec<String>, CudaError> {
     // The render's decode to host frames: the f32 clip and the host's
     // conversion (what decode.video + artifacts.frames paid before) against
     // the device's RGB8 frames, host wall clock, after the warm-ups above.
-    let path = vae.set_path(super::RENDER_CONV_PATH);
-    let chunk = super::DEVICE_CHUNK_LATENT_FRAMES;
+    let path = vae.set_path(crate::cuda::models::vae::RENDER_CONV_PATH);
+    let chunk = crate::cuda::models::vae::DEVICE_CHUNK_LATENT_FRAMES;
     for (label, download) in [
         ("f32 + host to_u8", Download::F32),
         ("rgb8 from device", Download::Rgb8),
@@ -202,7 +207,7 @@ pub fn bench_vae(rig: &Rig) -> Result<Vec<String>, CudaError> {
             } else {
                 None
             };
-            let mut ops = DeviceOps::new(gpu, &rig.kernels, &rig.gemm, &none, path, c)?;
+            let mut ops = DeviceOps::new(gpu, &kit.kernels, &kit.gemm, &none, path, c)?;
             let x = Loc {
                 buf: ops.alloc(tin * h * wd * ci, "bench x")?,
                 off: 0,
@@ -216,9 +221,9 @@ pub fn bench_vae(rig: &Rig) -> Result<Vec<String>, CudaError> {
                 off: 0,
             };
             let s = &gpu.compute;
-            rig.kernels
+            kit.kernels
                 .fill_uniform_bf16(s, ops.ptr(x)?, tin * h * wd * ci, 1, 1.0)?;
-            rig.kernels.fill_uniform_bf16(
+            kit.kernels.fill_uniform_bf16(
                 s,
                 ops.ptr(wt)?,
                 co * 27 * ci,

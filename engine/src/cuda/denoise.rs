@@ -45,7 +45,7 @@
 //!   non-inlined body and get the same f32 t (computed on the host as
 //!   `sigma * 1000.0` either way); the GEMMs use the cached cuBLASLt plans (one
 //!   algorithm per shape) and the one preallocated workspace
-//!   ([`super::gemm::WORKSPACE_BYTES`]). `engine selftest-cuda` checks it
+//!   ([`crate::cuda::kit::gemm::WORKSPACE_BYTES`]). `engine selftest-cuda` checks it
 //!   (`check_graph`, tolerance 0).
 //! - Capture needs no host synchronisation and no allocation: the warm-up
 //!   forwards in `begin` (with the graph's timestep kernel) build every GEMM plan
@@ -63,12 +63,14 @@ use std::time::Instant;
 use cudarc::driver::sys::{CUdeviceptr, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{result as dres, CudaEvent, CudaGraph, CudaStream};
 
-use super::context::Gpu;
-use super::dit::{DeviceDit, DitDims, Geometry, TextSlot, Timestep, Workspace, LATENT_CHANNELS};
-use super::memory::{download, upload, DeviceBuffer, MemTracker, ALIGN};
-use super::selftest::Rig;
-use super::staging::{self, StagingOptions, StagingReport};
-use super::{CudaError, DriverContext};
+use crate::cuda::kit::context::Gpu;
+use crate::cuda::kit::memory::{download, upload, DeviceBuffer, MemTracker, ALIGN};
+use crate::cuda::kit::DeviceKit;
+use crate::cuda::models::dit::{
+    DeviceDit, DitDims, Geometry, TextSlot, Timestep, Workspace, LATENT_CHANNELS,
+};
+use crate::cuda::staging::{self, OpenReport, StagingOptions};
+use crate::cuda::{CudaError, DriverContext};
 use crate::denoise::{Conditioning, DenoiseError, Denoiser, StepQueue, IN_FLIGHT};
 use crate::models::dit::DitConfig;
 use crate::tensor::Tensor;
@@ -89,15 +91,6 @@ impl StepEvents {
             end: gpu.event()?,
         })
     }
-}
-
-/// What opening the device arm did (for the `load.dit` close).
-#[derive(Debug, Clone)]
-pub struct OpenReport {
-    /// Seconds to open the GPU, load the kernels and create the GEMM handle.
-    pub device_open_s: f64,
-    /// The staging run.
-    pub staging: StagingReport,
 }
 
 /// How a step's forwards reach the GPU (lever `denoise-graph`; see the module doc).
@@ -170,7 +163,7 @@ pub struct CudaDenoiser {
     started: bool,
     /// The device context, kernels and cuBLASLt handle; declared last so every
     /// buffer above is freed while the context is alive.
-    _rig: Rig,
+    _rig: DeviceKit,
 }
 
 /// Open GPU 0, stage the transformer's tensors (`tensors`: the extents of the
@@ -188,17 +181,17 @@ pub fn open_cuda_denoiser(
 ) -> Result<(CudaDenoiser, OpenReport), CudaError> {
     let dims = DitDims::from_config(cfg)?;
     let t0 = Instant::now();
-    let rig = Rig::open()?;
+    let kit = DeviceKit::open()?;
     let device_open_s = t0.elapsed().as_secs_f64();
-    let (w, report) = staging::stage(&rig.gpu, tensors, staging)?;
+    let (w, report) = staging::stage(&kit.gpu, tensors, staging)?;
     let dit = DeviceDit::new(
-        rig.gpu.clone(),
-        rig.kernels.clone(),
-        rig.gemm.clone(),
+        kit.gpu.clone(),
+        kit.kernels.clone(),
+        kit.gemm.clone(),
         dims,
         Arc::new(w),
     )?;
-    let den = CudaDenoiser::new(rig, dit, cond, Geometry { grid, fps }, dispatch)?;
+    let den = CudaDenoiser::new(kit, dit, cond, Geometry { grid, fps }, dispatch)?;
     Ok((
         den,
         OpenReport {
@@ -212,7 +205,7 @@ pub fn open_cuda_denoiser(
 /// loaded, with `prompts` prompts of `l` text tokens on `dims`: the cuBLASLt
 /// workspace, the RoPE table and the text slots.
 pub fn loaded_bytes(dims: &DitDims, l: usize, prompts: usize) -> u64 {
-    (super::gemm::WORKSPACE_BYTES
+    (crate::cuda::kit::gemm::WORKSPACE_BYTES
         + DeviceDit::rope_bytes(dims)
         + prompts * TextSlot::bytes_for(dims, l)) as u64
 }
@@ -241,11 +234,11 @@ fn capture(
 }
 
 impl CudaDenoiser {
-    /// A loop over `dit` (built on `rig`'s device) conditioned on `cond` over
-    /// `geo`, dispatching steps as `dispatch` says. `rig` is kept, and dropped
+    /// A loop over `dit` (built on `kit`'s device) conditioned on `cond` over
+    /// `geo`, dispatching steps as `dispatch` says. `kit` is kept, and dropped
     /// last.
     pub fn new(
-        rig: Rig,
+        kit: DeviceKit,
         dit: DeviceDit,
         cond: &Conditioning,
         geo: Geometry,
@@ -253,14 +246,14 @@ impl CudaDenoiser {
     ) -> Result<CudaDenoiser, CudaError> {
         let dims = *dit.dims();
         let slot = |t: &crate::denoise::TextCond| {
-            TextSlot::upload(&rig.gpu, &dims, t.states.data(), &t.mask)
+            TextSlot::upload(&kit.gpu, &dims, t.states.data(), &t.mask)
         };
         let c = slot(&cond.cond)?;
         let u = cond.uncond.as_ref().map(slot).transpose()?;
         let events = (0..IN_FLIGHT)
-            .map(|_| StepEvents::new(&rig.gpu))
+            .map(|_| StepEvents::new(&kit.gpu))
             .collect::<Result<_, _>>()?;
-        let (loop_start, loop_end) = (rig.gpu.event()?, rig.gpu.event()?);
+        let (loop_start, loop_end) = (kit.gpu.event()?, kit.gpu.event()?);
         Ok(CudaDenoiser {
             dit,
             cond: c,
@@ -277,7 +270,7 @@ impl CudaDenoiser {
             loop_end,
             queued: Default::default(),
             started: false,
-            _rig: rig,
+            _rig: kit,
         })
     }
 

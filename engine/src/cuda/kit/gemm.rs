@@ -21,9 +21,9 @@ use cudarc::cublaslt::sys as ltsys;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::CudaStream;
 
-use super::context::Gpu;
-use super::memory::DeviceBuffer;
-use super::{CudaError, DriverContext};
+use crate::cuda::kit::context::Gpu;
+use crate::cuda::kit::memory::DeviceBuffer;
+use crate::cuda::{CudaError, DriverContext};
 
 /// cuBLASLt workspace: NVIDIA's recommendation for Hopper.
 pub const WORKSPACE_BYTES: usize = 32 << 20;

@@ -1,0 +1,80 @@
+//! The device kit: the GPU ([`context`]), memory ([`memory`]), run-time
+//! compiled kernels ([`nvrtc`], [`kernels`]), cuBLASLt GEMMs ([`gemm`]) and the
+//! host's bf16 conversions ([`bf16`]). Everything in `cuda/` is built on it;
+//! it imports nothing else of `cuda/` but [`super::CudaError`].
+
+pub mod bf16;
+pub mod context;
+pub mod gemm;
+pub mod kernels;
+pub mod memory;
+pub mod nvrtc;
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUdeviceptr;
+
+use self::bf16::{narrow, widen};
+use self::context::Gpu;
+use self::gemm::Gemm;
+use self::kernels::Kernels;
+use self::memory::{download, upload, DeviceBuffer};
+use super::CudaError;
+
+/// The device objects every device model and check is built on: the GPU, its
+/// loaded kernels and the cuBLASLt handle (cloning shares them).
+#[derive(Clone)]
+pub struct DeviceKit {
+    /// The GPU.
+    pub gpu: Arc<Gpu>,
+    /// Loaded kernels.
+    pub kernels: Arc<Kernels>,
+    /// cuBLASLt.
+    pub gemm: Arc<Gemm>,
+}
+
+impl DeviceKit {
+    /// Open GPU 0 and load everything.
+    pub fn open() -> Result<DeviceKit, CudaError> {
+        let gpu = Arc::new(Gpu::open(0)?);
+        let kernels = Arc::new(Kernels::load(&gpu)?);
+        let gemm = Arc::new(Gemm::new(&gpu)?);
+        Ok(DeviceKit { gpu, kernels, gemm })
+    }
+
+    /// A kit with the same GPU, kernels and cuBLASLt handle (shared).
+    pub fn share(&self) -> DeviceKit {
+        DeviceKit {
+            gpu: self.gpu.clone(),
+            kernels: self.kernels.clone(),
+            gemm: self.gemm.clone(),
+        }
+    }
+
+    /// `x` rounded to bf16 in a new device buffer.
+    pub(crate) fn bf16(&self, x: &[f32]) -> Result<DeviceBuffer, CudaError> {
+        let b = DeviceBuffer::alloc(&self.gpu, x.len() * 2, "a host input")?;
+        upload(&self.gpu, b.ptr(), &narrow(x))?;
+        Ok(b)
+    }
+    /// `x` in a new f32 device buffer.
+    pub(crate) fn f32(&self, x: &[f32]) -> Result<DeviceBuffer, CudaError> {
+        let b = DeviceBuffer::alloc(&self.gpu, x.len() * 4, "a host input")?;
+        upload(&self.gpu, b.ptr(), x)?;
+        Ok(b)
+    }
+    /// A buffer of `bytes` filled with NaN bytes.
+    pub(crate) fn poisoned(&self, bytes: usize) -> Result<DeviceBuffer, CudaError> {
+        let b = DeviceBuffer::alloc(&self.gpu, bytes, "a poisoned output")?;
+        b.fill_bytes(&self.gpu, 0xFF, &self.gpu.compute)?;
+        Ok(b)
+    }
+    /// `n` bf16 values at `p`, widened.
+    pub(crate) fn read_bf16(&self, p: CUdeviceptr, n: usize) -> Result<Vec<f32>, CudaError> {
+        Ok(widen(&download::<u16>(&self.gpu, p, n)?))
+    }
+    /// `n` f32 values at `p`.
+    pub(crate) fn read_f32(&self, p: CUdeviceptr, n: usize) -> Result<Vec<f32>, CudaError> {
+        download::<f32>(&self.gpu, p, n)
+    }
+}

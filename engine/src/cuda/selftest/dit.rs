@@ -1,0 +1,626 @@
+//! The DiT's checks: staging (both methods, sharded files), the kernels, the
+//! GEMMs, attention and whole forwards against the CPU arm. Tolerances are
+//! argued in the [`super`] module doc.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::Check;
+use crate::cuda::fixtures::{synth_source, write_synth_safetensors, Rng};
+use crate::cuda::kit::bf16::{narrow, rb, widen};
+use crate::cuda::kit::gemm::Epilogue;
+use crate::cuda::kit::kernels::{AttnKernel, Map, RopeArgs, RowMode, NULL};
+use crate::cuda::kit::memory::{download, DeviceBuffer};
+use crate::cuda::kit::DeviceKit;
+use crate::cuda::models::dit::{
+    DeviceDit, DitDims, Geometry, LATENT_CHANNELS, MASK_BIAS, NORM_EPS, QK_EPS,
+};
+use crate::cuda::staging::{self, DeviceWeights, StagingArm, StagingOptions};
+use crate::cuda::CudaError;
+use crate::models::dit::{Transformer, ROPE_COMPRESSION};
+use crate::ops::activation::{gelu_tanh, silu};
+use crate::ops::attention::{attention, AttnBias};
+use crate::ops::embed::timestep_embedding;
+use crate::ops::linear::Linear;
+use crate::ops::norm::{layer_norm_rows, modulate_rows, rms_norm_rows};
+use crate::ops::rope::{apply_rope, ltx_rope, rope_freqs, ROPE_BASE};
+use crate::schedule::{cfg_combine, euler_step};
+use crate::tensor::Tensor;
+use crate::weights::{TensorSpec, VarBuilder};
+
+/// The CPU arm's modulated norm of `x` rows: `norm(x) * (1 + scale) + shift`
+/// (LayerNorm when `center`, else RMS; no affine).
+fn ref_norm_mod(x: &[f32], d: usize, center: bool, shift: &[f32], scale: &[f32]) -> Vec<f32> {
+    let mut h = x.to_vec();
+    if center {
+        layer_norm_rows(&mut h, d, NORM_EPS, None, None);
+    } else {
+        rms_norm_rows(&mut h, d, None, NORM_EPS);
+    }
+    modulate_rows(&mut h, scale, shift);
+    h
+}
+
+/// Elementwise and row-wise kernels.
+pub fn check_kernels(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let (k, s) = (&kit.kernels, &kit.gpu.compute);
+    // Casts: bit-exact round to nearest even, and exact widening.
+    {
+        let x = rng.normal(100_003, 3.0);
+        let xd = kit.f32(&x)?;
+        let yd = kit.poisoned(x.len() * 2)?;
+        k.map(s, Map::F32ToBf16, xd.ptr(), yd.ptr(), x.len())?;
+        let bits = download::<u16>(&kit.gpu, yd.ptr(), x.len())?;
+        let want = narrow(&x);
+        let wrong = bits.iter().zip(&want).filter(|(a, b)| a != b).count();
+        let zd = kit.poisoned(x.len() * 4)?;
+        k.map(s, Map::Bf16ToF32, yd.ptr(), zd.ptr(), x.len())?;
+        let z = kit.read_f32(zd.ptr(), x.len())?;
+        let mut c = Check::new(
+            "cast f32->bf16->f32 (bit-exact RNE)",
+            &z,
+            &widen(&want),
+            0.0,
+        );
+        c.pass &= wrong == 0;
+        c.note = format!("{wrong} of {} bf16 values differ", x.len());
+        out.push(c);
+    }
+    // q/k RMS norm (+ RoPE), in place as the forward runs it.
+    for (d, grid, rope) in [
+        (64usize, (2, 3, 4), true),
+        (2048, (3, 4, 5), true),
+        (4096, (2, 5, 6), true),
+        (2048, (1, 7, 9), false),
+    ] {
+        let rows = grid.0 * grid.1 * grid.2;
+        let x = rb(&rng.normal(rows * d, 2.0));
+        let w = rb(&rng.uniform(d, 0.8, 1.2));
+        let xd = kit.bf16(&x)?;
+        let wd = kit.bf16(&w)?;
+        let f = rope_freqs(d);
+        let fd = kit.f32(&f)?;
+        let fps = 24.0;
+        let args = RopeArgs {
+            freqs: fd.ptr(),
+            nfreq: f.len(),
+            grid,
+            scale: [
+                (ROPE_COMPRESSION.0 as f64 / fps as f64) as f32,
+                ROPE_COMPRESSION.1 as f32,
+                ROPE_COMPRESSION.1 as f32,
+            ],
+            base: [ROPE_BASE.0, ROPE_BASE.1, ROPE_BASE.2],
+        };
+        k.qk_norm_rope(
+            s,
+            xd.ptr(),
+            xd.ptr(),
+            wd.ptr(),
+            rows,
+            d,
+            QK_EPS,
+            if rope { Some(&args) } else { None },
+        )?;
+        let y = kit.read_bf16(xd.ptr(), rows * d)?;
+        let mut r = x.clone();
+        rms_norm_rows(&mut r, d, Some(&w), QK_EPS);
+        if rope {
+            let t = ltx_rope(grid, fps, ROPE_COMPRESSION.0, ROPE_COMPRESSION.1, d);
+            apply_rope(&mut r, &t);
+        }
+        out.push(Check::new(
+            format!(
+                "qk_norm{} d={d} grid={grid:?} in place",
+                if rope { "+rope" } else { "" }
+            ),
+            &y,
+            &r,
+            8e-3,
+        ));
+    }
+    // The fused residual + norm row step, every mode, with and without a residual.
+    for d in [64usize, 2048, 4096] {
+        for (mode, name) in [
+            (RowMode::Cast, "cast"),
+            (RowMode::Rms, "rms"),
+            (RowMode::LayerNorm, "layernorm"),
+        ] {
+            for (with_y, gated) in [(true, true), (true, false), (false, false)] {
+                if !with_y && mode == RowMode::Cast {
+                    continue;
+                }
+                let rows = 19;
+                let x: Vec<f32> = rng.normal(rows * d, 1.5).iter().map(|v| v + 0.2).collect();
+                let y = rb(&rng.normal(rows * d, 1.0));
+                let t: Vec<Vec<f32>> = (0..6).map(|_| rb(&rng.uniform(d, -0.5, 0.5))).collect();
+                let xd = kit.f32(&x)?;
+                let yd = kit.bf16(&y)?;
+                let td: Vec<DeviceBuffer> =
+                    t.iter().map(|v| kit.bf16(v)).collect::<Result<_, _>>()?;
+                let hd = kit.poisoned(rows * d * 2)?;
+                let gate = if gated {
+                    (td[4].ptr(), td[5].ptr())
+                } else {
+                    (NULL, NULL)
+                };
+                k.residual_norm(
+                    s,
+                    xd.ptr(),
+                    if with_y { yd.ptr() } else { NULL },
+                    gate,
+                    rows,
+                    d,
+                    mode,
+                    NORM_EPS,
+                    (td[0].ptr(), td[2].ptr()),
+                    (td[1].ptr(), td[3].ptr()),
+                    hd.ptr(),
+                )?;
+                let mut rx = x.clone();
+                if with_y {
+                    for i in 0..rows * d {
+                        let g = if gated {
+                            t[4][i % d] + t[5][i % d]
+                        } else {
+                            1.0
+                        };
+                        rx[i] += y[i] * g;
+                    }
+                }
+                let rh = match mode {
+                    RowMode::Cast => rx.clone(),
+                    _ => {
+                        let shift: Vec<f32> = (0..d).map(|c| t[0][c] + t[2][c]).collect();
+                        let scale: Vec<f32> = (0..d).map(|c| t[1][c] + t[3][c]).collect();
+                        ref_norm_mod(&rx, d, mode == RowMode::LayerNorm, &shift, &scale)
+                    }
+                };
+                let tag = format!("residual_norm {name} d={d} y={with_y} gate={gated}");
+                out.push(Check::new(
+                    format!("{tag} h"),
+                    &kit.read_bf16(hd.ptr(), rows * d)?,
+                    &rh,
+                    5e-3,
+                ));
+                out.push(Check::new(
+                    format!("{tag} x"),
+                    &kit.read_f32(xd.ptr(), rows * d)?,
+                    &rx,
+                    1e-5,
+                ));
+            }
+        }
+    }
+    // SiLU, the timestep sinusoid, the guided Euler step.
+    {
+        let n = 70_001;
+        let x = rb(&rng.normal(n, 3.0));
+        let xd = kit.bf16(&x)?;
+        let yd = kit.poisoned(n * 2)?;
+        k.map(s, Map::SiluBf16, xd.ptr(), yd.ptr(), n)?;
+        let mut r = x.clone();
+        silu(&mut r);
+        out.push(Check::new("silu", &kit.read_bf16(yd.ptr(), n)?, &r, 5e-3));
+        for t in [0.0f32, 37.25, 937.5] {
+            let td = kit.poisoned(512)?;
+            k.timestep_sinusoid(s, td.ptr(), t, 128)?;
+            let mut c = Check::new(
+                format!("timestep_sinusoid t={t}"),
+                &kit.read_bf16(td.ptr(), 256)?,
+                &timestep_embedding(t, 256),
+                5e-3,
+            );
+            if t == 0.0 {
+                c.name.push_str(" (cos=1, sin=0)");
+            }
+            out.push(c);
+        }
+        for guided in [true, false] {
+            let lat = rng.normal(n, 1.0);
+            let vc = rng.normal(n, 1.0);
+            let vu = rng.normal(n, 1.0);
+            let (sigma, sigma_next, g) = (0.8125f32, 0.7031f32, 3.0f32);
+            let (ld, cd, ud) = (kit.f32(&lat)?, kit.f32(&vc)?, kit.f32(&vu)?);
+            let u = if guided { ud.ptr() } else { NULL };
+            k.guided_euler(s, ld.ptr(), cd.ptr(), u, g, sigma_next - sigma, n)?;
+            let v = if guided {
+                cfg_combine(&vu, &vc, g).map_err(|e| CudaError::Invalid(e.to_string()))?
+            } else {
+                vc.clone()
+            };
+            let mut r = lat.clone();
+            euler_step(&mut r, &v, sigma, sigma_next)
+                .map_err(|e| CudaError::Invalid(e.to_string()))?;
+            out.push(Check::new(
+                format!("guided_euler guidance={guided} vs cfg_combine+euler_step (bit-exact)"),
+                &kit.read_f32(ld.ptr(), n)?,
+                &r,
+                0.0,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// cuBLASLt GEMMs of the forward's shapes, fused epilogues, against the CPU
+/// arm's `Linear` (and its tanh-GELU).
+pub fn check_gemms(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result<(), CudaError> {
+    let (g, s) = (&kit.gemm, &kit.gpu.compute);
+    let shapes = [
+        (300usize, 2048usize, 2048usize, Epilogue::Bias),
+        (300, 8192, 2048, Epilogue::BiasGelu),
+        (300, 2048, 8192, Epilogue::Bias),
+        (1, 12288, 2048, Epilogue::Bias),
+        (77, 4096, 4096, Epilogue::BiasGelu),
+        (300, 128, 4096, Epilogue::Bias),
+        (129, 64, 64, Epilogue::None),
+        (64, 4096, 128, Epilogue::BiasGelu),
+    ];
+    for (m, n, kk, ep) in shapes {
+        let x = rb(&rng.normal(m * kk, 1.0));
+        let w = rb(&rng
+            .uniform(n * kk, -1.0, 1.0)
+            .iter()
+            .map(|v| v / (kk as f32).sqrt())
+            .collect::<Vec<_>>());
+        let b = rb(&rng.uniform(n, -0.5, 0.5));
+        let (xd, wd, bd) = (kit.bf16(&x)?, kit.bf16(&w)?, kit.bf16(&b)?);
+        let yd = kit.poisoned(m * n * 2)?;
+        g.linear(s, xd.ptr(), wd.ptr(), bd.ptr(), yd.ptr(), m, n, kk, ep)?;
+        let y = kit.read_bf16(yd.ptr(), m * n)?;
+        let wt = Tensor::new(&[n, kk], w).map_err(|e| CudaError::Invalid(e.to_string()))?;
+        let lin = Linear::new(wt, (ep != Epilogue::None).then_some(b));
+        let mut r = lin.forward(&x, m);
+        if ep == Epilogue::BiasGelu {
+            gelu_tanh(&mut r);
+        }
+        out.push(Check::new(
+            format!("gemm m={m} n={n} k={kk} {ep:?}"),
+            &y,
+            &r,
+            1e-2,
+        ));
+    }
+    let note = format!("{} cached plans", g.cached_plans());
+    if let Some(c) = out.last_mut() {
+        c.note = note;
+    }
+    Ok(())
+}
+
+/// Attention kernels against the CPU arm's attention: self (no bias) and cross
+/// (text mask bias), sequence lengths that are not multiples of the tiles.
+pub fn check_attention(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let heads = 4;
+    for hd in [16usize, 64, 128] {
+        let d = heads * hd;
+        for (nq, nk, masked) in [
+            (333usize, 333usize, false),
+            (333, 77, true),
+            (64, 64, false),
+            (200, 130, true),
+        ] {
+            let q = rb(&rng.normal(nq * d, 1.5));
+            let kx = rb(&rng.normal(nk * d, 1.5));
+            let v = rb(&rng.normal(nk * d, 1.0));
+            let bias: Vec<f32> = (0..nk)
+                .map(|j| if j < nk * 3 / 4 { 0.0 } else { MASK_BIAS })
+                .collect();
+            let scale = 1.0 / (hd as f32).sqrt();
+            let r = attention(
+                &q,
+                &kx,
+                &v,
+                nq,
+                nk,
+                heads,
+                hd,
+                scale,
+                AttnBias {
+                    per_key: masked.then_some(bias.as_slice()),
+                    per_head: None,
+                },
+            );
+            let (qd, kd, vd, bd) = (
+                kit.bf16(&q)?,
+                kit.bf16(&kx)?,
+                kit.bf16(&v)?,
+                kit.f32(&bias)?,
+            );
+            for kind in AttnKernel::all() {
+                if !kind.head_dims().contains(&hd) {
+                    continue;
+                }
+                let od = kit.poisoned(nq * d * 2)?;
+                kit.kernels.attention(
+                    &kit.gpu.compute,
+                    kind,
+                    heads,
+                    hd,
+                    (qd.ptr(), d),
+                    (kd.ptr(), d),
+                    (vd.ptr(), d),
+                    (od.ptr(), d),
+                    nq,
+                    nk,
+                    if masked { bd.ptr() } else { NULL },
+                    scale,
+                )?;
+                let o = kit.read_bf16(od.ptr(), nq * d)?;
+                let tol = if kind == AttnKernel::Reference {
+                    5e-3
+                } else {
+                    1e-2
+                };
+                out.push(Check::new(
+                    format!(
+                        "attention {} hd={hd} nq={nq} nk={nk}{}",
+                        kind.name(),
+                        if masked { " masked" } else { "" }
+                    ),
+                    &o,
+                    &r,
+                    tol,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The fused kernels at the forward's exact self-attention shapes (6144 x 6144
+/// tokens, 32 heads of hd 64 as in ltxv-2b and of hd 128 as in ltxv-13b) against
+/// the reference kernel on the device (the CPU arm would take minutes here).
+/// Inputs uniform in [-2, 2] (q, k) and [-1, 1] (v) from the device generator:
+/// scores q.k * hd^-1/2 then have std ~1.3, so the softmax spreads over many
+/// keys and the running max grows over the tiles (the max of the first 64 keys
+/// is ~1.7 below the final one). Tolerance 1e-2, argued as for the CPU checks:
+/// both outputs are rounded to bf16 (~1.1e-3 RMS each) and the fused kernels
+/// also round the probabilities to bf16 (~1.1e-3 relative, averaging over the
+/// keys; the poly layout's 2^x adds at most 7.5e-5 relative per probability);
+/// expected ~2-3e-3. Red on: the running output not rescaled when the
+/// max grows (errors O(1), corrections ~0.2), a K/V stage overwritten before
+/// all warps read it (a different tile's keys), rows past a tile not written
+/// (NaN from the poisoned output).
+pub fn check_attention_long(kit: &DeviceKit, out: &mut Vec<Check>) -> Result<(), CudaError> {
+    let (n, heads) = (6144usize, 32usize);
+    let s = &kit.gpu.compute;
+    for hd in [64usize, 128] {
+        let d = heads * hd;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (q, k, v) = (
+            kit.poisoned(n * d * 2)?,
+            kit.poisoned(n * d * 2)?,
+            kit.poisoned(n * d * 2)?,
+        );
+        kit.kernels
+            .fill_uniform_bf16(s, q.ptr(), n * d, 71 + hd as u64, 2.0)?;
+        kit.kernels
+            .fill_uniform_bf16(s, k.ptr(), n * d, 72 + hd as u64, 2.0)?;
+        kit.kernels
+            .fill_uniform_bf16(s, v.ptr(), n * d, 73 + hd as u64, 1.0)?;
+        let mut reference = Vec::new();
+        for kind in AttnKernel::all() {
+            let o = kit.poisoned(n * d * 2)?;
+            kit.kernels.attention(
+                s,
+                kind,
+                heads,
+                hd,
+                (q.ptr(), d),
+                (k.ptr(), d),
+                (v.ptr(), d),
+                (o.ptr(), d),
+                n,
+                n,
+                NULL,
+                scale,
+            )?;
+            let got = kit.read_bf16(o.ptr(), n * d)?;
+            if kind == AttnKernel::Reference {
+                reference = got;
+                continue;
+            }
+            out.push(Check::new(
+                format!(
+                    "attention {} hd={hd} heads={heads} nq=nk={n} vs the reference kernel",
+                    kind.name()
+                ),
+                &got,
+                &reference,
+                1e-2,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Stage the synthetic weights in `file` through both arms and both readers of
+/// the batched arm: every tensor must be byte-identical to the file and between
+/// the arms.
+pub fn check_staging(
+    kit: &DeviceKit,
+    file: &Path,
+    out: &mut Vec<Check>,
+) -> Result<DeviceWeights, CudaError> {
+    let raw = std::fs::read(file).map_err(|source| CudaError::Io {
+        path: file.to_path_buf(),
+        source,
+    })?;
+    let tensors = staging::file_extents(file)?;
+    let (serial, rs) =
+        staging::stage(&kit.gpu, &tensors, &StagingOptions::new(StagingArm::Serial))?;
+    let mut bo = StagingOptions::new(StagingArm::Batched);
+    bo.reader = staging::Reader::PinnedRing;
+    bo.chunk_bytes = 1 << 20; // many chunks: tensors straddle buffer boundaries
+    let (ring, rr) = staging::stage(&kit.gpu, &tensors, &bo)?;
+    let (registered, rg) = staging::stage(
+        &kit.gpu,
+        &tensors,
+        &StagingOptions::new(StagingArm::Batched),
+    )?;
+    let mut differ = 0usize;
+    for t in &tensors {
+        let want = &raw[t.offset as usize..][..t.bytes];
+        let a = serial.download(&kit.gpu, &t.name)?;
+        let b = ring.download(&kit.gpu, &t.name)?;
+        let c = registered.download(&kit.gpu, &t.name)?;
+        if a != want || b != want || c != want {
+            differ += 1;
+        }
+    }
+    out.push(Check {
+        name: format!(
+            "staging serial vs batched (ring, registered) vs file ({} tensors)",
+            tensors.len()
+        ),
+        rel: differ as f64,
+        max_abs: 0.0,
+        tol: 0.0,
+        pass: differ == 0 && !tensors.is_empty(),
+        note: format!(
+            "{differ} differ; serial {} copies; ring {} and registered {} copies in 1 arena; {:.1} MB",
+            rs.copies,
+            rr.copies,
+            rg.copies,
+            rs.bytes as f64 / 1e6
+        ),
+    });
+    Ok(registered)
+}
+
+/// A sharded checkpoint (the tiny model's tensors over three files, as a
+/// sharded release stores them) staged through every arm: ONE arena for the
+/// batched arm, and every tensor byte-identical to the single-file staging.
+pub fn check_sharded_staging(
+    kit: &DeviceKit,
+    dir: &Path,
+    specs: &[TensorSpec],
+    seed: u64,
+    single: &DeviceWeights,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let per = specs.len().div_ceil(3);
+    let mut files = Vec::new();
+    for (i, part) in specs.chunks(per).enumerate() {
+        let f = dir.join(format!("tiny-dit-0000{}-of-00003.safetensors", i + 1));
+        write_synth_safetensors(&f, part, seed)?;
+        files.push(f);
+    }
+    let src = crate::weights::safetensors::SafetensorsSource::open(
+        "transformer",
+        &files,
+        &|n, _| Some(n.to_string()),
+        crate::weights::safetensors::LoadOptions::default(),
+    )?;
+    let tensors = src.extents()?;
+    let mut ring = StagingOptions::new(StagingArm::Batched);
+    ring.reader = staging::Reader::PinnedRing;
+    ring.chunk_bytes = 1 << 20;
+    let mut differ = 0usize;
+    let mut notes = Vec::new();
+    for (label, o) in [
+        ("registered", StagingOptions::new(StagingArm::Batched)),
+        ("ring", ring),
+        ("serial", StagingOptions::new(StagingArm::Serial)),
+    ] {
+        let (w, r) = staging::stage(&kit.gpu, &tensors, &o)?;
+        for t in &tensors {
+            if w.download(&kit.gpu, &t.name)? != single.download(&kit.gpu, &t.name)? {
+                differ += 1;
+            }
+        }
+        let one_arena = o.arm == StagingArm::Serial || r.allocations == 1;
+        if !one_arena || r.files != files.len() {
+            differ += 1;
+        }
+        notes.push(format!(
+            "{label}: {} files, {} allocations",
+            r.files, r.allocations
+        ));
+    }
+    out.push(Check {
+        name: format!("staging a 3-shard checkpoint ({} tensors)", tensors.len()),
+        rel: differ as f64,
+        max_abs: 0.0,
+        tol: 0.0,
+        pass: differ == 0 && tensors.len() == specs.len(),
+        note: format!("{differ} differ; {}", notes.join("; ")),
+    });
+    Ok(())
+}
+
+/// One device forward of `dims` on staged weights against the CPU arm's
+/// `Transformer` on the same (widened) weights, with each attention kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn check_forward(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    label: &str,
+    dims: DitDims,
+    weights: Arc<DeviceWeights>,
+    seed: u64,
+    grid: (usize, usize, usize),
+    l: usize,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let n = grid.0 * grid.1 * grid.2;
+    let fps = 25.0;
+    let sigma = 0.7;
+    let lat = rng.normal(n * LATENT_CHANNELS, 1.0);
+    let text = rng.normal(l * dims.caption_channels, 1.0);
+    let mask: Vec<f32> = (0..l)
+        .map(|j| if j < l * 3 / 4 { 1.0 } else { 0.0 })
+        .collect();
+    let bad = |e: String| CudaError::Invalid(format!("CPU arm: {e}"));
+    let t0 = Instant::now();
+    let src = synth_source(&dims.tensor_specs(), seed)?;
+    let model = Transformer::load(&VarBuilder::new(&src), &dims.config())
+        .map_err(|e| bad(e.to_string()))?;
+    drop(src);
+    let lt = Tensor::new(&[n, LATENT_CHANNELS], lat.clone()).map_err(|e| bad(e.to_string()))?;
+    let tt =
+        Tensor::new(&[l, dims.caption_channels], text.clone()).map_err(|e| bad(e.to_string()))?;
+    let cpu = model
+        .forward(&lt, sigma, &tt, &mask, grid, fps)
+        .map_err(|e| bad(e.to_string()))?
+        .into_data();
+    drop(model);
+    let cpu_s = t0.elapsed().as_secs_f64();
+    let mut dit = DeviceDit::new(
+        kit.gpu.clone(),
+        kit.kernels.clone(),
+        kit.gemm.clone(),
+        dims,
+        weights,
+    )?;
+    for kind in AttnKernel::all().into_iter().rev() {
+        if !kind.head_dims().contains(&dims.head_dim) {
+            continue;
+        }
+        dit.attn = kind;
+        let (v, ms) = dit.forward(&lat, sigma, &text, &mask, Geometry { grid, fps }, true)?;
+        let mut c = Check::new(
+            format!(
+                "forward {label} attn={} grid={grid:?} l={l} vs the CPU arm",
+                kind.name()
+            ),
+            &v,
+            &cpu,
+            2e-2,
+        );
+        c.note = format!("device {ms:.2} ms, CPU arm {cpu_s:.1} s");
+        out.push(c);
+    }
+    Ok(())
+}
