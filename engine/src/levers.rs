@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use evidence::rung::Profile;
 use serde::Serialize;
 
+use crate::weights::safetensors::Widen;
+
 /// Which device arm of the engine a lever acts on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -175,15 +177,6 @@ pub fn parse_setting(s: &str) -> Result<(String, String), LeverError> {
     }
 }
 
-/// How weights are widened to `f32` on the host arm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Widen {
-    /// Keep the stored (bf16) bytes in owned memory beside the f32 copy.
-    Double,
-    /// Keep only the f32 copy.
-    Single,
-}
-
 /// The arm of every lever for one run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
@@ -250,13 +243,13 @@ impl LeverSet {
 
     /// The CUDA arm's staging options from `staging` and `release-pages`.
     pub fn staging(&self) -> crate::cuda::staging::StagingOptions {
-        use crate::cuda::staging::{StagingArm, StagingOptions};
-        let arm = if self.arm(STAGING) == "serial" {
-            StagingArm::Serial
+        use crate::cuda::staging::{StagingMethod, StagingOptions};
+        let method = if self.arm(STAGING) == "serial" {
+            StagingMethod::Serial
         } else {
-            StagingArm::Batched
+            StagingMethod::Batched
         };
-        let mut o = StagingOptions::new(arm);
+        let mut o = StagingOptions::new(method);
         o.release_pages = self.release_pages();
         o
     }
@@ -312,15 +305,15 @@ mod tests {
 
     #[test]
     fn staging_lever_maps_to_the_cuda_staging_options() {
-        use crate::cuda::staging::StagingArm;
+        use crate::cuda::staging::StagingMethod;
         let d = LeverSet::resolve(Profile::Default, []).unwrap().staging();
-        assert_eq!((d.arm, d.release_pages), (StagingArm::Batched, true));
+        assert_eq!((d.method, d.release_pages), (StagingMethod::Batched, true));
         let b = LeverSet::resolve(Profile::Baseline, []).unwrap().staging();
-        assert_eq!((b.arm, b.release_pages), (StagingArm::Serial, false));
+        assert_eq!((b.method, b.release_pages), (StagingMethod::Serial, false));
         let o = LeverSet::resolve(Profile::Default, [("staging", "serial")])
             .unwrap()
             .staging();
-        assert_eq!(o.arm, StagingArm::Serial);
+        assert_eq!(o.method, StagingMethod::Serial);
         assert_eq!(registry_json()["levers"]["staging"]["applies_to"], "cuda");
         assert_eq!(
             registry_json()["levers"]["release-pages"]["applies_to"],

@@ -478,7 +478,7 @@ fn staging_attrs(
 ) -> Attrs {
     attrs! {
         "arm" => "cuda",
-        "staging" => opts.arm.name(),
+        "staging" => opts.method.name(),
         "release_pages" => opts.release_pages,
         attr::BYTES_STAGED => st.bytes,
         "tensors" => tensors,

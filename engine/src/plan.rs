@@ -76,10 +76,11 @@ use evidence::rung::Device;
 
 use crate::cuda::denoise::{loaded_bytes, loop_bytes};
 use crate::cuda::models::dit::DitDims;
-use crate::cuda::staging::StagingArm;
-use crate::levers::{LeverSet, Widen};
+use crate::cuda::staging::StagingMethod;
+use crate::levers::LeverSet;
 use crate::models::{dit, t5, vae};
 use crate::presets::Preset;
+use crate::weights::safetensors::Widen;
 use crate::weights::spec::{param_count, TensorSpec};
 
 /// Fixed overhead of the process (binary, allocator, thread stacks), bytes.
@@ -219,15 +220,14 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
     let mut device_phases = BTreeMap::new();
     if g.device == Device::Cuda {
         let specs = dit::tensor_specs(&p.dit);
-        let arm =
-            StagingArm::parse(levers.arm(crate::levers::STAGING)).unwrap_or(StagingArm::Batched);
-        let read_through = |specs: &[TensorSpec]| match arm {
-            StagingArm::Batched => stored(specs),
-            StagingArm::Serial => largest(specs),
+        let method = levers.staging().method;
+        let read_through = |specs: &[TensorSpec]| match method {
+            StagingMethod::Batched => stored(specs),
+            StagingMethod::Serial => largest(specs),
         };
-        let staged_bytes = |specs: &[TensorSpec]| match arm {
-            StagingArm::Batched => specs.iter().map(|t| align_up(t.nbytes()) as u64).sum(),
-            StagingArm::Serial => specs.iter().map(|t| t.nbytes().max(1) as u64).sum::<u64>(),
+        let staged_bytes = |specs: &[TensorSpec]| match method {
+            StagingMethod::Batched => specs.iter().map(|t| align_up(t.nbytes()) as u64).sum(),
+            StagingMethod::Serial => specs.iter().map(|t| t.nbytes().max(1) as u64).sum::<u64>(),
         };
         if levers.conditioning_on_device() {
             let t5_specs = t5::tensor_specs(&p.t5);
@@ -268,7 +268,7 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
         device_phases.insert("load.dit".into(), staged + loaded);
         device_phases.insert("denoise".into(), staged + loaded + looping);
         if levers.vae_on_device() {
-            project_device_vae(p, g, arm, &mut phases, &mut device_phases);
+            project_device_vae(p, g, method, &mut phases, &mut device_phases);
         }
     }
     Projection {
@@ -297,19 +297,19 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
 fn project_device_vae(
     p: &Preset,
     g: &Geometry,
-    arm: StagingArm,
+    method: StagingMethod,
     phases: &mut BTreeMap<String, u64>,
     device_phases: &mut BTreeMap<String, u64>,
 ) {
     let specs = &loaded_specs(p)[2].1;
     let s = stored(specs);
-    let staged: u64 = match arm {
-        StagingArm::Batched => specs.iter().map(|t| align_up(t.nbytes()) as u64).sum(),
-        StagingArm::Serial => specs.iter().map(|t| t.nbytes().max(1) as u64).sum(),
+    let staged: u64 = match method {
+        StagingMethod::Batched => specs.iter().map(|t| align_up(t.nbytes()) as u64).sum(),
+        StagingMethod::Serial => specs.iter().map(|t| t.nbytes().max(1) as u64).sum(),
     };
-    let read_through = match arm {
-        StagingArm::Batched => s,
-        StagingArm::Serial => largest(specs),
+    let read_through = match method {
+        StagingMethod::Batched => s,
+        StagingMethod::Serial => largest(specs),
     };
     let ws = crate::cuda::kit::gemm::WORKSPACE_BYTES as u64;
     let (f, h, w) = latent_grid(g);

@@ -4,11 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use engine::levers::Widen;
 use engine::presets::preset;
 use engine::weights::layout::{Component, Layout};
 use engine::weights::residency::{file_residency, warm_file, Residency};
 use engine::weights::safetensors::LoadOptions;
+use engine::weights::safetensors::Widen;
 use engine::weights::synth::{self, component_specs, SynthOptions};
 use engine::weights::TensorSource;
 

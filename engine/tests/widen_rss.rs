@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use engine::hostmem;
-use engine::levers::Widen;
+use engine::weights::safetensors::Widen;
 use engine::weights::safetensors::{LoadOptions, SafetensorsSource};
 use engine::weights::spec::{DType, TensorSpec};
 use engine::weights::synth::{header_bytes, unit_bytes, FilePlan};

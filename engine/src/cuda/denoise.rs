@@ -652,7 +652,7 @@ mod tests {
             open_cuda_denoiser(
                 &[],
                 &cfg,
-                &StagingOptions::new(staging::StagingArm::Batched),
+                &StagingOptions::new(staging::StagingMethod::Batched),
                 &cond,
                 (1, 2, 2),
                 25.0,

@@ -1,10 +1,10 @@
 //! Weights from a safetensors file onto the device, in two switchable arms
 //! (lever `staging`):
 //!
-//! - [`StagingArm::Serial`] (baseline, the seed's pattern): per tensor, a
+//! - [`StagingMethod::Serial`] (baseline, the seed's pattern): per tensor, a
 //!   pageable host copy, its own `cuMemAlloc`, a synchronous copy and a
 //!   context synchronize: one round trip per tensor.
-//! - [`StagingArm::Batched`] (default): ONE device arena per model; the file is
+//! - [`StagingMethod::Batched`] (default): ONE device arena per model; the file is
 //!   read straight into a ring of pinned host buffers by several threads
 //!   (positional reads, no pageable intermediate), and each filled buffer's
 //!   pieces are copied asynchronously on the copy stream while the next buffer
@@ -53,30 +53,21 @@ pub struct OpenReport {
     pub staging: StagingReport,
 }
 
-/// Which staging arm runs.
+/// How the tensors reach the device: the `staging` lever's arms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StagingArm {
+pub enum StagingMethod {
     /// Per-tensor alloc + pageable copy + synchronize (the baseline).
     Serial,
     /// One arena, parallel reads into pinned buffers, async copies (the default).
     Batched,
 }
 
-impl StagingArm {
-    /// Parse a lever arm name (`serial` | `batched`).
-    pub fn parse(s: &str) -> Option<StagingArm> {
-        match s {
-            "serial" => Some(StagingArm::Serial),
-            "batched" => Some(StagingArm::Batched),
-            _ => None,
-        }
-    }
-
-    /// The lever arm name.
+impl StagingMethod {
+    /// The `staging` lever's arm that selects it.
     pub fn name(self) -> &'static str {
         match self {
-            StagingArm::Serial => "serial",
-            StagingArm::Batched => "batched",
+            StagingMethod::Serial => "serial",
+            StagingMethod::Batched => "batched",
         }
     }
 }
@@ -84,8 +75,8 @@ impl StagingArm {
 /// How to stage.
 #[derive(Debug, Clone)]
 pub struct StagingOptions {
-    /// The arm.
-    pub arm: StagingArm,
+    /// The method.
+    pub method: StagingMethod,
     /// Drop the file's page cache after its bytes are copied out.
     pub release_pages: bool,
     /// Reader threads of the batched arm (0: one per core).
@@ -116,9 +107,9 @@ impl StagingOptions {
     /// for the ring 4 buffers of 16 MiB (device run 2: 18.4 GB/s
     /// against 16.8 at 64 MiB and 6.4 at 256 MiB, whose pinned allocation
     /// dominates), one reader per core.
-    pub fn new(arm: StagingArm) -> StagingOptions {
+    pub fn new(method: StagingMethod) -> StagingOptions {
         StagingOptions {
-            arm,
+            method,
             release_pages: false,
             threads: 0,
             chunk_bytes: 16 << 20,
@@ -225,8 +216,8 @@ impl DeviceWeights {
 /// What a staging run did.
 #[derive(Debug, Clone)]
 pub struct StagingReport {
-    /// The arm.
-    pub arm: StagingArm,
+    /// The method.
+    pub method: StagingMethod,
     /// Tensor bytes copied to the device.
     pub bytes: u64,
     /// Wall seconds, from the first read to the last copy completed.
@@ -285,10 +276,10 @@ pub fn arena_layout(tensors: &[Extent]) -> (Vec<usize>, usize) {
 
 /// Device bytes staging `tensors` allocates in `arm` (the arena, or one
 /// allocation per tensor of at least one byte).
-pub fn device_bytes(tensors: &[Extent], arm: StagingArm) -> u64 {
+pub fn device_bytes(tensors: &[Extent], arm: StagingMethod) -> u64 {
     match arm {
-        StagingArm::Batched => arena_layout(tensors).1.max(1) as u64,
-        StagingArm::Serial => tensors.iter().map(|t| t.bytes.max(1) as u64).sum(),
+        StagingMethod::Batched => arena_layout(tensors).1.max(1) as u64,
+        StagingMethod::Serial => tensors.iter().map(|t| t.bytes.max(1) as u64).sum(),
     }
 }
 
@@ -405,9 +396,9 @@ pub fn stage(
     let t0 = Instant::now();
     let ev0 = gpu.event()?;
     ev0.record(&gpu.copy).ctx("recording the staging start")?;
-    let (storage, ptrs, copies, allocations) = match opts.arm {
-        StagingArm::Serial => stage_serial(gpu, tensors, &files, opts)?,
-        StagingArm::Batched => {
+    let (storage, ptrs, copies, allocations) = match opts.method {
+        StagingMethod::Serial => stage_serial(gpu, tensors, &files, opts)?,
+        StagingMethod::Batched => {
             let (offs, total) = arena_layout(tensors);
             let arena = DeviceBuffer::alloc(
                 gpu,
@@ -449,7 +440,7 @@ pub fn stage(
         bytes += t.bytes as u64;
     }
     let report = StagingReport {
-        arm: opts.arm,
+        method: opts.method,
         bytes,
         seconds: t0.elapsed().as_secs_f64(),
         device_ms,
@@ -869,8 +860,8 @@ mod tests {
         let (offs, total) = arena_layout(&t);
         assert_eq!(offs, [0, 256, 768]);
         assert_eq!(total, 770);
-        assert_eq!(device_bytes(&t, StagingArm::Batched), 770);
-        assert_eq!(device_bytes(&t, StagingArm::Serial), 312);
+        assert_eq!(device_bytes(&t, StagingMethod::Batched), 770);
+        assert_eq!(device_bytes(&t, StagingMethod::Serial), 312);
         let groups = by_file(&t);
         assert_eq!(groups.len(), 2);
         assert_eq!(groups[0], (PathBuf::from("a"), 0..2));
@@ -919,10 +910,10 @@ mod tests {
     }
 
     #[test]
-    fn arm_names_round_trip() {
-        for a in [StagingArm::Serial, StagingArm::Batched] {
-            assert_eq!(StagingArm::parse(a.name()), Some(a));
+    fn methods_are_named_as_the_lever_names_its_arms() {
+        let lever = crate::levers::lever(crate::levers::STAGING).unwrap();
+        for m in [StagingMethod::Serial, StagingMethod::Batched] {
+            assert!(lever.arms.contains(&m.name()), "{}", m.name());
         }
-        assert_eq!(StagingArm::parse("fast"), None);
     }
 }

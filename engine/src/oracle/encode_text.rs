@@ -20,7 +20,7 @@ use evidence::rung::Device;
 use super::TensorFile;
 use crate::conditioning::{encode_device, encode_host, Encoded, KeyRule};
 use crate::cuda::models::t5::open_device_t5;
-use crate::cuda::staging::{StagingArm, StagingOptions};
+use crate::cuda::staging::{StagingMethod, StagingOptions};
 use crate::models::t5::{self, T5Encoder};
 use crate::pipeline::BadInput;
 use crate::presets::Preset;
@@ -123,9 +123,12 @@ pub fn encode_text(req: &EncodeTextRequest) -> anyhow::Result<EncodeTextOutcome>
         Device::Cuda => {
             let tensors = src.extents().map_err(|e| BadInput(e.to_string()))?;
             drop(src);
-            let (mut dev, _) =
-                open_device_t5(&tensors, &p.t5, &StagingOptions::new(StagingArm::Batched))
-                    .context("the CUDA arm's text encoder")?;
+            let (mut dev, _) = open_device_t5(
+                &tensors,
+                &p.t5,
+                &StagingOptions::new(StagingMethod::Batched),
+            )
+            .context("the CUDA arm's text encoder")?;
             let load_s = t0.elapsed().as_secs_f64();
             let t1 = Instant::now();
             let (encoded, ms) = encode_device(&mut dev, &tok, &prompts, req.keys)

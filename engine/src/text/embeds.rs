@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
-use crate::levers::Widen;
 use crate::tensor::Tensor;
+use crate::weights::safetensors::Widen;
 use crate::weights::safetensors::{LoadOptions, SafetensorsSource};
 use crate::weights::{TensorSource, WeightError};
 

@@ -28,8 +28,17 @@ use rayon::prelude::*;
 use super::residency::{self, Residency};
 use super::source::{TensorSource, WeightError};
 use super::spec::{DType, TensorSpec};
-use crate::levers::Widen;
 use crate::tensor::Tensor;
+
+/// How weights are widened to `f32` on the host arm (the `widen-f32` lever's
+/// arms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Widen {
+    /// Keep the stored (bf16) bytes in owned memory beside the f32 copy.
+    Double,
+    /// Keep only the f32 copy.
+    Single,
+}
 
 /// How a source materializes tensors (the host-arm levers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

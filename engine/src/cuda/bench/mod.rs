@@ -33,7 +33,7 @@ use crate::cuda::kit::memory::{align_up, DeviceBuffer};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::{DeviceDit, DitDims, Geometry, TextSlot, LATENT_CHANNELS};
 use crate::cuda::staging::{
-    self, pinned_copy_gbps, DeviceWeights, Staged, StagingArm, StagingOptions,
+    self, pinned_copy_gbps, DeviceWeights, Staged, StagingMethod, StagingOptions,
 };
 use crate::cuda::{CudaError, DriverContext};
 use crate::models::t5::Keys;
@@ -189,19 +189,19 @@ pub fn run(kit: &DeviceKit, scratch: &Path) -> Result<Vec<String>, CudaError> {
     );
     let mut serial = Vec::new();
     for _ in 0..2 {
-        let (w, r) = staging::stage_file(gpu, &file, &StagingOptions::new(StagingArm::Serial))?;
+        let (w, r) = staging::stage_file(gpu, &file, &StagingOptions::new(StagingMethod::Serial))?;
         serial.push(r.gbps());
         drop(w);
     }
     let mut batched = Vec::new();
     let mut kept = None;
     for _ in 0..3 {
-        let (w, r) = staging::stage_file(gpu, &file, &StagingOptions::new(StagingArm::Batched))?;
+        let (w, r) = staging::stage_file(gpu, &file, &StagingOptions::new(StagingMethod::Batched))?;
         batched.push(r.gbps());
         kept = Some(w);
     }
     let w2b = kept.ok_or_else(|| CudaError::Invalid("no batched staging ran".into()))?;
-    let (ws, _) = staging::stage_file(gpu, &file, &StagingOptions::new(StagingArm::Serial))?;
+    let (ws, _) = staging::stage_file(gpu, &file, &StagingOptions::new(StagingMethod::Serial))?;
     let mut differ = 0;
     let names: Vec<String> = w2b.names().map(String::from).collect();
     for n in &names {
@@ -214,7 +214,7 @@ pub fn run(kit: &DeviceKit, scratch: &Path) -> Result<Vec<String>, CudaError> {
     let mut reg = Vec::new();
     let mut reg_differ = 0;
     for _ in 0..3 {
-        let mut o = StagingOptions::new(StagingArm::Batched);
+        let mut o = StagingOptions::new(StagingMethod::Batched);
         o.reader = staging::Reader::PinnedRing;
         let (w, r) = staging::stage_file(gpu, &file, &o)?;
         reg.push(r.gbps());
@@ -262,10 +262,11 @@ pub fn run(kit: &DeviceKit, scratch: &Path) -> Result<Vec<String>, CudaError> {
         if rm >= 40.0 && rm >= 8.0 * sm { "MET" } else { "MISSED" }
     ));
     {
-        let mut o = StagingOptions::new(StagingArm::Batched);
+        let mut o = StagingOptions::new(StagingMethod::Batched);
         o.release_pages = true;
         let (_w, r1) = staging::stage_file(gpu, &file, &o)?;
-        let (_w2, r2) = staging::stage_file(gpu, &file, &StagingOptions::new(StagingArm::Batched))?;
+        let (_w2, r2) =
+            staging::stage_file(gpu, &file, &StagingOptions::new(StagingMethod::Batched))?;
         push(&mut rows, format!("staging  batched+release-pages {:>7.2} GB/s, then re-read after release {:.2} GB/s (page cache dropped)", r1.gbps(), r2.gbps()));
     }
 
@@ -531,13 +532,13 @@ fn t5_rows(kit: &DeviceKit, file: &Path) -> Result<Vec<String>, CudaError> {
         fbytes as f64 / 1e9,
         t0.elapsed().as_secs_f64()
     );
-    let stage = |arm: StagingArm| staging::stage_file(gpu, file, &StagingOptions::new(arm));
-    let (ws, rs) = stage(StagingArm::Serial)?;
+    let stage = |arm: StagingMethod| staging::stage_file(gpu, file, &StagingOptions::new(arm));
+    let (ws, rs) = stage(StagingMethod::Serial)?;
     drop(ws);
     let mut batched = Vec::new();
     let mut kept = None;
     for _ in 0..2 {
-        let (w, r) = stage(StagingArm::Batched)?;
+        let (w, r) = stage(StagingMethod::Batched)?;
         batched.push(r.seconds);
         kept = Some((w, r));
     }

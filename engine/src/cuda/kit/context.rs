@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{result as dres, CudaContext, CudaEvent, CudaStream};
 
-use crate::cuda::kit::memory::MemTracker;
+use crate::cuda::kit::tracker::MemTracker;
 use crate::cuda::{CudaError, DriverContext};
 
 /// Where cuBLASLt lives on the project's GPU machine (not in the linker cache).

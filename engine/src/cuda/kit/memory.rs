@@ -1,13 +1,13 @@
 //! Device memory: owned buffers that keep an allocator high-water mark, and a
 //! bump arena that carves one buffer into aligned pieces (weights, workspaces).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::result as dres;
 use cudarc::driver::sys::CUdeviceptr;
 
 use crate::cuda::kit::context::Gpu;
+pub use crate::cuda::kit::tracker::MemTracker;
 use crate::cuda::{CudaError, DriverContext};
 
 /// Alignment of every arena piece, bytes (cuBLASLt's preferred alignment is 16;
@@ -17,52 +17,6 @@ pub const ALIGN: usize = 256;
 /// Round `n` up to a multiple of [`ALIGN`].
 pub fn align_up(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
-}
-
-/// Bytes the engine holds on the device now, and the most it has held since
-/// the last [`MemTracker::reset_peak`].
-#[derive(Debug, Default)]
-pub struct MemTracker {
-    current: AtomicU64,
-    peak: AtomicU64,
-}
-
-impl crate::phase::DevicePeak for MemTracker {
-    fn take_peak(&self) -> u64 {
-        MemTracker::take_peak(self)
-    }
-}
-
-impl MemTracker {
-    fn add(&self, n: u64) {
-        let now = self.current.fetch_add(n, Ordering::SeqCst) + n;
-        self.peak.fetch_max(now, Ordering::SeqCst);
-    }
-
-    fn sub(&self, n: u64) {
-        self.current.fetch_sub(n, Ordering::SeqCst);
-    }
-
-    /// Device bytes held now by this engine's allocations.
-    pub fn current(&self) -> u64 {
-        self.current.load(Ordering::SeqCst)
-    }
-
-    /// High-water mark of [`MemTracker::current`] since the last reset, bytes.
-    pub fn peak(&self) -> u64 {
-        self.peak.load(Ordering::SeqCst)
-    }
-
-    /// Start a new phase: the peak becomes the current holding.
-    pub fn reset_peak(&self) {
-        self.peak.store(self.current(), Ordering::SeqCst);
-    }
-
-    /// The high-water mark since the last call, restarted at the bytes held now.
-    pub fn take_peak(&self) -> u64 {
-        let now = self.current();
-        self.peak.swap(now, Ordering::SeqCst).max(now)
-    }
 }
 
 /// An owned device allocation (`cuMemAlloc`), freed on drop.

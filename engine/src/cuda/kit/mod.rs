@@ -1,6 +1,6 @@
 //! The device kit: the GPU ([`context`]), memory ([`memory`]), run-time
-//! compiled kernels ([`nvrtc`], [`kernels`]), cuBLASLt GEMMs ([`gemm`]) and the
-//! host's bf16 conversions ([`bf16`]). Everything in `cuda/` is built on it;
+//! compiled kernels ([`nvrtc`], [`kernels`]), cuBLASLt GEMMs ([`gemm`]), the
+//! device bytes held ([`tracker`]) and the host's bf16 conversions ([`bf16`]). Everything in `cuda/` is built on it;
 //! it imports nothing else of `cuda/` but [`super::CudaError`].
 
 pub mod bf16;
@@ -9,6 +9,7 @@ pub mod gemm;
 pub mod kernels;
 pub mod memory;
 pub mod nvrtc;
+pub mod tracker;
 
 use std::sync::Arc;
 

@@ -749,7 +749,7 @@ mod tests {
             open_device_t5(
                 &[],
                 &t5_tiny(),
-                &StagingOptions::new(staging::StagingArm::Batched),
+                &StagingOptions::new(staging::StagingMethod::Batched),
             )
             .map(|_| ())
         })

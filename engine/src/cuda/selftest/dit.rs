@@ -16,7 +16,7 @@ use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::{
     DeviceDit, DitDims, Geometry, LATENT_CHANNELS, MASK_BIAS, NORM_EPS, QK_EPS,
 };
-use crate::cuda::staging::{self, DeviceWeights, StagingArm, StagingOptions};
+use crate::cuda::staging::{self, DeviceWeights, StagingMethod, StagingOptions};
 use crate::cuda::CudaError;
 use crate::models::dit::{Transformer, ROPE_COMPRESSION};
 use crate::ops::activation::{gelu_tanh, silu};
@@ -458,16 +458,19 @@ pub fn check_staging(
         source,
     })?;
     let tensors = staging::file_extents(file)?;
-    let (serial, rs) =
-        staging::stage(&kit.gpu, &tensors, &StagingOptions::new(StagingArm::Serial))?;
-    let mut bo = StagingOptions::new(StagingArm::Batched);
+    let (serial, rs) = staging::stage(
+        &kit.gpu,
+        &tensors,
+        &StagingOptions::new(StagingMethod::Serial),
+    )?;
+    let mut bo = StagingOptions::new(StagingMethod::Batched);
     bo.reader = staging::Reader::PinnedRing;
     bo.chunk_bytes = 1 << 20; // many chunks: tensors straddle buffer boundaries
     let (ring, rr) = staging::stage(&kit.gpu, &tensors, &bo)?;
     let (registered, rg) = staging::stage(
         &kit.gpu,
         &tensors,
-        &StagingOptions::new(StagingArm::Batched),
+        &StagingOptions::new(StagingMethod::Batched),
     )?;
     let mut differ = 0usize;
     for t in &tensors {
@@ -524,15 +527,15 @@ pub fn check_sharded_staging(
         crate::weights::safetensors::LoadOptions::default(),
     )?;
     let tensors = src.extents()?;
-    let mut ring = StagingOptions::new(StagingArm::Batched);
+    let mut ring = StagingOptions::new(StagingMethod::Batched);
     ring.reader = staging::Reader::PinnedRing;
     ring.chunk_bytes = 1 << 20;
     let mut differ = 0usize;
     let mut notes = Vec::new();
     for (label, o) in [
-        ("registered", StagingOptions::new(StagingArm::Batched)),
+        ("registered", StagingOptions::new(StagingMethod::Batched)),
         ("ring", ring),
-        ("serial", StagingOptions::new(StagingArm::Serial)),
+        ("serial", StagingOptions::new(StagingMethod::Serial)),
     ] {
         let (w, r) = staging::stage(&kit.gpu, &tensors, &o)?;
         for t in &tensors {
@@ -540,7 +543,7 @@ pub fn check_sharded_staging(
                 differ += 1;
             }
         }
-        let one_arena = o.arm == StagingArm::Serial || r.allocations == 1;
+        let one_arena = o.method == StagingMethod::Serial || r.allocations == 1;
         if !one_arena || r.files != files.len() {
             differ += 1;
         }

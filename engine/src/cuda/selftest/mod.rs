@@ -42,7 +42,7 @@ use self::dit::{
 use crate::cuda::fixtures::{rel_err, write_synth_safetensors, Rng};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::DitDims;
-use crate::cuda::staging::{self, StagingArm, StagingOptions};
+use crate::cuda::staging::{self, StagingMethod, StagingOptions};
 use crate::cuda::CudaError;
 
 /// One check's outcome.
@@ -165,7 +165,8 @@ fn run_dit_sections(
             .scratch
             .join(format!("{}-1block.safetensors", dims.head_dim));
         write_synth_safetensors(&f, &dims.tensor_specs(), seed)?;
-        let (w, _) = staging::stage_file(&kit.gpu, &f, &StagingOptions::new(StagingArm::Batched))?;
+        let (w, _) =
+            staging::stage_file(&kit.gpu, &f, &StagingOptions::new(StagingMethod::Batched))?;
         check_forward(
             kit,
             rng,

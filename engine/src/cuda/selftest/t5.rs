@@ -65,7 +65,7 @@ use crate::cuda::kit::memory::{download, upload, DeviceBuffer};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::t5::{self as dt5, Ablation, AttnArgs, DeviceT5};
 use crate::cuda::selftest::Check;
-use crate::cuda::staging::{self, StagingArm, StagingOptions};
+use crate::cuda::staging::{self, StagingMethod, StagingOptions};
 use crate::cuda::CudaError;
 use crate::models::t5::{Keys, T5Config, T5Encoder};
 use crate::ops::attention::{attention, AttnBias};
@@ -280,7 +280,8 @@ fn check_model(
     prompts: &[(Vec<u32>, Vec<f32>)],
     out: &mut Vec<Check>,
 ) -> Result<(), CudaError> {
-    let (w, st) = staging::stage_file(&kit.gpu, file, &StagingOptions::new(StagingArm::Batched))?;
+    let (w, st) =
+        staging::stage_file(&kit.gpu, file, &StagingOptions::new(StagingMethod::Batched))?;
     let mut dev = DeviceT5::new(kit, cfg, w)?;
     let t0 = Instant::now();
     let host = host_encoder(file, cfg)?;

@@ -71,7 +71,7 @@ use crate::cuda::models::vae::rgb8::{
 };
 use crate::cuda::models::vae::{DecodeOptions, DeviceVae, Download};
 use crate::cuda::selftest::Check;
-use crate::cuda::staging::{self, DeviceWeights, StagingArm, StagingOptions};
+use crate::cuda::staging::{self, DeviceWeights, StagingMethod, StagingOptions};
 use crate::cuda::CudaError;
 use crate::frames::{frames_from_pixels, to_u8, Frame};
 use crate::models::vae::decoder_read_specs;
@@ -416,7 +416,11 @@ fn model(
     let specs = decoder_read_specs(cfg);
     let file = scratch.join(format!("vae-{label}.safetensors"));
     write_synth_safetensors(&file, &specs, seed)?;
-    let (w, _) = staging::stage_file(&kit.gpu, &file, &StagingOptions::new(StagingArm::Batched))?;
+    let (w, _) = staging::stage_file(
+        &kit.gpu,
+        &file,
+        &StagingOptions::new(StagingMethod::Batched),
+    )?;
     let _ = std::fs::remove_file(&file);
     let src = synth_source(&specs, seed)?;
     let host = VaeDecoder::load(&VarBuilder::new(&src), cfg)
