@@ -214,11 +214,12 @@ pub const TIMESTEP_CHANNELS: usize = 256;
 pub const ROPE_COMPRESSION: (usize, usize) = (8, 32);
 
 /// Epsilon of the q/k RMS norms (fixed in the reference, not in the config).
-const QK_NORM_EPS: f32 = 1e-5;
-/// Epsilon of the output LayerNorm.
-const OUT_NORM_EPS: f32 = 1e-6;
-/// The text-mask bias for a padded token.
-const MASK_BIAS: f32 = -10000.0;
+pub const QK_NORM_EPS: f32 = 1e-5;
+/// Epsilon of the output LayerNorm (fixed in the reference, not in the config).
+pub const OUT_NORM_EPS: f32 = 1e-6;
+/// The additive attention bias of a padded text token: the reference turns
+/// the text mask into `(1 - mask) * MASK_BIAS`.
+pub const MASK_BIAS: f32 = -10000.0;
 
 struct Attention {
     to_q: Linear,
@@ -282,24 +283,98 @@ impl Attention {
     }
 }
 
-struct Block {
+/// One transformer block (`transformer_blocks.{i}` in the checkpoint; fields
+/// named after its keys): self-attention on the modulated RMS norm with a
+/// gated residual, cross-attention to the text with a plain residual, and
+/// the gated feed-forward on the modulated RMS norm.
+pub struct Block {
     attn1: Attention,
     attn2: Attention,
-    ff_in: Linear,
-    ff_out: Linear,
+    /// `ff.net.0.proj`: d -> 4d, then tanh-GELU.
+    ff_net_0_proj: Linear,
+    /// `ff.net.2`: 4d -> d.
+    ff_net_2: Linear,
     /// `[6, d]`: shift, scale, gate for attention, then for the feed-forward.
     scale_shift_table: Vec<f32>,
+}
+
+/// What every block of one forward reads besides the residual stream.
+pub struct BlockInputs<'a> {
+    /// Video tokens (rows of the residual stream).
+    pub n: usize,
+    /// `time_embed.linear`'s output: the 6 modulation rows `[6, d]` the
+    /// blocks add to their `scale_shift_table`.
+    pub temb: &'a [f32],
+    /// The projected text `[l, d]` (`caption_projection`'s output).
+    pub text: &'a [f32],
+    /// Text tokens.
+    pub l: usize,
+    /// The cross-attention's additive bias per text token (`[l]`).
+    pub key_bias: &'a [f32],
+    /// RoPE over the video tokens' latent positions.
+    pub rope: &'a RopeTables,
+    /// Attention heads.
+    pub heads: usize,
+    /// Epsilon of the blocks' RMS norms (the config's `norm_eps`).
+    pub eps: f32,
+}
+
+impl Block {
+    /// The block under `vb` (`transformer_blocks.{i}`) of a transformer of `cfg`.
+    pub fn load(vb: &VarBuilder, cfg: &DitConfig) -> Result<Self, WeightError> {
+        let d = cfg.inner_dim();
+        Ok(Block {
+            attn1: Attention::load(&vb.pp("attn1"), d, d)?,
+            attn2: Attention::load(&vb.pp("attn2"), d, cfg.cross_attention_dim)?,
+            ff_net_0_proj: Linear::load(vb, "ff.net.0.proj", 4 * d, d, true)?,
+            ff_net_2: Linear::load(vb, "ff.net.2", d, 4 * d, true)?,
+            scale_shift_table: vb.get("scale_shift_table", &[6, d])?.into_data(),
+        })
+    }
+
+    /// Add this block's update to the residual stream `x` (`[n, d]`).
+    pub fn forward(&self, x: &mut [f32], inp: &BlockInputs<'_>) {
+        let (n, d) = (inp.n, self.ff_net_2.out_features());
+        let ada: Vec<f32> = self
+            .scale_shift_table
+            .iter()
+            .zip(inp.temb)
+            .map(|(s, t)| s + t)
+            .collect();
+        let row = |k: usize| &ada[k * d..(k + 1) * d];
+        let mut h = x.to_vec();
+        rms_norm_rows(&mut h, d, None, inp.eps);
+        modulate_rows(&mut h, row(1), row(0));
+        let a = self
+            .attn1
+            .forward(&h, n, &h, n, inp.heads, Some(inp.rope), None);
+        add_gated(x, &a, row(2));
+        let a = self
+            .attn2
+            .forward(x, n, inp.text, inp.l, inp.heads, None, Some(inp.key_bias));
+        x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
+        let mut h = x.to_vec();
+        rms_norm_rows(&mut h, d, None, inp.eps);
+        modulate_rows(&mut h, row(4), row(3));
+        let mut f = self.ff_net_0_proj.forward(&h, n);
+        gelu_tanh(&mut f);
+        let f = self.ff_net_2.forward(&f, n);
+        add_gated(x, &f, row(5));
+    }
 }
 
 /// The LTX-Video transformer on the CPU, weights widened to f32.
 pub struct Transformer {
     cfg: DitConfig,
     proj_in: Linear,
-    t_linear_1: Linear,
-    t_linear_2: Linear,
-    t_ada: Linear,
-    caption_1: Linear,
-    caption_2: Linear,
+    /// `time_embed.emb.timestep_embedder.linear_1`.
+    time_embed_linear_1: Linear,
+    /// `time_embed.emb.timestep_embedder.linear_2`.
+    time_embed_linear_2: Linear,
+    /// `time_embed.linear`: the 6 modulation rows.
+    time_embed_linear: Linear,
+    caption_projection_linear_1: Linear,
+    caption_projection_linear_2: Linear,
     blocks: Vec<Block>,
     /// `[2, d]`: shift and scale of the output norm.
     scale_shift_table: Vec<f32>,
@@ -313,37 +388,35 @@ impl Transformer {
         cfg.validate()?;
         let d = cfg.inner_dim();
         let te = vb.pp("time_embed");
-        let mut blocks = Vec::with_capacity(cfg.num_layers);
-        for i in 0..cfg.num_layers {
-            let b = vb.pp("transformer_blocks").pp(i);
-            blocks.push(Block {
-                attn1: Attention::load(&b.pp("attn1"), d, d)?,
-                attn2: Attention::load(&b.pp("attn2"), d, cfg.cross_attention_dim)?,
-                ff_in: Linear::load(&b, "ff.net.0.proj", 4 * d, d, true)?,
-                ff_out: Linear::load(&b, "ff.net.2", d, 4 * d, true)?,
-                scale_shift_table: b.get("scale_shift_table", &[6, d])?.into_data(),
-            });
-        }
+        let blocks = (0..cfg.num_layers)
+            .map(|i| Block::load(&vb.pp("transformer_blocks").pp(i), cfg))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Transformer {
             cfg: cfg.clone(),
             proj_in: Linear::load(vb, "proj_in", d, cfg.in_channels, true)?,
-            t_linear_1: Linear::load(
+            time_embed_linear_1: Linear::load(
                 &te,
                 "emb.timestep_embedder.linear_1",
                 d,
                 TIMESTEP_CHANNELS,
                 true,
             )?,
-            t_linear_2: Linear::load(&te, "emb.timestep_embedder.linear_2", d, d, true)?,
-            t_ada: Linear::load(&te, "linear", 6 * d, d, true)?,
-            caption_1: Linear::load(
+            time_embed_linear_2: Linear::load(&te, "emb.timestep_embedder.linear_2", d, d, true)?,
+            time_embed_linear: Linear::load(&te, "linear", 6 * d, d, true)?,
+            caption_projection_linear_1: Linear::load(
                 vb,
                 "caption_projection.linear_1",
                 d,
                 cfg.caption_channels,
                 true,
             )?,
-            caption_2: Linear::load(vb, "caption_projection.linear_2", d, d, true)?,
+            caption_projection_linear_2: Linear::load(
+                vb,
+                "caption_projection.linear_2",
+                d,
+                d,
+                true,
+            )?,
             blocks,
             scale_shift_table: vb.get("scale_shift_table", &[2, d])?.into_data(),
             proj_out: Linear::load(vb, "proj_out", cfg.out_channels, d, true)?,
@@ -408,46 +481,31 @@ impl Transformer {
         let mut x = self.proj_in.forward(latents.data(), n);
         // Timestep: sinusoid -> MLP = embedded timestep; SiLU -> linear = 6 modulation rows.
         let mut t = self
-            .t_linear_1
+            .time_embed_linear_1
             .forward(&timestep_embedding(sigma * 1000.0, TIMESTEP_CHANNELS), 1);
         silu(&mut t);
-        let embedded = self.t_linear_2.forward(&t, 1);
+        let embedded = self.time_embed_linear_2.forward(&t, 1);
         let mut e = embedded.clone();
         silu(&mut e);
-        let temb = self.t_ada.forward(&e, 1);
+        let temb = self.time_embed_linear.forward(&e, 1);
         // Caption projection.
-        let mut c = self.caption_1.forward(text.data(), l);
+        let mut c = self.caption_projection_linear_1.forward(text.data(), l);
         gelu_tanh(&mut c);
-        let text_states = self.caption_2.forward(&c, l);
+        let text_states = self.caption_projection_linear_2.forward(&c, l);
         let key_bias: Vec<f32> = text_mask.iter().map(|m| (1.0 - m) * MASK_BIAS).collect();
         let rope = ltx_rope(grid, fps, ROPE_COMPRESSION.0, ROPE_COMPRESSION.1, d);
-
-        let heads = cfg.num_attention_heads;
-        let eps = cfg.norm_eps as f32;
+        let inputs = BlockInputs {
+            n,
+            temb: &temb,
+            text: &text_states,
+            l,
+            key_bias: &key_bias,
+            rope: &rope,
+            heads: cfg.num_attention_heads,
+            eps: cfg.norm_eps as f32,
+        };
         for b in &self.blocks {
-            let ada: Vec<f32> = b
-                .scale_shift_table
-                .iter()
-                .zip(&temb)
-                .map(|(s, t)| s + t)
-                .collect();
-            let row = |k: usize| &ada[k * d..(k + 1) * d];
-            let mut h = x.clone();
-            rms_norm_rows(&mut h, d, None, eps);
-            modulate_rows(&mut h, row(1), row(0));
-            let a = b.attn1.forward(&h, n, &h, n, heads, Some(&rope), None);
-            add_gated(&mut x, &a, row(2));
-            let a = b
-                .attn2
-                .forward(&x, n, &text_states, l, heads, None, Some(&key_bias));
-            x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
-            let mut h = x.clone();
-            rms_norm_rows(&mut h, d, None, eps);
-            modulate_rows(&mut h, row(4), row(3));
-            let mut f = b.ff_in.forward(&h, n);
-            gelu_tanh(&mut f);
-            let f = b.ff_out.forward(&f, n);
-            add_gated(&mut x, &f, row(5));
+            b.forward(&mut x, &inputs);
         }
         let shift: Vec<f32> = self.scale_shift_table[..d]
             .iter()

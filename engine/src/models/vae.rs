@@ -540,7 +540,7 @@ fn resnet_spec(v: &mut Vec<TensorSpec>, p: &str, cin: usize, cout: usize, tc: bo
 pub const TIMESTEP_CHANNELS: usize = 256;
 
 /// Epsilon of the decoder's per-voxel RMS norms (fixed in the reference).
-const PIXEL_NORM_EPS: f32 = 1e-8;
+pub const PIXEL_NORM_EPS: f32 = 1e-8;
 
 /// `timestep -> sinusoid(256) -> Linear -> SiLU -> Linear`.
 struct TimeEmbedder {

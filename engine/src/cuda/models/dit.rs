@@ -24,7 +24,7 @@ use crate::cuda::kit::kernels::{AttnKernel, Kernels, Map, RopeArgs, RowMode, NUL
 use crate::cuda::kit::memory::{align_up, download, upload, Arena, DeviceBuffer};
 use crate::cuda::staging::DeviceWeights;
 use crate::cuda::CudaError;
-use crate::models::dit::{DitConfig, ROPE_COMPRESSION};
+use crate::models::dit::{DitConfig, MASK_BIAS, OUT_NORM_EPS, QK_NORM_EPS, ROPE_COMPRESSION};
 use crate::ops::rope::{rope_freqs, ROPE_BASE};
 use crate::weights::TensorSpec;
 
@@ -32,12 +32,6 @@ use crate::weights::TensorSpec;
 pub const LATENT_CHANNELS: usize = 128;
 /// Width of the sinusoidal timestep embedding.
 pub const TIMESTEP_DIM: usize = crate::models::dit::TIMESTEP_CHANNELS;
-/// eps of the blocks' RMS norms and of the output LayerNorm.
-pub const NORM_EPS: f32 = 1e-6;
-/// eps of the q/k RMS norms.
-pub const QK_EPS: f32 = 1e-5;
-/// Additive attention bias of a masked text token.
-pub const MASK_BIAS: f32 = -10000.0;
 
 /// The shape of a DiT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +72,7 @@ impl DitDims {
             || cfg.patch_size != 1
             || cfg.patch_size_t != 1
             || cfg.cross_attention_dim != d
-            || (cfg.norm_eps - NORM_EPS as f64).abs() > 1e-12
+            || (cfg.norm_eps - crate::presets::dit_2b().norm_eps).abs() > 1e-12
             || cfg.norm_elementwise_affine
             || !cfg.attention_bias
             || !cfg.attention_out_bias
@@ -147,35 +141,62 @@ struct Lin {
     inp: usize,
 }
 
+/// An attention's weights (`attn1` or `attn2` of a block; fields named after
+/// the checkpoint's keys).
 #[derive(Debug, Clone, Copy)]
-struct AttnW {
+struct AttentionWeights {
     norm_q: CUdeviceptr,
     norm_k: CUdeviceptr,
-    q: Lin,
-    k: Lin,
-    v: Lin,
-    o: Lin,
+    to_q: Lin,
+    to_k: Lin,
+    to_v: Lin,
+    /// `to_out.0`.
+    to_out: Lin,
 }
 
+/// One block's weights (`transformer_blocks.{i}`).
 #[derive(Debug, Clone, Copy)]
-struct BlockW {
-    sst: CUdeviceptr,
-    attn1: AttnW,
-    attn2: AttnW,
-    ff1: Lin,
-    ff2: Lin,
+struct BlockWeights {
+    /// `[6, D]` bf16: shift, scale, gate for attention, then for the feed-forward.
+    scale_shift_table: CUdeviceptr,
+    attn1: AttentionWeights,
+    attn2: AttentionWeights,
+    /// `ff.net.0.proj` (D -> 4D, tanh-GELU fused).
+    ff_net_0_proj: Lin,
+    /// `ff.net.2` (4D -> D).
+    ff_net_2: Lin,
 }
 
-struct DitW {
+/// The transformer's weights, named after the checkpoint's keys.
+struct DitWeights {
     proj_in: Lin,
-    sst: CUdeviceptr,
-    t1: Lin,
-    t2: Lin,
-    tlin: Lin,
-    cap1: Lin,
-    cap2: Lin,
+    /// `[2, D]` bf16: shift and scale of the output norm.
+    scale_shift_table: CUdeviceptr,
+    /// `time_embed.emb.timestep_embedder.linear_1`.
+    time_embed_linear_1: Lin,
+    /// `time_embed.emb.timestep_embedder.linear_2`.
+    time_embed_linear_2: Lin,
+    /// `time_embed.linear` (the 6 modulation rows).
+    time_embed_linear: Lin,
+    caption_projection_linear_1: Lin,
+    caption_projection_linear_2: Lin,
     proj_out: Lin,
-    blocks: Vec<BlockW>,
+    blocks: Vec<BlockWeights>,
+}
+
+/// The normalisation the last residual add of a step also writes into `ws.h`
+/// for whatever reads the stream next.
+#[derive(Debug, Clone, Copy)]
+struct NextInput {
+    mode: RowMode,
+    eps: f32,
+    shift: (CUdeviceptr, CUdeviceptr),
+    scale: (CUdeviceptr, CUdeviceptr),
+}
+
+/// Row `i` of a `[rows, d]` bf16 table at `p`.
+fn row(d: usize, p: CUdeviceptr, i: usize) -> CUdeviceptr {
+    p + (i * d * 2) as u64
 }
 
 fn lin(w: &DeviceWeights, name: &str, out: usize, inp: usize) -> Result<Lin, CudaError> {
@@ -187,42 +208,47 @@ fn lin(w: &DeviceWeights, name: &str, out: usize, inp: usize) -> Result<Lin, Cud
     })
 }
 
-fn resolve(w: &DeviceWeights, dims: &DitDims) -> Result<DitW, CudaError> {
+fn resolve(w: &DeviceWeights, dims: &DitDims) -> Result<DitWeights, CudaError> {
     let d = dims.dim();
-    let attn = |b: &str, a: &str| -> Result<AttnW, CudaError> {
-        Ok(AttnW {
+    let attn = |b: &str, a: &str| -> Result<AttentionWeights, CudaError> {
+        Ok(AttentionWeights {
             norm_q: w.get(&format!("{b}.{a}.norm_q.weight"), &[d])?.ptr,
             norm_k: w.get(&format!("{b}.{a}.norm_k.weight"), &[d])?.ptr,
-            q: lin(w, &format!("{b}.{a}.to_q"), d, d)?,
-            k: lin(w, &format!("{b}.{a}.to_k"), d, d)?,
-            v: lin(w, &format!("{b}.{a}.to_v"), d, d)?,
-            o: lin(w, &format!("{b}.{a}.to_out.0"), d, d)?,
+            to_q: lin(w, &format!("{b}.{a}.to_q"), d, d)?,
+            to_k: lin(w, &format!("{b}.{a}.to_k"), d, d)?,
+            to_v: lin(w, &format!("{b}.{a}.to_v"), d, d)?,
+            to_out: lin(w, &format!("{b}.{a}.to_out.0"), d, d)?,
         })
     };
     let mut blocks = Vec::with_capacity(dims.layers);
     for i in 0..dims.layers {
         let b = format!("transformer_blocks.{i}");
-        blocks.push(BlockW {
-            sst: w.get(&format!("{b}.scale_shift_table"), &[6, d])?.ptr,
+        blocks.push(BlockWeights {
+            scale_shift_table: w.get(&format!("{b}.scale_shift_table"), &[6, d])?.ptr,
             attn1: attn(&b, "attn1")?,
             attn2: attn(&b, "attn2")?,
-            ff1: lin(w, &format!("{b}.ff.net.0.proj"), 4 * d, d)?,
-            ff2: lin(w, &format!("{b}.ff.net.2"), d, 4 * d)?,
+            ff_net_0_proj: lin(w, &format!("{b}.ff.net.0.proj"), 4 * d, d)?,
+            ff_net_2: lin(w, &format!("{b}.ff.net.2"), d, 4 * d)?,
         });
     }
-    Ok(DitW {
+    Ok(DitWeights {
         proj_in: lin(w, "proj_in", d, LATENT_CHANNELS)?,
-        sst: w.get("scale_shift_table", &[2, d])?.ptr,
-        t1: lin(
+        scale_shift_table: w.get("scale_shift_table", &[2, d])?.ptr,
+        time_embed_linear_1: lin(
             w,
             "time_embed.emb.timestep_embedder.linear_1",
             d,
             TIMESTEP_DIM,
         )?,
-        t2: lin(w, "time_embed.emb.timestep_embedder.linear_2", d, d)?,
-        tlin: lin(w, "time_embed.linear", 6 * d, d)?,
-        cap1: lin(w, "caption_projection.linear_1", d, dims.caption_channels)?,
-        cap2: lin(w, "caption_projection.linear_2", d, d)?,
+        time_embed_linear_2: lin(w, "time_embed.emb.timestep_embedder.linear_2", d, d)?,
+        time_embed_linear: lin(w, "time_embed.linear", 6 * d, d)?,
+        caption_projection_linear_1: lin(
+            w,
+            "caption_projection.linear_1",
+            d,
+            dims.caption_channels,
+        )?,
+        caption_projection_linear_2: lin(w, "caption_projection.linear_2", d, d)?,
         proj_out: lin(w, "proj_out", LATENT_CHANNELS, d)?,
         blocks,
     })
@@ -414,7 +440,9 @@ pub struct DeviceDit {
     gemm: Arc<Gemm>,
     dims: DitDims,
     weights: Arc<DeviceWeights>,
-    w: DitW,
+    w: DitWeights,
+    /// Epsilon of the blocks' RMS norms (the config's `norm_eps`).
+    norm_eps: f32,
     freqs: DeviceBuffer,
     ws: Option<Workspace>,
     /// Attention kernel for self- and cross-attention.
@@ -451,6 +479,7 @@ impl DeviceDit {
             dims,
             weights,
             w,
+            norm_eps: dims.config().norm_eps as f32,
             freqs,
             ws: None,
         })
@@ -546,7 +575,10 @@ impl DeviceDit {
         self.enqueue_blocks(lat, ts, geo, text, out, self.w.blocks.len().min(1))
     }
 
-    /// [`DeviceDit::enqueue_forward`] through the first `blocks` blocks only.
+    /// [`DeviceDit::enqueue_forward`] through the first `blocks` blocks only:
+    /// the input projection, the time embedding and the caption projection,
+    /// the first block's input norm, each block ([`DeviceDit::enqueue_block`]),
+    /// the output projection.
     fn enqueue_blocks(
         &self,
         lat: CUdeviceptr,
@@ -572,12 +604,11 @@ impl DeviceDit {
         }
         let s = &self.gpu.compute;
         let k = &self.kernels;
-        let g = &self.gemm;
         let d = self.dims.dim();
         let lc = LATENT_CHANNELS;
         let w = &self.w;
         let lin = |x: CUdeviceptr, lw: &Lin, y: CUdeviceptr, m: usize, ep: Epilogue| {
-            g.linear(s, x, lw.w, lw.b, y, m, lw.out, lw.inp, ep)
+            self.gemm.linear(s, x, lw.w, lw.b, y, m, lw.out, lw.inp, ep)
         };
         // Input projection into the f32 residual stream.
         k.map(s, Map::F32ToBf16, lat, ws.lat_bf, n * lc)?;
@@ -591,11 +622,11 @@ impl DeviceDit {
             }
             Timestep::At(t) => k.timestep_sinusoid_at(s, ws.tsin, t, TIMESTEP_DIM / 2)?,
         }
-        lin(ws.tsin, &w.t1, ws.t1, 1, Epilogue::Bias)?;
+        lin(ws.tsin, &w.time_embed_linear_1, ws.t1, 1, Epilogue::Bias)?;
         k.map(s, Map::SiluBf16, ws.t1, ws.t1s, d)?;
-        lin(ws.t1s, &w.t2, ws.emb, 1, Epilogue::Bias)?;
+        lin(ws.t1s, &w.time_embed_linear_2, ws.emb, 1, Epilogue::Bias)?;
         k.map(s, Map::SiluBf16, ws.emb, ws.emb_s, d)?;
-        lin(ws.emb_s, &w.tlin, ws.temb, 1, Epilogue::Bias)?;
+        lin(ws.emb_s, &w.time_embed_linear, ws.temb, 1, Epilogue::Bias)?;
         // Caption projection: linear_1 -> tanh-GELU -> linear_2.
         k.map(
             s,
@@ -604,9 +635,20 @@ impl DeviceDit {
             ws.text_bf,
             l * self.dims.caption_channels,
         )?;
-        lin(ws.text_bf, &w.cap1, ws.cap_h, l, Epilogue::BiasGelu)?;
-        lin(ws.cap_h, &w.cap2, ws.text_p, l, Epilogue::Bias)?;
-
+        lin(
+            ws.text_bf,
+            &w.caption_projection_linear_1,
+            ws.cap_h,
+            l,
+            Epilogue::BiasGelu,
+        )?;
+        lin(
+            ws.cap_h,
+            &w.caption_projection_linear_2,
+            ws.text_p,
+            l,
+            Epilogue::Bias,
+        )?;
         let rope = RopeArgs {
             freqs: self.freqs.ptr(),
             nfreq: d / 6,
@@ -618,10 +660,79 @@ impl DeviceDit {
             ],
             base: [ROPE_BASE.0, ROPE_BASE.1, ROPE_BASE.2],
         };
-        let hd = self.dims.head_dim;
-        let heads = self.dims.heads;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let row = |p: CUdeviceptr, i: usize| p + (i * d * 2) as u64; // row i of a [6, D] bf16 table
+        // The output LayerNorm, modulated by the model's scale_shift_table + emb:
+        // what the last block (or, with none, the input) normalises for.
+        let output_norm = NextInput {
+            mode: RowMode::LayerNorm,
+            eps: OUT_NORM_EPS,
+            shift: (row(d, w.scale_shift_table, 0), ws.emb),
+            scale: (row(d, w.scale_shift_table, 1), ws.emb),
+        };
+        // Each residual add is fused with the next consumer's bf16 input
+        // (`residual_norm`): one pass over the f32 stream between sub-blocks.
+        // So the first block's input norm runs here, and each block ends with
+        // the next one's.
+        let first = match blocks.first() {
+            Some(b0) => self.block_input(b0, ws),
+            None => output_norm,
+        };
+        k.residual_norm(
+            s,
+            ws.x,
+            NULL,
+            (NULL, NULL),
+            n,
+            d,
+            first.mode,
+            first.eps,
+            first.shift,
+            first.scale,
+            ws.h,
+        )?;
+        for (bi, b) in blocks.iter().enumerate() {
+            let next = match blocks.get(bi + 1) {
+                Some(nx) => self.block_input(nx, ws),
+                None => output_norm,
+            };
+            self.enqueue_block(b, ws, l, text.kbias(), &rope, next)?;
+        }
+        lin(ws.h, &w.proj_out, ws.out_bf, n, Epilogue::Bias)?;
+        k.map(s, Map::Bf16ToF32, ws.out_bf, out, n * lc)
+    }
+
+    /// The modulated RMS norm a block reads its input through (rows 0 and 1
+    /// of its `scale_shift_table` + temb).
+    fn block_input(&self, b: &BlockWeights, ws: &Workspace) -> NextInput {
+        let d = self.dims.dim();
+        NextInput {
+            mode: RowMode::Rms,
+            eps: self.norm_eps,
+            shift: (row(d, b.scale_shift_table, 0), row(d, ws.temb, 0)),
+            scale: (row(d, b.scale_shift_table, 1), row(d, ws.temb, 1)),
+        }
+    }
+
+    /// One transformer block on the compute stream: `ws.h` holds the block's
+    /// modulated input norm (written by the step before); the block adds its
+    /// self-attention (gated), cross-attention to the projected text
+    /// (`ws.text_p`, `l` tokens, `kbias` per token) and feed-forward (gated)
+    /// to the f32 residual stream `ws.x`, and leaves in `ws.h` the input of
+    /// whatever comes `next` (the next block's norm or the output norm).
+    fn enqueue_block(
+        &self,
+        b: &BlockWeights,
+        ws: &Workspace,
+        l: usize,
+        kbias: CUdeviceptr,
+        rope: &RopeArgs,
+        next: NextInput,
+    ) -> Result<(), CudaError> {
+        let (s, k) = (&self.gpu.compute, &self.kernels);
+        let (n, d) = (ws.n, self.dims.dim());
+        let (heads, hd) = (self.dims.heads, self.dims.head_dim);
+        let lin = |x: CUdeviceptr, lw: &Lin, y: CUdeviceptr, m: usize, ep: Epilogue| {
+            self.gemm.linear(s, x, lw.w, lw.b, y, m, lw.out, lw.inp, ep)
+        };
         let attend = |kv: (CUdeviceptr, CUdeviceptr), nk: usize, kbias: CUdeviceptr| {
             k.attention(
                 s,
@@ -635,106 +746,71 @@ impl DeviceDit {
                 n,
                 nk,
                 kbias,
-                scale,
+                1.0 / (hd as f32).sqrt(),
             )
         };
-        // Each residual add is fused with the next consumer's bf16 input
-        // (`residual_norm`): one pass over the f32 stream between sub-blocks.
-        if let Some(b0) = blocks.first() {
-            k.residual_norm(
-                s,
-                ws.x,
-                NULL,
-                (NULL, NULL),
-                n,
-                d,
-                RowMode::Rms,
-                NORM_EPS,
-                (row(b0.sst, 0), row(ws.temb, 0)),
-                (row(b0.sst, 1), row(ws.temb, 1)),
-                ws.h,
-            )?;
-        }
-        for (bi, b) in blocks.iter().enumerate() {
-            // Self-attention on the modulated RMS norm (in ws.h).
-            lin(ws.h, &b.attn1.q, ws.q, n, Epilogue::Bias)?;
-            lin(ws.h, &b.attn1.k, ws.k, n, Epilogue::Bias)?;
-            lin(ws.h, &b.attn1.v, ws.v, n, Epilogue::Bias)?;
-            k.qk_norm_rope(s, ws.q, ws.q, b.attn1.norm_q, n, d, QK_EPS, Some(&rope))?;
-            k.qk_norm_rope(s, ws.k, ws.k, b.attn1.norm_k, n, d, QK_EPS, Some(&rope))?;
-            attend((ws.k, ws.v), n, NULL)?;
-            lin(ws.ao, &b.attn1.o, ws.y, n, Epilogue::Bias)?;
-            // Gated residual; cross-attention reads x unnormalised and unmodulated.
-            k.residual_norm(
-                s,
-                ws.x,
-                ws.y,
-                (row(b.sst, 2), row(ws.temb, 2)),
-                n,
-                d,
-                RowMode::Cast,
-                NORM_EPS,
-                (NULL, NULL),
-                (NULL, NULL),
-                ws.h,
-            )?;
-            lin(ws.h, &b.attn2.q, ws.q, n, Epilogue::Bias)?;
-            lin(ws.text_p, &b.attn2.k, ws.ck, l, Epilogue::Bias)?;
-            lin(ws.text_p, &b.attn2.v, ws.cv, l, Epilogue::Bias)?;
-            k.qk_norm_rope(s, ws.q, ws.q, b.attn2.norm_q, n, d, QK_EPS, None)?;
-            k.qk_norm_rope(s, ws.ck, ws.ck, b.attn2.norm_k, l, d, QK_EPS, None)?;
-            attend((ws.ck, ws.cv), l, text.kbias())?;
-            lin(ws.ao, &b.attn2.o, ws.y, n, Epilogue::Bias)?;
-            // Plain residual, then the feed-forward's modulated RMS norm.
-            k.residual_norm(
-                s,
-                ws.x,
-                ws.y,
-                (NULL, NULL),
-                n,
-                d,
-                RowMode::Rms,
-                NORM_EPS,
-                (row(b.sst, 3), row(ws.temb, 3)),
-                (row(b.sst, 4), row(ws.temb, 4)),
-                ws.h,
-            )?;
-            lin(ws.h, &b.ff1, ws.ff, n, Epilogue::BiasGelu)?;
-            lin(ws.ff, &b.ff2, ws.y, n, Epilogue::Bias)?;
-            // The gated residual, then the next block's input norm, or the
-            // output LayerNorm modulated by scale_shift_table + emb.
-            let gate = (row(b.sst, 5), row(ws.temb, 5));
-            let (mode, shift, scl) = match blocks.get(bi + 1) {
-                Some(nx) => (
-                    RowMode::Rms,
-                    (row(nx.sst, 0), row(ws.temb, 0)),
-                    (row(nx.sst, 1), row(ws.temb, 1)),
-                ),
-                None => (
-                    RowMode::LayerNorm,
-                    (row(w.sst, 0), ws.emb),
-                    (row(w.sst, 1), ws.emb),
-                ),
-            };
-            k.residual_norm(s, ws.x, ws.y, gate, n, d, mode, NORM_EPS, shift, scl, ws.h)?;
-        }
-        if blocks.is_empty() {
-            k.residual_norm(
-                s,
-                ws.x,
-                NULL,
-                (NULL, NULL),
-                n,
-                d,
-                RowMode::LayerNorm,
-                NORM_EPS,
-                (row(w.sst, 0), ws.emb),
-                (row(w.sst, 1), ws.emb),
-                ws.h,
-            )?;
-        }
-        lin(ws.h, &w.proj_out, ws.out_bf, n, Epilogue::Bias)?;
-        k.map(s, Map::Bf16ToF32, ws.out_bf, out, n * lc)
+        let table = |i: usize| (row(d, b.scale_shift_table, i), row(d, ws.temb, i));
+        // Self-attention on the modulated RMS norm (in ws.h).
+        let a1 = &b.attn1;
+        lin(ws.h, &a1.to_q, ws.q, n, Epilogue::Bias)?;
+        lin(ws.h, &a1.to_k, ws.k, n, Epilogue::Bias)?;
+        lin(ws.h, &a1.to_v, ws.v, n, Epilogue::Bias)?;
+        k.qk_norm_rope(s, ws.q, ws.q, a1.norm_q, n, d, QK_NORM_EPS, Some(rope))?;
+        k.qk_norm_rope(s, ws.k, ws.k, a1.norm_k, n, d, QK_NORM_EPS, Some(rope))?;
+        attend((ws.k, ws.v), n, NULL)?;
+        lin(ws.ao, &a1.to_out, ws.y, n, Epilogue::Bias)?;
+        // Gated residual; cross-attention reads x unnormalised and unmodulated.
+        k.residual_norm(
+            s,
+            ws.x,
+            ws.y,
+            table(2),
+            n,
+            d,
+            RowMode::Cast,
+            self.norm_eps,
+            (NULL, NULL),
+            (NULL, NULL),
+            ws.h,
+        )?;
+        let a2 = &b.attn2;
+        lin(ws.h, &a2.to_q, ws.q, n, Epilogue::Bias)?;
+        lin(ws.text_p, &a2.to_k, ws.ck, l, Epilogue::Bias)?;
+        lin(ws.text_p, &a2.to_v, ws.cv, l, Epilogue::Bias)?;
+        k.qk_norm_rope(s, ws.q, ws.q, a2.norm_q, n, d, QK_NORM_EPS, None)?;
+        k.qk_norm_rope(s, ws.ck, ws.ck, a2.norm_k, l, d, QK_NORM_EPS, None)?;
+        attend((ws.ck, ws.cv), l, kbias)?;
+        lin(ws.ao, &a2.to_out, ws.y, n, Epilogue::Bias)?;
+        // Plain residual, then the feed-forward's modulated RMS norm.
+        k.residual_norm(
+            s,
+            ws.x,
+            ws.y,
+            (NULL, NULL),
+            n,
+            d,
+            RowMode::Rms,
+            self.norm_eps,
+            table(3),
+            table(4),
+            ws.h,
+        )?;
+        lin(ws.h, &b.ff_net_0_proj, ws.ff, n, Epilogue::BiasGelu)?;
+        lin(ws.ff, &b.ff_net_2, ws.y, n, Epilogue::Bias)?;
+        // The gated residual, then what comes next reads its input.
+        k.residual_norm(
+            s,
+            ws.x,
+            ws.y,
+            table(5),
+            n,
+            d,
+            next.mode,
+            next.eps,
+            next.shift,
+            next.scale,
+            ws.h,
+        )
     }
 
     /// A whole forward from host data (for checks): latents f32 [n, 128], text

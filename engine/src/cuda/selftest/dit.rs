@@ -13,12 +13,10 @@ use crate::cuda::kit::gemm::Epilogue;
 use crate::cuda::kit::kernels::{AttnKernel, Map, RopeArgs, RowMode, NULL};
 use crate::cuda::kit::memory::{download, DeviceBuffer};
 use crate::cuda::kit::DeviceKit;
-use crate::cuda::models::dit::{
-    DeviceDit, DitDims, Geometry, LATENT_CHANNELS, MASK_BIAS, NORM_EPS, QK_EPS,
-};
+use crate::cuda::models::dit::{DeviceDit, DitDims, Geometry, LATENT_CHANNELS};
 use crate::cuda::staging::{self, DeviceWeights, StagingMethod, StagingOptions};
 use crate::cuda::CudaError;
-use crate::models::dit::{Transformer, ROPE_COMPRESSION};
+use crate::models::dit::{Transformer, MASK_BIAS, OUT_NORM_EPS, QK_NORM_EPS, ROPE_COMPRESSION};
 use crate::ops::activation::{gelu_tanh, silu};
 use crate::ops::attention::{attention, AttnBias};
 use crate::ops::embed::timestep_embedding;
@@ -29,14 +27,20 @@ use crate::schedule::{cfg_combine, euler_step};
 use crate::tensor::Tensor;
 use crate::weights::{TensorSpec, VarBuilder};
 
+/// Epsilon of the blocks' RMS norms in the released configs (`norm_eps`).
+fn block_norm_eps() -> f32 {
+    crate::presets::dit_2b().norm_eps as f32
+}
+
 /// The CPU arm's modulated norm of `x` rows: `norm(x) * (1 + scale) + shift`
-/// (LayerNorm when `center`, else RMS; no affine).
+/// (LayerNorm with the output norm's epsilon when `center`, else RMS with
+/// the blocks'; no affine).
 fn ref_norm_mod(x: &[f32], d: usize, center: bool, shift: &[f32], scale: &[f32]) -> Vec<f32> {
     let mut h = x.to_vec();
     if center {
-        layer_norm_rows(&mut h, d, NORM_EPS, None, None);
+        layer_norm_rows(&mut h, d, OUT_NORM_EPS, None, None);
     } else {
-        rms_norm_rows(&mut h, d, None, NORM_EPS);
+        rms_norm_rows(&mut h, d, None, block_norm_eps());
     }
     modulate_rows(&mut h, scale, shift);
     h
@@ -104,12 +108,12 @@ pub fn check_kernels(
             wd.ptr(),
             rows,
             d,
-            QK_EPS,
+            QK_NORM_EPS,
             if rope { Some(&args) } else { None },
         )?;
         let y = kit.read_bf16(xd.ptr(), rows * d)?;
         let mut r = x.clone();
-        rms_norm_rows(&mut r, d, Some(&w), QK_EPS);
+        rms_norm_rows(&mut r, d, Some(&w), QK_NORM_EPS);
         if rope {
             let t = ltx_rope(grid, fps, ROPE_COMPRESSION.0, ROPE_COMPRESSION.1, d);
             apply_rope(&mut r, &t);
@@ -157,7 +161,11 @@ pub fn check_kernels(
                     rows,
                     d,
                     mode,
-                    NORM_EPS,
+                    if mode == RowMode::LayerNorm {
+                        OUT_NORM_EPS
+                    } else {
+                        block_norm_eps()
+                    },
                     (td[0].ptr(), td[2].ptr()),
                     (td[1].ptr(), td[3].ptr()),
                     hd.ptr(),

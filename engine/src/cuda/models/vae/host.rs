@@ -7,6 +7,7 @@ use rayon::prelude::*;
 
 use crate::cuda::models::vae::ops::{HasBias, Loc, NormOp, VaeOps, SINUSOID};
 use crate::cuda::CudaError;
+pub use crate::models::vae::PIXEL_NORM_EPS;
 use crate::ops::activation::silu;
 use crate::ops::embed::timestep_embedding;
 use crate::ops::linear::Linear;
@@ -97,9 +98,6 @@ pub fn rms_mod_silu(v: &mut [f32], m: Option<&(Vec<f32>, Vec<f32>)>) {
     }
     silu(v);
 }
-
-/// Epsilon of the decoder's per-voxel RMS norms.
-pub const PIXEL_NORM_EPS: f32 = 1e-8;
 
 impl VaeOps for HostOps<'_> {
     type Vec = Vec<f32>;
