@@ -63,37 +63,72 @@ pub struct LeverArgs {
     pub profile: Option<ProfileArg>,
 }
 
+/// Tokenize and encode a prompt set with one arm's text encoder, as the
+/// render conditions, and write ids, masks and hidden states to a
+/// safetensors file (the engine's side of `scripts/t5_check.py`).
+#[derive(Debug, clap::Args)]
+pub struct EncodeTextArgs {
+    /// Weights: a diffusers directory (`tokenizer/`, `text_encoder/`).
+    #[arg(long)]
+    pub weights: PathBuf,
+    /// The preset whose text encoder and token budget apply.
+    #[arg(long, default_value = "ltxv-2b")]
+    pub preset: String,
+    /// A JSON file holding an array of prompt strings.
+    #[arg(long)]
+    pub prompts: PathBuf,
+    /// The arm: the host's f32 encoder or the device's bf16 one.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: DeviceArg,
+    /// Which keys the encoder attends to (default: what `render` does).
+    #[arg(long, value_enum)]
+    pub keys: Option<crate::conditioning::KeyRule>,
+    /// Also write the outputs of the first N blocks (host arm only).
+    #[arg(long, default_value_t = 0)]
+    pub blocks: usize,
+    /// Host threads (default: every core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// The safetensors file to write.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Render a rung into --out (video.y4m, first/middle/last.png).
+#[derive(Debug, clap::Args)]
+pub struct RenderArgs {
+    /// The rung file.
+    #[arg(long)]
+    pub rung: PathBuf,
+    /// Weights: a diffusers directory or a Lightricks single file (default: the rung's).
+    #[arg(long)]
+    pub weights: Option<PathBuf>,
+    /// Output directory for the frames (default: $HARNESS_FRAMES_DIR).
+    #[arg(long, env = "HARNESS_FRAMES_DIR")]
+    pub out: PathBuf,
+    /// Levers and profile.
+    #[command(flatten)]
+    pub levers: LeverArgs,
+    /// Device; overrides the rung's.
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceArg>,
+    /// Also write every frame as frame_NNNNN.png.
+    #[arg(long)]
+    pub all_frames: bool,
+    /// Host threads, overriding the host-threads lever's pool size.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Precomputed prompt embeddings (`embeds` [L, C], `mask` [L], and for
+    /// guidance > 1 `negative_embeds`, `negative_mask`) instead of T5.
+    #[arg(long)]
+    pub prompt_embeds: Option<PathBuf>,
+}
+
 /// Every command.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Render a rung into --out (video.y4m, first/middle/last.png).
-    Render {
-        /// The rung file.
-        #[arg(long)]
-        rung: PathBuf,
-        /// Weights: a diffusers directory or a Lightricks single file (default: the rung's).
-        #[arg(long)]
-        weights: Option<PathBuf>,
-        /// Output directory for the frames (default: $HARNESS_FRAMES_DIR).
-        #[arg(long, env = "HARNESS_FRAMES_DIR")]
-        out: PathBuf,
-        /// Levers and profile.
-        #[command(flatten)]
-        levers: LeverArgs,
-        /// Device; overrides the rung's.
-        #[arg(long, value_enum)]
-        device: Option<DeviceArg>,
-        /// Also write every frame as frame_NNNNN.png.
-        #[arg(long)]
-        all_frames: bool,
-        /// Host threads, overriding the host-threads lever's pool size.
-        #[arg(long)]
-        threads: Option<usize>,
-        /// Precomputed prompt embeddings (`embeds` [L, C], `mask` [L], and for
-        /// guidance > 1 `negative_embeds`, `negative_mask`) instead of T5.
-        #[arg(long)]
-        prompt_embeds: Option<PathBuf>,
-    },
+    Render(RenderArgs),
     /// Write deterministic synthetic weights of a preset in the diffusers layout.
     SynthWeights {
         /// Preset name (tiny, ltxv-2b, ltxv-13b).
@@ -140,32 +175,7 @@ pub enum Command {
     /// Tokenize and encode a prompt set with one arm's text encoder, as the
     /// render conditions, and write ids, masks and hidden states to a
     /// safetensors file (the engine's side of `scripts/t5_check.py`).
-    EncodeText {
-        /// Weights: a diffusers directory (`tokenizer/`, `text_encoder/`).
-        #[arg(long)]
-        weights: PathBuf,
-        /// The preset whose text encoder and token budget apply.
-        #[arg(long, default_value = "ltxv-2b")]
-        preset: String,
-        /// A JSON file holding an array of prompt strings.
-        #[arg(long)]
-        prompts: PathBuf,
-        /// The arm: the host's f32 encoder or the device's bf16 one.
-        #[arg(long, value_enum, default_value = "cpu")]
-        device: DeviceArg,
-        /// Which keys the encoder attends to (default: what `render` does).
-        #[arg(long, value_enum)]
-        keys: Option<crate::conditioning::KeyRule>,
-        /// Also write the outputs of the first N blocks (host arm only).
-        #[arg(long, default_value_t = 0)]
-        blocks: usize,
-        /// Host threads (default: every core).
-        #[arg(long)]
-        threads: Option<usize>,
-        /// The safetensors file to write.
-        #[arg(long)]
-        out: PathBuf,
-    },
+    EncodeText(EncodeTextArgs),
     /// Write a rung's initial latents and decode noise, `[1, C, F', H', W']`
     /// f32, as the reference draws them (the engine's side of
     /// `scripts/render_oracle.py`).
@@ -252,234 +262,269 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             bench,
             scratch,
             only,
-        } => {
-            let opts = crate::cuda::selftest::SelftestOptions {
-                scratch,
-                bench,
-                only,
-            };
-            let all_passed = crate::cuda::selftest::run(&opts)?;
-            Ok(if all_passed { EXIT_OK } else { EXIT_FAILED })
-        }
-        Command::Burn { seconds } => {
-            let r = crate::cuda::burn::burn(seconds)?;
-            println!(
-                "burn: {} GEMMs of {n}x{n}x{n} bf16 in {:.2} s wall, {:.1} ms device, {:.1} TFLOP/s",
-                r.gemms,
-                r.wall_s,
-                r.device_ms,
-                r.tflops,
-                n = crate::cuda::burn::N
-            );
-            Ok(EXIT_OK)
-        }
-        Command::Levers { json } => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&levers::registry_json())?
-                );
-            } else {
-                for l in levers::registry() {
-                    println!(
-                        "{:<14} arms {:<14} default {:<7} baseline {:<7} ({:?}) {}",
-                        l.id,
-                        l.arms.join("|"),
-                        l.default,
-                        l.baseline,
-                        l.applies_to,
-                        l.doc
-                    );
-                }
-            }
-            Ok(EXIT_OK)
-        }
-        Command::EncodeText {
-            weights,
-            preset,
-            prompts,
-            device,
-            keys,
-            blocks,
-            threads,
-            out,
-        } => {
-            let p = presets::preset(&preset).map_err(|e| bad(format!("--preset: {e}")))?;
-            if threads == Some(0) {
-                return Err(bad("--threads must be at least 1"));
-            }
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads.unwrap_or_else(cores))
-                .build_global()
-                .context("building the host thread pool")?;
-            let req = encode_text::EncodeTextRequest {
-                weights,
-                preset: p,
-                prompts: encode_text::read_prompts(&prompts)?,
-                device: match device {
-                    DeviceArg::Cpu => Device::Cpu,
-                    DeviceArg::Cuda => Device::Cuda,
-                },
-                keys: keys.unwrap_or(crate::conditioning::PIPELINE_KEYS),
-                blocks,
-            };
-            let outcome = encode_text::encode_text(&req)?;
-            encode_text::write(&req, &outcome, &out)?;
-            eprintln!(
-                "engine: encoded {} prompts ({} keys) in {:.2} s after a {:.2} s load{}; wrote {}",
-                outcome.encoded.len(),
-                req.keys.name(),
-                outcome.encode_s,
-                outcome.load_s,
-                outcome
-                    .device_ms
-                    .map(|ms| format!(" ({ms:.2} ms on the device)"))
-                    .unwrap_or_default(),
-                out.display()
-            );
-            Ok(EXIT_OK)
-        }
-        Command::Noise { rung, out } => {
-            let r = load_rung(&rung)?;
-            let p = presets::preset(&r.preset)
-                .map_err(|e| bad(format!("{}: field 'preset': {e}", rung.display())))?;
-            let (f, h, w) = r.latent_grid();
-            let grid = (f as usize, h as usize, w as usize);
-            crate::oracle::noise::write_noise(r.seed, p.dit.in_channels, grid, &out)?;
-            eprintln!(
-                "engine: wrote the latents and decode noise of seed {} over {f}x{h}x{w} into {}",
-                r.seed,
-                out.display()
-            );
-            Ok(EXIT_OK)
-        }
-        Command::SynthWeights { preset, out } => {
-            let p = presets::preset(&preset).map_err(|e| bad(e.to_string()))?;
-            let started = std::time::Instant::now();
-            let report = synth::synthesize(&p, &out, &SynthOptions::default())
-                .with_context(|| format!("synthesizing {preset} into {}", out.display()))?;
-            eprintln!(
-                "engine: wrote {} files, {} of weights, in {:.1}s on {} threads",
-                report.files.len(),
-                evidence::marker::human_bytes(report.weight_bytes),
-                started.elapsed().as_secs_f64(),
-                report.threads_used
-            );
-            println!("{}", report.digest);
-            Ok(EXIT_OK)
-        }
+        } => selftest_cuda(bench, scratch, only),
+        Command::Burn { seconds } => burn(seconds),
+        Command::Levers { json } => list_levers(json),
+        Command::EncodeText(a) => encode_text(a),
+        Command::Noise { rung, out } => noise(rung, out),
+        Command::SynthWeights { preset, out } => synth_weights(preset, out),
         Command::Plan {
             rung,
             levers,
             device,
             json,
-        } => {
-            let r = load_rung(&rung)?;
-            let set = resolve_levers(&r, &rung, &levers)?;
-            let device = resolve_device(device, &r);
-            let p = presets::preset(&r.preset)
-                .map_err(|e| bad(format!("{}: preset: {e}", rung.display())))?;
-            let g = Geometry {
-                frames: r.frames as usize,
-                height: r.height as usize,
-                width: r.width as usize,
-                guidance: r.uses_guidance(),
-                threads: set.host_threads(cores()),
-                chunk_latent_frames: pipeline::DECODE_CHUNK_LATENT_FRAMES,
-                device,
-            };
-            let proj = plan::project(&p, &g, &set);
-            if json {
-                println!("{}", serde_json::to_string_pretty(&proj)?);
-            } else {
-                for (k, v) in &proj.phases {
-                    println!("{k:<18} {}", evidence::marker::human_bytes(*v));
-                }
-                println!(
-                    "host peak {}  device peak {}  weights {}",
-                    evidence::marker::human_bytes(proj.host_peak_bytes),
-                    evidence::marker::human_bytes(proj.device_peak_bytes),
-                    evidence::marker::human_bytes(proj.weights_bytes)
-                );
-            }
-            Ok(EXIT_OK)
-        }
-        Command::Render {
-            rung,
-            weights,
-            out,
-            levers,
-            device,
-            all_frames,
-            threads,
-            prompt_embeds,
-        } => {
-            let r = load_rung(&rung)?;
-            let set = resolve_levers(&r, &rung, &levers)?;
-            let device = resolve_device(device, &r);
-            let p = presets::preset(&r.preset)
-                .map_err(|e| bad(format!("{}: field 'preset': {e}", rung.display())))?;
-            let weights = weights.or_else(|| r.weights.clone()).ok_or_else(|| {
-                bad(format!(
-                    "no weights: pass --weights DIR or set 'weights' in {} \
-                     (`engine synth-weights --preset {} --out DIR` writes synthetic ones)",
-                    rung.display(),
-                    r.preset
-                ))
-            })?;
-            if threads == Some(0) {
-                return Err(bad("--threads must be at least 1"));
-            }
-            let n = threads.unwrap_or_else(|| set.host_threads(cores()));
-            std::fs::create_dir_all(&out).map_err(|e| {
-                bad(format!(
-                    "--out {}: cannot create the output directory: {e}",
-                    out.display()
-                ))
-            })?;
-            // The global pool, so the render runs on this thread and hands only
-            // its data-parallel loops to the pool (no hand-off gap between phases).
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
-                .build_global()
-                .context("building the host thread pool")?;
-            let emitter = Emitter::from_env().map_err(|e| bad(e.to_string()))?;
-            let rec = Recorder::new(emitter);
-            rec.emitter().hello(
-                "engine",
-                env!("CARGO_PKG_VERSION"),
-                attrs! {
-                    "device" => match device {
-                        Device::Cpu => "cpu",
-                        Device::Cuda => "cuda",
-                    },
-                    "preset" => p.name,
-                    "levers" => set.arms(),
-                    "threads" => n,
-                    "weights" => weights.display().to_string(),
-                    "rung" => rung.display().to_string(),
-                },
+        } => plan(rung, levers, device, json),
+        Command::Render(a) => render(a),
+    }
+}
+
+/// `engine selftest-cuda`: every device check (and with `--bench` the benchmarks).
+fn selftest_cuda(
+    bench: bool,
+    scratch: PathBuf,
+    only: Option<crate::cuda::selftest::Section>,
+) -> anyhow::Result<i32> {
+    let opts = crate::cuda::selftest::SelftestOptions {
+        scratch,
+        bench,
+        only,
+    };
+    let all_passed = crate::cuda::selftest::run(&opts)?;
+    Ok(if all_passed { EXIT_OK } else { EXIT_FAILED })
+}
+
+/// `engine burn`: a known GEMM load for the GPU-utilization control.
+fn burn(seconds: f64) -> anyhow::Result<i32> {
+    let r = crate::cuda::burn::burn(seconds)?;
+    println!(
+        "burn: {} GEMMs of {n}x{n}x{n} bf16 in {:.2} s wall, {:.1} ms device, {:.1} TFLOP/s",
+        r.gemms,
+        r.wall_s,
+        r.device_ms,
+        r.tflops,
+        n = crate::cuda::burn::N
+    );
+    Ok(EXIT_OK)
+}
+
+/// `engine levers`: every lever with its arms.
+fn list_levers(json: bool) -> anyhow::Result<i32> {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&levers::registry_json())?
+        );
+    } else {
+        for l in levers::registry() {
+            println!(
+                "{:<14} arms {:<14} default {:<7} baseline {:<7} ({:?}) {}",
+                l.id,
+                l.arms.join("|"),
+                l.default,
+                l.baseline,
+                l.applies_to,
+                l.doc
             );
-            let req = RenderRequest {
-                rung: r,
-                preset: p,
-                weights,
-                out,
-                levers: set,
-                threads: n,
-                device,
-                all_frames,
-                prompt_embeds,
-            };
-            let outcome = pipeline::render(&req, &rec)?;
-            eprintln!(
-                "engine: wrote {} frames of {}x{} into {}",
-                outcome.frames_written,
-                outcome.width,
-                outcome.height,
-                req.out.display()
-            );
-            Ok(EXIT_OK)
         }
     }
+    Ok(EXIT_OK)
+}
+
+/// `engine encode-text`: a prompt set through one arm's text encoder.
+fn encode_text(a: EncodeTextArgs) -> anyhow::Result<i32> {
+    let EncodeTextArgs {
+        weights,
+        preset,
+        prompts,
+        device,
+        keys,
+        blocks,
+        threads,
+        out,
+    } = a;
+    let p = presets::preset(&preset).map_err(|e| bad(format!("--preset: {e}")))?;
+    if threads == Some(0) {
+        return Err(bad("--threads must be at least 1"));
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.unwrap_or_else(cores))
+        .build_global()
+        .context("building the host thread pool")?;
+    let req = encode_text::EncodeTextRequest {
+        weights,
+        preset: p,
+        prompts: encode_text::read_prompts(&prompts)?,
+        device: match device {
+            DeviceArg::Cpu => Device::Cpu,
+            DeviceArg::Cuda => Device::Cuda,
+        },
+        keys: keys.unwrap_or(crate::conditioning::PIPELINE_KEYS),
+        blocks,
+    };
+    let outcome = encode_text::encode_text(&req)?;
+    encode_text::write(&req, &outcome, &out)?;
+    eprintln!(
+        "engine: encoded {} prompts ({} keys) in {:.2} s after a {:.2} s load{}; wrote {}",
+        outcome.encoded.len(),
+        req.keys.name(),
+        outcome.encode_s,
+        outcome.load_s,
+        outcome
+            .device_ms
+            .map(|ms| format!(" ({ms:.2} ms on the device)"))
+            .unwrap_or_default(),
+        out.display()
+    );
+    Ok(EXIT_OK)
+}
+
+/// `engine noise`: a rung's noise streams.
+fn noise(rung: PathBuf, out: PathBuf) -> anyhow::Result<i32> {
+    let r = load_rung(&rung)?;
+    let p = presets::preset(&r.preset)
+        .map_err(|e| bad(format!("{}: field 'preset': {e}", rung.display())))?;
+    let (f, h, w) = r.latent_grid();
+    let grid = (f as usize, h as usize, w as usize);
+    crate::oracle::noise::write_noise(r.seed, p.dit.in_channels, grid, &out)?;
+    eprintln!(
+        "engine: wrote the latents and decode noise of seed {} over {f}x{h}x{w} into {}",
+        r.seed,
+        out.display()
+    );
+    Ok(EXIT_OK)
+}
+
+/// `engine synth-weights`: deterministic synthetic weights of a preset.
+fn synth_weights(preset: String, out: PathBuf) -> anyhow::Result<i32> {
+    let p = presets::preset(&preset).map_err(|e| bad(e.to_string()))?;
+    let started = std::time::Instant::now();
+    let report = synth::synthesize(&p, &out, &SynthOptions::default())
+        .with_context(|| format!("synthesizing {preset} into {}", out.display()))?;
+    eprintln!(
+        "engine: wrote {} files, {} of weights, in {:.1}s on {} threads",
+        report.files.len(),
+        evidence::marker::human_bytes(report.weight_bytes),
+        started.elapsed().as_secs_f64(),
+        report.threads_used
+    );
+    println!("{}", report.digest);
+    Ok(EXIT_OK)
+}
+
+/// `engine plan`: the projected peak memory of a render.
+fn plan(
+    rung: PathBuf,
+    levers: LeverArgs,
+    device: Option<DeviceArg>,
+    json: bool,
+) -> anyhow::Result<i32> {
+    let r = load_rung(&rung)?;
+    let set = resolve_levers(&r, &rung, &levers)?;
+    let device = resolve_device(device, &r);
+    let p =
+        presets::preset(&r.preset).map_err(|e| bad(format!("{}: preset: {e}", rung.display())))?;
+    let g = Geometry {
+        frames: r.frames as usize,
+        height: r.height as usize,
+        width: r.width as usize,
+        guidance: r.uses_guidance(),
+        threads: set.host_threads(cores()),
+        chunk_latent_frames: pipeline::DECODE_CHUNK_LATENT_FRAMES,
+        device,
+    };
+    let proj = plan::project(&p, &g, &set);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&proj)?);
+    } else {
+        for (k, v) in &proj.phases {
+            println!("{k:<18} {}", evidence::marker::human_bytes(*v));
+        }
+        println!(
+            "host peak {}  device peak {}  weights {}",
+            evidence::marker::human_bytes(proj.host_peak_bytes),
+            evidence::marker::human_bytes(proj.device_peak_bytes),
+            evidence::marker::human_bytes(proj.weights_bytes)
+        );
+    }
+    Ok(EXIT_OK)
+}
+
+/// `engine render`: render a rung under the marker protocol.
+fn render(a: RenderArgs) -> anyhow::Result<i32> {
+    let RenderArgs {
+        rung,
+        weights,
+        out,
+        levers,
+        device,
+        all_frames,
+        threads,
+        prompt_embeds,
+    } = a;
+    let r = load_rung(&rung)?;
+    let set = resolve_levers(&r, &rung, &levers)?;
+    let device = resolve_device(device, &r);
+    let p = presets::preset(&r.preset)
+        .map_err(|e| bad(format!("{}: field 'preset': {e}", rung.display())))?;
+    let weights = weights.or_else(|| r.weights.clone()).ok_or_else(|| {
+        bad(format!(
+            "no weights: pass --weights DIR or set 'weights' in {} \
+                 (`engine synth-weights --preset {} --out DIR` writes synthetic ones)",
+            rung.display(),
+            r.preset
+        ))
+    })?;
+    if threads == Some(0) {
+        return Err(bad("--threads must be at least 1"));
+    }
+    let n = threads.unwrap_or_else(|| set.host_threads(cores()));
+    std::fs::create_dir_all(&out).map_err(|e| {
+        bad(format!(
+            "--out {}: cannot create the output directory: {e}",
+            out.display()
+        ))
+    })?;
+    // The global pool, so the render runs on this thread and hands only
+    // its data-parallel loops to the pool (no hand-off gap between phases).
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .context("building the host thread pool")?;
+    let emitter = Emitter::from_env().map_err(|e| bad(e.to_string()))?;
+    let rec = Recorder::new(emitter);
+    rec.emitter().hello(
+        "engine",
+        env!("CARGO_PKG_VERSION"),
+        attrs! {
+            "device" => match device {
+                Device::Cpu => "cpu",
+                Device::Cuda => "cuda",
+            },
+            "preset" => p.name,
+            "levers" => set.arms(),
+            "threads" => n,
+            "weights" => weights.display().to_string(),
+            "rung" => rung.display().to_string(),
+        },
+    );
+    let req = RenderRequest {
+        rung: r,
+        preset: p,
+        weights,
+        out,
+        levers: set,
+        threads: n,
+        device,
+        all_frames,
+        prompt_embeds,
+    };
+    let outcome = pipeline::render(&req, &rec)?;
+    eprintln!(
+        "engine: wrote {} frames of {}x{} into {}",
+        outcome.frames_written,
+        outcome.width,
+        outcome.height,
+        req.out.display()
+    );
+    Ok(EXIT_OK)
 }

@@ -172,237 +172,19 @@ fn text_cond(p: PromptEmbeds) -> TextCond {
 pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutcome> {
     let p = &req.preset;
     let rung = &req.rung;
-    let guidance = rung.uses_guidance();
-    let opts = load_options(&req.levers);
-
     let (gf, gh, gw) = rung.latent_grid();
     let grid = (gf as usize, gh as usize, gw as usize);
     let tokens = grid.0 * grid.1 * grid.2;
-    let steps = rung.steps as usize;
-    let sigmas = schedule::sigmas(&p.scheduler, steps, tokens)
+    let sigmas = schedule::sigmas(&p.scheduler, rung.steps as usize, tokens)
         .map_err(|e| BadInput(format!("steps: {e}")))?;
-
-    // ---- Text: load, then condition.
-    let ph = rec.phase("load.text_encoder", Attrs::new());
-    let layout = Layout::resolve(&req.weights).map_err(|e| BadInput(format!("weights: {e}")))?;
-    let (cond, uncond) = {
-        enum Text {
-            Embeds(TextCond, Option<TextCond>),
-            Model(Box<(T5Encoder, PromptTokenizer, Retained)>),
-            Device(Box<(DeviceT5, PromptTokenizer)>),
-        }
-        let (text, a) = match &req.prompt_embeds {
-            Some(file) => {
-                let e = load_prompt_embeds(file, p.dit.caption_channels)
-                    .map_err(|e| BadInput(format!("--prompt-embeds: {e}")))?;
-                if guidance && e.negative.is_none() {
-                    return Err(BadInput(format!(
-                        "{}: guidance {} > 1 needs 'negative_embeds' and 'negative_mask' in the \
-                         prompt embeddings file",
-                        file.display(),
-                        rung.guidance
-                    ))
-                    .into());
-                }
-                (
-                    Text::Embeds(text_cond(e.positive), e.negative.map(text_cond)),
-                    attrs! {"source" => "prompt-embeds"},
-                )
-            }
-            None => {
-                let tok_path = layout.tokenizer_json().ok_or_else(|| {
-                    BadInput(format!(
-                        "{}: no tokenizer/tokenizer.json (or pass --prompt-embeds)",
-                        layout.root().display()
-                    ))
-                })?;
-                let tok = PromptTokenizer::from_file(&tok_path, p.max_text_tokens, p.t5.vocab_size)
-                    .map_err(|e| BadInput(e.to_string()))?;
-                let specs = t5::tensor_specs(&p.t5);
-                let src = open_component(
-                    &layout,
-                    Component::TextEncoder,
-                    &specs,
-                    &|n| n == t5::EMBED_ALIAS,
-                    opts,
-                )?;
-                if req.device == Device::Cuda && req.levers.conditioning_on_device() {
-                    let prompts = if guidance { 2 } else { 1 };
-                    let (t5, mut a) = load_cuda_t5(src, req, prompts, rec)?;
-                    a.insert("source".into(), Value::from("t5"));
-                    (Text::Device(Box::new((t5, tok))), a)
-                } else {
-                    let model = T5Encoder::load(&VarBuilder::new(&src), &p.t5)
-                        .map_err(|e| BadInput(e.to_string()))?;
-                    let (mut a, kept) = finish_load(src, &req.levers);
-                    a.insert("source".into(), Value::from("t5"));
-                    a.insert("arm".into(), Value::from("cpu"));
-                    (Text::Model(Box::new((model, tok, kept))), a)
-                }
-            }
-        };
-        ph.finish(a);
-
-        let ph = rec.phase(
-            "conditioning",
-            attrs! {"prompts" => if guidance { 2 } else { 1 }},
-        );
-        let mut done = Attrs::new();
-        let mut prompts = vec![rung.prompt.as_str()];
-        if guidance {
-            prompts.push(rung.negative_prompt.as_str());
-        }
-        let out = match text {
-            Text::Embeds(c, u) => (c, if guidance { u } else { None }),
-            Text::Device(m) => {
-                let (mut t5, tok) = *m;
-                let (mut e, ms) = encode_device(&mut t5, &tok, &prompts, PIPELINE_KEYS)
-                    .map_err(conditioning_error)?;
-                // Freed inside `conditioning`, before `load.dit`.
-                drop(t5);
-                done.insert("arm".into(), Value::from("cuda"));
-                done.insert("keys".into(), Value::from(PIPELINE_KEYS.name()));
-                done.insert(attr::DEVICE_MS.into(), Value::from(ms));
-                let u = if guidance {
-                    e.pop().map(Encoded::into_cond)
-                } else {
-                    None
-                };
-                let c = e
-                    .pop()
-                    .ok_or_else(|| anyhow!("the device text encoder returned no states"))?;
-                (c.into_cond(), u)
-            }
-            Text::Model(m) => {
-                let (model, tok, _kept) = *m;
-                let mut e = encode_host(&model, &tok, &prompts, PIPELINE_KEYS, 0)
-                    .map_err(conditioning_error)?;
-                done.insert("keys".into(), Value::from(PIPELINE_KEYS.name()));
-                let u = if guidance {
-                    e.pop().map(Encoded::into_cond)
-                } else {
-                    None
-                };
-                let c = e
-                    .pop()
-                    .ok_or_else(|| anyhow!("the text encoder returned no states"))?;
-                (c.into_cond(), u)
-            }
-        };
-        done.insert("tokens".into(), Value::from(out.0.mask.len()));
-        ph.finish(done);
-        out
-    };
-
-    // ---- DiT: load, then denoise.
-    let latent_ch = p.dit.in_channels;
-    let fps = rung.fps as f32;
+    let (layout, cond, uncond) = condition(req, rec)?;
     let conditioning = Conditioning {
         cond,
         uncond,
         guidance: rung.guidance as f32,
     };
-    let forwards_per_step = conditioning.forwards_per_step();
-    let latents = {
-        let ph = rec.phase("load.dit", Attrs::new());
-        let specs = dit::tensor_specs(&p.dit);
-        let src = open_component(&layout, Component::Transformer, &specs, &|_| false, opts)?;
-        let (mut den, a, kept) = match req.device {
-            Device::Cpu => load_cpu_dit(src, req, conditioning, grid, fps)?,
-            Device::Cuda => load_cuda_dit(src, req, conditioning, grid, fps, rec)?,
-        };
-        ph.finish(a);
-
-        let den_ph = rec.phase(
-            "denoise",
-            attrs! {"steps" => steps, "tokens" => tokens, "forwards_per_step" => forwards_per_step, "arm" => den.arm()},
-        );
-        let mut forward = 0usize;
-        let mut forwards_ms = 0.0f64;
-        let mut last_tick: Option<Instant> = None;
-        for k in 0..steps {
-            let ph = rec.phase("denoise.step", attrs! {"step" => k + 1, "steps" => steps});
-            if k == 0 {
-                // Drawn inside step 1 (so no unmarked gap precedes it).
-                let lat = Tensor::new(
-                    &[tokens, latent_ch],
-                    pack_latents(
-                        initial_latents(rung.seed, latent_ch, grid).data(),
-                        latent_ch,
-                    ),
-                )
-                .map_err(|e| anyhow!("latents: {e}"))?;
-                den.begin(lat)?;
-                den.enqueue(0, sigmas[0], sigmas[1])?;
-            }
-            // The next step is queued before this one is waited for: the
-            // device arm then always has work queued while the host reports.
-            if k + 1 < steps {
-                den.enqueue(k + 1, sigmas[k + 1], sigmas[k + 2])?;
-            }
-            let mut tick = |device_ms: Option<f64>| {
-                forward += 1;
-                let now = Instant::now();
-                let mut a = attrs! {"step" => k + 1, "steps" => steps, "forward" => forward};
-                if let Some(prev) = last_tick {
-                    a.insert("last_s".into(), Value::from((now - prev).as_secs_f64()));
-                }
-                if let Some(ms) = device_ms {
-                    a.insert(attr::DEVICE_MS.into(), Value::from(ms));
-                    forwards_ms += ms;
-                }
-                last_tick = Some(now);
-                rec.tick("dit.forward", a);
-            };
-            let step_ms = den.wait(k, &mut tick)?;
-            let mut a = attrs! {"sigma" => sigmas[k], "sigma_next" => sigmas[k + 1]};
-            if let Some(ms) = step_ms {
-                a.insert(attr::DEVICE_MS.into(), Value::from(ms));
-            }
-            ph.finish(a);
-        }
-        let (lat, loop_ms) = den.finish()?;
-        let capture_ms = den.graph_capture_ms();
-        // Freeing the model (and on a device the context) is the phase's work
-        // too (no unmarked gap after it).
-        drop(den);
-        drop(kept);
-        let mut a = attrs! {"forwards" => forward, "graph" => capture_ms.is_some()};
-        if let Some(ms) = capture_ms {
-            a.insert("graph_capture_ms".into(), Value::from(ms));
-        }
-        if let Some(ms) = loop_ms {
-            a.insert(attr::DEVICE_MS.into(), Value::from(ms));
-            a.insert("forwards_device_ms".into(), Value::from(forwards_ms));
-        }
-        den_ph.finish(a);
-        lat
-    };
-
-    // ---- VAE: load, then decode (on the device with `vae = device` on a CUDA render).
-    let decoded = {
-        let ph = rec.phase("load.vae", Attrs::new());
-        let specs = vae::decoder_read_specs(&p.vae);
-        let src = open_component(
-            &layout,
-            Component::Vae,
-            &specs,
-            &|n| n.starts_with("encoder."),
-            opts,
-        )?;
-        if req.device == Device::Cuda && req.levers.vae_on_device() {
-            let (dv, a) = load_cuda_vae(src, req, rec)?;
-            ph.finish(a);
-            decode_cuda(dv, latents, req, grid, rec)?
-        } else {
-            let model = VaeDecoder::load(&VarBuilder::new(&src), &p.vae)
-                .map_err(|e| BadInput(e.to_string()))?;
-            let (mut a, kept) = finish_load(src, &req.levers);
-            a.insert("arm".into(), Value::from("cpu"));
-            ph.finish(a);
-            decode_host(model, kept, latents, req, grid, rec)?
-        }
-    };
+    let latents = load_and_denoise(req, rec, &layout, conditioning, grid, &sigmas)?;
+    let decoded = load_and_decode(req, rec, &layout, latents, grid)?;
 
     // ---- Frames.
     let ph = rec.phase("artifacts.frames", Attrs::new());
@@ -421,6 +203,259 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
         "height" => outcome.height,
     });
     Ok(outcome)
+}
+
+/// `load.text_encoder` and `conditioning`: the weights' layout resolved, the
+/// prompt (and with guidance the negative prompt) tokenized and encoded by
+/// the arm the levers pick, or read from `--prompt-embeds`. Returns the layout
+/// (the later loads read it) and the conditioning.
+fn condition(
+    req: &RenderRequest,
+    rec: &Recorder,
+) -> anyhow::Result<(Layout, TextCond, Option<TextCond>)> {
+    let p = &req.preset;
+    let rung = &req.rung;
+    let guidance = rung.uses_guidance();
+    let opts = load_options(&req.levers);
+    let ph = rec.phase("load.text_encoder", Attrs::new());
+    let layout = Layout::resolve(&req.weights).map_err(|e| BadInput(format!("weights: {e}")))?;
+    enum Text {
+        Embeds(TextCond, Option<TextCond>),
+        Model(Box<(T5Encoder, PromptTokenizer, Retained)>),
+        Device(Box<(DeviceT5, PromptTokenizer)>),
+    }
+    let (text, a) = match &req.prompt_embeds {
+        Some(file) => {
+            let e = load_prompt_embeds(file, p.dit.caption_channels)
+                .map_err(|e| BadInput(format!("--prompt-embeds: {e}")))?;
+            if guidance && e.negative.is_none() {
+                return Err(BadInput(format!(
+                    "{}: guidance {} > 1 needs 'negative_embeds' and 'negative_mask' in the \
+                     prompt embeddings file",
+                    file.display(),
+                    rung.guidance
+                ))
+                .into());
+            }
+            (
+                Text::Embeds(text_cond(e.positive), e.negative.map(text_cond)),
+                attrs! {"source" => "prompt-embeds"},
+            )
+        }
+        None => {
+            let tok_path = layout.tokenizer_json().ok_or_else(|| {
+                BadInput(format!(
+                    "{}: no tokenizer/tokenizer.json (or pass --prompt-embeds)",
+                    layout.root().display()
+                ))
+            })?;
+            let tok = PromptTokenizer::from_file(&tok_path, p.max_text_tokens, p.t5.vocab_size)
+                .map_err(|e| BadInput(e.to_string()))?;
+            let specs = t5::tensor_specs(&p.t5);
+            let src = open_component(
+                &layout,
+                Component::TextEncoder,
+                &specs,
+                &|n| n == t5::EMBED_ALIAS,
+                opts,
+            )?;
+            if req.device == Device::Cuda && req.levers.conditioning_on_device() {
+                let prompts = if guidance { 2 } else { 1 };
+                let (t5, mut a) = load_cuda_t5(src, req, prompts, rec)?;
+                a.insert("source".into(), Value::from("t5"));
+                (Text::Device(Box::new((t5, tok))), a)
+            } else {
+                let model = T5Encoder::load(&VarBuilder::new(&src), &p.t5)
+                    .map_err(|e| BadInput(e.to_string()))?;
+                let (mut a, kept) = finish_load(src, &req.levers);
+                a.insert("source".into(), Value::from("t5"));
+                a.insert("arm".into(), Value::from("cpu"));
+                (Text::Model(Box::new((model, tok, kept))), a)
+            }
+        }
+    };
+    ph.finish(a);
+
+    let ph = rec.phase(
+        "conditioning",
+        attrs! {"prompts" => if guidance { 2 } else { 1 }},
+    );
+    let mut done = Attrs::new();
+    let mut prompts = vec![rung.prompt.as_str()];
+    if guidance {
+        prompts.push(rung.negative_prompt.as_str());
+    }
+    let out = match text {
+        Text::Embeds(c, u) => (c, if guidance { u } else { None }),
+        Text::Device(m) => {
+            let (mut t5, tok) = *m;
+            let (mut e, ms) = encode_device(&mut t5, &tok, &prompts, PIPELINE_KEYS)
+                .map_err(conditioning_error)?;
+            // Freed inside `conditioning`, before `load.dit`.
+            drop(t5);
+            done.insert("arm".into(), Value::from("cuda"));
+            done.insert("keys".into(), Value::from(PIPELINE_KEYS.name()));
+            done.insert(attr::DEVICE_MS.into(), Value::from(ms));
+            let u = if guidance {
+                e.pop().map(Encoded::into_cond)
+            } else {
+                None
+            };
+            let c = e
+                .pop()
+                .ok_or_else(|| anyhow!("the device text encoder returned no states"))?;
+            (c.into_cond(), u)
+        }
+        Text::Model(m) => {
+            let (model, tok, _kept) = *m;
+            let mut e = encode_host(&model, &tok, &prompts, PIPELINE_KEYS, 0)
+                .map_err(conditioning_error)?;
+            done.insert("keys".into(), Value::from(PIPELINE_KEYS.name()));
+            let u = if guidance {
+                e.pop().map(Encoded::into_cond)
+            } else {
+                None
+            };
+            let c = e
+                .pop()
+                .ok_or_else(|| anyhow!("the text encoder returned no states"))?;
+            (c.into_cond(), u)
+        }
+    };
+    done.insert("tokens".into(), Value::from(out.0.mask.len()));
+    ph.finish(done);
+    let (c, u) = out;
+    Ok((layout, c, u))
+}
+
+/// `load.dit` and `denoise`: the transformer loaded on the render's arm, the
+/// initial latents drawn inside step 1, one `denoise.step` per sigma with a
+/// `dit.forward` tick per forward. Returns the final latents `[tokens, C]`.
+fn load_and_denoise(
+    req: &RenderRequest,
+    rec: &Recorder,
+    layout: &Layout,
+    conditioning: Conditioning,
+    grid: (usize, usize, usize),
+    sigmas: &[f32],
+) -> anyhow::Result<Tensor> {
+    let p = &req.preset;
+    let rung = &req.rung;
+    let opts = load_options(&req.levers);
+    let latent_ch = p.dit.in_channels;
+    let fps = rung.fps as f32;
+    let steps = rung.steps as usize;
+    let tokens = grid.0 * grid.1 * grid.2;
+    let forwards_per_step = conditioning.forwards_per_step();
+    let ph = rec.phase("load.dit", Attrs::new());
+    let specs = dit::tensor_specs(&p.dit);
+    let src = open_component(layout, Component::Transformer, &specs, &|_| false, opts)?;
+    let (mut den, a, kept) = match req.device {
+        Device::Cpu => load_cpu_dit(src, req, conditioning, grid, fps)?,
+        Device::Cuda => load_cuda_dit(src, req, conditioning, grid, fps, rec)?,
+    };
+    ph.finish(a);
+
+    let den_ph = rec.phase(
+        "denoise",
+        attrs! {"steps" => steps, "tokens" => tokens, "forwards_per_step" => forwards_per_step, "arm" => den.arm()},
+    );
+    let mut forward = 0usize;
+    let mut forwards_ms = 0.0f64;
+    let mut last_tick: Option<Instant> = None;
+    for k in 0..steps {
+        let ph = rec.phase("denoise.step", attrs! {"step" => k + 1, "steps" => steps});
+        if k == 0 {
+            // Drawn inside step 1 (so no unmarked gap precedes it).
+            let lat = Tensor::new(
+                &[tokens, latent_ch],
+                pack_latents(
+                    initial_latents(rung.seed, latent_ch, grid).data(),
+                    latent_ch,
+                ),
+            )
+            .map_err(|e| anyhow!("latents: {e}"))?;
+            den.begin(lat)?;
+            den.enqueue(0, sigmas[0], sigmas[1])?;
+        }
+        // The next step is queued before this one is waited for: the
+        // device arm then always has work queued while the host reports.
+        if k + 1 < steps {
+            den.enqueue(k + 1, sigmas[k + 1], sigmas[k + 2])?;
+        }
+        let mut tick = |device_ms: Option<f64>| {
+            forward += 1;
+            let now = Instant::now();
+            let mut a = attrs! {"step" => k + 1, "steps" => steps, "forward" => forward};
+            if let Some(prev) = last_tick {
+                a.insert("last_s".into(), Value::from((now - prev).as_secs_f64()));
+            }
+            if let Some(ms) = device_ms {
+                a.insert(attr::DEVICE_MS.into(), Value::from(ms));
+                forwards_ms += ms;
+            }
+            last_tick = Some(now);
+            rec.tick("dit.forward", a);
+        };
+        let step_ms = den.wait(k, &mut tick)?;
+        let mut a = attrs! {"sigma" => sigmas[k], "sigma_next" => sigmas[k + 1]};
+        if let Some(ms) = step_ms {
+            a.insert(attr::DEVICE_MS.into(), Value::from(ms));
+        }
+        ph.finish(a);
+    }
+    let (lat, loop_ms) = den.finish()?;
+    let capture_ms = den.graph_capture_ms();
+    // Freeing the model (and on a device the context) is the phase's work
+    // too (no unmarked gap after it).
+    drop(den);
+    drop(kept);
+    let mut a = attrs! {"forwards" => forward, "graph" => capture_ms.is_some()};
+    if let Some(ms) = capture_ms {
+        a.insert("graph_capture_ms".into(), Value::from(ms));
+    }
+    if let Some(ms) = loop_ms {
+        a.insert(attr::DEVICE_MS.into(), Value::from(ms));
+        a.insert("forwards_device_ms".into(), Value::from(forwards_ms));
+    }
+    den_ph.finish(a);
+    Ok(lat)
+}
+
+/// `load.vae` and `decode.video`: the decoder loaded on the arm the `vae`
+/// lever picks and the latents decoded in temporal chunks.
+fn load_and_decode(
+    req: &RenderRequest,
+    rec: &Recorder,
+    layout: &Layout,
+    latents: Tensor,
+    grid: (usize, usize, usize),
+) -> anyhow::Result<Decoded> {
+    let p = &req.preset;
+    let opts = load_options(&req.levers);
+    let ph = rec.phase("load.vae", Attrs::new());
+    let specs = vae::decoder_read_specs(&p.vae);
+    let src = open_component(
+        layout,
+        Component::Vae,
+        &specs,
+        &|n| n.starts_with("encoder."),
+        opts,
+    )?;
+    Ok(
+        if req.device == Device::Cuda && req.levers.vae_on_device() {
+            let (dv, a) = load_cuda_vae(src, req, rec)?;
+            ph.finish(a);
+            decode_cuda(dv, latents, req, grid, rec)?
+        } else {
+            let model = VaeDecoder::load(&VarBuilder::new(&src), &p.vae)
+                .map_err(|e| BadInput(e.to_string()))?;
+            let (mut a, kept) = finish_load(src, &req.levers);
+            a.insert("arm".into(), Value::from("cpu"));
+            ph.finish(a);
+            decode_host(model, kept, latents, req, grid, rec)?
+        },
+    )
 }
 
 /// The CPU arm's DiT: the transformer widened to f32 on the host, and the

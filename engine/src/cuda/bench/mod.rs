@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::result as dres;
+use cudarc::driver::sys::CUdeviceptr;
 
 use crate::cuda::fixtures::write_synth_safetensors;
 use crate::cuda::fixtures::Rng;
@@ -125,62 +126,105 @@ pub fn generate_weights(
 
 /// Run every benchmark; returns the table rows (printed last by the caller).
 pub fn run(kit: &DeviceKit, scratch: &Path) -> Result<Vec<String>, CudaError> {
-    let mut rows = vec!["== bench (H200 targets from issue 6) ==".to_string()];
-    let push = |rows: &mut Vec<String>, r: String| {
-        eprintln!("{r}");
-        rows.push(r);
-    };
+    let mut rows = vec!["== bench (targets: reports/device-notes.md) ==".to_string()];
+    bench_ceilings(kit, &mut rows)?;
+    let file = scratch.join("ltxv-2b-transformer.safetensors");
+    let w2b = bench_staging(kit, &file, &mut rows)?;
+    let inp = ForwardInputs::new();
+    bench_forward(
+        kit,
+        "ltxv-2b",
+        DitDims::LTXV_2B,
+        Arc::new(w2b),
+        &inp,
+        (60.0, 84.0),
+        true,
+        &mut rows,
+    )?;
+    let w13 = Arc::new(device_weights(kit, &DitDims::LTXV_13B, 13)?);
+    bench_forward(
+        kit,
+        "ltxv-13b",
+        DitDims::LTXV_13B,
+        w13,
+        &inp,
+        (280.0, 352.0),
+        false,
+        &mut rows,
+    )?;
+    let _ = std::fs::remove_file(&file);
+    // The denoise loop eager vs replayed from graphs (lever denoise-graph).
+    crate::cuda::bench::graph::denoise_graph(kit, &mut rows)?;
+    Ok(rows)
+}
+
+/// Print `r` as it is measured and keep it for the table.
+fn push(rows: &mut Vec<String>, r: String) {
+    eprintln!("{r}");
+    rows.push(r);
+}
+
+/// The ceilings the other rows are read against: device-to-device copy
+/// bandwidth and the bf16 GEMM rate at 8192³ on random data.
+fn bench_ceilings(kit: &DeviceKit, rows: &mut Vec<String>) -> Result<(), CudaError> {
     let (gpu, g, k, s) = (&kit.gpu, &kit.gemm, &kit.kernels, &kit.gpu.compute);
 
-    // Ceilings.
-    {
-        let bytes = 2usize << 30;
-        let a = DeviceBuffer::alloc(gpu, bytes, "the copy ceiling")?;
-        let b = DeviceBuffer::alloc(gpu, bytes, "the copy ceiling")?;
-        let ms = time_ms(kit, 2, 10, || {
-            // SAFETY: both ranges are `bytes` long.
-            unsafe { dres::memcpy_dtod_async(b.ptr(), a.ptr(), bytes, s.cu_stream()) }
-                .ctx("device copy")
-        })?;
-        push(
-            &mut rows,
-            format!(
-                "ceiling  d2d copy            {:>8.0} GB/s (read+write)",
-                2.0 * bytes as f64 / ms / 1e6
-            ),
-        );
-        let n = 8192;
-        let ad = DeviceBuffer::alloc(gpu, n * n * 2, "gemm ceiling")?;
-        let bd = DeviceBuffer::alloc(gpu, n * n * 2, "gemm ceiling")?;
-        let cd = DeviceBuffer::alloc(gpu, n * n * 2, "gemm ceiling")?;
-        k.fill_uniform_bf16(s, ad.ptr(), n * n, 1, 1.0)?;
-        k.fill_uniform_bf16(s, bd.ptr(), n * n, 2, 1.0)?;
-        let ms = time_ms(kit, 3, 10, || {
-            g.linear(
-                s,
-                ad.ptr(),
-                bd.ptr(),
-                NULL,
-                cd.ptr(),
-                n,
-                n,
-                n,
-                Epilogue::None,
-            )
-        })?;
-        push(
-            &mut rows,
-            format!(
-                "ceiling  bf16 gemm 8192^3     {:>8.0} TFLOP/s (random data)",
-                flops(n, n, n) / ms / 1e9
-            ),
-        );
-    }
+    let bytes = 2usize << 30;
+    let a = DeviceBuffer::alloc(gpu, bytes, "the copy ceiling")?;
+    let b = DeviceBuffer::alloc(gpu, bytes, "the copy ceiling")?;
+    let ms = time_ms(kit, 2, 10, || {
+        // SAFETY: both ranges are `bytes` long.
+        unsafe { dres::memcpy_dtod_async(b.ptr(), a.ptr(), bytes, s.cu_stream()) }
+            .ctx("device copy")
+    })?;
+    push(
+        rows,
+        format!(
+            "ceiling  d2d copy            {:>8.0} GB/s (read+write)",
+            2.0 * bytes as f64 / ms / 1e6
+        ),
+    );
+    let n = 8192;
+    let ad = DeviceBuffer::alloc(gpu, n * n * 2, "gemm ceiling")?;
+    let bd = DeviceBuffer::alloc(gpu, n * n * 2, "gemm ceiling")?;
+    let cd = DeviceBuffer::alloc(gpu, n * n * 2, "gemm ceiling")?;
+    k.fill_uniform_bf16(s, ad.ptr(), n * n, 1, 1.0)?;
+    k.fill_uniform_bf16(s, bd.ptr(), n * n, 2, 1.0)?;
+    let ms = time_ms(kit, 3, 10, || {
+        g.linear(
+            s,
+            ad.ptr(),
+            bd.ptr(),
+            NULL,
+            cd.ptr(),
+            n,
+            n,
+            n,
+            Epilogue::None,
+        )
+    })?;
+    push(
+        rows,
+        format!(
+            "ceiling  bf16 gemm 8192^3     {:>8.0} TFLOP/s (random data)",
+            flops(n, n, n) / ms / 1e9
+        ),
+    );
+    Ok(())
+}
 
-    // Staging of a synthetic ltxv-2b transformer file.
-    let file = scratch.join("ltxv-2b-transformer.safetensors");
+/// Staging of a synthetic ltxv-2b transformer file (written to `file`): the
+/// serial and batched methods and the pinned-ring reader against a plain
+/// pinned copy of the same bytes, their staged bytes compared, and
+/// release-pages. Returns the batched method's weights for the forward bench.
+fn bench_staging(
+    kit: &DeviceKit,
+    file: &Path,
+    rows: &mut Vec<String>,
+) -> Result<DeviceWeights, CudaError> {
+    let gpu = &kit.gpu;
     let t0 = Instant::now();
-    let fbytes = write_synth_safetensors(&file, &DitDims::LTXV_2B.tensor_specs(), 7)?;
+    let fbytes = write_synth_safetensors(file, &DitDims::LTXV_2B.tensor_specs(), 7)?;
     eprintln!(
         "bench: wrote {} ({:.2} GB) in {:.1} s",
         file.display(),
@@ -189,19 +233,19 @@ pub fn run(kit: &DeviceKit, scratch: &Path) -> Result<Vec<String>, CudaError> {
     );
     let mut serial = Vec::new();
     for _ in 0..2 {
-        let (w, r) = staging::stage_file(gpu, &file, &StagingOptions::new(StagingMethod::Serial))?;
+        let (w, r) = staging::stage_file(gpu, file, &StagingOptions::new(StagingMethod::Serial))?;
         serial.push(r.gbps());
         drop(w);
     }
     let mut batched = Vec::new();
     let mut kept = None;
     for _ in 0..3 {
-        let (w, r) = staging::stage_file(gpu, &file, &StagingOptions::new(StagingMethod::Batched))?;
+        let (w, r) = staging::stage_file(gpu, file, &StagingOptions::new(StagingMethod::Batched))?;
         batched.push(r.gbps());
         kept = Some(w);
     }
     let w2b = kept.ok_or_else(|| CudaError::Invalid("no batched staging ran".into()))?;
-    let (ws, _) = staging::stage_file(gpu, &file, &StagingOptions::new(StagingMethod::Serial))?;
+    let (ws, _) = staging::stage_file(gpu, file, &StagingOptions::new(StagingMethod::Serial))?;
     let mut differ = 0;
     let names: Vec<String> = w2b.names().map(String::from).collect();
     for n in &names {
@@ -216,7 +260,7 @@ pub fn run(kit: &DeviceKit, scratch: &Path) -> Result<Vec<String>, CudaError> {
     for _ in 0..3 {
         let mut o = StagingOptions::new(StagingMethod::Batched);
         o.reader = staging::Reader::PinnedRing;
-        let (w, r) = staging::stage_file(gpu, &file, &o)?;
+        let (w, r) = staging::stage_file(gpu, file, &o)?;
         reg.push(r.gbps());
         if reg.len() == 1 {
             for n in &names {
@@ -226,36 +270,35 @@ pub fn run(kit: &DeviceKit, scratch: &Path) -> Result<Vec<String>, CudaError> {
             }
         }
     }
-    let mut w2b = Some(w2b);
     let pinned: Vec<f64> = (0..2)
         .map(|_| pinned_copy_gbps(gpu, fbytes as usize))
         .collect::<Result<_, _>>()?;
     let (sm, bm, pm) = (median(serial), median(batched), median(pinned));
     push(
-        &mut rows,
+        rows,
         format!(
             "staging  serial               {sm:>8.2} GB/s  (baseline; {:.2} GB, {} tensors)",
             fbytes as f64 / 1e9,
             names.len()
         ),
     );
-    push(&mut rows, format!("staging  batched (registered) {bm:>8.2} GB/s  target >= 40 and >= 8x serial: {:.1}x {}", bm / sm, if bm >= 40.0 && bm >= 8.0 * sm { "MET" } else { "MISSED" }));
+    push(rows, format!("staging  batched (registered) {bm:>8.2} GB/s  target >= 40 and >= 8x serial: {:.1}x {}", bm / sm, if bm >= 40.0 && bm >= 8.0 * sm { "MET" } else { "MISSED" }));
     push(
-        &mut rows,
+        rows,
         format!(
             "staging  pinned copy ceiling  {pm:>8.2} GB/s  batched/ceiling {:.0}%",
             100.0 * bm / pm
         ),
     );
     push(
-        &mut rows,
+        rows,
         format!(
             "staging  serial vs batched bytes: {differ} of {} tensors differ",
             names.len()
         ),
     );
     let rm = median(reg);
-    push(&mut rows, format!(
+    push(rows, format!(
         "staging  batched, pinned-ring reader {rm:>6.2} GB/s  ({:.1}x serial, {:.0}% of ceiling; {reg_differ} tensors differ from the default reader) {}",
         rm / sm,
         100.0 * rm / pm,
@@ -264,239 +307,288 @@ pub fn run(kit: &DeviceKit, scratch: &Path) -> Result<Vec<String>, CudaError> {
     {
         let mut o = StagingOptions::new(StagingMethod::Batched);
         o.release_pages = true;
-        let (_w, r1) = staging::stage_file(gpu, &file, &o)?;
+        let (_w, r1) = staging::stage_file(gpu, file, &o)?;
         let (_w2, r2) =
-            staging::stage_file(gpu, &file, &StagingOptions::new(StagingMethod::Batched))?;
-        push(&mut rows, format!("staging  batched+release-pages {:>7.2} GB/s, then re-read after release {:.2} GB/s (page cache dropped)", r1.gbps(), r2.gbps()));
+            staging::stage_file(gpu, file, &StagingOptions::new(StagingMethod::Batched))?;
+        push(rows, format!("staging  batched+release-pages {:>7.2} GB/s, then re-read after release {:.2} GB/s (page cache dropped)", r1.gbps(), r2.gbps()));
     }
 
-    // Forward at 6144 tokens.
-    let l = 128;
-    let n = GRID_6144.0 * GRID_6144.1 * GRID_6144.2;
-    let mut rng = Rng::new(99);
-    let lat = rng.normal(n * LATENT_CHANNELS, 1.0);
-    let text = rng.normal(l * 4096, 1.0);
-    let mask: Vec<f32> = (0..l).map(|j| if j < 100 { 1.0 } else { 0.0 }).collect();
-    let geo = Geometry {
-        grid: GRID_6144,
-        fps: 25.0,
-    };
-    let targets = [("ltxv-2b", 60.0, 84.0), ("ltxv-13b", 280.0, 352.0)];
-    for (name, target, pytorch) in targets {
-        let (dims, weights) = if name == "ltxv-2b" {
-            let w = w2b
-                .take()
-                .ok_or_else(|| CudaError::Invalid("2B weights already used".into()))?;
-            (DitDims::LTXV_2B, Arc::new(w))
-        } else {
-            (
-                DitDims::LTXV_13B,
-                Arc::new(device_weights(kit, &DitDims::LTXV_13B, 13)?),
-            )
+    Ok(w2b)
+}
+
+/// The inputs of every forward benchmark: 6144 tokens (768x512x121), 128 text
+/// tokens of which 100 are real.
+struct ForwardInputs {
+    n: usize,
+    l: usize,
+    lat: Vec<f32>,
+    text: Vec<f32>,
+    mask: Vec<f32>,
+    geo: Geometry,
+}
+
+impl ForwardInputs {
+    fn new() -> ForwardInputs {
+        let l = 128;
+        let n = GRID_6144.0 * GRID_6144.1 * GRID_6144.2;
+        let mut rng = Rng::new(99);
+        let lat = rng.normal(n * LATENT_CHANNELS, 1.0);
+        let text = rng.normal(l * 4096, 1.0);
+        let mask: Vec<f32> = (0..l).map(|j| if j < 100 { 1.0 } else { 0.0 }).collect();
+        let geo = Geometry {
+            grid: GRID_6144,
+            fps: 25.0,
         };
-        let mut dit = DeviceDit::new(gpu.clone(), k.clone(), g.clone(), dims, weights)?;
-        gpu.mem.reset_peak();
-        let slot = TextSlot::upload(gpu, &dims, &text, &mask)?;
-        dit.workspace(n, l)?;
-        let io = DeviceBuffer::alloc(gpu, 2 * n * LATENT_CHANNELS * 4, "bench latents")?;
-        let (lat_p, vel_p) = (io.ptr(), io.ptr() + (n * LATENT_CHANNELS * 4) as u64);
-        crate::cuda::kit::memory::upload(gpu, lat_p, &lat)?;
-        let (lin, sa, ca) = dims.forward_flops(n, l);
-        let total = lin + sa + ca;
-        let best = time_ms(kit, 3, if name == "ltxv-2b" { 10 } else { 5 }, || {
+        ForwardInputs {
+            n,
+            l,
+            lat,
+            text,
+            mask,
+            geo,
+        }
+    }
+}
+
+/// One model's forward at 6144 tokens (median of N from CUDA events) against
+/// `target` and PyTorch's `pytorch` ms, with its parts measured alone:
+/// self-attention per block with every fused kernel side by side, the
+/// block's GEMMs, cross-attention; and with `denoise_loop` the GPU-busy share
+/// of a device-resident loop of 20 forwards.
+#[allow(clippy::too_many_arguments)]
+fn bench_forward(
+    kit: &DeviceKit,
+    name: &str,
+    dims: DitDims,
+    weights: Arc<DeviceWeights>,
+    inp: &ForwardInputs,
+    (target, pytorch): (f64, f64),
+    denoise_loop: bool,
+    rows: &mut Vec<String>,
+) -> Result<(), CudaError> {
+    let (gpu, g, k, s) = (&kit.gpu, &kit.gemm, &kit.kernels, &kit.gpu.compute);
+    let (n, l, geo) = (inp.n, inp.l, inp.geo);
+    let (lat, text, mask) = (&inp.lat, &inp.text, &inp.mask);
+    let mut dit = DeviceDit::new(gpu.clone(), k.clone(), g.clone(), dims, weights)?;
+    gpu.mem.reset_peak();
+    let slot = TextSlot::upload(gpu, &dims, text, mask)?;
+    dit.workspace(n, l)?;
+    let io = DeviceBuffer::alloc(gpu, 2 * n * LATENT_CHANNELS * 4, "bench latents")?;
+    let (lat_p, vel_p) = (io.ptr(), io.ptr() + (n * LATENT_CHANNELS * 4) as u64);
+    crate::cuda::kit::memory::upload(gpu, lat_p, lat)?;
+    let (lin, sa, ca) = dims.forward_flops(n, l);
+    let total = lin + sa + ca;
+    let best = time_ms(kit, 3, if name == "ltxv-2b" { 10 } else { 5 }, || {
+        dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
+    })?;
+    let best_kind = dit.attn;
+    // Components alone: self-attention of one block and the block's GEMMs.
+    let d = dims.dim();
+    let q = DeviceBuffer::alloc(gpu, n * d * 2, "bench q")?;
+    let kk = DeviceBuffer::alloc(gpu, n * d * 2, "bench k")?;
+    let v = DeviceBuffer::alloc(gpu, n * d * 2, "bench v")?;
+    let o = DeviceBuffer::alloc(gpu, n * d * 2, "bench o")?;
+    for b in [&q, &kk, &v] {
+        k.fill_uniform_bf16(s, b.ptr(), n * d, 5, 2.0)?;
+    }
+    let kbias = DeviceBuffer::alloc(gpu, l * 4, "bench kbias")?;
+    crate::cuda::kit::memory::upload(gpu, kbias.ptr(), &vec![0.0f32; l])?;
+    let attn_alone = |kind: AttnKernel, nk: usize, kb: u64| {
+        time_ms(kit, 2, 10, || {
+            k.attention(
+                s,
+                kind,
+                dims.heads,
+                dims.head_dim,
+                (q.ptr(), d),
+                (kk.ptr(), d),
+                (v.ptr(), d),
+                (o.ptr(), d),
+                n,
+                nk,
+                kb,
+                0.125,
+            )
+        })
+    };
+    let best_attn = attn_alone(best_kind, n, NULL)?;
+    let cross_ms = attn_alone(best_kind, l, kbias.ptr())?;
+    // Every fused kernel side by side (self and cross), then the whole
+    // forward with the fastest flash_mt layout.
+    let mut side = Vec::new();
+    let mut fastest: Option<(AttnKernel, f64)> = None;
+    for kind in AttnKernel::all() {
+        if kind == AttnKernel::Reference {
+            continue;
+        }
+        let self_ms = attn_alone(kind, n, NULL)?;
+        let cross = attn_alone(kind, l, kbias.ptr())?;
+        side.push(format!(
+            "{}={self_ms:.3} ms ({:.0} TFLOP/s), cross {cross:.3}",
+            kind.name(),
+            sa / dims.layers as f64 / self_ms / 1e9
+        ));
+        if matches!(kind, AttnKernel::FlashMt(_)) && fastest.is_none_or(|(_, t)| self_ms < t) {
+            fastest = Some((kind, self_ms));
+        }
+    }
+    push(
+        rows,
+        format!(
+            "forward  {name} self-attn/block old vs new: {}",
+            side.join("; ")
+        ),
+    );
+    if let Some((kind, _)) = fastest {
+        dit.attn = kind;
+        let with = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
             dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
         })?;
-        let best_kind = dit.attn;
-        // Components alone: self-attention of one block and the block's GEMMs.
-        let d = dims.dim();
-        let q = DeviceBuffer::alloc(gpu, n * d * 2, "bench q")?;
-        let kk = DeviceBuffer::alloc(gpu, n * d * 2, "bench k")?;
-        let v = DeviceBuffer::alloc(gpu, n * d * 2, "bench v")?;
-        let o = DeviceBuffer::alloc(gpu, n * d * 2, "bench o")?;
-        for b in [&q, &kk, &v] {
-            k.fill_uniform_bf16(s, b.ptr(), n * d, 5, 2.0)?;
-        }
-        let kbias = DeviceBuffer::alloc(gpu, l * 4, "bench kbias")?;
-        crate::cuda::kit::memory::upload(gpu, kbias.ptr(), &vec![0.0f32; l])?;
-        let attn_alone = |kind: AttnKernel, nk: usize, kb: u64| {
-            time_ms(kit, 2, 10, || {
-                k.attention(
-                    s,
-                    kind,
-                    dims.heads,
-                    dims.head_dim,
-                    (q.ptr(), d),
-                    (kk.ptr(), d),
-                    (v.ptr(), d),
-                    (o.ptr(), d),
-                    n,
-                    nk,
-                    kb,
-                    0.125,
-                )
-            })
-        };
-        let best_attn = attn_alone(best_kind, n, NULL)?;
-        let cross_ms = attn_alone(best_kind, l, kbias.ptr())?;
-        // Every fused kernel side by side (self and cross), then the whole
-        // forward with the fastest flash_mt layout.
-        let mut side = Vec::new();
-        let mut fastest: Option<(AttnKernel, f64)> = None;
-        for kind in AttnKernel::all() {
-            if kind == AttnKernel::Reference {
-                continue;
-            }
-            let self_ms = attn_alone(kind, n, NULL)?;
-            let cross = attn_alone(kind, l, kbias.ptr())?;
-            side.push(format!(
-                "{}={self_ms:.3} ms ({:.0} TFLOP/s), cross {cross:.3}",
+        dit.attn = best_kind;
+        push(
+            rows,
+            format!(
+                "forward  {name} 6144 tok with attn={}: {with:.1} ms (attn={}: {best:.1} ms) {:.0} TFLOP/s",
                 kind.name(),
-                sa / dims.layers as f64 / self_ms / 1e9
-            ));
-            if matches!(kind, AttnKernel::FlashMt(_)) && fastest.is_none_or(|(_, t)| self_ms < t) {
-                fastest = Some((kind, self_ms));
-            }
-        }
-        push(
-            &mut rows,
-            format!(
-                "forward  {name} self-attn/block old vs new: {}",
-                side.join("; ")
+                best_kind.name(),
+                total / with / 1e9
             ),
         );
-        if let Some((kind, _)) = fastest {
-            dit.attn = kind;
-            let with = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
-                dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
-            })?;
-            dit.attn = best_kind;
-            push(
-                &mut rows,
-                format!(
-                    "forward  {name} 6144 tok with attn={}: {with:.1} ms (attn={}: {best:.1} ms) {:.0} TFLOP/s",
-                    kind.name(),
-                    best_kind.name(),
-                    total / with / 1e9
-                ),
-            );
-        }
-        let ff = DeviceBuffer::alloc(gpu, n * 4 * d * 2, "bench ff")?;
-        let wbig = DeviceBuffer::alloc(gpu, 4 * d * d * 2, "bench w")?;
-        let bias = DeviceBuffer::alloc(gpu, 4 * d * 2, "bench bias")?;
-        k.fill_uniform_bf16(s, wbig.ptr(), 4 * d * d, 6, 0.02)?;
-        k.fill_uniform_bf16(s, bias.ptr(), 4 * d, 8, 0.1)?;
-        let g_dd = time_ms(kit, 2, 10, || {
-            g.linear(
-                s,
-                q.ptr(),
-                wbig.ptr(),
-                bias.ptr(),
-                o.ptr(),
-                n,
-                d,
-                d,
-                Epilogue::Bias,
-            )
-        })?;
-        let g_up = time_ms(kit, 2, 10, || {
-            g.linear(
-                s,
-                q.ptr(),
-                wbig.ptr(),
-                bias.ptr(),
-                ff.ptr(),
-                n,
-                4 * d,
-                d,
-                Epilogue::BiasGelu,
-            )
-        })?;
-        let g_dn = time_ms(kit, 2, 10, || {
-            g.linear(
-                s,
-                ff.ptr(),
-                wbig.ptr(),
-                bias.ptr(),
-                o.ptr(),
-                n,
-                d,
-                4 * d,
-                Epilogue::Bias,
-            )
-        })?;
-        let block_gemm_ms = 6.0 * g_dd + g_up + g_dn;
-        let layers = dims.layers as f64;
-        let sa_layer = sa / layers;
-        push(&mut rows, format!(
-            "forward  {name} 6144 tok       {best:>8.1} ms  target <= {target} (PyTorch {pytorch}) {}  {:.0} TFLOP/s; attn={}",
-            if best <= target { "MET" } else { "MISSED" },
-            total / best / 1e9,
-            best_kind.name(),
-        ));
-        push(&mut rows, format!(
-            "forward  {name} parts: self-attn/block {}={best_attn:.3}ms -> x{} = {:.1} ms ({:.0} TFLOP/s); GEMMs/block {:.2} ms -> {:.1} ms ({:.0} TFLOP/s: DxD {:.0}, up {:.0}, down {:.0}); other {:.1} ms",
-            best_kind.name(),
-            dims.layers,
-            best_attn * layers,
-            sa_layer / best_attn / 1e9,
-            block_gemm_ms,
-            block_gemm_ms * layers,
-            (28.0 * n as f64 * (d * d) as f64) / block_gemm_ms / 1e9,
-            flops(n, d, d) / g_dd / 1e9,
-            flops(n, 4 * d, d) / g_up / 1e9,
-            flops(n, d, 4 * d) / g_dn / 1e9,
-            best - best_attn * layers - block_gemm_ms * layers
-        ));
-        push(
-            &mut rows,
-            format!(
-                "forward  {name} cross-attn/block {cross_ms:.3} ms -> {:.1} ms",
-                cross_ms * layers
-            ),
-        );
-        push(
-            &mut rows,
-            format!(
-                "forward  {name} peak device bytes (weights+workspace+bench buffers): {:.2} GiB",
-                gpu.mem.peak() as f64 / (1u64 << 30) as f64
-            ),
-        );
-        drop((q, kk, v, o, ff, wbig, bias, kbias));
+    }
+    let (g_dd, g_up, g_dn) = block_gemms_ms(kit, n, d, (q.ptr(), o.ptr()))?;
+    let block_gemm_ms = 6.0 * g_dd + g_up + g_dn;
+    let layers = dims.layers as f64;
+    let sa_layer = sa / layers;
+    push(rows, format!(
+        "forward  {name} 6144 tok       {best:>8.1} ms  target <= {target} (PyTorch {pytorch}) {}  {:.0} TFLOP/s; attn={}",
+        if best <= target { "MET" } else { "MISSED" },
+        total / best / 1e9,
+        best_kind.name(),
+    ));
+    push(rows, format!(
+        "forward  {name} parts: self-attn/block {}={best_attn:.3}ms -> x{} = {:.1} ms ({:.0} TFLOP/s); GEMMs/block {:.2} ms -> {:.1} ms ({:.0} TFLOP/s: DxD {:.0}, up {:.0}, down {:.0}); other {:.1} ms",
+        best_kind.name(),
+        dims.layers,
+        best_attn * layers,
+        sa_layer / best_attn / 1e9,
+        block_gemm_ms,
+        block_gemm_ms * layers,
+        (28.0 * n as f64 * (d * d) as f64) / block_gemm_ms / 1e9,
+        flops(n, d, d) / g_dd / 1e9,
+        flops(n, 4 * d, d) / g_up / 1e9,
+        flops(n, d, 4 * d) / g_dn / 1e9,
+        best - best_attn * layers - block_gemm_ms * layers
+    ));
+    push(
+        rows,
+        format!(
+            "forward  {name} cross-attn/block {cross_ms:.3} ms -> {:.1} ms",
+            cross_ms * layers
+        ),
+    );
+    push(
+        rows,
+        format!(
+            "forward  {name} peak device bytes (weights+workspace+bench buffers): {:.2} GiB",
+            gpu.mem.peak() as f64 / (1u64 << 30) as f64
+        ),
+    );
+    drop((q, kk, v, o, kbias));
 
-        if name == "ltxv-2b" {
-            // Device-resident denoise loop, 20 forwards, ticks one forward behind.
-            let steps = 20;
-            let timers: Vec<Timer> = (0..steps)
-                .map(|_| Timer::new(gpu))
-                .collect::<Result<_, _>>()?;
-            gpu.sync_compute()?;
-            let t0 = Instant::now();
-            let mut dev_ms = 0.0;
-            for (i, t) in timers.iter().enumerate() {
-                t.start(s)?;
-                dit.enqueue_forward(lat_p, 1.0 - i as f32 / steps as f32, geo, &slot, vel_p)?;
-                t.stop(s)?;
-                let n = n * LATENT_CHANNELS;
-                k.guided_euler(s, lat_p, vel_p, NULL, 1.0, -1.0 / steps as f32, n)?;
-                if i > 0 {
-                    dev_ms += timers[i - 1].elapsed_ms()?; // the tick of the previous forward
-                }
-            }
-            dev_ms += timers[steps - 1].elapsed_ms()?;
-            gpu.sync_compute()?;
-            let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
-            push(&mut rows, format!(
-                "denoise  ltxv-2b {steps} forwards: sum forward device {dev_ms:.1} ms / wall {wall_ms:.1} ms = {:.2}% busy  target >= 97% {}",
-                100.0 * dev_ms / wall_ms,
-                if dev_ms / wall_ms >= 0.97 { "MET" } else { "MISSED" }
-            ));
+    if denoise_loop {
+        bench_denoise_busy(kit, &mut dit, inp, (lat_p, vel_p), &slot, rows)?;
+    }
+    Ok(())
+}
+
+/// A block's GEMM shapes alone at `n` tokens of width `d`, milliseconds each:
+/// D x D (q, k, v, out of both attentions: 6 per block), the feed-forward's
+/// up (D -> 4D, GELU fused) and down (4D -> D). `(x, y)`: input and output,
+/// n x D bf16 each.
+fn block_gemms_ms(
+    kit: &DeviceKit,
+    n: usize,
+    d: usize,
+    (x, y): (CUdeviceptr, CUdeviceptr),
+) -> Result<(f64, f64, f64), CudaError> {
+    let (gpu, g, k, s) = (&kit.gpu, &kit.gemm, &kit.kernels, &kit.gpu.compute);
+    let ff = DeviceBuffer::alloc(gpu, n * 4 * d * 2, "bench ff")?;
+    let wbig = DeviceBuffer::alloc(gpu, 4 * d * d * 2, "bench w")?;
+    let bias = DeviceBuffer::alloc(gpu, 4 * d * 2, "bench bias")?;
+    k.fill_uniform_bf16(s, wbig.ptr(), 4 * d * d, 6, 0.02)?;
+    k.fill_uniform_bf16(s, bias.ptr(), 4 * d, 8, 0.1)?;
+    let g_dd = time_ms(kit, 2, 10, || {
+        g.linear(s, x, wbig.ptr(), bias.ptr(), y, n, d, d, Epilogue::Bias)
+    })?;
+    let g_up = time_ms(kit, 2, 10, || {
+        g.linear(
+            s,
+            x,
+            wbig.ptr(),
+            bias.ptr(),
+            ff.ptr(),
+            n,
+            4 * d,
+            d,
+            Epilogue::BiasGelu,
+        )
+    })?;
+    let g_dn = time_ms(kit, 2, 10, || {
+        g.linear(
+            s,
+            ff.ptr(),
+            wbig.ptr(),
+            bias.ptr(),
+            y,
+            n,
+            d,
+            4 * d,
+            Epilogue::Bias,
+        )
+    })?;
+    Ok((g_dd, g_up, g_dn))
+}
+
+/// The GPU-busy share of a device-resident denoise loop of 20 forwards: the
+/// sum of every forward's event time over the loop's wall time, the host
+/// reading each forward's time one forward behind (as the render does).
+fn bench_denoise_busy(
+    kit: &DeviceKit,
+    dit: &mut DeviceDit,
+    inp: &ForwardInputs,
+    (lat_p, vel_p): (CUdeviceptr, CUdeviceptr),
+    slot: &TextSlot,
+    rows: &mut Vec<String>,
+) -> Result<(), CudaError> {
+    let (gpu, k, s) = (&kit.gpu, &kit.kernels, &kit.gpu.compute);
+    let (n, geo) = (inp.n, inp.geo);
+    // Device-resident denoise loop, 20 forwards, ticks one forward behind.
+    let steps = 20;
+    let timers: Vec<Timer> = (0..steps)
+        .map(|_| Timer::new(gpu))
+        .collect::<Result<_, _>>()?;
+    gpu.sync_compute()?;
+    let t0 = Instant::now();
+    let mut dev_ms = 0.0;
+    for (i, t) in timers.iter().enumerate() {
+        t.start(s)?;
+        dit.enqueue_forward(lat_p, 1.0 - i as f32 / steps as f32, geo, slot, vel_p)?;
+        t.stop(s)?;
+        let n = n * LATENT_CHANNELS;
+        k.guided_euler(s, lat_p, vel_p, NULL, 1.0, -1.0 / steps as f32, n)?;
+        if i > 0 {
+            dev_ms += timers[i - 1].elapsed_ms()?; // the tick of the previous forward
         }
     }
-    let _ = std::fs::remove_file(&file);
-    // The denoise loop eager vs replayed from graphs (lever denoise-graph).
-    drop(w2b);
-    crate::cuda::bench::graph::denoise_graph(kit, &mut rows)?;
-    Ok(rows)
+    dev_ms += timers[steps - 1].elapsed_ms()?;
+    gpu.sync_compute()?;
+    let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+    push(rows, format!(
+        "denoise  ltxv-2b {steps} forwards: sum forward device {dev_ms:.1} ms / wall {wall_ms:.1} ms = {:.2}% busy  target >= 97% {}",
+        100.0 * dev_ms / wall_ms,
+        if dev_ms / wall_ms >= 0.97 { "MET" } else { "MISSED" }
+    ));
+    Ok(())
 }
 
 /// The T5-XXL encoder (24 blocks, synthetic weights by the rungs' rules) on

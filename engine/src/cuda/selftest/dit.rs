@@ -52,8 +52,16 @@ pub fn check_kernels(
     rng: &mut Rng,
     out: &mut Vec<Check>,
 ) -> Result<(), CudaError> {
+    check_casts(kit, rng, out)?;
+    check_qk_norm_rope(kit, rng, out)?;
+    check_residual_norm(kit, rng, out)?;
+    check_step_kernels(kit, rng, out)?;
+    Ok(())
+}
+
+/// Casts: bit-exact round to nearest even, and exact widening.
+fn check_casts(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result<(), CudaError> {
     let (k, s) = (&kit.kernels, &kit.gpu.compute);
-    // Casts: bit-exact round to nearest even, and exact widening.
     {
         let x = rng.normal(100_003, 3.0);
         let xd = kit.f32(&x)?;
@@ -75,7 +83,16 @@ pub fn check_kernels(
         c.note = format!("{wrong} of {} bf16 values differ", x.len());
         out.push(c);
     }
-    // q/k RMS norm (+ RoPE), in place as the forward runs it.
+    Ok(())
+}
+
+/// q/k RMS norm (+ RoPE), in place as the forward runs it.
+fn check_qk_norm_rope(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let (k, s) = (&kit.kernels, &kit.gpu.compute);
     for (d, grid, rope) in [
         (64usize, (2, 3, 4), true),
         (2048, (3, 4, 5), true),
@@ -128,7 +145,16 @@ pub fn check_kernels(
             8e-3,
         ));
     }
-    // The fused residual + norm row step, every mode, with and without a residual.
+    Ok(())
+}
+
+/// The fused residual + norm row step, every mode, with and without a residual.
+fn check_residual_norm(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let (k, s) = (&kit.kernels, &kit.gpu.compute);
     for d in [64usize, 2048, 4096] {
         for (mode, name) in [
             (RowMode::Cast, "cast"),
@@ -205,7 +231,16 @@ pub fn check_kernels(
             }
         }
     }
-    // SiLU, the timestep sinusoid, the guided Euler step.
+    Ok(())
+}
+
+/// SiLU, the timestep sinusoid, the guided Euler step.
+fn check_step_kernels(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let (k, s) = (&kit.kernels, &kit.gpu.compute);
     {
         let n = 70_001;
         let x = rb(&rng.normal(n, 3.0));

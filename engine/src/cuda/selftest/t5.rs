@@ -93,8 +93,16 @@ pub fn check_t5_kernels(
     rng: &mut Rng,
     out: &mut Vec<Check>,
 ) -> Result<(), CudaError> {
+    check_t5_embed(kit, rng, out)?;
+    check_t5_add_rms(kit, rng, out)?;
+    check_t5_gated_gelu(kit, rng, out)?;
+    check_t5_attention(kit, rng, out)?;
+    Ok(())
+}
+
+/// Embedding gather: bit-exact.
+fn check_t5_embed(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result<(), CudaError> {
     let (k, s, gpu) = (&*kit.kernels, &kit.gpu.compute, &kit.gpu);
-    // Embedding gather: bit-exact.
     {
         let (vocab, d, rows) = (300usize, 64usize, 45usize);
         let table = rb(&rng.normal(vocab * d, 1.0));
@@ -114,7 +122,12 @@ pub fn check_t5_kernels(
             .collect();
         out.push(Check::new("t5 embed gather (bit-exact)", &x, &r, 0.0));
     }
-    // Residual add + RMS norm: x, h (bf16) and out (f32).
+    Ok(())
+}
+
+/// Residual add + RMS norm: x, h (bf16) and out (f32).
+fn check_t5_add_rms(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result<(), CudaError> {
+    let (k, s, gpu) = (&*kit.kernels, &kit.gpu.compute, &kit.gpu);
     for d in [64usize, 4096] {
         let rows = 19;
         let x: Vec<f32> = rng.normal(rows * d, 3.0).iter().map(|v| v + 0.5).collect();
@@ -160,7 +173,16 @@ pub fn check_t5_kernels(
             5e-3,
         ));
     }
-    // Gated GELU, in place as the forward runs it.
+    Ok(())
+}
+
+/// Gated GELU, in place as the forward runs it.
+fn check_t5_gated_gelu(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let (k, s, gpu) = (&*kit.kernels, &kit.gpu.compute, &kit.gpu);
     {
         let n = 100_003;
         let a = rb(&rng.normal(n, 2.0));
@@ -172,8 +194,16 @@ pub fn check_t5_kernels(
         crate::ops::t5::gated_gelu(&mut r, &b);
         out.push(Check::new("t5 gated gelu (in place)", &g, &r, 5e-3));
     }
-    // Attention: two prompts, position bias and mask, at each head dim; and
-    // once with neither (the kernel's null paths).
+    Ok(())
+}
+
+/// Attention: two prompts, position bias and mask, at each head dim; and once with neither (the kernel's null paths).
+fn check_t5_attention(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let (k, s, gpu) = (&*kit.kernels, &kit.gpu.compute, &kit.gpu);
     for (hd, heads, l, with_bias) in [
         (16usize, 4usize, 37usize, true),
         (64, 6, 128, true),

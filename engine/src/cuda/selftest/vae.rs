@@ -190,11 +190,24 @@ fn check_primitives(
     cudnn: &mut Option<CudnnConv>,
     out: &mut Vec<Check>,
 ) -> Result<(), CudaError> {
+    check_convolutions(kit, rng, cudnn, out)?;
+    check_voxel_norms(kit, rng, cudnn, out)?;
+    check_bias_skip(kit, rng, cudnn, out)?;
+    check_depth_to_space(kit, rng, cudnn, out)?;
+    check_unpatchify(kit, rng, cudnn, out)?;
+    Ok(())
+}
+
+/// Convolutions: a 128-wide output, a narrow one whose 8-channel chunks span several taps per k block, a wide one, a K tail (ci = 8).
+fn check_convolutions(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    cudnn: &mut Option<CudnnConv>,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
     let none = empty_weights(kit)?;
     let src = MapSource::new();
     let host = |geom| HostOps::new(&src, geom);
-    // Convolutions: a 128-wide output, a narrow one whose 8-channel chunks span
-    // several taps per k block, a wide one, a K tail (ci = 8).
     for (ci, co, tin, h, w) in [
         (64usize, 128usize, 5usize, 6usize, 10usize),
         (16, 48, 4, 5, 7),
@@ -256,7 +269,19 @@ fn check_primitives(
             out.push(c);
         }
     }
-    // Per-voxel norms: RMS with and without modulation (and a bias first), LayerNorm.
+    Ok(())
+}
+
+/// Per-voxel norms: RMS with and without modulation (and a bias first), LayerNorm.
+fn check_voxel_norms(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    cudnn: &mut Option<CudnnConv>,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let none = empty_weights(kit)?;
+    let src = MapSource::new();
+    let host = |geom| HostOps::new(&src, geom);
     for c in [1024usize, 128, 8] {
         let rows = 301;
         let x: Vec<f32> = rng
@@ -317,7 +342,19 @@ fn check_primitives(
             ));
         }
     }
-    // Bias + skip, in place.
+    Ok(())
+}
+
+/// Bias + skip, in place.
+fn check_bias_skip(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    cudnn: &mut Option<CudnnConv>,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let none = empty_weights(kit)?;
+    let src = MapSource::new();
+    let host = |geom| HostOps::new(&src, geom);
     {
         let (rows, c) = (513usize, 256usize);
         let y = rng.normal_bf16(rows * c, 1.0);
@@ -340,7 +377,19 @@ fn check_primitives(
             PRIM_TOL,
         ));
     }
-    // Depth-to-space with the residual repeated twice, first frame dropped or not.
+    Ok(())
+}
+
+/// Depth-to-space with the residual repeated twice, first frame dropped or not.
+fn check_depth_to_space(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    cudnn: &mut Option<CudnnConv>,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let none = empty_weights(kit)?;
+    let src = MapSource::new();
+    let host = |geom| HostOps::new(&src, geom);
     for drop in [true, false] {
         let (frames, h, w, cy, cr) = (3usize, 5usize, 7usize, 64usize, 32usize);
         let y = rng.normal_bf16(frames * h * w * cy, 1.0);
@@ -364,7 +413,19 @@ fn check_primitives(
             PRIM_TOL,
         ));
     }
-    // Unpatchify to f32 pixels, at frame 1 of a 4-frame clip.
+    Ok(())
+}
+
+/// Unpatchify to f32 pixels, at frame 1 of a 4-frame clip.
+fn check_unpatchify(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    cudnn: &mut Option<CudnnConv>,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let none = empty_weights(kit)?;
+    let src = MapSource::new();
+    let host = |geom| HostOps::new(&src, geom);
     {
         let (frames, h, w, p) = (2usize, 3usize, 5usize, 4usize);
         let geom = (3, 4, h * p, w * p);
