@@ -71,10 +71,10 @@ bench-graph:
     cargo build --release -p engine
     LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-} target/release/engine selftest-cuda --only graph --bench --scratch target/selftest-cuda
 
-# The CUDA arm's render tests (tests/cuda_render.rs; ignored by a plain `cargo test`):
+# The CUDA arm's render tests (engine/tests/it/cuda_render.rs; ignored by a plain `cargo test`):
 # rung 0 on the device against the CPU arm, rung 1 end to end. Fail where no GPU is.
 test-gpu:
-    LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-} cargo test -p engine --test cuda_render -- --ignored --nocapture --test-threads 1
+    LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-} cargo test -p engine --test it cuda_render:: -- --ignored --nocapture --test-threads 1
 
 # The GPU-utilization control: a known bf16 GEMM load for S seconds.
 burn S="10":

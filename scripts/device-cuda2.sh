@@ -3,7 +3,8 @@
 # machine from the root of the checkout that travels, with the carried folder as
 # $1 (default .devcarry/cuda2). Nothing is built there: the folder holds
 #   engine.zst        the engine (stripped dev-profile build, zstd)
-#   cuda_render.zst   the tests/cuda_render.rs test binary
+#   cuda_render.zst   the engine's end-to-end test binary (engine/tests/it, `cargo test
+#                     -p engine --test it --no-run`), whose cuda_render:: tests run here
 #   mutant.zst        (optional) an engine whose guided Euler step ignores
 #                     guidance: the rung-0 comparison must FAIL on it
 #   nowarm.zst        (optional) an engine without the first-launch warm-up (run
@@ -38,8 +39,8 @@ export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:$LD_LIBRARY
 export ENGINE_CACHE_DIR=$work/cache RUST_BACKTRACE=1
 export ENGINE_BIN=$work/bin/engine ENGINE_REPO=$carry ENGINE_TEST_SCRATCH=$work/scratch
 T=$work/bin/cuda_render
-R0=rung0_on_the_device_matches_the_cpu_arm_within_the_argued_tolerance
-R1=rung1_renders_on_the_device_end_to_end_with_its_markers
+R0=cuda_render::rung0_on_the_device_matches_the_cpu_arm_within_the_argued_tolerance
+R1=cuda_render::rung1_renders_on_the_device_end_to_end_with_its_markers
 # The 2B weights, in the background while the checks run.
 ( t=$(date +%s); "$ENGINE_BIN" synth-weights --preset ltxv-2b --out "$work/w2b" > "$work/synth.log" 2>&1
   echo "synth ltxv-2b rc=$? in $(( $(date +%s) - t )) s" >> "$work/synth.log" ) &

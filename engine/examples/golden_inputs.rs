@@ -6,7 +6,7 @@
 //! `cargo run -p engine --example golden_inputs -- DIR`, then on a machine with
 //! PyTorch: `python3 engine/tests/goldens/make_goldens.py DIR OUT`.
 
-#[path = "../tests/golden_case/mod.rs"]
+#[path = "../tests/it/golden_case.rs"]
 mod golden_case;
 
 use std::collections::HashMap;

@@ -2,13 +2,12 @@
 //! with the marker protocol on descriptor 3, rebuilding phases from markers,
 //! and the pixel check every rendered video must pass.
 
-#![allow(dead_code)] // each test binary uses its own subset
-
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
 
 use engine::frames::y4m::Y4mVideo;
 use evidence::clock::monotonic_ns;
@@ -194,4 +193,13 @@ pub fn pixel_check(v: &Y4mVideo) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Held by every test that renders through the binary or times a phase: one
+/// at a time, so their coverage and timing checks do not measure each other
+/// on a 2-core machine (a poisoned lock is taken over: the test that panicked
+/// already failed).
+pub fn exclusive() -> MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -2,13 +2,11 @@
 //! markers (every name of contracts section 2, well nested, leaves covering the
 //! wall), frames (pixel sanity), determinism by seed, and exit codes.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use common::{spans, Span};
+use crate::common::{spans, Span};
 use engine::frames::png::read_png;
 use engine::frames::y4m::{read_y4m, rgb_to_ycbcr};
 use evidence::marker::Marker;
@@ -36,7 +34,7 @@ fn tiny_weights() -> &'static Path {
     static W: OnceLock<PathBuf> = OnceLock::new();
     W.get_or_init(|| {
         let d = scratch("weights-tiny");
-        let stdout = common::synth_weights(Path::new(bin()), "tiny", &d);
+        let stdout = crate::common::synth_weights(Path::new(bin()), "tiny", &d);
         let last = stdout.lines().last().unwrap().to_string();
         assert!(last.starts_with("sha256:") && last.len() == 71, "{last}");
         assert_eq!(
@@ -59,12 +57,11 @@ struct Run {
 fn render(name: &str, rung: &Path, extra: &[&str]) -> Run {
     // One render at a time: the coverage check must not measure the other
     // tests' renders competing for this 2-core machine.
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = crate::common::exclusive();
     let dir = scratch(name);
     let frames = dir.join("frames");
-    let args = common::render_args(rung, tiny_weights(), &frames, extra);
-    let r = common::run_with_markers(Path::new(bin()), &args, &dir);
+    let args = crate::common::render_args(rung, tiny_weights(), &frames, extra);
+    let r = crate::common::run_with_markers(Path::new(bin()), &args, &dir);
     Run {
         out: r.out,
         markers: r.markers,
@@ -282,7 +279,7 @@ fn rung0_renders_with_every_marker_nested_and_frames_that_look_like_video() {
         (v.width, v.height, v.frames.len(), v.fps),
         (64, 64, 9, (25, 1))
     );
-    common::pixel_check(&v).unwrap_or_else(|e| panic!("rung 0 frames: {e}"));
+    crate::common::pixel_check(&v).unwrap_or_else(|e| panic!("rung 0 frames: {e}"));
     for (name, i) in [("first.png", 0), ("middle.png", 4), ("last.png", 8)] {
         let f = read_png(&r.dir.join(name)).unwrap();
         assert_eq!((f.width, f.height), (64, 64));

@@ -34,12 +34,10 @@
 //! A device arm that ignored guidance, the mask, RoPE or a residual moves the
 //! frames as much as a different seed does.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{pixel_check, render_args, run_with_markers, spans, synth_weights, Run, Span};
+use crate::common::{pixel_check, render_args, run_with_markers, spans, synth_weights, Run, Span};
 use engine::frames::y4m::{read_y4m, Y4mVideo};
 use evidence::marker::Marker;
 

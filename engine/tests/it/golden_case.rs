@@ -1,6 +1,6 @@
 //! The golden cases: tiny weights and inputs regenerated deterministically
 //! from fixed seeds. Shared (through `#[path]`) by `examples/golden_inputs.rs`,
-//! which writes them for the reference implementation, and `tests/goldens.rs`,
+//! which writes them for the reference implementation, and `goldens.rs`,
 //! which compares the engine against what the reference produced from them.
 #![allow(dead_code)]
 

@@ -17,6 +17,7 @@ use engine::weights::VarBuilder;
 
 /// 8-bit RGB frames `[F][H*W*3]` of a render with weight seed `wseed` and noise seed `seed`.
 fn render(wseed: u64, seed: u64) -> Vec<Vec<u8>> {
+    let _one = crate::common::exclusive();
     let p = preset("tiny").unwrap();
     let (dsrc, tsrc, vsrc) = (
         init::source(&dit::tensor_specs(&p.dit), wseed),
