@@ -38,7 +38,8 @@ faults-long RUNS="40" SEED="9":
 
 # The fuzzers at length (CI runs 2048 cases per property, 1024 for safetensors).
 fuzz CASES="20000":
-    PROPTEST_CASES={{CASES}} cargo test --workspace --test fuzz --test fuzz_safetensors -- --nocapture
+    PROPTEST_CASES={{CASES}} cargo test -p evidence --test fuzz -- --nocapture
+    PROPTEST_CASES={{CASES}} cargo test -p engine --test it fuzz_safetensors:: -- --nocapture
 
 # CUDA arm on a GPU machine, every figure side by side in one run: every kernel, the
 # device T5, VAE and DiT forward against the f32 host reference and the graph-replayed
