@@ -1,4 +1,4 @@
-//! The `engine` command line (contracts section 1): argument structs and the
+//! The `engine` command line: argument structs and the
 //! dispatch `main` calls. Exit codes: 0 success, 1 a render (or synthesis)
 //! failed, 2 bad arguments or input (rung, levers, preset, weights, prompt files).
 

@@ -1,6 +1,6 @@
 //! The `conditioning` phase's computation: prompts tokenized and encoded the
 //! way the reference pipeline (diffusers' `LTXPipeline`) does it, on either
-//! arm, into what the sampler conditions on.
+//! arm, into what the denoise loop conditions on.
 //!
 //! What the reference does, and so what this module promises
 //! (`specs/fidelity.md`):
@@ -87,7 +87,7 @@ pub struct Encoded {
 }
 
 impl Encoded {
-    /// What the sampler conditions on: the states and the tokenizer's mask.
+    /// What the denoise loop conditions on: the states and the tokenizer's mask.
     pub fn into_cond(self) -> TextCond {
         TextCond {
             states: self.states,

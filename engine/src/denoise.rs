@@ -1,4 +1,4 @@
-//! The sampler loop's boundary: one [`Denoiser`] per device arm, driven step by
+//! The denoise loop's boundary: one [`Denoiser`] per device arm, driven step by
 //! step by the pipeline ([`crate::pipeline`]), so the pipeline's phases and
 //! markers are the same on both arms.
 //!
@@ -26,7 +26,7 @@ pub struct TextCond {
     pub mask: Vec<f32>,
 }
 
-/// What the sampler conditions on: the prompt, and with guidance the negative
+/// What the denoise loop conditions on: the prompt, and with guidance the negative
 /// prompt and the scale (`v = v_uncond + scale * (v_cond - v_uncond)`).
 #[derive(Debug, Clone)]
 pub struct Conditioning {
@@ -63,9 +63,9 @@ pub enum DenoiseError {
         /// The model's error.
         detail: String,
     },
-    /// The sampler arithmetic refused its inputs.
-    #[error("sampler, step {step}: {detail}")]
-    Sampler {
+    /// The step arithmetic (guidance, Euler) refused its inputs.
+    #[error("denoise step {step}: {detail}")]
+    Step {
         /// Step (1-based).
         step: usize,
         /// What was wrong.
@@ -79,7 +79,7 @@ pub enum DenoiseError {
     Order(String),
 }
 
-/// The sampler loop of one arm.
+/// The denoise loop of one arm.
 pub trait Denoiser {
     /// `cpu` or `cuda`.
     fn arm(&self) -> &'static str;
@@ -233,7 +233,7 @@ impl Denoiser for CpuDenoiser {
             on_forward(None);
             Ok(v)
         };
-        let sampler = |e: schedule::ScheduleError| DenoiseError::Sampler {
+        let sampler = |e: schedule::ScheduleError| DenoiseError::Step {
             step: k + 1,
             detail: e.to_string(),
         };

@@ -94,10 +94,9 @@ static REGISTRY: &[LeverDef] = &[
               synchronize (the seed's pattern); batched reads the file with several threads \
               straight into pinned buffers and overlaps async copies into one device arena",
     },
-    // Default `on` from device run graph1 (H200, ltxv-2b, interleaved, final
-    // latents bit-identical between arms): 7.02 -> 6.17 ms per step at rung 1's
-    // grid (640 tokens, -12.1%), 153.38 -> 152.40 ms at rung 2's (6144 tokens,
-    // guided, -0.6%).
+    // Default `on` from device run graph1 (final latents bit-identical between
+    // arms; faster per step at rung 1's grid, about even at rung 2's:
+    // reports/device-notes.md and the lever's ranking in reports/levers.md).
     LeverDef {
         id: DENOISE_GRAPH,
         arms: &["off", "on"],

@@ -1,6 +1,6 @@
 //! The LTX-Video render engine.
 //!
-//! A CPU reference arm and (later) a device-resident CUDA arm behind one backend
+//! A CPU reference arm and a device-resident CUDA arm behind one backend
 //! trait, loading checkpoints in the layouts users have, emitting the phase markers
 //! of the marker protocol (`specs/markers.md`), with optimisation levers switchable
 //! per run.

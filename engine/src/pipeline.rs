@@ -1,4 +1,4 @@
-//! One render, phase by phase, with the markers of contracts section 2. The
+//! One render, phase by phase, with the markers of `specs/markers.md`. The
 //! text encoder and the VAE run on the host (the CPU reference arm) unless a
 //! `device = cuda` render moves them: with `conditioning = device`,
 //! `load.text_encoder` stages T5's bf16 weights to the GPU (lever `staging`)

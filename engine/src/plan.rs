@@ -47,12 +47,12 @@
 //! the staged weights (`staging = batched`: one arena, each tensor on a 256-byte
 //! boundary; `serial`: one allocation per tensor), the cuBLASLt workspace, the
 //! RoPE table, one text slot per prompt, the forward's workspace for `N` tokens
-//! and `L` text tokens, and the sampler's latents and two velocities
+//! and `L` text tokens, and the denoise loop's latents and two velocities
 //! ([`crate::cuda::denoise::loaded_bytes`], [`crate::cuda::denoise::loop_bytes`]);
 //! the projection is that sum, so it
 //! matches the measured peak to the byte up to the arena's alignment slack. On
 //! the host, `load.dit` holds what staging reads through (the registered
-//! reader pins the whole mapped file: `S_dit`; the serial arm one tensor's
+//! reader pins the whole mapped file: `S_dit`; the serial method one tensor's
 //! pageable copy) plus the CUDA runtime's own host memory (`CUDA_HOST_BYTES`, an
 //! estimate), and `denoise` holds the runtime and the latents.
 //!
@@ -160,7 +160,7 @@ fn t5_floats(p: &Preset, prompts: usize) -> u64 {
             + c.num_heads as u64 * l * l)
 }
 
-/// Activation floats of one DiT forward (plus the sampler's latent buffers).
+/// Activation floats of one DiT forward (plus the denoise loop's latent buffers).
 fn dit_floats(p: &Preset, g: &Geometry) -> u64 {
     let (f, h, w) = latent_grid(g);
     let n = (f * h * w) as u64;
@@ -289,8 +289,8 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
 /// ([`crate::cuda::models::vae::decode_bytes`]: exact, every buffer the stream
 /// allocates; measured equal on the device) and, on the cuDNN path, an
 /// allowance for cuDNN's workspace ([`crate::cuda::models::vae::CUDNN_WORKSPACE_ALLOWANCE`],
-/// an estimate; device run 2, rung 1: load.vae measured = projected to the
-/// byte, decode.video 25.7 MB under the projection, the unused allowance). On the host, `load.vae` reads the file through (the registered
+/// an estimate: the device runs of `reports/device-notes.md` measured load.vae
+/// equal to the projection and decode.video under it by about the allowance). On the host, `load.vae` reads the file through (the registered
 /// reader pins it) and `decode.video` holds the latents, their noise, the
 /// decoded clip as RGB8 frames (converted on the device: no f32 clip comes
 /// back) and (on the cuDNN path) an allowance for cuDNN's libraries.

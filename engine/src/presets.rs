@@ -1,5 +1,5 @@
-//! Named model presets: the configs of the three networks, the sampler's
-//! schedule config and the latent scaling, for `tiny` (a few MB, for tests and
+//! Named model presets: the configs of the three networks, the
+//! scheduler's config and the latent scaling, for `tiny` (a few MB, for tests and
 //! rung 0) and the released `ltxv-2b` and `ltxv-13b`.
 //!
 //! `ltxv-2b-0.9.0` is the first release: the same 2B transformer with the 0.9.0

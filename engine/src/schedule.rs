@@ -1,4 +1,4 @@
-//! The sampler's arithmetic, as the reference LTX-Video pipeline (diffusers
+//! The denoise loop's arithmetic, as the reference LTX-Video pipeline (diffusers
 //! `LTXPipeline` with `FlowMatchEulerDiscreteScheduler`) does it:
 //!
 //! - the sigma schedule for `(steps, video tokens)`: `linspace(1, 1/steps,

@@ -1,5 +1,5 @@
 //! The CUDA arm behind the pipeline's [`Denoiser`]: the transformer staged once
-//! onto the device, the whole sampler loop device-resident.
+//! onto the device, the whole denoise loop device-resident.
 //!
 //! Latents, both velocities and both prompts' text states live on the device
 //! from [`Denoiser::begin`] to [`Denoiser::finish`]: a step enqueues its
@@ -140,7 +140,7 @@ struct IoPtrs {
     t: CUdeviceptr,
 }
 
-/// The device-resident sampler loop.
+/// The device-resident denoise loop.
 pub struct CudaDenoiser {
     dit: DeviceDit,
     cond: TextSlot,
@@ -210,7 +210,7 @@ pub fn loaded_bytes(dims: &DitDims, l: usize, prompts: usize) -> u64 {
         + prompts * TextSlot::bytes_for(dims, l)) as u64
 }
 
-/// Device bytes the sampler loop adds over `n` tokens: the forward's workspace
+/// Device bytes the denoise loop adds over `n` tokens: the forward's workspace
 /// and the latents with their two velocities and the t slot (on both arms).
 pub fn loop_bytes(dims: &DitDims, n: usize, l: usize) -> u64 {
     (Workspace::bytes_for(dims, n, l) + 3 * n * LATENT_CHANNELS * 4 + TIMESTEP_SLOT_BYTES) as u64
@@ -445,7 +445,7 @@ impl Denoiser for CudaDenoiser {
         let io = DeviceBuffer::alloc(
             &gpu,
             3 * n * LATENT_CHANNELS * 4 + TIMESTEP_SLOT_BYTES,
-            "the sampler's latents",
+            "the denoise loop's latents",
         )?;
         upload(&gpu, io.ptr(), latents.data())?;
         self.io = Some(io);

@@ -11,14 +11,14 @@
 //!   is read. A buffer is refilled only after the event recorded behind its
 //!   copies has completed.
 //!
-//! The batched arm's default reader registers the file's read-only mapping with
+//! The batched method's default reader registers the file's read-only mapping with
 //! the driver chunk by chunk on several threads and copies straight from the page
 //! cache ([`Reader::Registered`]); the pinned ring is its fallback.
 //!
 //! A model's tensors may span several files (the shards of a sharded checkpoint,
 //! or the transformer's part of a Lightricks single file): [`stage`] takes their
 //! [`Extent`]s from the validated [`crate::weights::safetensors::SafetensorsSource`]
-//! and the batched arm places all of them in ONE arena, file after file.
+//! and the batched method places all of them in ONE arena, file after file.
 //!
 //! With `release_pages` the file's page cache is dropped
 //! (`posix_fadvise(DONTNEED)`) range by range once its bytes are out of it.
@@ -79,17 +79,17 @@ pub struct StagingOptions {
     pub method: StagingMethod,
     /// Drop the file's page cache after its bytes are copied out.
     pub release_pages: bool,
-    /// Reader threads of the batched arm (0: one per core).
+    /// Reader threads of the batched method (0: one per core).
     pub threads: usize,
-    /// Bytes per pinned buffer of the batched arm.
+    /// Bytes per pinned buffer of the batched method.
     pub chunk_bytes: usize,
-    /// Pinned buffers in the ring of the batched arm (>= 2 to overlap).
+    /// Pinned buffers in the ring of the batched method (>= 2 to overlap).
     pub buffers: usize,
-    /// How the batched arm gets the file's bytes to the copy engine.
+    /// How the batched method gets the file's bytes to the copy engine.
     pub reader: Reader,
 }
 
-/// The batched arm's host side.
+/// The batched method's host side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reader {
     /// Positional reads by several threads into a ring of pinned buffers.
@@ -102,11 +102,10 @@ pub enum Reader {
 }
 
 impl StagingOptions {
-    /// The defaults for `arm`: the registered reader (device run 4: 29.9 GB/s
-    /// with 16 threads against 21.3 for the pinned ring, bytes identical), and
-    /// for the ring 4 buffers of 16 MiB (device run 2: 18.4 GB/s
-    /// against 16.8 at 64 MiB and 6.4 at 256 MiB, whose pinned allocation
-    /// dominates), one reader per core.
+    /// The defaults for `method`: the registered reader (faster than the pinned
+    /// ring, bytes identical), and for the ring 4 buffers of 16 MiB (larger
+    /// buffers lose to their pinned allocation), one reader per core; chosen
+    /// from the staging sweeps of `reports/device-notes.md` (runs 2 and 4).
     pub fn new(method: StagingMethod) -> StagingOptions {
         StagingOptions {
             method,
@@ -494,17 +493,16 @@ fn stage_serial(
     Ok((Storage::PerTensor(bufs), ptrs, n, n))
 }
 
-/// Chunk size of the registered reader (run 3: 64 MiB chunks on 16 threads
-/// gave 32.9 GB/s).
+/// Chunk size of the registered reader (the sweep of run 3 in
+/// `reports/device-notes.md`).
 const REGISTER_CHUNK: usize = 64 << 20;
-/// Default registration threads of the registered reader (run 4, registration
-/// spread over 4 / 8 / 16 threads: 44.1 / 43.3 / 39.5 GB/s; page pinning
-/// contends beyond).
+/// Default registration threads of the registered reader (page pinning
+/// contends beyond a few threads: run 4's sweep in `reports/device-notes.md`).
 const REGISTER_THREADS: usize = 8;
 /// Page size the registered ranges are aligned to.
 const PAGE: usize = 4096;
 
-/// The batched arm's registered reader for the tensors of one file: the file's
+/// The batched method's registered reader for the tensors of one file: the file's
 /// read-only mapping registered with the driver chunk by chunk by several
 /// threads, each chunk's pieces copied straight from the page cache into the
 /// arena. `None` when the driver refused the first registration (nothing was
@@ -634,7 +632,7 @@ fn parallel_read(
         .map_err(|source| io(path, source))
 }
 
-/// The batched arm's pinned-ring reader for the tensors of one file, in a pool
+/// The batched method's pinned-ring reader for the tensors of one file, in a pool
 /// of exactly `opts.threads` readers when asked for (rayon's global pool has
 /// one per core). Returns the copies queued.
 fn stage_ring(

@@ -3,7 +3,9 @@
 //!
 //! One forward maps noisy latent tokens `[tokens, 128]` (raster order over the
 //! latent grid `(f, h, w)`), a noise level `sigma` and the projected text to a
-//! velocity of the same shape. Architecture facts: `shared/docs/ltx-architecture.md`.
+//! velocity of the same shape. The reference is diffusers'
+//! `LTXVideoTransformer3DModel` (0.42.1); `tests/it/goldens.rs` holds the two
+//! to each other.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,4 +1,4 @@
-//! The weights digest (contracts section 1), as `evidence::weights_digest`
+//! The weights digest (the manifest's `weights.digest`), as `evidence::weights_digest`
 //! defines it for both crates: this module walks a weights directory, hashes its
 //! files in parallel and writes the `DIGEST` file durably.
 

@@ -1,4 +1,4 @@
-//! The CUDA arm rendering end to end (issue 6). These tests need a GPU, so they
+//! The CUDA arm rendering end to end. These tests need a GPU, so they
 //! are `#[ignore]`d with the reason: a plain `cargo test` (CI, this project's
 //! build machine) lists them as `ignored, needs a CUDA GPU ...`, never as
 //! passed. Run them with `--ignored` where a GPU is (`just test-gpu`, or on the

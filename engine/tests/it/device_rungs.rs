@@ -1,5 +1,5 @@
-//! The device rungs (issue 6) parse, validate and have the geometry the issue
-//! names.
+//! The device rungs parse, validate and have the geometry their comments name
+//! (rung 2: the reference geometry 768x512x121, 6144 tokens).
 
 use std::path::PathBuf;
 
@@ -14,7 +14,7 @@ fn rung(n: u32) -> Rung {
 }
 
 #[test]
-fn device_rungs_have_the_issue_geometry() {
+fn device_rungs_have_the_reference_geometry() {
     let want = [
         (1, "ltxv-2b", 512, 320, 25, 20, false, (4, 10, 16)),
         (2, "ltxv-2b", 768, 512, 121, 30, true, (16, 16, 24)),

@@ -1,5 +1,5 @@
 //! End-to-end tests of the real `engine` binary on rung 0 (`rungs/0.toml`):
-//! markers (every name of contracts section 2, well nested, leaves covering the
+//! markers (every name `specs/markers.md` lists, well nested, leaves covering the
 //! wall), frames (pixel sanity), determinism by seed, and exit codes.
 
 use std::path::{Path, PathBuf};

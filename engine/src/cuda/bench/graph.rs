@@ -13,8 +13,8 @@
 //! over it), and the host time spent inside `enqueue` per step. That last one
 //! is the dispatch cost only while the GPU keeps up: when it is behind, the
 //! driver blocks the host inside the launch calls (backpressure), and the figure
-//! becomes waiting time (device run graph1: ~140 ms of a 153 ms step at rung 2's
-//! grid on both arms, against 2.9 ms eager and 14 us graph at rung 1's).
+//! becomes waiting time (most of a step at rung 2's grid on both arms in device
+//! run graph1, `reports/device-notes.md`).
 
 use std::sync::Arc;
 

@@ -1,8 +1,8 @@
-//! `engine selftest-cuda --bench` / `just bench-gpu`: the device benchmarks of
-//! issue 6, each beside its measured ceiling, in one run.
+//! `engine selftest-cuda --bench` / `just bench-gpu`: the device benchmarks,
+//! each beside its measured ceiling, in one run.
 //!
 //! - ceilings: device-to-device copy bandwidth, bf16 GEMM rate at 8192³;
-//! - staging GB/s of the serial and batched arms against a plain pinned copy of
+//! - staging GB/s of the serial and batched methods against a plain pinned copy of
 //!   the same bytes (a synthetic ltxv-2b transformer file, from page cache), and
 //!   the two arms' staged bytes compared;
 //! - the DiT forward at 6144 tokens (768x512x121) for ltxv-2b (staged weights)
@@ -254,7 +254,7 @@ fn bench_staging(
         }
     }
     drop(ws);
-    // The registered reader of the batched arm, bytes compared with serial.
+    // The registered reader of the batched method, bytes compared with serial.
     let mut reg = Vec::new();
     let mut reg_differ = 0;
     for _ in 0..3 {

@@ -2,7 +2,8 @@
 //! the ltxv-2b decoder at 768x512x121 (latent 16x16x24, timestep
 //! conditioning on) with weights generated on the device, every conv path and
 //! a few chunk sizes, the median device time of a few decodes after a
-//! warm-up against PyTorch's 234 ms (target <= 180 ms), the device peak; and
+//! warm-up against PyTorch's (the reference figure and the target below), the
+//! device peak; and
 //! the heaviest convolution shapes alone, per path; and the wall time to the
 //! host's frames with the f32 download and the host's conversion against the
 //! device's RGB8 frames.
@@ -26,9 +27,10 @@ use crate::models::vae::decoder_read_specs;
 use crate::models::vae::VaeConfig;
 use crate::tensor::Tensor;
 
-/// PyTorch's decode time at 768x512x121 on the H200 (the reference), ms.
+/// PyTorch's decode time at 768x512x121 on the H200, ms: the reference figure
+/// of `reports/device-notes.md` the bench prints its ratio against.
 pub const PYTORCH_MS: f64 = 234.0;
-/// The target, ms.
+/// The bench's target for the same decode, ms.
 pub const TARGET_MS: f64 = 180.0;
 /// Latent grid of 768x512 at 121 frames.
 pub const LATENT_768X512X121: (usize, usize, usize) = (16, 16, 24);

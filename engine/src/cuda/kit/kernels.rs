@@ -141,13 +141,10 @@ impl MtLayout {
 
 impl AttnKernel {
     /// The kernel the forward runs at head dim `hd`: flash_mt with 8 warps of two
-    /// m-tiles where it is built, else the reference. Device run attn-1
-    /// (2026-12-01, 6144 tokens, side by side in one run of
-    /// `engine selftest-cuda --only dit --bench`, scripts/device-attn.sh; log in
-    /// reports/device-runs/attn-1): self-attention per
-    /// block 1.168 ms against flash2's 1.525 at hd 64 and 2.250 against 2.563 at
-    /// hd 128, the fastest of the four layouts at both; ltxv-2b forward 69.6 ms
-    /// against 77.1, ltxv-13b 325.8 against 340.3; every check passed.
+    /// m-tiles where it is built, else the reference. The fastest of the four
+    /// layouts at both head dims, side by side in one run of `engine
+    /// selftest-cuda --only dit --bench` (device run attn-1 in
+    /// `reports/device-notes.md`, log in reports/device-runs/attn-1).
     pub fn best_for(hd: usize) -> AttnKernel {
         if FLASH_HEAD_DIMS.contains(&hd) {
             AttnKernel::FlashMt(MtLayout::W8M2)
@@ -507,7 +504,7 @@ impl Kernels {
         self.launch("timestep_sinusoid_at", (1, 1, 1), 128, 0, s, p)
     }
 
-    /// One sampler step over n f32 elements: lat += dt * v with v = u + g * (c - u)
+    /// One denoise step over n f32 elements: lat += dt * v with v = u + g * (c - u)
     /// (classifier-free guidance) or v = c when `u` is NULL; each operation
     /// rounded on its own, as the CPU arm computes it.
     #[allow(clippy::too_many_arguments)]

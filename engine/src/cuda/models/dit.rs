@@ -10,7 +10,7 @@
 //! graph: [`Timestep`]), so nothing inside it waits for the host and it can be
 //! captured. Its device time comes from CUDA events around it.
 //!
-//! Semantics follow `shared/docs/ltx-architecture.md` (diffusers
+//! Semantics follow the reference (diffusers
 //! `LTXVideoTransformer3DModel`): names in [`DitDims::tensor_specs`] are the
 //! checkpoint's.
 
@@ -559,8 +559,9 @@ impl DeviceDit {
     /// that block ends in the output norm), writing `out`. It launches every
     /// kernel and every GEMM shape of a whole forward over the same geometry and
     /// text, so the one-time host work of a first launch (cuBLASLt algorithm
-    /// choice and kernel loading, NVRTC functions' lazy loading: ~80-90 ms on
-    /// the H200, run 5) is done here, outside the forwards that events time,
+    /// choice and kernel loading, NVRTC functions' lazy loading: tens of
+    /// milliseconds, run 5 in `reports/device-notes.md`) is done here, outside
+    /// the forwards that events time,
     /// at 1/layers of a forward's device time. `out` is garbage afterwards.
     /// `ts` picks the timestep kernel the later forwards use (by value or
     /// [`Timestep::At`]), so that one is loaded here too.
@@ -891,7 +892,8 @@ mod tests {
 
     #[test]
     fn flops_match_the_architecture_note() {
-        // ltx-architecture.md: 2B at 6144 tokens: linear 20.2 T, self-attn 8.7 T.
+        // The hand count of reports/device-notes.md ("The two numbers"): 2B at
+        // 6144 tokens: linear 20.2 T, self-attn 8.66 T.
         let (lin, sa, _) = DitDims::LTXV_2B.forward_flops(6144, 128);
         assert!((lin / 1e12 - 20.2).abs() < 0.1, "{lin}");
         assert!((sa / 1e12 - 8.66).abs() < 0.05, "{sa}");

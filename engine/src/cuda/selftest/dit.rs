@@ -489,7 +489,7 @@ pub fn check_attention_long(kit: &DeviceKit, out: &mut Vec<Check>) -> Result<(),
 }
 
 /// Stage the synthetic weights in `file` through both arms and both readers of
-/// the batched arm: every tensor must be byte-identical to the file and between
+/// the batched method: every tensor must be byte-identical to the file and between
 /// the arms.
 pub fn check_staging(
     kit: &DeviceKit,
@@ -547,7 +547,7 @@ pub fn check_staging(
 
 /// A sharded checkpoint (the tiny model's tensors over three files, as a
 /// sharded release stores them) staged through every arm: ONE arena for the
-/// batched arm, and every tensor byte-identical to the single-file staging.
+/// batched method, and every tensor byte-identical to the single-file staging.
 pub fn check_sharded_staging(
     kit: &DeviceKit,
     dir: &Path,

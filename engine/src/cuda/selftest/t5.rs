@@ -48,10 +48,10 @@
 //! 1.4e-2 after 2 blocks, 9.8e-2 after 6, 0.34 after 12 and 0.69 after 24
 //! (`depth_amplifies_the_roundings` below); keeping h, q, k and v in f32 only
 //! halves the 12-block figure (0.17), so no single rounding is to blame. The
-//! device's 24-block T5-XXL forward measured 0.65 against the host arm
-//! (device run t5-1, the bench row), as the emulation predicts: the check
-//! that can discriminate is the 2-block one; a 24-block comparison is only
-//! meaningful on real checkpoints.
+//! device's 24-block T5-XXL forward sits where the emulation predicts
+//! (device run t5-1 in `reports/device-notes.md`, the bench row): the check
+//! that can discriminate is the 2-block one; the full-scale comparison is
+//! against transformers' own bf16 encoder (`scripts/t5_check.py`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

@@ -1,4 +1,4 @@
-//! The cuDNN arm of the 3x3x3 convolution: `cudnnConvolutionForward` through
+//! The cuDNN path of the 3x3x3 convolution: `cudnnConvolutionForward` through
 //! cudarc's `ConvForward` (descriptors from `create_nd_tensor`,
 //! `create_nd_filter` and `create_convnd`), NDHWC bf16 tensors, f32 compute,
 //! tensor-op math, the algorithm from cuDNN's heuristics, one plan per shape.

@@ -23,7 +23,7 @@
 //! - [`stream`]: the chunked stream over any backend.
 //! - [`host`]: the primitives on the host (the reference; testable without a GPU).
 //! - [`device`]: the primitives on the device (kernels, cuBLASLt, the conv path).
-//! - [`cudnn`]: the cuDNN convolution arm.
+//! - [`cudnn`]: the cuDNN convolution path.
 //! - [`rgb8`]: the RGB8 conversion's layout, defects and host model.
 //! - [`check`] / [`bench`]: the selftest section and the benchmark.
 
@@ -52,20 +52,19 @@ use device::{ConvPath, DeviceOps};
 use ops::{DecoderW, Mutation, VaeOps};
 use stream::{latent_frames, output_geometry, Stream};
 
-/// Latent frames per device chunk in the render. Device run 2 (ltxv-2b,
-/// 768x512x121, cuDNN, stage-shared windows): one piece 114.5 ms and 9.83 GiB
-/// of decode buffers, chunks of 4 121.2 ms and 2.88 GiB, chunks of 2 134.8 ms
-/// and 1.72 GiB: 4 stays within 6% of one piece at 29% of its memory.
+/// Latent frames per device chunk in the render: 4 stays within a few percent
+/// of decoding in one piece at under a third of its decode buffers (the chunk
+/// sweep of the VAE's device run 2 in `reports/device-notes.md`).
 pub const DEVICE_CHUNK_LATENT_FRAMES: usize = 4;
 
-/// The conv path the render uses: cuDNN (device run 1: 690-750 TFLOP/s on the
-/// decoder's 3x3x3 shapes against 225-250 for the engine's mma.sync kernel;
-/// decode 124.1 ms against 298.7 at chunks of 4), falling back to the engine's
-/// kernel where cuDNN does not load.
+/// The conv path the render uses: cuDNN (about three times the engine's
+/// mma.sync kernel on the decoder's 3x3x3 shapes in the VAE's device run 1,
+/// `reports/device-notes.md`), falling back to the engine's kernel where cuDNN
+/// does not load.
 pub const RENDER_CONV_PATH: ConvPath = ConvPath::Cudnn;
 
-/// Device bytes the plan allows for cuDNN's workspace (an estimate: the most
-/// it asked for in device run 1 was 17.3 MB; rung 1's decode used 7.9 MB).
+/// Device bytes the plan allows for cuDNN's workspace (an estimate, above what
+/// cuDNN asked for in the VAE's device runs: `reports/device-notes.md`).
 pub const CUDNN_WORKSPACE_ALLOWANCE: u64 = 32 << 20;
 
 /// Host bytes the plan allows for cuDNN's libraries while it decodes (an
