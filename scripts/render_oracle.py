@@ -35,6 +35,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ltx_files import max_tokens_of, read_safetensors, write_safetensors  # noqa: E402
+
 DEFAULT_CONFIGS = "512x320x25:4:1,512x320x25:4:3,384x256x17:4:1,384x256x17:4:3"
 PROMPT = "a red fox trotting through fresh snow at sunrise, cinematic"
 
@@ -58,46 +61,6 @@ def read_frames(d, n):
         p = os.path.join(d, f"frame_{i:05}.png")
         out.append(np.asarray(Image.open(p).convert("RGB")))
     return np.stack(out)
-
-
-def max_tokens_of(weights):
-    """The tokenizer's token budget (`model_max_length` in tokenizer/tokenizer_config.json)."""
-    cfg = json.load(open(os.path.join(weights, "tokenizer", "tokenizer_config.json")))
-    return int(cfg["model_max_length"])
-
-
-def read_safetensors(path):
-    import struct
-
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    header.pop("__metadata__", None)
-    out = {}
-    for name, h in header.items():
-        a, b = h["data_offsets"]
-        assert h["dtype"] == "F32", (name, h["dtype"])
-        out[name] = np.frombuffer(data[a:b], dtype=np.float32).reshape(h["shape"])
-    return out
-
-
-def write_embeds(path, pe, pm, ne=None, nm=None):
-    import struct
-
-    t = {"embeds": pe, "mask": pm}
-    if ne is not None:
-        t.update(negative_embeds=ne, negative_mask=nm)
-    header, blobs, off = {}, [], 0
-    for k in sorted(t):
-        b = np.ascontiguousarray(t[k], dtype=np.float32).tobytes()
-        header[k] = {"dtype": "F32", "shape": list(np.shape(t[k])), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
 def parse_configs(s):
@@ -221,7 +184,7 @@ def main():
                     f'prompt = {json.dumps(a.prompt)}\nnegative_prompt = {json.dumps(a.negative)}\n')
         nf = os.path.join(a.out, c["name"] + "-noise.safetensors")
         subprocess.run([engines[-1][1], "noise", "--rung", c["rung"], "--out", nf], check=True)
-        c["noise"] = read_safetensors(nf)
+        c["noise"] = read_safetensors(nf)[0]
     ref = {}
     for dt in ("f32", "bf16"):
         d = Diffusers(a.weights, a.device, dt)
@@ -233,8 +196,10 @@ def main():
             if dt == "f32":
                 c["embeds"] = os.path.join(a.out, c["name"] + "-embeds.safetensors")
                 pe, pm, ne, nm = emb
-                write_embeds(c["embeds"], pe, pm, ne if c["guidance"] > 1 else None,
-                             nm if c["guidance"] > 1 else None)
+                t = {"embeds": pe, "mask": pm}
+                if c["guidance"] > 1:
+                    t.update(negative_embeds=ne, negative_mask=nm)
+                write_safetensors(c["embeds"], {k: np.asarray(v, dtype=np.float32) for k, v in t.items()})
             print(f"  {dt} {c['name']}: {frames.shape} in {wall:.1f} s", flush=True)
         del d
         try:

@@ -42,12 +42,14 @@ old binary whose failure the table shows).
 import argparse
 import json
 import os
-import struct
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ltx_files import max_tokens_of, read_safetensors, write_safetensors  # noqa: E402
 
 PROMPTS = [
     "",
@@ -74,47 +76,6 @@ def rung_prompts(root):
                 if r.get(k) is not None and r[k] not in out:
                     out.append(r[k])
     return out
-
-
-def max_tokens_of(weights):
-    """The tokenizer's token budget (`model_max_length` in tokenizer/tokenizer_config.json)."""
-    cfg = json.load(open(os.path.join(weights, "tokenizer", "tokenizer_config.json")))
-    return int(cfg["model_max_length"])
-
-
-def read_safetensors(path):
-    """A minimal reader (no torch, no safetensors package): {name: array}, metadata."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    meta = header.pop("__metadata__", {}) or {}
-    kinds = {"F32": np.float32, "I32": np.int32, "I64": np.int64, "F64": np.float64}
-    out = {}
-    for name, h in header.items():
-        a, b = h["data_offsets"]
-        out[name] = np.frombuffer(data[a:b], dtype=kinds[h["dtype"]]).reshape(h["shape"])
-    return out, meta
-
-
-def write_safetensors(path, tensors, meta):
-    kinds = {np.dtype(np.float32): "F32", np.dtype(np.int32): "I32"}
-    header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
-        b = a.tobytes()
-        header[name] = {"dtype": kinds[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    header["__metadata__"] = meta
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    tmp = path + ".part"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h)
-        for b in blobs:
-            f.write(b)
-    os.replace(tmp, path)
 
 
 def rel(a, b):

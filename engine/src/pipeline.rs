@@ -289,37 +289,21 @@ fn condition(
         Text::Embeds(c, u) => (c, if guidance { u } else { None }),
         Text::Device(m) => {
             let (mut t5, tok) = *m;
-            let (mut e, ms) = encode_device(&mut t5, &tok, &prompts, PIPELINE_KEYS)
+            let (e, ms) = encode_device(&mut t5, &tok, &prompts, PIPELINE_KEYS)
                 .map_err(conditioning_error)?;
             // Freed inside `conditioning`, before `load.dit`.
             drop(t5);
             done.insert("arm".into(), Value::from("cuda"));
             done.insert("keys".into(), Value::from(PIPELINE_KEYS.name()));
             done.insert(attr::DEVICE_MS.into(), Value::from(ms));
-            let u = if guidance {
-                e.pop().map(Encoded::into_cond)
-            } else {
-                None
-            };
-            let c = e
-                .pop()
-                .ok_or_else(|| anyhow!("the device text encoder returned no states"))?;
-            (c.into_cond(), u)
+            prompt_and_negative(e, guidance)?
         }
         Text::Model(m) => {
             let (model, tok, _kept) = *m;
-            let mut e = encode_host(&model, &tok, &prompts, PIPELINE_KEYS, 0)
+            let e = encode_host(&model, &tok, &prompts, PIPELINE_KEYS, 0)
                 .map_err(conditioning_error)?;
             done.insert("keys".into(), Value::from(PIPELINE_KEYS.name()));
-            let u = if guidance {
-                e.pop().map(Encoded::into_cond)
-            } else {
-                None
-            };
-            let c = e
-                .pop()
-                .ok_or_else(|| anyhow!("the text encoder returned no states"))?;
-            (c.into_cond(), u)
+            prompt_and_negative(e, guidance)?
         }
     };
     done.insert("tokens".into(), Value::from(out.0.mask.len()));
@@ -551,6 +535,20 @@ fn load_cuda_t5(
     let mut a = staging_attrs(&opts, &r.staging, staged, r.device_open_s);
     a.insert("warm_up_device_ms".into(), Value::from(warm_ms));
     Ok((t5, a))
+}
+
+/// The encoded prompt and (with guidance) negative prompt, in the order
+/// `condition` encoded them, as what the denoise loop conditions on.
+fn prompt_and_negative(
+    encoded: Vec<Encoded>,
+    guidance: bool,
+) -> anyhow::Result<(TextCond, Option<TextCond>)> {
+    let mut e = encoded.into_iter().map(Encoded::into_cond);
+    let c = e
+        .next()
+        .ok_or_else(|| anyhow!("the text encoder returned no states"))?;
+    let u = if guidance { e.next() } else { None };
+    Ok((c, u))
 }
 
 /// A tokenizer error is the user's input; an encoder failure is the engine's.
