@@ -187,9 +187,11 @@ pub enum Command {
         #[arg(long)]
         out: PathBuf,
     },
-    /// A known bf16 GEMM load for S seconds (the harness's GPU-utilization control).
+    /// A known bf16 GEMM load for S seconds (the harness's GPU-utilization
+    /// control), announced through the marker protocol: `burn.setup` (context,
+    /// kernels, warm-up) then `burn.load` while the load runs.
     Burn {
-        /// Seconds of load.
+        /// Seconds of load, after the setup and warm-up.
         #[arg(long)]
         seconds: f64,
     },
@@ -293,9 +295,17 @@ fn selftest_cuda(
     Ok(if all_passed { EXIT_OK } else { EXIT_FAILED })
 }
 
-/// `engine burn`: a known GEMM load for the GPU-utilization control.
+/// `engine burn`: a known GEMM load for the GPU-utilization control, marked
+/// (`burn.setup`, `burn.load`) when run with a marker channel.
 fn burn(seconds: f64) -> anyhow::Result<i32> {
-    let r = crate::cuda::burn::burn(seconds)?;
+    let emitter = Emitter::from_env().map_err(|e| bad(e.to_string()))?;
+    let rec = Recorder::new(emitter);
+    rec.emitter().hello(
+        "engine",
+        env!("CARGO_PKG_VERSION"),
+        attrs! {"command" => "burn"},
+    );
+    let r = crate::cuda::burn::burn(seconds, &rec)?;
     println!(
         "burn: {} GEMMs of {n}x{n}x{n} bf16 in {:.2} s wall, {:.1} ms device, {:.1} TFLOP/s",
         r.gemms,
