@@ -14,11 +14,13 @@
 //! * [`error`]: the typed errors of the bundle machinery.
 //! * [`manifest`]: `manifest.json` (typed sections, canonical JSON, the bundle id).
 //! * [`phases`]: the phase tree from markers, coverage, containment, exclusivity.
-//! * [`tables`]: the Parquet tables' schemas and fixed writer settings.
+//! * [`bundle_files`]: the names of a bundle's files.
+//! * [`parquet_tables`]: the Parquet tables' schemas, fixed writer settings and
+//!   checking reader.
 //! * [`seal`]: journal -> bundle, deterministic, read back, published atomically.
 //! * [`verify`]: re-read a bundle and check every hash, schema and count.
 //! * [`recover`]: seal the staging directories of dead runs as incomplete bundles.
-//! * [`table`]: the phase table people read.
+//! * [`phase_table`]: the phase table people read.
 //!
 //! ```
 //! use evidence::marker::{parse_marker_line, Marker};
@@ -26,18 +28,19 @@
 //! assert!(matches!(m, Marker::Open { .. }));
 //! ```
 
+pub mod bundle_files;
 pub mod clock;
 pub mod error;
 pub mod journal;
 pub mod manifest;
 pub mod marker;
+pub mod parquet_tables;
+pub mod phase_table;
 pub mod phases;
 pub mod recover;
 pub mod rung;
 pub mod sample;
 pub mod seal;
 pub mod store;
-pub mod table;
-pub mod tables;
 pub mod verify;
 pub mod weights_digest;

@@ -20,6 +20,7 @@ use arrow_array::ArrayRef;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+use crate::bundle_files::{self, FRAME_IMAGES, LOG, MANIFEST, VIDEO};
 use crate::error::{io_at, IoAt, SealError};
 use crate::journal::{read_journal, FrameRow, JournalContents, Record};
 use crate::manifest::{
@@ -27,19 +28,11 @@ use crate::manifest::{
     VideoEntry, COMPUTED_KEYS, SCHEMA_VERSION,
 };
 use crate::marker::{parse_marker_line, Marker};
+use crate::parquet_tables;
 use crate::phases::build_tree;
 use crate::sample::{ColumnType, Sample, SAMPLE_COLUMNS};
 use crate::store::{fsync_dir, rename_noreplace, Store, JOURNAL_FILE, SEALED_FILE};
-use crate::tables;
 
-/// `manifest.json`.
-pub const MANIFEST: &str = "manifest.json";
-/// `log.zst`: the engine's output lines.
-pub const LOG: &str = "log.zst";
-/// The frame images copied from the staging frames directory when present.
-pub const FRAME_IMAGES: &[&str] = &["first.png", "middle.png", "last.png"];
-/// The engine's video in the staging frames directory.
-pub const VIDEO: &str = "video.y4m";
 /// zstd level of `log.zst`.
 pub const LOG_ZSTD_LEVEL: i32 = 9;
 /// Reason recorded for a sensor that has no value in any sample and no reason
@@ -162,7 +155,8 @@ fn samples_table(samples: &[Sample], phase: &[Option<String>]) -> Result<Vec<u8>
             }
         }
     }
-    tables::write_table(tables::samples_schema(), cols).map_err(table_err(tables::SAMPLES))
+    parquet_tables::write_table(parquet_tables::samples_schema(), cols)
+        .map_err(table_err(bundle_files::SAMPLES))
 }
 
 fn phases_table(rows: &[crate::phases::PhaseRow]) -> Result<Vec<u8>, SealError> {
@@ -223,7 +217,8 @@ fn phases_table(rows: &[crate::phases::PhaseRow]) -> Result<Vec<u8>, SealError> 
         Arc::new(cores.finish()),
         Arc::new(ns.finish()),
     ];
-    tables::write_table(tables::phases_schema(), cols).map_err(table_err(tables::PHASES))
+    parquet_tables::write_table(parquet_tables::phases_schema(), cols)
+        .map_err(table_err(bundle_files::PHASES))
 }
 
 /// A marker line as received and what parsing it gave.
@@ -285,7 +280,8 @@ fn markers_table(lines: &[MarkerLine<'_>]) -> Result<Vec<u8>, SealError> {
         Arc::new(line.finish()),
         Arc::new(err.finish()),
     ];
-    tables::write_table(tables::markers_schema(), cols).map_err(table_err(tables::MARKERS))
+    parquet_tables::write_table(parquet_tables::markers_schema(), cols)
+        .map_err(table_err(bundle_files::MARKERS))
 }
 
 fn frames_table(frames: &[&FrameRow]) -> Result<Vec<u8>, SealError> {
@@ -323,7 +319,8 @@ fn frames_table(frames: &[&FrameRow]) -> Result<Vec<u8>, SealError> {
         Arc::new(uniform.finish()),
         Arc::new(dup.finish()),
     ];
-    tables::write_table(tables::frames_schema(), cols).map_err(table_err(tables::FRAMES))
+    parquet_tables::write_table(parquet_tables::frames_schema(), cols)
+        .map_err(table_err(bundle_files::FRAMES))
 }
 
 /// The text of `log.zst` before compression: one line per output record,
@@ -512,23 +509,27 @@ pub fn build_bundle(c: &JournalContents, inputs: &SealInputs) -> Result<BuiltBun
         files.insert(name.to_string(), bytes);
     };
     put(
-        tables::SAMPLES,
+        bundle_files::SAMPLES,
         samples_table(&samples, &sample_phase)?,
         Some(samples.len() as u64),
     );
     put(
-        tables::PHASES,
+        bundle_files::PHASES,
         phases_table(&rows)?,
         Some(rows.len() as u64),
     );
     put(
-        tables::MARKERS,
+        bundle_files::MARKERS,
         markers_table(&lines)?,
         Some(lines.len() as u64),
     );
     if !frames.is_empty() {
         let fr: Vec<&FrameRow> = frames.values().copied().collect();
-        put(tables::FRAMES, frames_table(&fr)?, Some(fr.len() as u64));
+        put(
+            bundle_files::FRAMES,
+            frames_table(&fr)?,
+            Some(fr.len() as u64),
+        );
     }
     let (text, nlines) = log_text(outputs.into_iter());
     let log = zstd::bulk::compress(text.as_bytes(), LOG_ZSTD_LEVEL)

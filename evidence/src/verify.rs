@@ -17,10 +17,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::bundle_files::{self, LOG, MANIFEST};
 use crate::error::VerifyError;
 use crate::manifest::{sha256_hex, Manifest};
-use crate::seal::{LOG, MANIFEST};
-use crate::tables;
+use crate::parquet_tables;
 
 /// The outcome of verifying one bundle.
 #[derive(Debug, Clone, PartialEq)]
@@ -135,7 +135,12 @@ pub fn verify_files(id: &str, files: &BTreeMap<String, Vec<u8>>) -> Vec<VerifyEr
             errors.push(VerifyError::Unlisted { file: name.clone() });
         }
     }
-    for required in [tables::SAMPLES, tables::PHASES, tables::MARKERS, LOG] {
+    for required in [
+        bundle_files::SAMPLES,
+        bundle_files::PHASES,
+        bundle_files::MARKERS,
+        LOG,
+    ] {
         if !manifest.files.contains_key(required) {
             errors.push(VerifyError::Manifest {
                 why: format!("files lacks the required {required}"),
@@ -175,15 +180,15 @@ pub fn verify_files(id: &str, files: &BTreeMap<String, Vec<u8>>) -> Vec<VerifyEr
 }
 
 fn check_content(name: &str, bytes: &[u8], rows: Option<u64>, m: &Manifest) -> Result<(), String> {
-    if let Some(schema) = tables::schema_for(name) {
-        let t = tables::read_table(bytes, &schema)?;
+    if let Some(schema) = parquet_tables::schema_for(name) {
+        let t = parquet_tables::read_table(bytes, &schema)?;
         if Some(t.rows) != rows {
             return Err(format!("{} rows, manifest.json says {rows:?}", t.rows));
         }
         let counted = match name {
-            tables::SAMPLES => Some(("cadence.samples", m.cadence.samples)),
-            tables::PHASES => Some(("phases.instances", m.phases.instances)),
-            tables::MARKERS => Some(("markers.lines", m.markers.lines)),
+            bundle_files::SAMPLES => Some(("cadence.samples", m.cadence.samples)),
+            bundle_files::PHASES => Some(("phases.instances", m.phases.instances)),
+            bundle_files::MARKERS => Some(("markers.lines", m.markers.lines)),
             _ => None,
         };
         if let Some((key, n)) = counted {

@@ -9,12 +9,13 @@ use std::sync::{Arc, Barrier};
 
 use arrow_array::{Array, Float64Array, Int64Array, StringArray};
 use common::{fake_png, synth_records, test_dir, write_journal, Rng, RunShape};
+use evidence::bundle_files::{self, MANIFEST};
 use evidence::journal::{encode_record, header_bytes, parse_journal, Record};
 use evidence::manifest::{sha256_hex, Manifest, Verdict};
+use evidence::parquet_tables;
 use evidence::recover::{recover_all, Outcome};
-use evidence::seal::{build_bundle, seal, SealInputs, MANIFEST};
+use evidence::seal::{build_bundle, seal, SealInputs};
 use evidence::store::{Store, JOURNAL_FILE};
-use evidence::tables;
 use evidence::verify::{verify_dir, verify_files};
 use serde_json::json;
 
@@ -105,7 +106,11 @@ fn a_sealed_bundle_verifies_and_holds_the_journal_values() {
             _ => None,
         })
         .collect();
-    let t = tables::read_table(&files[tables::SAMPLES], &tables::samples_schema()).unwrap();
+    let t = parquet_tables::read_table(
+        &files[bundle_files::SAMPLES],
+        &parquet_tables::samples_schema(),
+    )
+    .unwrap();
     assert_eq!(t.rows, samples.len() as u64);
     let b = &t.batches[0];
     let tcol = b
@@ -157,7 +162,7 @@ fn a_sealed_bundle_verifies_and_holds_the_journal_values() {
         .filter(|l| l.contains(r#""ev":"open""#))
         .count() as u64;
     assert_eq!(m.phases.instances, opens);
-    assert_eq!(m.files[tables::PHASES].rows, Some(opens));
+    assert_eq!(m.files[bundle_files::PHASES].rows, Some(opens));
     let cov = m.phases.coverage.unwrap();
     assert!(cov > 0.99 && cov <= 1.0, "coverage {cov}");
     assert_eq!(m.phases.containment.verdict, Verdict::Pass);
@@ -174,7 +179,7 @@ fn a_sealed_bundle_verifies_and_holds_the_journal_values() {
     assert_eq!(log.iter().filter(|&&c| c == b'\n').count(), outputs);
 
     // The phase table reads the sealed bundle.
-    let table = evidence::table::phase_table_text(&sealed.path).unwrap();
+    let table = evidence::phase_table::phase_table_text(&sealed.path).unwrap();
     assert!(table.contains("denoise.step"), "{table}");
     assert!(table.contains("coverage: leaves sum"), "{table}");
     assert!(

@@ -13,11 +13,12 @@ use std::process::Command;
 use arrow_array::{Array, BooleanArray, Float64Array, Int64Array, StringArray};
 use arrow_schema::DataType;
 use common::{fake_png, synth_records, test_dir, write_journal, Rng, RunShape};
+use evidence::bundle_files;
 use evidence::journal::Record;
+use evidence::parquet_tables;
 use evidence::sample::{ColumnType, SAMPLE_COLUMNS};
 use evidence::seal::seal;
 use evidence::store::Store;
-use evidence::tables;
 use serde_json::Value;
 
 const SCRIPT: &str = r#"
@@ -41,7 +42,7 @@ print(json.dumps(out))
 
 /// Our own reading of a table as JSON columns, for comparison.
 fn columns_json(bytes: &[u8], schema: &arrow_schema::Schema) -> BTreeMap<String, Vec<Value>> {
-    let t = tables::read_table(bytes, schema).unwrap();
+    let t = parquet_tables::read_table(bytes, schema).unwrap();
     let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     for b in &t.batches {
         for (f, col) in schema.fields().iter().zip(b.columns()) {
@@ -109,14 +110,14 @@ fn pyarrow_reads_every_table_with_the_same_rows_values_and_units() {
     let py: Value = serde_json::from_slice(&out.stdout).expect("pyarrow output is JSON");
 
     let names = [
-        tables::SAMPLES,
-        tables::PHASES,
-        tables::MARKERS,
-        tables::FRAMES,
+        bundle_files::SAMPLES,
+        bundle_files::PHASES,
+        bundle_files::MARKERS,
+        bundle_files::FRAMES,
     ];
     assert_eq!(py.as_object().unwrap().len(), names.len());
     for name in names {
-        let schema = tables::schema_for(name).unwrap();
+        let schema = parquet_tables::schema_for(name).unwrap();
         let bytes = std::fs::read(sealed.path.join(name)).unwrap();
         let ours = columns_json(&bytes, &schema);
         let theirs = &py[name];
@@ -154,8 +155,11 @@ fn pyarrow_reads_every_table_with_the_same_rows_values_and_units() {
             _ => None,
         })
         .collect();
-    let pc = &py[tables::SAMPLES]["columns"];
-    assert_eq!(py[tables::SAMPLES]["rows"], Value::from(samples.len()));
+    let pc = &py[bundle_files::SAMPLES]["columns"];
+    assert_eq!(
+        py[bundle_files::SAMPLES]["rows"],
+        Value::from(samples.len())
+    );
     for (i, s) in samples.iter().enumerate() {
         assert_eq!(pc["t_ns"][i], Value::from(s.t_ns));
         for (c, spec) in SAMPLE_COLUMNS.iter().enumerate() {
@@ -169,11 +173,11 @@ fn pyarrow_reads_every_table_with_the_same_rows_values_and_units() {
     }
     for spec in SAMPLE_COLUMNS {
         assert_eq!(
-            py[tables::SAMPLES]["units"][spec.name],
+            py[bundle_files::SAMPLES]["units"][spec.name],
             Value::from(spec.unit)
         );
         assert_eq!(
-            py[tables::SAMPLES]["windows"][spec.name],
+            py[bundle_files::SAMPLES]["windows"][spec.name],
             Value::from(spec.window)
         );
     }
@@ -185,7 +189,9 @@ fn pyarrow_reads_every_table_with_the_same_rows_values_and_units() {
         })
         .collect();
     assert_eq!(
-        py[tables::MARKERS]["columns"]["line"].as_array().unwrap(),
+        py[bundle_files::MARKERS]["columns"]["line"]
+            .as_array()
+            .unwrap(),
         &lines
     );
     let shas: Vec<Value> = records
@@ -196,7 +202,9 @@ fn pyarrow_reads_every_table_with_the_same_rows_values_and_units() {
         })
         .collect();
     assert_eq!(
-        py[tables::FRAMES]["columns"]["sha256"].as_array().unwrap(),
+        py[bundle_files::FRAMES]["columns"]["sha256"]
+            .as_array()
+            .unwrap(),
         &shas
     );
 }

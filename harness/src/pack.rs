@@ -22,7 +22,7 @@ use std::path::{Component, Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
-use evidence::seal::MANIFEST;
+use evidence::bundle_files::MANIFEST;
 use evidence::store::{is_bundle_id, Store};
 
 use crate::exit::{self, UsageError};

@@ -252,7 +252,7 @@ pub fn run(args: ShowArgs) -> anyhow::Result<u8> {
     let dir = find_bundle(&args.store, &args.bundle)?;
     if args.json {
         let s = BundleSummary::load(&dir)?;
-        let phases = crate::timeline::table_rows(&dir, evidence::tables::PHASES)?;
+        let phases = crate::timeline::table_rows(&dir, evidence::bundle_files::PHASES)?;
         let v = serde_json::json!({
             "id": s.id,
             "dir": dir,
@@ -265,7 +265,7 @@ pub fn run(args: ShowArgs) -> anyhow::Result<u8> {
     let s = BundleSummary::load(&dir)?;
     print!("{}", summary_text(&s));
     println!();
-    let table = evidence::table::phase_table_text(&dir)
+    let table = evidence::phase_table::phase_table_text(&dir)
         .with_context(|| format!("reading the phase table of {}", dir.display()))?;
     print!("{table}");
     Ok(exit::OK)

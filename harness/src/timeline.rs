@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use arrow_array::{Array, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
+use evidence::bundle_files::{self, MANIFEST};
 use evidence::manifest::Manifest;
+use evidence::parquet_tables;
 use evidence::sample::SAMPLE_COLUMNS;
-use evidence::seal::MANIFEST;
-use evidence::tables;
 use serde_json::Value;
 
 use crate::exit::UsageError;
@@ -120,9 +120,9 @@ fn json_attrs(file: &str, seq: i64, text: Option<&str>) -> anyhow::Result<Value>
 fn read_table(dir: &Path, file: &str) -> anyhow::Result<Vec<RecordBatch>> {
     let p = dir.join(file);
     let bytes = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
-    let schema =
-        tables::schema_for(file).ok_or_else(|| anyhow::anyhow!("{file}: not a bundle table"))?;
-    let t = tables::read_table(&bytes, &schema)
+    let schema = parquet_tables::schema_for(file)
+        .ok_or_else(|| anyhow::anyhow!("{file}: not a bundle table"))?;
+    let t = parquet_tables::read_table(&bytes, &schema)
         .map_err(|why| anyhow::anyhow!("{}: {why}", p.display()))?;
     Ok(t.batches)
 }
@@ -177,8 +177,8 @@ impl Timeline {
             .unwrap_or_default();
 
         let mut phases = Vec::new();
-        for b in read_table(dir, tables::PHASES)? {
-            let f = tables::PHASES;
+        for b in read_table(dir, bundle_files::PHASES)? {
+            let f = bundle_files::PHASES;
             let seq = col::<Int64Array>(&b, f, "seq")?;
             let name = col::<StringArray>(&b, f, "name")?;
             let depth = col::<Int64Array>(&b, f, "depth")?;
@@ -203,8 +203,8 @@ impl Timeline {
         }
 
         let mut ticks = Vec::new();
-        for b in read_table(dir, tables::MARKERS)? {
-            let f = tables::MARKERS;
+        for b in read_table(dir, bundle_files::MARKERS)? {
+            let f = bundle_files::MARKERS;
             let seq = col::<Int64Array>(&b, f, "seq")?;
             let ev = col::<StringArray>(&b, f, "ev")?;
             let t = col::<Int64Array>(&b, f, "t_ns")?;
@@ -235,8 +235,8 @@ impl Timeline {
                 values: Vec::new(),
             })
             .collect();
-        for b in read_table(dir, tables::SAMPLES)? {
-            let f = tables::SAMPLES;
+        for b in read_table(dir, bundle_files::SAMPLES)? {
+            let f = bundle_files::SAMPLES;
             let t = col::<Int64Array>(&b, f, "t_ns")?;
             sample_t_ns.extend((0..b.num_rows()).map(|i| t.value(i)));
             for (s, spec) in series.iter_mut().zip(SAMPLE_COLUMNS) {

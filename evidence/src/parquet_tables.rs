@@ -18,16 +18,9 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{WriterProperties, WriterVersion};
 use parquet::schema::types::ColumnPath;
 
+use crate::bundle_files::{FRAMES, MARKERS, PHASES, SAMPLES};
 use crate::sample::{ColumnType, SAMPLE_COLUMNS};
 
-/// `samples.parquet`.
-pub const SAMPLES: &str = "samples.parquet";
-/// `phases.parquet`.
-pub const PHASES: &str = "phases.parquet";
-/// `markers.parquet`.
-pub const MARKERS: &str = "markers.parquet";
-/// `frames.parquet`.
-pub const FRAMES: &str = "frames.parquet";
 /// Schema-level metadata key naming the table.
 pub const TABLE_KEY: &str = "evidence.table";
 /// Schema-level metadata key holding the bundle schema version.

@@ -12,11 +12,11 @@ use std::path::Path;
 
 use arrow_array::{Array, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
 
+use crate::bundle_files::{self, MANIFEST};
 use crate::error::VerifyError;
 use crate::manifest::{CheckSummary, Manifest};
 use crate::marker::human_bytes;
-use crate::seal::MANIFEST;
-use crate::tables;
+use crate::parquet_tables;
 
 /// One merged line of the table.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -225,15 +225,16 @@ pub fn phase_table_text(bundle_dir: &Path) -> Result<String, VerifyError> {
         .map_err(|e| e.to_string())
         .and_then(Manifest::from_json)
         .map_err(|why| VerifyError::Manifest { why })?;
-    let pbytes = read(tables::PHASES)?;
-    let t = tables::read_table(&pbytes, &tables::phases_schema()).map_err(|why| {
-        VerifyError::Content {
-            file: tables::PHASES.into(),
-            why,
-        }
-    })?;
+    let pbytes = read(bundle_files::PHASES)?;
+    let t =
+        parquet_tables::read_table(&pbytes, &parquet_tables::phases_schema()).map_err(|why| {
+            VerifyError::Content {
+                file: bundle_files::PHASES.into(),
+                why,
+            }
+        })?;
     render(&manifest, &t.batches).map_err(|why| VerifyError::Content {
-        file: tables::PHASES.into(),
+        file: bundle_files::PHASES.into(),
         why,
     })
 }
