@@ -380,7 +380,7 @@ impl Manifest {
     }
 }
 
-/// The `exit` fragment (contracts section 5).
+/// The `exit` fragment (`specs/bundle.md`, "manifest.json").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExitInfo {
     /// completed, engine-failed, killed, watchdog, timeout, interrupted,
@@ -397,7 +397,8 @@ pub struct ExitInfo {
     pub detail: Option<String>,
 }
 
-/// The parts of the `run` fragment the bundle tools read (contracts section 5).
+/// The parts of the `run` fragment the bundle tools read (`specs/bundle.md`,
+/// "manifest.json").
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct RunInfo {
     /// CLOCK_MONOTONIC ns when the run started.

@@ -89,7 +89,7 @@ pub fn samples_schema() -> SchemaRef {
     schema("samples", f)
 }
 
-/// `phases.parquet` (contracts section 6).
+/// `phases.parquet` (`specs/bundle.md`, "phases.parquet").
 pub fn phases_schema() -> SchemaRef {
     let m = "markers";
     let s = "samples inside the phase's window";

@@ -1,5 +1,5 @@
 //! The phase tree rebuilt from markers, its coverage and checks, and per-phase
-//! statistics from samples (`phases.parquet`, contracts section 6).
+//! statistics from samples (`phases.parquet`, documented in `specs/bundle.md`).
 //!
 //! Rules:
 //! * Events are taken in time order (`t_ns`, ties in arrival order). An `open`

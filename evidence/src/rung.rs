@@ -44,7 +44,7 @@ pub enum Profile {
     /// Every lever in its best measured arm.
     #[default]
     Default,
-    /// Every lever in its old arm (the state the seed measured).
+    /// Every lever in its old arm: the `baseline` arm of `specs/levers.toml`.
     Baseline,
 }
 

@@ -113,7 +113,8 @@ fn cadence(samples: &[Sample], expected_ms: Option<f64>) -> Cadence {
     // Deadlines with no sample: the slots the recording spans at the expected
     // period, less the samples taken. (Summing round(interval / expected) - 1 per
     // interval counted a tick that fired late, say at 160 ms, and the on-time tick
-    // after it as a miss; at rung 3 that read 157 where 44 deadlines were skipped.)
+    // after it as a miss, which overcounted on the device runs: see
+    // reports/device-notes.md.)
     c.missed_ticks = expected_ms
         .filter(|e| *e > 0.0)
         .map(|_| c.deadlines_without_sample().map_or(0, |(missed, _)| missed));
