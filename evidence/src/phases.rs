@@ -313,97 +313,137 @@ impl PhaseTree {
         let mut cont: BTreeMap<String, CheckGroup> = BTreeMap::new();
         let mut excl: BTreeMap<String, CheckGroup> = BTreeMap::new();
         for p in self.phases.iter().filter(|p| !p.children.is_empty()) {
-            let (po, pe) = (p.open_ns, p.end_ns(end));
-            let mut outside = Vec::new();
-            let mut covered = 0u64;
-            let (mut wo, mut we) = (u64::MAX, 0u64);
             let subs = self.sub_scopes(p.seq);
-            for &c in &subs {
-                let ch = &self.phases[c];
-                let (co, ce) = (ch.open_ns, ch.end_ns(end));
-                if co < po || ce > pe {
-                    outside.push(format!("{}#{}", ch.name, ch.seq));
-                }
-                covered += ce - co;
-                wo = wo.min(co);
-                we = we.max(ce);
-            }
-            let dur = pe - po;
-            let share = if dur > 0 {
-                covered as f64 / dur as f64
-            } else {
-                1.0
-            };
-            let ok = outside.is_empty() && share >= MIN_CONTAINED_SHARE;
-            let g = cont.entry(p.name.clone()).or_insert_with(|| CheckGroup {
-                name: p.name.clone(),
-                instances: 0,
-                failed: 0,
-                worst_share: None,
-                verdict: Verdict::Pass,
-                detail: None,
-            });
-            g.instances += 1;
-            g.worst_share = Some(g.worst_share.map_or(share, |w| w.min(share)));
-            if !ok {
-                g.failed += 1;
-                g.verdict = Verdict::Fail;
-                if g.detail.is_none() {
-                    g.detail = Some(if outside.is_empty() {
-                        format!(
-                            "{}#{}: sub-scopes cover {:.1}% (< {:.0}%)",
-                            p.name,
-                            p.seq,
-                            share * 100.0,
-                            MIN_CONTAINED_SHARE * 100.0
-                        )
-                    } else {
-                        format!(
-                            "{}#{}: sub-scopes outside it: {}",
-                            p.name,
-                            p.seq,
-                            outside.join(", ")
-                        )
-                    });
-                }
-            }
-
-            let intruders: Vec<String> = leaves
+            let window = self.check_containment(p, &subs, &mut cont);
+            self.check_exclusivity(p, &subs, window, &leaves, &mut excl);
+        }
+        self.check_dotted_parents(&mut cont);
+        PhasesSummary {
+            instances: self.phases.len() as u64,
+            leaves: leaves.len() as u64,
+            wall_s,
+            run_wall_s,
+            leaf_sum_s,
+            coverage,
+            unaccounted_s: wall_s.map(|w| w - leaf_sum_s),
+            open_at_end: self
+                .phases
                 .iter()
-                .copied()
-                .filter(|&l| !self.inside_sub_scope(l, p.seq, &subs))
-                .filter(|&l| {
-                    let lp = &self.phases[l];
-                    let (lo, le) = (lp.open_ns, lp.end_ns(end));
-                    lo.max(wo) < le.min(we)
-                })
-                .map(|l| format!("{}#{}", self.phases[l].name, l))
-                .collect();
-            let g = excl.entry(p.name.clone()).or_insert_with(|| CheckGroup {
-                name: p.name.clone(),
-                instances: 0,
-                failed: 0,
-                worst_share: None,
-                verdict: Verdict::Pass,
-                detail: None,
-            });
-            g.instances += 1;
-            if !intruders.is_empty() {
-                g.failed += 1;
-                g.verdict = Verdict::Fail;
-                if g.detail.is_none() {
-                    g.detail = Some(format!(
-                        "{}#{}: leaves outside it overlap its sub-scopes' window: {}",
+                .filter(|p| p.close_ns.is_none())
+                .map(|p| p.name.clone())
+                .collect(),
+            unmatched_closes: self.unmatched_closes,
+            containment: check_summary(cont, Some(MIN_CONTAINED_SHARE)),
+            exclusivity: check_summary(excl, None),
+        }
+    }
+
+    /// Containment of parent `p`: its sub-scopes `subs` lie inside it and cover at
+    /// least [`MIN_CONTAINED_SHARE`] of it. Counted into `p`'s group of `cont`.
+    /// Returns the sub-scopes' window (first open, last end; ns), which the
+    /// exclusivity check reads.
+    fn check_containment(
+        &self,
+        p: &Phase,
+        subs: &[usize],
+        cont: &mut BTreeMap<String, CheckGroup>,
+    ) -> (u64, u64) {
+        let end = self.end_ns;
+        let (po, pe) = (p.open_ns, p.end_ns(end));
+        let mut outside = Vec::new();
+        let mut covered = 0u64;
+        let (mut wo, mut we) = (u64::MAX, 0u64);
+        for &c in subs {
+            let ch = &self.phases[c];
+            let (co, ce) = (ch.open_ns, ch.end_ns(end));
+            if co < po || ce > pe {
+                outside.push(format!("{}#{}", ch.name, ch.seq));
+            }
+            covered += ce - co;
+            wo = wo.min(co);
+            we = we.max(ce);
+        }
+        let dur = pe - po;
+        let share = if dur > 0 {
+            covered as f64 / dur as f64
+        } else {
+            1.0
+        };
+        let ok = outside.is_empty() && share >= MIN_CONTAINED_SHARE;
+        let g = cont
+            .entry(p.name.clone())
+            .or_insert_with(|| new_group(&p.name));
+        g.instances += 1;
+        g.worst_share = Some(g.worst_share.map_or(share, |w| w.min(share)));
+        if !ok {
+            g.failed += 1;
+            g.verdict = Verdict::Fail;
+            if g.detail.is_none() {
+                g.detail = Some(if outside.is_empty() {
+                    format!(
+                        "{}#{}: sub-scopes cover {:.1}% (< {:.0}%)",
                         p.name,
                         p.seq,
-                        intruders.join(", ")
-                    ));
-                }
+                        share * 100.0,
+                        MIN_CONTAINED_SHARE * 100.0
+                    )
+                } else {
+                    format!(
+                        "{}#{}: sub-scopes outside it: {}",
+                        p.name,
+                        p.seq,
+                        outside.join(", ")
+                    )
+                });
             }
         }
-        // A dotted sub-scope (`denoise.step`) outside every instance of its
-        // parent name (`denoise`), where that name occurs in the run at all, is
-        // outside its parent: containment fails for that parent's group.
+        (wo, we)
+    }
+
+    /// Exclusivity of parent `p`: no leaf outside its sub-scopes `subs` overlaps
+    /// their `window` (ns). Counted into `p`'s group of `excl`.
+    fn check_exclusivity(
+        &self,
+        p: &Phase,
+        subs: &[usize],
+        (wo, we): (u64, u64),
+        leaves: &[usize],
+        excl: &mut BTreeMap<String, CheckGroup>,
+    ) {
+        let end = self.end_ns;
+        let intruders: Vec<String> = leaves
+            .iter()
+            .copied()
+            .filter(|&l| !self.inside_sub_scope(l, p.seq, subs))
+            .filter(|&l| {
+                let lp = &self.phases[l];
+                let (lo, le) = (lp.open_ns, lp.end_ns(end));
+                lo.max(wo) < le.min(we)
+            })
+            .map(|l| format!("{}#{}", self.phases[l].name, l))
+            .collect();
+        let g = excl
+            .entry(p.name.clone())
+            .or_insert_with(|| new_group(&p.name));
+        g.instances += 1;
+        if !intruders.is_empty() {
+            g.failed += 1;
+            g.verdict = Verdict::Fail;
+            if g.detail.is_none() {
+                g.detail = Some(format!(
+                    "{}#{}: leaves outside it overlap its sub-scopes' window: {}",
+                    p.name,
+                    p.seq,
+                    intruders.join(", ")
+                ));
+            }
+        }
+    }
+
+    /// A dotted sub-scope (`denoise.step`) outside every instance of its parent
+    /// name (`denoise`), where that name occurs in the run at all, is outside its
+    /// parent: containment fails for that parent's group of `cont`.
+    fn check_dotted_parents(&self, cont: &mut BTreeMap<String, CheckGroup>) {
         for q in &self.phases {
             let Some((parent_name, _)) = q.name.rsplit_once('.') else {
                 continue;
@@ -425,14 +465,7 @@ impl PhaseTree {
             }
             let g = cont
                 .entry(parent_name.to_string())
-                .or_insert_with(|| CheckGroup {
-                    name: parent_name.to_string(),
-                    instances: 0,
-                    failed: 0,
-                    worst_share: None,
-                    verdict: Verdict::Pass,
-                    detail: None,
-                });
+                .or_insert_with(|| new_group(parent_name));
             g.failed += 1;
             g.verdict = Verdict::Fail;
             if g.detail.is_none() {
@@ -442,39 +475,36 @@ impl PhaseTree {
                 ));
             }
         }
-        let summarize = |groups: BTreeMap<String, CheckGroup>, min_share| {
-            let groups: Vec<CheckGroup> = groups.into_values().collect();
-            let verdict = if groups.is_empty() {
-                Verdict::NotApplicable
-            } else if groups.iter().any(|g| g.verdict == Verdict::Fail) {
-                Verdict::Fail
-            } else {
-                Verdict::Pass
-            };
-            CheckSummary {
-                min_share,
-                verdict,
-                groups,
-            }
-        };
-        PhasesSummary {
-            instances: self.phases.len() as u64,
-            leaves: leaves.len() as u64,
-            wall_s,
-            run_wall_s,
-            leaf_sum_s,
-            coverage,
-            unaccounted_s: wall_s.map(|w| w - leaf_sum_s),
-            open_at_end: self
-                .phases
-                .iter()
-                .filter(|p| p.close_ns.is_none())
-                .map(|p| p.name.clone())
-                .collect(),
-            unmatched_closes: self.unmatched_closes,
-            containment: summarize(cont, Some(MIN_CONTAINED_SHARE)),
-            exclusivity: summarize(excl, None),
-        }
+    }
+}
+
+/// An empty check group for phase `name`: no instance yet, passing.
+fn new_group(name: &str) -> CheckGroup {
+    CheckGroup {
+        name: name.to_string(),
+        instances: 0,
+        failed: 0,
+        worst_share: None,
+        verdict: Verdict::Pass,
+        detail: None,
+    }
+}
+
+/// A check's summary from its groups: not applicable without groups, failed
+/// when any group failed, else passed.
+fn check_summary(groups: BTreeMap<String, CheckGroup>, min_share: Option<f64>) -> CheckSummary {
+    let groups: Vec<CheckGroup> = groups.into_values().collect();
+    let verdict = if groups.is_empty() {
+        Verdict::NotApplicable
+    } else if groups.iter().any(|g| g.verdict == Verdict::Fail) {
+        Verdict::Fail
+    } else {
+        Verdict::Pass
+    };
+    CheckSummary {
+        min_share,
+        verdict,
+        groups,
     }
 }
 

@@ -359,67 +359,173 @@ fn entry(bytes: &[u8], rows: Option<u64>) -> FileEntry {
     }
 }
 
-/// Build a bundle in memory from journal contents. Pure and deterministic.
-pub fn build_bundle(c: &JournalContents, inputs: &SealInputs) -> Result<BuiltBundle, SealError> {
-    let mut samples: Vec<Sample> = Vec::new();
-    let mut raw_markers: Vec<(u64, &str)> = Vec::new();
-    let mut outputs = Vec::new();
-    let mut fragments: BTreeMap<String, Value> = BTreeMap::new();
-    let mut frames: BTreeMap<u32, &FrameRow> = BTreeMap::new();
-    let mut counts: BTreeMap<String, u64> = ["sample", "marker", "output", "fragment", "frame"]
-        .iter()
-        .map(|k| (k.to_string(), 0))
-        .collect();
-    let mut ignored: Vec<String> = Vec::new();
-    let mut end_ns = 0u64;
+/// The journal's records sorted by kind, in the order a bundle needs them.
+struct Gathered<'a> {
+    /// Sampler rows, in time order (ties keep arrival order).
+    samples: Vec<Sample>,
+    /// Marker lines with their receive time (CLOCK_MONOTONIC ns), in arrival order.
+    raw_markers: Vec<(u64, &'a str)>,
+    /// Engine output lines: time (ns), stream, text.
+    outputs: Vec<(u64, crate::journal::Stream, &'a str)>,
+    /// Fragments by key (the last one written wins), computed keys left out.
+    fragments: BTreeMap<String, Value>,
+    /// Frame rows by index.
+    frames: BTreeMap<u32, &'a FrameRow>,
+    /// Records per kind (`sample`, `marker`, ...).
+    counts: BTreeMap<String, u64>,
+    /// Fragment keys ignored because the seal computes them, sorted, unique.
+    ignored: Vec<String>,
+    /// The latest time any record carries, CLOCK_MONOTONIC ns.
+    end_ns: u64,
+}
+
+/// Sort the journal's records (and the inputs' extra fragments) by kind.
+fn gather<'a>(c: &'a JournalContents, inputs: &SealInputs) -> Gathered<'a> {
+    let mut g = Gathered {
+        samples: Vec::new(),
+        raw_markers: Vec::new(),
+        outputs: Vec::new(),
+        fragments: BTreeMap::new(),
+        frames: BTreeMap::new(),
+        counts: ["sample", "marker", "output", "fragment", "frame"]
+            .iter()
+            .map(|k| (k.to_string(), 0))
+            .collect(),
+        ignored: Vec::new(),
+        end_ns: 0,
+    };
     for r in &c.records {
-        *counts.entry(r.kind().to_string()).or_default() += 1;
+        *g.counts.entry(r.kind().to_string()).or_default() += 1;
         match r {
             Record::Sample(s) => {
-                end_ns = end_ns.max(s.t_ns);
-                samples.push(s.clone());
+                g.end_ns = g.end_ns.max(s.t_ns);
+                g.samples.push(s.clone());
             }
             Record::Marker { recv_ns, line } => {
-                end_ns = end_ns.max(*recv_ns);
-                raw_markers.push((*recv_ns, line));
+                g.end_ns = g.end_ns.max(*recv_ns);
+                g.raw_markers.push((*recv_ns, line));
             }
             Record::Output { t_ns, stream, line } => {
-                end_ns = end_ns.max(*t_ns);
-                outputs.push((*t_ns, *stream, line.as_str()));
+                g.end_ns = g.end_ns.max(*t_ns);
+                g.outputs.push((*t_ns, *stream, line.as_str()));
             }
             Record::Fragment { key, value } => {
                 if COMPUTED_KEYS.contains(&key.as_str()) {
-                    ignored.push(key.clone());
+                    g.ignored.push(key.clone());
                 } else {
-                    fragments.insert(key.clone(), value.clone());
+                    g.fragments.insert(key.clone(), value.clone());
                 }
             }
             Record::Frame(f) => {
-                frames.insert(f.index, f);
+                g.frames.insert(f.index, f);
             }
         }
     }
     for (k, v) in &inputs.extra_fragments {
         if COMPUTED_KEYS.contains(&k.as_str()) {
-            ignored.push(k.clone());
+            g.ignored.push(k.clone());
         } else {
-            fragments.insert(k.clone(), v.clone());
+            g.fragments.insert(k.clone(), v.clone());
         }
     }
-    ignored.sort();
-    ignored.dedup();
+    g.ignored.sort();
+    g.ignored.dedup();
     if inputs.volatile_override {
-        let mut st = fragments
+        let mut st = g
+            .fragments
             .get("store")
             .and_then(Value::as_object)
             .cloned()
             .unwrap_or_default();
         st.insert("volatile_override".into(), Value::Bool(true));
-        fragments.insert("store".into(), Value::Object(st));
+        g.fragments.insert("store".into(), Value::Object(st));
     }
-
     // Samples in time order (stable: ties keep arrival order).
-    samples.sort_by_key(|s| s.t_ns);
+    g.samples.sort_by_key(|s| s.t_ns);
+    g
+}
+
+/// The `markers` section: line counts, events by kind, the hello, the first error.
+fn markers_summary(lines: &[MarkerLine<'_>], parsed: &[Marker]) -> MarkersSummary {
+    let mut by_ev: BTreeMap<String, u64> = BTreeMap::new();
+    for m in parsed {
+        *by_ev.entry(ev_name(m).to_string()).or_default() += 1;
+    }
+    let hello = parsed.iter().find_map(|m| match m {
+        Marker::Hello { .. } => serde_json::to_value(m).ok(),
+        _ => None,
+    });
+    let first_error = lines.iter().enumerate().find_map(|(i, m)| {
+        m.parsed
+            .as_ref()
+            .err()
+            .map(|e| format!("marker line {i}: {e}"))
+    });
+    MarkersSummary {
+        lines: lines.len() as u64,
+        parsed: parsed.len() as u64,
+        unparsed: (lines.len() - parsed.len()) as u64,
+        by_ev,
+        hello,
+        first_error,
+    }
+}
+
+/// Give every sampler column with no value in any sample a reason in
+/// `sensors_unavailable`, unless the harness already gave one.
+fn mark_never_reported(fragments: &mut BTreeMap<String, Value>, samples: &[Sample]) {
+    if samples.is_empty() {
+        return;
+    }
+    let mut su = fragments
+        .get("sensors_unavailable")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let before = su.len();
+    for (i, col) in SAMPLE_COLUMNS.iter().enumerate() {
+        let any = samples.iter().any(|s| {
+            s.values
+                .get(i)
+                .copied()
+                .flatten()
+                .is_some_and(f64::is_finite)
+        });
+        if !any && !su.contains_key(col.name) {
+            su.insert(col.name.to_string(), Value::from(NEVER_REPORTED));
+        }
+    }
+    if su.len() != before || fragments.contains_key("sensors_unavailable") {
+        fragments.insert("sensors_unavailable".into(), Value::Object(su));
+    }
+}
+
+/// A bundle's files by name (every one but `manifest.json`) and their entries.
+#[derive(Default)]
+struct Files {
+    bytes: BTreeMap<String, Vec<u8>>,
+    entries: BTreeMap<String, FileEntry>,
+}
+
+impl Files {
+    fn put(&mut self, name: &str, bytes: Vec<u8>, rows: Option<u64>) {
+        self.entries.insert(name.to_string(), entry(&bytes, rows));
+        self.bytes.insert(name.to_string(), bytes);
+    }
+}
+
+/// Build a bundle in memory from journal contents. Pure and deterministic.
+pub fn build_bundle(c: &JournalContents, inputs: &SealInputs) -> Result<BuiltBundle, SealError> {
+    let Gathered {
+        samples,
+        raw_markers,
+        outputs,
+        mut fragments,
+        frames,
+        counts,
+        ignored,
+        mut end_ns,
+    } = gather(c, inputs);
 
     // Markers: parse each line; the parsed ones build the phase tree.
     let lines: Vec<MarkerLine<'_>> = raw_markers
@@ -448,85 +554,33 @@ pub fn build_bundle(c: &JournalContents, inputs: &SealInputs) -> Result<BuiltBun
         .map(|p| p.map(|i| tree.phases[i].name.clone()))
         .collect();
     let phases_summary = tree.summary((run_start, run_end));
-
-    let mut by_ev: BTreeMap<String, u64> = BTreeMap::new();
-    for m in &parsed {
-        *by_ev.entry(ev_name(m).to_string()).or_default() += 1;
-    }
-    let hello = parsed.iter().find_map(|m| match m {
-        Marker::Hello { .. } => serde_json::to_value(m).ok(),
-        _ => None,
-    });
-    let first_error = lines.iter().enumerate().find_map(|(i, m)| {
-        m.parsed
-            .as_ref()
-            .err()
-            .map(|e| format!("marker line {i}: {e}"))
-    });
-    let markers_summary = MarkersSummary {
-        lines: lines.len() as u64,
-        parsed: parsed.len() as u64,
-        unparsed: (lines.len() - parsed.len()) as u64,
-        by_ev,
-        hello,
-        first_error,
-    };
-
-    // Sensors with no value anywhere get a reason unless the harness gave one.
-    if !samples.is_empty() {
-        let mut su = fragments
-            .get("sensors_unavailable")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        let before = su.len();
-        for (i, col) in SAMPLE_COLUMNS.iter().enumerate() {
-            let any = samples.iter().any(|s| {
-                s.values
-                    .get(i)
-                    .copied()
-                    .flatten()
-                    .is_some_and(f64::is_finite)
-            });
-            if !any && !su.contains_key(col.name) {
-                su.insert(col.name.to_string(), Value::from(NEVER_REPORTED));
-            }
-        }
-        if su.len() != before || fragments.contains_key("sensors_unavailable") {
-            fragments.insert("sensors_unavailable".into(), Value::Object(su));
-        }
-    }
-
+    let markers_summary = markers_summary(&lines, &parsed);
+    mark_never_reported(&mut fragments, &samples);
     let expected_ms = fragments
         .get("sampler")
         .and_then(|s| s.get("cadence_ms"))
         .and_then(Value::as_f64);
     let cadence = cadence(&samples, expected_ms);
 
-    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    let mut entries: BTreeMap<String, FileEntry> = BTreeMap::new();
-    let mut put = |name: &str, bytes: Vec<u8>, rows: Option<u64>| {
-        entries.insert(name.to_string(), entry(&bytes, rows));
-        files.insert(name.to_string(), bytes);
-    };
-    put(
+    let mut files = Files::default();
+    files.put(
         bundle_files::SAMPLES,
         samples_table(&samples, &sample_phase)?,
         Some(samples.len() as u64),
     );
-    put(
+    files.put(
         bundle_files::PHASES,
         phases_table(&rows)?,
         Some(rows.len() as u64),
     );
-    put(
+    files.put(
         bundle_files::MARKERS,
         markers_table(&lines)?,
         Some(lines.len() as u64),
     );
     if !frames.is_empty() {
         let fr: Vec<&FrameRow> = frames.values().copied().collect();
-        put(
+        files.put(
             bundle_files::FRAMES,
             frames_table(&fr)?,
             Some(fr.len() as u64),
@@ -535,9 +589,9 @@ pub fn build_bundle(c: &JournalContents, inputs: &SealInputs) -> Result<BuiltBun
     let (text, nlines) = log_text(outputs.into_iter());
     let log = zstd::bulk::compress(text.as_bytes(), LOG_ZSTD_LEVEL)
         .map_err(|e| table_err(LOG)(e.to_string()))?;
-    put(LOG, log, Some(nlines));
+    files.put(LOG, log, Some(nlines));
     for (name, bytes) in &inputs.images {
-        put(name, bytes.clone(), None);
+        files.put(name, bytes.clone(), None);
     }
 
     let complete = c.bytes_dropped == 0
@@ -560,12 +614,13 @@ pub fn build_bundle(c: &JournalContents, inputs: &SealInputs) -> Result<BuiltBun
             records: counts,
             ignored_fragments: ignored,
         },
-        files: entries,
+        files: files.entries,
         video: inputs.video.clone(),
         fragments,
     };
     let mbytes = manifest.canonical_bytes();
     let id = sha256_hex(&mbytes);
+    let mut files = files.bytes;
     files.insert(MANIFEST.to_string(), mbytes);
     Ok(BuiltBundle {
         id,
