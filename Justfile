@@ -36,9 +36,10 @@ bench-observer *ARGS:
 faults-long RUNS="40" SEED="9":
     FAULTS_RUNS={{RUNS}} FAULTS_SEED={{SEED}} cargo test --workspace --test faults -- --nocapture --test-threads 1
 
-# The fuzzers at length (CI runs 2048 cases per property, 1024 for safetensors).
+# The fuzzers at length (CI runs 2048 cases per property, 1024 for safetensors):
+# evidence's parsers (the `fuzz` module of its `it` test binary), then the engine's.
 fuzz CASES="20000":
-    PROPTEST_CASES={{CASES}} cargo test -p evidence --test fuzz -- --nocapture
+    PROPTEST_CASES={{CASES}} cargo test -p evidence --test it fuzz:: -- --nocapture
     PROPTEST_CASES={{CASES}} cargo test -p engine --test it fuzz_safetensors:: -- --nocapture
 
 # CUDA arm on a GPU machine, every figure side by side in one run: every kernel, the

@@ -6,7 +6,7 @@
 //!
 //! Run: `cargo bench -p evidence --bench seal`.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common.rs"]
 mod common;
 
 use std::time::Instant;

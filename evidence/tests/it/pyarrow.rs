@@ -5,14 +5,12 @@
 //! sets it up: `./scripts/pyenv.sh` creates target/pyenv). Without it the test
 //! FAILS, saying how to set it up; it never skips silently.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::process::Command;
 
+use crate::common::{fake_png, synth_records, test_dir, write_journal, Rng, RunShape};
 use arrow_array::{Array, BooleanArray, Float64Array, Int64Array, StringArray};
 use arrow_schema::DataType;
-use common::{fake_png, synth_records, test_dir, write_journal, Rng, RunShape};
 use evidence::bundle_files;
 use evidence::journal::Record;
 use evidence::parquet_tables;

@@ -1,14 +1,12 @@
 //! End-to-end tests of the bundle machinery on recorded journals: seal, verify,
 //! determinism, truncation recovery, byte flips, concurrency, recover.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 
+use crate::common::{fake_png, synth_records, test_dir, write_journal, Rng, RunShape};
 use arrow_array::{Array, Float64Array, Int64Array, StringArray};
-use common::{fake_png, synth_records, test_dir, write_journal, Rng, RunShape};
 use evidence::bundle_files::{self, MANIFEST};
 use evidence::journal::{encode_record, header_bytes, parse_journal, Record};
 use evidence::manifest::{sha256_hex, Manifest, Verdict};

@@ -1,0 +1,17 @@
+//! The evidence crate's end-to-end tests, one binary: each module was its own
+//! test file and keeps its test names (`cargo test -p evidence --test it NAME`).
+//!
+//! * [`bundle`]: seal, verify, determinism, truncation recovery, byte flips,
+//!   concurrency, recover, on recorded journals.
+//! * [`durability`]: the journal's flush and fdatasync cadence, seen from outside.
+//! * [`fuzz`]: property fuzzing of the journal, marker, manifest and rung parsers.
+//! * [`pyarrow`]: pyarrow reads every table of a sealed bundle.
+//! * [`common`]: the seeded run generator and per-test directories they share
+//!   (the seal benchmark uses it too).
+
+mod common;
+
+mod bundle;
+mod durability;
+mod fuzz;
+mod pyarrow;
