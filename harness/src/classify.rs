@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use crate::watchdog::Trip;
+use crate::watchdog::limits::Trip;
 
 /// Why a run ended (contracts section 5, `exit.reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

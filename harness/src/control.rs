@@ -20,7 +20,8 @@ use evidence::store::Store;
 
 use crate::exit::{self, Refusal};
 use crate::sampler::gpu::Gpu;
-use crate::watchdog::{self, ControlKind, ControlResult};
+use crate::watchdog::control::{self as watchdog_control, ControlKind, ControlResult};
+use crate::watchdog::limits::default_floor;
 
 /// The median GPU utilization the burn must reach, percent.
 ///
@@ -208,15 +209,15 @@ pub fn control(args: &ControlArgs) -> anyhow::Result<u8> {
     }
     let me = std::env::current_exe().context("locating the harness binary")?;
     let mem_total = crate::sampler::system::mem_total_bytes().map_err(anyhow::Error::msg)?;
-    let floor = watchdog::default_floor(mem_total);
-    results.push(watchdog::control(
+    let floor = default_floor(mem_total);
+    results.push(watchdog_control::control(
         &me,
         ControlKind::Floor,
         args.cadence_ms,
         floor,
     ));
     if gpu.as_ref().is_some_and(|g| g.unified_memory()) {
-        results.push(watchdog::control(
+        results.push(watchdog_control::control(
             &me,
             ControlKind::UnifiedBudget,
             args.cadence_ms,

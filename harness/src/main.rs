@@ -35,10 +35,7 @@ enum Command {
     Campaign(harness::cli::CampaignArgs),
     /// (internal) the watchdog control's allocating child.
     #[command(name = "__alloc-probe", hide = true)]
-    AllocProbe {
-        /// STEP EVERY_MS REPORT_AT MAX HOLD_MS
-        args: Vec<String>,
-    },
+    AllocProbe(harness::watchdog::probe::AllocProbeArgs),
     /// Draw a bundle's timeline (phases, GPU, power, memory, CPU) as PNG or SVG.
     Plot(view::PlotArgs),
     /// Write a bundle's timeline as a Perfetto trace (Trace Event JSON).
@@ -60,7 +57,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Rank(a) => harness::cli::rank(&a),
         Command::Diff(a) => harness::cli::diff(&a),
         Command::Campaign(a) => harness::cli::campaign(&a),
-        Command::AllocProbe { args } => Ok(harness::watchdog::alloc_probe_main(&args)),
+        Command::AllocProbe(a) => Ok(harness::watchdog::probe::run(&a)),
         Command::Plot(a) => view::plot(a),
         Command::Export(a) => view::export(a),
         Command::Pack(a) => pack::pack(a),

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use harness::completion::{check_frames_dir, Expect, Verdict};
-use harness::watchdog::{control, ControlKind};
+use harness::watchdog::control::{control, ControlKind};
 
 const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
 const ENGINE: &str = env!("CARGO_BIN_EXE_test-engine");

@@ -32,7 +32,8 @@ use crate::completion::{self, Completion, Expect};
 use crate::exit::{self, Refusal};
 use crate::sampler::gpu::Gpu;
 use crate::sampler::{Reasons, SampleSink, Sampler, SamplerConfig, SamplerReport, Target};
-use crate::watchdog::{self, ControlKind, ControlResult, Limits};
+use crate::watchdog::control::{self as watchdog_control, ControlKind, ControlResult};
+use crate::watchdog::limits::{default_floor, Limits};
 use crate::weights::{self, Weights};
 use args::{Engine, RunArgs, RunPlan};
 use gates::{Gate, Verdict};
@@ -652,9 +653,7 @@ fn preflight(
 
     // The watchdog's limits.
     let mem_total = crate::sampler::system::mem_total_bytes().map_err(anyhow::Error::msg)?;
-    let floor = plan
-        .mem_floor
-        .unwrap_or_else(|| watchdog::default_floor(mem_total));
+    let floor = plan.mem_floor.unwrap_or_else(|| default_floor(mem_total));
     let unified_gpu = gpu.as_ref().is_some_and(|g| g.unified_memory());
     let budget = plan
         .unified_budget
@@ -728,7 +727,7 @@ fn preflight(
         kinds.push(ControlKind::UnifiedBudget);
     }
     for kind in kinds {
-        let c = watchdog::control(&me, kind, plan.cadence_ms, floor);
+        let c = watchdog_control::control(&me, kind, plan.cadence_ms, floor);
         let (passed, name, detail) = (c.passed(), c.name.clone(), c.detail.clone());
         s.control(c)?;
         gate!(Gate::new(

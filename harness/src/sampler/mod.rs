@@ -32,7 +32,7 @@ use std::thread::JoinHandle;
 use evidence::clock::monotonic_ns;
 use evidence::sample::Sample;
 
-use crate::watchdog::{Limits, Trip};
+use crate::watchdog::limits::{Limits, Trip};
 use cadence::Ticker;
 use gpu::{Gpu, GpuProbe, SlowReading, GPU_COLUMNS};
 use pagecache::Residency;
