@@ -11,8 +11,9 @@
 mod common;
 
 use common::{render, seal, Noise};
+use harness::bundle::files::store_bundle_dirs;
+use harness::bundle::scan::load_dirs;
 use harness::levers_spec::LeverSpec;
-use harness::rank::load::{load_dirs, store_bundle_dirs};
 use std::path::Path;
 use std::time::Instant;
 

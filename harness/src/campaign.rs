@@ -25,8 +25,8 @@ use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+use crate::bundle::facts::Bundle;
 use crate::levers_spec::{DeviceKind, Lever};
-use crate::rank::bundle::Bundle;
 use crate::weights_cache::Policy as WeightsCache;
 
 /// How the two arms of a lever are ordered within a round.
@@ -393,9 +393,9 @@ pub fn cache_warnings(levers: &[&Lever], policy: WeightsCache) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bundle::facts::tests::sample_bundle;
+    use crate::bundle::facts::Schedule;
     use crate::levers_spec::LeverSpec;
-    use crate::rank::bundle::tests::sample_bundle;
-    use crate::rank::bundle::Schedule;
     use std::path::Path;
 
     #[test]

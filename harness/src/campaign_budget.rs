@@ -12,8 +12,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::bundle::facts::Bundle;
 use crate::campaign::{Entry, Plan};
-use crate::rank::bundle::Bundle;
 
 /// The longest complete run wall seen per (rung, lever, arm) and per rung, seconds.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -70,11 +70,8 @@ pub fn parse_bundle_path(stdout: &str) -> Option<PathBuf> {
 
 /// Read `complete` and `exit.reason` from a sealed bundle's manifest.
 pub fn outcome_of(dir: &Path) -> anyhow::Result<RunOutcome> {
-    let file = dir.join("manifest.json");
-    let text =
-        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-    let m: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", file.display()))?;
+    let m = crate::bundle::manifest::read_json(dir)?;
+    let file = dir.join(evidence::bundle_files::MANIFEST);
     let complete = m["complete"].as_bool().with_context(|| {
         format!(
             "{}: field 'complete': expected true or false",

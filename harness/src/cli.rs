@@ -5,9 +5,9 @@
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 
+use crate::bundle::{files, manifest, scan};
 use crate::exit::{self, UsageError};
 use crate::levers_spec::LeverSpec;
-use crate::rank::load;
 
 /// Where the lever spec lives by default (relative to the working directory).
 pub const DEFAULT_SPEC: &str = "specs/levers.toml";
@@ -80,9 +80,9 @@ pub fn read_store_root(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
 pub fn rank(args: &RankArgs) -> anyhow::Result<u8> {
     let spec = LeverSpec::load(&args.spec).map_err(|e| UsageError(e.to_string()))?;
     let root = read_store_root(args.store.as_deref())?;
-    let dirs = load::store_bundle_dirs(&root)
+    let dirs = files::store_bundle_dirs(&root)
         .map_err(|e| UsageError(format!("store {}: {e}", root.display())))?;
-    let loaded = load::load_dirs(&dirs);
+    let loaded = scan::load_dirs(&dirs);
     let mut command = format!("harness rank --store {}", root.display());
     if args.spec != Path::new(DEFAULT_SPEC) {
         command.push_str(&format!(" --spec {}", args.spec.display()));
@@ -168,7 +168,7 @@ pub fn find_bundle(root: Option<&Path>, what: &str) -> anyhow::Result<PathBuf> {
         return Ok(p.to_path_buf());
     }
     let root = read_store_root(root)?;
-    let dirs = load::store_bundle_dirs(&root).map_err(|e| {
+    let dirs = files::store_bundle_dirs(&root).map_err(|e| {
         UsageError(format!(
             "{what:?} is not a bundle directory, and the store cannot be listed: {e}"
         ))
@@ -201,7 +201,7 @@ pub fn find_bundle(root: Option<&Path>, what: &str) -> anyhow::Result<PathBuf> {
 pub fn diff(args: &DiffArgs) -> anyhow::Result<u8> {
     let da = find_bundle(args.store.as_deref(), &args.a)?;
     let db = find_bundle(args.store.as_deref(), &args.b)?;
-    let loaded = load::load_dirs(&[da.clone(), db.clone()]);
+    let loaded = scan::load_dirs(&[da.clone(), db.clone()]);
     if let Some(u) = loaded.unreadable.first() {
         return Err(UsageError(format!("{}: {}", u.id, u.reason)).into());
     }
@@ -213,7 +213,7 @@ pub fn diff(args: &DiffArgs) -> anyhow::Result<u8> {
             .map_err(|e| UsageError(format!("{}: not JSON: {e}", f.display())).into())
     };
     let (ma, mb) = (read(&da)?, read(&db)?);
-    let facts = |d: &Path| load::read_manifest(d).map(|b| b.id);
+    let facts = |d: &Path| manifest::read_facts(d).map(|b| b.id);
     let (ia, ib) = (facts(&da)?, facts(&db)?);
     let get = |id: &str| loaded.bundles.iter().find(|b| b.id == id);
     // The same bundle twice is a valid (empty) diff.
@@ -448,10 +448,10 @@ pub fn campaign(args: &CampaignArgs) -> anyhow::Result<u8> {
         }
     }
     let root = read_store_root(args.store.as_deref())?;
-    let sealed: Vec<_> = match load::store_bundle_dirs(&root) {
+    let sealed: Vec<_> = match files::store_bundle_dirs(&root) {
         Ok(dirs) => dirs
             .iter()
-            .filter_map(|d| load::read_manifest(d).ok())
+            .filter_map(|d| manifest::read_facts(d).ok())
             .collect(),
         Err(_) => Vec::new(),
     };

@@ -12,8 +12,8 @@ use serde::Serialize;
 use serde_json::Value;
 use std::fmt::Write;
 
+use crate::bundle::facts::{Bundle, PhaseRow};
 use crate::levers_spec::Unit;
-use crate::rank::bundle::{Bundle, PhaseRow};
 use crate::rank::report::{fixed, value};
 
 /// The manifest fields compared, with a label: `(path, label)`.
@@ -165,12 +165,12 @@ fn view(path: &str, v: &Value) -> String {
 }
 
 /// The weights' page-cache state at engine start as a reviewer compares it: the
-/// policy and the resident share in whole percent (`rank::load::cache_at_start`:
+/// policy and the resident share in whole percent (`bundle::manifest::cache_at_start`:
 /// the `weights_cache` fragment, or the `weights-cache` gate of bundles sealed
 /// before it; both gates read `pass` whether 100% or 4% was resident, so the gate
 /// verdicts alone hide the difference).
 fn cache_view(manifest: &Value) -> String {
-    match crate::rank::load::cache_at_start(manifest) {
+    match crate::bundle::manifest::cache_at_start(manifest) {
         Some(c) => format!(
             "{}: {:.0}% resident",
             c.policy.as_deref().unwrap_or("?"),
@@ -234,7 +234,7 @@ pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
         })
         .collect();
     let (pa, pb) = (a.peaks(None), b.peaks(None));
-    let busy = |p: &crate::rank::bundle::SamplePeaks| {
+    let busy = |p: &crate::bundle::facts::SamplePeaks| {
         (p.gpu_util_samples > 0).then(|| p.gpu_busy_samples as f64 / p.gpu_util_samples as f64)
     };
     let s = |name: &str, unit, x: Option<f64>, y: Option<f64>| SummaryDiff {
@@ -408,7 +408,7 @@ fn cell(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rank::bundle::tests::sample_bundle;
+    use crate::bundle::facts::tests::sample_bundle;
     use serde_json::json;
 
     #[test]
@@ -416,7 +416,7 @@ mod tests {
         let a = sample_bundle("aaa");
         let mut b = sample_bundle("bbb");
         b.phases[0].duration_s = Some(1.0); // load.dit 2 s -> 1 s
-        b.phases.push(crate::rank::bundle::PhaseRow {
+        b.phases.push(crate::bundle::facts::PhaseRow {
             name: "decode.video".into(),
             ..b.phases[0].clone()
         });

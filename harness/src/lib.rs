@@ -1,6 +1,8 @@
 //! The harness as a library: the `harness` binary is a thin layer over these modules,
 //! and benchmarks and integration tests call them directly.
 //!
+//! * [`bundle`]: reading sealed bundles (manifest, tables, many at once with
+//!   polars): the one path every command opens a bundle by.
 //! * [`campaign`]: interleaved, resumable lever campaigns (`harness campaign`);
 //!   [`campaign_runner`] runs each position as a child `harness run`.
 //! * [`classify`]: why a run ended (the `exit` fragment of `harness run`).
@@ -25,6 +27,7 @@
 //! * [`timeline`]: a bundle read onto one time axis; [`formats`] writes it as a
 //!   picture or a Perfetto trace; [`view`] holds `harness plot` and `harness export`.
 
+pub mod bundle;
 pub mod campaign;
 pub mod campaign_budget;
 pub mod campaign_runner;

@@ -120,7 +120,7 @@ fn sampler_cost_line(v: Option<&Value>) -> Option<String> {
 /// bundles sealed before it).
 fn cache_line(fragment: Option<&Value>, gates: Option<&Value>) -> String {
     let m = serde_json::json!({"weights_cache": fragment, "gates": gates});
-    let Some(c) = crate::rank::load::cache_at_start(&m) else {
+    let Some(c) = crate::bundle::manifest::cache_at_start(&m) else {
         return "weights' page-cache state at start not recorded".into();
     };
     format!(
@@ -252,7 +252,7 @@ pub fn run(args: ShowArgs) -> anyhow::Result<u8> {
     let dir = find_bundle(&args.store, &args.bundle)?;
     if args.json {
         let s = BundleSummary::load(&dir)?;
-        let phases = crate::timeline::table_rows(&dir, evidence::bundle_files::PHASES)?;
+        let phases = crate::bundle::tables::rows(&dir, evidence::bundle_files::PHASES)?;
         let v = serde_json::json!({
             "id": s.id,
             "dir": dir,
@@ -265,7 +265,7 @@ pub fn run(args: ShowArgs) -> anyhow::Result<u8> {
     let s = BundleSummary::load(&dir)?;
     print!("{}", summary_text(&s));
     println!();
-    let table = evidence::phase_table::phase_table_text(&dir)
+    let table = crate::bundle::tables::phase_table_text(&dir)
         .with_context(|| format!("reading the phase table of {}", dir.display()))?;
     print!("{table}");
     Ok(exit::OK)

@@ -3,7 +3,6 @@
 use std::path::Path;
 use std::time::UNIX_EPOCH;
 
-use anyhow::Context;
 use evidence::manifest::Manifest;
 use serde_json::Value;
 
@@ -19,13 +18,9 @@ pub struct BundleSummary {
 }
 
 impl BundleSummary {
-    /// Read `dir/manifest.json`.
+    /// Read `dir/manifest.json` (through [`crate::bundle::manifest`]).
     pub fn load(dir: &Path) -> anyhow::Result<BundleSummary> {
-        let p = dir.join("manifest.json");
-        let text =
-            std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-        let manifest =
-            Manifest::from_json(&text).map_err(|why| anyhow::anyhow!("{}: {why}", p.display()))?;
+        let manifest = crate::bundle::manifest::read_typed(dir)?;
         let date_unix_s = manifest
             .run()
             .and_then(|r| r.start_unix_ns)

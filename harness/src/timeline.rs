@@ -9,13 +9,13 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use arrow_array::{Array, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
-use evidence::bundle_files::{self, MANIFEST};
+use arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
+use evidence::bundle_files;
 use evidence::manifest::Manifest;
-use evidence::parquet_tables;
 use evidence::sample::SAMPLE_COLUMNS;
 use serde_json::Value;
 
+use crate::bundle::{self, error::ManifestError};
 use crate::exit::UsageError;
 
 /// One phase instance (a row of `phases.parquet`).
@@ -117,67 +117,22 @@ fn json_attrs(file: &str, seq: i64, text: Option<&str>) -> anyhow::Result<Value>
     }
 }
 
-fn read_table(dir: &Path, file: &str) -> anyhow::Result<Vec<RecordBatch>> {
-    let p = dir.join(file);
-    let bytes = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
-    let schema = parquet_tables::schema_for(file)
-        .ok_or_else(|| anyhow::anyhow!("{file}: not a bundle table"))?;
-    let t = parquet_tables::read_table(&bytes, &schema)
-        .map_err(|why| anyhow::anyhow!("{}: {why}", p.display()))?;
-    Ok(t.batches)
-}
-
-/// Every row of bundle table `file` (`phases.parquet`, ...) as a JSON object keyed
-/// by column name; nulls stay null, and `*_json` columns are parsed into JSON.
-pub fn table_rows(dir: &Path, file: &str) -> anyhow::Result<Vec<Value>> {
-    let mut out = Vec::new();
-    for b in read_table(dir, file)? {
-        let schema = b.schema();
-        for i in 0..b.num_rows() {
-            let mut row = serde_json::Map::new();
-            for (f, c) in schema.fields().iter().zip(b.columns()) {
-                let v = if c.is_null(i) {
-                    Value::Null
-                } else if let Some(a) = c.as_any().downcast_ref::<Int64Array>() {
-                    Value::from(a.value(i))
-                } else if let Some(a) = c.as_any().downcast_ref::<Float64Array>() {
-                    serde_json::Number::from_f64(a.value(i)).map_or(Value::Null, Value::Number)
-                } else if let Some(a) = c.as_any().downcast_ref::<BooleanArray>() {
-                    Value::Bool(a.value(i))
-                } else if let Some(a) = c.as_any().downcast_ref::<StringArray>() {
-                    let text = a.value(i);
-                    if f.name().ends_with("_json") {
-                        serde_json::from_str(text).unwrap_or_else(|_| Value::from(text))
-                    } else {
-                        Value::from(text)
-                    }
-                } else {
-                    anyhow::bail!("{file}: column {} has type {}", f.name(), f.data_type());
-                };
-                row.insert(f.name().clone(), v);
-            }
-            out.push(Value::Object(row));
-        }
-    }
-    Ok(out)
-}
-
 impl Timeline {
     /// Read the bundle at `dir` (its manifest, phases, markers and samples).
     /// A file that is missing or does not match its schema is an error naming it.
     pub fn load(dir: &Path) -> anyhow::Result<Timeline> {
-        let mp = dir.join(MANIFEST);
-        let text =
-            std::fs::read_to_string(&mp).with_context(|| format!("reading {}", mp.display()))?;
-        let manifest = Manifest::from_json(&text)
-            .map_err(|why| UsageError(format!("{}: {why}", mp.display())))?;
+        // A manifest that does not parse is an input error here (exit 2).
+        let manifest = bundle::manifest::read_typed(dir).map_err(|e| match e {
+            ManifestError::Malformed { .. } => anyhow::Error::from(UsageError(e.to_string())),
+            other => anyhow::Error::from(other),
+        })?;
         let id = dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
 
         let mut phases = Vec::new();
-        for b in read_table(dir, bundle_files::PHASES)? {
+        for b in bundle::tables::read(dir, bundle_files::PHASES)? {
             let f = bundle_files::PHASES;
             let seq = col::<Int64Array>(&b, f, "seq")?;
             let name = col::<StringArray>(&b, f, "name")?;
@@ -203,7 +158,7 @@ impl Timeline {
         }
 
         let mut ticks = Vec::new();
-        for b in read_table(dir, bundle_files::MARKERS)? {
+        for b in bundle::tables::read(dir, bundle_files::MARKERS)? {
             let f = bundle_files::MARKERS;
             let seq = col::<Int64Array>(&b, f, "seq")?;
             let ev = col::<StringArray>(&b, f, "ev")?;
@@ -235,7 +190,7 @@ impl Timeline {
                 values: Vec::new(),
             })
             .collect();
-        for b in read_table(dir, bundle_files::SAMPLES)? {
+        for b in bundle::tables::read(dir, bundle_files::SAMPLES)? {
             let f = bundle_files::SAMPLES;
             let t = col::<Int64Array>(&b, f, "t_ns")?;
             sample_t_ns.extend((0..b.num_rows()).map(|i| t.value(i)));

@@ -5,8 +5,9 @@
 mod common;
 
 use common::{fresh_store, render, seal, Noise, Render};
+use harness::bundle::files::store_bundle_dirs;
+use harness::bundle::scan::load_dirs;
 use harness::levers_spec::LeverSpec;
-use harness::rank::load::{load_dirs, store_bundle_dirs};
 use harness::rank::report::markdown;
 use harness::rank::verdict::Verdict;
 use harness::rank::{rank, FitOutcome, Ranking};

@@ -20,7 +20,7 @@
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::rank::bundle::Bundle;
+use crate::bundle::facts::Bundle;
 use crate::rank::pairing::CACHE_SHARE_MAX_GAP;
 
 /// Scaling exponent below which a phase is named as not scaling.
@@ -244,8 +244,8 @@ pub fn least_squares(xs: &[f64], ys: &[f64]) -> (f64, f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rank::bundle::tests::sample_bundle;
-    use crate::rank::bundle::PhaseRow;
+    use crate::bundle::facts::tests::sample_bundle;
+    use crate::bundle::facts::PhaseRow;
 
     /// A bundle at `voxels` with a constant phase (`host.pack`, 1731 s +- jitter) and
     /// a proportional one (`denoise`, 1e-3 s per voxel).

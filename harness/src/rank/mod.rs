@@ -1,18 +1,18 @@
 //! `harness rank`: the lever ranking as a pure function of named bundles.
 //!
-//! [`load`] reads bundles (polars over their Parquet files) into [`bundle::Bundle`]s;
-//! [`pairing`] forms baseline/treatment pairs; [`stats`] computes each lever's paired
-//! effect with a bootstrap interval; [`verdict`] judges it against the hypothesis in
-//! `specs/levers.toml`; [`fit`] fits each phase as fixed + per-voxel cost; [`report`]
-//! renders the markdown table. [`rank`] ties them together.
+//! It works on [`Bundle`]s as [`crate::bundle`] reads them: [`metric`] reads a
+//! lever's metric off one bundle; [`pairing`] forms baseline/treatment pairs;
+//! [`stats`] computes each lever's paired effect with a bootstrap interval;
+//! [`verdict`] judges it against the hypothesis in `specs/levers.toml`; [`fit`] fits
+//! each phase as fixed + per-voxel cost; [`report`] renders the markdown table.
+//! [`rank`] ties them together.
 //!
 //! Promise: the same set of bundles gives the same [`Ranking`] (and the same report
 //! bytes) in any order: bundles are sorted by id, maps are ordered, the bootstrap is
 //! seeded per lever and rung, and no clock is read.
 
-pub mod bundle;
 pub mod fit;
-pub mod load;
+pub mod metric;
 pub mod pairing;
 pub mod report;
 pub mod stats;
@@ -22,10 +22,10 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::bundle::facts::{Bundle, Exclusion};
 use crate::levers_spec::{Direction, Lever, LeverSpec, Unit};
-use bundle::Bundle;
 use fit::{NoFit, ScalingFit};
-use pairing::{Exclusion, LeverRungPairs, PairedRound};
+use pairing::{LeverRungPairs, PairedRound};
 use stats::{Interval, PairedEffect};
 use verdict::Verdict;
 
@@ -317,7 +317,7 @@ fn missing_pairs(l: &Lever, rung: &str, lr: &LeverRungPairs) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rank::bundle::tests::sample_bundle;
+    use crate::bundle::facts::tests::sample_bundle;
     use crate::rank::pairing::tests::spec;
 
     fn verdict_at_reference(device: Option<&str>) -> Verdict {

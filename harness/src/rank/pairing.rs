@@ -21,21 +21,13 @@
 use serde::Serialize;
 use std::collections::BTreeMap;
 
+use crate::bundle::facts::{Bundle, Exclusion};
 #[cfg(doc)]
 use crate::levers_spec::Metric;
 use crate::levers_spec::{Lever, LeverSpec};
-use crate::rank::bundle::Bundle;
+use crate::rank::metric;
 use crate::rank::stats::Pair;
 use crate::short_id::short;
-
-/// A bundle that is not used, and why.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct Exclusion {
-    /// The bundle id (or the path of an unreadable bundle).
-    pub id: String,
-    /// Why it is not used.
-    pub reason: String,
-}
 
 /// Everything that must match for two runs to pair, besides the lever and rung.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -198,7 +190,7 @@ pub fn unusable(b: &Bundle, spec: &LeverSpec) -> Option<String> {
             ));
         }
     }
-    if let Err(why) = b.metric(&lever.metric) {
+    if let Err(why) = metric::value(b, &lever.metric) {
         return Some(format!(
             "metric {} unavailable: {why}",
             lever.metric.label()
@@ -303,8 +295,10 @@ pub fn pair(bundles: &[Bundle], spec: &LeverSpec) -> Pairing {
             match (base.first(), treat.first()) {
                 (Some(b), Some(t)) => {
                     // Both values exist: `unusable` checked the metric.
-                    let (Ok(bv), Ok(tv)) = (b.metric(&lever.metric), t.metric(&lever.metric))
-                    else {
+                    let (Ok(bv), Ok(tv)) = (
+                        metric::value(b, &lever.metric),
+                        metric::value(t, &lever.metric),
+                    ) else {
                         continue;
                     };
                     lr.voxels = b.voxels;
@@ -399,9 +393,9 @@ fn drop_superseded<'a>(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::bundle::facts::tests::sample_bundle;
+    use crate::bundle::facts::Schedule;
     use crate::levers_spec::LeverSpec;
-    use crate::rank::bundle::tests::sample_bundle;
-    use crate::rank::bundle::Schedule;
     use std::path::Path;
 
     pub(crate) fn spec() -> LeverSpec {

@@ -905,7 +905,7 @@ fn conclude(
     )?;
     s.journal.clone().finish().context("closing the journal")?;
     let sealed = evidence::seal::seal(staging.dir(), store).context("sealing the bundle")?;
-    let table = evidence::phase_table::phase_table_text(&sealed.path)
+    let table = crate::bundle::tables::phase_table_text(&sealed.path)
         .unwrap_or_else(|e| format!("(phase table unavailable: {e})\n"));
     let mut out = std::io::stdout().lock();
     // A closed stdout must not turn a sealed run into a failure.

@@ -1,14 +1,22 @@
-//! What `harness rank` and `harness diff` know about one sealed bundle, as plain data.
+//! What `rank`, `diff` and `campaign` know about one sealed bundle, as plain data.
 //!
-//! [`crate::rank::load`] fills these from a bundle's `manifest.json`,
-//! `phases.parquet` and `samples.parquet`; everything downstream (pairing, statistics,
-//! fit, reports) works on these structs only, so it is testable without Parquet and
-//! independent of the order bundles were found in.
+//! [`crate::bundle::manifest`] and [`crate::bundle::scan`] fill these from a
+//! bundle's `manifest.json`, `phases.parquet` and `samples.parquet`; everything
+//! downstream (pairing, statistics, fit, reports, the diff, the campaign's resume)
+//! works on these structs only, so it is testable without Parquet and independent
+//! of the order bundles were found in.
 
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-use crate::levers_spec::Metric;
+/// A bundle that is not used, and why.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Exclusion {
+    /// The bundle id (or the path of an unreadable bundle).
+    pub id: String,
+    /// Why it is not used.
+    pub reason: String,
+}
 
 /// The `schedule` manifest fragment of a campaign run.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -196,73 +204,6 @@ impl Bundle {
         }
         (n > 0).then_some((total, n))
     }
-
-    /// The value of `metric` for this bundle, or why it has none.
-    pub fn metric(&self, metric: &Metric) -> Result<f64, String> {
-        let rows = |phase: &Option<String>| -> Vec<&PhaseRow> {
-            self.phases
-                .iter()
-                .filter(|p| phase.as_deref().is_none_or(|ph| p.name == ph))
-                .collect()
-        };
-        let max_i64 = |rows: Vec<&PhaseRow>, f: fn(&PhaseRow) -> Option<i64>, what: &str| {
-            rows.iter()
-                .filter_map(|r| f(r))
-                .max()
-                .map(|v| v as f64)
-                .ok_or_else(|| format!("no {what} recorded"))
-        };
-        let need_phase = |phase: &Option<String>| -> Result<(), String> {
-            match phase {
-                Some(ph) if !self.phases.iter().any(|p| &p.name == ph) => {
-                    Err(format!("phase {ph} absent"))
-                }
-                _ => Ok(()),
-            }
-        };
-        match metric {
-            Metric::PhaseWall { phase } => self
-                .phase_total_s(phase)
-                .map(|(s, _)| s)
-                .ok_or_else(|| format!("phase {phase} absent or without a duration")),
-            Metric::RenderWall => self
-                .render_wall_s()
-                .ok_or_else(|| "no phases to span".to_string()),
-            Metric::PeakRss { phase } => {
-                need_phase(phase)?;
-                max_i64(
-                    rows(phase),
-                    PhaseRow::peak_host_rss_bytes,
-                    "peak_rss_bytes sample or peak_host_bytes close attribute",
-                )
-            }
-            Metric::DevicePeak { phase } => {
-                need_phase(phase)?;
-                max_i64(rows(phase), |r| r.peak_device_bytes, "peak_device_bytes")
-            }
-            Metric::WeightsCached { phase } => {
-                need_phase(phase)?;
-                self.peaks(phase.as_deref())
-                    .weights_cached_bytes
-                    .ok_or_else(|| "no weights_cached_bytes sample".to_string())
-            }
-            Metric::UnifiedPeak { phase } => {
-                need_phase(phase)?;
-                self.peaks(phase.as_deref())
-                    .unified_bytes
-                    .ok_or_else(|| "no unified_bytes sample".to_string())
-            }
-            Metric::GpuBusyShare { phase } => {
-                need_phase(&Some(phase.clone()))?;
-                let p = self.peaks(Some(phase));
-                if p.gpu_util_samples == 0 {
-                    Err(format!("no gpu_util_pct sample inside {phase}"))
-                } else {
-                    Ok(p.gpu_busy_samples as f64 / p.gpu_util_samples as f64)
-                }
-            }
-        }
-    }
 }
 
 /// Whether phase `name` is `root` or a dotted descendant of it (`denoise.step` of
@@ -342,78 +283,6 @@ pub(crate) mod tests {
             samples_by_phase: samples,
             cache_share_at_start: None,
         }
-    }
-
-    #[test]
-    fn metrics_read_the_right_rows_and_samples() {
-        let b = sample_bundle("abc");
-        let m = |m: Metric| b.metric(&m);
-        assert_eq!(
-            m(Metric::PhaseWall {
-                phase: "denoise.step".into()
-            }),
-            Ok(10.0)
-        );
-        assert_eq!(m(Metric::RenderWall), Ok(12.0));
-        assert_eq!(m(Metric::PeakRss { phase: None }), Ok(1500.0));
-        assert_eq!(
-            m(Metric::PeakRss {
-                phase: Some("load.dit".into())
-            }),
-            Ok(1000.0)
-        );
-        assert_eq!(m(Metric::WeightsCached { phase: None }), Ok(5000.0));
-        assert_eq!(
-            m(Metric::WeightsCached {
-                phase: Some("denoise".into())
-            }),
-            Ok(3000.0)
-        );
-        assert_eq!(
-            m(Metric::GpuBusyShare {
-                phase: "denoise".into()
-            }),
-            Ok(0.8)
-        );
-        assert!(m(Metric::PhaseWall {
-            phase: "vae".into()
-        })
-        .unwrap_err()
-        .contains("vae"));
-        assert!(m(Metric::DevicePeak { phase: None })
-            .unwrap_err()
-            .contains("peak_device_bytes"));
-        assert!(m(Metric::UnifiedPeak {
-            phase: Some("load.dit".into())
-        })
-        .is_err());
-    }
-
-    #[test]
-    fn peak_rss_is_the_larger_of_the_samples_and_the_engines_own_mark() {
-        let mut b = sample_bundle("abc");
-        // load.dit: no sample fell inside it (a phase shorter than the cadence),
-        // but the engine reported its high-water mark.
-        b.phases[0].peak_rss_bytes = None;
-        b.phases[0].peak_host_bytes = Some(2600);
-        // One step's mark exceeds every sample; the other's is below its sample.
-        b.phases[2].peak_host_bytes = Some(1700);
-        b.phases[3].peak_host_bytes = Some(1100);
-        let m = |b: &Bundle, phase: Option<&str>| {
-            b.metric(&Metric::PeakRss {
-                phase: phase.map(str::to_string),
-            })
-        };
-        assert_eq!(m(&b, Some("load.dit")), Ok(2600.0));
-        assert_eq!(m(&b, Some("denoise.step")), Ok(1700.0));
-        assert_eq!(m(&b, Some("denoise")), Ok(1500.0));
-        assert_eq!(m(&b, None), Ok(2600.0));
-        b.phases[0].peak_host_bytes = None;
-        let e = m(&b, Some("load.dit")).unwrap_err();
-        assert!(
-            e.contains("peak_rss_bytes") && e.contains("peak_host_bytes"),
-            "{e}"
-        );
     }
 
     #[test]

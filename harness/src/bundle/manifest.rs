@@ -1,0 +1,357 @@
+//! `manifest.json` of a bundle, read three ways: as JSON ([`read_json`], for
+//! `diff` and the campaign's runner), as the typed manifest ([`read_typed`], for
+//! `ls`, `show`, `plot` and `export`), and as the facts rank, diff and campaign
+//! use ([`read_facts`]); and the weights' page-cache state at engine start, which
+//! all of them report ([`cache_at_start`]).
+
+use evidence::bundle_files::MANIFEST;
+use evidence::manifest::Manifest;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::bundle::error::{LoadError, ManifestError};
+use crate::bundle::facts::{Bundle, Schedule};
+use crate::bundle::files;
+
+/// `manifest.json` of the bundle at `dir` as JSON.
+pub fn read_json(dir: &Path) -> Result<Value, ManifestError> {
+    let text = files::read_text(dir, MANIFEST)?;
+    serde_json::from_str(&text).map_err(|e| ManifestError::NotJson {
+        file: dir.join(MANIFEST),
+        message: e.to_string(),
+    })
+}
+
+/// `manifest.json` of the bundle at `dir` as the typed manifest.
+pub fn read_typed(dir: &Path) -> Result<Manifest, ManifestError> {
+    let text = files::read_text(dir, MANIFEST)?;
+    Manifest::from_json(&text).map_err(|why| ManifestError::Malformed {
+        file: dir.join(MANIFEST),
+        why,
+    })
+}
+
+/// The manifest's facts of the bundle at `dir` (phases and samples left empty).
+pub fn read_facts(dir: &Path) -> Result<Bundle, LoadError> {
+    let text = files::read_text(dir, MANIFEST).map_err(|e| LoadError::Io {
+        file: e.file,
+        source: e.source,
+    })?;
+    let file = dir.join(MANIFEST);
+    let m: Value = serde_json::from_str(&text).map_err(|e| LoadError::Json {
+        file: file.clone(),
+        message: e.to_string(),
+    })?;
+    manifest_facts(&m, &file, dir)
+}
+
+fn get<'a>(m: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(m, |v, k| v.get(k))
+}
+
+/// The facts rank needs from a parsed manifest; `file` names it in errors and the
+/// directory name is the id when the manifest does not carry one.
+pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, LoadError> {
+    let field = |path: &str, expected: &str| LoadError::Field {
+        file: file.to_path_buf(),
+        field: path.to_string(),
+        expected: expected.to_string(),
+    };
+    let string = |path: &str| -> Result<String, LoadError> {
+        get(m, path)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| field(path, "a string"))
+    };
+    let opt_string = |path: &str| get(m, path).and_then(Value::as_str).map(str::to_string);
+    let id = match get(m, "id").and_then(Value::as_str) {
+        Some(s) => s.to_string(),
+        None => dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map(str::to_string)
+            .ok_or_else(|| field("id", "a bundle id or a directory named by it"))?,
+    };
+    let cfg = get(m, "rung.config").ok_or_else(|| field("rung.config", "the rung as JSON"))?;
+    let dim = |k: &str| -> Result<u64, LoadError> {
+        cfg.get(k)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| field(&format!("rung.config.{k}"), "a positive integer"))
+    };
+    let voxels = dim("width")? * dim("height")? * dim("frames")?;
+    let levers = match get(m, "levers") {
+        None | Some(Value::Null) => BTreeMap::new(),
+        Some(Value::Object(o)) => o
+            .iter()
+            .map(|(k, v)| {
+                v.as_str()
+                    .map(|s| (k.clone(), s.to_string()))
+                    .ok_or_else(|| field(&format!("levers.{k}"), "an arm name (string)"))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(field("levers", "an object of lever = arm")),
+    };
+    let schedule = match get(m, "schedule") {
+        None | Some(Value::Null) => None,
+        Some(s) => {
+            let u = |k: &str| {
+                s.get(k)
+                    .and_then(Value::as_u64)
+                    .ok_or_else(|| field(&format!("schedule.{k}"), "a non-negative integer"))
+            };
+            let st = |k: &str| {
+                s.get(k)
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+                    .ok_or_else(|| field(&format!("schedule.{k}"), "a string"))
+            };
+            let small = |k: &str| -> Result<u32, LoadError> {
+                u32::try_from(u(k)?).map_err(|_| field(&format!("schedule.{k}"), "below 2^32"))
+            };
+            Some(Schedule {
+                campaign: st("campaign")?,
+                round: small("round")?,
+                position: small("position")?,
+                arm: st("arm")?,
+                lever: st("lever")?,
+                seed: u("seed")?,
+            })
+        }
+    };
+    let host = [
+        opt_string("run.hostname").unwrap_or_else(|| "?".into()),
+        opt_string("host.cpu_model").unwrap_or_else(|| "?".into()),
+        opt_string("gpu.name").unwrap_or_else(|| "no-gpu".into()),
+    ]
+    .join("|");
+    let contended = match get(m, "contention.flagged").and_then(Value::as_bool) {
+        Some(true) => {
+            Some(opt_string("contention.detail").unwrap_or_else(|| "flagged at start".into()))
+        }
+        _ => None,
+    };
+    Ok(Bundle {
+        id,
+        rung: string("rung.name")?,
+        voxels,
+        device: cfg
+            .get("device")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        profile: opt_string("profile").unwrap_or_else(|| "default".into()),
+        engine_sha256: string("engine.sha256")?,
+        host,
+        weights_digest: string("weights.digest")?,
+        levers,
+        schedule,
+        start_unix_ns: get(m, "run.start_unix_ns").and_then(Value::as_u64),
+        run_wall_s: get(m, "phases.run_wall_s").and_then(Value::as_f64),
+        contended,
+        incomplete: incompleteness(m),
+        phases: Vec::new(),
+        samples_by_phase: BTreeMap::new(),
+        cache_share_at_start: cache_at_start(m).map(|c| c.share),
+    })
+}
+
+/// The weights' page-cache state at engine start, as a manifest records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheAtStart {
+    /// `as-is`, `cold` or `warm`, where recorded.
+    pub policy: Option<String>,
+    /// Share (0..1) of the weight bytes resident.
+    pub share: f64,
+}
+
+/// The page-cache state at engine start of manifest `m` (or of an object holding
+/// its `weights_cache` and `gates`): from the `weights_cache` fragment (bytes),
+/// else from the `weights-cache` gate's detail, whose figures bundles sealed before
+/// the fragment existed carry only as text ("as-is: ... GiB after (100.0%) ..."; the
+/// wording is the harness's own and frozen in those bundles). The one reader of it
+/// for rank, `show` and `diff`.
+pub fn cache_at_start(m: &Value) -> Option<CacheAtStart> {
+    let after = get(m, "weights_cache.resident_after_bytes").and_then(Value::as_f64);
+    let total = get(m, "weights_cache.total_bytes").and_then(Value::as_f64);
+    if let (Some(a), Some(t)) = (after, total) {
+        return Some(CacheAtStart {
+            policy: get(m, "weights_cache.policy")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            share: if t > 0.0 {
+                (a / t).clamp(0.0, 1.0)
+            } else {
+                1.0
+            },
+        });
+    }
+    let gate = get(m, "gates")?
+        .as_array()?
+        .iter()
+        .find(|g| g.get("name").and_then(Value::as_str) == Some("weights-cache"))?;
+    let detail = gate.get("detail")?.as_str()?;
+    let (policy, figures) = detail.split_once(": ")?;
+    let (_, rest) = figures.split_once(" GiB after (")?;
+    let (pct, _) = rest.split_once("%)")?;
+    let pct: f64 = pct.trim().parse().ok()?;
+    (0.0..=100.0).contains(&pct).then(|| CacheAtStart {
+        policy: Some(policy.to_string()),
+        share: pct / 100.0,
+    })
+}
+
+/// Why a run is incomplete: `complete` false, an exit other than `completed`, or a
+/// completion verdict other than `pass`. `None` when none of these holds.
+fn incompleteness(m: &Value) -> Option<String> {
+    let mut why = Vec::new();
+    let reason = get(m, "exit.reason").and_then(Value::as_str);
+    match reason {
+        Some("completed") => {}
+        Some(r) => {
+            let detail = get(m, "exit.detail").and_then(Value::as_str).unwrap_or("");
+            why.push(format!(
+                "exit {r}{}",
+                if detail.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({detail})")
+                }
+            ));
+        }
+        None => why.push("no exit recorded".to_string()),
+    }
+    match get(m, "completion.verdict").and_then(Value::as_str) {
+        Some("pass") => {}
+        Some(v) => {
+            let reasons: Vec<&str> = get(m, "completion.reasons")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            why.push(format!(
+                "completion {v}{}",
+                if reasons.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", reasons.join("; "))
+                }
+            ));
+        }
+        None => why.push("no completion verdict".to_string()),
+    }
+    if get(m, "complete").and_then(Value::as_bool) == Some(false) && why.is_empty() {
+        why.push("sealed as incomplete".to_string());
+    }
+    (!why.is_empty()).then(|| why.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::path::Path;
+
+    fn manifest() -> Value {
+        json!({
+            "run": {"hostname": "box", "start_ns": 1, "end_ns": 2},
+            "rung": {"name": "2", "config": {"width": 64, "height": 32, "frames": 9, "device": "cpu"}},
+            "profile": "default",
+            "levers": {"staging": "batched"},
+            "engine": {"sha256": "abc"},
+            "weights": {"digest": "sha256:w"},
+            "host": {"cpu_model": "Xeon"},
+            "gpu": null,
+            "contention": {"flagged": false},
+            "exit": {"reason": "completed", "code": 0},
+            "completion": {"verdict": "pass", "reasons": []},
+            "schedule": {"campaign": "c1", "round": 2, "position": 5, "arm": "batched", "lever": "staging", "seed": 9},
+            "phases": {"run_wall_s": 12.5},
+            "complete": true
+        })
+    }
+
+    fn facts(m: &Value) -> Result<Bundle, LoadError> {
+        manifest_facts(
+            m,
+            Path::new("b/manifest.json"),
+            Path::new("store/bundles/deadbeef"),
+        )
+    }
+
+    #[test]
+    fn manifest_facts_read_every_field_rank_uses() {
+        let b = facts(&manifest()).unwrap();
+        assert_eq!(b.id, "deadbeef");
+        assert_eq!(b.voxels, 64 * 32 * 9);
+        assert_eq!(b.host, "box|Xeon|no-gpu");
+        assert_eq!(b.levers["staging"], "batched");
+        let s = b.schedule.unwrap();
+        assert_eq!(
+            (s.round, s.position, s.seed, s.lever.as_str()),
+            (2, 5, 9, "staging")
+        );
+        assert_eq!(b.contended, None);
+        assert_eq!(b.incomplete, None);
+        assert_eq!(b.device.as_deref(), Some("cpu"));
+        assert_eq!(b.run_wall_s, Some(12.5));
+        assert_eq!(b.cache_share_at_start, None, "neither fragment nor gate");
+    }
+
+    #[test]
+    fn the_cache_share_at_start_comes_from_the_fragment_or_the_old_gate_text() {
+        let mut m = manifest();
+        // A bundle from before the fragment: the gate's own wording.
+        m["gates"] = json!([
+            {"name": "headroom", "verdict": "pass", "detail": "x"},
+            {"name": "weights-cache", "verdict": "pass",
+             "detail": "as-is: 1.313 of 35.487 GiB resident before, 1.313 GiB after (3.7%), 0.00 s"}
+        ]);
+        let b = facts(&m).unwrap();
+        assert!((b.cache_share_at_start.unwrap() - 0.037).abs() < 1e-12);
+        assert_eq!(cache_at_start(&m).unwrap().policy.as_deref(), Some("as-is"));
+        // The fragment wins over the text.
+        m["weights_cache"] = json!({"policy": "warm", "total_bytes": 400u64,
+            "resident_before_bytes": 0u64, "resident_after_bytes": 300u64, "seconds": 1.5});
+        assert_eq!(facts(&m).unwrap().cache_share_at_start, Some(0.75));
+        assert_eq!(cache_at_start(&m).unwrap().policy.as_deref(), Some("warm"));
+        // A gate that could not read residency says nothing about the share.
+        m["weights_cache"] = Value::Null;
+        m["gates"] = json!([{"name": "weights-cache", "verdict": "not-applicable",
+            "detail": "as-is: page-cache residency of the weights cannot be read: EPERM"}]);
+        assert_eq!(facts(&m).unwrap().cache_share_at_start, None);
+    }
+
+    #[test]
+    fn contention_and_incompleteness_are_explained() {
+        let mut m = manifest();
+        m["contention"] = json!({"flagged": true, "detail": "load1 7.5 at start"});
+        m["exit"] = json!({"reason": "killed", "detail": "SIGKILL"});
+        m["completion"] = json!({"verdict": "fail", "reasons": ["frame 3 near-black"]});
+        let b = facts(&m).unwrap();
+        assert_eq!(b.contended.as_deref(), Some("load1 7.5 at start"));
+        assert_eq!(
+            b.incomplete.as_deref(),
+            Some("exit killed (SIGKILL), completion fail: frame 3 near-black")
+        );
+    }
+
+    #[test]
+    fn missing_fields_name_file_and_field() {
+        let mut m = manifest();
+        m["engine"] = json!({});
+        let e = facts(&m).unwrap_err().to_string();
+        assert!(
+            e.contains("b/manifest.json")
+                && e.contains("'engine.sha256'")
+                && e.contains("a string"),
+            "{e}"
+        );
+        let mut m = manifest();
+        m["schedule"]["round"] = json!("two");
+        let e = facts(&m).unwrap_err().to_string();
+        assert!(e.contains("'schedule.round'"), "{e}");
+        let mut m = manifest();
+        m["rung"]["config"]["width"] = json!(null);
+        let e = facts(&m).unwrap_err().to_string();
+        assert!(e.contains("'rung.config.width'"), "{e}");
+    }
+}

@@ -1,0 +1,305 @@
+//! Many bundles' phases and samples at once, with polars: one multi-file scan of
+//! `phases.parquet` and one of `samples.parquet` over every bundle (so a thousand
+//! bundles cost two queries, not two thousand), into [`Bundle`]s with their
+//! manifest facts.
+//!
+//! A bundle that cannot be read (a missing file, a missing manifest field, a corrupt
+//! Parquet file) does not stop the others: it is returned in `unreadable` with an
+//! error naming the file, the field and what was expected.
+//!
+//! Polars is used here and nowhere else in the harness's library, so the rest
+//! stays light to build.
+
+use polars::prelude::*;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use crate::bundle::error::LoadError;
+use crate::bundle::facts::{Bundle, Exclusion, PhaseRow, SamplePeaks};
+use crate::bundle::{files, manifest};
+
+/// Bundles read, and those that could not be.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// Readable bundles, sorted by id.
+    pub bundles: Vec<Bundle>,
+    /// Unreadable bundles: the directory and the error.
+    pub unreadable: Vec<Exclusion>,
+}
+
+/// Read every bundle directory in `dirs`.
+pub fn load_dirs(dirs: &[PathBuf]) -> Loaded {
+    let mut loaded = Loaded::default();
+    let mut ok: Vec<(PathBuf, Bundle)> = Vec::new();
+    for d in dirs {
+        match manifest::read_facts(d) {
+            Ok(b) => ok.push((d.clone(), b)),
+            Err(e) => loaded.unreadable.push(Exclusion {
+                id: d.display().to_string(),
+                reason: format!("unreadable: {e}"),
+            }),
+        }
+    }
+    // Both scans at once; on failure, fall back to one bundle at a time so that one
+    // bad file excludes one bundle only.
+    match (phases_scan(&ok), samples_scan(&ok)) {
+        (Ok(mut phases), Ok(mut samples)) => {
+            for (d, mut b) in ok {
+                let key = d.display().to_string();
+                b.phases = phases.remove(&key).unwrap_or_default();
+                b.samples_by_phase = samples.remove(&key).unwrap_or_default();
+                loaded.bundles.push(b);
+            }
+        }
+        _ => {
+            for (d, mut b) in ok {
+                let one = [(d.clone(), b.clone())];
+                match (phases_scan(&one), samples_scan(&one)) {
+                    (Ok(mut p), Ok(mut s)) => {
+                        let key = d.display().to_string();
+                        b.phases = p.remove(&key).unwrap_or_default();
+                        b.samples_by_phase = s.remove(&key).unwrap_or_default();
+                        loaded.bundles.push(b);
+                    }
+                    (Err(e), _) | (_, Err(e)) => loaded.unreadable.push(Exclusion {
+                        id: b.id.clone(),
+                        reason: format!("unreadable: {e}"),
+                    }),
+                }
+            }
+        }
+    }
+    loaded.bundles.sort_by(|a, b| a.id.cmp(&b.id));
+    loaded.unreadable.sort();
+    loaded
+}
+
+const PATH_COL: &str = "__bundle_dir";
+
+fn scan(dirs: &[(PathBuf, Bundle)], file: &str) -> PolarsResult<LazyFrame> {
+    let paths = dirs
+        .iter()
+        .map(|(d, _)| PlRefPath::new(files::scan_path(d, file).display().to_string().as_str()));
+    let args = ScanArgsParquet {
+        include_file_paths: Some(PATH_COL.into()),
+        glob: false,
+        cache: false,
+        ..Default::default()
+    };
+    LazyFrame::scan_parquet_files(paths.collect(), args)
+}
+
+fn err_for(dirs: &[(PathBuf, Bundle)], file: &str, e: PolarsError) -> LoadError {
+    let f = match dirs {
+        [(d, _)] => d.join(file),
+        _ => PathBuf::from(format!("<{} bundles>/{file}", dirs.len())),
+    };
+    LoadError::Parquet {
+        file: f,
+        message: e.to_string(),
+    }
+}
+
+/// The bundle directory a scanned row came from (the file path minus its name).
+fn dir_key(path: &str, file: &str) -> String {
+    path.strip_suffix(file)
+        .map(|p| p.trim_end_matches('/'))
+        .unwrap_or(path)
+        .to_string()
+}
+
+/// Phase rows per bundle directory (as displayed), in `seq` order.
+fn phases_scan(dirs: &[(PathBuf, Bundle)]) -> Result<BTreeMap<String, Vec<PhaseRow>>, LoadError> {
+    const FILE: &str = "phases.parquet";
+    let mut out: BTreeMap<String, Vec<PhaseRow>> = BTreeMap::new();
+    if dirs.is_empty() {
+        return Ok(out);
+    }
+    let run = || -> PolarsResult<DataFrame> {
+        scan(dirs, FILE)?
+            .select([
+                col(PATH_COL).cast(DataType::String),
+                col("seq").cast(DataType::Int64),
+                col("name").cast(DataType::String),
+                col("depth").cast(DataType::Int64),
+                col("open_ns").cast(DataType::Int64),
+                col("close_ns").cast(DataType::Int64),
+                col("duration_s").cast(DataType::Float64),
+                col("is_leaf").cast(DataType::Boolean),
+                col("peak_rss_bytes").cast(DataType::Int64),
+                col("peak_device_bytes").cast(DataType::Int64),
+                col("attrs_json").cast(DataType::String),
+                col("gpu_busy_share").cast(DataType::Float64),
+                col("samples").cast(DataType::Int64),
+            ])
+            .sort([PATH_COL, "seq"], Default::default())
+            .collect()
+    };
+    let df = run().map_err(|e| err_for(dirs, FILE, e))?;
+    let c = |name: &str| df.column(name).map_err(|e| err_for(dirs, FILE, e));
+    let (path, name) = (c(PATH_COL)?.str().cloned(), c("name")?.str().cloned());
+    let path = path.map_err(|e| err_for(dirs, FILE, e))?;
+    let name = name.map_err(|e| err_for(dirs, FILE, e))?;
+    let i = |n: &str| -> Result<Int64Chunked, LoadError> {
+        c(n)?.i64().cloned().map_err(|e| err_for(dirs, FILE, e))
+    };
+    let f = |n: &str| -> Result<Float64Chunked, LoadError> {
+        c(n)?.f64().cloned().map_err(|e| err_for(dirs, FILE, e))
+    };
+    let (depth, open, close, rss, dev, samples) = (
+        i("depth")?,
+        i("open_ns")?,
+        i("close_ns")?,
+        i("peak_rss_bytes")?,
+        i("peak_device_bytes")?,
+        i("samples")?,
+    );
+    let (dur, busy) = (f("duration_s")?, f("gpu_busy_share")?);
+    let attrs = c("attrs_json")?
+        .str()
+        .cloned()
+        .map_err(|e| err_for(dirs, FILE, e))?;
+    let leaf = c("is_leaf")?
+        .bool()
+        .cloned()
+        .map_err(|e| err_for(dirs, FILE, e))?;
+    for r in 0..df.height() {
+        let key = dir_key(path.get(r).unwrap_or(""), FILE);
+        out.entry(key).or_default().push(PhaseRow {
+            name: name.get(r).unwrap_or("").to_string(),
+            depth: depth.get(r).unwrap_or(0),
+            open_ns: open.get(r).unwrap_or(0),
+            close_ns: close.get(r),
+            duration_s: dur.get(r),
+            is_leaf: leaf.get(r).unwrap_or(false),
+            peak_rss_bytes: rss.get(r),
+            peak_host_bytes: attrs.get(r).and_then(close_peak_host_bytes),
+            peak_device_bytes: dev.get(r),
+            gpu_busy_share: busy.get(r),
+            samples: samples.get(r),
+        });
+    }
+    Ok(out)
+}
+
+/// The `peak_host_bytes` close attribute of a phase row's `attrs_json`
+/// (`{"close":{...},"open":{...}}`); `None` when absent, not a non-negative
+/// integer, or the JSON does not parse (the bundle's hashes already vouch for
+/// the bytes; an engine that wrote no such attribute simply has no value).
+fn close_peak_host_bytes(attrs_json: &str) -> Option<i64> {
+    let v: Value = serde_json::from_str(attrs_json).ok()?;
+    let n = v
+        .get("close")?
+        .get(evidence::marker::attr::PEAK_HOST_BYTES)?;
+    n.as_u64().and_then(|b| i64::try_from(b).ok())
+}
+
+/// Sample peaks per bundle directory and innermost phase.
+fn samples_scan(
+    dirs: &[(PathBuf, Bundle)],
+) -> Result<BTreeMap<String, BTreeMap<String, SamplePeaks>>, LoadError> {
+    const FILE: &str = "samples.parquet";
+    let mut out: BTreeMap<String, BTreeMap<String, SamplePeaks>> = BTreeMap::new();
+    if dirs.is_empty() {
+        return Ok(out);
+    }
+    let f64c = |n: &str| col(n).cast(DataType::Float64);
+    let run = || -> PolarsResult<DataFrame> {
+        scan(dirs, FILE)?
+            .group_by([
+                col(PATH_COL).cast(DataType::String),
+                col("phase").cast(DataType::String),
+            ])
+            .agg([
+                len().alias("n"),
+                f64c("rss_bytes").max().alias("rss"),
+                f64c("unified_bytes").max().alias("unified"),
+                f64c("weights_cached_bytes").max().alias("cached"),
+                f64c("engine_gpu_mem_bytes").max().alias("gpu_mem"),
+                f64c("gpu_util_pct")
+                    .is_not_null()
+                    .sum()
+                    .cast(DataType::Int64)
+                    .alias("util_n"),
+                f64c("gpu_util_pct")
+                    .gt(lit(0.0))
+                    .sum()
+                    .cast(DataType::Int64)
+                    .alias("busy_n"),
+            ])
+            .collect()
+    };
+    let df = run().map_err(|e| err_for(dirs, FILE, e))?;
+    let e = |x: PolarsError| err_for(dirs, FILE, x);
+    let path = df.column(PATH_COL).map_err(e)?.str().map_err(e)?.clone();
+    let phase = df.column("phase").map_err(e)?.str().map_err(e)?.clone();
+    let n = df
+        .column("n")
+        .map_err(e)?
+        .cast(&DataType::Int64)
+        .map_err(e)?;
+    let n = n.i64().map_err(e)?.clone();
+    let fcol = |name: &str| -> Result<Float64Chunked, LoadError> {
+        Ok(df.column(name).map_err(e)?.f64().map_err(e)?.clone())
+    };
+    let icol = |name: &str| -> Result<Int64Chunked, LoadError> {
+        Ok(df.column(name).map_err(e)?.i64().map_err(e)?.clone())
+    };
+    let (rss, uni, cached, gmem) = (
+        fcol("rss")?,
+        fcol("unified")?,
+        fcol("cached")?,
+        fcol("gpu_mem")?,
+    );
+    let (util_n, busy_n) = (icol("util_n")?, icol("busy_n")?);
+    for r in 0..df.height() {
+        let key = dir_key(path.get(r).unwrap_or(""), FILE);
+        let peaks = SamplePeaks {
+            samples: n.get(r).unwrap_or(0).max(0) as u64,
+            rss_bytes: rss.get(r),
+            unified_bytes: uni.get(r),
+            weights_cached_bytes: cached.get(r),
+            engine_gpu_mem_bytes: gmem.get(r),
+            gpu_util_samples: util_n.get(r).unwrap_or(0).max(0) as u64,
+            gpu_busy_samples: busy_n.get(r).unwrap_or(0).max(0) as u64,
+        };
+        out.entry(key)
+            .or_default()
+            .entry(phase.get(r).unwrap_or("").to_string())
+            .or_default()
+            .merge(&peaks);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_engines_peak_comes_from_the_close_attributes_only() {
+        let f = close_peak_host_bytes;
+        assert_eq!(
+            f(
+                r#"{"close":{"peak_host_bytes":16347136,"peak_host_source":"vmhwm_reset"},"open":{}}"#
+            ),
+            Some(16_347_136)
+        );
+        // An open attribute of that name is not a measurement of the phase.
+        assert_eq!(f(r#"{"close":{},"open":{"peak_host_bytes":5}}"#), None);
+        assert_eq!(f(r#"{"open":{}}"#), None);
+        assert_eq!(f(r#"{"close":{"peak_host_bytes":-3}}"#), None);
+        assert_eq!(f(r#"{"close":{"peak_host_bytes":1.5}}"#), None);
+        assert_eq!(f(r#"{"close":{"peak_host_bytes":"1 GiB"}}"#), None);
+        assert_eq!(f("not json"), None);
+    }
+
+    #[test]
+    fn dir_key_strips_the_file_name() {
+        assert_eq!(
+            dir_key("/s/bundles/ab/phases.parquet", "phases.parquet"),
+            "/s/bundles/ab"
+        );
+    }
+}
