@@ -36,6 +36,10 @@ use std::path::{Path, PathBuf};
 /// The schema version this module reads.
 pub const SCHEMA: u32 = 1;
 
+/// Where the lever spec lives by default, relative to the working directory
+/// (`rank --spec`, `campaign --spec`).
+pub const DEFAULT_SPEC: &str = "specs/levers.toml";
+
 /// Where a render runs, as named in rung files (`device = "cpu"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

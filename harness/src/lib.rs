@@ -3,10 +3,9 @@
 //!
 //! * [`bundle`]: reading sealed bundles (manifest, tables, many at once with
 //!   polars): the one path every command opens a bundle by.
-//! * [`campaign`]: interleaved, resumable lever campaigns (`harness campaign`);
-//!   [`campaign_runner`] runs each position as a child `harness run`.
+//! * [`campaign`]: interleaved, resumable lever campaigns (`harness campaign`): the
+//!   plan, the budget, the execution, each position a child `harness run`.
 //! * [`classify`]: why a run ended (the `exit` fragment of `harness run`).
-//! * [`cli`]: argument structs and entry points of `rank`, `diff` and `campaign`.
 //! * [`completion`]: the pixel completion check on `video.y4m`.
 //! * [`control`]: the instrument's positive controls (`harness control`).
 //! * [`diff`]: two bundles side by side (`harness diff`).
@@ -29,10 +28,7 @@
 
 pub mod bundle;
 pub mod campaign;
-pub mod campaign_budget;
-pub mod campaign_runner;
 pub mod classify;
-pub mod cli;
 pub mod completion;
 pub mod control;
 pub mod diff;

@@ -28,11 +28,11 @@ enum Command {
     /// Print a bundle's manifest summary and phase table.
     Show(show::ShowArgs),
     /// Re-derive the lever ranking from the bundles in a store (reports/levers.md).
-    Rank(harness::cli::RankArgs),
+    Rank(harness::rank::command::RankArgs),
     /// Compare two bundles: phases, manifest differences, samples, exit, completion.
-    Diff(harness::cli::DiffArgs),
+    Diff(harness::diff::command::DiffArgs),
     /// Interleave every selected lever's arms round by round (ABBA or seeded random).
-    Campaign(harness::cli::CampaignArgs),
+    Campaign(harness::campaign::command::CampaignArgs),
     /// (internal) the watchdog control's allocating child.
     #[command(name = "__alloc-probe", hide = true)]
     AllocProbe(harness::watchdog::probe::AllocProbeArgs),
@@ -54,9 +54,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Recover(a) => recover::run(a),
         Command::Ls(a) => ls::run(a),
         Command::Show(a) => show::run(a),
-        Command::Rank(a) => harness::cli::rank(&a),
-        Command::Diff(a) => harness::cli::diff(&a),
-        Command::Campaign(a) => harness::cli::campaign(&a),
+        Command::Rank(a) => harness::rank::command::run(&a),
+        Command::Diff(a) => harness::diff::command::run(&a),
+        Command::Campaign(a) => harness::campaign::command::run(&a),
         Command::AllocProbe(a) => Ok(harness::watchdog::probe::run(&a)),
         Command::Plot(a) => view::plot(a),
         Command::Export(a) => view::export(a),

@@ -43,6 +43,20 @@ impl StoreArg {
     }
 }
 
+/// The store root for reading the whole store (`rank`, `campaign`): `explicit`, then
+/// `$HARNESS_STORE`, then `$XDG_DATA_HOME/harness/store`, then
+/// `~/.local/share/harness/store` (`evidence::store::default_location`). No
+/// durability gate and nothing created: listing needs neither, and `rank` reads
+/// committed stores such as `reports/evidence` as they are.
+pub fn read_root(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    evidence::store::default_location(explicit).map_err(|e| match e {
+        StoreError::NoLocation => {
+            UsageError("no store: pass --store DIR or set HARNESS_STORE".into()).into()
+        }
+        other => classify(other),
+    })
+}
+
 /// The bundle directory for an id, id prefix, or path. A path to a bundle
 /// directory is used as is, without opening a store.
 pub fn find_bundle(arg: &StoreArg, query: &str) -> anyhow::Result<PathBuf> {

@@ -370,6 +370,8 @@ fn the_binaries_write_the_report_and_diff_two_bundles() {
         .arg(&w.store_root)
         .output()
         .unwrap();
+    // diff resolves ids through the store like every other command, with its message.
     assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("no bundle \"nosuchbundle\""));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("no bundle matches \"nosuchbundle\""), "{err}");
 }

@@ -11,6 +11,7 @@
 //! bytes) in any order: bundles are sorted by id, maps are ordered, the bootstrap is
 //! seeded per lever and rung, and no clock is read.
 
+pub mod command;
 pub mod fit;
 pub mod metric;
 pub mod pairing;

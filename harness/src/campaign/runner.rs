@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::Context;
 
-use crate::campaign::{Job, RunFailure, RunOutcome, Runner};
+use crate::campaign::execute::{Job, RunFailure, RunOutcome, Runner};
 use crate::exit;
 
 /// Runs each job as `HARNESS run --rung R --store S --engine E --lever K=V --schedule JSON`.

@@ -3,18 +3,20 @@
 //! Phase tables with deltas and ratios; every manifest field that changes what a
 //! number means (binary, weights, levers, host, driver, cadence, contention, gates,
 //! controls, exit, completion); sample summaries (peaks, GPU-busy share, page cache).
-//! Output as markdown or, with `--json`, as [`Diff`].
+//! Output as markdown ([`markdown`]) or, with `--json`, as [`Diff`]; [`command`]
+//! holds the command's arguments and entry point.
 //!
 //! Promise: a pure function of the two bundles; phases keep A's open order, then the
 //! phases only B has in B's order.
 
+pub mod command;
+pub mod markdown;
+
 use serde::Serialize;
 use serde_json::Value;
-use std::fmt::Write;
 
 use crate::bundle::facts::{Bundle, PhaseRow};
 use crate::levers_spec::Unit;
-use crate::rank::report::{fixed, value};
 
 /// The manifest fields compared, with a label: `(path, label)`.
 pub const FIELDS: &[(&str, &str)] = &[
@@ -294,119 +296,9 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     }
 }
 
-fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
-    x.map_or("—".to_string(), f)
-}
-
-/// Render `d` as markdown.
-pub fn markdown(d: &Diff) -> String {
-    let mut o = String::new();
-    // Writing into a String cannot fail.
-    let _ = write_md(&mut o, d);
-    o
-}
-
-fn write_md(o: &mut String, d: &Diff) -> std::fmt::Result {
-    writeln!(o, "# Diff")?;
-    writeln!(o)?;
-    writeln!(o, "- A: `{}`", d.a)?;
-    writeln!(o, "- B: `{}`", d.b)?;
-    writeln!(o)?;
-    let differing: Vec<&FieldDiff> = d.fields.iter().filter(|f| f.differs).collect();
-    writeln!(
-        o,
-        "## Manifest differences ({} of {} fields compared)",
-        differing.len(),
-        d.fields.len()
-    )?;
-    writeln!(o)?;
-    if differing.is_empty() {
-        writeln!(o, "None: same binary, weights, levers, host, driver, cadence, contention, gates, exit and completion.")?;
-    } else {
-        writeln!(o, "| field | A | B |")?;
-        writeln!(o, "|---|---|---|")?;
-        for f in differing {
-            writeln!(
-                o,
-                "| {} | `{}` | `{}` |",
-                f.label,
-                cell(&f.a_view),
-                cell(&f.b_view)
-            )?;
-        }
-    }
-    writeln!(o)?;
-    writeln!(o, "## Exit and completion")?;
-    writeln!(o)?;
-    for f in d.fields.iter().filter(|f| {
-        matches!(
-            f.field.as_str(),
-            "exit.reason" | "exit.code" | "completion.verdict" | "completion.frames" | "complete"
-        )
-    }) {
-        writeln!(
-            o,
-            "- {}: A `{}`, B `{}`",
-            f.label,
-            cell(&f.a_view),
-            cell(&f.b_view)
-        )?;
-    }
-    writeln!(o)?;
-    writeln!(o, "## Phases")?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "| phase | A n | A | B n | B | B - A | B / A | A peak rss | B peak rss |"
-    )?;
-    writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
-    for p in &d.phases {
-        let gib = |x: Option<i64>| opt(x.map(|v| v as f64), |v| value(v, Unit::Bytes));
-        writeln!(
-            o,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            p.phase,
-            p.a_count,
-            opt(p.a_s, |v| value(v, Unit::Seconds)),
-            p.b_count,
-            opt(p.b_s, |v| value(v, Unit::Seconds)),
-            opt(p.delta_s, |v| value(v, Unit::Seconds)),
-            opt(p.ratio, |v| fixed(v, 3)),
-            gib(p.a_peak_rss_bytes),
-            gib(p.b_peak_rss_bytes)
-        )?;
-    }
-    writeln!(o)?;
-    writeln!(o, "## Samples")?;
-    writeln!(o)?;
-    writeln!(o, "| summary | A | B | B / A |")?;
-    writeln!(o, "|---|---:|---:|---:|")?;
-    for s in &d.summaries {
-        let f = |x: f64| {
-            if s.name == "samples" {
-                fixed(x, 0)
-            } else {
-                value(x, s.unit)
-            }
-        };
-        writeln!(
-            o,
-            "| {} | {} | {} | {} |",
-            s.name,
-            opt(s.a, f),
-            opt(s.b, f),
-            opt(s.ratio, |v| fixed(v, 3))
-        )?;
-    }
-    Ok(())
-}
-
-fn cell(s: &str) -> String {
-    s.replace('|', "\\|").replace('`', "'")
-}
-
 #[cfg(test)]
 mod tests {
+    use super::markdown::markdown;
     use super::*;
     use crate::bundle::facts::tests::sample_bundle;
     use serde_json::json;

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use crate::bundle::facts::Bundle;
-use crate::campaign::{Entry, Plan};
+use crate::campaign::plan::{Entry, Plan};
 
 /// The longest complete run wall seen per (rung, lever, arm) and per rung, seconds.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -153,6 +153,8 @@ impl Budget {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::campaign::plan::tests::{all_plan, sealed};
+    use crate::campaign::plan::Order;
 
     fn entry(pos: u32, rung: &str, arm: &str) -> Entry {
         Entry {
@@ -233,5 +235,20 @@ mod tests {
         );
         assert_eq!(human_s(45.4), "45 s");
         assert_eq!(human_s(7300.0), "2h01m");
+    }
+
+    #[test]
+    fn sealed_runs_of_this_campaign_seed_the_expected_walls() {
+        let p = all_plan(Order::Random, 3);
+        let e = &p.entries[0];
+        let mut mine = sealed(&p, e, "a", true);
+        mine.run_wall_s = Some(42.0);
+        let mut cut = sealed(&p, e, "b", false);
+        cut.run_wall_s = Some(500.0);
+        let mut other = sealed(&p, e, "c", true);
+        other.run_wall_s = Some(900.0);
+        other.schedule.as_mut().unwrap().campaign = "other".into();
+        let h = WallHistory::from_bundles(&p, &[mine, cut, other]);
+        assert_eq!(h.expected(e).map(|x| x.wall_s), Some(42.0));
     }
 }

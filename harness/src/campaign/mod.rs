@@ -1,0 +1,32 @@
+//! `harness campaign`: every selected lever's baseline and treatment arms, interleaved
+//! round by round on one engine binary, resumable after an interruption.
+//!
+//! The schedule is a pure function of the campaign's arguments: rounds are the outer
+//! loop (so drift spreads over every lever and an interruption leaves whole rounds
+//! behind), then rungs, then levers, then the two arms in an order that is either
+//! ABBA (baseline first in odd rounds, treatment first in even ones) or drawn per
+//! (round, rung, lever) from a ChaCha8 stream seeded with `--seed`. A lever is
+//! scheduled only on rungs whose device it applies to. Each run carries its place in
+//! the `schedule` manifest fragment `{campaign, round, position, arm, lever, seed}`.
+//!
+//! The campaign id is a hash of everything that shapes the schedule (engine sha256,
+//! rung files' sha256, levers, repeat, order, seed), so the same command on the same
+//! binary names the same campaign. Resuming skips every position that already has a
+//! sealed, complete bundle of that campaign; an incomplete one is run again.
+//!
+//! A run refused by a gate stops the campaign cleanly: nothing further is started and
+//! the outcome says where it stopped and why.
+//!
+//! * [`plan`]: the schedule, the campaign id, the positions already done.
+//! * [`budget`]: `--budget-s`: the walls learned so far and the deadline.
+//! * [`execute`]: running the positions through a [`execute::Runner`].
+//! * [`runner`]: the real runner, each position a child `harness run`.
+//! * [`command`]: `harness campaign`'s arguments and entry point.
+//!
+//! Dependencies run one way: command -> runner -> execute -> budget -> plan.
+
+pub mod budget;
+pub mod command;
+pub mod execute;
+pub mod plan;
+pub mod runner;

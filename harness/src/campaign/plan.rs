@@ -1,0 +1,413 @@
+//! A campaign's schedule: which lever, arm and rung runs at each position, the
+//! campaign id, which positions are already done, and the page-cache warnings of
+//! its plan (see [`crate::campaign`] for the rules).
+
+use rand::RngCore;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use crate::bundle::facts::Bundle;
+use crate::levers_spec::{DeviceKind, Lever};
+use crate::weights_cache::Policy as WeightsCache;
+
+/// How the two arms of a lever are ordered within a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Order {
+    /// Baseline first in odd rounds, treatment first in even rounds.
+    Abba,
+    /// A seeded coin flip per round, rung and lever.
+    Random,
+}
+
+/// A rung the campaign runs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RungRef {
+    /// The rung's name as bundles record it (`rung.name`).
+    pub name: String,
+    /// Its file.
+    pub path: PathBuf,
+    /// sha256 of the file's bytes (hex).
+    pub sha256: String,
+    /// Its device.
+    pub device: DeviceKind,
+}
+
+/// One run of the schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Entry {
+    /// 0-based position in the whole schedule.
+    pub position: u32,
+    /// 1-based round.
+    pub round: u32,
+    /// Rung name.
+    pub rung: String,
+    /// Lever id.
+    pub lever: String,
+    /// Arm of the lever for this run.
+    pub arm: String,
+}
+
+/// A lever left out at a rung, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Skip {
+    /// Lever id.
+    pub lever: String,
+    /// Rung name.
+    pub rung: String,
+    /// Why.
+    pub why: String,
+}
+
+/// A campaign's whole schedule.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    /// Campaign id (hex, 16 characters).
+    pub id: String,
+    /// Seed of the arm order (recorded even under ABBA).
+    pub seed: u64,
+    /// Arm order.
+    pub order: Order,
+    /// Rounds.
+    pub repeat: u32,
+    /// The entries, by position.
+    pub entries: Vec<Entry>,
+    /// Levers left out at a rung.
+    pub skipped: Vec<Skip>,
+}
+
+impl Plan {
+    /// The `schedule` manifest fragment of `e`.
+    pub fn fragment(&self, e: &Entry) -> serde_json::Value {
+        serde_json::json!({
+            "campaign": self.id,
+            "round": e.round,
+            "position": e.position,
+            "arm": e.arm,
+            "lever": e.lever,
+            "seed": self.seed,
+        })
+    }
+}
+
+/// Build the schedule. `engine_sha256` is the binary every run uses.
+#[allow(clippy::too_many_arguments)]
+pub fn plan(
+    engine_sha256: &str,
+    rungs: &[RungRef],
+    levers: &[&Lever],
+    repeat: u32,
+    order: Order,
+    seed: u64,
+    weights_cache: WeightsCache,
+) -> Plan {
+    let mut h = Sha256::new();
+    h.update(format!("harness campaign v1\nengine {engine_sha256}\n"));
+    for r in rungs {
+        h.update(format!("rung {} {}\n", r.name, r.sha256));
+    }
+    for l in levers {
+        h.update(format!("lever {} {} {}\n", l.id, l.baseline, l.treatment));
+    }
+    h.update(format!("repeat {repeat}\norder {order:?}\nseed {seed}\n"));
+    // Added after the first campaigns: `as-is` (their state) leaves the id as it was.
+    if weights_cache != WeightsCache::AsIs {
+        h.update(format!("weights-cache {}\n", weights_cache.as_str()));
+    }
+    let id: String = format!("{:x}", h.finalize()).chars().take(16).collect();
+
+    let mut skipped = Vec::new();
+    for r in rungs {
+        for l in levers {
+            if !l.applies_to.contains(&r.device) {
+                skipped.push(Skip {
+                    lever: l.id.clone(),
+                    rung: r.name.clone(),
+                    why: format!(
+                        "lever applies to {:?}; rung {} runs on {:?}",
+                        l.applies_to, r.name, r.device
+                    ),
+                });
+            }
+        }
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut entries = Vec::new();
+    for round in 1..=repeat {
+        for r in rungs {
+            for l in levers.iter().filter(|l| l.applies_to.contains(&r.device)) {
+                let baseline_first = match order {
+                    Order::Abba => round % 2 == 1,
+                    Order::Random => rng.next_u64() >> 63 == 0,
+                };
+                let arms = if baseline_first {
+                    [&l.baseline, &l.treatment]
+                } else {
+                    [&l.treatment, &l.baseline]
+                };
+                for arm in arms {
+                    entries.push(Entry {
+                        position: entries.len() as u32,
+                        round,
+                        rung: r.name.clone(),
+                        lever: l.id.clone(),
+                        arm: arm.clone(),
+                    });
+                }
+            }
+        }
+    }
+    Plan {
+        id,
+        seed,
+        order,
+        repeat,
+        entries,
+        skipped,
+    }
+}
+
+/// Positions of `plan` already done: a sealed, complete bundle of this campaign whose
+/// schedule fragment matches the entry at its position.
+pub fn done_positions(plan: &Plan, bundles: &[Bundle]) -> BTreeSet<u32> {
+    let mut done = BTreeSet::new();
+    for b in bundles {
+        let Some(s) = &b.schedule else { continue };
+        if s.campaign != plan.id || b.incomplete.is_some() {
+            continue;
+        }
+        if let Some(e) = plan.entries.get(s.position as usize) {
+            if e.round == s.round && e.lever == s.lever && e.arm == s.arm && e.rung == b.rung {
+                done.insert(s.position);
+            }
+        }
+    }
+    done
+}
+
+/// A warning per lever whose metric reads the weights when the campaign leaves the
+/// page cache as it finds it: each run then inherits what the previous one left
+/// (the rung-3 host-threads campaign 7f0605dedf9a8064 paired a warm baseline with a
+/// cold treatment), and rank drops such pairs. Empty under `cold` or `warm`.
+pub fn cache_warnings(levers: &[&Lever], policy: WeightsCache) -> Vec<String> {
+    if policy != WeightsCache::AsIs {
+        return Vec::new();
+    }
+    levers
+        .iter()
+        .filter(|l| l.metric.reads_weights())
+        .map(|l| {
+            format!(
+                "{}: its metric {} reads the weights and this campaign leaves the page cache \
+                 as-is, so each run starts in the state the previous one left; rank drops \
+                 pairs whose start states differ by more than {:.0} points. Give \
+                 --weights-cache warm (or cold) to fix the state.",
+                l.id,
+                l.metric.label(),
+                100.0 * crate::rank::pairing::CACHE_SHARE_MAX_GAP
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::bundle::facts::tests::sample_bundle;
+    use crate::bundle::facts::Schedule;
+    use crate::levers_spec::LeverSpec;
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    #[test]
+    fn an_as_is_campaign_warns_for_the_levers_whose_metric_reads_the_weights() {
+        let s = spec();
+        let levers: Vec<&Lever> = s.select("staging,vae,host-threads").unwrap();
+        let w = cache_warnings(&levers, WeightsCache::AsIs);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].starts_with("staging: its metric wall(load.dit) reads the weights"));
+        assert!(w[1].starts_with("host-threads: its metric render_wall"));
+        assert!(w[1].contains("--weights-cache warm"));
+        assert!(cache_warnings(&levers, WeightsCache::Warm).is_empty());
+        assert!(cache_warnings(&levers, WeightsCache::Cold).is_empty());
+    }
+
+    pub(crate) fn spec() -> LeverSpec {
+        LeverSpec::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/levers.toml"))
+            .unwrap()
+    }
+
+    pub(crate) fn rungs() -> Vec<RungRef> {
+        vec![
+            RungRef {
+                name: "0".into(),
+                path: "rungs/0.toml".into(),
+                sha256: "r0".into(),
+                device: DeviceKind::Cpu,
+            },
+            RungRef {
+                name: "2".into(),
+                path: "rungs/2.toml".into(),
+                sha256: "r2".into(),
+                device: DeviceKind::Cuda,
+            },
+        ]
+    }
+
+    /// The id of a committed campaign recomputes from its inputs: adding the cache
+    /// state to the identity left `as-is` campaigns' ids as they were (campaign
+    /// 223c8a9b01c34e09's bundles are in reports/evidence/).
+    #[test]
+    fn an_as_is_campaign_keeps_the_id_it_had() {
+        let s = spec();
+        let levers: Vec<&Lever> = s
+            .select("staging,release-pages,denoise-graph,host-threads")
+            .unwrap();
+        let rung2 = RungRef {
+            name: "2".into(),
+            path: "rungs/2.toml".into(),
+            sha256: "79901375eee7cc42e55a68b330a6e94da8897e4339eecea32b70bb60d1008d6c".into(),
+            device: DeviceKind::Cuda,
+        };
+        let engine = "651450a4a391b17845adf9d666cd812cf5f8f0db4f32216c08070154543bb6b5";
+        let p = plan(
+            engine,
+            &[rung2],
+            &levers,
+            3,
+            Order::Random,
+            1,
+            WeightsCache::AsIs,
+        );
+        assert_eq!(p.id, "223c8a9b01c34e09");
+    }
+
+    pub(crate) fn all_plan(order: Order, seed: u64) -> Plan {
+        let s = spec();
+        let levers: Vec<&Lever> = s.select("all").unwrap();
+        plan(
+            "engine-sha",
+            &rungs(),
+            &levers,
+            5,
+            order,
+            seed,
+            WeightsCache::AsIs,
+        )
+    }
+
+    #[test]
+    fn every_round_runs_both_arms_of_every_applicable_lever_once() {
+        let s = spec();
+        let p = all_plan(Order::Random, 7);
+        let cpu = s
+            .levers
+            .iter()
+            .filter(|l| l.applies_to.contains(&DeviceKind::Cpu))
+            .count();
+        let cuda = s
+            .levers
+            .iter()
+            .filter(|l| l.applies_to.contains(&DeviceKind::Cuda))
+            .count();
+        assert_eq!(p.entries.len(), 5 * 2 * (cpu + cuda));
+        assert_eq!(p.skipped.len(), 2 * s.levers.len() - cpu - cuda);
+        for (i, e) in p.entries.iter().enumerate() {
+            assert_eq!(e.position as usize, i);
+        }
+        let mut seen = BTreeMap::new();
+        for e in &p.entries {
+            *seen
+                .entry((e.round, e.rung.clone(), e.lever.clone(), e.arm.clone()))
+                .or_insert(0) += 1;
+        }
+        assert!(seen.values().all(|&n| n == 1));
+        // The two arms of a (round, rung, lever) are adjacent.
+        for w in p.entries.chunks(2) {
+            assert_eq!(
+                (w[0].round, &w[0].rung, &w[0].lever),
+                (w[1].round, &w[1].rung, &w[1].lever)
+            );
+            assert_ne!(w[0].arm, w[1].arm);
+        }
+        // Rounds are the outer loop.
+        assert!(p.entries.windows(2).all(|w| w[0].round <= w[1].round));
+    }
+
+    #[test]
+    fn abba_alternates_and_random_is_seeded() {
+        let s = spec();
+        let p = all_plan(Order::Abba, 0);
+        for w in p.entries.chunks(2) {
+            let l = s.lever(&w[0].lever).unwrap();
+            let first = if w[0].round % 2 == 1 {
+                &l.baseline
+            } else {
+                &l.treatment
+            };
+            assert_eq!(&w[0].arm, first);
+        }
+        let a = all_plan(Order::Random, 7);
+        assert_eq!(a, all_plan(Order::Random, 7));
+        // A controlled cache state is part of the campaign's identity; the schedule
+        // is the same.
+        let s = spec();
+        let levers: Vec<&Lever> = s.select("all").unwrap();
+        let cold = plan(
+            "engine-sha",
+            &rungs(),
+            &levers,
+            5,
+            Order::Random,
+            7,
+            WeightsCache::Cold,
+        );
+        let warm = plan(
+            "engine-sha",
+            &rungs(),
+            &levers,
+            5,
+            Order::Random,
+            7,
+            WeightsCache::Warm,
+        );
+        assert_ne!(cold.id, a.id);
+        assert_ne!(cold.id, warm.id);
+        assert_eq!(cold.entries, a.entries);
+        let b = all_plan(Order::Random, 8);
+        assert_ne!(a.id, b.id);
+        assert_ne!(
+            a.entries.iter().map(|e| &e.arm).collect::<Vec<_>>(),
+            b.entries.iter().map(|e| &e.arm).collect::<Vec<_>>()
+        );
+        // Random order puts the baseline first in some rounds and second in others.
+        let firsts: BTreeSet<bool> = a
+            .entries
+            .chunks(2)
+            .map(|w| w[0].arm == s.lever(&w[0].lever).unwrap().baseline)
+            .collect();
+        assert_eq!(firsts.len(), 2);
+        assert_ne!(a.id, all_plan(Order::Abba, 7).id);
+    }
+
+    pub(crate) fn sealed(p: &Plan, e: &Entry, id: &str, complete: bool) -> Bundle {
+        let mut b = sample_bundle(id);
+        b.rung = e.rung.clone();
+        b.schedule = Some(Schedule {
+            campaign: p.id.clone(),
+            round: e.round,
+            position: e.position,
+            arm: e.arm.clone(),
+            lever: e.lever.clone(),
+            seed: p.seed,
+        });
+        if !complete {
+            b.incomplete = Some("exit killed".into());
+        }
+        b
+    }
+}

@@ -1,0 +1,136 @@
+//! `harness rank`: its arguments, and the command that loads every bundle of a
+//! store, ranks the levers of the spec and prints, writes or checks the report.
+
+use std::path::{Path, PathBuf};
+
+use crate::bundle::files::store_bundle_dirs;
+use crate::bundle::scan::load_dirs;
+use crate::exit::{self, UsageError};
+use crate::levers_spec::{LeverSpec, DEFAULT_SPEC};
+use crate::store_arg::read_root;
+
+/// `harness rank`: re-derive the lever ranking from the bundles in a store.
+#[derive(Debug, clap::Args)]
+pub struct RankArgs {
+    /// The store to read (default: $HARNESS_STORE, then
+    /// $XDG_DATA_HOME/harness/store, then ~/.local/share/harness/store).
+    #[arg(long)]
+    pub store: Option<PathBuf>,
+    /// The lever spec.
+    #[arg(long, default_value = DEFAULT_SPEC)]
+    pub spec: PathBuf,
+    /// Write the markdown report here (default: print it).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the ranking as JSON on stdout (levers with effects, intervals and
+    /// verdicts, fit, used and excluded bundles). Exit 0; 2 for a bad spec or store.
+    #[arg(long)]
+    pub json: bool,
+    /// Regenerate the report as `--out FILE` would and compare it with FILE byte
+    /// for byte, writing nothing: exit 0 when identical, 1 (naming the first
+    /// differing line) when not.
+    #[arg(long, value_name = "FILE", conflicts_with = "out")]
+    pub check: Option<PathBuf>,
+}
+
+/// Run `harness rank`; returns the exit code.
+pub fn run(args: &RankArgs) -> anyhow::Result<u8> {
+    let spec = LeverSpec::load(&args.spec).map_err(|e| UsageError(e.to_string()))?;
+    let root = read_root(args.store.as_deref())?;
+    let dirs = store_bundle_dirs(&root)
+        .map_err(|e| UsageError(format!("store {}: {e}", root.display())))?;
+    let loaded = load_dirs(&dirs);
+    let mut command = format!("harness rank --store {}", root.display());
+    if args.spec != Path::new(DEFAULT_SPEC) {
+        command.push_str(&format!(" --spec {}", args.spec.display()));
+    }
+    if let Some(out) = args.out.as_ref().or(args.check.as_ref()) {
+        command.push_str(&format!(" --out {}", out.display()));
+    }
+    let ranking = crate::rank::rank(&spec, &loaded.bundles, &loaded.unreadable, &command);
+    let md = crate::rank::report::markdown(&ranking);
+    if let Some(file) = &args.check {
+        let have = std::fs::read_to_string(file)
+            .map_err(|e| UsageError(format!("--check {}: cannot read: {e}", file.display())))?;
+        return Ok(match first_difference(&have, &md) {
+            None => {
+                println!(
+                    "{} reproduces from {} bundle(s) in {}",
+                    file.display(),
+                    ranking.bundles_seen,
+                    root.display()
+                );
+                exit::OK
+            }
+            Some((line, committed, regenerated)) => {
+                println!(
+                    "{} differs from the regenerated report at line {line}:\n  file:        {committed}\n  regenerated: {regenerated}",
+                    file.display()
+                );
+                exit::NEGATIVE
+            }
+        });
+    }
+    match &args.out {
+        Some(out) => {
+            // Through a temporary file and a rename (the directory made as needed):
+            // a full disk never leaves a truncated table under the committed name.
+            crate::formats::write_file(out, md.as_bytes())?;
+            eprintln!(
+                "harness rank: {} bundle(s), {} used, {} excluded; wrote {}",
+                ranking.bundles_seen,
+                ranking.used.len(),
+                ranking.excluded.len(),
+                out.display()
+            );
+        }
+        None if !args.json => print!("{md}"),
+        None => {}
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&ranking)?);
+    }
+    Ok(exit::OK)
+}
+
+/// The first line (1-based) where `a` and `b` differ, with both versions of it
+/// (`<end of file>` where one is shorter); None when they are byte-identical.
+pub fn first_difference(a: &str, b: &str) -> Option<(usize, String, String)> {
+    if a == b {
+        return None;
+    }
+    let mut la = a.split_inclusive('\n');
+    let mut lb = b.split_inclusive('\n');
+    let mut n = 0;
+    loop {
+        n += 1;
+        match (la.next(), lb.next()) {
+            (Some(x), Some(y)) if x == y => continue,
+            (x, y) => {
+                let show = |l: Option<&str>| {
+                    l.map(|s| format!("{s:?}"))
+                        .unwrap_or_else(|| "<end of file>".into())
+                };
+                return Some((n, show(x), show(y)));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_difference_names_the_line_and_both_versions() {
+        assert_eq!(first_difference("a\nb\n", "a\nb\n"), None);
+        assert_eq!(
+            first_difference("a\nb\n", "a\nc\n"),
+            Some((2, "\"b\\n\"".into(), "\"c\\n\"".into()))
+        );
+        assert_eq!(
+            first_difference("a\n", "a\nb\n"),
+            Some((2, "<end of file>".into(), "\"b\\n\"".into()))
+        );
+    }
+}
