@@ -1,9 +1,11 @@
 //! `harness show ID`: a bundle's manifest summary and its phase table.
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::exit;
@@ -22,6 +24,26 @@ pub struct ShowArgs {
     /// unknown or ambiguous id.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `harness show --json`: one bundle's manifest and phase rows. Fields are stable;
+/// new ones may be added (`specs/bundle.md`). They are declared in name order, the
+/// order in which the document has always printed its keys.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShowRecord {
+    /// The bundle directory (absolute when found through the store).
+    pub dir: PathBuf,
+    /// The bundle id (the directory's name; 64 hex for a sealed bundle).
+    pub id: String,
+    /// `manifest.json` as it is, parsed: every section and fragment, with the
+    /// units its field names and `specs/bundle.md` give.
+    pub manifest: Value,
+    /// One object per row of `phases.parquet`, in row order, keyed by column name;
+    /// units are in the names (`_ns` CLOCK_MONOTONIC nanoseconds, `_s` seconds,
+    /// `_ms` milliseconds, `_bytes` bytes, `_pct` percent, `_cores` cores,
+    /// `_share` 0..1) and in the table's schema metadata. Nulls stay null,
+    /// `attrs_json` is parsed into JSON.
+    pub phases: Vec<Value>,
 }
 
 /// Other work per top-level phase (`contention.during.phases`) in one line: each
@@ -253,13 +275,13 @@ pub fn run(args: ShowArgs) -> anyhow::Result<u8> {
     if args.json {
         let s = BundleSummary::load(&dir)?;
         let phases = crate::bundle::tables::rows(&dir, evidence::bundle_files::PHASES)?;
-        let v = serde_json::json!({
-            "id": s.id,
-            "dir": dir,
-            "manifest": s.manifest.to_value(),
-            "phases": phases,
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        let record = ShowRecord {
+            id: s.id,
+            manifest: s.manifest.to_value(),
+            phases,
+            dir,
+        };
+        println!("{}", serde_json::to_string_pretty(&record)?);
         return Ok(exit::OK);
     }
     let s = BundleSummary::load(&dir)?;
@@ -274,6 +296,22 @@ pub fn run(args: ShowArgs) -> anyhow::Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The document keeps the keys, their order and their shapes it had when it
+    /// was built from a sorted JSON map.
+    #[test]
+    fn the_record_prints_the_keys_it_always_had() {
+        let r = ShowRecord {
+            dir: "/s/bundles/ab".into(),
+            id: "ab".into(),
+            manifest: serde_json::json!({"complete": true}),
+            phases: vec![serde_json::json!({"name": "load.dit", "seq": 0})],
+        };
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            r#"{"dir":"/s/bundles/ab","id":"ab","manifest":{"complete":true},"phases":[{"name":"load.dit","seq":0}]}"#
+        );
+    }
 
     #[test]
     fn the_sampler_cost_line_names_each_part() {

@@ -1,6 +1,9 @@
 //! `harness verify ID|PATH`: re-read every file of a bundle and check it.
 
+use std::path::PathBuf;
+
 use clap::Args;
+use serde::Serialize;
 
 use crate::exit;
 use crate::store_arg::{find_bundle, StoreArg};
@@ -18,19 +21,43 @@ pub struct VerifyArgs {
     pub json: bool,
 }
 
+/// `harness verify --json`: one bundle's verification. Fields are stable; new
+/// ones may be added (`specs/bundle.md`). They are declared in name order, the
+/// order in which the document has always printed its keys.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VerifyRecord {
+    /// The bundle directory checked (absolute when found through the store).
+    pub dir: PathBuf,
+    /// One text per failed check, each naming its file; empty when `ok`.
+    pub errors: Vec<String>,
+    /// Files read, `manifest.json` included (a count of files).
+    pub files: usize,
+    /// The bundle id the files were checked against (64 hex).
+    pub id: String,
+    /// True when every hash, schema and count checked.
+    pub ok: bool,
+}
+
+impl VerifyRecord {
+    /// The record of `report`, the verification of the bundle at `dir`.
+    pub fn of(dir: PathBuf, report: &evidence::verify::VerifyReport) -> VerifyRecord {
+        VerifyRecord {
+            dir,
+            errors: report.errors.iter().map(ToString::to_string).collect(),
+            files: report.files,
+            id: report.id.clone(),
+            ok: report.ok(),
+        }
+    }
+}
+
 /// Exit 0 when every check passes, 1 (naming each file at fault) when not.
 pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
     let dir = find_bundle(&args.store, &args.bundle)?;
     let report = evidence::verify::verify_dir(&dir);
     if args.json {
-        let v = serde_json::json!({
-            "id": report.id,
-            "dir": dir,
-            "ok": report.ok(),
-            "files": report.files,
-            "errors": report.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        let record = VerifyRecord::of(dir, &report);
+        println!("{}", serde_json::to_string_pretty(&record)?);
         return Ok(if report.ok() {
             exit::OK
         } else {
@@ -51,5 +78,27 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
             report.files
         );
         Ok(exit::NEGATIVE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The document keeps the keys, their order and their shapes it had when it
+    /// was built from a sorted JSON map.
+    #[test]
+    fn the_record_prints_the_keys_it_always_had() {
+        let r = VerifyRecord {
+            dir: "/s/bundles/ab".into(),
+            errors: vec!["samples.parquet: sha256 mismatch".into()],
+            files: 9,
+            id: "ab".into(),
+            ok: false,
+        };
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            r#"{"dir":"/s/bundles/ab","errors":["samples.parquet: sha256 mismatch"],"files":9,"id":"ab","ok":false}"#
+        );
     }
 }
