@@ -1,0 +1,540 @@
+//! `harness run`'s preflight: every gate before the engine starts, in order, each
+//! one function. Each records its gate (and its fragments) through the
+//! [`Session`]; a refusal, or a signal that arrived meanwhile, stops the run
+//! before the engine with a bundle that says why.
+//!
+//! Order: lease, device, engine binary (H5), weights, the weights' page-cache
+//! state, the engine's command line, the watchdog's limits, contention, headroom,
+//! then the watchdog's positive control (H1) and the GPU control.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use evidence::store::{Staging, Store};
+
+use crate::exit::Refusal;
+use crate::run::args::{Engine, RunPlan};
+use crate::run::gates::{self, CopiedBinary, Gate, Verdict};
+use crate::run::session::Session;
+use crate::run::signals::Signals;
+use crate::run::{facts, spawn};
+use crate::sampler::gpu::Gpu;
+use crate::watchdog::control::{self as watchdog_control, ControlKind};
+use crate::watchdog::limits::{default_floor, Limits};
+use crate::weights::{self, Weights};
+use crate::weights_cache::Policy as WeightsCache;
+
+/// Everything preflight established.
+pub(super) struct Ready {
+    /// The engine's program (its copy in the store) and arguments.
+    pub(super) command: spawn::EngineCommand,
+    /// The run's weights, when it names any.
+    pub(super) weights: Option<Weights>,
+    /// The watchdog's limits.
+    pub(super) limits: Limits,
+    /// The GPU, when NVML opened one.
+    pub(super) gpu: Option<Arc<Gpu>>,
+    /// Why there is no GPU, when there is none.
+    pub(super) gpu_reason: Option<String>,
+    /// The `engine` fragment as recorded before the start (completed with the
+    /// engine's name and version once it ends).
+    pub(super) engine_fragment: serde_json::Value,
+    /// The `contention` fragment as judged before the start (completed with
+    /// `during` once the engine is reaped).
+    pub(super) contention: serde_json::Value,
+}
+
+/// How preflight ended without an engine.
+pub(super) enum Stopped {
+    /// A gate refused.
+    Refused(Refusal),
+    /// A signal (`SIGINT`, `SIGTERM`) arrived.
+    Interrupted(&'static str),
+}
+
+/// A preflight step's result: its value, or why the run stops before the engine;
+/// `Err` when the harness itself failed.
+type Step<T> = anyhow::Result<Result<T, Stopped>>;
+
+/// The value of a [`Step`], or the end of preflight with its stop.
+macro_rules! step {
+    ($e:expr) => {
+        match $e? {
+            Ok(v) => v,
+            Err(stop) => return Ok(Err(stop)),
+        }
+    };
+}
+
+/// Record gate `g`; stop on its refusal, or on a signal that arrived meanwhile.
+fn pass(s: &mut Session, g: Gate, signals: &Signals) -> Step<()> {
+    if let Err(r) = s.gate(g)? {
+        return Ok(Err(Stopped::Refused(r)));
+    }
+    if let Some(sig) = signals.take() {
+        return Ok(Err(Stopped::Interrupted(sig)));
+    }
+    Ok(Ok(()))
+}
+
+/// Record the refusal of gate `name` with `why`, and stop.
+fn refuse<T>(s: &mut Session, name: &str, why: String) -> Step<T> {
+    let r = Refusal {
+        gate: name.to_string(),
+        why,
+    };
+    let _ = s.gate(Gate::new(name, Verdict::Refuse, r.why.clone()))?;
+    Ok(Err(Stopped::Refused(r)))
+}
+
+/// Run every preflight gate in order.
+pub(super) fn preflight(
+    s: &mut Session,
+    plan: &RunPlan,
+    store: &Store,
+    staging: &Staging,
+    rung_copy: Option<&Path>,
+    signals: &Signals,
+) -> Step<Ready> {
+    step!(lease(s, plan, signals));
+    let (gpu, gpu_reason) = step!(device(s, plan, signals));
+    let (copied, exec) = step!(engine_binary(s, plan, store, signals));
+    let weights = step!(weights(s, plan, store, &copied, signals));
+    step!(weights_cache(s, plan, weights.as_ref(), signals));
+    let command = engine_command(plan, staging, rung_copy, weights.as_ref())?;
+    let engine_fragment = serde_json::json!({
+        "store_path": copied.store_path,
+        "source_path": copied.source,
+        "sha256": copied.sha256,
+        "version": null,
+        "args": command,
+        "exec": exec,
+    });
+    s.fragment("engine", engine_fragment.clone())?;
+    let (limits, unified_gpu) = watchdog_limits(s, plan, gpu.as_deref())?;
+    let contention = step!(contention(s, gpu.as_deref(), signals));
+    step!(headroom(
+        s,
+        plan,
+        rung_copy,
+        &copied,
+        limits.mem_floor_bytes,
+        unified_gpu,
+        signals
+    ));
+    step!(controls(
+        s,
+        plan,
+        store,
+        &limits,
+        gpu.as_deref(),
+        gpu_reason.as_deref(),
+        signals
+    ));
+    Ok(Ok(Ready {
+        command: spawn::EngineCommand {
+            program: copied.store_path.clone(),
+            args: command.iter().map(Into::into).collect(),
+        },
+        weights,
+        limits,
+        gpu,
+        gpu_reason,
+        engine_fragment,
+        contention,
+    }))
+}
+
+/// H3: a rung that requires a lease refuses without one; the `lease` fragment
+/// records the id either way.
+fn lease(s: &mut Session, plan: &RunPlan, signals: &Signals) -> Step<()> {
+    let lease_required = plan.rung.as_ref().is_some_and(|(_, r)| r.require.lease);
+    step!(pass(
+        s,
+        gates::lease(lease_required, plan.lease_id.as_deref()),
+        signals
+    ));
+    s.fragment(
+        "lease",
+        match plan
+            .lease_id
+            .as_deref()
+            .map(str::trim)
+            .filter(|x| !x.is_empty())
+        {
+            Some(id) => serde_json::json!({ "id": id }),
+            None => serde_json::Value::Null,
+        },
+    )?;
+    Ok(Ok(()))
+}
+
+/// The GPU (NVML, opened once per run) and the `gpu` fragment. A CUDA rung on a
+/// machine with no usable GPU is refused here, before minutes of weight synthesis
+/// and an engine that would fail at its first device call.
+fn device(
+    s: &mut Session,
+    plan: &RunPlan,
+    signals: &Signals,
+) -> Step<(Option<Arc<Gpu>>, Option<String>)> {
+    let (gpu, gpu_reason) = match Gpu::open(0) {
+        Ok(g) => (Some(Arc::new(g)), None),
+        Err(why) => (None, Some(why)),
+    };
+    s.fragment(
+        "gpu",
+        gpu.as_ref()
+            .map(|g| g.facts())
+            .unwrap_or(serde_json::Value::Null),
+    )?;
+    if let Some((file, r)) = &plan.rung {
+        match (r.device, &gpu, &gpu_reason) {
+            (evidence::rung::Device::Cuda, None, Some(why)) => {
+                return refuse(s, "device", gates::no_gpu_for_cuda(file, why));
+            }
+            (evidence::rung::Device::Cuda, Some(g), _) => {
+                step!(pass(
+                    s,
+                    Gate::new(
+                        "device",
+                        Verdict::Pass,
+                        format!("cuda rung; NVML opened GPU {}", g.index())
+                    ),
+                    signals
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(Ok((gpu, gpu_reason)))
+}
+
+/// H5: the engine runs from the store under its hash. Returns the copy and
+/// whether the engine is an `--exec` program.
+fn engine_binary(
+    s: &mut Session,
+    plan: &RunPlan,
+    store: &Store,
+    signals: &Signals,
+) -> Step<(CopiedBinary, bool)> {
+    let (source, exec) = match &plan.engine {
+        Engine::Render { binary } => (Some(binary.clone()), false),
+        Engine::Exec { program, .. } => (gates::resolve_program(program), true),
+    };
+    let copied = match source {
+        None => Err(format!(
+            "{}: not found (as a path or in PATH)",
+            match &plan.engine {
+                Engine::Exec { program, .. } => program.display().to_string(),
+                Engine::Render { binary } => binary.display().to_string(),
+            }
+        )),
+        Some(src) if !src.is_file() => Err(format!(
+            "{}: no such engine binary (build it, or pass --engine PATH)",
+            src.display()
+        )),
+        Some(src) => gates::copy_engine(&src, &store.bin_dir()),
+    };
+    match copied {
+        Ok(c) => {
+            step!(pass(
+                s,
+                Gate::new(
+                    "engine-binary",
+                    Verdict::Pass,
+                    format!(
+                        "{} copied to {} (sha256 {})",
+                        c.source.display(),
+                        c.store_path.display(),
+                        c.sha256
+                    )
+                ),
+                signals
+            ));
+            Ok(Ok((c, exec)))
+        }
+        Err(why) => refuse(s, "engine-binary", why),
+    }
+}
+
+/// The weights: given, or synthesized once into the store's cache by the engine
+/// (a rung run); the `weights` fragment (null when the run names none).
+fn weights(
+    s: &mut Session,
+    plan: &RunPlan,
+    store: &Store,
+    copied: &CopiedBinary,
+    signals: &Signals,
+) -> Step<Option<Weights>> {
+    let rung = plan.rung.as_ref().map(|(_, r)| r);
+    let weights = match (&plan.weights, &plan.engine, rung) {
+        (Some(dir), _, _) => Some(weights::describe(dir, false)),
+        (None, Engine::Render { .. }, Some(r)) => {
+            eprintln!(
+                "harness: weights for preset {:?} (synthesized once into the store cache)",
+                r.preset
+            );
+            Some(weights::synthesize(
+                &copied.store_path,
+                &r.preset,
+                &store.cache_dir(),
+            ))
+        }
+        _ => None,
+    };
+    match weights {
+        Some(Ok(w)) => {
+            step!(pass(
+                s,
+                Gate::new(
+                    "weights",
+                    Verdict::Pass,
+                    format!(
+                        "{} ({}, {} files)",
+                        w.digest,
+                        w.dir.display(),
+                        w.files.len()
+                    )
+                ),
+                signals
+            ));
+            s.fragment("weights", w.fragment())?;
+            Ok(Ok(Some(w)))
+        }
+        Some(Err(e)) => refuse(s, "weights", e.to_string()),
+        None => {
+            s.fragment("weights", serde_json::Value::Null)?;
+            Ok(Ok(None))
+        }
+    }
+}
+
+/// The weights' page-cache state at engine start (`as-is` only records it; `cold`
+/// and `warm` set it), as the `weights_cache` fragment and gate.
+fn weights_cache(
+    s: &mut Session,
+    plan: &RunPlan,
+    weights: Option<&Weights>,
+    signals: &Signals,
+) -> Step<()> {
+    match (weights, plan.weights_cache) {
+        (Some(w), policy) => match crate::weights_cache::prepare(&w.paths(), policy) {
+            Ok(p) => {
+                // The figures as numbers too: rank pairs weight-reading metrics
+                // only between runs that started in about the same cache state.
+                s.fragment("weights_cache", serde_json::to_value(&p)?)?;
+                step!(pass(s, p.gate(), signals));
+            }
+            Err(e) if policy == WeightsCache::AsIs => {
+                step!(pass(
+                    s,
+                    Gate::new(
+                        "weights-cache",
+                        Verdict::NotApplicable,
+                        format!("as-is: {e}")
+                    ),
+                    signals
+                ));
+            }
+            Err(e) => return refuse(s, "weights-cache", e.to_string()),
+        },
+        (None, WeightsCache::AsIs) => {}
+        (None, policy) => {
+            return refuse(
+                s,
+                "weights-cache",
+                format!(
+                    "--weights-cache {}: this run names no weight files (give --weights, or run a rung)",
+                    policy.as_str()
+                ),
+            )
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// The engine's command line: `render` with the staged rung copy, the weights, the
+/// frames directory, the levers, the profile and the device; or the `--exec`
+/// program's own arguments.
+fn engine_command(
+    plan: &RunPlan,
+    staging: &Staging,
+    rung_copy: Option<&Path>,
+    weights: Option<&Weights>,
+) -> anyhow::Result<Vec<String>> {
+    let rung = plan.rung.as_ref().map(|(_, r)| r);
+    Ok(match &plan.engine {
+        Engine::Render { .. } => {
+            let (Some(rung_copy), Some(r), Some(w)) = (rung_copy, rung, weights) else {
+                anyhow::bail!("internal: a render run without rung or weights");
+            };
+            let mut a: Vec<String> = vec![
+                "render".into(),
+                "--rung".into(),
+                rung_copy.display().to_string(),
+                "--weights".into(),
+                w.dir.display().to_string(),
+                "--out".into(),
+                staging.frames_dir().display().to_string(),
+            ];
+            a.extend(lever_args(plan));
+            a.push("--device".into());
+            a.push(
+                serde_json::to_value(r.device)?
+                    .as_str()
+                    .unwrap_or("cpu")
+                    .to_string(),
+            );
+            a
+        }
+        Engine::Exec { args, .. } => args.clone(),
+    })
+}
+
+/// The watchdog's limits (H1): the MemAvailable floor (`--mem-floor`, else the
+/// default for this machine) and, on a unified-memory GPU or when asked, the
+/// unified budget; the `watchdog` fragment. Returns the limits and whether the GPU
+/// shares host memory.
+fn watchdog_limits(
+    s: &mut Session,
+    plan: &RunPlan,
+    gpu: Option<&Gpu>,
+) -> anyhow::Result<(Limits, bool)> {
+    let mem_total = crate::sampler::system::mem_total_bytes().map_err(anyhow::Error::msg)?;
+    let floor = plan.mem_floor.unwrap_or_else(|| default_floor(mem_total));
+    let unified_gpu = gpu.is_some_and(|g| g.unified_memory());
+    let budget = plan
+        .unified_budget
+        .or_else(|| unified_gpu.then(|| mem_total.saturating_sub(floor)));
+    let limits = Limits {
+        mem_floor_bytes: floor,
+        unified_budget_bytes: budget,
+    };
+    s.fragment("watchdog", limits.fragment(None))?;
+    Ok((limits, unified_gpu))
+}
+
+/// Contention at the start: recorded and flagged, never refused. Returns the
+/// `contention` fragment.
+fn contention(s: &mut Session, gpu: Option<&Gpu>, signals: &Signals) -> Step<serde_json::Value> {
+    let load1 = crate::sampler::system::load1().ok();
+    let busy = gates::busy_cores(Duration::from_millis(gates::CONTENTION_WINDOW_MS));
+    let c = gates::contention(busy, load1, facts::cores(), gpu, std::process::id());
+    let flagged = c["flagged"].as_bool().unwrap_or(false);
+    let detail = c["detail"].as_str().unwrap_or("").to_string();
+    s.fragment("contention", c.clone())?;
+    step!(pass(
+        s,
+        Gate::new(
+            "contention",
+            Verdict::Pass,
+            if flagged {
+                format!("FLAGGED: {detail}")
+            } else {
+                detail
+            }
+        ),
+        signals
+    ));
+    Ok(Ok(c))
+}
+
+/// Headroom: a render's projected peak (the engine's `plan`) fits in MemAvailable
+/// above the `floor` (bytes); an `--exec` engine has no plan, so only the floor
+/// itself is checked.
+fn headroom(
+    s: &mut Session,
+    plan: &RunPlan,
+    rung_copy: Option<&Path>,
+    copied: &CopiedBinary,
+    floor: u64,
+    unified_gpu: bool,
+    signals: &Signals,
+) -> Step<()> {
+    let avail = crate::sampler::system::mem_available_bytes().map_err(anyhow::Error::msg)?;
+    match &plan.engine {
+        Engine::Render { .. } => {
+            let mut pa = vec![
+                "--rung".to_string(),
+                rung_copy
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+            ];
+            pa.extend(lever_args(plan));
+            match gates::engine_plan(&copied.store_path, &pa) {
+                Ok(p) => pass(s, gates::headroom(&p, avail, floor, unified_gpu), signals),
+                Err(why) => refuse(s, "headroom", format!("no projection to check: {why}")),
+            }
+        }
+        Engine::Exec { .. } => {
+            if avail < floor {
+                return refuse(
+                    s,
+                    "headroom",
+                    format!("MemAvailable {avail} B is already below the floor {floor} B"),
+                );
+            }
+            pass(
+                s,
+                Gate::new(
+                    "headroom",
+                    Verdict::NotApplicable,
+                    format!("--exec engines have no plan; MemAvailable {avail} B, floor {floor} B"),
+                ),
+                signals,
+            )
+        }
+    }
+}
+
+/// H1: the watchdog must be seen to fire before the engine is trusted to it (the
+/// floor, and the unified budget when armed); then the GPU control.
+fn controls(
+    s: &mut Session,
+    plan: &RunPlan,
+    store: &Store,
+    limits: &Limits,
+    gpu: Option<&Gpu>,
+    gpu_reason: Option<&str>,
+    signals: &Signals,
+) -> Step<()> {
+    let me: PathBuf = std::env::current_exe().context("locating the harness binary")?;
+    let mut kinds = vec![ControlKind::Floor];
+    if limits.unified_budget_bytes.is_some() {
+        kinds.push(ControlKind::UnifiedBudget);
+    }
+    for kind in kinds {
+        let c = watchdog_control::control(&me, kind, plan.cadence_ms, limits.mem_floor_bytes);
+        let (passed, name, detail) = (c.passed(), c.name.clone(), c.detail.clone());
+        s.control(c)?;
+        step!(pass(
+            s,
+            Gate::new(
+                "watchdog-control",
+                if passed {
+                    Verdict::Pass
+                } else {
+                    Verdict::Refuse
+                },
+                format!("{name}: {detail}")
+            ),
+            signals
+        ));
+    }
+    s.control(crate::control::gpu_control_for_run(store, gpu, gpu_reason))?;
+    Ok(Ok(()))
+}
+
+/// `--lever K=V`... and `--profile P` for the engine.
+fn lever_args(plan: &RunPlan) -> Vec<String> {
+    let mut a = Vec::new();
+    for (k, v) in &plan.levers {
+        a.push("--lever".into());
+        a.push(format!("{k}={v}"));
+    }
+    a.push("--profile".into());
+    a.push(plan.profile.clone());
+    a
+}

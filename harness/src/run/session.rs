@@ -1,0 +1,113 @@
+//! What a run writes through its journal while it runs: the session (fragments,
+//! gates and controls, each printed as it is recorded) and the sink the sampler
+//! hands its rows to.
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use evidence::clock::monotonic_ns;
+use evidence::journal::{Record, SharedJournal};
+
+use crate::exit::Refusal;
+use crate::run::contention;
+use crate::run::gates::{Gate, Verdict};
+use crate::sampler::{Reasons, SampleSink};
+use crate::watchdog::control::ControlResult;
+
+/// The journal-backed sink for sampler rows.
+pub(super) struct JournalSink {
+    /// The run's journal.
+    pub(super) journal: SharedJournal,
+    /// Whether an append has failed (reported once).
+    pub(super) failed: bool,
+    /// The live status line, fed every sample (GPU utilization, RSS).
+    pub(super) printer: Option<crate::progress::SharedPrinter>,
+    /// Other work per row, judged per phase once the engine is reaped. Locked
+    /// by the sampler's thread only until the sampler stops.
+    pub(super) others: Arc<Mutex<contention::TickOthers>>,
+}
+
+impl JournalSink {
+    fn append(&mut self, r: &Record) {
+        if let Err(e) = self.journal.append(r) {
+            if !self.failed {
+                self.failed = true;
+                eprintln!("harness: journal append failed for a sample: {e}");
+            }
+        }
+    }
+}
+
+impl SampleSink for JournalSink {
+    fn sample(&mut self, s: &evidence::sample::Sample) {
+        self.append(&Record::Sample(s.clone()));
+        if let Ok(mut o) = self.others.lock() {
+            o.on_row(
+                s.t_ns,
+                contention::TickOthers::host_jiffies(),
+                s.get("cpu_cores"),
+                s.get("harness_cpu_cores"),
+            );
+        }
+        // try_lock: the sampler carries the watchdog (H1) and must never wait on
+        // a terminal; an echo thread blocked on a full stderr holds this lock.
+        if let Some(Ok(mut p)) = self.printer.as_ref().map(|p| p.try_lock()) {
+            let _ = p.sample(s, monotonic_ns());
+        }
+    }
+    fn unavailable(&mut self, reasons: &Reasons) {
+        self.append(&Record::Fragment {
+            key: "sensors_unavailable".into(),
+            value: reasons.fragment(),
+        });
+    }
+}
+
+/// The run's journal and the gate and control lists written through it.
+pub(super) struct Session {
+    /// The run's journal.
+    pub(super) journal: SharedJournal,
+    /// Every gate recorded so far, in order (the `gates` fragment).
+    pub(super) gates: Vec<Gate>,
+    /// Every control recorded so far, in order (the `controls` fragment).
+    pub(super) controls: Vec<ControlResult>,
+}
+
+impl Session {
+    /// Journal fragment `key`.
+    pub(super) fn fragment(&self, key: &str, value: serde_json::Value) -> anyhow::Result<()> {
+        self.journal
+            .append(&Record::Fragment {
+                key: key.into(),
+                value,
+            })
+            .with_context(|| format!("writing the '{key}' fragment to the journal"))
+    }
+
+    /// Record `g`; a refusal becomes the error that ends preflight.
+    pub(super) fn gate(&mut self, g: Gate) -> anyhow::Result<Result<(), Refusal>> {
+        let refusal = (g.verdict == Verdict::Refuse).then(|| Refusal {
+            gate: g.name.clone(),
+            why: g.detail.clone(),
+        });
+        eprintln!(
+            "harness: gate {:<16} {:<14} {}",
+            g.name,
+            serde_json::to_value(g.verdict)?.as_str().unwrap_or("?"),
+            g.detail
+        );
+        self.gates.push(g);
+        self.fragment("gates", serde_json::to_value(&self.gates)?)?;
+        Ok(refusal.map_or(Ok(()), Err))
+    }
+
+    /// Record control `c` (printed, and the whole `controls` fragment rewritten).
+    pub(super) fn control(&mut self, c: ControlResult) -> anyhow::Result<()> {
+        eprintln!(
+            "harness: control {:<24} {:<14} {}",
+            c.name, c.verdict, c.detail
+        );
+        self.controls.push(c);
+        self.fragment("controls", serde_json::to_value(&self.controls)?)
+    }
+}
