@@ -51,6 +51,19 @@ pub fn markdown(r: &Ranking) -> String {
 }
 
 fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    write_header(o, r)?;
+    write_ranking(o, r)?;
+    write_verdicts(o, r)?;
+    write_other_rungs(o, r)?;
+    write_fit(o, r)?;
+    write_method(o, r)?;
+    write_pairs(o, r)?;
+    write_excluded(o, r)?;
+    write_used(o, r)
+}
+
+/// The title, the regenerating command and the input.
+fn write_header(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o, "# Lever ranking")?;
     writeln!(o)?;
     writeln!(o, "Regenerate: `{}`", r.command)?;
@@ -64,6 +77,11 @@ fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
         r.input_digest
     )?;
     writeln!(o)?;
+    Ok(())
+}
+
+/// The ranking table at the reference rung.
+fn write_ranking(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o, "## Ranking at rung {}", r.reference_rung)?;
     writeln!(o)?;
     writeln!(
@@ -83,6 +101,11 @@ fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(o, "Prior ranks: {}.", r.prior_rank_source)?;
     writeln!(o)?;
+    Ok(())
+}
+
+/// One line per lever: its verdict at the reference rung and why.
+fn write_verdicts(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o, "## Verdicts")?;
     writeln!(o)?;
     for l in &r.levers {
@@ -123,6 +146,11 @@ fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
         }
         writeln!(o)?;
     }
+    Ok(())
+}
+
+/// The table of results at rungs other than the reference, when there are any.
+fn write_other_rungs(o: &mut String, r: &Ranking) -> std::fmt::Result {
     let others: Vec<(&LeverResult, &RungResult)> = r
         .levers
         .iter()
@@ -142,6 +170,11 @@ fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
             row(o, l, x, false)?;
         }
     }
+    Ok(())
+}
+
+/// The phase-scaling fit, or what is missing for one.
+fn write_fit(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(o, "## Phase scaling (fixed + per-voxel, least squares)")?;
     writeln!(o)?;
@@ -206,6 +239,11 @@ fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
             }
         }
     }
+    Ok(())
+}
+
+/// How pairs, effects, intervals and verdicts are formed.
+fn write_method(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(o, "## Method")?;
     writeln!(o)?;
@@ -226,6 +264,11 @@ fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
     )?;
     writeln!(o, "- Verdict: confirmed when the saving's whole interval is at or above the minimum effect; refuted when it is wholly below; otherwise, or with fewer than {MIN_PAIRS} pairs, insufficient.")?;
     writeln!(o, "- Sign: pairs where the treatment is lower / higher, with the exact two-sided sign-test p-value.")?;
+    Ok(())
+}
+
+/// Every pair used, with both bundle ids and values.
+fn write_pairs(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(o, "## Pairs")?;
     writeln!(o)?;
@@ -249,6 +292,11 @@ fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
             }
         }
     }
+    Ok(())
+}
+
+/// Every bundle not used, with the reason.
+fn write_excluded(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(o, "## Excluded bundles ({})", r.excluded.len())?;
     writeln!(o)?;
@@ -261,6 +309,11 @@ fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
             writeln!(o, "| `{}` | {} |", e.id, e.reason.replace('|', "\\|"))?;
         }
     }
+    Ok(())
+}
+
+/// Every bundle used in a pair.
+fn write_used(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(o, "## Bundles used ({})", r.used.len())?;
     writeln!(o)?;
