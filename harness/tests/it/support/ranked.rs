@@ -1,10 +1,9 @@
-//! Synthetic bundles with planted effects, written THROUGH the evidence crate: a
-//! journal of fragments, marker lines and sampler rows, sealed into a store. Nothing
-//! here writes JSON or Parquet by hand.
+//! Synthetic renders with planted lever effects, journaled through
+//! [`super::journal`] and sealed into a store: rank's end-to-end tests and the rank
+//! benchmark (which includes this file and `journal.rs` by path).
 
 #![allow(dead_code)]
 
-use evidence::journal::{Record, SharedJournal};
 use evidence::marker::{Attrs, Marker};
 use evidence::sample::Sample;
 use evidence::store::Store;
@@ -12,16 +11,9 @@ use rand::RngCore;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-/// A fresh store under the test target dir (never /tmp), emptied first.
-pub fn fresh_store(name: &str) -> Store {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("harness-{name}"));
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-    Store::resolve(Some(&dir)).unwrap()
-}
+use super::journal::SynthJournal;
 
 /// Uniform noise in [-1, 1) from a seeded stream.
 pub struct Noise(ChaCha8Rng);
@@ -110,16 +102,9 @@ fn ns(s: f64) -> u64 {
 
 /// Journal `r` into a staging directory of `store` and seal it; returns the bundle id.
 pub fn seal(store: &Store, r: &Render) -> String {
-    let staging = store.open_staging().unwrap();
-    let j = SharedJournal::create(&staging.journal_path()).unwrap();
+    let j = SynthJournal::in_store(store);
     let end = r.phases.iter().map(|(_, o, d)| o + d).fold(0.0, f64::max) + 0.5;
-    let frag = |key: &str, value: serde_json::Value| {
-        j.append(&Record::Fragment {
-            key: key.into(),
-            value,
-        })
-        .unwrap()
-    };
+    let frag = |key: &str, value: serde_json::Value| j.fragment(key, value);
     let (w, h, f) = r.dims;
     frag(
         "run",
@@ -194,11 +179,7 @@ pub fn seal(store: &Store, r: &Render) -> String {
     }
     events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     for (_, _, _, m) in &events {
-        j.append(&Record::Marker {
-            recv_ns: m.t_ns(),
-            line: m.to_line(),
-        })
-        .unwrap();
+        j.marker(m.t_ns(), m);
     }
     // Samples every 0.25 s: weights cache high in load, planted value during denoise.
     let den = r
@@ -222,7 +203,7 @@ pub fn seal(store: &Store, r: &Render) -> String {
         s.set("unified_bytes", Some(12.0 * (1u64 << 30) as f64));
         s.set("gpu_util_pct", Some(if in_den { 90.0 } else { 0.0 }));
         s.set("load1", Some(0.1));
-        j.append(&Record::Sample(s)).unwrap();
+        j.sample(s);
         t += 0.25;
     }
     frag(
@@ -233,9 +214,7 @@ pub fn seal(store: &Store, r: &Render) -> String {
         "completion",
         json!({"verdict": if r.exit == "completed" { "pass" } else { "fail" }, "reasons": [], "frames": 9}),
     );
-    j.finish().unwrap();
-    let sealed = evidence::seal::seal(staging.dir(), store).unwrap();
-    sealed.id
+    j.seal(store).id
 }
 
 /// The path of bundle `id` in `store`.

@@ -10,22 +10,18 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-mod real_engine;
-
-use real_engine::{bundle_path, gate, text, HARNESS};
-const ENGINE: &str = env!("CARGO_BIN_EXE_test-engine");
+use crate::support::bins::TEST_ENGINE as ENGINE;
+use crate::support::bins::{bundle_path, gate, text, HARNESS};
+use crate::support::dirs::vacant_dir;
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// A fresh store directory for one test.
 fn store(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "run-{name}-{}-{}",
-        std::process::id(),
+    vacant_dir(&format!(
+        "run-{name}-{}",
         SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    ))
 }
 
 fn harness(store: &Path) -> Command {

@@ -4,13 +4,13 @@
 //! packs), `--json` on ls/show/verify/diff/rank, and cross-reads with polars and
 //! DuckDB. The third-party readers come from scripts/pyenv.sh (`just test`).
 
-mod surfaces_common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::support::bins::{harness, python, run};
+use crate::support::dirs::{fresh_dir, fresh_store};
+use crate::support::render::{self, seal_render, POWER_REASON};
 use serde_json::Value;
-use surfaces_common::{fresh_store, harness, python, run, scratch, seal_render, POWER_REASON};
 
 fn ext_script(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -28,9 +28,9 @@ fn store_arg(store: &evidence::store::Store) -> String {
 
 #[test]
 fn plot_writes_a_png_with_the_phase_bands_and_an_svg_with_the_labels() {
-    let store = fresh_store("plot");
+    let store = fresh_store("surfaces-plot");
     let p = seal_render(&store, 11, 6, false);
-    let out = scratch("plot");
+    let out = fresh_dir("surfaces-scratch-plot");
     let png_path = out.join("t.png");
     let (code, stdout, err) = run(harness().args([
         "plot",
@@ -121,9 +121,9 @@ fn plot_writes_a_png_with_the_phase_bands_and_an_svg_with_the_labels() {
 #[test]
 fn perfetto_export_is_read_back_by_perfettos_trace_processor() {
     let py = python();
-    let store = fresh_store("perfetto");
+    let store = fresh_store("surfaces-perfetto");
     let p = seal_render(&store, 23, 5, true);
-    let out = scratch("perfetto").join("trace.json");
+    let out = fresh_dir("surfaces-scratch-perfetto").join("trace.json");
     let (code, _, err) = run(harness().args([
         "export",
         "--perfetto",
@@ -156,7 +156,7 @@ fn perfetto_export_is_read_back_by_perfettos_trace_processor() {
     // duration and its nesting depth as the trace processor derived it.
     let slices = tp["slices"].as_array().unwrap();
     assert_eq!(slices.len(), p.phases.len());
-    let origin = surfaces_common::T0 as i64;
+    let origin = render::T0 as i64;
     let mut theirs: Vec<(i64, i64, String, i64)> = slices
         .iter()
         .map(|s| {
@@ -244,10 +244,10 @@ fn entries_of(store: &evidence::store::Store) -> (Vec<String>, Vec<String>) {
 
 #[test]
 fn pack_then_unpack_into_another_store_gives_the_same_verified_bundle() {
-    let a = fresh_store("pack-a");
-    let b = fresh_store("pack-b");
+    let a = fresh_store("surfaces-pack-a");
+    let b = fresh_store("surfaces-pack-b");
     let p = seal_render(&a, 31, 3, false);
-    let out = scratch("pack").join("b.tar.zst");
+    let out = fresh_dir("surfaces-scratch-pack").join("b.tar.zst");
     let (code, _, err) = run(harness().args([
         "pack",
         &p.id[..8],
@@ -310,7 +310,7 @@ fn hostile_pack(entries: &[RawEntry]) -> Vec<u8> {
 
 #[test]
 fn hostile_packs_are_refused_with_a_clear_message_and_leave_nothing() {
-    let src = fresh_store("hostile-src");
+    let src = fresh_store("surfaces-hostile-src");
     let p = seal_render(&src, 47, 2, false);
     let files: BTreeMap<String, Vec<u8>> = std::fs::read_dir(&p.dir)
         .unwrap()
@@ -342,7 +342,7 @@ fn hostile_packs_are_refused_with_a_clear_message_and_leave_nothing() {
             })
             .collect()
     };
-    let dir = scratch("hostile");
+    let dir = fresh_dir("surfaces-scratch-hostile");
     let mut cases: Vec<(&str, Vec<u8>, &[&str], i32)> = Vec::new();
     let mut dotdot = genuine(None);
     dotdot.push((
@@ -414,7 +414,7 @@ fn hostile_packs_are_refused_with_a_clear_message_and_leave_nothing() {
     ));
 
     for (name, bytes, needles, want_code) in cases {
-        let dst = fresh_store(&format!("hostile-{name}"));
+        let dst = fresh_store(&format!("surfaces-hostile-{name}"));
         let f = dir.join(format!("{name}.tar.zst"));
         std::fs::write(&f, &bytes).unwrap();
         let (code, _, err) =
@@ -434,7 +434,7 @@ fn hostile_packs_are_refused_with_a_clear_message_and_leave_nothing() {
     // The same entries, genuine, are accepted: the refusals above are about the hostility.
     let ok = dir.join("genuine.tar.zst");
     std::fs::write(&ok, hostile_pack(&genuine(None))).unwrap();
-    let dst = fresh_store("hostile-genuine");
+    let dst = fresh_store("surfaces-hostile-genuine");
     let (code, _, err) =
         run(harness().args(["unpack", ok.to_str().unwrap(), "--store", &store_arg(&dst)]));
     assert_eq!(code, 0, "{err}");
@@ -445,7 +445,7 @@ fn hostile_packs_are_refused_with_a_clear_message_and_leave_nothing() {
 
 #[test]
 fn json_outputs_of_ls_show_verify_diff_and_rank_parse_and_carry_the_values() {
-    let store = fresh_store("json");
+    let store = fresh_store("surfaces-json");
     let a = seal_render(&store, 51, 2, false);
     let b = seal_render(&store, 52, 3, true);
     let s = store_arg(&store);
@@ -461,7 +461,7 @@ fn json_outputs_of_ls_show_verify_diff_and_rank_parse_and_carry_the_values() {
     assert_eq!(row_b["rung"], "0");
     assert_eq!(row_b["levers"]["staging"], "batched");
     assert_eq!(row_b["host"], "testhost");
-    let wall = (b.end_ns - surfaces_common::T0) as f64 / 1e9;
+    let wall = (b.end_ns - render::T0) as f64 / 1e9;
     assert!((row_b["run_wall_s"].as_f64().unwrap() - wall).abs() < 1e-9);
 
     let (code, out, err) = run(harness().args(["show", &a.id[..12], "--json", "--store", &s]));
@@ -518,7 +518,7 @@ fn json_outputs_of_ls_show_verify_diff_and_rank_parse_and_carry_the_values() {
         (steps["a_count"].clone(), steps["b_count"].clone()),
         (2.into(), 4.into())
     );
-    let sum_s = |p: &surfaces_common::Planted| -> f64 {
+    let sum_s = |p: &render::Planted| -> f64 {
         p.phases
             .iter()
             .filter(|ph| ph.name == "denoise.step")
@@ -597,7 +597,7 @@ fn json_outputs_of_ls_show_verify_diff_and_rank_parse_and_carry_the_values() {
 #[test]
 fn polars_and_duckdb_read_a_bundle_as_a_user_would() {
     let py = python();
-    let store = fresh_store("crossread");
+    let store = fresh_store("surfaces-crossread");
     let p = seal_render(&store, 61, 4, false);
     let o = std::process::Command::new(&py)
         .arg(ext_script("cross_read.py"))

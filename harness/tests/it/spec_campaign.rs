@@ -12,9 +12,8 @@ use std::process::Command;
 
 use harness::levers_spec::LeverSpec;
 
-mod real_engine;
-
-use real_engine::{engine, fresh_dir, repo, text, HARNESS};
+use crate::support::bins::{engine, repo, text, HARNESS};
+use crate::support::dirs::vacant_dir;
 
 const SPEC: &str = "specs/device-residency.md";
 
@@ -130,7 +129,7 @@ fn dry_run(args: &[String], store: &Path) -> String {
 
 #[test]
 fn every_stage_command_is_a_campaign_the_harness_schedules() {
-    let store = fresh_dir("spec-campaign-dry");
+    let store = vacant_dir("spec-campaign-dry");
     let mut checked = 0;
     for (stage, lever, rungs, command) in stages() {
         // Section 4's general form, from the row's own rungs and lever...
@@ -181,7 +180,9 @@ fn every_stage_command_is_a_campaign_the_harness_schedules() {
 }
 
 /// Whether some `.rs` file under `dir` named `module.rs` (or `module/mod.rs`)
-/// defines `fn name(`.
+/// defines `fn name(`: a module of this test binary (`harness/tests/it/run.rs`
+/// for `run::...`) or a unit-test module of the crate (`harness/src/run/gates.rs`
+/// for `gates::tests::...`).
 fn defines(dir: &Path, module: &str, name: &str) -> bool {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return false;

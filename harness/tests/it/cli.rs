@@ -2,40 +2,15 @@
 //! recover / ls / verify / show on a store under the build directory.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-use evidence::journal::{Record, SharedJournal, Stream};
+use evidence::journal::Stream;
 use evidence::marker::{Attrs, Marker};
 use evidence::sample::Sample;
 use serde_json::json;
 
-fn harness() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_harness"));
-    c.env_remove("HARNESS_STORE");
-    c
-}
-
-fn run(c: &mut Command) -> (i32, String, String) {
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = c.output().expect("run harness");
-    (
-        status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&stdout).into_owned(),
-        String::from_utf8_lossy(&stderr).into_owned(),
-    )
-}
-
-fn test_dir(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("harness-cli")
-        .join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use crate::support::bins::{harness, run};
+use crate::support::dirs::fresh_dir;
+use crate::support::journal::SynthJournal;
 
 #[test]
 fn a_store_under_tmp_is_refused_by_the_real_binary() {
@@ -67,23 +42,14 @@ fn a_store_under_tmp_is_refused_by_the_real_binary() {
 fn dead_run(store: &Path, name: &str, seed: u64) {
     let dir = store.join("staging").join(name);
     std::fs::create_dir_all(dir.join("frames")).unwrap();
-    let j = SharedJournal::create(&dir.join("journal")).unwrap();
+    let j = SynthJournal::at(&dir.join("journal"));
     let t0 = 1_000_000_000_000u64 + seed;
-    j.append(&Record::Fragment {
-        key: "run".into(),
-        value: json!({"start_ns": t0, "boot_id": "not-this-boot", "hostname": "box-a"}),
-    })
-    .unwrap();
-    j.append(&Record::Fragment {
-        key: "rung".into(),
-        value: json!({"name": "7"}),
-    })
-    .unwrap();
-    j.append(&Record::Fragment {
-        key: "levers".into(),
-        value: json!({"staging": "serial"}),
-    })
-    .unwrap();
+    j.fragment(
+        "run",
+        json!({"start_ns": t0, "boot_id": "not-this-boot", "hostname": "box-a"}),
+    );
+    j.fragment("rung", json!({"name": "7"}));
+    j.fragment("levers", json!({"staging": "serial"}));
     let ms = 1_000_000u64;
     let events = [
         Marker::Open {
@@ -108,31 +74,22 @@ fn dead_run(store: &Path, name: &str, seed: u64) {
         },
     ];
     for (i, m) in events.iter().enumerate() {
-        j.append(&Record::Marker {
-            recv_ns: m.t_ns() + 1,
-            line: m.to_line(),
-        })
-        .unwrap();
-        j.append(&Record::Output {
-            t_ns: m.t_ns() + 2,
-            stream: Stream::Stderr,
-            line: format!("line {i}"),
-        })
-        .unwrap();
+        j.marker(m.t_ns() + 1, m);
+        j.output(m.t_ns() + 2, Stream::Stderr, format!("line {i}"));
     }
     for k in 0..12u64 {
         let mut s = Sample::empty(t0 + k * 100 * ms);
         s.set("rss_bytes", Some((1_000_000 + k * 4096 + seed) as f64));
         s.set("gpu_util_pct", Some(if k > 5 { 90.0 } else { 0.0 }));
         s.set("cpu_cores", Some(1.0 + k as f64 / 8.0));
-        j.append(&Record::Sample(s)).unwrap();
+        j.sample(s);
     }
-    j.finish().unwrap();
+    j.finish();
 }
 
 #[test]
 fn recover_ls_verify_show_on_a_real_store() {
-    let d = test_dir("commands");
+    let d = fresh_dir("cli-commands");
     let store = d.join("store");
     let st = store.to_str().unwrap();
     // Create the layout, then two dead runs.

@@ -2,9 +2,8 @@
 //! back with polars and ranked; the `harness rank` and `harness diff` binaries run on
 //! the same store.
 
-mod common;
-
-use common::{fresh_store, render, seal, Noise, Render};
+use crate::support::dirs::fresh_store;
+use crate::support::ranked::{render, seal, Noise, Render};
 use harness::bundle::files::store_bundle_dirs;
 use harness::bundle::scan::load_dirs;
 use harness::levers_spec::LeverSpec;

@@ -26,8 +26,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
-const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
-const ENGINE: &str = env!("CARGO_BIN_EXE_test-engine");
+use crate::support::bins::{HARNESS, TEST_ENGINE as ENGINE};
+use crate::support::dirs::fresh_dir;
 
 /// Kills per kind.
 fn runs() -> usize {
@@ -43,14 +43,6 @@ fn rng(salt: u64) -> ChaCha8Rng {
         .and_then(|v| v.parse().ok())
         .unwrap_or(9u64);
     ChaCha8Rng::seed_from_u64(seed ^ salt)
-}
-
-/// A fresh directory under the test target dir.
-fn fresh(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("faults-{name}"));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// `harness run --store S --cadence-ms 10 --exec -- test-engine SCRIPT`, stderr piped.
@@ -153,7 +145,7 @@ fn the_engine_sigkilled_at_random_points_always_leaves_a_bundle_naming_its_open_
     let mut leaves = std::collections::BTreeSet::new();
     let mut depths = [0usize; 3];
     for run in 0..n {
-        let store = fresh(&format!("engine-kill-{run}"));
+        let store = fresh_dir(&format!("faults-engine-kill-{run}"));
         // `render` stays open from before the pid line to the end; inside it six
         // phases with a sub-scope each, random sleeps.
         let mut script = String::from("--hello --open render --pid");
@@ -235,7 +227,7 @@ fn the_harness_sigkilled_at_random_points_is_recovered_losing_under_a_second() {
     let mut recovered = 0;
     let mut losses = Vec::new();
     for run in 0..n {
-        let store = fresh(&format!("harness-kill-{run}"));
+        let store = fresh_dir(&format!("faults-harness-kill-{run}"));
         let script = "--hello --open render --pid --open denoise --hang";
         let (mut child, _rx, _seen, engine) = launch(&store, script);
         let delay = r.random_range(200..2500u64);
@@ -351,7 +343,7 @@ fn fill(dir: &Path) -> u64 {
 
 #[test]
 fn a_full_disk_stops_the_run_cleanly_keeps_the_journal_and_says_why() {
-    let dir = fresh("full-disk");
+    let dir = fresh_dir("faults-full-disk");
     // Room for the engine copy (H5) plus 16 MiB.
     let engine_bytes = std::fs::metadata(ENGINE).unwrap().len();
     let fs = match SmallFs::make(&dir, engine_bytes + 16 * 1024 * 1024) {

@@ -1,13 +1,13 @@
 //! The watchdog's positive control, with the real probe child (this package's
 //! `harness __alloc-probe`), and the test engine's frames through the pixel check.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use harness::completion::{check_frames_dir, Expect, Verdict};
 use harness::watchdog::control::{control, ControlKind};
 
-const HARNESS: &str = env!("CARGO_BIN_EXE_harness");
-const ENGINE: &str = env!("CARGO_BIN_EXE_test-engine");
+use crate::support::bins::{HARNESS, TEST_ENGINE as ENGINE};
+use crate::support::dirs::vacant_dir;
 
 #[test]
 fn the_floor_control_kills_the_probe_within_two_ticks() {
@@ -42,13 +42,6 @@ fn the_floor_must_leave_room_for_the_probe() {
     assert!(c.detail.contains("leaves no room"), "{}", c.detail);
 }
 
-fn frames_dir(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("frames-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
 #[test]
 fn the_test_engines_frames_pass_or_fail_as_their_kind_says() {
     for (kind, want) in [
@@ -56,7 +49,7 @@ fn the_test_engines_frames_pass_or_fail_as_their_kind_says() {
         ("black", Verdict::Fail),
         ("static", Verdict::Fail),
     ] {
-        let d = frames_dir(kind);
+        let d = vacant_dir(&format!("watchdog-frames-{kind}"));
         let st = std::process::Command::new(ENGINE)
             .args(["--frames", kind, "64x32", "9"])
             .env("HARNESS_FRAMES_DIR", &d)

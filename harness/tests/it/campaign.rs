@@ -8,9 +8,8 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-mod real_engine;
-
-use real_engine::{engine, fresh_dir, repo, text, HARNESS};
+use crate::support::bins::{engine, repo, text, HARNESS};
+use crate::support::dirs::vacant_dir;
 
 fn campaign(store: &Path, extra: &[&str]) -> Output {
     Command::new(HARNESS)
@@ -51,7 +50,7 @@ fn manifests(store: &Path) -> Vec<Value> {
 
 #[test]
 fn a_campaign_interleaves_arms_resumes_and_feeds_rank() {
-    let store = fresh_dir("campaign-e2e");
+    let store = vacant_dir("campaign-e2e");
 
     let out = campaign(&store, &["--", "--cadence-ms", "50"]);
     let so = text(&out.stdout);
@@ -108,7 +107,7 @@ fn a_campaign_interleaves_arms_resumes_and_feeds_rank() {
 
 #[test]
 fn a_gate_refusal_stops_the_campaign_and_says_where() {
-    let store = fresh_dir("campaign-refused");
+    let store = vacant_dir("campaign-refused");
     // A memory floor no machine meets: the headroom gate refuses position 0.
     let out = campaign(&store, &["--", "--mem-floor", "900TiB"]);
     let so = text(&out.stdout);
@@ -125,7 +124,7 @@ fn a_gate_refusal_stops_the_campaign_and_says_where() {
 /// the budget resumes and finishes; and a nonsense budget is a usage error.
 #[test]
 fn a_budget_stops_between_runs_and_a_rerun_resumes() {
-    let store = fresh_dir("campaign-budget");
+    let store = vacant_dir("campaign-budget");
     // Nothing is known at first: position 0 starts. A rung-0 run takes over a
     // second (the watchdog control alone is more), so with a 0.5 s budget the
     // second position is expected to overrun and does not start.

@@ -1,20 +1,20 @@
 //! A render-shaped bundle for the surfaces tests (plot, export, pack, --json,
-//! cross-reads), journaled THROUGH the evidence crate and sealed into a store:
+//! cross-reads), journaled through [`super::journal`] and sealed into a store:
 //! nested phases with step attributes, `dit.forward` ticks, a sampler with random
 //! values, one column unavailable with a recorded reason. The planted values are
 //! returned so tests can assert on them.
 
-#![allow(dead_code)]
+use std::path::PathBuf;
 
-use std::path::{Path, PathBuf};
-
-use evidence::journal::{Record, SharedJournal, Stream};
+use evidence::journal::Stream;
 use evidence::marker::{Attrs, Marker};
 use evidence::sample::Sample;
 use evidence::store::Store;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
+
+use super::journal::SynthJournal;
 
 /// The first timestamp of the synthetic run, CLOCK_MONOTONIC ns.
 pub const T0: u64 = 5_000_000_000_000;
@@ -55,25 +55,6 @@ pub struct Planted {
     pub util: Vec<Option<f64>>,
     /// End of the run, ns.
     pub end_ns: u64,
-}
-
-/// A fresh store under the test target dir (never /tmp), emptied first.
-pub fn fresh_store(name: &str) -> Store {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("surfaces-{name}"));
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-    Store::resolve(Some(&dir)).unwrap()
-}
-
-/// A scratch directory under the test target dir, emptied first.
-pub fn scratch(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("surfaces-scratch-{name}"));
-    if d.exists() {
-        std::fs::remove_dir_all(&d).unwrap();
-    }
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// Journal and seal one render-shaped run with `steps` denoise steps, from `seed`.
@@ -136,15 +117,8 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
     }
     let end_ns = t + 40 * ms;
 
-    let staging = store.open_staging().unwrap();
-    let j = SharedJournal::create(&staging.journal_path()).unwrap();
-    let frag = |key: &str, value: serde_json::Value| {
-        j.append(&Record::Fragment {
-            key: key.into(),
-            value,
-        })
-        .unwrap()
-    };
+    let j = SynthJournal::in_store(store);
+    let frag = |key: &str, value: serde_json::Value| j.fragment(key, value);
     frag(
         "run",
         json!({"start_ns": T0, "end_ns": end_ns, "argv": ["harness", "run"], "boot_id": "b",
@@ -240,17 +214,12 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
     }
     events.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     for (_, _, _, m) in &events {
-        j.append(&Record::Marker {
-            recv_ns: m.t_ns() + 1000,
-            line: m.to_line(),
-        })
-        .unwrap();
-        j.append(&Record::Output {
-            t_ns: m.t_ns() + 2000,
-            stream: Stream::Stderr,
-            line: format!("engine: {}", m.name().unwrap_or("-")),
-        })
-        .unwrap();
+        j.marker(m.t_ns() + 1000, m);
+        j.output(
+            m.t_ns() + 2000,
+            Stream::Stderr,
+            format!("engine: {}", m.name().unwrap_or("-")),
+        );
     }
     // Samples every 50 ms from T0 to the end: random values, util null on some ticks.
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xabcd);
@@ -284,7 +253,7 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
             }),
         );
         s.set("load1", Some(rng.random_range(0.0..1.0f64)));
-        j.append(&Record::Sample(s)).unwrap();
+        j.sample(s);
         sample_t.push(ts);
         rss.push(r.round());
         util.push(u);
@@ -299,8 +268,7 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
         "completion",
         json!({"verdict": if leave_open { "fail" } else { "pass" }, "reasons": [], "frames": 9}),
     );
-    j.finish().unwrap();
-    let sealed = evidence::seal::seal(staging.dir(), store).unwrap();
+    let sealed = j.seal(store);
     Planted {
         id: sealed.id,
         dir: sealed.path,
@@ -311,32 +279,4 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
         util,
         end_ns,
     }
-}
-
-/// The `harness` binary with no store in its environment.
-pub fn harness() -> std::process::Command {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_harness"));
-    c.env_remove("HARNESS_STORE");
-    c
-}
-
-/// Run a command: (exit code, stdout, stderr).
-pub fn run(c: &mut std::process::Command) -> (i32, String, String) {
-    let out = c.output().expect("run the command");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// The test Python (`just test` sets it to target/pyenv/bin/python).
-pub fn python() -> String {
-    std::env::var("HARNESS_TEST_PYTHON").unwrap_or_else(|_| {
-        panic!(
-            "HARNESS_TEST_PYTHON is not set. This test needs the third-party readers of \
-             scripts/pyenv.sh: run `just test`, or `./scripts/pyenv.sh` and then \
-             `HARNESS_TEST_PYTHON=$PWD/target/pyenv/bin/python cargo test -p harness --test surfaces`"
-        )
-    })
 }

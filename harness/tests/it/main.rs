@@ -1,0 +1,31 @@
+//! The harness's end-to-end tests, one binary: each module was its own test file
+//! and keeps its test names (`cargo test -p harness --test it run::NAME`), and
+//! [`support`] holds the helpers they share.
+//!
+//! * [`run`]: the real `harness run` driving the test engine; what each bundle says.
+//! * [`rung0`]: `harness run --rung rungs/0.toml` with the real engine.
+//! * [`campaign`]: `harness campaign` with the real engine: interleave, resume, stop.
+//! * [`faults`]: engine and harness SIGKILLed at seeded random points, a full disk
+//!   (`FAULTS_RUNS`, `FAULTS_SEED`, `HARNESS_FAULTS_NO_LOOP`).
+//! * [`watchdog`]: the watchdog's positive control and the test engine's frames.
+//! * [`cli`]: the store gate; recover, ls, verify and show on a real store.
+//! * [`rank`]: planted effects ranked; the `rank` and `diff` binaries.
+//! * [`surfaces`]: plot, export, pack/unpack, `--json`, and third-party readers
+//!   (`HARNESS_TEST_PYTHON`).
+//! * [`committed_evidence`]: every committed bundle verifies and
+//!   `reports/levers.md` reproduces.
+//! * [`spec_campaign`]: the campaign spec (`specs/device-residency.md`) stays
+//!   executable.
+
+mod support;
+
+mod campaign;
+mod cli;
+mod committed_evidence;
+mod faults;
+mod rank;
+mod run;
+mod rung0;
+mod spec_campaign;
+mod surfaces;
+mod watchdog;
