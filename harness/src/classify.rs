@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::watchdog::limits::Trip;
 
-/// Why a run ended (contracts section 5, `exit.reason`).
+/// Why a run ended: the manifest's `exit.reason` (`specs/bundle.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Reason {

@@ -1,7 +1,8 @@
 //! The run's weights: which directory, its files and its digest, and synthesizing
 //! deterministic weights into the store's cache when a rung names none.
 //!
-//! The digest (contracts section 1) is `sha256:` + the hex sha256 of the lines
+//! The digest (`evidence/src/weights_digest.rs`, which the engine computes too) is
+//! `sha256:` + the hex sha256 of the lines
 //! `"<sha256 hex of file>  <relative path>\n"` (the `sha256sum` format) of every
 //! regular file except the root `DIGEST`, sorted by path bytes. A directory whose
 //! `DIGEST` file exists is complete; its digest is read from that file instead of

@@ -1,9 +1,10 @@
 //! `test-engine`: a small engine that speaks the marker protocol, for driving the
 //! real `harness run` in tests. It is never measured.
 //!
-//! It answers the engine command line of contracts section 1 (`render`, `plan`,
-//! `synth-weights`, `levers`) and, given anything else, runs its arguments as a
-//! script of steps, in order:
+//! It answers the subcommands `harness run` and `harness campaign` call on an engine
+//! (`render`, `plan`, `synth-weights`, `levers`; see `engine/src/main.rs` for the
+//! real engine's) and, given anything else, runs its arguments as a script of
+//! steps, in order:
 //!
 //! ```text
 //! --hello                      announce the engine (protocol hello)

@@ -1,8 +1,9 @@
 //! Phase scaling: each phase's wall fitted as `fixed + per_voxel * voxels` across rungs
 //! by ordinary least squares, naming the phases that do not scale.
 //!
-//! The seed's shape to catch: one single-threaded phase of 1731 s and 1732 s at two
-//! rungs whose voxel counts differ 2.75x — a constant, pure overhead. A phase "does not
+//! The shape to catch (the `host-threads` hypothesis in `specs/levers.toml`): one
+//! single-threaded phase that takes about the same seconds at two rungs whose voxel
+//! counts differ several times over — a constant, pure overhead. A phase "does not
 //! scale" when its fitted growth across the measured voxel range is below
 //! `voxel_ratio ^ `[`FLAT_EXPONENT`], i.e. its scaling exponent
 //! `ln(fit(v_max) / fit(v_min)) / ln(v_max / v_min)` is below [`FLAT_EXPONENT`]
@@ -356,8 +357,8 @@ mod tests {
     }
 
     /// Two runs at two rungs fit any line exactly: no fit is claimed from them,
-    /// and the reason says why (found with a cold rung-1 and a warm rung-2 run on
-    /// the H200, whose 2-point "fit" read R² 1.000 for every phase).
+    /// and the reason says why (found on a device run whose 2-point "fit" read a
+    /// perfect R² for every phase: reports/device-notes.md).
     #[test]
     fn two_points_are_not_a_fit() {
         let e = fit(&[at("a", 400_000, 0.0), at("b", 1_100_000, 0.0)]).unwrap_err();

@@ -51,9 +51,9 @@ pub struct Cell {
 /// The largest gap between two runs' shares (0..1) of the weight bytes in the page
 /// cache at engine start that still pairs them on a metric that reads the weights.
 /// A quarter of the weights read from disk instead of memory is seconds of load at
-/// rung 3 (35 GiB): the as-is host-threads campaign 7f0605dedf9a8064 paired a 100%
-/// baseline (render 23.3 s) with a 0% treatment (42.0 s). Runs under
-/// `--weights-cache warm` (at least 98%) or `cold` (at most 2%) always pair.
+/// rung 3: the as-is host-threads campaign 7f0605dedf9a8064 paired a fully cached
+/// baseline with an uncached treatment (its figures: reports/device-notes.md). Runs
+/// under `--weights-cache warm` (at least 98%) or `cold` (at most 2%) always pair.
 pub const CACHE_SHARE_MAX_GAP: f64 = 0.25;
 
 type Cells<'a> = BTreeMap<Cell, (Vec<&'a Bundle>, Vec<&'a Bundle>)>;

@@ -4,8 +4,9 @@
 //! a reason, never a crash: every GPU column is then null with that reason. Per-call
 //! errors (GB10 answers `memory_info` with NOT_SUPPORTED) make only that column null,
 //! with the error recorded once. Energy and PCIe throughput block for tens of
-//! milliseconds (PCIe for its 20 ms window; 45-137 ms p99 on the H200), so they are
-//! read about once a second on a thread of their own ([`SlowReading`]).
+//! milliseconds (PCIe for its 20 ms window; the device's figures are in
+//! reports/device-notes.md), so they are read about once a second on a thread of
+//! their own ([`SlowReading`]).
 
 use std::collections::HashSet;
 

@@ -8,8 +8,8 @@
 //!
 //! A pass is slow for large weights (over 16 GiB of resident pages, 247-310 ms on
 //! the development VM: `scripts/cadence-weights.sh`), so it runs on its own thread
-//! ([`super::periodic::Periodic`]): on the sampler's thread, one tick in ten overran
-//! the 100 ms cadence at rung 3.
+//! ([`super::periodic::Periodic`]): on the sampler's thread it made ticks overrun
+//! the 100 ms cadence at rung 3 on the device (reports/device-notes.md).
 
 use std::path::{Path, PathBuf};
 

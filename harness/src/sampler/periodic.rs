@@ -3,14 +3,15 @@
 //!
 //! Two parts need it: the page-cache residency pass over the weight files (247-310
 //! ms for 16 GiB on the development VM) and NVML's energy and PCIe throughput
-//! (45-137 ms p99 on the H200, device runs camp3d-f: the PCIe counters sample a
-//! 20 ms window each). On the sampler's thread either one made ticks late. Here
+//! (tens of milliseconds on the device, device runs camp3d-f in
+//! reports/device-notes.md: the PCIe counters sample a 20 ms window each). On the
+//! sampler's thread either one made ticks late. Here
 //! the tick only takes the newest finished reading, if there is one, so a slow
 //! part never moves the fixed-cadence deadlines; its value lands in the first row
 //! after its pass ends (null in the rows between). What the worker cannot remove is
-//! contention inside the library it calls: on the H200 (device run slow1) the tick's
-//! fast NVML reads still reached 19.7 ms p99, most likely waiting while this thread
-//! held a PCIe window.
+//! contention inside the library it calls: on the device (run slow1,
+//! reports/device-notes.md) the tick's fast NVML reads still took milliseconds at
+//! the p99, most likely waiting while this thread held a PCIe window.
 
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};

@@ -69,7 +69,7 @@ fn a_stale_lever_table_is_caught_naming_the_line() {
     assert!(so.contains("## Verdicts"), "{so}");
 }
 
-/// Issue 10's re-derivation stays complete: at rungs 2 and 3 (both on the CUDA arm)
+/// The device re-derivation (`just rederive`) stays complete: at rungs 2 and 3 (both on the CUDA arm)
 /// every lever that applies has at least 3 interleaved pairs in the committed
 /// bundles. A lever rank marks not applicable at the reference rung (rung 2) is
 /// exempt at rung 3 too, since both rungs run on the same device. Deleting one run of
