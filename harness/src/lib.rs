@@ -1,30 +1,39 @@
-//! The harness as a library: the `harness` binary is a thin layer over these modules,
-//! and benchmarks and integration tests call them directly.
+//! The harness as a library: the `harness` binary is a thin dispatch over these
+//! modules, and benchmarks and integration tests call them directly. Every
+//! subcommand's module holds its clap arguments and its entry point.
+//!
+//! Subcommands:
+//!
+//! * [`run`]: `harness run`: gates, the engine under sampler and watchdog, the seal.
+//! * [`control`]: `harness control`, the instrument's positive controls.
+//! * [`campaign`]: `harness campaign`, interleaved, resumable lever campaigns: the
+//!   plan, the budget, the execution, each position a child `harness run`.
+//! * [`rank`]: `harness rank`, the lever ranking re-derived from bundles.
+//! * [`diff`]: `harness diff`, two bundles side by side.
+//! * [`ls`], [`show`], [`verify`], [`recover`]: the store's bundle commands.
+//! * [`view`]: `harness plot` and `harness export`, a [`timeline`] written in one
+//!   of the [`formats`] (a picture, a Perfetto trace).
+//! * [`pack`]: `harness pack` and `harness unpack`, one bundle as one verifiable file.
+//!
+//! What they share:
 //!
 //! * [`bundle`]: reading sealed bundles (manifest, tables, many at once with
 //!   polars): the one path every command opens a bundle by.
-//! * [`campaign`]: interleaved, resumable lever campaigns (`harness campaign`): the
-//!   plan, the budget, the execution, each position a child `harness run`.
-//! * [`classify`]: why a run ended (the `exit` fragment of `harness run`).
-//! * [`completion`]: the pixel completion check on `video.y4m`.
-//! * [`control`]: the instrument's positive controls (`harness control`).
-//! * [`diff`]: two bundles side by side (`harness diff`).
-//! * [`exit`]: the binary's stable exit codes and the error kinds that select them.
-//! * [`levers_spec`]: `specs/levers.toml`, the levers and their hypotheses.
-//! * [`rank`]: the lever ranking re-derived from bundles (`harness rank`).
-//! * [`run`]: `harness run`: gates, the engine under sampler and watchdog, the seal.
+//! * [`store_arg`]: the `--store` option and the one bundle-id resolver.
+//! * [`summary`]: the manifest fields `ls` and `show` print.
 //! * [`sampler`]: the fixed-cadence sampler thread and its readers (procfs, NVML,
 //!   page cache).
-//! * [`units`]: byte quantities as people type them.
-//! * [`verify`], [`recover`], [`ls`], [`show`]: the store's bundle commands;
-//!   [`store_arg`] their `--store` option, [`summary`] the manifest fields they print.
-//! * [`watchdog`]: the memory watchdog (H1) and its positive control.
-//! * [`weights`]: the run's weights, their digest, synthesis into the cache.
-//! * [`pack`]: one bundle as one verifiable file (`harness pack`, `harness unpack`).
-//! * [`progress`]: the live status of a render (`harness run`), redrawn on a terminal,
-//!   one line per event elsewhere.
-//! * [`timeline`]: a bundle read onto one time axis; [`formats`] writes it as a
-//!   picture or a Perfetto trace; [`view`] holds `harness plot` and `harness export`.
+//! * [`watchdog`]: the memory watchdog (H1): its limits, its positive control, the
+//!   probe.
+//! * [`classify`]: why a run ended (the `exit` fragment of `harness run`).
+//! * [`completion`]: the pixel completion check on `video.y4m`.
+//! * [`weights`]: the run's weights, their digest, synthesis into the cache;
+//!   [`weights_cache`] their page-cache state at engine start.
+//! * [`levers_spec`]: `specs/levers.toml`, the levers and their hypotheses.
+//! * [`progress`]: the live status of a render, redrawn on a terminal, one line per
+//!   event elsewhere.
+//! * [`exit`]: the binary's stable exit codes and the error kinds that select them.
+//! * [`units`]: byte quantities as people type them; [`short_id`]: ids as printed.
 
 pub mod bundle;
 pub mod campaign;

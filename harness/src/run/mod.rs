@@ -6,8 +6,8 @@
 //! reached and names the open one. Only a refusal of the store itself (H2) leaves
 //! nothing, since there is nowhere durable to write.
 //!
-//! [`run`] reads as its steps: open the store and the journal, [`preflight`]'s
-//! gates, start the engine under the sampler, [`supervise`] it, stop and drain it,
+//! [`run`] reads as its steps: open the store and the journal, `preflight`'s
+//! gates, start the engine under the sampler, `supervise` it, stop and drain it,
 //! check its pixels, record what was measured, and seal.
 
 pub mod args;
