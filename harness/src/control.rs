@@ -51,11 +51,6 @@ pub struct ControlArgs {
     pub cadence_ms: u64,
 }
 
-/// Where the GPU control's last result lives.
-fn gpu_result_path(store: &Store) -> PathBuf {
-    store.cache_dir().join("controls").join("gpu-util.json")
-}
-
 /// The GPU control: burn and read utilization.
 pub fn gpu_control(
     engine: &Path,
@@ -130,39 +125,6 @@ pub fn gpu_control(
     }
 }
 
-/// The GPU control a run relies on: the last `harness control` result for this
-/// boot and this GPU, or `not-applicable` saying why there is none.
-pub fn gpu_control_for_run(
-    store: &Store,
-    gpu: Option<&Gpu>,
-    why_none: Option<&str>,
-) -> ControlResult {
-    let na = |detail: String| ControlResult {
-        name: "gpu-util".into(),
-        verdict: "not-applicable".into(),
-        detail,
-    };
-    let Some(gpu) = gpu else {
-        return na(format!("no GPU: {}", why_none.unwrap_or("NVML found none")));
-    };
-    let uuid = gpu.facts()["uuid"].clone();
-    let boot = crate::run::facts::boot_id();
-    let stored: Option<serde_json::Value> = std::fs::read(gpu_result_path(store))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
-    match stored {
-        Some(v) if v["boot_id"] == serde_json::json!(boot) && v["uuid"] == uuid => ControlResult {
-            name: "gpu-util".into(),
-            verdict: v["verdict"].as_str().unwrap_or("fail").into(),
-            detail: format!(
-                "from `harness control` this boot: {}",
-                v["detail"].as_str().unwrap_or("")
-            ),
-        },
-        _ => na("not run on this GPU since boot: run `harness control` to establish it".into()),
-    }
-}
-
 /// `harness control`: returns the exit code (0 all pass or not-applicable, 1 any failed).
 pub fn control(args: &ControlArgs) -> anyhow::Result<u8> {
     if !(args.seconds.is_finite() && args.seconds > GPU_CONTROL_WARMUP_S) {
@@ -200,7 +162,7 @@ pub fn control(args: &ControlArgs) -> anyhow::Result<u8> {
             "verdict": results[0].verdict,
             "detail": results[0].detail,
         });
-        let p = gpu_result_path(&store);
+        let p = crate::run::gpu_control::result_path(&store);
         if let Some(dir) = p.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }

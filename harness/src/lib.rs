@@ -43,6 +43,7 @@ pub mod control;
 pub mod diff;
 pub mod exit;
 pub mod formats;
+pub mod gate;
 pub mod levers_spec;
 pub mod ls;
 pub mod pack;

@@ -12,43 +12,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use serde::Serialize;
-
+use crate::gate::{Gate, Verdict};
 use crate::sampler::gpu::Gpu;
-
-/// A gate's verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Verdict {
-    /// The gate passed.
-    Pass,
-    /// The gate refused the run.
-    Refuse,
-    /// The gate does not apply to this run.
-    NotApplicable,
-}
-
-/// One entry of the `gates` fragment.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Gate {
-    /// The gate's name.
-    pub name: String,
-    /// Its verdict.
-    pub verdict: Verdict,
-    /// What was checked and found.
-    pub detail: String,
-}
-
-impl Gate {
-    /// A gate entry.
-    pub fn new(name: &str, verdict: Verdict, detail: impl Into<String>) -> Gate {
-        Gate {
-            name: name.into(),
-            verdict,
-            detail: detail.into(),
-        }
-    }
-}
 
 /// Load above this many runnable tasks per core flags the run as contended.
 ///

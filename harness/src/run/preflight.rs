@@ -15,8 +15,9 @@ use anyhow::Context;
 use evidence::store::{Staging, Store};
 
 use crate::exit::Refusal;
+use crate::gate::{Gate, Verdict};
 use crate::run::args::{Engine, RunPlan};
-use crate::run::gates::{self, CopiedBinary, Gate, Verdict};
+use crate::run::gates::{self, CopiedBinary};
 use crate::run::session::Session;
 use crate::run::signals::Signals;
 use crate::run::{facts, spawn};
@@ -523,7 +524,7 @@ fn controls(
             signals
         ));
     }
-    s.control(crate::control::gpu_control_for_run(store, gpu, gpu_reason))?;
+    s.control(crate::run::gpu_control::for_run(store, gpu, gpu_reason))?;
     Ok(Ok(()))
 }
 

@@ -9,8 +9,8 @@ use evidence::clock::monotonic_ns;
 use evidence::journal::{Record, SharedJournal};
 
 use crate::exit::Refusal;
+use crate::gate::{Gate, Verdict};
 use crate::run::contention;
-use crate::run::gates::{Gate, Verdict};
 use crate::sampler::{Reasons, SampleSink};
 use crate::watchdog::control::ControlResult;
 

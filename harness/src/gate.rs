@@ -1,0 +1,39 @@
+//! One entry of a run's `gates` fragment: a gate's name, verdict and what it
+//! found. `run::gates` holds the gates themselves; `weights_cache` reports its own
+//! gate in this form too.
+
+use serde::Serialize;
+
+/// A gate's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// The gate passed.
+    Pass,
+    /// The gate refused the run.
+    Refuse,
+    /// The gate does not apply to this run.
+    NotApplicable,
+}
+
+/// One entry of the `gates` fragment.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Gate {
+    /// The gate's name.
+    pub name: String,
+    /// Its verdict.
+    pub verdict: Verdict,
+    /// What was checked and found.
+    pub detail: String,
+}
+
+impl Gate {
+    /// A gate entry.
+    pub fn new(name: &str, verdict: Verdict, detail: impl Into<String>) -> Gate {
+        Gate {
+            name: name.into(),
+            verdict,
+            detail: detail.into(),
+        }
+    }
+}
