@@ -77,25 +77,42 @@ fn marker_line(m: &Marker) -> String {
     m.to_line()
 }
 
+/// Records with the time they are appended at, in the order they were generated.
+#[derive(Default)]
 struct Timed {
-    t: u64,
-    order: u64,
-    rec: Record,
+    /// (time ns, generation order, record).
+    records: Vec<(u64, u64, Record)>,
+}
+
+impl Timed {
+    fn push(&mut self, t: u64, rec: Record) {
+        let order = self.records.len() as u64 + 1;
+        self.records.push((t, order, rec));
+    }
 }
 
 /// Generate the records of a run, in the order a harness would append them.
 pub fn synth_records(shape: RunShape) -> Vec<Record> {
     let mut rng = Rng(shape.seed);
     let t0 = 5_000_000_000_000 + rng.below(1_000_000_000);
-    let w = shape.wall_ns;
-    let mut ev: Vec<Timed> = Vec::new();
-    let mut order = 0u64;
-    let mut push = |ev: &mut Vec<Timed>, t: u64, rec: Record| {
-        order += 1;
-        ev.push(Timed { t, order, rec });
-    };
+    let mut ev = Timed::default();
+    let markers = engine_markers(&shape, t0, &mut rng);
+    marker_records(&markers, &shape, t0, &mut rng, &mut ev);
+    let start = t0 - shape.cadence_ns / 2;
+    sample_records(&shape, t0, start, &mut rng, &mut ev);
+    frame_records(&shape, t0, &mut rng, &mut ev);
+    around_fragments(&shape, t0, start, ev)
+}
 
-    // Markers: the engine's phases as fractions of the wall.
+/// The time at fraction `f` of a run of `w` ns from `t0`.
+fn at_fraction(t0: u64, w: u64, f: f64) -> u64 {
+    t0 + (w as f64 * f) as u64
+}
+
+/// The engine's markers: hello, its phases as fractions of the wall (steps with
+/// ticks, decode chunks), and the closing info.
+fn engine_markers(shape: &RunShape, t0: u64, rng: &mut Rng) -> Vec<Marker> {
+    let w = shape.wall_ns;
     let mut markers: Vec<Marker> = vec![Marker::Hello {
         t_ns: t0,
         protocol: 1,
@@ -103,7 +120,7 @@ pub fn synth_records(shape: RunShape) -> Vec<Record> {
         version: "0.1.0".into(),
         attrs: Attrs::new(),
     }];
-    let at = |f: f64| t0 + (w as f64 * f) as u64;
+    let at = |f: f64| at_fraction(t0, w, f);
     let phase = |markers: &mut Vec<Marker>, name: &str, a: f64, b: f64, close: Attrs| {
         markers.push(Marker::Open {
             t_ns: at(a),
@@ -124,16 +141,10 @@ pub fn synth_records(shape: RunShape) -> Vec<Record> {
         );
         a
     };
-    phase(
-        &mut markers,
-        "load.text_encoder",
-        0.001,
-        0.04,
-        peak(&mut rng),
-    );
-    phase(&mut markers, "load.dit", 0.04, 0.12, peak(&mut rng));
-    phase(&mut markers, "load.vae", 0.12, 0.13, peak(&mut rng));
-    phase(&mut markers, "conditioning", 0.13, 0.18, peak(&mut rng));
+    phase(&mut markers, "load.text_encoder", 0.001, 0.04, peak(rng));
+    phase(&mut markers, "load.dit", 0.04, 0.12, peak(rng));
+    phase(&mut markers, "load.vae", 0.12, 0.13, peak(rng));
+    phase(&mut markers, "conditioning", 0.13, 0.18, peak(rng));
     // denoise 0.18 - 0.88 with steps.
     markers.push(Marker::Open {
         t_ns: at(0.18),
@@ -163,7 +174,7 @@ pub fn synth_records(shape: RunShape) -> Vec<Record> {
                 attrs: ta,
             });
         }
-        let mut ca = peak(&mut rng);
+        let mut ca = peak(rng);
         ca.insert(
             "device_ms".into(),
             json!((rng.f64() * 1000.0 * 64.0).round() / 64.0),
@@ -174,7 +185,7 @@ pub fn synth_records(shape: RunShape) -> Vec<Record> {
             attrs: ca,
         });
     }
-    let mut dc = peak(&mut rng);
+    let mut dc = peak(rng);
     dc.insert("peak_device_bytes".into(), json!(rng.below(1 << 34)));
     markers.push(Marker::Close {
         t_ns: at(0.88),
@@ -204,7 +215,7 @@ pub fn synth_records(shape: RunShape) -> Vec<Record> {
     markers.push(Marker::Close {
         t_ns: at(0.98),
         name: "decode.video".into(),
-        attrs: peak(&mut rng),
+        attrs: peak(rng),
     });
     phase(&mut markers, "artifacts.frames", 0.98, 0.999, Attrs::new());
     let mut info = Attrs::new();
@@ -215,13 +226,18 @@ pub fn synth_records(shape: RunShape) -> Vec<Record> {
         attrs: info,
     });
 
-    // The pipe keeps the engine's order: arrival times never go backwards.
+    markers
+}
+
+/// Each marker as the pipe delivers it (in the engine's order: arrival times never
+/// go backwards), with its human line on stderr, and one unparseable line.
+fn marker_records(markers: &[Marker], shape: &RunShape, t0: u64, rng: &mut Rng, ev: &mut Timed) {
+    let at = |f: f64| at_fraction(t0, shape.wall_ns, f);
     let mut last_recv = 0u64;
-    for m in &markers {
+    for m in markers {
         let recv = (m.t_ns() + 1_000 + rng.below(40_000)).max(last_recv + 1);
         last_recv = recv;
-        push(
-            &mut ev,
+        ev.push(
             recv,
             Record::Marker {
                 recv_ns: recv,
@@ -235,8 +251,7 @@ pub fn synth_records(shape: RunShape) -> Vec<Record> {
             _ => None,
         };
         if let Some(h) = human {
-            push(
-                &mut ev,
+            ev.push(
                 recv + 10,
                 Record::Output {
                     t_ns: recv + 10,
@@ -247,17 +262,18 @@ pub fn synth_records(shape: RunShape) -> Vec<Record> {
         }
     }
     // One unparseable line: the protocol keeps it verbatim.
-    push(
-        &mut ev,
+    ev.push(
         at(0.5) + 7,
         Record::Marker {
             recv_ns: at(0.5) + 7,
             line: "garbage from a confused engine".into(),
         },
     );
+}
 
-    // Samples: smooth signals with noise; some sensors unavailable.
-    let start = t0 - shape.cadence_ns / 2;
+/// Samples: smooth signals with noise; some sensors unavailable, one tick missed.
+fn sample_records(shape: &RunShape, t0: u64, start: u64, rng: &mut Rng, ev: &mut Timed) {
+    let w = shape.wall_ns;
     let n = (w + shape.cadence_ns) / shape.cadence_ns;
     let mut rss = 200_000_000f64;
     let mut energy = 1_000_000_000f64;
@@ -304,17 +320,19 @@ pub fn synth_records(shape: RunShape) -> Vec<Record> {
             };
             s.values[ci] = v;
         }
-        push(&mut ev, t, Record::Sample(s));
+        ev.push(t, Record::Sample(s));
     }
+}
 
-    // Frames at the end.
+/// The frame rows the completion check would append at the end.
+fn frame_records(shape: &RunShape, t0: u64, rng: &mut Rng, ev: &mut Timed) {
+    let at = |f: f64| at_fraction(t0, shape.wall_ns, f);
     for f in 0..shape.frames {
         let mut sha = String::new();
         for _ in 0..4 {
             sha.push_str(&format!("{:016x}", rng.next_u64()));
         }
-        push(
-            &mut ev,
+        ev.push(
             at(0.999) + u64::from(f),
             Record::Frame(FrameRow {
                 index: f,
@@ -330,8 +348,15 @@ pub fn synth_records(shape: RunShape) -> Vec<Record> {
             }),
         );
     }
+}
 
-    ev.sort_by_key(|e| (e.t, e.order));
+/// The timed records in time order, between the fragments a harness writes first
+/// (run, rung, levers, sampler, unavailable sensors) and, for a run that ends,
+/// last (exit, run end).
+fn around_fragments(shape: &RunShape, t0: u64, start: u64, ev: Timed) -> Vec<Record> {
+    let w = shape.wall_ns;
+    let mut ev = ev.records;
+    ev.sort_by_key(|e| (e.0, e.1));
     let mut out = Vec::with_capacity(ev.len() + 10);
     let run = |end: Option<u64>| Record::Fragment {
         key: "run".into(),
@@ -355,7 +380,7 @@ pub fn synth_records(shape: RunShape) -> Vec<Record> {
         key: "sensors_unavailable".into(),
         value: json!({"gpu_mem_used_bytes": "nvml memory_info: NOT_SUPPORTED on unified memory"}),
     });
-    out.extend(ev.into_iter().map(|e| e.rec));
+    out.extend(ev.into_iter().map(|e| e.2));
     if shape.completes {
         out.push(Record::Fragment {
             key: "exit".into(),
