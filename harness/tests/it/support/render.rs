@@ -60,11 +60,60 @@ pub struct Planted {
 /// Journal and seal one render-shaped run with `steps` denoise steps, from `seed`.
 /// With `leave_open`, the last phase never closes (an interrupted run).
 pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Planted {
+    let Layout {
+        phases,
+        ticks,
+        den_idx,
+        end_ns,
+    } = lay_out(seed, steps, leave_open);
+    let j = SynthJournal::in_store(store);
+    write_fragments(&j, seed, steps, end_ns);
+    write_markers(&j, &phases, &ticks, steps);
+    let den = &phases[den_idx];
+    let den = (den.open_ns, den.close_ns.unwrap());
+    let (sample_t, rss, util) = write_samples(&j, seed, den, end_ns);
+    let frag = |key: &str, value: serde_json::Value| j.fragment(key, value);
+    frag(
+        "exit",
+        json!({"reason": if leave_open { "interrupted" } else { "completed" },
+               "code": if leave_open { json!(null) } else { json!(0) }, "signal": null, "detail": ""}),
+    );
+    frag(
+        "completion",
+        json!({"verdict": if leave_open { "fail" } else { "pass" }, "reasons": [], "frames": 9}),
+    );
+    let sealed = j.seal(store);
+    Planted {
+        id: sealed.id,
+        dir: sealed.path,
+        phases,
+        ticks,
+        sample_t,
+        rss,
+        util,
+        end_ns,
+    }
+}
+
+/// The run laid out in time.
+struct Layout {
+    /// Phases in open order.
+    phases: Vec<PlantedPhase>,
+    /// `dit.forward` tick times, ns.
+    ticks: Vec<u64>,
+    /// Index of `denoise` in `phases`.
+    den_idx: usize,
+    /// End of the run, ns.
+    end_ns: u64,
+}
+
+/// Lay the phases out in time from `seed`: loads and conditioning, `denoise` with
+/// `steps` steps (two ticks each), `decode.video` with two chunks, the frames.
+fn lay_out(seed: u64, steps: u64, leave_open: bool) -> Layout {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let ms = 1_000_000u64;
     let mut jitter =
         |base_ms: u64| base_ms * ms + rng.random_range(0..40) * ms + rng.random_range(0..ms);
-    // Lay the phases out in time.
     let mut phases: Vec<PlantedPhase> = Vec::new();
     let mut t = T0 + 30 * ms;
     let push = |phases: &mut Vec<PlantedPhase>,
@@ -116,8 +165,17 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
         phases.last_mut().unwrap().close_ns = None;
     }
     let end_ns = t + 40 * ms;
+    Layout {
+        phases,
+        ticks,
+        den_idx,
+        end_ns,
+    }
+}
 
-    let j = SynthJournal::in_store(store);
+/// The fragments written before the engine's output, as `harness run` records
+/// them (rank and diff read the weights digest and host).
+fn write_fragments(j: &SynthJournal, seed: u64, steps: u64, end_ns: u64) {
     let frag = |key: &str, value: serde_json::Value| j.fragment(key, value);
     frag(
         "run",
@@ -152,8 +210,11 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
         "sampler",
         json!({"cadence_ms": 50, "slow_every": 10, "pagecache_every": 10, "observer": "on"}),
     );
+}
 
-    // Markers in time order (closes before opens at equal times, inner closes first).
+/// The markers in time order (closes before opens at equal times, inner closes
+/// first), each with its stderr line.
+fn write_markers(j: &SynthJournal, phases: &[PlantedPhase], ticks: &[u64], steps: u64) {
     let mut events: Vec<(u64, u8, i64, Marker)> = Vec::new();
     for (i, p) in phases.iter().enumerate() {
         let mut oa = Attrs::new();
@@ -221,7 +282,18 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
             format!("engine: {}", m.name().unwrap_or("-")),
         );
     }
-    // Samples every 50 ms from T0 to the end: random values, util null on some ticks.
+}
+
+/// Samples every 50 ms from T0 to `end_ns`: random values, util null on some ticks,
+/// busy inside `den` (denoise's open and close, ns). Returns the planted times,
+/// rss and util.
+fn write_samples(
+    j: &SynthJournal,
+    seed: u64,
+    den: (u64, u64),
+    end_ns: u64,
+) -> (Vec<u64>, Vec<f64>, Vec<Option<f64>>) {
+    let ms = 1_000_000u64;
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xabcd);
     let (mut sample_t, mut rss, mut util) = (Vec::new(), Vec::new(), Vec::new());
     let mut r: f64 = 1.5e9;
@@ -229,7 +301,7 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
     while ts < end_ns {
         let mut s = Sample::empty(ts);
         r += rng.random_range(-2e7..6e7);
-        let in_den = ts >= phases[den_idx].open_ns && ts < phases[den_idx].close_ns.unwrap();
+        let in_den = ts >= den.0 && ts < den.1;
         let u = if rng.random_range(0..10) == 0 {
             None
         } else if in_den {
@@ -259,24 +331,5 @@ pub fn seal_render(store: &Store, seed: u64, steps: u64, leave_open: bool) -> Pl
         util.push(u);
         ts += 50 * ms;
     }
-    frag(
-        "exit",
-        json!({"reason": if leave_open { "interrupted" } else { "completed" },
-               "code": if leave_open { json!(null) } else { json!(0) }, "signal": null, "detail": ""}),
-    );
-    frag(
-        "completion",
-        json!({"verdict": if leave_open { "fail" } else { "pass" }, "reasons": [], "frames": 9}),
-    );
-    let sealed = j.seal(store);
-    Planted {
-        id: sealed.id,
-        dir: sealed.path,
-        phases,
-        ticks,
-        sample_t,
-        rss,
-        util,
-        end_ns,
-    }
+    (sample_t, rss, util)
 }
