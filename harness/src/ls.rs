@@ -13,6 +13,7 @@ use crate::summary::BundleSummary;
 /// (rank excludes both).
 #[derive(Debug, Args)]
 pub struct LsArgs {
+    /// The store to list (`--store`, `$HARNESS_STORE`).
     #[command(flatten)]
     pub store: StoreArg,
     /// Print one JSON array on stdout: one object per bundle, oldest first, with

@@ -415,6 +415,7 @@ pub struct PackArgs {
     /// Output file (default `<id12>.bundle.tar.zst`).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// The store (`--store`, `$HARNESS_STORE`); ids are resolved through it.
     #[command(flatten)]
     pub store: StoreArg,
 }
@@ -424,6 +425,7 @@ pub struct PackArgs {
 pub struct UnpackArgs {
     /// The pack file (`harness pack` output).
     pub file: PathBuf,
+    /// The store the bundle lands in (`--store`, `$HARNESS_STORE`).
     #[command(flatten)]
     pub store: StoreArg,
 }

@@ -10,6 +10,7 @@ use crate::store_arg::{classify, StoreArg};
 /// bundle with exit reason host-lost or harness-killed, keeping every intact record.
 #[derive(Debug, Args)]
 pub struct RecoverArgs {
+    /// The store whose staging directories are recovered (`--store`, `$HARNESS_STORE`).
     #[command(flatten)]
     pub store: StoreArg,
 }

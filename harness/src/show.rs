@@ -17,6 +17,7 @@ use crate::summary::{verdicts, BundleSummary};
 pub struct ShowArgs {
     /// A bundle id, a unique id prefix, or a bundle directory.
     pub bundle: String,
+    /// The store (`--store`, `$HARNESS_STORE`); ids are resolved through it.
     #[command(flatten)]
     pub store: StoreArg,
     /// Print one JSON object: {id, dir, manifest: <manifest.json>, phases: [one

@@ -13,6 +13,7 @@ use crate::store_arg::{find_bundle, StoreArg};
 pub struct VerifyArgs {
     /// A bundle id, a unique id prefix, or a bundle directory.
     pub bundle: String,
+    /// The store (`--store`, `$HARNESS_STORE`); ids are resolved through it.
     #[command(flatten)]
     pub store: StoreArg,
     /// Print the result as one JSON object: {id, dir, ok, files, errors: [text]}.

@@ -21,6 +21,7 @@ pub struct PlotArgs {
     /// Picture width in pixels (the height follows from the phase nesting).
     #[arg(long, default_value_t = formats::plot::DEFAULT_WIDTH)]
     pub width: u32,
+    /// The store (`--store`, `$HARNESS_STORE`); ids are resolved through it.
     #[command(flatten)]
     pub store: StoreArg,
 }
@@ -37,6 +38,7 @@ pub struct ExportArgs {
     /// Output file (default `<id12>.perfetto.json`).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// The store (`--store`, `$HARNESS_STORE`); ids are resolved through it.
     #[command(flatten)]
     pub store: StoreArg,
 }

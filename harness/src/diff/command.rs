@@ -17,7 +17,7 @@ pub struct DiffArgs {
     pub a: String,
     /// Bundle B: an id (or unique prefix) in the store, or a bundle directory.
     pub b: String,
-    /// The store ids are looked up in.
+    /// The store (`--store`, `$HARNESS_STORE`); ids are resolved through it.
     #[command(flatten)]
     pub store: StoreArg,
     /// Print the comparison as one JSON object on stdout: {a, b, fields, phases,
