@@ -1,5 +1,8 @@
-//! The `--store DIR` option every command takes, and turning store errors into
-//! the harness's exit codes (volatile store: refused, 3; unknown id: usage, 2).
+//! The `--store DIR` option every command takes; [`find_bundle`], the one way a
+//! command resolves a bundle id, prefix or directory (through the store and its
+//! durability gate); [`read_root`], the store a whole-store reader lists; and
+//! turning store errors into the harness's exit codes (volatile store: refused, 3;
+//! unknown or ambiguous id: usage, 2).
 
 use std::path::{Path, PathBuf};
 
@@ -61,7 +64,7 @@ pub fn read_root(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// directory is used as is, without opening a store.
 pub fn find_bundle(arg: &StoreArg, query: &str) -> anyhow::Result<PathBuf> {
     let p = Path::new(query);
-    if p.join("manifest.json").is_file() {
+    if p.join(evidence::bundle_files::MANIFEST).is_file() {
         return p
             .canonicalize()
             .with_context(|| format!("resolving {}", p.display()));
