@@ -220,14 +220,15 @@ pub fn synthesize(engine: &Path, preset: &str, cache: &Path) -> Result<Weights, 
         std::process::id(),
         evidence::clock::monotonic_ns()
     ));
-    let mut child = Command::new(engine)
+    let mut command = Command::new(engine);
+    command
         .args(["synth-weights", "--preset", preset, "--out"])
         .arg(&tmp)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(io(engine))?;
+        .stderr(Stdio::piped());
+    let mut child =
+        crate::run::spawn::retry_while_text_busy(|| command.spawn()).map_err(io(engine))?;
     // The engine's stderr is echoed as it comes (synthesis takes a minute at
     // ltxv-13b) and its last line kept: a failure's cause ("No space left on
     // device") belongs in the refusal the bundle records, not only on a terminal.

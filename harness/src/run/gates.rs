@@ -204,12 +204,13 @@ pub struct Plan {
 
 /// Ask `engine plan` for the projection of this render.
 pub fn engine_plan(engine: &Path, plan_args: &[String]) -> Result<Plan, String> {
-    let out = Command::new(engine)
+    let mut command = Command::new(engine);
+    command
         .arg("plan")
         .args(plan_args)
         .arg("--json")
-        .stdin(Stdio::null())
-        .output()
+        .stdin(Stdio::null());
+    let out = crate::run::spawn::retry_while_text_busy(|| command.output())
         .map_err(|e| format!("cannot run {} plan: {e}", engine.display()))?;
     if !out.status.success() {
         return Err(format!(
@@ -324,7 +325,8 @@ mod tests {
             format!("{:x}", Sha256::digest(b"#!/bin/sh\necho hi\n"))
         );
         assert_eq!(c.store_path, bin.join(&c.sha256));
-        let out = Command::new(&c.store_path).output().unwrap();
+        let mut run = Command::new(&c.store_path);
+        let out = crate::run::spawn::retry_while_text_busy(|| run.output()).unwrap();
         assert_eq!(out.stdout, b"hi\n");
         // Same bytes: same path, nothing else written.
         let again = copy_engine(&src, &bin).unwrap();
