@@ -36,6 +36,12 @@ pub const INTERNAL: u8 = 4;
 #[error("{0}")]
 pub struct UsageError(pub String);
 
+/// The command ran and its answer is negative (a bundle that does not verify,
+/// asked to be read). Exit code [`NEGATIVE`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Negative(pub String);
+
 /// A gate refused to proceed. Exit code [`REFUSED`].
 #[derive(Debug, thiserror::Error)]
 #[error("refused by gate '{gate}': {why}")]
@@ -50,6 +56,8 @@ pub struct Refusal {
 pub fn code_for(err: &anyhow::Error) -> u8 {
     if err.chain().any(|e| e.is::<Refusal>()) {
         REFUSED
+    } else if err.chain().any(|e| e.is::<Negative>()) {
+        NEGATIVE
     } else if err.chain().any(|e| e.is::<UsageError>()) {
         USAGE
     } else {

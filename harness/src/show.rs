@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::exit;
-use crate::store_arg::{find_bundle, StoreArg};
+use crate::store_arg::{find_verified_bundle, StoreArg};
 use crate::summary::{verdicts, BundleSummary};
 
 /// Print a bundle's manifest summary and phase table.
@@ -272,7 +272,7 @@ pub fn summary_text(s: &BundleSummary) -> String {
 
 /// Exit 0; 2 for an unknown id.
 pub fn run(args: ShowArgs) -> anyhow::Result<u8> {
-    let dir = find_bundle(&args.store, &args.bundle)?;
+    let dir = find_verified_bundle(&args.store, &args.bundle)?;
     if args.json {
         let s = BundleSummary::load(&dir)?;
         let phases = crate::bundle::tables::rows(&dir, evidence::bundle_files::PHASES)?;

@@ -11,7 +11,8 @@ use clap::Args;
 use evidence::error::StoreError;
 use evidence::store::Store;
 
-use crate::exit::{Refusal, UsageError};
+use crate::bundle::verified::VerifyCache;
+use crate::exit::{Negative, Refusal, UsageError};
 
 /// Where the store is.
 #[derive(Debug, Clone, Args)]
@@ -58,6 +59,24 @@ pub fn read_root(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
         }
         other => classify(other),
     })
+}
+
+/// [`find_bundle`], then the bundle verified ([`crate::bundle::verified`]): a
+/// bundle that does not verify is refused with exit 1, naming the files at
+/// fault. What `show`, `diff`, `plot` and `export` read.
+pub fn find_verified_bundle(arg: &StoreArg, query: &str) -> anyhow::Result<PathBuf> {
+    let dir = find_bundle(arg, query)?;
+    // The store a bundle directory belongs to: <root>/bundles/<id>.
+    let root = dir
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(dir.as_path())
+        .to_path_buf();
+    let mut cache = VerifyCache::for_store(&root);
+    let checked = cache.check(&dir);
+    cache.save();
+    checked.map_err(|e| Negative(format!("{e} (harness verify lists every failure)")))?;
+    Ok(dir)
 }
 
 /// The bundle directory for an id, id prefix, or path. A path to a bundle

@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::exit::{self, UsageError};
 use crate::formats::{self, Format};
-use crate::store_arg::{find_bundle, StoreArg};
+use crate::store_arg::{find_verified_bundle, StoreArg};
 use crate::timeline::Timeline;
 
 /// Draw a bundle's timeline: phases, GPU utilization and power, memory, CPU.
@@ -66,7 +66,7 @@ pub fn plot(args: PlotArgs) -> anyhow::Result<u8> {
         ))
         .into());
     }
-    let dir = find_bundle(&args.store, &args.bundle)?;
+    let dir = find_verified_bundle(&args.store, &args.bundle)?;
     let t = Timeline::load(&dir)?;
     let out = args
         .out
@@ -88,7 +88,7 @@ pub fn plot(args: PlotArgs) -> anyhow::Result<u8> {
 
 /// Exit 0 with the file written; 2 for an unknown bundle.
 pub fn export(args: ExportArgs) -> anyhow::Result<u8> {
-    let dir = find_bundle(&args.store, &args.bundle)?;
+    let dir = find_verified_bundle(&args.store, &args.bundle)?;
     let t = Timeline::load(&dir)?;
     let out = args
         .out

@@ -65,21 +65,37 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
             .ok_or_else(|| field(path, "a string"))
     };
     let opt_string = |path: &str| get(m, path).and_then(Value::as_str).map(str::to_string);
-    let id = match get(m, "id").and_then(Value::as_str) {
-        Some(s) => s.to_string(),
-        None => dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .map(str::to_string)
-            .ok_or_else(|| field("id", "a bundle id or a directory named by it"))?,
-    };
+    // The id is the directory's name, which verification checked is the sha256
+    // of this manifest. A manifest has no id of its own: one that claims one
+    // other than its directory's is refused, never believed.
+    let id = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_string)
+        .ok_or_else(|| field("id", "a bundle directory named by its id"))?;
+    if let Some(claimed) = get(m, "id") {
+        if claimed.as_str() != Some(id.as_str()) {
+            return Err(field(
+                "id",
+                &format!("no such field (a bundle is named by its directory, {id})"),
+            ));
+        }
+    }
     let cfg = get(m, "rung.config").ok_or_else(|| field("rung.config", "the rung as JSON"))?;
     let dim = |k: &str| -> Result<u64, LoadError> {
         cfg.get(k)
             .and_then(Value::as_u64)
             .ok_or_else(|| field(&format!("rung.config.{k}"), "a positive integer"))
     };
-    let voxels = dim("width")? * dim("height")? * dim("frames")?;
+    let voxels = dim("width")?
+        .checked_mul(dim("height")?)
+        .and_then(|v| v.checked_mul(dim("frames").ok()?))
+        .ok_or_else(|| {
+            field(
+                "rung.config",
+                "width x height x frames within 2^64 (a rung the engine could render)",
+            )
+        })?;
     let levers = match get(m, "levers") {
         None | Some(Value::Null) => BTreeMap::new(),
         Some(Value::Object(o)) => o
@@ -275,6 +291,25 @@ mod tests {
             Path::new("b/manifest.json"),
             Path::new("store/bundles/deadbeef"),
         )
+    }
+
+    #[test]
+    fn a_claimed_id_other_than_the_directory_is_refused() {
+        let mut m = manifest();
+        m["id"] = json!("0".repeat(64));
+        let e = facts(&m).unwrap_err().to_string();
+        assert!(e.contains("b/manifest.json") && e.contains("id"), "{e}");
+        m["id"] = json!("deadbeef");
+        assert_eq!(facts(&m).unwrap().id, "deadbeef");
+    }
+
+    #[test]
+    fn a_rung_too_large_to_multiply_is_refused_not_a_panic() {
+        let mut m = manifest();
+        m["rung"]["config"]["width"] = json!(1u64 << 32);
+        m["rung"]["config"]["height"] = json!(1u64 << 32);
+        let e = facts(&m).unwrap_err().to_string();
+        assert!(e.contains("rung.config"), "{e}");
     }
 
     #[test]

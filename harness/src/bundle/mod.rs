@@ -12,6 +12,8 @@
 //!   the phase table text.
 //! * [`scan`]: many bundles' phases and samples at once with polars, into facts.
 //! * [`facts`]: what rank, diff and campaign know about one bundle, as plain data.
+//! * [`verified`]: every bundle a command reads is verified first (cached per
+//!   store by the files' stamps); one that fails is excluded or refused.
 //! * [`error`]: the typed errors of all of these, each naming its file.
 
 pub mod error;
@@ -20,3 +22,4 @@ pub mod files;
 pub mod manifest;
 pub mod scan;
 pub mod tables;
+pub mod verified;

@@ -36,7 +36,10 @@ pub fn load_dirs(dirs: &[PathBuf]) -> Loaded {
         match manifest::read_facts(d) {
             Ok(b) => ok.push((d.clone(), b)),
             Err(e) => loaded.unreadable.push(Exclusion {
-                id: d.display().to_string(),
+                id: d
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| d.display().to_string()),
                 reason: format!("unreadable: {e}"),
             }),
         }

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use crate::bundle::facts::Bundle;
+use crate::bundle::verified::{partition, VerifyCache};
 use crate::bundle::{files, manifest};
 use crate::campaign::budget::{Budget, WallHistory};
 use crate::campaign::execute::{execute, CampaignOutcome};
@@ -232,13 +233,18 @@ fn schedule(args: &CampaignArgs) -> anyhow::Result<(Plan, Vec<RungRef>, Vec<Leve
 /// The manifest facts of every bundle already sealed in the store at `root`
 /// (none when the store cannot be listed yet).
 fn sealed_bundles(root: &Path) -> Vec<Bundle> {
-    match files::store_bundle_dirs(root) {
-        Ok(dirs) => dirs
-            .iter()
-            .filter_map(|d| manifest::read_facts(d).ok())
-            .collect(),
-        Err(_) => Vec::new(),
+    let Ok(dirs) = files::store_bundle_dirs(root) else {
+        return Vec::new();
+    };
+    // A position counts as sealed only by a bundle that verifies; one that does
+    // not is named here and its position runs again.
+    let (ok, bad) = partition(&dirs, &mut VerifyCache::for_store(root));
+    for b in &bad {
+        eprintln!("harness campaign: not counted: {}: {}", b.id, b.reason);
     }
+    ok.iter()
+        .filter_map(|d| manifest::read_facts(d).ok())
+        .collect()
 }
 
 /// Print the plan: its header, skips and warnings, every position (done or todo,

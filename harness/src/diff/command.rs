@@ -8,7 +8,7 @@ use crate::bundle::manifest;
 use crate::bundle::scan::load_dirs;
 use crate::diff::{diff, markdown::markdown};
 use crate::exit::{self, UsageError};
-use crate::store_arg::{find_bundle, StoreArg};
+use crate::store_arg::{find_verified_bundle, StoreArg};
 
 /// `harness diff A B`: two bundles side by side.
 #[derive(Debug, clap::Args)]
@@ -28,8 +28,8 @@ pub struct DiffArgs {
 
 /// Run `harness diff`; exit 0, 2 for an unknown, ambiguous or unreadable bundle.
 pub fn run(args: &DiffArgs) -> anyhow::Result<u8> {
-    let da = find_bundle(&args.store, &args.a)?;
-    let db = find_bundle(&args.store, &args.b)?;
+    let da = find_verified_bundle(&args.store, &args.a)?;
+    let db = find_verified_bundle(&args.store, &args.b)?;
     let loaded = load_dirs(&[da.clone(), db.clone()]);
     if let Some(u) = loaded.unreadable.first() {
         return Err(UsageError(format!("{}: {}", u.id, u.reason)).into());

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::bundle::files::store_bundle_dirs;
 use crate::bundle::scan::load_dirs;
+use crate::bundle::verified::{partition, VerifyCache};
 use crate::exit::{self, UsageError};
 use crate::levers_spec::{LeverSpec, DEFAULT_SPEC};
 use crate::store_arg::read_root;
@@ -39,6 +40,8 @@ pub fn run(args: &RankArgs) -> anyhow::Result<u8> {
     let root = read_root(args.store.as_deref())?;
     let dirs = store_bundle_dirs(&root)
         .map_err(|e| UsageError(format!("store {}: {e}", root.display())))?;
+    // Only bundles that verify are read; the others are excluded, naming the file.
+    let (dirs, not_verified) = partition(&dirs, &mut VerifyCache::for_store(&root));
     let loaded = load_dirs(&dirs);
     let mut command = format!("harness rank --store {}", root.display());
     if args.spec != Path::new(DEFAULT_SPEC) {
@@ -47,7 +50,13 @@ pub fn run(args: &RankArgs) -> anyhow::Result<u8> {
     if let Some(out) = args.out.as_ref().or(args.check.as_ref()) {
         command.push_str(&format!(" --out {}", out.display()));
     }
-    let ranking = crate::rank::rank(&spec, &loaded.bundles, &loaded.unreadable, &command);
+    let ranking = crate::rank::rank(
+        &spec,
+        &loaded.bundles,
+        &loaded.unreadable,
+        &not_verified,
+        &command,
+    );
     let md = crate::rank::report::markdown(&ranking);
     if let Some(file) = &args.check {
         let have = std::fs::read_to_string(file)

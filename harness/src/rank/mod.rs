@@ -105,7 +105,10 @@ pub struct Ranking {
     pub fit: FitOutcome,
     /// Bundles seen (readable or not).
     pub bundles_seen: usize,
-    /// `sha256:` over the sorted ids of the bundles seen, one per line.
+    /// `sha256:` over the sorted ids of the bundles that verified, one per line:
+    /// each id is the sha256 of a manifest that lists every file's sha256, so the
+    /// digest covers the content read. A bundle that does not verify counts as
+    /// seen and excluded, never in the digest.
     pub input_digest: String,
     /// Ids of the bundles used in a pair, sorted.
     pub used: Vec<String>,
@@ -117,12 +120,15 @@ pub struct Ranking {
     pub bootstrap_seed: u64,
 }
 
-/// Rank `bundles` (any order) against `spec`. `unreadable` lists bundles that could not
-/// be loaded (listed as excluded); `command` is printed as the regenerating command.
+/// Rank `bundles` (any order) against `spec`. `unreadable` lists bundles that
+/// verified but could not be loaded, `unverified` those that do not verify (both
+/// listed as excluded; only the first count in the input digest); `command` is
+/// printed as the regenerating command.
 pub fn rank(
     spec: &LeverSpec,
     bundles: &[Bundle],
     unreadable: &[Exclusion],
+    unverified: &[Exclusion],
     command: &str,
 ) -> Ranking {
     let pairing = pairing::pair(bundles, spec);
@@ -160,16 +166,21 @@ pub fn rank(
 
     let mut excluded = pairing.excluded.clone();
     excluded.extend(unreadable.iter().cloned());
+    excluded.extend(unverified.iter().cloned());
     excluded.sort();
-    let mut seen: Vec<&str> = bundles
+    let mut read: Vec<&str> = bundles
         .iter()
         .map(|b| b.id.as_str())
         .chain(unreadable.iter().map(|e| e.id.as_str()))
         .collect();
+    read.sort_unstable();
+    read.dedup();
+    let mut seen = read.clone();
+    seen.extend(unverified.iter().map(|e| e.id.as_str()));
     seen.sort_unstable();
     seen.dedup();
     let mut h = Sha256::new();
-    for id in &seen {
+    for id in &read {
         h.update(id.as_bytes());
         h.update(b"\n");
     }
@@ -326,7 +337,7 @@ mod tests {
         // is not a campaign run, so it never pairs.
         let mut b = sample_bundle("x");
         b.device = device.map(str::to_string);
-        let r = rank(&spec(), &[b], &[], "t");
+        let r = rank(&spec(), &[b], &[], &[], "t");
         r.levers[0].reference.verdict.clone()
     }
 

@@ -70,7 +70,7 @@ fn write_header(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(
         o,
-        "Input: {} bundle(s) seen, {} used in pairs, {} excluded; input digest `{}` (sha256 of the sorted bundle ids).",
+        "Input: {} bundle(s) seen, {} used in pairs, {} excluded; input digest `{}` (sha256 of the sorted ids of the bundles that verified: every bundle is verified before it is read, and its id is the sha256 of a manifest listing every file's sha256).",
         r.bundles_seen,
         r.used.len(),
         r.excluded.len(),

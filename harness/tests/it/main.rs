@@ -14,6 +14,8 @@
 //!   (`HARNESS_TEST_PYTHON`).
 //! * [`committed_evidence`]: every committed bundle verifies and
 //!   `reports/levers.md` reproduces.
+//! * [`hostile`]: the hostile tester's cases (tampered, crafted and oversized
+//!   input), one test per case.
 //! * [`spec_campaign`]: the campaign spec (`specs/device-residency.md`) stays
 //!   executable.
 
@@ -23,6 +25,7 @@ mod campaign;
 mod cli;
 mod committed_evidence;
 mod faults;
+mod hostile;
 mod rank;
 mod run;
 mod rung0;

@@ -174,6 +174,7 @@ fn ranking(dirs: &[PathBuf]) -> Ranking {
         &w.spec,
         &loaded.bundles,
         &loaded.unreadable,
+        &[],
         "harness rank --store S",
     )
 }
@@ -283,6 +284,7 @@ fn shuffling_bundle_order_changes_no_byte() {
         &w.spec,
         &bundles,
         &loaded.unreadable,
+        &[],
         "harness rank --store S",
     ));
     assert_eq!(a, b);

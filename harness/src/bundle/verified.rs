@@ -1,0 +1,255 @@
+//! Bundles are read only once they verify: every command that reads a bundle
+//! (`rank`, `diff`, `show`, `plot`, `export`, `campaign`'s resume) first runs
+//! [`evidence::verify`] on it (the directory name is the sha256 of the
+//! canonical `manifest.json`, every listed file has its size, sha256, schema
+//! and row count, nothing unlisted is there), and excludes or refuses a bundle
+//! that fails, naming the file at fault.
+//!
+//! Verifying reads every byte, so the ids of the bundles that verified are
+//! remembered per store ([`VerifyCache`]) together with each file's size,
+//! modification and change times and inode: a bundle whose files are exactly
+//! as they were is not read again; any change (a write, a `touch`, a copy, a
+//! swap of two files) re-verifies it. The change time cannot be set by a user,
+//! so a file edited and given back its old modification time still counts as
+//! changed. The cache lives outside the store (`$HARNESS_VERIFY_CACHE`, else
+//! `$XDG_CACHE_HOME/ltx-harness` or `~/.cache/ltx-harness`), where a writer of
+//! the store cannot vouch for its own bundles; `HARNESS_VERIFY_CACHE=off`
+//! verifies everything every time. A cache that cannot be read or written is
+//! ignored: it only saves time.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::bundle::facts::Exclusion;
+
+/// One file of a bundle as the file system describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Stamp {
+    name: String,
+    bytes: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+    inode: u64,
+}
+
+/// The ids that verified, each with the stamps of its files then.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct CacheFile {
+    /// The store root the cache belongs to.
+    store: String,
+    verified: BTreeMap<String, Vec<Stamp>>,
+}
+
+/// Verified bundle ids of one store, remembered between commands.
+#[derive(Debug)]
+pub struct VerifyCache {
+    path: Option<PathBuf>,
+    file: CacheFile,
+    dirty: bool,
+}
+
+/// Why a bundle is not read: the directory and what failed, naming the file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{dir}: does not verify: {why}")]
+pub struct NotVerified {
+    /// The bundle directory.
+    pub dir: PathBuf,
+    /// The failures (the first few), each naming its file.
+    pub why: String,
+}
+
+/// At most this many failures are named per bundle (the rest are counted).
+const NAMED_FAILURES: usize = 3;
+
+fn stamps(dir: &Path) -> std::io::Result<Vec<Stamp>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let md = std::fs::symlink_metadata(e.path())?;
+        out.push(Stamp {
+            name: e.file_name().to_string_lossy().into_owned(),
+            bytes: md.len(),
+            mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128,
+            ctime_ns: md.ctime() as i128 * 1_000_000_000 + md.ctime_nsec() as i128,
+            inode: md.ino(),
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Where the cache of the store at `root` lives, or `None` when caching is off
+/// or no cache directory can be named.
+fn cache_path(root: &Path) -> Option<PathBuf> {
+    let base = match std::env::var_os("HARNESS_VERIFY_CACHE") {
+        Some(v) if v == "off" => return None,
+        Some(v) => PathBuf::from(v),
+        None => match std::env::var_os("XDG_CACHE_HOME") {
+            Some(x) if !x.is_empty() => PathBuf::from(x).join("ltx-harness"),
+            _ => PathBuf::from(std::env::var_os("HOME")?)
+                .join(".cache")
+                .join("ltx-harness"),
+        },
+    };
+    let canonical = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+    let key = hex16(canonical.to_string_lossy().as_bytes());
+    Some(base.join(format!("verified-{key}.json")))
+}
+
+fn hex16(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl VerifyCache {
+    /// The cache of the store at `root` (empty when none was written yet, or
+    /// when it cannot be read).
+    pub fn for_store(root: &Path) -> VerifyCache {
+        let path = cache_path(root);
+        let file = path
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|b| serde_json::from_slice::<CacheFile>(&b).ok())
+            .unwrap_or_default();
+        VerifyCache {
+            path,
+            file: CacheFile {
+                store: root.display().to_string(),
+                ..file
+            },
+            dirty: false,
+        }
+    }
+
+    /// A cache that remembers nothing (every bundle is read in full).
+    pub fn none() -> VerifyCache {
+        VerifyCache {
+            path: None,
+            file: CacheFile::default(),
+            dirty: false,
+        }
+    }
+
+    /// Verify the bundle at `dir` unless its files are exactly as they were
+    /// when it last verified.
+    pub fn check(&mut self, dir: &Path) -> Result<(), NotVerified> {
+        let not = |why: String| NotVerified {
+            dir: dir.to_path_buf(),
+            why,
+        };
+        let id = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("")
+            .to_string();
+        if !evidence::store::is_bundle_id(&id) {
+            return Err(not(format!(
+                "the directory name {id:?} is not a bundle id (64 lowercase hex digits: the \
+                 sha256 of its manifest.json)"
+            )));
+        }
+        let before = stamps(dir).map_err(|e| not(format!("cannot list the bundle: {e}")))?;
+        if self.file.verified.get(&id) == Some(&before) {
+            return Ok(());
+        }
+        let report = evidence::verify::verify_dir(dir);
+        if !report.ok() {
+            self.forget(&id);
+            let mut why: Vec<String> = report
+                .errors
+                .iter()
+                .take(NAMED_FAILURES)
+                .map(|e| e.to_string())
+                .collect();
+            if report.errors.len() > NAMED_FAILURES {
+                why.push(format!("and {} more", report.errors.len() - NAMED_FAILURES));
+            }
+            return Err(not(why.join("; ")));
+        }
+        // Remember what was read only if nothing changed while it was read.
+        if stamps(dir).ok().as_ref() == Some(&before) {
+            self.file.verified.insert(id, before);
+            self.dirty = true;
+        }
+        Ok(())
+    }
+
+    fn forget(&mut self, id: &str) {
+        if self.file.verified.remove(id).is_some() {
+            self.dirty = true;
+        }
+    }
+
+    /// Keep the verified ids for the next command (through a temporary file and
+    /// a rename; failures are ignored: the cache only saves time).
+    pub fn save(&self) {
+        let (Some(path), true) = (&self.path, self.dirty) else {
+            return;
+        };
+        let Some(parent) = path.parent() else {
+            return;
+        };
+        let Ok(bytes) = serde_json::to_vec(&self.file) else {
+            return;
+        };
+        let tmp = path.with_extension(format!("json.{}.part", std::process::id()));
+        let ok = std::fs::create_dir_all(parent).is_ok()
+            && std::fs::write(&tmp, bytes).is_ok()
+            && std::fs::rename(&tmp, path).is_ok();
+        if !ok {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+}
+
+/// Split `dirs` into those that verify and exclusions for those that do not
+/// (by directory name, the reason naming the file), saving the cache after.
+pub fn partition(dirs: &[PathBuf], cache: &mut VerifyCache) -> (Vec<PathBuf>, Vec<Exclusion>) {
+    let mut ok = Vec::new();
+    let mut excluded = Vec::new();
+    for d in dirs {
+        match cache.check(d) {
+            Ok(()) => ok.push(d.clone()),
+            Err(e) => excluded.push(Exclusion {
+                id: d
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| d.display().to_string()),
+                reason: format!("does not verify: {}", e.why),
+            }),
+        }
+    }
+    cache.save();
+    (ok, excluded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_change_with_content_and_with_a_swap_of_equal_sizes() {
+        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../target/test-scratch/verified-stamps");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("a"), b"1234").unwrap();
+        std::fs::write(d.join("b"), b"5678").unwrap();
+        let s0 = stamps(&d).unwrap();
+        assert_eq!(s0.len(), 2);
+        assert_eq!(s0, stamps(&d).unwrap());
+        // Swap two files of one size: names, sizes and even mtimes can match, the
+        // inodes (and change times) cannot.
+        std::fs::rename(d.join("a"), d.join("t")).unwrap();
+        std::fs::rename(d.join("b"), d.join("a")).unwrap();
+        std::fs::rename(d.join("t"), d.join("b")).unwrap();
+        assert_ne!(s0, stamps(&d).unwrap());
+    }
+}
