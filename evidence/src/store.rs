@@ -14,6 +14,9 @@
 //! The durability gate ([`check_durable`]) refuses a store or staging directory
 //! under `/tmp`, `/var/tmp` or `/mnt`, or on a tmpfs or ramfs file system: those do
 //! not survive the reboot an out-of-memory causes on a unified-memory box (H1, H2).
+//! It judges every directory the store writes, resolved through links, not only
+//! the root: a `bundles` or `staging` linked into /tmp or onto another file system
+//! is refused before anything is created.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -158,6 +161,63 @@ pub fn check_durable(path: &Path) -> Result<(), StoreError> {
     }
 }
 
+/// Every directory the store writes (`bundles`, `staging`, `bin`, `cache`,
+/// `renders`) that exists under `root`, resolved through links, must pass
+/// [`check_durable`] and lie on the root's own file system: a child linked
+/// elsewhere would put the evidence where the gate never looked.
+fn check_children(root: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(root_dev) = std::fs::metadata(root).map(|m| m.dev()) else {
+        return Ok(()); // not created yet: nothing below it exists either
+    };
+    for sub in STORE_DIRS {
+        let child = root.join(sub);
+        let Ok(link) = std::fs::symlink_metadata(&child) else {
+            continue;
+        };
+        if !link.file_type().is_symlink() && !link.is_dir() {
+            return Err(StoreError::Volatile {
+                path: child,
+                rule: "layout rule: expected a directory of the store".into(),
+            });
+        }
+        check_durable(&child)?;
+        let resolved = child.canonicalize().unwrap_or_else(|_| child.clone());
+        match std::fs::metadata(&child) {
+            Ok(m) if m.dev() != root_dev => {
+                return Err(StoreError::Volatile {
+                    path: child.clone(),
+                    rule: format!(
+                        "file-system rule: resolves to {}, on another file system than the \
+                         store root {}; point --store at a store on that disk instead of \
+                         linking part of one there",
+                        resolved.display(),
+                        root.display()
+                    ),
+                })
+            }
+            Ok(_) => {}
+            // A dangling link: creating the layout would follow it somewhere
+            // unjudged.
+            Err(_) => {
+                return Err(StoreError::Volatile {
+                    path: child.clone(),
+                    rule: format!(
+                        "layout rule: a link to {}, which does not exist",
+                        std::fs::read_link(&child)
+                            .map(|t| t.display().to_string())
+                            .unwrap_or_else(|_| "an unreadable target".into())
+                    ),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The directories a store holds under its root.
+pub const STORE_DIRS: [&str; 5] = ["bundles", "staging", "bin", "cache", "renders"];
+
 /// The store location from, in order: `explicit`, `$HARNESS_STORE`,
 /// `$XDG_DATA_HOME/harness/store`, `$HOME/.local/share/harness/store`.
 pub fn default_location(explicit: Option<&Path>) -> Result<PathBuf, StoreError> {
@@ -196,8 +256,12 @@ impl Store {
     pub fn resolve(explicit: Option<&Path>) -> Result<Store, StoreError> {
         let root = default_location(explicit)?;
         check_durable(&root)?;
+        // The children that already exist are judged before anything is
+        // created: a `bundles` link into /tmp must not gain a directory there.
+        check_children(&root)?;
         let store = Self::create_layout(&root, false)?;
         check_durable(&store.root)?;
+        check_children(&store.root)?;
         Ok(store)
     }
 
@@ -210,7 +274,7 @@ impl Store {
     }
 
     fn create_layout(root: &Path, volatile_override: bool) -> Result<Store, StoreError> {
-        for sub in ["bundles", "staging", "bin", "cache", "renders"] {
+        for sub in STORE_DIRS {
             let d = root.join(sub);
             std::fs::create_dir_all(&d).map_err(io_at(&d, "create store directory"))?;
         }
@@ -509,6 +573,50 @@ mod tests {
         std::os::unix::fs::symlink("/tmp", &link).unwrap();
         let e = check_durable(&link.join("store")).unwrap_err().to_string();
         assert!(e.contains("resolves to /tmp"), "{e}");
+    }
+
+    #[test]
+    fn a_child_linked_into_tmp_or_off_the_file_system_is_refused_before_anything_is_made() {
+        for (sub, target) in [
+            (
+                "bundles",
+                PathBuf::from("/tmp").join(format!("harness-link-{}", std::process::id())),
+            ),
+            (
+                "staging",
+                PathBuf::from("/dev/shm").join(format!("harness-link-{}", std::process::id())),
+            ),
+        ] {
+            if !target.parent().is_some_and(Path::exists) {
+                continue;
+            }
+            let root = test_dir(&format!("child-link-{sub}"));
+            let _ = std::fs::remove_dir_all(&root);
+            std::fs::create_dir_all(&root).unwrap();
+            std::fs::create_dir_all(&target).unwrap();
+            std::os::unix::fs::symlink(&target, root.join(sub)).unwrap();
+            let e = Store::resolve(Some(&root)).unwrap_err().to_string();
+            assert!(e.contains(sub), "{e}");
+            // Nothing was created: not the layout, not under the link.
+            let made: Vec<_> = std::fs::read_dir(&root)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(made, vec![std::ffi::OsString::from(sub)], "{e}");
+            assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+            let _ = std::fs::remove_dir_all(&target);
+        }
+    }
+
+    #[test]
+    fn a_dangling_child_link_is_refused() {
+        let root = test_dir("child-dangling");
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        std::os::unix::fs::symlink(root.join("nowhere"), root.join("bin")).unwrap();
+        let e = Store::resolve(Some(&root)).unwrap_err().to_string();
+        assert!(e.contains("bin") && e.contains("does not exist"), "{e}");
+        assert!(!root.join("nowhere").exists());
     }
 
     #[test]

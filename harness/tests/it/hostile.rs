@@ -249,3 +249,35 @@ fn show_diff_plot_and_export_refuse_a_tampered_bundle_with_exit_1_naming_the_fil
         "nothing written"
     );
 }
+
+#[test]
+fn a_store_child_linked_into_tmp_is_refused_with_exit_3_and_nothing_left() {
+    for sub in ["bundles", "staging", "bin"] {
+        let root = fresh_dir(&format!("hostile-link-{sub}"));
+        let target = PathBuf::from(format!("/tmp/harness-hostile-{}-{sub}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&target);
+        std::fs::create_dir_all(&target).unwrap();
+        std::os::unix::fs::symlink(&target, root.join(sub)).unwrap();
+        let (code, so, se) = run(harness()
+            .env_remove("HARNESS_LEASE_ID")
+            .args(["run", "--store"])
+            .arg(&root)
+            .args(["--exec", "--", crate::support::bins::TEST_ENGINE, "--hello"]));
+        assert_eq!(code, 3, "{sub}: {so}{se}");
+        assert!(
+            se.contains(&format!("{sub}")) && se.contains("/tmp") && se.contains("store-durable"),
+            "{sub}: {se}"
+        );
+        let left: Vec<_> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from(sub)], "{sub}");
+        assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0, "{sub}");
+        // recover is refused the same way (no phantom bundle from a staging dir).
+        let (code, _, se) = run(harness().args(["recover", "--store"]).arg(&root));
+        assert_eq!(code, 3, "{sub}: recover: {se}");
+        assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0, "{sub}");
+        let _ = std::fs::remove_dir_all(&target);
+    }
+}
