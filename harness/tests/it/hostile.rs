@@ -265,7 +265,7 @@ fn a_store_child_linked_into_tmp_is_refused_with_exit_3_and_nothing_left() {
             .args(["--exec", "--", crate::support::bins::TEST_ENGINE, "--hello"]));
         assert_eq!(code, 3, "{sub}: {so}{se}");
         assert!(
-            se.contains(&format!("{sub}")) && se.contains("/tmp") && se.contains("store-durable"),
+            se.contains(sub) && se.contains("/tmp") && se.contains("store-durable"),
             "{sub}: {se}"
         );
         let left: Vec<_> = std::fs::read_dir(&root)
