@@ -257,6 +257,20 @@ pub struct MarkersSummary {
     pub hello: Option<Value>,
     /// The first parse error, with its line number (seq).
     pub first_error: Option<String>,
+    /// Lines that parsed but whose `t_ns` the clock check rejected (outside the
+    /// run, after the line was read, or going back in time; see
+    /// `seal::MARKER_CLOCK_SLACK_NS`): kept in `markers.parquet` with the reason
+    /// in `error`, used for no phase. Absent when zero (manifests sealed before
+    /// the check stay canonical).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub clock_rejected: u64,
+    /// The first clock rejection, naming its line; absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_clock_error: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// How much of the journal was intact.

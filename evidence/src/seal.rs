@@ -227,6 +227,59 @@ struct MarkerLine<'a> {
     recv_ns: u64,
     line: &'a str,
     parsed: Result<Marker, String>,
+    /// Why a line that parsed was rejected by the clock check; such a marker is
+    /// kept in `markers.parquet` but builds no phase.
+    clock: Option<String>,
+}
+
+/// How far a marker's `t_ns` may lie outside the harness's own readings of the
+/// same clock (CLOCK_MONOTONIC), ns: after the moment the harness read its line,
+/// before the run started, or behind a marker accepted earlier. 100 ms covers an
+/// engine whose threads stamp and write in a slightly different order; a stamp
+/// further out is not a time this run could have measured.
+pub const MARKER_CLOCK_SLACK_NS: u64 = 100_000_000;
+
+/// Judge each parsed marker's `t_ns` against the harness's clock: it must lie
+/// in `[run_start - slack, recv_ns + slack]` and not more than the slack behind
+/// the latest marker accepted before it (arrival order). Sets `clock` on each
+/// rejected line.
+fn check_marker_clock(lines: &mut [MarkerLine<'_>], run_start: Option<u64>) {
+    let slack = MARKER_CLOCK_SLACK_NS;
+    let mut latest: Option<u64> = None;
+    for (seq, l) in lines.iter_mut().enumerate() {
+        let Ok(m) = &l.parsed else { continue };
+        let t = m.t_ns();
+        let why = if t > l.recv_ns.saturating_add(slack) {
+            Some(format!(
+                "t_ns {t} is {:.3} s after the harness read the line (recv_ns {})",
+                (t - l.recv_ns) as f64 / 1e9,
+                l.recv_ns
+            ))
+        } else if let Some(start) = run_start.filter(|s| t < s.saturating_sub(slack)) {
+            Some(format!(
+                "t_ns {t} is {:.3} s before the run started (run.start_ns {start})",
+                (start - t) as f64 / 1e9
+            ))
+        } else {
+            latest
+                .filter(|last| t < last.saturating_sub(slack))
+                .map(|last| {
+                    format!(
+                        "t_ns {t} goes {:.3} s back from an earlier marker's {last}",
+                        (last - t) as f64 / 1e9
+                    )
+                })
+        };
+        match why {
+            Some(w) => {
+                l.clock = Some(format!(
+                    "clock: marker line {seq}: {w} (slack {} ms); kept, not used for phases",
+                    slack / 1_000_000
+                ))
+            }
+            None => latest = Some(latest.map_or(t, |x| x.max(t))),
+        }
+    }
 }
 
 fn ev_name(m: &Marker) -> &'static str {
@@ -260,7 +313,7 @@ fn markers_table(lines: &[MarkerLine<'_>]) -> Result<Vec<u8>, SealError> {
                 name.append_option(mk.name());
                 let a: serde_json::Map<String, Value> = mk.attrs().clone().into_iter().collect();
                 attrs.append_value(canonical_json(&Value::Object(a)));
-                err.append_null();
+                err.append_option(m.clock.as_deref());
             }
             Err(e) => {
                 t.append_null();
@@ -445,10 +498,16 @@ fn gather<'a>(c: &'a JournalContents, inputs: &SealInputs) -> Gathered<'a> {
     g
 }
 
-/// The `markers` section: line counts, events by kind, the hello, the first error.
-fn markers_summary(lines: &[MarkerLine<'_>], parsed: &[Marker]) -> MarkersSummary {
+/// The `markers` section: line counts, events by kind, the hello, the first
+/// error, and the markers the clock check rejected. `parsed` and `by_ev` count
+/// every line that parsed, rejected or not.
+fn markers_summary(lines: &[MarkerLine<'_>]) -> MarkersSummary {
+    let parsed: Vec<&Marker> = lines
+        .iter()
+        .filter_map(|m| m.parsed.as_ref().ok())
+        .collect();
     let mut by_ev: BTreeMap<String, u64> = BTreeMap::new();
-    for m in parsed {
+    for m in &parsed {
         *by_ev.entry(ev_name(m).to_string()).or_default() += 1;
     }
     let hello = parsed.iter().find_map(|m| match m {
@@ -468,6 +527,8 @@ fn markers_summary(lines: &[MarkerLine<'_>], parsed: &[Marker]) -> MarkersSummar
         by_ev,
         hello,
         first_error,
+        clock_rejected: lines.iter().filter(|m| m.clock.is_some()).count() as u64,
+        first_clock_error: lines.iter().find_map(|m| m.clock.clone()),
     }
 }
 
@@ -534,15 +595,20 @@ pub fn build_bundle(c: &JournalContents, inputs: &SealInputs) -> Result<BuiltBun
             recv_ns,
             line,
             parsed: parse_marker_line(line).map_err(|e| e.to_string()),
+            clock: None,
         })
-        .collect();
-    let parsed: Vec<Marker> = lines
-        .iter()
-        .filter_map(|m| m.parsed.as_ref().ok().cloned())
         .collect();
     let run = fragments.get("run");
     let run_ns = |k: &str| run.and_then(|r| r.get(k)).and_then(Value::as_u64);
     let (run_start, run_end) = (run_ns("start_ns"), run_ns("end_ns"));
+    let mut lines = lines;
+    check_marker_clock(&mut lines, run_start);
+    // Phases are built from the markers that parsed and whose time is believable.
+    let parsed: Vec<Marker> = lines
+        .iter()
+        .filter(|m| m.clock.is_none())
+        .filter_map(|m| m.parsed.as_ref().ok().cloned())
+        .collect();
     if let Some(e) = run_end {
         end_ns = end_ns.max(e);
     }
@@ -554,7 +620,7 @@ pub fn build_bundle(c: &JournalContents, inputs: &SealInputs) -> Result<BuiltBun
         .map(|p| p.map(|i| tree.phases[i].name.clone()))
         .collect();
     let phases_summary = tree.summary((run_start, run_end));
-    let markers_summary = markers_summary(&lines, &parsed);
+    let markers_summary = markers_summary(&lines);
     mark_never_reported(&mut fragments, &samples);
     let expected_ms = fragments
         .get("sampler")
@@ -780,6 +846,50 @@ mod tests {
 
     fn s(t: u64) -> Sample {
         Sample::empty(t)
+    }
+
+    #[test]
+    fn marker_clock_rejects_the_future_the_past_and_going_back_within_a_stated_slack() {
+        const MS: u64 = 1_000_000;
+        let start = 1_000 * MS;
+        // (recv_ns, t_ns) in arrival order, and whether the check accepts it.
+        let cases: [(u64, u64, bool); 7] = [
+            (1_100 * MS, 1_050 * MS, true),
+            (1_200 * MS, 1_150 * MS, true),
+            (1_300 * MS, 1_099 * MS, true), // 51 ms behind the latest: within slack
+            (1_400 * MS, 1_049 * MS, false), // 101 ms behind 1_150: goes back
+            (1_500 * MS, 1_601 * MS, false), // 101 ms after it was read
+            (1_600 * MS, 899 * MS, false),  // 101 ms before the run started
+            (1_700 * MS, 1_700 * MS, true),
+        ];
+        let texts: Vec<String> = cases
+            .iter()
+            .map(|(_, t, _)| format!(r#"{{"ev":"tick","t_ns":{t},"name":"x"}}"#))
+            .collect();
+        let mut lines: Vec<MarkerLine<'_>> = cases
+            .iter()
+            .zip(&texts)
+            .map(|(&(recv_ns, _, _), line)| MarkerLine {
+                recv_ns,
+                line,
+                parsed: parse_marker_line(line).map_err(|e| e.to_string()),
+                clock: None,
+            })
+            .collect();
+        check_marker_clock(&mut lines, Some(start));
+        for (i, (l, &(_, _, ok))) in lines.iter().zip(&cases).enumerate() {
+            assert_eq!(l.clock.is_none(), ok, "line {i}: {:?}", l.clock);
+        }
+        let why: Vec<&str> = lines.iter().filter_map(|l| l.clock.as_deref()).collect();
+        assert!(
+            why[0].contains("marker line 3") && why[0].contains("goes 0.101 s back"),
+            "{}",
+            why[0]
+        );
+        assert!(why[1].contains("after the harness read"), "{}", why[1]);
+        assert!(why[2].contains("before the run started"), "{}", why[2]);
+        let summary = markers_summary(&lines);
+        assert_eq!((summary.parsed, summary.clock_rejected), (7, 3));
     }
 
     #[test]

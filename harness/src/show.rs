@@ -258,6 +258,14 @@ pub fn summary_text(s: &BundleSummary) -> String {
             .map(|r| format!(" ({r})"))
             .unwrap_or_default()
     );
+    if m.markers.clock_rejected > 0 {
+        let _ = writeln!(
+            o,
+            "         {} rejected by the clock check, used for no phase: {}",
+            m.markers.clock_rejected,
+            m.markers.first_clock_error.as_deref().unwrap_or("")
+        );
+    }
     for (name, e) in &m.files {
         let _ = writeln!(
             o,

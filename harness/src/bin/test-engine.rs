@@ -26,6 +26,7 @@
 //!                              frames dir ($HARNESS_FRAMES_DIR): video.y4m (C444),
 //!                              first/middle/last.png, then the frames_written info
 //! --garbage N                  write N malformed lines to the marker channel
+//! --raw LINE                   write LINE verbatim to the marker channel
 //! --stdout TEXT | --stderr TEXT  print a line
 //! --render STEPS FORWARDS      the engine's phase sequence with STEPS denoise
 //!                              steps of FORWARDS DiT forwards each
@@ -350,6 +351,13 @@ fn run_script(script: &[String], out: &Option<PathBuf>) -> Res<u8> {
                         };
                         let _ = raw.write_all(line.as_bytes());
                     }
+                }
+            }
+            "--raw" => {
+                // One line written verbatim to the marker channel (hostile stamps).
+                let line = arg(flag, &mut it)?;
+                if let Some(raw) = &mut ch.raw {
+                    let _ = raw.write_all(format!("{line}\n").as_bytes());
                 }
             }
             "--stdout" => println!("{}", arg(flag, &mut it)?),

@@ -257,6 +257,19 @@ fn incompleteness(m: &Value) -> Option<String> {
     if get(m, "complete").and_then(Value::as_bool) == Some(false) && why.is_empty() {
         why.push("sealed as incomplete".to_string());
     }
+    // Phases built without the markers whose time was not believable are not
+    // the run's phases: such a run is not compared with others.
+    if let Some(n) = get(m, "markers.clock_rejected")
+        .and_then(Value::as_u64)
+        .filter(|n| *n > 0)
+    {
+        why.push(format!(
+            "{n} marker(s) rejected by the clock check ({})",
+            get(m, "markers.first_clock_error")
+                .and_then(Value::as_str)
+                .unwrap_or("no detail")
+        ));
+    }
     (!why.is_empty()).then(|| why.join(", "))
 }
 
@@ -291,6 +304,18 @@ mod tests {
             Path::new("b/manifest.json"),
             Path::new("store/bundles/deadbeef"),
         )
+    }
+
+    #[test]
+    fn a_run_with_clock_rejected_markers_is_not_compared() {
+        let mut m = manifest();
+        assert_eq!(facts(&m).unwrap().incomplete, None);
+        m["markers"] = json!({"clock_rejected": 2, "first_clock_error": "clock: marker line 3: x"});
+        let why = facts(&m).unwrap().incomplete.unwrap();
+        assert!(
+            why.contains("2 marker(s) rejected by the clock check (clock: marker line 3: x)"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -281,3 +281,67 @@ fn a_store_child_linked_into_tmp_is_refused_with_exit_3_and_nothing_left() {
         let _ = std::fs::remove_dir_all(&target);
     }
 }
+
+/// `harness run --exec -- test-engine ARGS...` into `store`: (exit, manifest).
+fn exec_run(store: &Path, args: &[&str]) -> (i32, Value) {
+    let out = harness()
+        .env_remove("HARNESS_LEASE_ID")
+        .env_remove("TEST_ENGINE_SCRIPT")
+        .args(["run", "--store"])
+        .arg(store)
+        .args(["--exec", "--", crate::support::bins::TEST_ENGINE])
+        .args(args)
+        .output()
+        .unwrap();
+    let m_path = crate::support::bins::bundle_path(&out).join("manifest.json");
+    let m = serde_json::from_slice(&std::fs::read(&m_path).unwrap()).unwrap();
+    (out.status.code().unwrap_or(-1), m)
+}
+
+#[test]
+fn marker_times_off_the_harness_clock_are_rejected_counted_and_build_no_phase() {
+    let store = crate::support::dirs::vacant_dir("hostile-clock");
+    // A close stamped 2^63 ns (clamped to i64::MAX before), and a close from
+    // before the run started (time going backwards: t_ns 1).
+    let (code, m) = exec_run(
+        &store,
+        &[
+            "--hello",
+            "--open",
+            "load",
+            "--sleep-ms",
+            "50",
+            "--raw",
+            r#"{"ev":"close","t_ns":9223372036854775808,"name":"load"}"#,
+            "--open",
+            "denoise",
+            "--raw",
+            r#"{"ev":"close","t_ns":1,"name":"denoise"}"#,
+            "--close",
+            "denoise",
+            "--close",
+            "load",
+            "--frames",
+            "good",
+            "64x48",
+            "9",
+        ],
+    );
+    assert_eq!(m["markers"]["clock_rejected"], 2, "{}", m["markers"]);
+    let first = m["markers"]["first_clock_error"].as_str().unwrap();
+    assert!(
+        first.contains("9223372036854775808") && first.contains("after the harness read"),
+        "{first}"
+    );
+    // The phases come from the believable markers only: the real closes end
+    // both phases, and the engine wall is this run's, not 9.2e9 s or hours.
+    let p = &m["phases"];
+    let wall = p["wall_s"].as_f64().unwrap_or(f64::NAN);
+    assert!(wall > 0.04 && wall < 60.0, "engine wall {wall} s: {p}");
+    assert_eq!(p["unmatched_closes"], 0, "{p}");
+    assert_eq!(p["open_at_end"], Value::Array(vec![]), "{p}");
+    assert_eq!(p["instances"], 2, "{p}");
+    // Flagged: rank does not compare such a run (bundle::manifest's
+    // a_run_with_clock_rejected_markers_is_not_compared pins that).
+    assert_eq!(code, 0);
+}
