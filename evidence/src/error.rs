@@ -203,6 +203,16 @@ pub enum VerifyError {
         /// sha256 of the bytes on disk.
         actual: String,
     },
+    /// A file is larger than verify reads of its kind (a hostile or damaged bundle).
+    #[error("{file}: {bytes} bytes, more than the {limit}-byte limit verify reads of it")]
+    TooLarge {
+        /// The bundle file.
+        file: String,
+        /// Its size in bytes.
+        bytes: u64,
+        /// The limit in bytes.
+        limit: u64,
+    },
     /// A table does not have the schema or row count the manifest and spec promise.
     #[error("{file}: {why}")]
     Content {

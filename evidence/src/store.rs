@@ -441,6 +441,50 @@ impl Store {
         fsync_dir(&self.bundles_dir())?;
         Ok(published)
     }
+
+    /// Replace `bundles/<id>` with the directory `from` in one step (renameat2
+    /// `RENAME_EXCHANGE`): afterwards `bundles/<id>` holds what `from` held, and the
+    /// former bundle is at the returned path (`from` itself), for the caller to
+    /// remove. Only for a bundle that fails verification, replaced by a verified copy
+    /// of the same id (`harness unpack`); `publish` never replaces. On a file system
+    /// without `RENAME_EXCHANGE` the old directory is renamed aside to `from` + `.old`
+    /// first (a moment without `bundles/<id>`), then `from` into place.
+    pub fn replace(&self, from: &Path, id: &str) -> Result<PathBuf, StoreError> {
+        let to = self.bundles_dir().join(id);
+        let cf = CString::new(from.as_os_str().as_bytes())
+            .map_err(|e| IoAt::new(from, "exchange", std::io::Error::other(e)))?;
+        let ct = CString::new(to.as_os_str().as_bytes())
+            .map_err(|e| IoAt::new(&to, "exchange", std::io::Error::other(e)))?;
+        // SAFETY: both are valid C strings; renameat2 only reads them.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                cf.as_ptr(),
+                libc::AT_FDCWD,
+                ct.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        let old = if rc == 0 {
+            from.to_path_buf()
+        } else {
+            let err = std::io::Error::last_os_error();
+            if !matches!(err.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) {
+                return Err(IoAt::new(&to, "exchange with the replacement", err).into());
+            }
+            let mut aside = from.as_os_str().to_owned();
+            aside.push(".old");
+            let aside = PathBuf::from(aside);
+            std::fs::rename(&to, &aside).map_err(io_at(&to, "rename aside"))?;
+            if let Err(e) = std::fs::rename(from, &to) {
+                let _ = std::fs::rename(&aside, &to);
+                return Err(IoAt::new(&to, "rename the replacement into place", e).into());
+            }
+            aside
+        };
+        fsync_dir(&self.bundles_dir())?;
+        Ok(old)
+    }
 }
 
 /// Rename `from` to `to` unless `to` exists: `Ok(true)` renamed, `Ok(false)` exists.
@@ -686,6 +730,27 @@ mod tests {
         let kept = std::fs::read_to_string(s.bundles_dir().join(&id).join("manifest.json"));
         assert_eq!(kept.unwrap(), "first");
         assert!(two.exists());
+    }
+
+    #[test]
+    fn replace_swaps_a_bundle_for_a_new_directory() {
+        let d = test_dir("replace");
+        let s = Store::resolve(Some(&d.join("store"))).unwrap();
+        let id = "c".repeat(64);
+        let old = s.staging_root().join(".old-copy");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::write(old.join("manifest.json"), "old").unwrap();
+        assert!(s.publish(&old, &id).unwrap());
+        let new = s.staging_root().join(".new-copy");
+        std::fs::create_dir(&new).unwrap();
+        std::fs::write(new.join("manifest.json"), "new").unwrap();
+        let aside = s.replace(&new, &id).unwrap();
+        let in_place = s.bundles_dir().join(&id).join("manifest.json");
+        assert_eq!(std::fs::read_to_string(in_place).unwrap(), "new");
+        assert_eq!(
+            std::fs::read_to_string(aside.join("manifest.json")).unwrap(),
+            "old"
+        );
     }
 
     #[test]

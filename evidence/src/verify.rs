@@ -13,14 +13,47 @@
 //!
 //! A single flipped byte anywhere is therefore caught: in `manifest.json` by the
 //! id, elsewhere by the file's sha256.
+//!
+//! Bounded resources: a bundle may come from anywhere (`harness unpack`), so no
+//! check's memory grows with what a file holds. Sizes are compared with the
+//! manifest before any file is read; files are hashed by streaming them through a
+//! fixed buffer; `manifest.json` is read whole only up to [`MAX_MANIFEST_BYTES`],
+//! a Parquet table only after its size matched the manifest and up to
+//! [`MAX_TABLE_BYTES`]; of an image only its 8-byte signature is read. `log.zst` is
+//! decompressed as a stream (zstd window at most 2^[`LOG_WINDOW_LOG_MAX`] bytes)
+//! and its lines counted over a fixed buffer, stopping at the first line past the
+//! manifest's count, the first line longer than [`MAX_LOG_LINE_BYTES`], or
+//! [`MAX_LOG_BYTES`] of text: a decompression bomb costs at most that much reading
+//! and O(buffer + window) memory.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::Path;
+
+use sha2::{Digest, Sha256};
 
 use crate::bundle_files::{self, LOG, MANIFEST};
 use crate::error::VerifyError;
-use crate::manifest::{sha256_hex, Manifest};
+use crate::manifest::{hex, sha256_hex, Manifest};
 use crate::parquet_tables;
+
+/// The largest `manifest.json` verify reads: 16 MiB (sealed manifests are ~10 KB).
+pub const MAX_MANIFEST_BYTES: u64 = 16 << 20;
+/// The largest Parquet table verify decodes, read whole after its size matched the
+/// manifest: 256 MiB (sealed tables are ~100 KB; a day at 10 ms cadence is ~50 MB).
+pub const MAX_TABLE_BYTES: u64 = 256 << 20;
+/// The longest line of `log.zst`, newline included: 256 KiB. The harness cuts an
+/// output line at 64 KiB (`MAX_OUTPUT_LINE`), escaping at most doubles it, and the
+/// `t_ns<TAB>stream<TAB>` prefix adds under 40 bytes.
+pub const MAX_LOG_LINE_BYTES: u64 = 256 << 10;
+/// The most decompressed text verify reads from `log.zst`: 1 GiB. The seal builds
+/// the whole text in memory, so a real log is far smaller.
+pub const MAX_LOG_BYTES: u64 = 1 << 30;
+/// The largest zstd window (log2 of bytes) accepted in `log.zst`: 2^24 = 16 MiB.
+/// The seal compresses at level 9 (window at most 2^21); `zstd -19` uses 2^23.
+pub const LOG_WINDOW_LOG_MAX: u32 = 24;
+/// The read buffer for hashing and line counting: 64 KiB.
+const BUF_BYTES: usize = 64 << 10;
 
 /// The outcome of verifying one bundle.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +75,25 @@ impl VerifyReport {
 
 const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
 
+/// Where a bundle's files are read from: a directory, or bytes a caller holds.
+enum Source<'a> {
+    Dir(&'a Path),
+    Mem(&'a BTreeMap<String, Vec<u8>>),
+}
+
+impl Source<'_> {
+    /// The file `name`, as a reader of at most `limit` bytes.
+    fn open(&self, name: &str, limit: u64) -> std::io::Result<Box<dyn Read + '_>> {
+        match self {
+            Source::Dir(d) => Ok(Box::new(std::fs::File::open(d.join(name))?.take(limit))),
+            Source::Mem(m) => {
+                let b: &[u8] = m.get(name).map(Vec::as_slice).unwrap_or_default();
+                Ok(Box::new(b.take(limit)))
+            }
+        }
+    }
+}
+
 /// Verify the bundle directory `dir` against the id it is named by.
 pub fn verify_dir(dir: &Path) -> VerifyReport {
     let id = dir
@@ -52,9 +104,9 @@ pub fn verify_dir(dir: &Path) -> VerifyReport {
     verify_dir_as(dir, &id)
 }
 
-/// Verify the bundle directory `dir` against `id`.
+/// Verify the bundle directory `dir` against `id` (bounded: see the module docs).
 pub fn verify_dir_as(dir: &Path, id: &str) -> VerifyReport {
-    let mut files = BTreeMap::new();
+    let mut sizes = BTreeMap::new();
     let mut errors = Vec::new();
     match std::fs::read_dir(dir) {
         Err(e) => errors.push(VerifyError::Unreadable {
@@ -74,15 +126,11 @@ pub fn verify_dir_as(dir: &Path, id: &str) -> VerifyReport {
                     }
                 };
                 let name = e.file_name().to_string_lossy().into_owned();
-                let p = e.path();
-                if !p.is_file() {
-                    errors.push(VerifyError::Unlisted { file: name });
-                    continue;
-                }
-                match std::fs::read(&p) {
-                    Ok(b) => {
-                        files.insert(name, b);
+                match std::fs::metadata(e.path()) {
+                    Ok(m) if m.is_file() => {
+                        sizes.insert(name, m.len());
                     }
+                    Ok(_) => errors.push(VerifyError::Unlisted { file: name }),
                     Err(err) => errors.push(VerifyError::Unreadable {
                         file: name,
                         why: err.to_string(),
@@ -91,8 +139,8 @@ pub fn verify_dir_as(dir: &Path, id: &str) -> VerifyReport {
             }
         }
     }
-    let n = files.len();
-    errors.extend(verify_files(id, &files));
+    let n = sizes.len();
+    errors.extend(verify_source(id, &Source::Dir(dir), &sizes));
     VerifyReport {
         id: id.to_string(),
         files: n,
@@ -100,22 +148,83 @@ pub fn verify_dir_as(dir: &Path, id: &str) -> VerifyReport {
     }
 }
 
-/// Verify a bundle given as file name -> bytes (`manifest.json` included).
+/// Verify a bundle given as file name -> bytes (`manifest.json` included). The
+/// checks and their bounds are those of [`verify_dir_as`].
 pub fn verify_files(id: &str, files: &BTreeMap<String, Vec<u8>>) -> Vec<VerifyError> {
+    let sizes: BTreeMap<String, u64> = files
+        .iter()
+        .map(|(k, v)| (k.clone(), v.len() as u64))
+        .collect();
+    verify_source(id, &Source::Mem(files), &sizes)
+}
+
+/// sha256 (lowercase hex) and length of everything `r` yields, through a fixed buffer.
+fn sha256_stream(mut r: impl Read) -> std::io::Result<(String, u64)> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; BUF_BYTES];
+    let mut n = 0u64;
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => {
+                h.update(&buf[..k]);
+                n += k as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((hex(&h.finalize()), n))
+}
+
+/// Read all of `r` (already limited by the caller) into memory.
+fn read_limited(mut r: impl Read) -> std::io::Result<Vec<u8>> {
+    let mut b = Vec::new();
+    r.read_to_end(&mut b)?;
+    Ok(b)
+}
+
+fn verify_source(id: &str, src: &Source, sizes: &BTreeMap<String, u64>) -> Vec<VerifyError> {
     let mut errors = Vec::new();
-    let Some(mbytes) = files.get(MANIFEST) else {
+    let Some(&msize) = sizes.get(MANIFEST) else {
         return vec![VerifyError::Missing {
             file: MANIFEST.into(),
         }];
     };
-    let actual = sha256_hex(mbytes);
+    if msize > MAX_MANIFEST_BYTES {
+        return vec![VerifyError::TooLarge {
+            file: MANIFEST.into(),
+            bytes: msize,
+            limit: MAX_MANIFEST_BYTES,
+        }];
+    }
+    let mbytes = match src
+        .open(MANIFEST, MAX_MANIFEST_BYTES + 1)
+        .and_then(read_limited)
+    {
+        Ok(b) if b.len() as u64 <= MAX_MANIFEST_BYTES => b,
+        Ok(b) => {
+            return vec![VerifyError::TooLarge {
+                file: MANIFEST.into(),
+                bytes: b.len() as u64,
+                limit: MAX_MANIFEST_BYTES,
+            }]
+        }
+        Err(e) => {
+            return vec![VerifyError::Unreadable {
+                file: MANIFEST.into(),
+                why: e.to_string(),
+            }]
+        }
+    };
+    let actual = sha256_hex(&mbytes);
     if actual != id {
         errors.push(VerifyError::IdMismatch {
             expected: id.to_string(),
             actual,
         });
     }
-    let manifest = match std::str::from_utf8(mbytes)
+    let manifest = match std::str::from_utf8(&mbytes)
         .map_err(|e| format!("not UTF-8: {e}"))
         .and_then(Manifest::from_json)
     {
@@ -125,12 +234,12 @@ pub fn verify_files(id: &str, files: &BTreeMap<String, Vec<u8>>) -> Vec<VerifyEr
             return errors;
         }
     };
-    if manifest.canonical_bytes() != *mbytes {
+    if manifest.canonical_bytes() != mbytes {
         errors.push(VerifyError::Manifest {
             why: "not in canonical form (sorted keys, compact, stable numbers)".into(),
         });
     }
-    for name in files.keys() {
+    for name in sizes.keys() {
         if name != MANIFEST && !manifest.files.contains_key(name) {
             errors.push(VerifyError::Unlisted { file: name.clone() });
         }
@@ -148,19 +257,41 @@ pub fn verify_files(id: &str, files: &BTreeMap<String, Vec<u8>>) -> Vec<VerifyEr
         }
     }
     for (name, entry) in &manifest.files {
-        let Some(bytes) = files.get(name) else {
+        let Some(&size) = sizes.get(name) else {
             errors.push(VerifyError::Missing { file: name.clone() });
             continue;
         };
-        if bytes.len() as u64 != entry.bytes {
+        if size != entry.bytes {
             errors.push(VerifyError::Size {
                 file: name.clone(),
                 expected: entry.bytes,
-                actual: bytes.len() as u64,
+                actual: size,
             });
             continue;
         }
-        let h = sha256_hex(bytes);
+        // Read one byte past the listed size: a file that grew since it was
+        // listed shows as a size mismatch, and no more than that is read.
+        let (h, got) = match src
+            .open(name, entry.bytes.saturating_add(1))
+            .and_then(sha256_stream)
+        {
+            Ok(r) => r,
+            Err(e) => {
+                errors.push(VerifyError::Unreadable {
+                    file: name.clone(),
+                    why: e.to_string(),
+                });
+                continue;
+            }
+        };
+        if got != entry.bytes {
+            errors.push(VerifyError::Size {
+                file: name.clone(),
+                expected: entry.bytes,
+                actual: got,
+            });
+            continue;
+        }
         if h != entry.sha256 {
             errors.push(VerifyError::Hash {
                 file: name.clone(),
@@ -169,21 +300,46 @@ pub fn verify_files(id: &str, files: &BTreeMap<String, Vec<u8>>) -> Vec<VerifyEr
             });
             continue;
         }
-        if let Err(why) = check_content(name, bytes, entry.rows, &manifest) {
-            errors.push(VerifyError::Content {
-                file: name.clone(),
-                why,
-            });
+        if let Err(e) = check_content(src, name, entry.bytes, entry.rows, &manifest) {
+            errors.push(e);
         }
     }
     errors
 }
 
-fn check_content(name: &str, bytes: &[u8], rows: Option<u64>, m: &Manifest) -> Result<(), String> {
+fn check_content(
+    src: &Source,
+    name: &str,
+    bytes: u64,
+    rows: Option<u64>,
+    m: &Manifest,
+) -> Result<(), VerifyError> {
+    let content = |why: String| VerifyError::Content {
+        file: name.to_string(),
+        why,
+    };
+    let unreadable = |e: std::io::Error| VerifyError::Unreadable {
+        file: name.to_string(),
+        why: e.to_string(),
+    };
     if let Some(schema) = parquet_tables::schema_for(name) {
-        let t = parquet_tables::read_table(bytes, &schema)?;
+        if bytes > MAX_TABLE_BYTES {
+            return Err(VerifyError::TooLarge {
+                file: name.to_string(),
+                bytes,
+                limit: MAX_TABLE_BYTES,
+            });
+        }
+        let data = src
+            .open(name, bytes)
+            .and_then(read_limited)
+            .map_err(unreadable)?;
+        let t = parquet_tables::read_table(&data, &schema).map_err(content)?;
         if Some(t.rows) != rows {
-            return Err(format!("{} rows, manifest.json says {rows:?}", t.rows));
+            return Err(content(format!(
+                "{} rows, manifest.json says {rows:?}",
+                t.rows
+            )));
         }
         let counted = match name {
             bundle_files::SAMPLES => Some(("cadence.samples", m.cadence.samples)),
@@ -193,24 +349,198 @@ fn check_content(name: &str, bytes: &[u8], rows: Option<u64>, m: &Manifest) -> R
         };
         if let Some((key, n)) = counted {
             if n != t.rows {
-                return Err(format!("{} rows, manifest.json {key} says {n}", t.rows));
+                return Err(content(format!(
+                    "{} rows, manifest.json {key} says {n}",
+                    t.rows
+                )));
             }
         }
         return Ok(());
     }
     if name == LOG {
-        let text = zstd::stream::decode_all(bytes).map_err(|e| format!("not zstd: {e}"))?;
-        let lines = text.iter().filter(|&&b| b == b'\n').count() as u64;
-        if Some(lines) != rows {
-            return Err(format!("{lines} lines, manifest.json says {rows:?}"));
+        let Some(rows) = rows else {
+            return Err(content("manifest.json lists no line count for it".into()));
+        };
+        let r = src.open(name, bytes).map_err(unreadable)?;
+        let lines = log_lines(r, rows).map_err(content)?;
+        if lines != rows {
+            return Err(content(format!("{lines} lines, manifest.json says {rows}")));
         }
         return Ok(());
     }
     if name.ends_with(".png") {
-        if !bytes.starts_with(PNG_SIGNATURE) {
-            return Err("not a PNG image".into());
+        let head = src
+            .open(name, PNG_SIGNATURE.len() as u64)
+            .and_then(read_limited)
+            .map_err(unreadable)?;
+        if head != PNG_SIGNATURE {
+            return Err(content("not a PNG image".into()));
         }
         return Ok(());
     }
-    Err("not a file a schema-1 bundle holds".into())
+    Err(content("not a file a schema-1 bundle holds".into()))
+}
+
+/// The lines of the zstd-compressed log `compressed`, counted as a stream within
+/// the module's bounds (at most `rows` lines are counted before refusing).
+fn log_lines(compressed: impl Read, rows: u64) -> Result<u64, String> {
+    let mut dec =
+        zstd::stream::read::Decoder::new(compressed).map_err(|e| format!("not zstd: {e}"))?;
+    dec.window_log_max(LOG_WINDOW_LOG_MAX)
+        .map_err(|e| format!("not zstd: {e}"))?;
+    count_lines(dec, rows, MAX_LOG_LINE_BYTES, MAX_LOG_BYTES)
+}
+
+/// Count the newline-terminated lines `text` yields, through a fixed buffer,
+/// refusing (in words) as soon as there are more than `rows` lines, a line (newline
+/// included) is longer than `max_line` bytes, or the text passes `max_total` bytes;
+/// a read error is reported as `not zstd`. Text after the last newline counts
+/// toward the limits but not as a line.
+fn count_lines(
+    mut text: impl Read,
+    rows: u64,
+    max_line: u64,
+    max_total: u64,
+) -> Result<u64, String> {
+    let mut buf = vec![0u8; BUF_BYTES];
+    let (mut lines, mut line_len, mut total) = (0u64, 0u64, 0u64);
+    loop {
+        let n = match text.read(&mut buf) {
+            Ok(0) => return Ok(lines),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("not zstd: {e}")),
+        };
+        total += n as u64;
+        if total > max_total {
+            return Err(format!(
+                "decompresses to more than {max_total} bytes, the most verify reads of a log; stopped there"
+            ));
+        }
+        let mut rest = &buf[..n];
+        let too_long = |lines: u64| {
+            format!(
+                "line {} is longer than {max_line} bytes, the longest a log line can be; stopped after {total} decompressed bytes",
+                lines + 1
+            )
+        };
+        while let Some(i) = rest.iter().position(|&b| b == b'\n') {
+            line_len += i as u64 + 1;
+            if line_len > max_line {
+                return Err(too_long(lines));
+            }
+            lines += 1;
+            if lines > rows {
+                return Err(format!(
+                    "more than {rows} lines (manifest.json says {rows}); stopped after {total} decompressed bytes"
+                ));
+            }
+            line_len = 0;
+            rest = &rest[i + 1..];
+        }
+        line_len += rest.len() as u64;
+        if line_len > max_line {
+            return Err(too_long(lines));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A reader that counts the bytes taken from it.
+    struct Counted<R> {
+        inner: R,
+        n: std::rc::Rc<std::cell::Cell<u64>>,
+    }
+
+    impl<R: Read> Read for Counted<R> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let k = self.inner.read(buf)?;
+            self.n.set(self.n.get() + k as u64);
+            Ok(k)
+        }
+    }
+
+    /// `n` bytes of `byte`, zstd-compressed at `level` as a stream (never held whole).
+    fn zstd_of_repeated(byte: u8, n: u64, level: i32) -> Vec<u8> {
+        let mut enc = zstd::stream::write::Encoder::new(Vec::new(), level).unwrap();
+        let block = vec![byte; 1 << 20];
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(block.len() as u64) as usize;
+            enc.write_all(&block[..k]).unwrap();
+            left -= k as u64;
+        }
+        enc.finish().unwrap()
+    }
+
+    #[test]
+    fn count_lines_counts_and_stops_at_each_limit() {
+        assert_eq!(count_lines(&b"a\nbb\n"[..], 2, 8, 100), Ok(2));
+        assert_eq!(count_lines(&b""[..], 0, 8, 100), Ok(0));
+        // Text after the last newline is not a line.
+        assert_eq!(count_lines(&b"a\nb"[..], 2, 8, 100), Ok(1));
+        let e = count_lines(&b"a\nb\nc\n"[..], 2, 8, 100).unwrap_err();
+        assert!(e.starts_with("more than 2 lines"), "{e}");
+        // A line of exactly max_line bytes (newline included) passes; one more does not.
+        assert_eq!(count_lines(&b"1234567\n"[..], 1, 8, 100), Ok(1));
+        let e = count_lines(&b"12345678\n"[..], 1, 8, 100).unwrap_err();
+        assert!(e.starts_with("line 1 is longer than 8 bytes"), "{e}");
+        let e = count_lines(&b"a\n123456789"[..], 5, 8, 100).unwrap_err();
+        assert!(e.starts_with("line 2 is longer"), "{e}");
+        let e = count_lines(&[b'\n'; 200][..], 1000, 8, 100).unwrap_err();
+        assert!(e.contains("more than 100 bytes"), "{e}");
+    }
+
+    /// 1 GiB of zeros (one endless line) is refused once one line passes
+    /// MAX_LOG_LINE_BYTES: the decoder is asked for at most that plus one buffer.
+    #[test]
+    fn a_log_zst_bomb_of_one_endless_line_stops_after_one_line_limit() {
+        let bomb = zstd_of_repeated(0, 1 << 30, 3);
+        assert!(bomb.len() < 1 << 20, "{} bytes", bomb.len());
+        let taken = std::rc::Rc::new(std::cell::Cell::new(0));
+        let mut dec = zstd::stream::read::Decoder::new(bomb.as_slice()).unwrap();
+        dec.window_log_max(LOG_WINDOW_LOG_MAX).unwrap();
+        let counted = Counted {
+            inner: dec,
+            n: taken.clone(),
+        };
+        let e = count_lines(counted, 1 << 20, MAX_LOG_LINE_BYTES, MAX_LOG_BYTES).unwrap_err();
+        assert!(e.starts_with("line 1 is longer than 262144 bytes"), "{e}");
+        assert!(
+            taken.get() <= MAX_LOG_LINE_BYTES + BUF_BYTES as u64,
+            "{} bytes decompressed",
+            taken.get()
+        );
+    }
+
+    /// Newlines only, with a line count the manifest could claim: the absolute cap
+    /// stops it (a smaller cap here; the real one is MAX_LOG_BYTES).
+    #[test]
+    fn a_log_zst_bomb_of_newlines_stops_at_the_total_cap() {
+        let bomb = zstd_of_repeated(b'\n', 64 << 20, 3);
+        let dec = zstd::stream::read::Decoder::new(bomb.as_slice()).unwrap();
+        let e = count_lines(dec, u64::MAX, MAX_LOG_LINE_BYTES, 16 << 20).unwrap_err();
+        assert!(e.contains("more than 16777216 bytes"), "{e}");
+        // Against the manifest's count, it stops at the first line past it.
+        let e = log_lines(bomb.as_slice(), 1000).unwrap_err();
+        assert!(e.starts_with("more than 1000 lines"), "{e}");
+    }
+
+    #[test]
+    fn a_log_zst_with_a_window_over_the_limit_is_refused() {
+        let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+        enc.window_log(LOG_WINDOW_LOG_MAX + 3).unwrap();
+        enc.long_distance_matching(true).unwrap();
+        enc.write_all(b"1\tstdout\thello\n").unwrap();
+        let big_window = enc.finish().unwrap();
+        let e = log_lines(big_window.as_slice(), 1).unwrap_err();
+        assert!(e.starts_with("not zstd"), "{e}");
+        // The same text with the default window counts.
+        let ok = zstd::stream::encode_all(&b"1\tstdout\thello\n"[..], 9).unwrap();
+        assert_eq!(log_lines(ok.as_slice(), 1), Ok(1));
+    }
 }

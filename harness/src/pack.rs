@@ -6,23 +6,35 @@
 //! fixed metadata (mode 0444, owner 0, mtime 0), so the same bundle always packs
 //! to the same bytes. Read it by hand with `zstd -dc F | tar tv`.
 //!
-//! Unpacking trusts nothing in the file. Every entry must be a regular file named
-//! `<id>/<name>` (one 64-hex id for the whole pack, `<name>` one plain component),
-//! seen once, declaring at most [`MAX_ENTRY_BYTES`] (at most [`MAX_TOTAL_BYTES`] and
-//! [`MAX_ENTRIES`] in all); links, devices, `..`, absolute and nested names are
-//! refused before any data is read. The files are then checked in memory by
-//! `evidence::verify` (the id is the manifest's sha256, every file's sha256, size,
-//! schema and row count), written under `store/staging/.unpack-*`, read back and
-//! verified again from disk, and only then renamed into `store/bundles/<id>` in one
-//! step, never replacing a bundle. On any refusal nothing is left in the store.
+//! Unpacking trusts nothing in the file. The tar headers are read raw (no GNU
+//! long-name/long-link or PAX extension is interpreted): such a header, which a pack
+//! never holds, is refused from its 512-byte header, before any of its body is read.
+//! Every entry must be a regular file named `<id>/<name>` (one 64-hex id for the
+//! whole pack, `<name>` one plain component), seen once, declaring at most
+//! [`MAX_ENTRY_BYTES`] (at most [`MAX_TOTAL_BYTES`] and [`MAX_ENTRIES`] in all);
+//! links, devices, `..`, absolute and nested names are refused before any data is
+//! read. Names in messages are cut to [`MAX_NAME_SHOWN`] characters.
+//!
+//! Bounded resources: the zstd window is at most 2^[`PACK_WINDOW_LOG_MAX`] bytes,
+//! entry bodies stream (64 KiB buffer) into files under `store/staging/.unpack-*`
+//! and nothing of a pack is held whole in memory, so memory stays O(window +
+//! buffers) whatever the pack declares, and the disk used is at most the declared
+//! total ([`MAX_TOTAL_BYTES`]), removed on refusal. The written files are fsynced
+//! and verified from disk by `evidence::verify` (itself bounded: the id is the
+//! manifest's sha256, every file's sha256, size, schema and row count), and only
+//! then renamed into `store/bundles/<id>` in one step. When `bundles/<id>` already
+//! exists it is verified: intact, it stays and the new copy is dropped; failing
+//! verification, it is swapped for the verified new copy in one rename and removed.
+//! On any refusal nothing is left in the store.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
 use evidence::bundle_files::MANIFEST;
+use evidence::error::StoreError;
 use evidence::store::{is_bundle_id, Store};
 
 use crate::exit::{self, UsageError};
@@ -31,12 +43,17 @@ use crate::store_arg::{find_bundle, StoreArg};
 
 /// The largest single file a pack may declare: 1 GiB.
 pub const MAX_ENTRY_BYTES: u64 = 1 << 30;
-/// The most a pack may declare in all: 4 GiB.
+/// The most a pack may declare in all: 4 GiB (also the most disk an unpack uses).
 pub const MAX_TOTAL_BYTES: u64 = 4 << 30;
 /// The most entries a pack may hold (a bundle has fewer than ten files).
 pub const MAX_ENTRIES: usize = 64;
-/// The most memory reserved for one entry before its data is read: 16 MiB.
-const INITIAL_READ_CAPACITY: u64 = 16 << 20;
+/// The largest zstd window (log2 of bytes) a pack may ask for: 2^24 = 16 MiB.
+/// `harness pack` (level 10) uses 2^22, `zstd -19` 2^23.
+pub const PACK_WINDOW_LOG_MAX: u32 = 24;
+/// The most characters of an entry name or link target a message shows.
+pub const MAX_NAME_SHOWN: usize = 200;
+/// The buffer entry bodies are copied to disk through: 64 KiB.
+const COPY_BUF_BYTES: usize = 64 << 10;
 /// zstd level of a pack (the tables inside are already compressed).
 pub const PACK_ZSTD_LEVEL: i32 = 10;
 
@@ -130,25 +147,69 @@ pub enum UnpackError {
         /// The pack file.
         file: PathBuf,
     },
+    /// A GNU long-name or long-link header or a PAX extension header: refused from
+    /// its 512-byte header, before its body (which could claim any size) is read.
+    #[error("entry {entry:?}: refused: a {kind} header (declaring {declared} bytes); a bundle pack holds no tar extension headers (its names fit the ustar fields), so none is read")]
+    Extension {
+        /// The header's own name field (e.g. `././@LongLink`), cut to [`MAX_NAME_SHOWN`].
+        entry: String,
+        /// `GNU long-name`, `GNU long-link`, `PAX extended` or `PAX global`.
+        kind: &'static str,
+        /// The body size the header declares, in bytes.
+        declared: u64,
+    },
+    /// The store could not be written (staging, publish, replace): not the pack's fault.
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    /// An I/O error writing or reading back the staged files: not the pack's fault.
+    #[error("{path}: {what}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// The underlying error.
+        source: std::io::Error,
+    },
 }
 
 impl UnpackError {
-    /// The exit code: 1 when the files do not verify, 2 for a malformed or hostile pack.
+    /// The exit code: 1 when the files do not verify, 2 for a malformed or hostile
+    /// pack, 3 for a store refused by its gate, 4 when the store could not be written.
     pub fn exit_code(&self) -> u8 {
         match self {
             UnpackError::Verify { .. } => exit::NEGATIVE,
+            UnpackError::Store(StoreError::Volatile { .. }) => exit::REFUSED,
+            UnpackError::Store(_) | UnpackError::Io { .. } => exit::INTERNAL,
             _ => exit::USAGE,
         }
     }
 }
 
-/// One bundle read out of a pack, checked, in memory.
-#[derive(Debug, Clone)]
-pub struct Unpacked {
-    /// The bundle id.
-    pub id: String,
-    /// Every file by name, `manifest.json` included.
-    pub files: BTreeMap<String, Vec<u8>>,
+/// `name` as text for a message: lossy UTF-8, cut to [`MAX_NAME_SHOWN`] characters
+/// (the cut marked with the full length in bytes).
+fn shown(name: &[u8]) -> String {
+    let s = String::from_utf8_lossy(name);
+    if s.chars().count() <= MAX_NAME_SHOWN {
+        return s.into_owned();
+    }
+    let cut: String = s.chars().take(MAX_NAME_SHOWN).collect();
+    format!("{cut}... ({} bytes in all)", name.len())
+}
+
+/// The extension header kind of `t`, if it is one (see [`UnpackError::Extension`]).
+fn extension_kind(t: tar::EntryType) -> Option<&'static str> {
+    if t.is_gnu_longname() {
+        Some("GNU long-name")
+    } else if t.is_gnu_longlink() {
+        Some("GNU long-link")
+    } else if t.is_pax_local_extensions() {
+        Some("PAX extended")
+    } else if t.is_pax_global_extensions() {
+        Some("PAX global")
+    } else {
+        None
+    }
 }
 
 /// The tar bytes of the bundle in `dir` with id `id` (see the module docs).
@@ -202,7 +263,7 @@ fn kind_of(t: tar::EntryType) -> String {
 /// (a directory entry). Returns (id, file name or None for the directory).
 fn split_name(entry: &str) -> Result<(String, Option<String>), UnpackError> {
     let traversal = || UnpackError::Traversal {
-        entry: entry.to_string(),
+        entry: shown(entry.as_bytes()),
     };
     let p = Path::new(entry);
     let mut parts = Vec::new();
@@ -220,19 +281,30 @@ fn split_name(entry: &str) -> Result<(String, Option<String>), UnpackError> {
     }
 }
 
-/// Read and check a pack (see the module docs); nothing is written.
-pub fn read_pack(file: &Path, reader: impl Read) -> Result<Unpacked, UnpackError> {
+/// Read and check a pack (see the module docs), writing its files into `dir`, an
+/// existing empty directory, and verify them there. Returns the bundle id. On an
+/// error `dir` may hold some of the files; the caller removes it.
+pub fn read_pack_into(file: &Path, reader: impl Read, dir: &Path) -> Result<String, UnpackError> {
     let unreadable = |why: String| UnpackError::Unreadable {
         file: file.to_path_buf(),
         why,
     };
-    let dec = zstd::stream::read::Decoder::new(reader).map_err(|e| unreadable(e.to_string()))?;
+    let mut dec =
+        zstd::stream::read::Decoder::new(reader).map_err(|e| unreadable(e.to_string()))?;
+    dec.window_log_max(PACK_WINDOW_LOG_MAX)
+        .map_err(|e| unreadable(e.to_string()))?;
     let mut archive = tar::Archive::new(dec);
-    let entries = archive.entries().map_err(|e| unreadable(e.to_string()))?;
+    // Raw: the tar crate would otherwise read a long-name or PAX body whole, of
+    // whatever size its header claims, before handing us the entry.
+    let entries = archive
+        .entries()
+        .map_err(|e| unreadable(e.to_string()))?
+        .raw(true);
     let mut id: Option<String> = None;
-    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut files: BTreeSet<String> = BTreeSet::new();
     let mut seen_dir = false;
     let (mut total, mut count) = (0u64, 0usize);
+    let mut buf = vec![0u8; COPY_BUF_BYTES];
     for e in entries {
         let mut e = e.map_err(|e| unreadable(e.to_string()))?;
         count += 1;
@@ -241,13 +313,20 @@ pub fn read_pack(file: &Path, reader: impl Read) -> Result<Unpacked, UnpackError
                 why: format!("more than {MAX_ENTRIES} entries"),
             });
         }
-        let entry = String::from_utf8_lossy(&e.path_bytes()).into_owned();
+        // The full name (at most 256 bytes: raw headers are not extended) is checked;
+        // messages show it cut.
+        let raw_name = String::from_utf8_lossy(&e.path_bytes()).into_owned();
+        let entry = shown(raw_name.as_bytes());
         let ty = e.header().entry_type();
+        if let Some(kind) = extension_kind(ty) {
+            return Err(UnpackError::Extension {
+                entry,
+                kind,
+                declared: e.header().entry_size().unwrap_or(u64::MAX),
+            });
+        }
         if ty.is_symlink() || ty.is_hard_link() {
-            let target = e
-                .link_name_bytes()
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .unwrap_or_default();
+            let target = e.link_name_bytes().map(|b| shown(&b)).unwrap_or_default();
             return Err(UnpackError::Link {
                 entry,
                 kind: if ty.is_symlink() {
@@ -258,7 +337,7 @@ pub fn read_pack(file: &Path, reader: impl Read) -> Result<Unpacked, UnpackError
                 target,
             });
         }
-        let (eid, name) = split_name(&entry)?;
+        let (eid, name) = split_name(&raw_name)?;
         if !is_bundle_id(&eid) {
             return Err(UnpackError::BadName {
                 entry,
@@ -298,7 +377,7 @@ pub fn read_pack(file: &Path, reader: impl Read) -> Result<Unpacked, UnpackError
                 kind: kind_of(ty),
             });
         }
-        if files.contains_key(&name) {
+        if files.contains(&name) {
             return Err(UnpackError::Duplicate { entry });
         }
         let declared = e.size();
@@ -315,13 +394,35 @@ pub fn read_pack(file: &Path, reader: impl Read) -> Result<Unpacked, UnpackError
                 why: format!("the entries declare more than {MAX_TOTAL_BYTES} bytes in all"),
             });
         }
-        // Grow with the data actually read: a header's declared size is not trusted
-        // with memory up front.
-        let mut bytes = Vec::with_capacity(declared.min(INITIAL_READ_CAPACITY) as usize);
-        let got = (&mut e)
-            .take(declared)
-            .read_to_end(&mut bytes)
-            .map_err(|err| unreadable(format!("entry {entry:?}: {err}")))? as u64;
+        // Stream the body to disk through a fixed buffer: memory does not grow
+        // with the declared size.
+        let p = dir.join(&name);
+        let io = |what: &'static str| {
+            let p = p.clone();
+            move |source| UnpackError::Io {
+                path: p,
+                what,
+                source,
+            }
+        };
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&p)
+            .map_err(io("create"))?;
+        let mut got = 0u64;
+        let mut body = (&mut e).take(declared);
+        loop {
+            let n = match body.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+                // A read error is the pack's (cut short, corrupt zstd).
+                Err(err) => return Err(unreadable(format!("entry {entry:?}: {err}"))),
+            };
+            out.write_all(&buf[..n]).map_err(io("write"))?;
+            got += n as u64;
+        }
         if got != declared {
             return Err(UnpackError::Short {
                 entry,
@@ -329,82 +430,83 @@ pub fn read_pack(file: &Path, reader: impl Read) -> Result<Unpacked, UnpackError
                 got,
             });
         }
-        files.insert(name, bytes);
+        out.sync_all().map_err(io("fsync"))?;
+        files.insert(name);
     }
     let Some(id) = id.filter(|_| !files.is_empty()) else {
         return Err(UnpackError::Empty {
             file: file.to_path_buf(),
         });
     };
-    let errors = evidence::verify::verify_files(&id, &files);
-    if !errors.is_empty() {
+    evidence::store::fsync_dir(dir).map_err(StoreError::from)?;
+    let report = evidence::verify::verify_dir_as(dir, &id);
+    if !report.ok() {
         return Err(UnpackError::Verify {
             id,
-            errors: errors.iter().map(ToString::to_string).collect(),
+            errors: report.errors.iter().map(ToString::to_string).collect(),
         });
     }
-    Ok(Unpacked { id, files })
+    Ok(id)
 }
 
-/// What [`land`] did.
+/// What [`unpack_into`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Landed {
     /// The bundle is now at this path.
     New(PathBuf),
-    /// An identical bundle (same id) was already in the store; nothing changed.
+    /// An intact bundle with the same id (same manifest and file hashes) was already
+    /// in the store, and verified; nothing changed.
     AlreadyPresent(PathBuf),
+    /// The copy already in the store failed verification and was replaced by the
+    /// verified copy from the pack (one rename), then removed.
+    ReplacedCorrupt {
+        /// Where the bundle now is.
+        path: PathBuf,
+        /// Why the replaced copy failed verification, one text per failure.
+        why: Vec<String>,
+    },
 }
 
-fn write_durably(p: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(p)?;
-    f.write_all(bytes)?;
-    f.sync_all()
-}
-
-/// Write a checked bundle into `store` atomically (see the module docs).
-pub fn land(store: &Store, u: &Unpacked) -> anyhow::Result<Landed> {
-    let final_dir = store.bundles_dir().join(&u.id);
-    if final_dir.exists() {
-        return Ok(Landed::AlreadyPresent(final_dir));
-    }
+/// Check the pack `file` (read through `reader`) and land its bundle in `store`
+/// atomically (see the module docs). Nothing is left in the store on an error.
+pub fn unpack_into(store: &Store, file: &Path, reader: impl Read) -> Result<Landed, UnpackError> {
     let tmp = store.staging_root().join(format!(
         ".unpack-{}-{}",
         std::process::id(),
         evidence::clock::monotonic_ns()
     ));
-    let result = (|| -> anyhow::Result<Landed> {
-        std::fs::create_dir(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        for (name, bytes) in &u.files {
-            let p = tmp.join(name);
-            write_durably(&p, bytes).with_context(|| format!("writing {}", p.display()))?;
-        }
-        evidence::store::fsync_dir(&tmp)?;
-        let report = evidence::verify::verify_dir_as(&tmp, &u.id);
-        if !report.ok() {
-            anyhow::bail!(
-                "{}: the written bundle does not read back: {}",
-                tmp.display(),
-                report
-                    .errors
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            );
-        }
-        if store.publish(&tmp, &u.id)? {
-            Ok(Landed::New(final_dir.clone()))
-        } else {
-            Ok(Landed::AlreadyPresent(final_dir.clone()))
-        }
-    })();
+    std::fs::create_dir(&tmp).map_err(|source| UnpackError::Io {
+        path: tmp.clone(),
+        what: "create",
+        source,
+    })?;
+    let result = read_pack_into(file, reader, &tmp).and_then(|id| land(store, &tmp, &id));
+    // After a publish `tmp` is gone; after a replace it holds the corrupt copy.
     if tmp.exists() {
         let _ = std::fs::remove_dir_all(&tmp);
     }
     result
+}
+
+/// Move the verified bundle `tmp` (id `id`) into the store: publish it, or keep an
+/// intact copy already there, or swap out a copy that fails verification.
+fn land(store: &Store, tmp: &Path, id: &str) -> Result<Landed, UnpackError> {
+    let final_dir = store.bundles_dir().join(id);
+    if store.publish(tmp, id)? {
+        return Ok(Landed::New(final_dir));
+    }
+    let existing = evidence::verify::verify_dir_as(&final_dir, id);
+    if existing.ok() {
+        return Ok(Landed::AlreadyPresent(final_dir));
+    }
+    let old = store.replace(tmp, id)?;
+    if old != tmp {
+        let _ = std::fs::remove_dir_all(&old);
+    }
+    Ok(Landed::ReplacedCorrupt {
+        path: final_dir,
+        why: existing.errors.iter().map(ToString::to_string).collect(),
+    })
 }
 
 /// Pack one bundle into one file.
@@ -460,30 +562,56 @@ pub fn pack(args: PackArgs) -> anyhow::Result<u8> {
     Ok(exit::OK)
 }
 
-/// Exit 0 when the bundle is in the store (new or already there); 1 when its files
-/// do not verify; 2 for a malformed or hostile pack. Nothing is left behind on a refusal.
+/// Exit 0 when the bundle is in the store (new, already there intact, or replacing
+/// a copy that failed verification); 1 when its files do not verify; 2 for a
+/// malformed or hostile pack; 3 for a store refused by its gate; 4 when the store
+/// could not be written. Nothing is left behind on a refusal.
 pub fn unpack(args: UnpackArgs) -> anyhow::Result<u8> {
     let f = std::fs::File::open(&args.file)
         .map_err(|e| UsageError(format!("{}: cannot open: {e}", args.file.display())))?;
-    let u = match read_pack(&args.file, std::io::BufReader::new(f)) {
-        Ok(u) => u,
+    let store = args.store.open()?;
+    let landed = match unpack_into(&store, &args.file, std::io::BufReader::new(f)) {
+        Ok(l) => l,
         Err(e) => {
             eprintln!("harness: {}: {e}", args.file.display());
             return Ok(e.exit_code());
         }
     };
-    let store = args.store.open()?;
-    match land(&store, &u)? {
-        Landed::New(p) => println!("unpacked {} into {} (verified)", u.id, p.display()),
+    let id = store_id(&landed);
+    match &landed {
+        Landed::New(p) => println!("unpacked {id} into {} (verified)", p.display()),
         Landed::AlreadyPresent(p) => {
             println!(
-                "{} is already in the store at {} (same id: same manifest and file hashes; not replaced)",
-                u.id,
+                "{id} is already in the store at {} (same id: same manifest and file hashes; verified intact, not replaced)",
                 p.display()
+            )
+        }
+        Landed::ReplacedCorrupt { path, why } => {
+            eprintln!(
+                "harness: {}: the copy in the store failed verification ({} problem(s): {}); replaced it with the verified copy from {}",
+                path.display(),
+                why.len(),
+                shown(why.join("; ").as_bytes()),
+                args.file.display()
+            );
+            println!(
+                "unpacked {id} into {} (verified), replacing a corrupt copy that failed verification",
+                path.display()
             )
         }
     }
     Ok(exit::OK)
+}
+
+/// The bundle id of where `l` landed (the directory's name).
+fn store_id(l: &Landed) -> String {
+    let p = match l {
+        Landed::New(p) | Landed::AlreadyPresent(p) => p,
+        Landed::ReplacedCorrupt { path, .. } => path,
+    };
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -499,6 +627,23 @@ mod tests {
         h.set_cksum();
         b.append(&h, data).unwrap();
         b.into_inner().unwrap()
+    }
+
+    /// A fresh empty directory under target/ for one test.
+    fn scratch(name: &str) -> PathBuf {
+        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../target/harness-unit")
+            .join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn read_pack(f: &Path, r: &[u8]) -> Result<String, UnpackError> {
+        let d = scratch(&format!("read-pack-{}", evidence::clock::monotonic_ns()));
+        let out = read_pack_into(f, r, &d);
+        let _ = std::fs::remove_dir_all(&d);
+        out
     }
 
     #[test]
@@ -537,6 +682,43 @@ mod tests {
             "{e}"
         );
         assert_eq!(e.exit_code(), exit::USAGE);
+    }
+
+    /// `harness pack` writes only plain ustar regular-file headers, so refusing every
+    /// extension header refuses nothing a pack holds.
+    #[test]
+    fn packs_hold_no_extension_headers() {
+        let id = "d".repeat(64);
+        let dir = scratch("no-extensions");
+        // The bundle's names, and a 100-byte one (the ustar prefix takes the id).
+        let long = "n".repeat(100);
+        for name in ["manifest.json", "samples.parquet", "markers.parquet", &long] {
+            std::fs::write(dir.join(name), b"x").unwrap();
+        }
+        let tar = tar_bytes(&dir, &id).unwrap();
+        let mut a = tar::Archive::new(tar.as_slice());
+        let mut n = 0;
+        for e in a.entries().unwrap().raw(true) {
+            let e = e.unwrap();
+            assert_eq!(e.header().entry_type(), tar::EntryType::Regular);
+            assert!(e.header().as_ustar().is_some());
+            assert!(e.path_bytes().starts_with(id.as_bytes()));
+            n += 1;
+        }
+        assert_eq!(n, 4);
+        // A name past the ustar fields is an error, never a long-name header.
+        std::fs::write(dir.join("n".repeat(101)), b"x").unwrap();
+        let e = tar_bytes(&dir, &id).unwrap_err();
+        assert!(e.to_string().contains("does not fit a tar header"), "{e}");
+    }
+
+    #[test]
+    fn names_in_messages_are_cut() {
+        assert_eq!(shown(b"short"), "short");
+        let long = vec![b'a'; 32 << 20];
+        let s = shown(&long);
+        assert!(s.len() < MAX_NAME_SHOWN + 40, "{}", s.len());
+        assert!(s.ends_with("(33554432 bytes in all)"), "{s}");
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! and keeps its test names (`cargo test -p harness --test it run::NAME`), and
 //! [`support`] holds the helpers they share.
 //!
+//! * [`bounded_input`]: hostile packs and bundles (tar extension headers, zstd
+//!   bombs, a corrupted copy in the store) against `unpack`/`verify`, peak RSS bounded.
 //! * [`run`]: the real `harness run` driving the test engine; what each bundle says.
 //! * [`rung0`]: `harness run --rung rungs/0.toml` with the real engine.
 //! * [`campaign`]: `harness campaign` with the real engine: interleave, resume, stop.
@@ -21,6 +23,7 @@
 
 mod support;
 
+mod bounded_input;
 mod campaign;
 mod cli;
 mod committed_evidence;
