@@ -44,15 +44,24 @@ pub fn value(x: f64, unit: Unit) -> String {
 
 /// Render `r` as markdown.
 pub fn markdown(r: &Ranking) -> String {
+    markdown_with_forest(r, None)
+}
+
+/// Render `r` as markdown that shows the forest plot written beside it under the
+/// relative name `forest` (`levers-forest.svg`), below the ranking table.
+pub fn markdown_with_forest(r: &Ranking, forest: Option<&str>) -> String {
     let mut o = String::new();
     // Writing into a String cannot fail.
-    let _ = write_all(&mut o, r);
+    let _ = write_all(&mut o, r, forest);
     o
 }
 
-fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
+fn write_all(o: &mut String, r: &Ranking, forest: Option<&str>) -> std::fmt::Result {
     write_header(o, r)?;
     write_ranking(o, r)?;
+    if let Some(f) = forest {
+        write_forest_link(o, f)?;
+    }
     write_verdicts(o, r)?;
     write_other_rungs(o, r)?;
     write_fit(o, r)?;
@@ -100,6 +109,22 @@ fn write_ranking(o: &mut String, r: &Ranking) -> std::fmt::Result {
     }
     writeln!(o)?;
     writeln!(o, "Prior ranks: {}.", r.prior_rank_source)?;
+    writeln!(o)?;
+    Ok(())
+}
+
+/// The forest plot, shown as an image (a link where images are not shown).
+fn write_forest_link(o: &mut String, file: &str) -> std::fmt::Result {
+    writeln!(
+        o,
+        "Every lever at every rung, with its interval, minimum effect and verdict ([{file}]({file})):"
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "![Forest plot: the saving of every lever at every rung, point estimate and {:.0}% interval, the minimum effect dashed, coloured and shaped by verdict]({file})",
+        CONFIDENCE * 100.0
+    )?;
     writeln!(o)?;
     Ok(())
 }
