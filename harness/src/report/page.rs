@@ -32,6 +32,7 @@ nav a{margin-right:1em}
 table{border-collapse:collapse;font-size:13px;margin:.4em 0}
 th,td{border:1px solid #d4d4d4;padding:3px 7px;text-align:left;vertical-align:top}
 th{background:#f3f3f3}
+small{color:#555}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .scroll{overflow-x:auto}
 tr:nth-child(even) td{background:#fafafa}
@@ -192,7 +193,7 @@ fn row_cells(o: &mut String, l: &LeverResult, x: &RungResult) -> std::fmt::Resul
     match (&x.effect, x.saving_fraction) {
         (Some(ef), Some((s, ci))) => write!(
             o,
-            r#"<td class="num">{}</td><td class="num">{} [{}, {}]</td><td class="num">{} [{}, {}]</td><td class="num">{} [{}, {}]</td>"#,
+            r#"<td class="num">{}</td><td class="num">{}<br><small>[{}, {}]</small></td><td class="num">{}<br><small>[{}, {}]</small></td><td class="num">{}<br><small>[{}, {}]</small></td>"#,
             e(&value(ef.baseline_median, l.unit)),
             pct(s),
             pct(ci.lo),
