@@ -15,7 +15,8 @@ Exit codes (stable; the same with --json, whose document goes to stdout and erro
   1  the command ran and the answer is negative: a run not completed, a bundle that fails
      verify (or that pack refuses for it), a pack whose files do not verify on unpack
   2  usage or input error: bad arguments, unknown or ambiguous bundle id, malformed rung
-     file, a malformed or hostile pack (traversal, link, duplicate, oversize)
+     file, a malformed or hostile pack (traversal, link, duplicate, oversize), an empty
+     store to report, a report --out directory that harness report did not make
   3  refused by a gate: volatile store, missing lease id, a CUDA rung without a GPU,
      no headroom, failed control
   4  the harness itself failed: I/O error, full disk, internal error";
