@@ -13,15 +13,24 @@ rung N *ARGS:
     cargo build --bins
     {{bin}}/harness run --rung rungs/{{N}}.toml {{ARGS}}
 
-# Run every test in the workspace (sets up target/pyenv for the cross-read tests).
+# Headless Chromium for the report's page test comes from scripts/chromium.sh; where it
+# cannot install it, HARNESS_NO_CHROMIUM=1 makes that test say NOT RUN instead of failing.
+# Run every test in the workspace (sets up target/pyenv and Chromium for the tests).
 test:
     ./scripts/pyenv.sh
-    HARNESS_TEST_PYTHON="$PWD/target/pyenv/bin/python" cargo test --workspace
+    ./scripts/chromium.sh || export HARNESS_NO_CHROMIUM=1; HARNESS_TEST_PYTHON="$PWD/target/pyenv/bin/python" cargo test --workspace
 
-# Regenerate the lever table from the committed evidence.
+# Regenerate the lever table and its forest plot from the committed evidence.
 rank *ARGS:
     cargo build --bins
     {{bin}}/harness rank --store reports/evidence --out reports/levers.md {{ARGS}}
+
+# The page holds the ranking, its forest plot, the fit, every bundle, each pair's
+# timelines and diff; DIR must be new, empty or an earlier report.
+# Write the reviewers' page of a store (default: the committed evidence) into DIR.
+report DIR="target/report" STORE="reports/evidence":
+    cargo build --bins
+    {{bin}}/harness report --store {{STORE}} --out {{DIR}}
 
 # Benchmarks (release profile): sealing, sampler cost, ranking.
 bench:

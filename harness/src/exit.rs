@@ -16,7 +16,8 @@ Exit codes (stable; the same with --json, whose document goes to stdout and erro
      verify (or that pack refuses for it), a pack whose files do not verify on unpack
   2  usage or input error: bad arguments, unknown or ambiguous bundle id, malformed rung
      file, a malformed or hostile pack (traversal, link, duplicate, oversize,
-     tar extension header)
+     tar extension header), an empty store to report, a report --out directory
+     that harness report did not make
   3  refused by a gate: volatile store, missing lease id, a CUDA rung without a GPU,
      no headroom, failed control
   4  the harness itself failed: I/O error, full disk, internal error";

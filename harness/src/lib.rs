@@ -10,6 +10,9 @@
 //!   plan, the budget, the execution, each position a child `harness run`.
 //! * [`rank`]: `harness rank`, the lever ranking re-derived from bundles.
 //! * [`diff`]: `harness diff`, two bundles side by side.
+//! * [`report`]: `harness report`, one self-contained page per store for reviewers:
+//!   the ranking, its forest plot, the fit, every bundle, each pair's timelines
+//!   and diff.
 //! * [`ls`], [`show`], [`verify`], [`recover`]: the store's bundle commands.
 //! * [`view`]: `harness plot` and `harness export`, a [`timeline`] written in one
 //!   of the [`formats`] (a picture, a Perfetto trace).
@@ -50,6 +53,7 @@ pub mod pack;
 pub mod progress;
 pub mod rank;
 pub mod recover;
+pub mod report;
 pub mod run;
 pub mod sampler;
 pub mod short_id;

@@ -31,6 +31,9 @@ enum Command {
     Rank(harness::rank::command::RankArgs),
     /// Compare two bundles: phases, manifest differences, samples, exit, completion.
     Diff(harness::diff::command::DiffArgs),
+    /// Write one self-contained page per store: ranking, forest plot, fit, every
+    /// bundle, each pair's timelines and diff.
+    Report(harness::report::command::ReportArgs),
     /// Interleave every selected lever's arms round by round (ABBA or seeded random).
     Campaign(harness::campaign::command::CampaignArgs),
     /// (internal) the watchdog control's allocating child.
@@ -56,6 +59,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Show(a) => show::run(a),
         Command::Rank(a) => harness::rank::command::run(&a),
         Command::Diff(a) => harness::diff::command::run(&a),
+        Command::Report(a) => harness::report::command::run(&a),
         Command::Campaign(a) => harness::campaign::command::run(&a),
         Command::AllocProbe(a) => Ok(harness::watchdog::probe::run(&a)),
         Command::Plot(a) => view::plot(a),

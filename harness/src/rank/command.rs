@@ -1,5 +1,6 @@
 //! `harness rank`: its arguments, and the command that loads every bundle of a
-//! store, ranks the levers of the spec and prints, writes or checks the report.
+//! store, ranks the levers of the spec and prints, writes or checks the report and
+//! its forest plot.
 
 use std::path::{Path, PathBuf};
 
@@ -8,6 +9,8 @@ use crate::bundle::scan::load_dirs;
 use crate::bundle::verified::{partition, VerifyCache};
 use crate::exit::{self, UsageError};
 use crate::levers_spec::{LeverSpec, DEFAULT_SPEC};
+use crate::rank::forest::{self, file_beside};
+use crate::rank::report::markdown_with_forest;
 use crate::store_arg::read_root;
 
 /// `harness rank`: re-derive the lever ranking from the bundles in a store.
@@ -20,15 +23,17 @@ pub struct RankArgs {
     /// The lever spec.
     #[arg(long, default_value = DEFAULT_SPEC)]
     pub spec: PathBuf,
-    /// Write the markdown report here (default: print it).
+    /// Write the markdown report here (default: print it), and its forest plot
+    /// beside it (`levers.md` -> `levers-forest.svg`).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Print the ranking as JSON on stdout (levers with effects, intervals and
     /// verdicts, fit, used and excluded bundles). Exit 0; 2 for a bad spec or store.
     #[arg(long)]
     pub json: bool,
-    /// Regenerate the report as `--out FILE` would and compare it with FILE byte
-    /// for byte, writing nothing: exit 0 when identical, 1 (naming the first
+    /// Regenerate the report and its forest plot as `--out FILE` would and compare
+    /// both with FILE and the plot beside it byte for byte, writing nothing: exit 0
+    /// when both are identical, 1 (naming each file that differs and its first
     /// differing line) when not.
     #[arg(long, value_name = "FILE", conflicts_with = "out")]
     pub check: Option<PathBuf>,
@@ -57,44 +62,76 @@ pub fn run(args: &RankArgs) -> anyhow::Result<u8> {
         &not_verified,
         &command,
     );
-    let md = crate::rank::report::markdown(&ranking);
-    if let Some(file) = &args.check {
+    // The forest plot goes beside the report file, and the report shows it.
+    let forest_file = args
+        .out
+        .as_ref()
+        .or(args.check.as_ref())
+        .map(|p| file_beside(p));
+    let forest_name = forest_file
+        .as_ref()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned());
+    let md = markdown_with_forest(&ranking, forest_name.as_deref());
+    let svg = forest::svg(&ranking);
+    if let (Some(file), Some(forest_file)) = (&args.check, &forest_file) {
         let have = std::fs::read_to_string(file)
             .map_err(|e| UsageError(format!("--check {}: cannot read: {e}", file.display())))?;
-        return Ok(match first_difference(&have, &md) {
-            None => {
-                println!(
-                    "{} reproduces from {} bundle(s) in {}",
-                    file.display(),
-                    ranking.bundles_seen,
-                    root.display()
-                );
-                exit::OK
+        let mut same = true;
+        if let Some((line, committed, regenerated)) = first_difference(&have, &md) {
+            println!(
+                "{} differs from the regenerated report at line {line}:\n  file:        {committed}\n  regenerated: {regenerated}",
+                file.display()
+            );
+            same = false;
+        }
+        match std::fs::read_to_string(forest_file) {
+            Ok(have) => {
+                if let Some((line, committed, regenerated)) = first_difference(&have, &svg) {
+                    println!(
+                        "{} differs from the regenerated forest plot at line {line}:\n  file:        {committed}\n  regenerated: {regenerated}",
+                        forest_file.display()
+                    );
+                    same = false;
+                }
             }
-            Some((line, committed, regenerated)) => {
+            Err(e) => {
                 println!(
-                    "{} differs from the regenerated report at line {line}:\n  file:        {committed}\n  regenerated: {regenerated}",
-                    file.display()
+                    "{}: cannot read the forest plot ({e}); `{command}` writes it",
+                    forest_file.display()
                 );
-                exit::NEGATIVE
+                same = false;
             }
-        });
+        }
+        if !same {
+            return Ok(exit::NEGATIVE);
+        }
+        println!(
+            "{} and {} reproduce from {} bundle(s) in {}",
+            file.display(),
+            forest_file.display(),
+            ranking.bundles_seen,
+            root.display()
+        );
+        return Ok(exit::OK);
     }
-    match &args.out {
-        Some(out) => {
+    match (&args.out, &forest_file) {
+        (Some(out), Some(forest_file)) => {
             // Through a temporary file and a rename (the directory made as needed):
             // a full disk never leaves a truncated table under the committed name.
             crate::formats::write_file(out, md.as_bytes())?;
+            crate::formats::write_file(forest_file, svg.as_bytes())?;
             eprintln!(
-                "harness rank: {} bundle(s), {} used, {} excluded; wrote {}",
+                "harness rank: {} bundle(s), {} used, {} excluded; wrote {} and {}",
                 ranking.bundles_seen,
                 ranking.used.len(),
                 ranking.excluded.len(),
-                out.display()
+                out.display(),
+                forest_file.display()
             );
         }
-        None if !args.json => print!("{md}"),
-        None => {}
+        _ if !args.json => print!("{md}"),
+        _ => {}
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&ranking)?);

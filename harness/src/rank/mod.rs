@@ -4,8 +4,8 @@
 //! lever's metric off one bundle; [`pairing`] forms baseline/treatment pairs;
 //! [`stats`] computes each lever's paired effect with a bootstrap interval;
 //! [`verdict`] judges it against the hypothesis in `specs/levers.toml`; [`fit`] fits
-//! each phase as fixed + per-voxel cost; [`report`] renders the markdown table.
-//! [`rank`] ties them together.
+//! each phase as fixed + per-voxel cost; [`report`] renders the markdown table and
+//! [`forest`] the forest plot beside it. [`rank`] ties them together.
 //!
 //! Promise: the same set of bundles gives the same [`Ranking`] (and the same report
 //! bytes) in any order: bundles are sorted by id, maps are ordered, the bootstrap is
@@ -13,6 +13,7 @@
 
 pub mod command;
 pub mod fit;
+pub mod forest;
 pub mod metric;
 pub mod pairing;
 pub mod report;

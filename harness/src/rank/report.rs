@@ -44,15 +44,24 @@ pub fn value(x: f64, unit: Unit) -> String {
 
 /// Render `r` as markdown.
 pub fn markdown(r: &Ranking) -> String {
+    markdown_with_forest(r, None)
+}
+
+/// Render `r` as markdown that shows the forest plot written beside it under the
+/// relative name `forest` (`levers-forest.svg`), below the ranking table.
+pub fn markdown_with_forest(r: &Ranking, forest: Option<&str>) -> String {
     let mut o = String::new();
     // Writing into a String cannot fail.
-    let _ = write_all(&mut o, r);
+    let _ = write_all(&mut o, r, forest);
     o
 }
 
-fn write_all(o: &mut String, r: &Ranking) -> std::fmt::Result {
+fn write_all(o: &mut String, r: &Ranking, forest: Option<&str>) -> std::fmt::Result {
     write_header(o, r)?;
     write_ranking(o, r)?;
+    if let Some(f) = forest {
+        write_forest_link(o, f)?;
+    }
     write_verdicts(o, r)?;
     write_other_rungs(o, r)?;
     write_fit(o, r)?;
@@ -100,6 +109,22 @@ fn write_ranking(o: &mut String, r: &Ranking) -> std::fmt::Result {
     }
     writeln!(o)?;
     writeln!(o, "Prior ranks: {}.", r.prior_rank_source)?;
+    writeln!(o)?;
+    Ok(())
+}
+
+/// The forest plot, shown as an image (a link where images are not shown).
+fn write_forest_link(o: &mut String, file: &str) -> std::fmt::Result {
+    writeln!(
+        o,
+        "Every lever at every rung, with its interval, minimum effect and verdict ([{file}]({file})):"
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "![Forest plot: the saving of every lever at every rung, point estimate and {:.0}% interval, the minimum effect dashed, coloured and shaped by verdict]({file})",
+        CONFIDENCE * 100.0
+    )?;
     writeln!(o)?;
     Ok(())
 }
@@ -242,28 +267,36 @@ fn write_fit(o: &mut String, r: &Ranking) -> std::fmt::Result {
     Ok(())
 }
 
+/// How pairs, effects, intervals and verdicts are formed, one sentence per item
+/// (the report's Method list; `harness report` prints the same).
+pub fn method_lines(r: &Ranking) -> Vec<String> {
+    vec![
+        "Pairs: same campaign, round, rung, engine sha256, host, weights digest, profile and arm of every other lever; complete, uncontended runs only.".to_string(),
+        format!(
+            "Cache state: for a metric that reads the weights (a load phase, render wall, page-cache or unified footprint) the two runs of a pair must have started with shares of the weights in the page cache at most {:.0} points apart; other pairs are excluded, naming both shares.",
+            100.0 * crate::rank::pairing::CACHE_SHARE_MAX_GAP
+        ),
+        "Campaigns: where several campaigns measured a lever at a rung, the newest with a pair (latest run start) decides; the older ones' runs are listed as superseded, never pooled.".to_string(),
+        "Effect: geometric mean of per-pair ratios treatment/baseline; absolute saving: mean of baseline - treatment.".to_string(),
+        format!(
+            "Interval: {:.0}% percentile bootstrap over pairs, {} resamples, ChaCha8 seeded with {:#018x} mixed with the lever and rung.",
+            CONFIDENCE * 100.0,
+            r.bootstrap_resamples,
+            r.bootstrap_seed
+        ),
+        format!("Verdict: confirmed when the saving's whole interval is at or above the minimum effect; refuted when it is wholly below; otherwise, or with fewer than {MIN_PAIRS} pairs, insufficient."),
+        "Sign: pairs where the treatment is lower / higher, with the exact two-sided sign-test p-value.".to_string(),
+    ]
+}
+
 /// How pairs, effects, intervals and verdicts are formed.
 fn write_method(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(o, "## Method")?;
     writeln!(o)?;
-    writeln!(o, "- Pairs: same campaign, round, rung, engine sha256, host, weights digest, profile and arm of every other lever; complete, uncontended runs only.")?;
-    writeln!(
-        o,
-        "- Cache state: for a metric that reads the weights (a load phase, render wall, page-cache or unified footprint) the two runs of a pair must have started with shares of the weights in the page cache at most {:.0} points apart; other pairs are excluded, naming both shares.",
-        100.0 * crate::rank::pairing::CACHE_SHARE_MAX_GAP
-    )?;
-    writeln!(o, "- Campaigns: where several campaigns measured a lever at a rung, the newest with a pair (latest run start) decides; the older ones' runs are listed as superseded, never pooled.")?;
-    writeln!(o, "- Effect: geometric mean of per-pair ratios treatment/baseline; absolute saving: mean of baseline - treatment.")?;
-    writeln!(
-        o,
-        "- Interval: {:.0}% percentile bootstrap over pairs, {} resamples, ChaCha8 seeded with {:#018x} mixed with the lever and rung.",
-        CONFIDENCE * 100.0,
-        r.bootstrap_resamples,
-        r.bootstrap_seed
-    )?;
-    writeln!(o, "- Verdict: confirmed when the saving's whole interval is at or above the minimum effect; refuted when it is wholly below; otherwise, or with fewer than {MIN_PAIRS} pairs, insufficient.")?;
-    writeln!(o, "- Sign: pairs where the treatment is lower / higher, with the exact two-sided sign-test p-value.")?;
+    for line in method_lines(r) {
+        writeln!(o, "- {line}")?;
+    }
     Ok(())
 }
 

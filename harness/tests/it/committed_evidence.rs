@@ -1,6 +1,7 @@
 //! The committed evidence stays re-derivable: every bundle under
 //! `reports/evidence` verifies, and `harness rank --store reports/evidence`
-//! regenerates `reports/levers.md` byte for byte (`--check` writes nothing).
+//! regenerates `reports/levers.md` and `reports/levers-forest.svg` byte for byte
+//! (`--check` writes nothing).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -42,31 +43,85 @@ fn the_committed_lever_table_reproduces_from_the_committed_bundles() {
     );
 }
 
-#[test]
-fn a_stale_lever_table_is_caught_naming_the_line() {
-    let stale = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("levers-stale.md");
-    let mut text = std::fs::read_to_string(repo().join("reports/levers.md")).unwrap();
-    // The copy's own regenerate line names its path, so that only the edit differs.
-    text = text.replacen(
-        "--out reports/levers.md",
-        &format!("--out {}", stale.display()),
-        1,
+/// A copy of the committed table and forest plot under target/, named `stem`, whose
+/// own regenerate line and image link name the copy, so that only an edit differs.
+fn copy_report(stem: &str) -> (PathBuf, PathBuf) {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let (md, svg) = (
+        dir.join(format!("{stem}.md")),
+        dir.join(format!("{stem}-forest.svg")),
     );
-    text = text.replacen("## Verdicts", "## Verdict", 1);
-    std::fs::write(&stale, text).unwrap();
+    let text = std::fs::read_to_string(repo().join("reports/levers.md"))
+        .unwrap()
+        .replacen(
+            "--out reports/levers.md",
+            &format!("--out {}", md.display()),
+            1,
+        )
+        .replace("levers-forest.svg", &format!("{stem}-forest.svg"));
+    std::fs::write(&md, text).unwrap();
+    std::fs::copy(repo().join("reports/levers-forest.svg"), &svg).unwrap();
+    (md, svg)
+}
+
+fn check(md: &PathBuf) -> (Option<i32>, String) {
     let out = Command::new(HARNESS)
         .current_dir(repo())
         .args(["rank", "--store", "reports/evidence", "--check"])
-        .arg(&stale)
+        .arg(md)
         .output()
         .unwrap();
-    let so = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{so}");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn a_stale_lever_table_is_caught_naming_the_line() {
+    let (md, svg) = copy_report("levers-stale");
+    assert_eq!(check(&md).0, Some(0), "the untouched copy reproduces");
+    let text = std::fs::read_to_string(&md).unwrap();
+    std::fs::write(&md, text.replacen("## Verdicts", "## Verdict", 1)).unwrap();
+    let (code, so) = check(&md);
+    assert_eq!(code, Some(1), "{so}");
     assert!(
-        so.contains("differs from the regenerated report at line"),
+        so.contains(&format!(
+            "{} differs from the regenerated report at line",
+            md.display()
+        )),
         "{so}"
     );
     assert!(so.contains("## Verdicts"), "{so}");
+    assert!(!so.contains(&svg.display().to_string()), "{so}");
+}
+
+#[test]
+fn a_stale_or_missing_forest_plot_is_caught_naming_the_file() {
+    let (md, svg) = copy_report("levers-stale-svg");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    std::fs::write(
+        &svg,
+        text.replacen("data-verdict=\"refuted\"", "data-verdict=\"confirmed\"", 1),
+    )
+    .unwrap();
+    let (code, so) = check(&md);
+    assert_eq!(code, Some(1), "{so}");
+    assert!(
+        so.contains(&format!(
+            "{} differs from the regenerated forest plot at line",
+            svg.display()
+        )),
+        "{so}"
+    );
+    assert!(!so.contains("differs from the regenerated report"), "{so}");
+    std::fs::remove_file(&svg).unwrap();
+    let (code, so) = check(&md);
+    assert_eq!(code, Some(1), "{so}");
+    assert!(
+        so.contains(&format!("{}: cannot read the forest plot", svg.display())),
+        "{so}"
+    );
 }
 
 /// The device re-derivation (`just rederive`) stays complete: at rungs 2 and 3 (both on the CUDA arm)

@@ -12,6 +12,8 @@
 //! * [`watchdog`]: the watchdog's positive control and the test engine's frames.
 //! * [`cli`]: the store gate; recover, ls, verify and show on a real store.
 //! * [`rank`]: planted effects ranked; the `rank` and `diff` binaries.
+//! * [`report`]: `harness report` on the planted store, its page opened in headless
+//!   Chromium (`HARNESS_TEST_CHROMIUM`, `HARNESS_NO_CHROMIUM`).
 //! * [`surfaces`]: plot, export, pack/unpack, `--json`, and third-party readers
 //!   (`HARNESS_TEST_PYTHON`).
 //! * [`committed_evidence`]: every committed bundle verifies and
@@ -30,6 +32,7 @@ mod committed_evidence;
 mod faults;
 mod hostile;
 mod rank;
+mod report;
 mod run;
 mod rung0;
 mod spec_campaign;

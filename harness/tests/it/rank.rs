@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 
 /// A spec of four planted levers: `fast` moves load.dit, `null` conditioning,
 /// `opposite` decode.video, `half` artifacts.frames (its treatment never runs).
-const SPEC: &str = r##"
+pub(crate) const SPEC: &str = r##"
 schema = 1
 reference_rung = "2"
 prior_rank_source = "planted for the test"
@@ -90,17 +90,22 @@ next_hypothesis = "n"
 const ROUNDS: u32 = 6;
 const RUNGS: [(&str, (u64, u64, u64)); 2] = [("0", (64, 64, 9)), ("2", (256, 128, 25))];
 
-struct World {
-    dirs: Vec<PathBuf>,
-    store_root: PathBuf,
-    contended_id: String,
-    spec: LeverSpec,
+/// The planted store (the report test renders it too).
+pub(crate) struct World {
+    /// Every bundle directory, sorted.
+    pub(crate) dirs: Vec<PathBuf>,
+    /// The store's root.
+    pub(crate) store_root: PathBuf,
+    /// The contended run's bundle id.
+    pub(crate) contended_id: String,
+    /// [`SPEC`], parsed.
+    pub(crate) spec: LeverSpec,
 }
 
 /// The store, built once: every lever x both rungs x ROUNDS rounds, each arm's phase
 /// durations with +-5% independent noise; `artifacts.frames` is a constant 5 s at
 /// both rungs (the phase the fit must name), `denoise` scales with voxels.
-fn world() -> &'static World {
+pub(crate) fn world() -> &'static World {
     static W: OnceLock<World> = OnceLock::new();
     W.get_or_init(|| {
         let store = fresh_store("rank-e2e");
@@ -166,7 +171,8 @@ fn world() -> &'static World {
     })
 }
 
-fn ranking(dirs: &[PathBuf]) -> Ranking {
+/// The ranking of `dirs` against [`SPEC`].
+pub(crate) fn ranking(dirs: &[PathBuf]) -> Ranking {
     let w = world();
     let loaded = load_dirs(dirs);
     assert!(loaded.unreadable.is_empty(), "{:?}", loaded.unreadable);

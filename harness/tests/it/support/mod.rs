@@ -2,6 +2,7 @@
 //!
 //! * [`bins`]: the binaries under test (`harness`, the test engine, the real
 //!   engine) and running them; reading what a run printed.
+//! * [`browser`]: headless Chromium for the report's page test.
 //! * [`dirs`]: fresh directories and stores under the build directory.
 //! * [`journal`]: a synthetic run's journal, written through the evidence crate.
 //! * [`ranked`]: renders with planted lever effects, sealed (rank's tests and the
@@ -10,6 +11,7 @@
 //!   sensor, sealed (the surfaces tests).
 
 pub mod bins;
+pub mod browser;
 pub mod dirs;
 pub mod journal;
 pub mod ranked;

@@ -1,0 +1,441 @@
+//! The report's page (`index.html`): one self-contained HTML file, its CSS
+//! inline, the forest plot inline as SVG, no script and no URL outside the
+//! report's own directory. Sections: the ranking at the reference rung, the
+//! forest plot, the verdicts, the other rungs, the phase-scaling fit (or what is
+//! missing for one), every pair with links to both bundles' timelines and their
+//! diff, every excluded bundle with its reason, every bundle used, the method.
+//!
+//! Promise: a pure function of the ranking and the artifacts' links; numbers in
+//! the markdown report's fixed formats; no clock is read.
+
+use std::fmt::Write;
+
+use crate::levers_spec::Unit;
+use crate::rank::fit::FLAT_EXPONENT;
+use crate::rank::forest::{inline_svg, xml_escape};
+use crate::rank::report::{fixed, method_lines, value};
+use crate::rank::stats::CONFIDENCE;
+use crate::rank::verdict::{pct, Verdict, MIN_PAIRS};
+use crate::rank::{FitOutcome, LeverResult, Ranking, RungResult};
+use crate::report::artifacts::Artifacts;
+use crate::short_id::short;
+
+/// The page's CSS (inline; no web font, no external sheet).
+const CSS: &str = "\
+body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;margin:0;color:#1a1a1a;background:#fff}
+main{max-width:1320px;margin:0 auto;padding:1.2em 1.5em 3em}
+h1{font-size:1.6em;margin:.2em 0}
+h2{font-size:1.25em;margin:1.6em 0 .5em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+p,li{line-height:1.45}
+code{font-family:'DejaVu Sans Mono',Menlo,Consolas,monospace;font-size:.9em;background:#f3f3f3;padding:0 .2em;border-radius:3px}
+nav a{margin-right:1em}
+table{border-collapse:collapse;font-size:13px;margin:.4em 0}
+th,td{border:1px solid #d4d4d4;padding:3px 7px;text-align:left;vertical-align:top}
+th{background:#f3f3f3}
+small{color:#555}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.scroll{overflow-x:auto}
+tr:nth-child(even) td{background:#fafafa}
+.verdict{font-weight:bold}
+.v-confirmed{color:#00765a}
+.v-refuted{color:#b84f00}
+.v-insufficient{color:#005f96}
+.v-na{color:#666}
+.figure{overflow-x:auto;border:1px solid #e4e4e4;padding:4px;background:#fff}
+.muted{color:#666}
+";
+
+/// The page.
+pub fn html(r: &Ranking, art: &Artifacts, store: &str) -> String {
+    let mut o = String::new();
+    // Writing into a String cannot fail.
+    let _ = write_page(&mut o, r, art, store);
+    o
+}
+
+fn write_page(o: &mut String, r: &Ranking, art: &Artifacts, store: &str) -> std::fmt::Result {
+    writeln!(o, "<!DOCTYPE html>")?;
+    writeln!(o, r#"<html lang="en">"#)?;
+    writeln!(o, "<head>")?;
+    writeln!(o, r#"<meta charset="utf-8">"#)?;
+    writeln!(
+        o,
+        r#"<meta name="viewport" content="width=device-width, initial-scale=1">"#
+    )?;
+    writeln!(o, "<title>Lever report: {}</title>", e(store))?;
+    writeln!(o, "<style>\n{CSS}</style>")?;
+    writeln!(o, "</head>")?;
+    writeln!(o, "<body>")?;
+    writeln!(o, "<main>")?;
+    write_header(o, r, store)?;
+    write_ranking(o, r)?;
+    writeln!(o, r#"<h2 id="forest">Forest plot</h2>"#)?;
+    writeln!(o, r#"<div class="figure">{}</div>"#, inline_svg(r))?;
+    write_verdicts(o, r)?;
+    write_other_rungs(o, r)?;
+    write_fit(o, r)?;
+    write_pairs(o, r, art)?;
+    write_excluded(o, r, art)?;
+    write_used(o, r, art)?;
+    writeln!(o, r#"<h2 id="method">Method</h2>"#)?;
+    writeln!(o, "<ul>")?;
+    for line in method_lines(r) {
+        writeln!(o, "<li>{}</li>", e(&line))?;
+    }
+    writeln!(o, "</ul>")?;
+    writeln!(
+        o,
+        r#"<p class="muted">The same ranking as markdown: <a href="levers.md">levers.md</a>, its forest plot: <a href="levers-forest.svg">levers-forest.svg</a>.</p>"#
+    )?;
+    writeln!(o, "</main>")?;
+    writeln!(o, "</body>")?;
+    writeln!(o, "</html>")
+}
+
+/// HTML-escaped text.
+fn e(s: &str) -> String {
+    xml_escape(s)
+}
+
+fn verdict_cell(v: &Verdict) -> String {
+    let class = match v {
+        Verdict::Confirmed => "v-confirmed",
+        Verdict::Refuted { .. } => "v-refuted",
+        Verdict::Insufficient { .. } => "v-insufficient",
+        Verdict::NotApplicable { .. } => "v-na",
+    };
+    format!(r#"<td class="verdict {class}">{}</td>"#, e(v.name()))
+}
+
+fn write_header(o: &mut String, r: &Ranking, store: &str) -> std::fmt::Result {
+    writeln!(o, "<h1>Lever report</h1>")?;
+    writeln!(
+        o,
+        "<p>Store <code>{}</code>: {} bundle(s) seen, {} used in pairs, {} excluded; input digest <code>{}</code> (sha256 of the sorted bundle ids).</p>",
+        e(store),
+        r.bundles_seen,
+        r.used.len(),
+        r.excluded.len(),
+        e(&r.input_digest)
+    )?;
+    writeln!(o, "<p>Regenerate: <code>{}</code></p>", e(&r.command))?;
+    writeln!(
+        o,
+        "<nav>{}</nav>",
+        [
+            ("ranking", "Ranking"),
+            ("forest", "Forest plot"),
+            ("verdicts", "Verdicts"),
+            ("other-rungs", "Other rungs"),
+            ("fit", "Phase scaling"),
+            ("pairs", "Pairs"),
+            ("excluded", "Excluded"),
+            ("used", "Used"),
+            ("method", "Method"),
+        ]
+        .iter()
+        .map(|(id, t)| format!(r##"<a href="#{id}">{t}</a>"##))
+        .collect::<Vec<_>>()
+        .join("")
+    )
+}
+
+const ROW_HEAD: &str = "<th>lever</th><th>arms</th><th>metric</th><th>pairs</th><th>baseline median</th><th>saving [95%]</th><th>saving (abs) [95%]</th><th>ratio [95%]</th><th>min effect</th><th>verdict</th>";
+
+fn write_ranking(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    writeln!(
+        o,
+        r#"<h2 id="ranking">Ranking at rung {}</h2>"#,
+        e(&r.reference_rung)
+    )?;
+    writeln!(
+        o,
+        "<p>Ranked by fractional saving (point estimate) at the reference rung; only levers with at least {MIN_PAIRS} pairs are ranked. Saving = baseline − treatment; intervals are {:.0}% bootstrap intervals.</p>",
+        CONFIDENCE * 100.0
+    )?;
+    writeln!(o, "<div class=\"scroll\"><table class=\"ranking\">")?;
+    writeln!(o, "<tr><th>rank</th><th>prior</th>{ROW_HEAD}</tr>")?;
+    for l in &r.levers {
+        let rank = l.measured_rank.map_or("—".to_string(), |x| x.to_string());
+        let prior = match (l.prior_rank, l.measured_rank) {
+            (Some(p), Some(m)) if p == m => format!("{p} (=)"),
+            (Some(p), Some(m)) => format!("{p} ({:+})", i64::from(p) - i64::from(m)),
+            (Some(p), None) => p.to_string(),
+            (None, _) => "—".to_string(),
+        };
+        write!(
+            o,
+            r#"<tr><td class="num">{rank}</td><td class="num">{}</td>"#,
+            e(&prior)
+        )?;
+        row_cells(o, l, &l.reference)?;
+        writeln!(o, "</tr>")?;
+    }
+    writeln!(o, "</table></div>")?;
+    writeln!(
+        o,
+        "<p class=\"muted\">Prior ranks: {}.</p>",
+        e(&r.prior_rank_source)
+    )
+}
+
+/// The cells from `lever` to `verdict` of one row.
+fn row_cells(o: &mut String, l: &LeverResult, x: &RungResult) -> std::fmt::Result {
+    write!(
+        o,
+        r#"<td>{}</td><td>{}→{}</td><td>{}</td><td class="num">{}</td>"#,
+        e(&l.id),
+        e(&l.baseline),
+        e(&l.treatment),
+        e(&l.metric),
+        x.rounds.len()
+    )?;
+    match (&x.effect, x.saving_fraction) {
+        (Some(ef), Some((s, ci))) => write!(
+            o,
+            r#"<td class="num">{}</td><td class="num">{}<br><small>[{}, {}]</small></td><td class="num">{}<br><small>[{}, {}]</small></td><td class="num">{}<br><small>[{}, {}]</small></td>"#,
+            e(&value(ef.baseline_median, l.unit)),
+            pct(s),
+            pct(ci.lo),
+            pct(ci.hi),
+            e(&value(ef.saving, l.unit)),
+            e(&value(ef.saving_ci.lo, l.unit)),
+            e(&value(ef.saving_ci.hi, l.unit)),
+            fixed(ef.ratio, 3),
+            fixed(ef.ratio_ci.lo, 3),
+            fixed(ef.ratio_ci.hi, 3)
+        )?,
+        _ => write!(o, "<td>—</td><td>—</td><td>—</td><td>—</td>")?,
+    }
+    write!(
+        o,
+        r#"<td class="num">{}</td>{}"#,
+        pct(l.min_effect),
+        verdict_cell(&x.verdict)
+    )
+}
+
+fn write_verdicts(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    writeln!(o, r#"<h2 id="verdicts">Verdicts</h2>"#)?;
+    writeln!(o, "<ul>")?;
+    for l in &r.levers {
+        let v = &l.reference.verdict;
+        let why = match (v, l.reference.saving_fraction) {
+            (Verdict::Confirmed, Some((_, ci))) => format!(
+                "the whole interval of the saving [{}, {}] is at or above {}.",
+                pct(ci.lo),
+                pct(ci.hi),
+                pct(l.min_effect)
+            ),
+            (Verdict::Refuted { next_hypothesis }, Some((_, ci))) => format!(
+                "the whole interval of the saving [{}, {}] is below {}. Next hypothesis: {next_hypothesis}",
+                pct(ci.lo),
+                pct(ci.hi),
+                pct(l.min_effect)
+            ),
+            (Verdict::Insufficient { missing }, _) => format!("missing: {missing}."),
+            (Verdict::NotApplicable { why }, _) => format!("not applicable: {why}."),
+            _ => String::new(),
+        };
+        writeln!(
+            o,
+            r#"<li><b>{}</b> ({}) at rung {}: <span class="verdict {}">{}</span> — {}</li>"#,
+            e(&l.id),
+            e(&l.seed_issue),
+            e(&r.reference_rung),
+            match v {
+                Verdict::Confirmed => "v-confirmed",
+                Verdict::Refuted { .. } => "v-refuted",
+                Verdict::Insufficient { .. } => "v-insufficient",
+                Verdict::NotApplicable { .. } => "v-na",
+            },
+            e(v.name()),
+            e(&why)
+        )?;
+    }
+    writeln!(o, "</ul>")
+}
+
+fn write_other_rungs(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    writeln!(o, r#"<h2 id="other-rungs">Other rungs</h2>"#)?;
+    let others: Vec<(&LeverResult, &RungResult)> = r
+        .levers
+        .iter()
+        .flat_map(|l| l.other_rungs.iter().map(move |x| (l, x)))
+        .collect();
+    if others.is_empty() {
+        return writeln!(
+            o,
+            "<p>None: every lever was measured at the reference rung only.</p>"
+        );
+    }
+    writeln!(o, "<div class=\"scroll\"><table class=\"other-rungs\">")?;
+    writeln!(o, "<tr><th>rung</th><th>voxels</th>{ROW_HEAD}</tr>")?;
+    for (l, x) in others {
+        write!(
+            o,
+            r#"<tr><td>{}</td><td class="num">{}</td>"#,
+            e(&x.rung),
+            x.voxels
+        )?;
+        row_cells(o, l, x)?;
+        writeln!(o, "</tr>")?;
+    }
+    writeln!(o, "</table></div>")
+}
+
+fn write_fit(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    writeln!(
+        o,
+        r#"<h2 id="fit">Phase scaling (fixed + per-voxel, least squares)</h2>"#
+    )?;
+    let f = match &r.fit {
+        FitOutcome::Missing(m) => {
+            return writeln!(o, "<p>No fit: missing {}.</p>", e(&m.missing));
+        }
+        FitOutcome::Fit(f) => f,
+    };
+    let rungs: Vec<String> = f
+        .rungs
+        .iter()
+        .map(|(v, n)| format!("rung {n} ({v} voxels)"))
+        .collect();
+    writeln!(
+        o,
+        "<p>Group: engine <code>{}</code>, host <code>{}</code>, weights <code>{}</code>, config <code>{}</code>; {}; {} bundle(s). A phase does not scale when its scaling exponent (0 = constant, 1 = proportional to voxels) is below {}.</p>",
+        e(short(&f.engine_sha256)),
+        e(&f.host),
+        e(&f.model),
+        e(&f.config),
+        e(&rungs.join(", ")),
+        f.bundle_ids.len(),
+        fixed(FLAT_EXPONENT, 2)
+    )?;
+    writeln!(o, "<div class=\"scroll\"><table class=\"fit\">")?;
+    writeln!(o, "<tr><th>phase</th><th>points</th><th>fixed</th><th>per Mvoxel</th><th>R²</th><th>exponent</th><th>mean at largest rung</th><th>share of wall</th><th>scales</th></tr>")?;
+    for p in &f.phases {
+        writeln!(
+            o,
+            r#"<tr><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td>{}</td></tr>"#,
+            e(&p.phase),
+            p.points,
+            value(p.fixed_s, Unit::Seconds),
+            value(p.per_mvoxel_s, Unit::Seconds),
+            fixed(p.r2, 3),
+            p.exponent.map_or("n/a".into(), |x| fixed(x, 3)),
+            value(p.mean_at_max_s, Unit::Seconds),
+            pct(p.share_of_wall_at_max),
+            if p.does_not_scale { "<b>no</b>" } else { "yes" }
+        )?;
+    }
+    writeln!(o, "</table></div>")
+}
+
+/// A bundle id linked to its timeline, or with the reason it has none.
+fn bundle_link(id: &str, art: &Artifacts) -> String {
+    match art.timeline(id) {
+        Ok(p) => format!(
+            r#"<a href="{}" title="timeline of {}"><code>{}</code></a>"#,
+            e(p),
+            e(id),
+            e(short(id))
+        ),
+        Err(why) => format!(
+            r#"<code title="{}">{}</code> <span class="muted">({})</span>"#,
+            e(id),
+            e(short(id)),
+            e(why)
+        ),
+    }
+}
+
+fn write_pairs(o: &mut String, r: &Ranking, art: &Artifacts) -> std::fmt::Result {
+    writeln!(o, r#"<h2 id="pairs">Pairs</h2>"#)?;
+    writeln!(
+        o,
+        "<p>Each bundle id links to its timeline (phases, GPU, power, memory, CPU); the diff is <code>harness diff BASELINE TREATMENT</code>.</p>"
+    )?;
+    writeln!(o, "<div class=\"scroll\"><table class=\"pairs\">")?;
+    writeln!(o, "<tr><th>lever</th><th>rung</th><th>round</th><th>campaign</th><th>baseline</th><th>treatment</th><th>baseline value</th><th>treatment value</th><th>diff</th></tr>")?;
+    for l in &r.levers {
+        for x in std::iter::once(&l.reference).chain(&l.other_rungs) {
+            for p in &x.rounds {
+                let diff = match art.diff(&p.baseline_id, &p.treatment_id) {
+                    Ok(f) => format!(r#"<a class="diff" href="{}">diff</a>"#, e(f)),
+                    Err(why) => format!(r#"<span class="muted">{}</span>"#, e(why)),
+                };
+                writeln!(
+                    o,
+                    r#"<tr><td>{}</td><td>{}</td><td class="num">{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td class="num">{}</td><td class="num">{}</td><td>{diff}</td></tr>"#,
+                    e(&l.id),
+                    e(&x.rung),
+                    p.cell.round,
+                    e(short(&p.cell.campaign)),
+                    bundle_link(&p.baseline_id, art),
+                    bundle_link(&p.treatment_id, art),
+                    e(&value(p.pair.baseline, l.unit)),
+                    e(&value(p.pair.treatment, l.unit)),
+                )?;
+            }
+        }
+    }
+    writeln!(o, "</table></div>")
+}
+
+fn write_excluded(o: &mut String, r: &Ranking, art: &Artifacts) -> std::fmt::Result {
+    writeln!(
+        o,
+        r#"<h2 id="excluded">Excluded bundles ({})</h2>"#,
+        r.excluded.len()
+    )?;
+    if r.excluded.is_empty() {
+        return writeln!(o, "<p>None.</p>");
+    }
+    writeln!(o, "<div class=\"scroll\"><table class=\"excluded\">")?;
+    writeln!(o, "<tr><th>bundle</th><th>reason</th></tr>")?;
+    for x in &r.excluded {
+        writeln!(
+            o,
+            "<tr><td>{}</td><td>{}</td></tr>",
+            bundle_link(&x.id, art),
+            e(&x.reason)
+        )?;
+    }
+    writeln!(o, "</table></div>")
+}
+
+fn write_used(o: &mut String, r: &Ranking, art: &Artifacts) -> std::fmt::Result {
+    writeln!(o, r#"<h2 id="used">Bundles used ({})</h2>"#, r.used.len())?;
+    writeln!(o, "<ul class=\"used\">")?;
+    for id in &r.used {
+        writeln!(
+            o,
+            "<li>{} <code>{}</code></li>",
+            bundle_link(id, art),
+            e(id)
+        )?;
+    }
+    writeln!(o, "</ul>")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rank::forest::tests::sample_ranking;
+
+    #[test]
+    fn the_page_is_self_contained_and_deterministic() {
+        let r = sample_ranking();
+        let art = Artifacts::default();
+        let page = html(&r, &art, "store <x>");
+        assert_eq!(page, html(&r, &art, "store <x>"));
+        assert!(page.starts_with("<!DOCTYPE html>"));
+        for banned in ["http:", "https:", "<script", "<link", "@import", "url("] {
+            assert!(!page.contains(banned), "{banned} in the page");
+        }
+        assert!(page.contains("store &lt;x&gt;"));
+        assert!(page.contains("<svg class=\"forest\""));
+        assert!(page.contains("No fit: missing runs."));
+        assert_eq!(page.matches("<g class=\"row\"").count(), 6);
+    }
+}
