@@ -111,7 +111,7 @@ fn write_header(o: &mut String, r: &Ranking, store: &str) -> std::fmt::Result {
     writeln!(o, "<h1>Lever report</h1>")?;
     writeln!(
         o,
-        "<p>Store <code>{}</code>: {} bundle(s) seen, {} used in pairs, {} excluded; input digest <code>{}</code> (sha256 of the sorted bundle ids).</p>",
+        "<p>Store <code>{}</code>: {} bundle(s) seen, {} used in pairs, {} excluded; input digest <code>{}</code> (sha256 of the sorted ids of the bundles that verified; every bundle is verified before it is read).</p>",
         e(store),
         r.bundles_seen,
         r.used.len(),
