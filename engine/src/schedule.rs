@@ -58,6 +58,23 @@ pub enum ScheduleError {
         /// What is wrong.
         detail: String,
     },
+    /// The sigmas over this many tokens are not finite and strictly decreasing
+    /// (the shift `exp(mu)` grows with the token count).
+    #[error(
+        "{steps} steps over {tokens} latent tokens: the schedule is not finite and strictly decreasing (sigma {index} = {value}); rungs allow at most {max} tokens"
+    )]
+    NotFinite {
+        /// Steps asked for.
+        steps: usize,
+        /// Latent tokens.
+        tokens: usize,
+        /// The first sigma that is not finite or not below its predecessor.
+        index: usize,
+        /// Its value.
+        value: f32,
+        /// The rung validator's bound (`evidence::rung::MAX_LATENT_TOKENS`).
+        max: u64,
+    },
     /// Buffers of different lengths were combined.
     #[error("{what}: lengths {a} and {b} differ")]
     Length {
@@ -139,27 +156,28 @@ pub fn sigmas(
             detail: "the terminal stretch needs at least 2 steps (the reference divides by zero)",
         });
     }
-    // numpy.linspace(1.0, 1/steps, steps) in f64, then cast to f32.
+    // As diffusers does: numpy.linspace(1.0, 1/steps, steps), the time shift and
+    // the terminal stretch all in f64, cast to f32 at the end.
     let stop = 1.0 / steps as f64;
     let step = if steps > 1 {
         (stop - 1.0) / (steps - 1) as f64
     } else {
         0.0
     };
-    let mut s: Vec<f32> = (0..steps)
+    let mut s: Vec<f64> = (0..steps)
         .map(|i| {
             if i + 1 == steps {
-                stop as f32
+                stop
             } else {
-                (1.0 + i as f64 * step) as f32
+                1.0 + i as f64 * step
             }
         })
         .collect();
     if cfg.use_dynamic_shifting {
         let mu = cfg.mu(tokens);
         let e = match cfg.time_shift_type.as_str() {
-            "exponential" => mu.exp() as f32,
-            "linear" => mu as f32,
+            "exponential" => mu.exp(),
+            "linear" => mu,
             other => {
                 return Err(ScheduleError::Config {
                     field: "time_shift_type",
@@ -171,20 +189,34 @@ pub fn sigmas(
             *x = e / (e + (1.0 / *x - 1.0));
         }
     } else {
-        let sh = cfg.shift as f32;
+        let sh = cfg.shift;
         for x in &mut s {
             *x = sh * *x / (1.0 + (sh - 1.0) * *x);
         }
     }
     if let Some(term) = cfg.shift_terminal {
         let last = 1.0 - s[steps - 1];
-        let scale = last / (1.0 - term) as f32;
+        let scale = last / (1.0 - term);
         for x in &mut s {
             *x = 1.0 - (1.0 - *x) / scale;
         }
     }
-    s.push(0.0);
-    Ok(s)
+    let mut out: Vec<f32> = s.iter().map(|&x| x as f32).collect();
+    out.push(0.0);
+    // A schedule the loop can follow: finite, and every sigma below the last.
+    for i in 0..out.len() {
+        let bad = !out[i].is_finite() || (i > 0 && out[i] >= out[i - 1]);
+        if bad {
+            return Err(ScheduleError::NotFinite {
+                steps,
+                tokens,
+                index: i,
+                value: out[i],
+                max: evidence::rung::MAX_LATENT_TOKENS,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// One Euler step of the flow ODE: `x += (sigma_next - sigma) * velocity`.
@@ -328,7 +360,7 @@ mod tests {
         assert_eq!(got[4], 0.0);
         for i in 0..4 {
             assert!(
-                (got[i] as f64 - want[i]).abs() < 2e-6,
+                (got[i] as f64 - want[i]).abs() < 1e-7,
                 "{i}: {got:?} vs {want:?}"
             );
         }
@@ -342,6 +374,23 @@ mod tests {
         let lo = sigmas(&c, 8, 256).unwrap();
         let hi = sigmas(&c, 8, 6144).unwrap();
         assert!((1..7).all(|i| hi[i] > lo[i]), "{lo:?} {hi:?}");
+    }
+
+    #[test]
+    fn the_rung_bound_on_tokens_keeps_every_step_count_finite_and_decreasing() {
+        let c = SchedulerConfig::ltx_video();
+        let max = evidence::rung::MAX_LATENT_TOKENS as usize;
+        for steps in 2..=1000 {
+            let s = sigmas(&c, steps, max)
+                .unwrap_or_else(|e| panic!("{steps} steps at the rung bound: {e}"));
+            assert_eq!(s.len(), steps + 1);
+        }
+        // Far past the bound the schedule is refused, not NaN: the documented
+        // maximum geometry 8192x8192x1025 is 129x256x256 tokens.
+        let e = sigmas(&c, 2, 129 * 256 * 256).unwrap_err().to_string();
+        assert!(e.contains("not finite") && e.contains("8454144"), "{e}");
+        let e = sigmas(&c, 1000, 200_000).unwrap_err().to_string();
+        assert!(e.contains("not finite and strictly decreasing"), "{e}");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! width = 64               # pixels, a multiple of 32
 //! height = 64              # pixels, a multiple of 32
 //! frames = 9               # 8k+1
-//! steps = 4                # denoise steps, >= 1
+//! steps = 4                # denoise steps, 2..=1000
 //! guidance = 3.0           # classifier-free guidance scale; > 1 runs two forwards per step
 //! seed = 42
 //! device = "cpu"           # cpu | cuda
@@ -141,13 +141,48 @@ pub enum RungError {
     },
 }
 
+/// The largest rung file read, bytes. A rung is a dozen lines; this leaves room
+/// for a long prompt and comments and refuses a file nobody wrote by hand before
+/// reading it into memory.
+pub const MAX_RUNG_FILE_BYTES: u64 = 1 << 20;
+
+/// The longest prompt or negative prompt, bytes (UTF-8). The text encoder reads
+/// 128 tokens (a few hundred bytes of text) and cuts the rest; 64 KiB is far
+/// beyond any prompt that changes the render and keeps every record of the run
+/// small.
+pub const MAX_PROMPT_BYTES: usize = 64 * 1024;
+
+/// The most latent tokens a rung may ask for: `((frames - 1) / 8 + 1) x
+/// (height / 32) x (width / 32)`. The LTX-Video schedule's shift grows with the
+/// token count (`exp(mu)`, mu linear in tokens); computed in f64 and cast to f32
+/// (as diffusers does), its sigmas stay finite and strictly decreasing for every
+/// step count from 2 to 1000 up to about 81,600 tokens and stop being finite near
+/// 101,000 (the engine's `schedule::sigmas` refuses both). 65,536 is below both,
+/// and over twice the largest geometry LTX-Video documents (1216x704x257: 28,160).
+pub const MAX_LATENT_TOKENS: u64 = 65_536;
+
+/// What [`Rung::validate`] says about the step count: the schedule stretches its
+/// last sigma to the terminal value, which divides by zero with one step.
+pub const STEPS_EXPECTED: &str =
+    "between 2 and 1000 (the LTX-Video schedule stretches its last sigma to the terminal value, which needs at least 2 steps)";
+
 impl Rung {
-    /// Read and validate a rung file.
+    /// Read and validate a rung file (at most [`MAX_RUNG_FILE_BYTES`]).
     pub fn load(path: &Path) -> Result<Rung, RungError> {
-        let text = std::fs::read_to_string(path).map_err(|source| RungError::Io {
+        let io = |source| RungError::Io {
             file: path.to_path_buf(),
             source,
-        })?;
+        };
+        let bytes = std::fs::metadata(path).map_err(io)?.len();
+        if bytes > MAX_RUNG_FILE_BYTES {
+            return Err(RungError::Field {
+                file: path.to_path_buf(),
+                field: "(the file)".into(),
+                expected: format!("a rung file of at most {MAX_RUNG_FILE_BYTES} bytes"),
+                found: format!("{bytes} bytes"),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(io)?;
         Self::parse(&text, path)
     }
 
@@ -192,8 +227,35 @@ impl Rung {
                 self.frames.to_string(),
             ));
         }
-        if self.steps == 0 || self.steps > 1000 {
-            return Err(bad("steps", "between 1 and 1000", self.steps.to_string()));
+        if self.steps < 2 || self.steps > 1000 {
+            return Err(bad("steps", STEPS_EXPECTED, self.steps.to_string()));
+        }
+        let tokens = self.latent_tokens();
+        if tokens > MAX_LATENT_TOKENS {
+            return Err(bad(
+                "width, height and frames",
+                &format!(
+                    "at most {MAX_LATENT_TOKENS} latent tokens ((frames - 1) / 8 + 1) x (height / 32) x (width / 32): beyond it the LTX-Video schedule is not finite and decreasing"
+                ),
+                format!(
+                    "{tokens} tokens ({}x{}x{})",
+                    self.width, self.height, self.frames
+                ),
+            ));
+        }
+        for (field, text) in [
+            ("prompt", &self.prompt),
+            ("negative_prompt", &self.negative_prompt),
+        ] {
+            if text.len() > MAX_PROMPT_BYTES {
+                return Err(bad(
+                    field,
+                    &format!(
+                        "at most {MAX_PROMPT_BYTES} bytes (the text encoder reads 128 tokens and cuts the rest)"
+                    ),
+                    format!("{} bytes", text.len()),
+                ));
+            }
         }
         if !self.guidance.is_finite() || self.guidance < 0.0 || self.guidance > 100.0 {
             return Err(bad(
@@ -229,6 +291,12 @@ impl Rung {
     /// Latent grid (frames, height, width) = ((F-1)/8+1, H/32, W/32).
     pub fn latent_grid(&self) -> (u32, u32, u32) {
         ((self.frames - 1) / 8 + 1, self.height / 32, self.width / 32)
+    }
+
+    /// Latent tokens of the render: the product of [`Rung::latent_grid`].
+    pub fn latent_tokens(&self) -> u64 {
+        let (f, h, w) = self.latent_grid();
+        f as u64 * h as u64 * w as u64
     }
 
     /// Output voxels (width x height x frames), the scale rank fits costs against.
@@ -300,6 +368,52 @@ widen-f32 = "single"
             .unwrap_err()
             .to_string();
         assert!(e.contains("'steps'"), "{e}");
+    }
+
+    #[test]
+    fn what_the_engine_would_refuse_is_refused_here_with_the_reason() {
+        let e = p(&GOOD.replace("steps = 4", "steps = 1"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("'steps'") && e.contains("at least 2 steps"),
+            "{e}"
+        );
+        assert!(p(&GOOD.replace("steps = 4", "steps = 2")).is_ok());
+        // The documented maximum width and height with many frames: a schedule
+        // that is not finite. 8192x8192x9 = 2x256x256 = 131072 tokens.
+        let big = GOOD
+            .replace("width = 64", "width = 8192")
+            .replace("height = 64", "height = 8192");
+        let e = p(&big).unwrap_err().to_string();
+        assert!(
+            e.contains("65536 latent tokens") && e.contains("131072 tokens"),
+            "{e}"
+        );
+        // Exactly at the bound: 8192x4096x9 = 2x128x256 = 65536 tokens.
+        assert!(p(&big.replace("height = 8192", "height = 4096")).is_ok());
+        let long = format!(
+            "{GOOD}\nprompt = \"{}\"\n",
+            "x".repeat(MAX_PROMPT_BYTES + 1)
+        );
+        let long = long.replace("[levers]\nwiden-f32 = \"single\"\n", "");
+        let long = format!("{long}[levers]\nwiden-f32 = \"single\"\n");
+        let e = p(&long).unwrap_err().to_string();
+        assert!(e.contains("'prompt'") && e.contains("65537 bytes"), "{e}");
+    }
+
+    #[test]
+    fn a_rung_file_over_a_mebibyte_is_refused_before_it_is_read() {
+        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/evidence-unit");
+        std::fs::create_dir_all(&d).unwrap();
+        let f = d.join(format!("huge-rung-{}.toml", std::process::id()));
+        std::fs::write(&f, vec![b'#'; (MAX_RUNG_FILE_BYTES + 1) as usize]).unwrap();
+        let e = Rung::load(&f).unwrap_err().to_string();
+        let _ = std::fs::remove_file(&f);
+        assert!(
+            e.contains("at most 1048576 bytes") && e.contains("1048577 bytes"),
+            "{e}"
+        );
     }
 
     #[test]

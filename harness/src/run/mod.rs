@@ -15,6 +15,7 @@ pub mod contention;
 pub mod facts;
 pub mod gates;
 pub mod gpu_control;
+pub mod input;
 pub mod markers;
 mod preflight;
 mod session;
@@ -57,6 +58,11 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// `harness run`: returns the exit code.
 pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
     let plan = args.validate()?;
+    // What the engine refuses as input is a usage error, found before the store
+    // is opened (nothing is left behind).
+    if let (args::Engine::Render { binary }, Some((rung, _))) = (&plan.engine, &plan.rung) {
+        input::check(binary, rung, &preflight::lever_args(&plan))?;
+    }
     let argv: Vec<String> = std::env::args().collect();
     let cwd = std::env::current_dir().unwrap_or_default();
     let start = facts::RunStart::now();

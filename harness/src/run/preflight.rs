@@ -529,7 +529,7 @@ fn controls(
 }
 
 /// `--lever K=V`... and `--profile P` for the engine.
-fn lever_args(plan: &RunPlan) -> Vec<String> {
+pub(super) fn lever_args(plan: &RunPlan) -> Vec<String> {
     let mut a = Vec::new();
     for (k, v) in &plan.levers {
         a.push("--lever".into());

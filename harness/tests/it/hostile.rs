@@ -345,3 +345,109 @@ fn marker_times_off_the_harness_clock_are_rejected_counted_and_build_no_phase() 
     // a_run_with_clock_rejected_markers_is_not_compared pins that).
     assert_eq!(code, 0);
 }
+
+/// `harness run --rung R --store S --engine E [extra...]`: (exit, stderr).
+fn run_rung(store: &Path, rung: &Path, engine: &Path, extra: &[&str]) -> (i32, String) {
+    let (code, _, se) = run(harness()
+        .env_remove("HARNESS_LEASE_ID")
+        .args(["run", "--store"])
+        .arg(store)
+        .arg("--rung")
+        .arg(rung)
+        .arg("--engine")
+        .arg(engine)
+        .args(extra));
+    (code, se)
+}
+
+/// Nothing under the store but its empty layout (or nothing at all).
+fn nothing_left(store: &Path) {
+    for sub in ["bundles", "staging"] {
+        let d = store.join(sub);
+        let n = std::fs::read_dir(&d).map(|r| r.count()).unwrap_or(0);
+        assert_eq!(n, 0, "{} holds {n} entries", d.display());
+    }
+}
+
+#[test]
+fn input_errors_exit_2_before_any_gate_and_leave_nothing() {
+    let dir = fresh_dir("hostile-input");
+    let good = std::fs::read_to_string(repo().join("rungs/0.toml")).unwrap();
+    let engine = crate::support::bins::engine();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let set = |key: &str, value: &str| -> String {
+        good.lines()
+            .map(|l| {
+                if l.split('=').next().map(str::trim) == Some(key) {
+                    format!("{key} = {value}")
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n"
+    };
+    let cases: Vec<(&str, PathBuf, Vec<&str>, &str)> = vec![
+        (
+            "one step",
+            write("steps1.toml", &set("steps", "1")),
+            vec![],
+            "at least 2 steps",
+        ),
+        (
+            "the documented maximum size",
+            write(
+                "huge.toml",
+                &set("width", "8192").replace("height = 64", "height = 8192"),
+            ),
+            vec![],
+            "65536 latent tokens",
+        ),
+        (
+            "a 100 KB prompt",
+            write("prompt.toml", &set("prompt", &format!("\"{}\"", "x".repeat(100_000)))),
+            vec![],
+            "'prompt'",
+        ),
+        (
+            "a 50 MB rung file",
+            write(
+                "fifty.toml",
+                &format!("{good}\n# {}\n", "x".repeat(50 << 20)),
+            ),
+            vec![],
+            "at most 1048576 bytes",
+        ),
+        (
+            "an unknown preset",
+            write("preset.toml", &set("preset", "\"nosuch\"")),
+            vec![],
+            "unknown preset 'nosuch'",
+        ),
+        (
+            "an unknown lever",
+            repo().join("rungs/0.toml"),
+            vec!["--lever", "nosuch=x"],
+            "unknown lever 'nosuch'",
+        ),
+        (
+            "an unknown arm",
+            repo().join("rungs/0.toml"),
+            vec!["--lever", "staging=nosuch"],
+            "no arm 'nosuch'",
+        ),
+    ];
+    for (what, rung, extra, says) in cases {
+        let store = dir.join(format!("store-{}", what.replace(' ', "-")));
+        let (code, se) = run_rung(&store, &rung, &engine, &extra);
+        assert_eq!(code, 2, "{what}: {se}");
+        assert!(se.contains(says), "{what}: {se}");
+        assert!(se.len() < 4096, "{what}: a message of {} bytes", se.len());
+        nothing_left(&store);
+    }
+}
