@@ -255,7 +255,11 @@ fn kind_of(t: tar::EntryType) -> String {
         tar::EntryType::Fifo => "fifo".into(),
         tar::EntryType::GNUSparse => "sparse file".into(),
         tar::EntryType::XGlobalHeader => "pax global header".into(),
-        other => format!("{other:?}"),
+        other => format!(
+            "type '{}' (byte {})",
+            other.as_byte() as char,
+            other.as_byte()
+        ),
     }
 }
 

@@ -13,8 +13,9 @@ use evidence::marker::{parse_marker_line, Marker};
 
 use crate::progress::SharedPrinter;
 
-/// Longest marker line journaled, in bytes; the rest of a longer line is dropped
-/// (the line is malformed anyway: the protocol allows 64 KiB).
+/// Longest marker line journaled, in bytes; the rest of a longer line is skipped a
+/// buffer at a time, never held (the line is malformed anyway: the protocol
+/// allows 64 KiB), and the count of dropped bytes is said on stderr.
 pub const MAX_KEPT_LINE: usize = 1 << 20;
 /// Malformed lines reported on stderr one by one; later ones are only counted.
 pub const MALFORMED_REPORTED: u64 = 5;
@@ -91,6 +92,28 @@ pub fn read_markers<R: Read + Send + 'static>(
         .spawn(move || pump(input, &journal, &live, printer.as_ref()))
 }
 
+/// Consume the rest of the current line (through its newline, or to the end of
+/// the input) a buffer at a time; the bytes consumed, newline excluded.
+fn skip_line<R: BufRead>(reader: &mut R) -> u64 {
+    let mut dropped = 0u64;
+    loop {
+        let (used, done) = match reader.fill_buf() {
+            Ok([]) => return dropped,
+            Ok(chunk) => match chunk.iter().position(|&b| b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (chunk.len(), false),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return dropped,
+        };
+        reader.consume(used);
+        dropped += used as u64 - u64::from(done);
+        if done {
+            return dropped;
+        }
+    }
+}
+
 fn pump<R: Read>(
     input: R,
     journal: &SharedJournal,
@@ -115,9 +138,11 @@ fn pump<R: Read>(
         let recv_ns = monotonic_ns();
         let complete = buf.last() == Some(&b'\n');
         if !complete && buf.len() >= MAX_KEPT_LINE {
-            // Skip the rest of an over-long line.
-            let mut rest = Vec::new();
-            let _ = reader.read_until(b'\n', &mut rest);
+            // Skip the rest of an over-long line without holding it.
+            let dropped = skip_line(&mut reader);
+            eprintln!(
+                "harness: a marker line over {MAX_KEPT_LINE} bytes: its first {MAX_KEPT_LINE} bytes are kept, {dropped} more dropped"
+            );
         }
         let valid_utf8 = std::str::from_utf8(&buf).is_ok();
         let text = String::from_utf8_lossy(&buf);
@@ -261,5 +286,24 @@ mod tests {
             attrs: attrs! {"frames_written" => 9},
         });
         assert_eq!(l.frames_written, Some(9));
+    }
+
+    #[test]
+    fn the_rest_of_an_over_long_line_is_skipped_in_bounded_memory() {
+        let mut input = std::io::BufReader::with_capacity(
+            64,
+            std::io::Cursor::new(
+                b"abcdefghij"
+                    .repeat(100)
+                    .into_iter()
+                    .chain(*b"\nnext\n")
+                    .collect::<Vec<u8>>(),
+            ),
+        );
+        assert_eq!(skip_line(&mut input), 1000);
+        let mut rest = String::new();
+        input.read_line(&mut rest).unwrap();
+        assert_eq!(rest, "next\n");
+        assert_eq!(skip_line(&mut input), 0);
     }
 }

@@ -12,6 +12,7 @@
 
 pub mod args;
 pub mod contention;
+pub mod escaped;
 pub mod facts;
 pub mod gates;
 pub mod gpu_control;
@@ -301,6 +302,13 @@ fn start_engine(
         .map(Weights::paths)
         .unwrap_or_default();
     let cpu_start = contention::CpuMark::now();
+    // Descendants that leave the engine's group come back to the harness when
+    // the engine ends (see escaped.rs).
+    if !escaped::become_subreaper() {
+        eprintln!(
+            "harness: cannot become a child subreaper: a descendant that leaves the engine's process group would outlive the run unseen"
+        );
+    }
     let running = match spawn::spawn(&ready.command, frames_dir) {
         Ok(r) => r,
         Err(e) => {
@@ -422,6 +430,29 @@ fn stop_engine(
     } = w;
     // Kill stragglers while the zombie leader still reserves the group id.
     crate::sampler::kill_group(pid, libc::SIGKILL);
+    // Then what left the group (setsid): handed to this process, the subreaper.
+    let escaped = escaped::kill_escaped(pid, 8);
+    if !escaped.is_empty() {
+        let names: Vec<String> = escaped
+            .iter()
+            .map(|e| format!("{} ({})", e.pid, e.comm))
+            .collect();
+        eprintln!(
+            "harness: {} process(es) had left the engine's process group and outlived it: {}; killed",
+            escaped.len(),
+            names.join(", ")
+        );
+        let fragment = serde_json::json!({
+            "killed": escaped,
+            "detail": "descendants of the engine outside its process group (setsid or setpgid), alive after it ended; killed and reaped by the harness (a child subreaper)",
+        });
+        if let Err(e) = journal.append(&Record::Fragment {
+            key: "escaped".into(),
+            value: fragment,
+        }) {
+            eprintln!("harness: could not journal the escaped processes: {e}");
+        }
+    }
     let report = sampler.stop();
     let status = spawn::reap(&mut child).context("reaping the engine")?;
     let cpu_end = contention::CpuMark::now();

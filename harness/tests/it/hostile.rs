@@ -410,7 +410,10 @@ fn input_errors_exit_2_before_any_gate_and_leave_nothing() {
         ),
         (
             "a 100 KB prompt",
-            write("prompt.toml", &set("prompt", &format!("\"{}\"", "x".repeat(100_000)))),
+            write(
+                "prompt.toml",
+                &set("prompt", &format!("\"{}\"", "x".repeat(100_000))),
+            ),
             vec![],
             "'prompt'",
         ),
@@ -450,4 +453,41 @@ fn input_errors_exit_2_before_any_gate_and_leave_nothing() {
         assert!(se.len() < 4096, "{what}: a message of {} bytes", se.len());
         nothing_left(&store);
     }
+}
+
+#[test]
+fn a_grandchild_that_calls_setsid_is_killed_and_named_in_the_bundle() {
+    let store = crate::support::dirs::vacant_dir("hostile-setsid");
+    let pidfile = fresh_dir("hostile-setsid-pid").join("pid");
+    // The engine starts a grandchild in a new session (out of the engine's
+    // process group, beyond killpg), writes its pid, and exits at once.
+    let script = format!(
+        "setsid sh -c 'echo $$ > {}; exec sleep 300' </dev/null >/dev/null 2>&1 & \
+         while [ ! -s {} ]; do sleep 0.05; done",
+        pidfile.display(),
+        pidfile.display()
+    );
+    let started = std::time::Instant::now();
+    let out = harness()
+        .env_remove("HARNESS_LEASE_ID")
+        .args(["run", "--store"])
+        .arg(&store)
+        .args(["--exec", "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let m: Value = serde_json::from_slice(
+        &std::fs::read(crate::support::bins::bundle_path(&out).join("manifest.json")).unwrap(),
+    )
+    .unwrap();
+    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let killed = m["escaped"]["killed"].as_array().cloned().unwrap_or_default();
+    assert!(
+        killed.iter().any(|k| k["pid"] == pid && k["comm"] == "sleep"),
+        "{}\n{}",
+        m["escaped"],
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Gone (reaped, not a zombie), and the run did not wait for it.
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} still exists");
+    assert!(started.elapsed().as_secs() < 60, "{:?}", started.elapsed());
 }
