@@ -518,7 +518,7 @@ fn land(store: &Store, tmp: &Path, id: &str) -> Result<Landed, UnpackError> {
 pub struct PackArgs {
     /// A bundle id, a unique id prefix, or a bundle directory.
     pub bundle: String,
-    /// Output file (default `<id12>.bundle.tar.zst`).
+    /// Output file (default `<id12>.bundle.tar.zst`); `-` writes to standard output.
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// The store (`--store`, `$HARNESS_STORE`); ids are resolved through it.
@@ -556,13 +556,23 @@ pub fn pack(args: PackArgs) -> anyhow::Result<u8> {
         .out
         .unwrap_or_else(|| formats::default_out(&report.id, "bundle.tar.zst"));
     formats::write_file(&out, &bytes)?;
-    println!(
+    let said = format!(
         "packed {} ({} files) into {} ({} bytes)",
         report.id,
         report.files,
-        out.display(),
+        if formats::is_stdout(&out) {
+            "standard output".to_string()
+        } else {
+            out.display().to_string()
+        },
         bytes.len()
     );
+    // With `--out -` standard output holds the pack alone.
+    if formats::is_stdout(&out) {
+        eprintln!("{said}");
+    } else {
+        println!("{said}");
+    }
     Ok(exit::OK)
 }
 

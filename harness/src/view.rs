@@ -15,9 +15,13 @@ use crate::timeline::Timeline;
 pub struct PlotArgs {
     /// A bundle id, a unique id prefix, or a bundle directory.
     pub bundle: String,
-    /// Output file; `.png` or `.svg` picks the format (default `<id12>.timeline.png`).
+    /// Output file; `.png` or `.svg` picks the format (default `<id12>.timeline.png`);
+    /// `-` writes to standard output (SVG unless `--format png`).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// The picture format, overriding the extension of `--out`: png or svg.
+    #[arg(long)]
+    pub format: Option<String>,
     /// Picture width in pixels (the height follows from the phase nesting).
     #[arg(long, default_value_t = formats::plot::DEFAULT_WIDTH)]
     pub width: u32,
@@ -35,7 +39,7 @@ pub struct ExportArgs {
     /// sampler columns as counter tracks).
     #[arg(long, required = true)]
     pub perfetto: bool,
-    /// Output file (default `<id12>.perfetto.json`).
+    /// Output file (default `<id12>.perfetto.json`); `-` writes to standard output.
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// The store (`--store`, `$HARNESS_STORE`); ids are resolved through it.
@@ -46,14 +50,24 @@ pub struct ExportArgs {
 fn write(t: &Timeline, format: &dyn Format, out: &std::path::Path) -> anyhow::Result<u8> {
     let bytes = format.encode(t)?;
     formats::write_file(out, &bytes)?;
-    println!(
+    let said = format!(
         "wrote {} ({} {}, {} bytes) for bundle {}",
-        out.display(),
+        if formats::is_stdout(out) {
+            "standard output".to_string()
+        } else {
+            out.display().to_string()
+        },
         format.name(),
         format.extension(),
         bytes.len(),
         t.id
     );
+    // With `--out -` standard output holds the file alone.
+    if formats::is_stdout(out) {
+        eprintln!("{said}");
+    } else {
+        println!("{said}");
+    }
     Ok(exit::OK)
 }
 
@@ -71,15 +85,24 @@ pub fn plot(args: PlotArgs) -> anyhow::Result<u8> {
     let out = args
         .out
         .unwrap_or_else(|| formats::default_out(&t.id, "timeline.png"));
-    let ext = out
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
+    let ext = match &args.format {
+        Some(f) => Some(f.to_ascii_lowercase()),
+        None if formats::is_stdout(&out) => Some("svg".to_string()),
+        None => out
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase),
+    };
     match ext.as_deref() {
         Some("png") => write(&t, &formats::plot::Png { width: args.width }, &out),
         Some("svg") => write(&t, &formats::plot::Svg { width: args.width }, &out),
+        _ if args.format.is_some() => Err(UsageError(format!(
+            "--format {}: expected png or svg",
+            args.format.as_deref().unwrap_or("")
+        ))
+        .into()),
         _ => Err(UsageError(format!(
-            "--out {}: expected a file name ending in .png or .svg",
+            "--out {}: expected a file name ending in .png or .svg (or --format)",
             out.display()
         ))
         .into()),

@@ -270,6 +270,19 @@ fn incompleteness(m: &Value) -> Option<String> {
                 .unwrap_or("no detail")
         ));
     }
+    if let Some(changed) = get(m, "exec_check.changed")
+        .and_then(Value::as_array)
+        .filter(|c| !c.is_empty())
+    {
+        why.push(format!(
+            "inputs changed while it ran: {}",
+            changed
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+    }
     (!why.is_empty()).then(|| why.join(", "))
 }
 

@@ -38,7 +38,8 @@ pub struct CampaignArgs {
     #[arg(long, value_enum, default_value = "random")]
     pub order: Order,
     /// The engine binary every run uses (hashed into the campaign id).
-    #[arg(long, default_value = "target/debug/engine")]
+    /// Default: `engine` next to the harness binary, as for `harness run`.
+    #[arg(long, default_value_os_t = crate::run::args::default_engine())]
     pub engine: PathBuf,
     /// The weights' page-cache state at the start of every run (`harness run
     /// --weights-cache`); anything but as-is is part of the campaign id. Use cold
@@ -258,10 +259,10 @@ fn print_plan(
     budget: &Budget,
 ) {
     println!(
-        "campaign {} (engine {}, order {:?}, seed {}, weights cache {}): {} runs over {} round(s), {} already sealed",
+        "campaign {} (engine {}, order {}, seed {}, weights cache {}): {} runs over {} round(s), {} already sealed",
         plan.id,
         crate::short_id::short(engine),
-        plan.order,
+        plan.order.as_str(),
         plan.seed,
         args.weights_cache.as_str(),
         plan.entries.len(),

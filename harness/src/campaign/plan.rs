@@ -24,6 +24,16 @@ pub enum Order {
     Random,
 }
 
+impl Order {
+    /// The flag value (`abba`, `random`), as messages print it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Order::Abba => "abba",
+            Order::Random => "random",
+        }
+    }
+}
+
 /// A rung the campaign runs.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RungRef {

@@ -27,6 +27,11 @@ pub trait Format {
     fn encode(&self, t: &Timeline) -> anyhow::Result<Vec<u8>>;
 }
 
+/// Whether `out` names standard output (`--out -`).
+pub fn is_stdout(out: &Path) -> bool {
+    out == Path::new("-")
+}
+
 /// The default output path of `format` for bundle `id`: `<first 12 hex of id>.<suffix>`
 /// in the working directory.
 pub fn default_out(id: &str, suffix: &str) -> std::path::PathBuf {
@@ -36,7 +41,16 @@ pub fn default_out(id: &str, suffix: &str) -> std::path::PathBuf {
 /// Write `bytes` to `out` through a temporary file in the same directory and a
 /// rename, so a reader never sees half a file. An existing file at `out` is
 /// replaced (these outputs are derived from a bundle and can be made again).
+///
+/// `-` writes the bytes to standard output instead ([`is_stdout`]).
 pub fn write_file(out: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    if is_stdout(out) {
+        let mut so = std::io::stdout().lock();
+        so.write_all(bytes)
+            .and_then(|()| so.flush())
+            .context("writing to standard output")?;
+        return Ok(());
+    }
     let dir = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => std::path::PathBuf::from("."),

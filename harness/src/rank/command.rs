@@ -24,7 +24,7 @@ pub struct RankArgs {
     #[arg(long, default_value = DEFAULT_SPEC)]
     pub spec: PathBuf,
     /// Write the markdown report here (default: print it), and its forest plot
-    /// beside it (`levers.md` -> `levers-forest.svg`).
+    /// beside it (`levers.md` -> `levers-forest.svg`); `-` prints the table alone.
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Print the ranking as JSON on stdout (levers with effects, intervals and
@@ -42,6 +42,10 @@ pub struct RankArgs {
 /// Run `harness rank`; returns the exit code.
 pub fn run(args: &RankArgs) -> anyhow::Result<u8> {
     let spec = LeverSpec::load(&args.spec).map_err(|e| UsageError(e.to_string()))?;
+    // `--out -` is the table on standard output (what no --out prints); the
+    // forest plot is written only beside a file.
+    let stdout_out = args.out.as_deref().is_some_and(crate::formats::is_stdout);
+    let out_file = args.out.as_ref().filter(|_| !stdout_out);
     let root = read_root(args.store.as_deref())?;
     let dirs = store_bundle_dirs(&root)
         .map_err(|e| UsageError(format!("store {}: {e}", root.display())))?;
@@ -52,7 +56,7 @@ pub fn run(args: &RankArgs) -> anyhow::Result<u8> {
     if args.spec != Path::new(DEFAULT_SPEC) {
         command.push_str(&format!(" --spec {}", args.spec.display()));
     }
-    if let Some(out) = args.out.as_ref().or(args.check.as_ref()) {
+    if let Some(out) = out_file.or(args.check.as_ref()) {
         command.push_str(&format!(" --out {}", out.display()));
     }
     let ranking = crate::rank::rank(
@@ -63,11 +67,7 @@ pub fn run(args: &RankArgs) -> anyhow::Result<u8> {
         &command,
     );
     // The forest plot goes beside the report file, and the report shows it.
-    let forest_file = args
-        .out
-        .as_ref()
-        .or(args.check.as_ref())
-        .map(|p| file_beside(p));
+    let forest_file = out_file.or(args.check.as_ref()).map(|p| file_beside(p));
     let forest_name = forest_file
         .as_ref()
         .and_then(|p| p.file_name())
@@ -115,7 +115,7 @@ pub fn run(args: &RankArgs) -> anyhow::Result<u8> {
         );
         return Ok(exit::OK);
     }
-    match (&args.out, &forest_file) {
+    match (out_file, &forest_file) {
         (Some(out), Some(forest_file)) => {
             // Through a temporary file and a rename (the directory made as needed):
             // a full disk never leaves a truncated table under the committed name.

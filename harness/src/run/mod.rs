@@ -18,6 +18,7 @@ pub mod gates;
 pub mod gpu_control;
 pub mod input;
 pub mod markers;
+pub mod pinned;
 mod preflight;
 mod session;
 pub mod signals;
@@ -128,6 +129,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
         &signals,
     );
     let ended = stop_engine(watched, intervention, &s.journal, &staging, &store)?;
+    check_pinned(&ready, &s.journal);
     let completion = check_completion(&plan, &ended.live, &frames_dir, &s.journal)?;
     let facts = Facts {
         code: ended.status.code(),
@@ -485,6 +487,29 @@ fn stop_engine(
         cpu: (cpu_start, cpu_end),
         t_end,
     })
+}
+
+/// An `--exec` engine's pinned inputs hashed again now that it ended; changes
+/// go into the `exec_check` fragment (rank does not compare such a run).
+fn check_pinned(ready: &Ready, journal: &SharedJournal) {
+    let Some(p) = &ready.pinned else { return };
+    let changed = p.changes(p.python_program().as_deref());
+    if changed.is_empty() {
+        return;
+    }
+    for c in &changed {
+        eprintln!("harness: changed while the engine ran: {c}");
+    }
+    let fragment = serde_json::json!({
+        "changed": changed,
+        "detail": "inputs pinned before the engine started (program, interpreter, file arguments, python distributions) differ after it ended",
+    });
+    if let Err(e) = journal.append(&Record::Fragment {
+        key: "exec_check".into(),
+        value: fragment,
+    }) {
+        eprintln!("harness: could not journal the changed inputs: {e}");
+    }
 }
 
 /// The pixel completion check on the frames the engine left (the rung's frame

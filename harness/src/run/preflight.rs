@@ -45,6 +45,9 @@ pub(super) struct Ready {
     /// The `contention` fragment as judged before the start (completed with
     /// `during` once the engine is reaped).
     pub(super) contention: serde_json::Value,
+    /// What an `--exec` engine's run depends on, pinned before the start and
+    /// checked again after the end (`run/pinned.rs`); None for `--engine`.
+    pub(super) pinned: Option<crate::run::pinned::Pinned>,
 }
 
 /// How preflight ended without an engine.
@@ -101,18 +104,23 @@ pub(super) fn preflight(
 ) -> Step<Ready> {
     step!(lease(s, plan, signals));
     let (gpu, gpu_reason) = step!(device(s, plan, signals));
-    let (copied, exec) = step!(engine_binary(s, plan, store, signals));
+    let (copied, pinned) = step!(engine_binary(s, plan, store, signals));
+    let exec = pinned.is_some();
     let weights = step!(weights(s, plan, store, &copied, signals));
     step!(weights_cache(s, plan, weights.as_ref(), signals));
     let command = engine_command(plan, staging, rung_copy, weights.as_ref())?;
-    let engine_fragment = serde_json::json!({
-        "store_path": copied.store_path,
+    let mut engine_fragment = serde_json::json!({
+        "store_path": if exec { None } else { Some(&copied.store_path) },
         "source_path": copied.source,
         "sha256": copied.sha256,
         "version": null,
         "args": command,
         "exec": exec,
     });
+    if let Some(p) = &pinned {
+        engine_fragment["run_path"] = serde_json::json!(copied.store_path);
+        engine_fragment["pinned"] = serde_json::to_value(p)?;
+    }
     s.fragment("engine", engine_fragment.clone())?;
     let (limits, unified_gpu) = watchdog_limits(s, plan, gpu.as_deref())?;
     let contention = step!(contention(s, gpu.as_deref(), signals));
@@ -145,6 +153,7 @@ pub(super) fn preflight(
         gpu_reason,
         engine_fragment,
         contention,
+        pinned,
     }))
 }
 
@@ -219,42 +228,59 @@ fn engine_binary(
     plan: &RunPlan,
     store: &Store,
     signals: &Signals,
-) -> Step<(CopiedBinary, bool)> {
-    let (source, exec) = match &plan.engine {
-        Engine::Render { binary } => (Some(binary.clone()), false),
-        Engine::Exec { program, .. } => (gates::resolve_program(program), true),
-    };
-    let copied = match source {
-        None => Err(format!(
-            "{}: not found (as a path or in PATH)",
-            match &plan.engine {
-                Engine::Exec { program, .. } => program.display().to_string(),
-                Engine::Render { binary } => binary.display().to_string(),
-            }
-        )),
-        Some(src) if !src.is_file() => Err(format!(
+) -> Step<(CopiedBinary, Option<crate::run::pinned::Pinned>)> {
+    let found = match &plan.engine {
+        Engine::Render { binary } if !binary.is_file() => Err(format!(
             "{}: no such engine binary (build it, or pass --engine PATH)",
-            src.display()
+            binary.display()
         )),
-        Some(src) => gates::copy_engine(&src, &store.bin_dir()),
+        // The engine of this repository: copied into the store (H5).
+        Engine::Render { binary } => {
+            gates::copy_engine(binary, &store.bin_dir()).map(|c| (c, None))
+        }
+        // Any other engine runs in place, as the user would run it, pinned.
+        Engine::Exec { program, args } => match gates::resolve_program(program) {
+            None => Err(format!(
+                "{}: not found (as a path or in PATH)",
+                program.display()
+            )),
+            Some(path) => crate::run::pinned::pin(program, &path, args).map(|p| {
+                let c = CopiedBinary {
+                    source: p.files[0].resolved.clone(),
+                    store_path: path.clone(),
+                    sha256: p.files[0].sha256.clone().unwrap_or_default(),
+                };
+                (c, Some(p))
+            }),
+        },
     };
-    match copied {
-        Ok(c) => {
+    match found {
+        Ok((c, pinned)) => {
+            let detail = match &pinned {
+                None => format!(
+                    "{} copied to {} (sha256 {})",
+                    c.source.display(),
+                    c.store_path.display(),
+                    c.sha256
+                ),
+                Some(p) => format!(
+                    "{} runs in place (resolves to {}, sha256 {}); {} file(s) pinned{}",
+                    c.store_path.display(),
+                    c.source.display(),
+                    c.sha256,
+                    p.files.len(),
+                    match p.python.as_ref().and_then(|v| v.get("prefix")) {
+                        Some(prefix) => format!(", python prefix {prefix}"),
+                        None => String::new(),
+                    }
+                ),
+            };
             step!(pass(
                 s,
-                Gate::new(
-                    "engine-binary",
-                    Verdict::Pass,
-                    format!(
-                        "{} copied to {} (sha256 {})",
-                        c.source.display(),
-                        c.store_path.display(),
-                        c.sha256
-                    )
-                ),
+                Gate::new("engine-binary", Verdict::Pass, detail),
                 signals
             ));
-            Ok(Ok((c, exec)))
+            Ok(Ok((c, pinned)))
         }
         Err(why) => refuse(s, "engine-binary", why),
     }

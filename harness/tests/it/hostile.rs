@@ -479,15 +479,27 @@ fn a_grandchild_that_calls_setsid_is_killed_and_named_in_the_bundle() {
         &std::fs::read(crate::support::bins::bundle_path(&out).join("manifest.json")).unwrap(),
     )
     .unwrap();
-    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
-    let killed = m["escaped"]["killed"].as_array().cloned().unwrap_or_default();
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let killed = m["escaped"]["killed"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     assert!(
-        killed.iter().any(|k| k["pid"] == pid && k["comm"] == "sleep"),
+        killed
+            .iter()
+            .any(|k| k["pid"] == pid && k["comm"] == "sleep"),
         "{}\n{}",
         m["escaped"],
         String::from_utf8_lossy(&out.stderr)
     );
     // Gone (reaped, not a zombie), and the run did not wait for it.
-    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} still exists");
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "pid {pid} still exists"
+    );
     assert!(started.elapsed().as_secs() < 60, "{:?}", started.elapsed());
 }

@@ -16,6 +16,8 @@
 //!   Chromium (`HARNESS_TEST_CHROMIUM`, `HARNESS_NO_CHROMIUM`).
 //! * [`surfaces`]: plot, export, pack/unpack, `--json`, and third-party readers
 //!   (`HARNESS_TEST_PYTHON`).
+//! * [`exec_engines`]: `--exec` wraps a venv interpreter, a pyenv-style shim and
+//!   a shell script in place, pinning what ran.
 //! * [`committed_evidence`]: every committed bundle verifies and
 //!   `reports/levers.md` reproduces.
 //! * [`hostile`]: the hostile tester's cases (tampered, crafted and oversized
@@ -29,6 +31,7 @@ mod bounded_input;
 mod campaign;
 mod cli;
 mod committed_evidence;
+mod exec_engines;
 mod faults;
 mod hostile;
 mod rank;

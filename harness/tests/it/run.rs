@@ -67,11 +67,12 @@ fn a_good_exec_run_completes_with_samples_markers_and_frames() {
     assert_eq!(m["completion"]["frames"], 9);
     assert_eq!(m["engine"]["exec"], true);
     assert_eq!(m["engine"]["version"], env!("CARGO_PKG_VERSION"));
+    // An --exec program runs in place, pinned by sha256 (run/pinned.rs).
     let sha = m["engine"]["sha256"].as_str().unwrap();
-    assert!(m["engine"]["store_path"]
-        .as_str()
-        .unwrap()
-        .ends_with(&format!("bin/{sha}")));
+    assert!(m["engine"]["store_path"].is_null());
+    assert_eq!(m["engine"]["run_path"], ENGINE);
+    assert_eq!(m["engine"]["pinned"]["files"][0]["sha256"], sha);
+    assert_eq!(m["engine"]["pinned"]["files"][0]["role"], "program");
     // The sampler ran at its cadence for the engine's life (>= 0.3 s at 20 ms).
     assert_eq!(m["sampler"]["cadence_ms"], 20);
     assert!(
