@@ -5,22 +5,24 @@
 //! | 0 | success (a run: completed; verify: every check passed) |
 //! | 1 | the command ran and its answer is negative (a run not completed, a bundle that fails verify, a control that failed) |
 //! | 2 | usage or input error (bad arguments, malformed rung file, unknown bundle id) |
-//! | 3 | refused by a gate (volatile store, missing lease id, a CUDA rung without a usable GPU, no headroom, failed instrument control) |
-//! | 4 | the harness itself failed (I/O error, full disk, internal error) |
+//! | 3 | refused by a gate (volatile store, missing lease id, a CUDA rung without a usable GPU, no headroom, a run whose watchdog control failed) |
+//! | 4 | the harness itself failed (I/O error, full disk, internal error; a control whose instrument could not measure) |
 
 /// The exit codes as `harness --help` prints them (after the command list).
 pub const HELP: &str = "\
 Exit codes (stable; the same with --json, whose document goes to stdout and errors to stderr):
   0  success: a run completed, verify passed, the file was written, the bundle is in the store
-  1  the command ran and the answer is negative: a run not completed, a bundle that fails
-     verify (or that pack refuses for it), a pack whose files do not verify on unpack
+  1  the command ran and the answer is negative: a run not completed, a control that
+     failed, a bundle that fails verify (or that pack refuses for it), a pack whose
+     files do not verify on unpack
   2  usage or input error: bad arguments, unknown or ambiguous bundle id, malformed rung
      file, a malformed or hostile pack (traversal, link, duplicate, oversize,
      tar extension header), an empty store to report, a report --out directory
      that harness report did not make
   3  refused by a gate: volatile store, missing lease id, a CUDA rung without a GPU,
-     no headroom, failed control
-  4  the harness itself failed: I/O error, full disk, internal error";
+     no headroom, a run whose watchdog control failed
+  4  the harness itself failed: I/O error, full disk, internal error; a control whose
+     instrument could not measure (instrument-error: no verdict on the GPU)";
 
 /// Success.
 pub const OK: u8 = 0;

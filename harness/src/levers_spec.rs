@@ -642,6 +642,16 @@ next_hypothesis = "n"
             .filter(|l| l.metric.reads_weights())
             .map(|l| l.id.as_str())
             .collect();
-        assert_eq!(reading, ["staging", "release-pages", "host-threads"]);
+        assert_eq!(
+            reading,
+            ["staging", "release-pages", "host-threads", "observer"]
+        );
+        // The instrument judged like a lever: a confirmed increase is an observer
+        // costing more than the 1% goal.
+        let o = s.lever("observer").expect("the observer lever");
+        assert_eq!((o.baseline.as_str(), o.treatment.as_str()), ("off", "on"));
+        assert_eq!(o.metric, Metric::RenderWall);
+        assert_eq!(o.hypothesis.direction, Direction::Increase);
+        assert_eq!(o.hypothesis.min_effect, 0.01);
     }
 }

@@ -33,6 +33,8 @@
 //! * [`weights`]: the run's weights, their digest, synthesis into the cache;
 //!   [`weights_cache`] their page-cache state at engine start.
 //! * [`levers_spec`]: `specs/levers.toml`, the levers and their hypotheses.
+//! * [`harness_levers`]: levers the harness applies itself (`observer`), never
+//!   passed to the engine.
 //! * [`progress`]: the live status of a render, redrawn on a terminal, one line per
 //!   event elsewhere.
 //! * [`exit`]: the binary's stable exit codes and the error kinds that select them.
@@ -47,6 +49,7 @@ pub mod diff;
 pub mod exit;
 pub mod formats;
 pub mod gate;
+pub mod harness_levers;
 pub mod levers_spec;
 pub mod ls;
 pub mod pack;

@@ -10,6 +10,9 @@
 //! --hello                      announce the engine (protocol hello)
 //! --pid                        print "test-engine pid=<pid>" on stderr
 //! --open NAME | --close NAME   open / close a phase
+//! --close-attrs NAME JSON      close a phase with attributes (a JSON object,
+//!                              e.g. burn.load's {"gemms":64,"tflops":642.5})
+//! --write FILE TEXT            write TEXT to FILE (a fake GPU's utilization)
 //! --tick NAME K/N              a tick with step K of N and a running forward index
 //! --info KEY=VALUE             an info marker
 //! --sleep-ms MS                sleep
@@ -34,7 +37,9 @@
 //!
 //! `render` runs `--hello --render <steps> <forwards> --frames good <W>x<H> <F>` from
 //! its rung, or, when `TEST_ENGINE_SCRIPT` is set, that script (whitespace separated)
-//! instead. `plan` reports `TEST_ENGINE_PLAN_HOST_PEAK` (default 64 MiB) as the host
+//! instead. `burn` runs `TEST_ENGINE_SCRIPT` (a burn's markers, for `harness
+//! control`'s tests) and without it fails: there is no GPU arm. `levers --json`
+//! lists no levers. `plan` reports `TEST_ENGINE_PLAN_HOST_PEAK` (default 64 MiB) as the host
 //! peak. Exit codes follow the engine: 0 done, 1 failure, 2 bad arguments.
 
 use std::fs::File;
@@ -285,6 +290,21 @@ fn run_script(script: &[String], out: &Option<PathBuf>) -> Res<u8> {
             "--pid" => eprintln!("test-engine pid={}", std::process::id()),
             "--open" => ch.emitter.open(&arg(flag, &mut it)?, Attrs::new()),
             "--close" => ch.emitter.close(&arg(flag, &mut it)?, Attrs::new()),
+            "--close-attrs" => {
+                let name = arg(flag, &mut it)?;
+                let json = arg(flag, &mut it)?;
+                let a: Attrs = serde_json::from_str(&json).map_err(|e| {
+                    Usage(format!(
+                        "--close-attrs {name} {json:?}: not a JSON object: {e}"
+                    ))
+                })?;
+                ch.emitter.close(&name, a);
+            }
+            "--write" => {
+                let file = arg(flag, &mut it)?;
+                let text = arg(flag, &mut it)?;
+                std::fs::write(&file, text).map_err(|e| Usage(format!("--write {file}: {e}")))?;
+            }
             "--tick" => {
                 let name = arg(flag, &mut it)?;
                 let kn = arg(flag, &mut it)?;
@@ -484,10 +504,19 @@ fn real_main() -> Res<u8> {
         }
         Some("synth-weights") => synth_weights(&engine_args(&args[1..])?),
         Some("levers") => {
-            println!("{{}}");
+            println!("{{\"levers\": {{}}}}");
             Ok(0)
         }
-        Some("burn") => usage("burn: the test engine has no GPU arm"),
+        Some("burn") => {
+            engine_args(&args[1..])?;
+            match std::env::var("TEST_ENGINE_SCRIPT") {
+                Ok(s) => run_script(
+                    &s.split_whitespace().map(String::from).collect::<Vec<_>>(),
+                    &None,
+                ),
+                Err(_) => usage("burn: the test engine has no GPU arm"),
+            }
+        }
         _ => run_script(&args, &None),
     }
 }

@@ -161,9 +161,10 @@ pub fn parse_engine_levers(json: &[u8]) -> Result<BTreeMap<String, Vec<String>>,
     Ok(out)
 }
 
-/// Split the selected levers into those the engine implements and the ids of those
-/// it does not; an arm of an implemented lever that the engine lacks is an error
-/// naming the spec, the lever and the engine's arms.
+/// Split the selected levers into those that can be applied (the engine implements
+/// them, or the harness applies them itself: [`crate::harness_levers`]) and the ids
+/// of those that cannot; an arm the spec names but the lever lacks is an error
+/// naming the spec, the lever and its arms.
 pub fn reconcile<'a>(
     spec: &Path,
     levers: Vec<&'a Lever>,
@@ -172,7 +173,9 @@ pub fn reconcile<'a>(
     let mut have = Vec::new();
     let mut missing = Vec::new();
     for l in levers {
-        let Some(arms) = registry.get(&l.id) else {
+        let harness_arms = crate::harness_levers::arms(&l.id)
+            .map(|a| a.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let Some(arms) = harness_arms.as_ref().or_else(|| registry.get(&l.id)) else {
             missing.push(l.id.clone());
             continue;
         };
@@ -403,4 +406,23 @@ pub fn run(args: &CampaignArgs) -> anyhow::Result<u8> {
         },
     )?;
     Ok(report_outcome(&out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The observer is applied by the harness: an engine that lists no such lever
+    /// still runs it (mutation: drop the harness-lever lookup and it is skipped as
+    /// missing); an engine lever it lacks is still missing.
+    #[test]
+    fn a_harness_applied_lever_needs_no_engine_support() {
+        let spec = crate::campaign::plan::tests::spec();
+        let levers = spec.select("observer,staging").unwrap();
+        let (have, missing) =
+            reconcile(Path::new("specs/levers.toml"), levers, &BTreeMap::new()).unwrap();
+        let ids: Vec<&str> = have.iter().map(|l| l.id.as_str()).collect();
+        assert_eq!(ids, ["observer"]);
+        assert_eq!(missing, ["staging"]);
+    }
 }

@@ -49,9 +49,11 @@ pub struct RunArgs {
     /// The lease this run measures under (H3).
     #[arg(long, value_name = "ID", env = "HARNESS_LEASE_ID")]
     pub lease_id: Option<String>,
-    /// Sample and journal every column (on), or only what the watchdog needs (off).
-    #[arg(long, value_name = "on|off", default_value = "on")]
-    pub observer: String,
+    /// Sample and journal every column (on, the default), or only what the
+    /// watchdog needs (off). Also set by `--lever observer=on|off`, which records
+    /// it among the levers; the two must agree when both are given.
+    #[arg(long, value_name = "on|off")]
+    pub observer: Option<String>,
     /// The weight files' page-cache state when the engine starts: as-is (what the
     /// previous run left), cold (evicted) or warm (read once). Measured and recorded
     /// in the `weights-cache` gate; a state that cannot be reached refuses the run.
@@ -221,11 +223,7 @@ impl RunArgs {
                 return Err(usage(format!("--timeout {t}: expected seconds above 0")));
             }
         }
-        let observer = match self.observer.as_str() {
-            "on" => true,
-            "off" => false,
-            o => return Err(usage(format!("--observer {o:?}: expected on or off"))),
-        };
+        let observer = observer(self.observer.as_deref(), &levers)?;
         let weights = self
             .weights
             .clone()
@@ -258,6 +256,33 @@ impl RunArgs {
             observer,
             weights_cache: self.weights_cache,
         })
+    }
+}
+
+/// Whether the observer is on: from `--observer` and the `observer` lever (the
+/// rung's or `--lever observer=ARM`, applied by the harness: see
+/// [`crate::harness_levers`]), which must agree when both are given; on by default.
+fn observer(
+    flag: Option<&str>,
+    levers: &std::collections::BTreeMap<String, String>,
+) -> anyhow::Result<bool> {
+    let on = |what: &str, v: &str| match v {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        o => Err(usage(format!("{what} {o:?}: expected on or off"))),
+    };
+    let flag = flag.map(|f| on("--observer", f)).transpose()?;
+    let lever = levers
+        .get(crate::harness_levers::OBSERVER)
+        .map(|v| on("--lever observer=", v))
+        .transpose()?;
+    match (flag, lever) {
+        (Some(f), Some(l)) if f != l => Err(usage(format!(
+            "--observer {} and --lever observer={} disagree",
+            if f { "on" } else { "off" },
+            if l { "on" } else { "off" }
+        ))),
+        (f, l) => Ok(l.or(f).unwrap_or(true)),
     }
 }
 
@@ -325,6 +350,23 @@ mod tests {
         assert_eq!(p.cadence_ms, 100);
     }
 
+    /// The observer lever sets the observer and stays among the levers (recorded,
+    /// ranked); the flag alone sets it without recording a lever.
+    #[test]
+    fn the_observer_lever_sets_the_observer_and_is_recorded_as_a_lever() {
+        let r = rung_file();
+        let r = r.to_str().unwrap();
+        let p = parse(&["--rung", r, "--lever", "observer=off"]).unwrap();
+        assert!(!p.observer);
+        assert_eq!(p.levers["observer"], "off");
+        let p = parse(&["--rung", r, "--observer", "off", "--lever", "observer=off"]).unwrap();
+        assert!(!p.observer);
+        let p = parse(&["--rung", r, "--observer", "off"]).unwrap();
+        assert!(!p.observer);
+        assert!(!p.levers.contains_key("observer"));
+        assert!(parse(&["--rung", r]).unwrap().observer);
+    }
+
     #[test]
     fn exec_takes_the_command_after_the_separator() {
         let p = parse(&["--exec", "--", "my-engine", "--flag", "x"]).unwrap();
@@ -370,6 +412,14 @@ mod tests {
             (vec!["--rung", r, "--mem-floor", "lots"], "--mem-floor"),
             (vec!["--rung", r, "--timeout", "-1"], "--timeout -1"),
             (vec!["--rung", r, "--observer", "maybe"], "--observer"),
+            (
+                vec!["--rung", r, "--lever", "observer=maybe"],
+                "--lever observer= \"maybe\"",
+            ),
+            (
+                vec!["--rung", r, "--observer", "on", "--lever", "observer=off"],
+                "disagree",
+            ),
             (vec!["--rung", "no/such.toml"], "no/such.toml"),
             (vec!["--engine", "e", "--exec", "--", "x"], "exclude"),
             (

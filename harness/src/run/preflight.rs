@@ -554,10 +554,15 @@ fn controls(
     Ok(Ok(()))
 }
 
-/// `--lever K=V`... and `--profile P` for the engine.
+/// `--lever K=V`... and `--profile P` for the engine: every lever but those the
+/// harness applies itself ([`crate::harness_levers`]), which the engine never sees.
 pub(super) fn lever_args(plan: &RunPlan) -> Vec<String> {
     let mut a = Vec::new();
-    for (k, v) in &plan.levers {
+    for (k, v) in plan
+        .levers
+        .iter()
+        .filter(|(k, _)| !crate::harness_levers::applies(k))
+    {
         a.push("--lever".into());
         a.push(format!("{k}={v}"));
     }

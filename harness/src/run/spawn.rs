@@ -70,6 +70,17 @@ pub struct Running {
 
 /// Start `cmd` with the marker channel and `frames_dir` in its environment.
 pub fn spawn(cmd: &EngineCommand, frames_dir: &Path) -> std::io::Result<Running> {
+    spawn_with_env(cmd, &[(FRAMES_DIR_ENV, frames_dir.as_os_str())])
+}
+
+/// Start `cmd` in a process group of its own with the marker channel on fd 3
+/// (`HARNESS_MARKER_FD=3`), stdout and stderr piped, stdin empty, and `env` added
+/// to its environment: what [`spawn`] does for a render, and `harness control`
+/// for `engine burn`.
+pub fn spawn_with_env(
+    cmd: &EngineCommand,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> std::io::Result<Running> {
     let mut fds = [0i32; 2];
     // SAFETY: pipe2 writes two descriptors into the array we pass.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -82,7 +93,7 @@ pub fn spawn(cmd: &EngineCommand, frames_dir: &Path) -> std::io::Result<Running>
     command
         .args(&cmd.args)
         .env(MARKER_FD_ENV, MARKER_FD.to_string())
-        .env(FRAMES_DIR_ENV, frames_dir)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -29,13 +29,31 @@ pub const CONTROL_MAX_TICKS: u64 = 2;
 pub struct ControlResult {
     /// The control's name.
     pub name: String,
-    /// `pass`, `fail` or `not-applicable`.
+    /// `pass`, `fail`, `not-applicable`, or `instrument-error` (the control could
+    /// not measure what it exists to measure: no verdict on the thing under test).
     pub verdict: String,
-    /// What was measured.
+    /// What was measured, in words.
     pub detail: String,
+    /// What was measured, as numbers and names whose keys carry their units
+    /// (`to_load_s`, `interval_median_ms`, ...); absent when empty.
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    pub figures: serde_json::Map<String, serde_json::Value>,
 }
 
+/// The verdict of a control that could not measure (see [`ControlResult::verdict`]).
+pub const INSTRUMENT_ERROR: &str = "instrument-error";
+
 impl ControlResult {
+    /// A result with no figures.
+    pub fn new(name: &str, verdict: &str, detail: String) -> ControlResult {
+        ControlResult {
+            name: name.into(),
+            verdict: verdict.into(),
+            detail,
+            figures: serde_json::Map::new(),
+        }
+    }
+
     /// Whether the control passed.
     pub fn passed(&self) -> bool {
         self.verdict == "pass"
@@ -77,13 +95,7 @@ pub fn control(
 ) -> ControlResult {
     let _lock = match ControlLock::acquire() {
         Ok(l) => l,
-        Err(e) => {
-            return ControlResult {
-                name: kind.name().into(),
-                verdict: "fail".into(),
-                detail: e,
-            }
-        }
+        Err(e) => return ControlResult::new(kind.name(), "fail", e),
     };
     let mut attempt = 1;
     loop {
@@ -243,6 +255,7 @@ fn control_once(
         ));
     }
     let limits = control_limits(kind, avail);
+    let started_ns = evidence::clock::monotonic_ns();
     let mut child = match spawn_probe(probe_exe, kind, &limits) {
         Ok(c) => c,
         Err(e) => {
@@ -276,20 +289,26 @@ fn control_once(
     let report = read_report(&mut child);
     let status = wait_probe(&mut child);
     let trip = sampler.stop().trip;
-    judge(kind, cadence_ms, &limits, &report, status, trip)
+    judge(kind, cadence_ms, &limits, &report, status, trip, started_ns)
 }
 
 /// A failed control named `name`.
 fn fail(name: &str, detail: String) -> ControlResult {
-    ControlResult {
-        name: name.into(),
-        verdict: "fail".into(),
-        detail,
+    ControlResult::new(name, "fail", detail)
+}
+
+/// The limit's name in words: what the probe must reach.
+fn limit_word(kind: ControlKind) -> &'static str {
+    match kind {
+        ControlKind::Floor => "the floor",
+        ControlKind::UnifiedBudget => "the budget",
     }
 }
 
 /// The verdict of one attempt from what the probe reported, how it ended and the
-/// watchdog's trip, with the retry flag of [`control_once`].
+/// watchdog's trip, with the retry flag of [`control_once`]. `started_ns` is when
+/// the probe was started (CLOCK_MONOTONIC): the result says how long it took to
+/// reach the limit, so a slow control reads as slow and not as a late watchdog.
 fn judge(
     kind: ControlKind,
     cadence_ms: u64,
@@ -297,6 +316,7 @@ fn judge(
     report: &ProbeReport,
     status: Option<ExitStatus>,
     trip: Option<Trip>,
+    started_ns: u64,
 ) -> (ControlResult, bool) {
     let name = kind.name();
     let no_cross = |detail: String| (fail(name, detail), true);
@@ -345,17 +365,30 @@ fn judge(
         ));
     }
     let tick_ns = cadence_ms * 1_000_000;
+    let since_start_s = |t_ns: u64| t_ns.saturating_sub(started_ns) as f64 / 1e9;
+    let mut figures = serde_json::Map::new();
+    figures.insert("cadence_ms".into(), cadence_ms.into());
     let detail = match acted_on(crossings, trip.t_ns) {
         Some(c) => {
             let latency = trip.t_ns as i128 - c as i128;
+            let reached = format!(
+                "the probe reached {} {:.2} s after it started",
+                limit_word(kind),
+                since_start_s(c)
+            );
             if latency > (CONTROL_MAX_TICKS * tick_ns) as i128 {
                 return no_cross(format!(
-                    "the watchdog fired {:.1} ms after the probe crossed, more than {CONTROL_MAX_TICKS} ticks of {cadence_ms} ms",
+                    "{reached}; the watchdog fired {:.1} ms after the probe crossed, more than {CONTROL_MAX_TICKS} ticks of {cadence_ms} ms",
                     latency as f64 / 1e6
                 ));
             }
+            figures.insert("probe_to_limit_s".into(), since_start_s(c).into());
+            figures.insert(
+                "kill_latency_ms".into(),
+                (latency.max(0) as f64 / 1e6).into(),
+            );
             format!(
-                "probe killed by SIGKILL {:.1} ms after crossing ({} = {} B vs limit {} B, cadence {cadence_ms} ms)",
+                "{reached}; killed by SIGKILL {:.1} ms after crossing ({} = {} B vs limit {} B, cadence {cadence_ms} ms)",
                 latency.max(0) as f64 / 1e6,
                 trip.column,
                 trip.value,
@@ -363,15 +396,20 @@ fn judge(
             )
         }
         None => format!(
-            "probe killed by SIGKILL before it reported crossing (other memory use moved {} first: {} B vs {} B)",
-            trip.column, trip.value, trip.limit
+            "probe killed by SIGKILL {:.2} s after it started, before it reported crossing (other memory use moved {} first: {} B vs {} B)",
+            since_start_s(trip.t_ns),
+            trip.column,
+            trip.value,
+            trip.limit
         ),
     };
+    figures.insert("probe_to_kill_s".into(), since_start_s(trip.t_ns).into());
     (
         ControlResult {
             name: name.into(),
             verdict: "pass".into(),
             detail,
+            figures,
         },
         true,
     )

@@ -124,12 +124,20 @@ fn a_stale_or_missing_forest_plot_is_caught_naming_the_file() {
     );
 }
 
+/// Levers whose H200 campaign has not been run yet: `observer` (issue 26; its
+/// campaign is `harness campaign --rungs rungs/1.toml,rungs/2.toml --levers
+/// observer`, specs/device-residency.md S8).
+const OWED: &[&str] = &["observer"];
+
 /// The device re-derivation (`just rederive`) stays complete: at rungs 2 and 3 (both on the CUDA arm)
 /// every lever that applies has at least 3 interleaved pairs in the committed
 /// bundles. A lever rank marks not applicable at the reference rung (rung 2) is
 /// exempt at rung 3 too, since both rungs run on the same device. Deleting one run of
 /// a rung-3 pair (or a campaign) turns this red even if someone regenerates
 /// `reports/levers.md` from the thinner store.
+///
+/// [`OWED`] levers have no device campaign yet and are exempt, but only while
+/// they have no pairs at all: once their bundles land, the exemption must go.
 #[test]
 fn every_lever_that_applies_at_rungs_2_and_3_has_three_pairs() {
     let out = Command::new(HARNESS)
@@ -152,6 +160,13 @@ fn every_lever_that_applies_at_rungs_2_and_3_has_three_pairs() {
         let reference = &l["reference"];
         assert_eq!(reference["rung"], "2", "{id}: reference rung");
         if reference["verdict"]["verdict"] == "notapplicable" {
+            continue;
+        }
+        if OWED.contains(&id) {
+            assert!(
+                reference["effect"].is_null(),
+                "{id} is owed but has pairs at rung 2: remove it from OWED"
+            );
             continue;
         }
         let rung3 = l["other_rungs"]

@@ -9,6 +9,8 @@
 //! * [`campaign`]: `harness campaign` with the real engine: interleave, resume, stop.
 //! * [`faults`]: engine and harness SIGKILLed at seeded random points, a full disk
 //!   (`FAULTS_RUNS`, `FAULTS_SEED`, `HARNESS_FAULTS_NO_LOOP`).
+//! * [`control`]: `harness control`'s GPU control over scripted burns and a
+//!   fake utilization: readings inside the load only, instrument errors named.
 //! * [`watchdog`]: the watchdog's positive control and the test engine's frames.
 //! * [`cli`]: the store gate; recover, ls, verify and show on a real store.
 //! * [`rank`]: planted effects ranked; the `rank` and `diff` binaries.
@@ -31,6 +33,7 @@ mod bounded_input;
 mod campaign;
 mod cli;
 mod committed_evidence;
+mod control;
 mod exec_engines;
 mod faults;
 mod hostile;
