@@ -64,7 +64,7 @@ fuzz CASES="20000":
 # the store go under $WORK (default ~/ltx-bench).
 bench-gpu:
     cargo build --bins
-    scripts/bench-gpu.sh {{bin}} selftest synth:ltxv-2b t5check:ltxv-2b oracle:ltxv-2b run:2:default::warm ref:2 table
+    scripts/bench-gpu.sh {{bin}} selftest synth:ltxv-2b t5check:ltxv-2b oracle:ltxv-2b run:2:default::warm exec:2 ref:2 table
 
 # The whole device re-derivation on a GPU machine (about an hour on an H200): every lever
 # that applies at rungs 2 and 3, 3 interleaved rounds each, weights warm in the page cache

@@ -32,6 +32,10 @@
 #                         own noise (scripts/render_oracle.py: two geometries, with and
 #                         without guidance; own conditioning on both arms, diffusers'
 #                         embeddings, diffusers bf16 against f32)
+#   exec:RUNG             diffusers' LTXPipeline (examples/diffusers_ltx.py) under
+#                         `harness run --exec` at the rung, from the engine's noise, then
+#                         `harness diff` of the last run:RUNG bundle and this one
+#                         (DIFFUSERS_ARGS: extra arguments, e.g. `--device cpu`)
 #   table                 the summary: engine phases of every rung-2/3 bundle beside
 #                         the reference's walls, with the ratios
 #
@@ -79,7 +83,7 @@ pack() {
   [ -n "$new" ] && tar -C "$store" -cf - $new | split -b 12M -d - "$OUT/bundles.tar.part"
 }
 note() { echo "$(( $(date +%s) - t0 ))s $*" | tee -a "$log"; }
-declare -A synth_pid
+declare -A synth_pid last_bundle
 weights_of() { echo "$WORK/weights-$1"; }
 preset_of() { sed -n 's/^preset *= *"\(.*\)"/\1/p' "rungs/$1.toml" 2>/dev/null; }
 need() { # wait for a preset's weights
@@ -128,6 +132,27 @@ for step in "$@"; do
         > "$OUT/$name.out" 2> "$OUT/$name.err" < /dev/null
       rc=$?
       note "$name rc=$rc wall $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $s}") s"
+      last_bundle[$a]=$(sed -n 's/^path: //p' "$OUT/$name.out" | tail -1)
+      pack ;;
+    exec)
+      # diffusers' LTXPipeline (examples/diffusers_ltx.py) under `harness run --exec`
+      # at rung A, from the engine's noise streams, then `harness diff` against the
+      # engine's bundle of the last run:A step: the ratios come from the two bundles.
+      p=$(preset_of "$a"); need "$p"; w=$(weights_of "$p")
+      export PYTHONPATH=${REF_SITE:+$REF_SITE:}${PYTHONPATH:-} PYTHONUNBUFFERED=1
+      name="exec-$a-diffusers"
+      timeout -s TERM -k 20 "$(cap 480)" "$H" run --rung "rungs/$a.toml" --store "$store" \
+        --weights "$w" --cadence-ms 100 --exec -- "$PY" examples/diffusers_ltx.py \
+        --rung "rungs/$a.toml" --weights "$w" --engine-noise "$E" ${DIFFUSERS_ARGS:-} \
+        > "$OUT/$name.out" 2> "$OUT/$name.err" < /dev/null
+      note "$name rc=$?"
+      ref=$(sed -n 's/^path: //p' "$OUT/$name.out" | tail -1)
+      if [ -n "$ref" ] && [ -n "${last_bundle[$a]:-}" ]; then
+        "$H" diff "${last_bundle[$a]}" "$ref" --store "$store" > "$OUT/diff-$a.md" 2>&1
+        note "harness diff engine diffusers at rung $a rc=$? ($OUT/diff-$a.md)"
+      else
+        note "no diff at rung $a: run:$a first (engine bundle: ${last_bundle[$a]:-none}; diffusers: ${ref:-none})"
+      fi
       pack ;;
     ref)
       p=$(preset_of "$a"); need "$p"
@@ -207,6 +232,11 @@ echo "==================== table ===================="
 cat "$OUT/sha256.txt"; head -1 "$OUT/env.txt"
 cat "$log"
 [ -f "$OUT/selftest.log" ] && grep -E 'passed, .* failed|FAIL|median|ms ' "$OUT/selftest.log" | tail -30
+for f in "$OUT"/diff-*.md; do
+  [ -f "$f" ] || continue
+  echo "--- $(basename "$f") (engine, then diffusers under harness run --exec)"
+  head -40 "$f"
+done
 for f in "$OUT"/t5check-*.log "$OUT"/oracle-*.log; do
   [ -f "$f" ] || continue
   echo "--- $(basename "$f")"
