@@ -337,7 +337,7 @@ fn judge(
             fail(
                 name,
                 format!(
-                    "the watchdog never fired: the probe {} {}{} (limits {:?}, probe exit {status:?})",
+                    "the watchdog never fired: the probe {} {}{} (limits: floor {} B, unified budget {}; probe {})",
                     if *held {
                         "allocated and held 1 GiB"
                     } else {
@@ -352,7 +352,11 @@ fn judge(
                         Some(ms) => format!(", below the floor for at most {ms} ms in one stretch"),
                         None => String::new(),
                     },
+                    limits.mem_floor_bytes,
                     limits
+                        .unified_budget_bytes
+                        .map_or("none".to_string(), |b| format!("{b} B")),
+                    status_text(status)
                 ),
             ),
             sustained,
@@ -360,8 +364,11 @@ fn judge(
     };
     if signal != Some(libc::SIGKILL) {
         return no_cross(format!(
-            "the watchdog fired ({} = {} vs {}) but the probe ended with {status:?}, not SIGKILL",
-            trip.column, trip.value, trip.limit
+            "the watchdog fired ({} = {} vs {}) but the probe {}, not by SIGKILL",
+            trip.column,
+            trip.value,
+            trip.limit,
+            status_text(status)
         ));
     }
     let tick_ns = cadence_ms * 1_000_000;
@@ -440,6 +447,16 @@ impl ControlLock {
             ));
         }
         Ok(ControlLock(f))
+    }
+}
+
+/// How the probe ended, in words (`exited with exit status: 1`, `ended by signal:
+/// 9 (SIGKILL)`), or that it was not seen to end.
+fn status_text(status: Option<ExitStatus>) -> String {
+    match status {
+        Some(s) if s.code().is_some() => format!("exited with {s}"),
+        Some(s) => format!("ended by {s}"),
+        None => "was not seen to end".to_string(),
     }
 }
 
