@@ -230,6 +230,30 @@ pub fn partition(dirs: &[PathBuf], cache: &mut VerifyCache) -> (Vec<PathBuf>, Ve
     (ok, excluded)
 }
 
+/// The bundles of a store read as evidence: those of `dirs` that verify,
+/// loaded ([`crate::bundle::scan::load_dirs`]), and exclusions for the rest.
+#[derive(Debug, Default)]
+pub struct VerifiedLoad {
+    /// The directories that verified.
+    pub dirs: Vec<PathBuf>,
+    /// What they hold (and which of them could not be read after all).
+    pub loaded: crate::bundle::scan::Loaded,
+    /// The bundles that do not verify, each naming the file at fault.
+    pub not_verified: Vec<Exclusion>,
+}
+
+/// Verify `dirs` (bundles of the store at `root`, through its cache) and load
+/// the ones that pass: what `rank`, `report` and `campaign` read.
+pub fn load_verified(root: &Path, dirs: &[PathBuf]) -> VerifiedLoad {
+    let (dirs, not_verified) = partition(dirs, &mut VerifyCache::for_store(root));
+    let loaded = crate::bundle::scan::load_dirs(&dirs);
+    VerifiedLoad {
+        dirs,
+        loaded,
+        not_verified,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

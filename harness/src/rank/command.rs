@@ -5,8 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::bundle::files::store_bundle_dirs;
-use crate::bundle::scan::load_dirs;
-use crate::bundle::verified::{partition, VerifyCache};
+use crate::bundle::verified::{load_verified, VerifiedLoad};
 use crate::exit::{self, UsageError};
 use crate::levers_spec::{LeverSpec, DEFAULT_SPEC};
 use crate::rank::forest::{self, file_beside};
@@ -50,8 +49,11 @@ pub fn run(args: &RankArgs) -> anyhow::Result<u8> {
     let dirs = store_bundle_dirs(&root)
         .map_err(|e| UsageError(format!("store {}: {e}", root.display())))?;
     // Only bundles that verify are read; the others are excluded, naming the file.
-    let (dirs, not_verified) = partition(&dirs, &mut VerifyCache::for_store(&root));
-    let loaded = load_dirs(&dirs);
+    let VerifiedLoad {
+        loaded,
+        not_verified,
+        ..
+    } = load_verified(&root, &dirs);
     let mut command = format!("harness rank --store {}", root.display());
     if args.spec != Path::new(DEFAULT_SPEC) {
         command.push_str(&format!(" --spec {}", args.spec.display()));

@@ -8,8 +8,7 @@ use anyhow::Context;
 
 use crate::bundle::files::store_bundle_dirs;
 use crate::bundle::manifest::read_facts;
-use crate::bundle::scan::load_dirs;
-use crate::bundle::verified::{partition, VerifyCache};
+use crate::bundle::verified::{load_verified, VerifiedLoad};
 use crate::exit::{self, UsageError};
 use crate::levers_spec::{LeverSpec, DEFAULT_SPEC};
 use crate::rank::forest;
@@ -59,8 +58,11 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<u8> {
     let staging = outdir::prepare(&args.out)?;
     // Only bundles that verify are read (bundle::verified); the rest are
     // listed as excluded, naming the file.
-    let (dirs, not_verified) = partition(&dirs, &mut VerifyCache::for_store(&root));
-    let loaded = load_dirs(&dirs);
+    let VerifiedLoad {
+        dirs,
+        loaded,
+        not_verified,
+    } = load_verified(&root, &dirs);
     let mut command = format!("harness report --store {}", root.display());
     if args.spec != Path::new(DEFAULT_SPEC) {
         command.push_str(&format!(" --spec {}", args.spec.display()));
