@@ -356,16 +356,23 @@ fn write_used(o: &mut String, r: &Ranking) -> std::fmt::Result {
     Ok(())
 }
 
+/// The measured rank (`—` when unranked) and the prior rank with its move
+/// (`3 (=)`, `5 (+1)`: prior minus measured), as the ranking's first two cells.
+pub fn rank_cells(l: &LeverResult) -> (String, String) {
+    let rank = l.measured_rank.map_or("—".to_string(), |r| r.to_string());
+    let prior = match (l.prior_rank, l.measured_rank) {
+        (Some(p), Some(m)) if p == m => format!("{p} (=)"),
+        (Some(p), Some(m)) => format!("{p} ({:+})", i64::from(p) - i64::from(m)),
+        (Some(p), None) => p.to_string(),
+        (None, _) => "—".to_string(),
+    };
+    (rank, prior)
+}
+
 /// The columns from `lever` to `verdict` of one ranking row.
 fn row(o: &mut String, l: &LeverResult, x: &RungResult, with_rank: bool) -> std::fmt::Result {
     if with_rank {
-        let rank = l.measured_rank.map_or("—".to_string(), |r| r.to_string());
-        let prior = match (l.prior_rank, l.measured_rank) {
-            (Some(p), Some(m)) if p == m => format!("{p} (=)"),
-            (Some(p), Some(m)) => format!("{p} ({:+})", i64::from(p) - i64::from(m)),
-            (Some(p), None) => p.to_string(),
-            (None, _) => "—".to_string(),
-        };
+        let (rank, prior) = rank_cells(l);
         write!(o, "| {rank} | {prior} ")?;
     }
     write!(

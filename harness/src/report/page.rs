@@ -156,13 +156,7 @@ fn write_ranking(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o, "<div class=\"scroll\"><table class=\"ranking\">")?;
     writeln!(o, "<tr><th>rank</th><th>prior</th>{ROW_HEAD}</tr>")?;
     for l in &r.levers {
-        let rank = l.measured_rank.map_or("—".to_string(), |x| x.to_string());
-        let prior = match (l.prior_rank, l.measured_rank) {
-            (Some(p), Some(m)) if p == m => format!("{p} (=)"),
-            (Some(p), Some(m)) => format!("{p} ({:+})", i64::from(p) - i64::from(m)),
-            (Some(p), None) => p.to_string(),
-            (None, _) => "—".to_string(),
-        };
+        let (rank, prior) = crate::rank::report::rank_cells(l);
         write!(
             o,
             r#"<tr><td class="num">{rank}</td><td class="num">{}</td>"#,
