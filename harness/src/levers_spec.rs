@@ -654,7 +654,10 @@ next_hypothesis = "n"
         ));
         assert!(e.contains("lever \"staging\".fidelity"), "{e}");
         let e = err(&GOOD.replace("min_psnr_db = 40.0", "min_psnr_db = -1.0"));
-        assert!(e.contains("fidelity.min_psnr_db") && e.contains("-1"), "{e}");
+        assert!(
+            e.contains("fidelity.min_psnr_db") && e.contains("-1"),
+            "{e}"
+        );
         let e = err(&GOOD.replace(
             "min_psnr_db = 40.0",
             "min_psnr_db = 40.0, floor_margin_db = -2.0",
@@ -672,7 +675,9 @@ next_hypothesis = "n"
         ))
         .unwrap();
         assert_eq!(
-            s.lever("widen-f32").and_then(|l| l.fidelity).and_then(|f| f.floor_margin_db),
+            s.lever("widen-f32")
+                .and_then(|l| l.fidelity)
+                .and_then(|f| f.floor_margin_db),
             Some(3.0)
         );
     }
