@@ -204,9 +204,7 @@ fn a_preserving_lever_whose_frames_differ_is_flagged_naming_the_pair() {
     let md = markdown(&w.ranking);
     assert!(md.contains("## Fidelity flags (1)"), "{md}");
     assert!(
-        md.contains(&format!(
-            "- **FLAGGED** tidy is declared numerics-preserving"
-        )),
+        md.contains("- **FLAGGED** tidy is declared numerics-preserving"),
         "{md}"
     );
     // The identical preserving lever is not flagged and reads infinite.
