@@ -21,6 +21,8 @@
 //! applies_to = ["cuda"]         # devices on which the arms differ
 //! prior_rank = 3                # optional
 //! metric = { kind = "phase-wall", phase = "load.dit" }
+//! numerics = "preserving"       # or "changing", with a fidelity rule:
+//! # fidelity = { min_psnr_db = 30.0, floor_margin_db = 3.0 }
 //! [lever.hypothesis]
 //! direction = "decrease"
 //! min_effect = 0.30             # fraction of the baseline arm's value
@@ -206,6 +208,37 @@ pub struct Hypothesis {
     pub next_hypothesis: String,
 }
 
+/// Whether a lever's arms compute the same frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Numerics {
+    /// Both arms perform the same arithmetic: their frames must be byte-identical
+    /// (rank flags a pair whose frames differ: a bug detector).
+    Preserving,
+    /// The arms compute differently (another precision, another device's kernels):
+    /// the lever is confirmed only when its fidelity passes its [`FidelityRule`].
+    Changing,
+}
+
+/// How close a numerics-changing lever's treatment frames must stay to its
+/// baseline's (`fidelity = { min_psnr_db = 30.0, floor_margin_db = 3.0 }`).
+///
+/// The rule passes when the lower end of the 95% interval of the median per-pair
+/// PSNR is at or above the threshold: `floor_psnr_db - floor_margin_db` when
+/// `floor_margin_db` is given and the store holds reference floor bundles at the
+/// rung (`harness/src/rank/fidelity.rs`), else `min_psnr_db`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FidelityRule {
+    /// Decibels: the lowest acceptable PSNR of the treatment's frames against the
+    /// baseline's (8-bit RGB, peak 255), used when no floor is measured.
+    pub min_psnr_db: f64,
+    /// Decibels below the measured floor (the reference's bf16-vs-f32 PSNR) that
+    /// still pass; absent: the floor is reported but `min_psnr_db` alone judges.
+    #[serde(default)]
+    pub floor_margin_db: Option<f64>,
+}
+
 /// One lever.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -229,6 +262,12 @@ pub struct Lever {
     pub prior_rank: Option<u32>,
     /// What the lever is measured by.
     pub metric: Metric,
+    /// Whether the arms compute the same frames.
+    pub numerics: Numerics,
+    /// The fidelity rule: required for a `changing` lever, refused for a
+    /// `preserving` one (whose rule is byte identity).
+    #[serde(default)]
+    pub fidelity: Option<FidelityRule>,
     /// The hypothesis fixed before any run.
     pub hypothesis: Hypothesis,
 }
@@ -419,6 +458,41 @@ impl LeverSpec {
                     ));
                 }
             }
+            match (l.numerics, l.fidelity) {
+                (Numerics::Changing, None) => {
+                    return Err(bad(
+                        at("fidelity"),
+                        "a rule such as { min_psnr_db = 30.0 } for a numerics-changing lever",
+                        "none".into(),
+                    ))
+                }
+                (Numerics::Preserving, Some(_)) => {
+                    return Err(bad(
+                        at("fidelity"),
+                        "no rule for a numerics-preserving lever (its frames must be identical)",
+                        "a rule".into(),
+                    ))
+                }
+                (Numerics::Changing, Some(f)) => {
+                    if !(f.min_psnr_db.is_finite() && f.min_psnr_db > 0.0) {
+                        return Err(bad(
+                            at("fidelity.min_psnr_db"),
+                            "a PSNR in dB above 0",
+                            f.min_psnr_db.to_string(),
+                        ));
+                    }
+                    if let Some(m) = f.floor_margin_db {
+                        if !(m.is_finite() && m >= 0.0) {
+                            return Err(bad(
+                                at("fidelity.floor_margin_db"),
+                                "a margin in dB of 0 or more",
+                                m.to_string(),
+                            ));
+                        }
+                    }
+                }
+                (Numerics::Preserving, None) => {}
+            }
             let m = l.hypothesis.min_effect;
             let upper = match l.hypothesis.direction {
                 Direction::Decrease => 1.0,
@@ -493,6 +567,7 @@ treatment = "batched"
 applies_to = ["cuda"]
 prior_rank = 3
 metric = { kind = "phase-wall", phase = "load.dit" }
+numerics = "preserving"
 [lever.hypothesis]
 direction = "decrease"
 min_effect = 0.3
@@ -509,6 +584,8 @@ baseline = "double"
 treatment = "single"
 applies_to = ["cpu"]
 metric = { kind = "peak-rss" }
+numerics = "changing"
+fidelity = { min_psnr_db = 40.0 }
 [lever.hypothesis]
 direction = "decrease"
 min_effect = 0.25
@@ -551,6 +628,58 @@ next_hypothesis = "n"
         assert_eq!(w.metric.unit(), Unit::Bytes);
         assert_eq!(w.prior_rank, None);
         assert_eq!(w.hypothesis.min_effect, 0.25);
+        assert_eq!(st.numerics, Numerics::Preserving);
+        assert_eq!(st.fidelity, None);
+        assert_eq!(w.numerics, Numerics::Changing);
+        assert_eq!(
+            w.fidelity,
+            Some(FidelityRule {
+                min_psnr_db: 40.0,
+                floor_margin_db: None
+            })
+        );
+    }
+
+    #[test]
+    fn numerics_and_fidelity_rules_are_checked() {
+        // A changing lever needs a rule; a preserving one may not have one.
+        let e = err(&GOOD.replace("fidelity = { min_psnr_db = 40.0 }\n", ""));
+        assert!(
+            e.contains("lever \"widen-f32\".fidelity") && e.contains("numerics-changing"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace(
+            "numerics = \"preserving\"",
+            "numerics = \"preserving\"\nfidelity = { min_psnr_db = 30.0 }",
+        ));
+        assert!(e.contains("lever \"staging\".fidelity"), "{e}");
+        let e = err(&GOOD.replace("min_psnr_db = 40.0", "min_psnr_db = -1.0"));
+        assert!(
+            e.contains("fidelity.min_psnr_db") && e.contains("-1"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace(
+            "min_psnr_db = 40.0",
+            "min_psnr_db = 40.0, floor_margin_db = -2.0",
+        ));
+        assert!(e.contains("fidelity.floor_margin_db"), "{e}");
+        let e = err(&GOOD.replace("min_psnr_db = 40.0", "min_psnr = 40.0"));
+        assert!(e.contains("min_psnr"), "{e}");
+        let e = err(&GOOD.replace("numerics = \"preserving\"", "numerics = \"same\""));
+        assert!(e.contains("same"), "{e}");
+        let e = err(&GOOD.replace("numerics = \"preserving\"\n", ""));
+        assert!(e.contains("numerics"), "{e}");
+        let s = p(&GOOD.replace(
+            "min_psnr_db = 40.0",
+            "min_psnr_db = 40.0, floor_margin_db = 3.0",
+        ))
+        .unwrap();
+        assert_eq!(
+            s.lever("widen-f32")
+                .and_then(|l| l.fidelity)
+                .and_then(|f| f.floor_margin_db),
+            Some(3.0)
+        );
     }
 
     #[test]
@@ -653,5 +782,14 @@ next_hypothesis = "n"
         assert_eq!(o.metric, Metric::RenderWall);
         assert_eq!(o.hypothesis.direction, Direction::Increase);
         assert_eq!(o.hypothesis.min_effect, 0.01);
+        // The levers whose arms compute differently: T5 in bf16 on the device vs
+        // f32 on the host, and the VAE decoded by the device's kernels vs the host's.
+        let changing: Vec<&str> = s
+            .levers
+            .iter()
+            .filter(|l| l.numerics == Numerics::Changing)
+            .map(|l| l.id.as_str())
+            .collect();
+        assert_eq!(changing, ["conditioning", "vae"]);
     }
 }

@@ -8,6 +8,7 @@
 
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 /// A bundle that is not used, and why.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -116,6 +117,29 @@ impl SamplePeaks {
     }
 }
 
+/// What a bundle keeps of its render's frames and the engine that made them: what
+/// `rank` compares a pair's frames by (`harness/src/rank/fidelity.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FrameFacts {
+    /// The bundle directory the frame images are read from (empty for a bundle
+    /// built in memory).
+    pub dir: PathBuf,
+    /// The frame images the bundle keeps (`first.png`, `middle.png`, `last.png`),
+    /// with their sha256 from the manifest, by name.
+    pub images: BTreeMap<String, String>,
+    /// Whether the bundle keeps `frames.parquet`.
+    pub has_frames_table: bool,
+    /// Every frame's sha256 (`frames.parquet`: of the y4m's Y, U and V planes), by
+    /// frame index; empty without that file.
+    pub frame_sha256: BTreeMap<i64, String>,
+    /// The engine the hello named (`engine`, `diffusers-ltx`), when recorded.
+    pub engine: Option<String>,
+    /// The hello's attributes that are strings (`dtype`, `noise`), by name.
+    pub engine_attrs: BTreeMap<String, String>,
+    /// `rung.sha256`: the rung file, so its seed and prompt.
+    pub rung_sha256: Option<String>,
+}
+
 /// One bundle, as rank sees it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Bundle {
@@ -157,6 +181,8 @@ pub struct Bundle {
     pub phases: Vec<PhaseRow>,
     /// Sample peaks per innermost phase name (`""` for samples outside any phase).
     pub samples_by_phase: BTreeMap<String, SamplePeaks>,
+    /// The frames it keeps, for fidelity.
+    pub frames: FrameFacts,
 }
 
 impl Bundle {
@@ -282,6 +308,7 @@ pub(crate) mod tests {
             ],
             samples_by_phase: samples,
             cache_share_at_start: None,
+            frames: FrameFacts::default(),
         }
     }
 

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::bundle::error::{LoadError, ManifestError};
-use crate::bundle::facts::{Bundle, Schedule};
+use crate::bundle::facts::{Bundle, FrameFacts, Schedule};
 use crate::bundle::files;
 
 /// `manifest.json` of the bundle at `dir` as JSON.
@@ -168,7 +168,45 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
         phases: Vec::new(),
         samples_by_phase: BTreeMap::new(),
         cache_share_at_start: cache_at_start(m).map(|c| c.share),
+        frames: frame_facts(m, dir),
     })
+}
+
+/// The frame facts of manifest `m` of the bundle at `dir` (frame sha256s are filled
+/// by the scan): the kept images with their sha256, whether `frames.parquet` is
+/// kept, the hello's engine and string attributes, and the rung file's sha256.
+fn frame_facts(m: &Value, dir: &Path) -> FrameFacts {
+    let files = get(m, "files").and_then(Value::as_object);
+    let images = evidence::bundle_files::FRAME_IMAGES
+        .iter()
+        .filter_map(|name| {
+            let sha = files?.get(*name)?.get("sha256")?.as_str()?;
+            Some((name.to_string(), sha.to_string()))
+        })
+        .collect();
+    let hello = get(m, "markers.hello");
+    FrameFacts {
+        dir: dir.to_path_buf(),
+        images,
+        has_frames_table: files.is_some_and(|f| f.contains_key(evidence::bundle_files::FRAMES)),
+        frame_sha256: BTreeMap::new(),
+        engine: hello
+            .and_then(|h| h.get("engine"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        engine_attrs: hello
+            .and_then(|h| h.get("attrs"))
+            .and_then(Value::as_object)
+            .map(|o| {
+                o.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        rung_sha256: get(m, "rung.sha256")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+    }
 }
 
 /// The weights' page-cache state at engine start, as a manifest records it.

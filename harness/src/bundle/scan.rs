@@ -44,31 +44,35 @@ pub fn load_dirs(dirs: &[PathBuf]) -> Loaded {
             }),
         }
     }
-    // Both scans at once; on failure, fall back to one bundle at a time so that one
+    // All scans at once; on failure, fall back to one bundle at a time so that one
     // bad file excludes one bundle only.
-    match (phases_scan(&ok), samples_scan(&ok)) {
-        (Ok(mut phases), Ok(mut samples)) => {
+    match (phases_scan(&ok), samples_scan(&ok), frames_scan(&ok)) {
+        (Ok(mut phases), Ok(mut samples), Ok(mut frames)) => {
             for (d, mut b) in ok {
                 let key = d.display().to_string();
                 b.phases = phases.remove(&key).unwrap_or_default();
                 b.samples_by_phase = samples.remove(&key).unwrap_or_default();
+                b.frames.frame_sha256 = frames.remove(&key).unwrap_or_default();
                 loaded.bundles.push(b);
             }
         }
         _ => {
             for (d, mut b) in ok {
                 let one = [(d.clone(), b.clone())];
-                match (phases_scan(&one), samples_scan(&one)) {
-                    (Ok(mut p), Ok(mut s)) => {
+                match (phases_scan(&one), samples_scan(&one), frames_scan(&one)) {
+                    (Ok(mut p), Ok(mut s), Ok(mut f)) => {
                         let key = d.display().to_string();
                         b.phases = p.remove(&key).unwrap_or_default();
                         b.samples_by_phase = s.remove(&key).unwrap_or_default();
+                        b.frames.frame_sha256 = f.remove(&key).unwrap_or_default();
                         loaded.bundles.push(b);
                     }
-                    (Err(e), _) | (_, Err(e)) => loaded.unreadable.push(Exclusion {
-                        id: b.id.clone(),
-                        reason: format!("unreadable: {e}"),
-                    }),
+                    (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                        loaded.unreadable.push(Exclusion {
+                            id: b.id.clone(),
+                            reason: format!("unreadable: {e}"),
+                        })
+                    }
                 }
             }
         }
@@ -182,6 +186,45 @@ fn phases_scan(dirs: &[(PathBuf, Bundle)]) -> Result<BTreeMap<String, Vec<PhaseR
             gpu_busy_share: busy.get(r),
             samples: samples.get(r),
         });
+    }
+    Ok(out)
+}
+
+/// Every frame's sha256 by index, per bundle directory, for the bundles that keep
+/// `frames.parquet` (the others have none: the harness recorded no frames).
+fn frames_scan(
+    dirs: &[(PathBuf, Bundle)],
+) -> Result<BTreeMap<String, BTreeMap<i64, String>>, LoadError> {
+    const FILE: &str = evidence::bundle_files::FRAMES;
+    let mut out: BTreeMap<String, BTreeMap<i64, String>> = BTreeMap::new();
+    let with: Vec<(PathBuf, Bundle)> = dirs
+        .iter()
+        .filter(|(_, b)| b.frames.has_frames_table)
+        .cloned()
+        .collect();
+    if with.is_empty() {
+        return Ok(out);
+    }
+    let run = || -> PolarsResult<DataFrame> {
+        scan(&with, FILE)?
+            .select([
+                col(PATH_COL).cast(DataType::String),
+                col("index").cast(DataType::Int64),
+                col("sha256").cast(DataType::String),
+            ])
+            .collect()
+    };
+    let df = run().map_err(|e| err_for(&with, FILE, e))?;
+    let e = |x: PolarsError| err_for(&with, FILE, x);
+    let path = df.column(PATH_COL).map_err(e)?.str().map_err(e)?.clone();
+    let index = df.column("index").map_err(e)?.i64().map_err(e)?.clone();
+    let sha = df.column("sha256").map_err(e)?.str().map_err(e)?.clone();
+    for r in 0..df.height() {
+        let (Some(i), Some(h)) = (index.get(r), sha.get(r)) else {
+            continue;
+        };
+        let key = dir_key(path.get(r).unwrap_or(""), FILE);
+        out.entry(key).or_default().insert(i, h.to_string());
     }
     Ok(out)
 }

@@ -10,11 +10,10 @@
 //! markdown report's ranking and other-rungs tables. A row with no estimate (no
 //! pairs, one arm missing, n/a) says so in the plot area and draws no interval.
 //!
-//! Fidelity hook: levers do not carry a fidelity measurement yet (`specs/fidelity.md`
-//! checks the engine against the reference, not each lever's arms). When
-//! [`RungResult`] gains one, it becomes one more entry of `RIGHT_COLUMNS` (between
-//! the interval and the verdict); widths and the header follow from that list, so
-//! nothing else changes. There is deliberately no placeholder column until then.
+//! Fidelity: [`RungResult::fidelity`] is one more entry of `RIGHT_COLUMNS`, between
+//! the interval and the verdict ([`crate::rank::fidelity::cell`]: `identical`,
+//! `FLAGGED ...` for a preserving lever whose frames differ, or the median PSNR with
+//! its interval for a changing one); widths and the header follow from that list.
 //!
 //! Promise: a pure function of the ranking; coordinates have one decimal, numbers
 //! the report's fixed formats, and no clock or map order enters, so the bytes are
@@ -136,8 +135,8 @@ const LEFT_COLUMNS: &[Column] = &[
     },
 ];
 
-/// The columns right of the plot. A lever's fidelity goes between the interval and
-/// the verdict once [`RungResult`] carries one (module doc).
+/// The columns right of the plot, the fidelity between the interval and the
+/// verdict (module doc).
 const RIGHT_COLUMNS: &[Column] = &[
     Column {
         header: "saving [95% interval]",
@@ -154,6 +153,10 @@ const RIGHT_COLUMNS: &[Column] = &[
     Column {
         header: "min",
         cell: min_cell,
+    },
+    Column {
+        header: "fidelity (PSNR)",
+        cell: fidelity_cell,
     },
     Column {
         header: "verdict",
@@ -202,6 +205,10 @@ fn min_cell(r: &ForestRow) -> String {
     pct(r.lever.min_effect)
 }
 
+fn fidelity_cell(r: &ForestRow) -> String {
+    crate::rank::fidelity::cell(&r.at.fidelity)
+}
+
 fn verdict_cell(r: &ForestRow) -> String {
     r.at.verdict.name().to_string()
 }
@@ -216,7 +223,7 @@ struct Style {
     meaning: String,
 }
 
-fn styles() -> [Style; 4] {
+fn styles() -> [Style; 5] {
     [
         Style {
             name: "confirmed",
@@ -242,6 +249,12 @@ fn styles() -> [Style; 4] {
             marker: "M-5,-1.5H5V1.5H-5Z",
             meaning: "the lever does not apply at the rung".into(),
         },
+        Style {
+            name: "refuted-fidelity",
+            colour: "#CC79A7",
+            marker: "M0,-6L6,5H-6Z",
+            meaning: "saving confirmed, frames below the fidelity threshold".into(),
+        },
     ]
 }
 
@@ -251,6 +264,7 @@ fn style_of(v: &Verdict) -> Style {
         Verdict::Refuted { .. } => 1,
         Verdict::Insufficient { .. } => 2,
         Verdict::NotApplicable { .. } => 3,
+        Verdict::RefutedFidelity { .. } => 4,
     };
     styles()[i].clone()
 }
@@ -768,6 +782,9 @@ pub(crate) mod tests {
             saving_fraction: saving.map(|(s, lo, hi)| (s, Interval { lo, hi })),
             verdict,
             rounds: Vec::new(),
+            fidelity: crate::rank::fidelity::RungFidelity::empty(
+                crate::levers_spec::Numerics::Preserving,
+            ),
         }
     }
 
@@ -782,6 +799,7 @@ pub(crate) mod tests {
             direction: Direction::Decrease,
             min_effect: 0.2,
             prior_rank: None,
+            numerics: crate::levers_spec::Numerics::Preserving,
             measured_rank: None,
             reference,
             other_rungs: others,
@@ -800,6 +818,8 @@ pub(crate) mod tests {
             command: "harness rank".into(),
             reference_rung: "2".into(),
             prior_rank_source: "test".into(),
+            fidelity_flags: Vec::new(),
+            floors: Vec::new(),
             levers: vec![
                 lever(
                     "fast",

@@ -3,7 +3,9 @@
 //! It works on [`Bundle`]s as [`crate::bundle`] reads them: [`metric`] reads a
 //! lever's metric off one bundle; [`pairing`] forms baseline/treatment pairs;
 //! [`stats`] computes each lever's paired effect with a bootstrap interval;
-//! [`verdict`] judges it against the hypothesis in `specs/levers.toml`; [`fit`] fits
+//! [`fidelity`] compares each pair's frames ([`pixels`]: PSNR and max abs error)
+//! and checks them against the lever's numerics; [`verdict`] judges both against
+//! the hypothesis and fidelity rule in `specs/levers.toml`; [`fit`] fits
 //! each phase as fixed + per-voxel cost; [`report`] renders the markdown table and
 //! [`forest`] the forest plot beside it. [`rank`] ties them together.
 //!
@@ -12,10 +14,12 @@
 //! seeded per lever and rung, and no clock is read.
 
 pub mod command;
+pub mod fidelity;
 pub mod fit;
 pub mod forest;
 pub mod metric;
 pub mod pairing;
+pub mod pixels;
 pub mod report;
 pub mod stats;
 pub mod verdict;
@@ -25,7 +29,8 @@ use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::bundle::facts::{Bundle, Exclusion};
-use crate::levers_spec::{Direction, Lever, LeverSpec, Unit};
+use crate::levers_spec::{Direction, Lever, LeverSpec, Numerics, Unit};
+use fidelity::{Floor, RungFidelity};
 use fit::{NoFit, ScalingFit};
 use pairing::{LeverRungPairs, PairedRound};
 use stats::{Interval, PairedEffect};
@@ -50,6 +55,8 @@ pub struct RungResult {
     pub verdict: Verdict,
     /// The pairs, with their bundle ids.
     pub rounds: Vec<PairedRound>,
+    /// The pairs' frames compared: PSNR, max abs error, flags and the fidelity rule.
+    pub fidelity: RungFidelity,
 }
 
 /// One lever's result.
@@ -71,6 +78,8 @@ pub struct LeverResult {
     pub direction: Direction,
     /// Minimum effect (fraction of baseline).
     pub min_effect: f64,
+    /// Whether the arms compute the same frames.
+    pub numerics: Numerics,
     /// Prior rank from the seed, where one exists.
     pub prior_rank: Option<u32>,
     /// Measured rank at the reference rung, when a verdict-grade estimate exists.
@@ -113,6 +122,11 @@ pub struct Ranking {
     pub input_digest: String,
     /// Ids of the bundles used in a pair, sorted.
     pub used: Vec<String>,
+    /// Pairs of a numerics-preserving lever whose frames differ, one line each
+    /// (a bug detector), in lever and rung order.
+    pub fidelity_flags: Vec<String>,
+    /// The fidelity floors measured (the reference's bf16 vs f32 frames), by rung.
+    pub floors: Vec<Floor>,
     /// Bundles not used, with the reason, sorted by id.
     pub excluded: Vec<Exclusion>,
     /// Bootstrap resamples per interval.
@@ -134,10 +148,23 @@ pub fn rank(
 ) -> Ranking {
     let pairing = pairing::pair(bundles, spec);
     let devices = rung_devices(bundles);
+    let floors = fidelity::floors(bundles);
+    let by_id: BTreeMap<&str, &Bundle> = bundles.iter().map(|b| (b.id.as_str(), b)).collect();
+    let ctx = Context {
+        pairing: &pairing,
+        devices: &devices,
+        floors: &floors,
+        by_id: &by_id,
+    };
     let mut levers: Vec<LeverResult> = spec
         .levers
         .iter()
-        .map(|l| lever_result(spec, l, &pairing, &devices))
+        .map(|l| lever_result(spec, l, &ctx))
+        .collect();
+    let fidelity_flags: Vec<String> = levers
+        .iter()
+        .flat_map(|l| std::iter::once(&l.reference).chain(&l.other_rungs))
+        .flat_map(|x| x.fidelity.flagged.iter().cloned())
         .collect();
     // Measured rank: verdict-grade estimates at the reference rung, by fractional
     // saving (largest first), ties by id.
@@ -198,6 +225,8 @@ pub fn rank(
         bundles_seen: seen.len(),
         input_digest,
         used: pairing.used_ids(),
+        fidelity_flags,
+        floors: floors.into_values().collect(),
         excluded,
         bootstrap_resamples: stats::BOOTSTRAP_RESAMPLES,
         bootstrap_seed: stats::BOOTSTRAP_SEED,
@@ -237,14 +266,23 @@ fn not_applicable(
     ))
 }
 
-fn lever_result(
-    spec: &LeverSpec,
-    l: &Lever,
-    p: &pairing::Pairing,
-    devices: &BTreeMap<String, BTreeSet<String>>,
-) -> LeverResult {
+/// What every lever's result is computed from.
+struct Context<'a> {
+    pairing: &'a pairing::Pairing,
+    devices: &'a BTreeMap<String, BTreeSet<String>>,
+    floors: &'a BTreeMap<String, Floor>,
+    by_id: &'a BTreeMap<&'a str, &'a Bundle>,
+}
+
+fn lever_result(spec: &LeverSpec, l: &Lever, ctx: &Context) -> LeverResult {
+    let (p, devices) = (ctx.pairing, ctx.devices);
     let at = |rung: &str| {
-        let mut r = rung_result(l, rung, p.by_lever_rung.get(&(l.id.clone(), rung.into())));
+        let mut r = rung_result(
+            l,
+            rung,
+            p.by_lever_rung.get(&(l.id.clone(), rung.into())),
+            ctx,
+        );
         if r.baseline_runs + r.treatment_runs == 0 {
             if let Some(why) = not_applicable(l, rung, devices) {
                 r.verdict = Verdict::NotApplicable { why };
@@ -268,6 +306,7 @@ fn lever_result(
         treatment: l.treatment.clone(),
         direction: l.hypothesis.direction,
         min_effect: l.hypothesis.min_effect,
+        numerics: l.numerics,
         prior_rank: l.prior_rank,
         measured_rank: None,
         reference,
@@ -275,7 +314,7 @@ fn lever_result(
     }
 }
 
-fn rung_result(l: &Lever, rung: &str, lr: Option<&LeverRungPairs>) -> RungResult {
+fn rung_result(l: &Lever, rung: &str, lr: Option<&LeverRungPairs>, ctx: &Context) -> RungResult {
     let empty = LeverRungPairs::default();
     let lr = lr.unwrap_or(&empty);
     let pairs: Vec<stats::Pair> = lr.rounds.iter().map(|r| r.pair).collect();
@@ -289,7 +328,21 @@ fn rung_result(l: &Lever, rung: &str, lr: Option<&LeverRungPairs>) -> RungResult
         )
         .map_err(|e| format!("a defined ratio for every pair ({e})"))
     };
-    let verdict = verdict::judge(&l.hypothesis, computed.as_ref().map_err(String::as_str));
+    let frames: Vec<(&Bundle, &Bundle)> = lr
+        .rounds
+        .iter()
+        .filter_map(|r| {
+            Some((
+                *ctx.by_id.get(r.baseline_id.as_str())?,
+                *ctx.by_id.get(r.treatment_id.as_str())?,
+            ))
+        })
+        .collect();
+    let fidelity = fidelity::rung_fidelity(l, rung, &frames, ctx.floors.get(rung));
+    let verdict = verdict::with_fidelity(
+        verdict::judge(&l.hypothesis, computed.as_ref().map_err(String::as_str)),
+        fidelity.rule.as_ref(),
+    );
     let effect = computed.ok();
     RungResult {
         rung: rung.to_string(),
@@ -302,6 +355,7 @@ fn rung_result(l: &Lever, rung: &str, lr: Option<&LeverRungPairs>) -> RungResult
         effect,
         verdict,
         rounds: lr.rounds.clone(),
+        fidelity,
     }
 }
 

@@ -413,6 +413,7 @@ baseline = "serial"
 treatment = "batched"
 applies_to = ["cpu"]
 metric = { kind = "phase-wall", phase = "load.dit" }
+numerics = "preserving"
 [lever.hypothesis]
 direction = "decrease"
 min_effect = 0.3

@@ -8,7 +8,9 @@
 
 use std::fmt::Write;
 
+use crate::levers_spec::Numerics;
 use crate::levers_spec::Unit;
+use crate::rank::fidelity::{self, db};
 use crate::rank::fit::FLAT_EXPONENT;
 use crate::rank::stats::CONFIDENCE;
 use crate::rank::verdict::{pct, Verdict, MIN_PAIRS};
@@ -59,11 +61,13 @@ pub fn markdown_with_forest(r: &Ranking, forest: Option<&str>) -> String {
 fn write_all(o: &mut String, r: &Ranking, forest: Option<&str>) -> std::fmt::Result {
     write_header(o, r)?;
     write_ranking(o, r)?;
+    write_flags(o, r)?;
     if let Some(f) = forest {
         write_forest_link(o, f)?;
     }
     write_verdicts(o, r)?;
     write_other_rungs(o, r)?;
+    write_fidelity(o, r)?;
     write_fit(o, r)?;
     write_method(o, r)?;
     write_pairs(o, r)?;
@@ -101,9 +105,12 @@ fn write_ranking(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(
         o,
-        "| rank | prior | lever | arms | metric | pairs | baseline median | saving | saving (abs) | ratio | min effect | verdict |"
+        "| rank | prior | lever | arms | metric | pairs | baseline median | saving | saving (abs) | ratio | min effect | verdict | fidelity (PSNR) |"
     )?;
-    writeln!(o, "|---:|---:|---|---|---|---:|---:|---|---|---|---:|---|")?;
+    writeln!(
+        o,
+        "|---:|---:|---|---|---|---:|---:|---|---|---|---:|---|---|"
+    )?;
     for l in &r.levers {
         row(o, l, &l.reference, true)?;
     }
@@ -166,6 +173,10 @@ fn write_verdicts(o: &mut String, r: &Ranking) -> std::fmt::Result {
                     )?;
                 }
             }
+            Verdict::RefutedFidelity { why } => write!(
+                o,
+                " — the saving clears its minimum but the frames fail the fidelity rule: {why}."
+            )?,
             Verdict::Insufficient { missing } => write!(o, " — missing: {missing}.")?,
             Verdict::NotApplicable { why } => write!(o, " — not applicable: {why}.")?,
         }
@@ -187,12 +198,151 @@ fn write_other_rungs(o: &mut String, r: &Ranking) -> std::fmt::Result {
         writeln!(o)?;
         writeln!(
             o,
-            "| rung | voxels | lever | arms | metric | pairs | baseline median | saving | saving (abs) | ratio | min effect | verdict |"
+            "| rung | voxels | lever | arms | metric | pairs | baseline median | saving | saving (abs) | ratio | min effect | verdict | fidelity (PSNR) |"
         )?;
-        writeln!(o, "|---|---:|---|---|---|---:|---:|---|---|---|---:|---|")?;
+        writeln!(
+            o,
+            "|---|---:|---|---|---|---:|---:|---|---|---|---:|---|---|"
+        )?;
         for (l, x) in others {
             write!(o, "| {} | {} ", x.rung, x.voxels)?;
             row(o, l, x, false)?;
+        }
+    }
+    Ok(())
+}
+
+/// Pairs of numerics-preserving levers whose frames differ, right below the
+/// ranking (a bug detector); nothing when there are none.
+fn write_flags(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    if r.fidelity_flags.is_empty() {
+        return Ok(());
+    }
+    writeln!(o, "## Fidelity flags ({})", r.fidelity_flags.len())?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "Levers declared numerics-preserving whose treatment frames differ from the baseline's: a bug in the lever or a wrong declaration in specs/levers.toml."
+    )?;
+    writeln!(o)?;
+    for f in &r.fidelity_flags {
+        writeln!(o, "- **FLAGGED** {f}")?;
+    }
+    writeln!(o)?;
+    Ok(())
+}
+
+/// Per lever and rung with pairs: numerics, the PSNR figures, the rule and its
+/// threshold, and the floors measured.
+fn write_fidelity(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    writeln!(o)?;
+    writeln!(o, "## Fidelity")?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "Each pair's treatment frames against its baseline's: PSNR over the 8-bit RGB samples of the frame images both bundles keep (first, middle, last; pooled), `inf` when identical; max abs = the largest difference of one sample (0-255); frames = the frames whose sha256 (frames.parquet) both bundles hold, and how many differ. Median over pairs with a {:.0}% bootstrap interval.",
+        CONFIDENCE * 100.0
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "| lever | numerics | rung | pairs compared | median PSNR [95%] | min PSNR | max abs | frames differing | rule |"
+    )?;
+    writeln!(o, "|---|---|---|---:|---|---|---:|---:|---|")?;
+    for l in &r.levers {
+        for x in std::iter::once(&l.reference).chain(&l.other_rungs) {
+            let f = &x.fidelity;
+            if f.pairs.is_empty() && f.not_compared.is_empty() {
+                continue;
+            }
+            let (fc, fd): (usize, usize) = f.pairs.iter().fold((0, 0), |(c, d), p| {
+                (c + p.frames_compared, d + p.frames_differing)
+            });
+            let rule = match (l.numerics, &f.threshold, &f.rule) {
+                (Numerics::Preserving, ..) if f.flagged.is_empty() => "identical".to_string(),
+                (Numerics::Preserving, ..) => "**FLAGGED**: identical frames expected".to_string(),
+                (Numerics::Changing, Some(t), Some(c)) => format!(
+                    "lower end >= {} dB ({}): {}",
+                    db(t.psnr_db),
+                    t.source,
+                    match c {
+                        fidelity::RuleCheck::Passes => "passes".to_string(),
+                        fidelity::RuleCheck::Fails { why } => format!("fails: {why}"),
+                        fidelity::RuleCheck::Undecided { why } => format!("undecided: {why}"),
+                    }
+                ),
+                _ => "—".to_string(),
+            };
+            writeln!(
+                o,
+                "| {} | {} | {} | {} of {} | {} | {} | {} | {fd} of {fc} | {} |",
+                l.id,
+                match l.numerics {
+                    Numerics::Preserving => "preserving",
+                    Numerics::Changing => "changing",
+                },
+                x.rung,
+                f.pairs.len(),
+                f.pairs.len() + f.not_compared.len(),
+                match (f.median_psnr_db, f.median_psnr_ci) {
+                    (Some(m), Some(ci)) => format!("{} [{}, {}] dB", db(m), db(ci.lo), db(ci.hi)),
+                    _ => "—".into(),
+                },
+                f.min_psnr_db
+                    .map_or("—".into(), |m| format!("{} dB", db(m))),
+                f.max_abs_error.map_or("—".into(), |m| m.to_string()),
+                rule.replace('|', "\\|")
+            )?;
+        }
+    }
+    writeln!(o)?;
+    if r.floors.is_empty() {
+        writeln!(
+            o,
+            "Floor: no floor measured (no reference bundles of {} with --lever {}=bf16 and =f32); changing levers are judged by min_psnr_db alone.",
+            fidelity::REFERENCE_ENGINE,
+            fidelity::PRECISION_LEVER
+        )?;
+    } else {
+        for f in &r.floors {
+            writeln!(
+                o,
+                "Floor at rung {}: {} bf16-vs-f32 pair(s) of {}, median PSNR {} dB, min {} dB.",
+                f.rung,
+                f.pairs.len(),
+                fidelity::REFERENCE_ENGINE,
+                db(f.median_psnr_db),
+                db(f.min_psnr_db)
+            )?;
+        }
+    }
+    let uncompared: Vec<String> = r
+        .levers
+        .iter()
+        .flat_map(|l| {
+            std::iter::once(&l.reference)
+                .chain(&l.other_rungs)
+                .map(move |x| (l, x))
+        })
+        .flat_map(|(l, x)| {
+            x.fidelity.not_compared.iter().map(move |n| {
+                format!(
+                    "{} at rung {} (`{}`/`{}`): {}",
+                    l.id,
+                    x.rung,
+                    short(&n.baseline_id),
+                    short(&n.treatment_id),
+                    n.why
+                )
+            })
+        })
+        .collect();
+    if !uncompared.is_empty() {
+        writeln!(o)?;
+        writeln!(o, "Pairs whose frames were not compared:")?;
+        writeln!(o)?;
+        for u in uncompared {
+            writeln!(o, "- {u}")?;
         }
     }
     Ok(())
@@ -285,6 +435,7 @@ pub fn method_lines(r: &Ranking) -> Vec<String> {
             r.bootstrap_seed
         ),
         format!("Verdict: confirmed when the saving's whole interval is at or above the minimum effect; refuted when it is wholly below; otherwise, or with fewer than {MIN_PAIRS} pairs, insufficient."),
+        format!("Fidelity: a numerics-changing lever stays confirmed only when the lower end of its median PSNR's {:.0}% bootstrap interval is at or above its threshold (the measured floor minus the rule's margin, else min_psnr_db); refuted-fidelity when the whole interval is below; insufficient when it straddles or fewer than {MIN_PAIRS} pairs have comparable frames. A numerics-preserving lever whose frames differ in any pair is flagged; its verdict is unchanged.", CONFIDENCE * 100.0),
         "Sign: pairs where the treatment is lower / higher, with the exact two-sided sign-test p-value.".to_string(),
     ]
 }
@@ -401,7 +552,13 @@ fn row(o: &mut String, l: &LeverResult, x: &RungResult, with_rank: bool) -> std:
         )?,
         _ => write!(o, "— | — | — | — ")?,
     }
-    writeln!(o, "| {} | {} |", pct(l.min_effect), x.verdict.name())
+    writeln!(
+        o,
+        "| {} | {} | {} |",
+        pct(l.min_effect),
+        x.verdict.name(),
+        fidelity::cell(&x.fidelity)
+    )
 }
 
 #[cfg(test)]

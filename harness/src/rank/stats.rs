@@ -189,7 +189,7 @@ pub fn paired_effect(
 /// A uniform index below `n` from one 64-bit draw (multiply-shift; the bias is at most
 /// `n / 2^64`). Written out rather than taken from `rand`'s range sampling, whose
 /// exact value sequence is not promised stable across versions.
-fn draw_index(rng: &mut ChaCha8Rng, n: usize) -> usize {
+pub(crate) fn draw_index(rng: &mut ChaCha8Rng, n: usize) -> usize {
     ((u128::from(rng.next_u64()) * n as u128) >> 64) as usize
 }
 

@@ -7,10 +7,21 @@
 //!   to matter), naming the lever's next hypothesis;
 //! * `insufficient` when the interval straddles `min_effect` or fewer than
 //!   [`MIN_PAIRS`] pairs exist, naming the evidence that is missing.
+//!
+//! A numerics-changing lever (`numerics = "changing"` in `specs/levers.toml`) must
+//! also pass its fidelity rule ([`crate::rank::fidelity`]) to stay confirmed
+//! ([`with_fidelity`]): a `confirmed` saving whose median-PSNR interval lies wholly
+//! below the threshold becomes `refuted-fidelity` (the saving is real, the frames
+//! are not faithful enough), and one whose interval straddles it, or with fewer than
+//! [`MIN_PAIRS`] pairs of comparable frames, `insufficient` naming the fidelity
+//! evidence missing. Refuted and insufficient savings stay as they are: fidelity
+//! cannot rescue a saving that is not there. A numerics-preserving lever's verdict
+//! is never changed by fidelity; differing frames are flagged beside it.
 
 use serde::Serialize;
 
 use crate::levers_spec::{Direction, Hypothesis};
+use crate::rank::fidelity::RuleCheck;
 use crate::rank::stats::{Interval, PairedEffect};
 
 /// Fewest pairs on which a verdict other than `insufficient` is given.
@@ -32,6 +43,13 @@ pub enum Verdict {
         /// What evidence is missing.
         missing: String,
     },
+    /// The saving clears the minimum but the treatment's frames fail the lever's
+    /// fidelity rule (a numerics-changing lever only).
+    #[serde(rename = "refuted-fidelity")]
+    RefutedFidelity {
+        /// The fidelity figures against the threshold, in words.
+        why: String,
+    },
     /// The lever does not apply where the rung runs (its arms do not differ on
     /// that device), so there is nothing to measure there.
     NotApplicable {
@@ -41,11 +59,13 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// The verdict's name: `confirmed`, `refuted`, `insufficient` or `n/a`.
+    /// The verdict's name: `confirmed`, `refuted`, `refuted-fidelity`,
+    /// `insufficient` or `n/a`.
     pub fn name(&self) -> &'static str {
         match self {
             Verdict::Confirmed => "confirmed",
             Verdict::Refuted { .. } => "refuted",
+            Verdict::RefutedFidelity { .. } => "refuted-fidelity",
             Verdict::Insufficient { .. } => "insufficient",
             Verdict::NotApplicable { .. } => "n/a",
         }
@@ -110,6 +130,20 @@ pub fn judge(h: &Hypothesis, effect: Result<&PairedEffect, &str>) -> Verdict {
                 rounds_hint(e.n, s, ci, m)
             ),
         }
+    }
+}
+
+/// The verdict of a lever whose saving was judged `saving`, given its fidelity rule's
+/// check (`None` for a numerics-preserving lever): see the module doc.
+pub fn with_fidelity(saving: Verdict, rule: Option<&RuleCheck>) -> Verdict {
+    match (saving, rule) {
+        (Verdict::Confirmed, Some(RuleCheck::Fails { why })) => {
+            Verdict::RefutedFidelity { why: why.clone() }
+        }
+        (Verdict::Confirmed, Some(RuleCheck::Undecided { why })) => Verdict::Insufficient {
+            missing: format!("fidelity: {why}"),
+        },
+        (v, _) => v,
     }
 }
 
@@ -222,6 +256,41 @@ mod tests {
             }
             v => panic!("{v:?}"),
         }
+    }
+
+    #[test]
+    fn fidelity_only_demotes_a_confirmed_saving() {
+        let fails = RuleCheck::Fails {
+            why: "below 30 dB".into(),
+        };
+        let open = RuleCheck::Undecided {
+            why: "2 pairs".into(),
+        };
+        assert_eq!(
+            with_fidelity(Verdict::Confirmed, Some(&fails)),
+            Verdict::RefutedFidelity {
+                why: "below 30 dB".into()
+            }
+        );
+        assert_eq!(
+            with_fidelity(Verdict::Confirmed, Some(&fails)).name(),
+            "refuted-fidelity"
+        );
+        match with_fidelity(Verdict::Confirmed, Some(&open)) {
+            Verdict::Insufficient { missing } => assert_eq!(missing, "fidelity: 2 pairs"),
+            v => panic!("{v:?}"),
+        }
+        assert_eq!(
+            with_fidelity(Verdict::Confirmed, Some(&RuleCheck::Passes)),
+            Verdict::Confirmed
+        );
+        assert_eq!(with_fidelity(Verdict::Confirmed, None), Verdict::Confirmed);
+        let refuted = Verdict::Refuted {
+            next_hypothesis: "n".into(),
+        };
+        assert_eq!(with_fidelity(refuted.clone(), Some(&fails)), refuted);
+        let v = serde_json::to_value(Verdict::RefutedFidelity { why: "w".into() }).unwrap();
+        assert_eq!(v["verdict"], "refuted-fidelity");
     }
 
     #[test]

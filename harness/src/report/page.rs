@@ -103,6 +103,7 @@ fn verdict_cell(v: &Verdict) -> String {
         Verdict::Refuted { .. } => "v-refuted",
         Verdict::Insufficient { .. } => "v-insufficient",
         Verdict::NotApplicable { .. } => "v-na",
+        Verdict::RefutedFidelity { .. } => "v-refuted",
     };
     format!(r#"<td class="verdict {class}">{}</td>"#, e(v.name()))
 }
@@ -140,7 +141,7 @@ fn write_header(o: &mut String, r: &Ranking, store: &str) -> std::fmt::Result {
     )
 }
 
-const ROW_HEAD: &str = "<th>lever</th><th>arms</th><th>metric</th><th>pairs</th><th>baseline median</th><th>saving [95%]</th><th>saving (abs) [95%]</th><th>ratio [95%]</th><th>min effect</th><th>verdict</th>";
+const ROW_HEAD: &str = "<th>lever</th><th>arms</th><th>metric</th><th>pairs</th><th>baseline median</th><th>saving [95%]</th><th>saving (abs) [95%]</th><th>ratio [95%]</th><th>min effect</th><th>verdict</th><th>fidelity (PSNR)</th>";
 
 fn write_ranking(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(
@@ -203,9 +204,10 @@ fn row_cells(o: &mut String, l: &LeverResult, x: &RungResult) -> std::fmt::Resul
     }
     write!(
         o,
-        r#"<td class="num">{}</td>{}"#,
+        r#"<td class="num">{}</td>{}<td>{}</td>"#,
         pct(l.min_effect),
-        verdict_cell(&x.verdict)
+        verdict_cell(&x.verdict),
+        e(&crate::rank::fidelity::cell(&x.fidelity))
     )
 }
 
@@ -229,6 +231,9 @@ fn write_verdicts(o: &mut String, r: &Ranking) -> std::fmt::Result {
             ),
             (Verdict::Insufficient { missing }, _) => format!("missing: {missing}."),
             (Verdict::NotApplicable { why }, _) => format!("not applicable: {why}."),
+            (Verdict::RefutedFidelity { why }, _) => format!(
+                "the saving clears its minimum but the frames fail the fidelity rule: {why}."
+            ),
             _ => String::new(),
         };
         writeln!(
@@ -242,6 +247,7 @@ fn write_verdicts(o: &mut String, r: &Ranking) -> std::fmt::Result {
                 Verdict::Refuted { .. } => "v-refuted",
                 Verdict::Insufficient { .. } => "v-insufficient",
                 Verdict::NotApplicable { .. } => "v-na",
+                Verdict::RefutedFidelity { .. } => "v-refuted",
             },
             e(v.name()),
             e(&why)

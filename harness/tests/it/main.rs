@@ -36,6 +36,7 @@ mod committed_evidence;
 mod control;
 mod exec_engines;
 mod faults;
+mod fidelity;
 mod hostile;
 mod rank;
 mod report;

@@ -30,6 +30,7 @@ treatment = "quick"
 applies_to = ["cpu"]
 prior_rank = 2
 metric = { kind = "phase-wall", phase = "load.dit" }
+numerics = "preserving"
 [lever.hypothesis]
 direction = "decrease"
 min_effect = 0.10
@@ -47,6 +48,7 @@ treatment = "on"
 applies_to = ["cpu"]
 prior_rank = 1
 metric = { kind = "phase-wall", phase = "conditioning" }
+numerics = "preserving"
 [lever.hypothesis]
 direction = "decrease"
 min_effect = 0.10
@@ -63,6 +65,7 @@ baseline = "host"
 treatment = "device"
 applies_to = ["cpu"]
 metric = { kind = "phase-wall", phase = "decode.video" }
+numerics = "preserving"
 [lever.hypothesis]
 direction = "decrease"
 min_effect = 0.10
@@ -79,6 +82,7 @@ baseline = "a"
 treatment = "b"
 applies_to = ["cpu"]
 metric = { kind = "phase-wall", phase = "artifacts.frames" }
+numerics = "preserving"
 [lever.hypothesis]
 direction = "decrease"
 min_effect = 0.10

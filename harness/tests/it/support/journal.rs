@@ -36,6 +36,18 @@ impl SynthJournal {
         }
     }
 
+    /// The staging directory's frames directory (where an engine writes its PNGs),
+    /// created.
+    pub fn frames_dir(&self) -> std::path::PathBuf {
+        let d = self
+            .staging
+            .as_ref()
+            .expect("a journal opened in a store")
+            .frames_dir();
+        std::fs::create_dir_all(&d).expect("create the frames directory");
+        d
+    }
+
     /// Append fragment `key`.
     pub fn fragment(&self, key: &str, value: serde_json::Value) {
         self.append(Record::Fragment {

@@ -48,6 +48,9 @@ pub struct Render {
     pub exit: String,
     /// Engine binary sha256.
     pub engine: String,
+    /// Frame images the engine wrote (`first.png`, ...): name, width, height and
+    /// 8-bit RGB samples; none by default.
+    pub images: Vec<(String, u32, u32, Vec<u8>)>,
 }
 
 /// A complete, uncontended render of `rung` with the given phase durations laid out
@@ -91,6 +94,7 @@ pub fn render(
         contended: false,
         exit: "completed".into(),
         engine: "e".repeat(64),
+        images: Vec::new(),
     }
 }
 
@@ -103,6 +107,15 @@ fn ns(s: f64) -> u64 {
 /// Journal `r` into a staging directory of `store` and seal it; returns the bundle id.
 pub fn seal(store: &Store, r: &Render) -> String {
     let j = SynthJournal::in_store(store);
+    for (name, w, h, rgb) in &r.images {
+        let f = std::fs::File::create(j.frames_dir().join(name)).expect("create png");
+        let mut enc = png::Encoder::new(std::io::BufWriter::new(f), *w, *h);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        enc.write_header()
+            .and_then(|mut wr| wr.write_image_data(rgb))
+            .expect("write png");
+    }
     let end = r.phases.iter().map(|(_, o, d)| o + d).fold(0.0, f64::max) + 0.5;
     let frag = |key: &str, value: serde_json::Value| j.fragment(key, value);
     let (w, h, f) = r.dims;

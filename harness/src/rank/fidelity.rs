@@ -1,0 +1,728 @@
+//! Fidelity: how far a pair's treatment frames are from its baseline's, per pair
+//! and per lever and rung, judged against the lever's numerics (issue 22).
+//!
+//! What is compared (`specs/bundle.md`, "Fidelity"): the frame images both bundles
+//! keep (`first.png`, `middle.png`, `last.png`: the engine's exact 8-bit RGB
+//! frames) by [`crate::rank::pixels`]: PSNR in dB pooled over every RGB sample of
+//! the images (infinite when identical) and the largest absolute sample
+//! difference; and, where both keep `frames.parquet`, every frame's sha256 (the
+//! frames the images do not show are checked for identity, not measured).
+//!
+//! Per lever and rung: the median per-pair PSNR with a 95% percentile bootstrap
+//! interval ([`stats::BOOTSTRAP_RESAMPLES`] resamples of the pairs, a ChaCha8 stream
+//! seeded with [`stats::seed_for`] of the lever and rung xor [`FIDELITY_SEED_SALT`]),
+//! the minimum PSNR and the largest absolute error. A `preserving` lever with any
+//! differing byte in a pair is flagged, naming the pair. A `changing` lever's rule
+//! ([`FidelityRule`]) is checked against the interval's lower end ([`RuleCheck`]).
+//!
+//! The floor: reference bundles of [`REFERENCE_ENGINE`] whose `levers.precision`
+//! is `bf16` or `f32` (`harness run --exec --lever precision=bf16 -- python3
+//! examples/diffusers_ltx.py --dtype bf16 ...`), paired per rung, rung file, weights
+//! and noise source: their PSNR is how far precision alone moves the reference.
+//!
+//! Promise: a pure function of the bundles and the files they name; the same set
+//! gives the same figures in any order.
+
+use serde::{Serialize, Serializer};
+use std::collections::BTreeMap;
+
+use crate::bundle::facts::Bundle;
+use crate::levers_spec::{FidelityRule, Lever, Numerics};
+use crate::rank::pixels::{read_rgb8, SampleDiff};
+use crate::rank::stats::{self, CONFIDENCE};
+use crate::rank::verdict::MIN_PAIRS;
+use evidence::bundle_files::FRAME_IMAGES;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+/// Mixed into the savings bootstrap's seed for the PSNR bootstrap of the same lever
+/// and rung, so the two streams differ while both stay fixed.
+pub const FIDELITY_SEED_SALT: u64 = 0xf1de_1175_0000_0022;
+
+/// The hello `engine` of the reference whose bf16-vs-f32 runs measure the floor.
+pub const REFERENCE_ENGINE: &str = "diffusers-ltx";
+
+/// The lever a floor bundle records its precision under (`--lever precision=bf16`).
+pub const PRECISION_LEVER: &str = "precision";
+
+/// Write a dB figure: a number, or the string `"inf"` for identical frames (JSON has
+/// no infinity).
+fn ser_db<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+    if x.is_infinite() && *x > 0.0 {
+        s.serialize_str("inf")
+    } else {
+        s.serialize_f64(*x)
+    }
+}
+
+fn ser_db_opt<S: Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match x {
+        Some(v) => ser_db(v, s),
+        None => s.serialize_none(),
+    }
+}
+
+/// An interval of dB figures (either end may be `"inf"` in JSON).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct DbInterval {
+    /// Lower end, dB.
+    #[serde(serialize_with = "ser_db")]
+    pub lo: f64,
+    /// Upper end, dB.
+    #[serde(serialize_with = "ser_db")]
+    pub hi: f64,
+}
+
+/// One pair's frames compared.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PairFidelity {
+    /// The baseline run's bundle id.
+    pub baseline_id: String,
+    /// The treatment run's bundle id.
+    pub treatment_id: String,
+    /// The images compared, in frame order (`first.png`, ...).
+    pub images: Vec<String>,
+    /// PSNR in dB over every RGB sample of the images, pooled; `inf` when identical.
+    #[serde(serialize_with = "ser_db")]
+    pub psnr_db: f64,
+    /// The largest absolute difference of one 8-bit sample, 0-255.
+    pub max_abs_error: u8,
+    /// Frames whose sha256 both bundles' `frames.parquet` hold.
+    pub frames_compared: usize,
+    /// Of those, frames whose sha256 differ.
+    pub frames_differing: usize,
+    /// The first frame index whose sha256 differs, if one does.
+    pub first_differing_frame: Option<i64>,
+}
+
+impl PairFidelity {
+    /// Whether any byte compared differs (an image sample or a frame's hash).
+    pub fn differs(&self) -> bool {
+        self.max_abs_error > 0 || self.frames_differing > 0
+    }
+}
+
+/// A pair whose frames could not be compared, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NotCompared {
+    /// The baseline run's bundle id.
+    pub baseline_id: String,
+    /// The treatment run's bundle id.
+    pub treatment_id: String,
+    /// Why.
+    pub why: String,
+}
+
+/// Compare the frames of `b` (baseline) and `t` (treatment); `Err` says why they
+/// cannot be compared (no image in common, an unreadable image, other geometry).
+pub fn compare(b: &Bundle, t: &Bundle) -> Result<PairFidelity, String> {
+    let images: Vec<&str> = FRAME_IMAGES
+        .iter()
+        .copied()
+        .filter(|n| b.frames.images.contains_key(*n) && t.frames.images.contains_key(*n))
+        .collect();
+    if images.is_empty() {
+        return Err(format!(
+            "no frame image kept by both ({} keeps {}, {} keeps {})",
+            b.short_id(),
+            listed(b),
+            t.short_id(),
+            listed(t)
+        ));
+    }
+    let same_hashes = images
+        .iter()
+        .all(|n| b.frames.images.get(*n) == t.frames.images.get(*n));
+    let mut diff = SampleDiff::default();
+    if !same_hashes {
+        for n in &images {
+            let x = read_rgb8(&b.frames.dir.join(n)).map_err(|e| e.to_string())?;
+            let y = read_rgb8(&t.frames.dir.join(n)).map_err(|e| e.to_string())?;
+            if (x.width, x.height) != (y.width, y.height) {
+                return Err(format!(
+                    "{n}: {}x{} pixels in {} and {}x{} in {}",
+                    x.width,
+                    x.height,
+                    b.short_id(),
+                    y.width,
+                    y.height,
+                    t.short_id()
+                ));
+            }
+            diff.add(&x.rgb, &y.rgb);
+        }
+    }
+    let (mut compared, mut differing, mut first) = (0, 0, None);
+    for (i, h) in &b.frames.frame_sha256 {
+        if let Some(g) = t.frames.frame_sha256.get(i) {
+            compared += 1;
+            if g != h {
+                differing += 1;
+                first = first.or(Some(*i));
+            }
+        }
+    }
+    Ok(PairFidelity {
+        baseline_id: b.id.clone(),
+        treatment_id: t.id.clone(),
+        images: images.iter().map(|s| s.to_string()).collect(),
+        psnr_db: diff.psnr_db().unwrap_or(f64::INFINITY),
+        max_abs_error: diff.max_abs,
+        frames_compared: compared,
+        frames_differing: differing,
+        first_differing_frame: first,
+    })
+}
+
+fn listed(b: &Bundle) -> String {
+    if b.frames.images.is_empty() {
+        "none".into()
+    } else {
+        b.frames
+            .images
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The measured floor at one rung: the reference's bf16 frames against its f32.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Floor {
+    /// Rung name.
+    pub rung: String,
+    /// The bf16 (baseline) / f32 (treatment) pairs compared.
+    pub pairs: Vec<PairFidelity>,
+    /// Pairs that could not be compared.
+    pub not_compared: Vec<NotCompared>,
+    /// Median PSNR over the pairs, dB.
+    #[serde(serialize_with = "ser_db")]
+    pub median_psnr_db: f64,
+    /// Smallest PSNR over the pairs, dB.
+    #[serde(serialize_with = "ser_db")]
+    pub min_psnr_db: f64,
+}
+
+/// Whether `b` is a floor bundle, and its precision (`bf16`, `f32`).
+fn floor_arm(b: &Bundle) -> Option<&str> {
+    if b.incomplete.is_some() || b.frames.engine.as_deref() != Some(REFERENCE_ENGINE) {
+        return None;
+    }
+    let arm = b.levers.get(PRECISION_LEVER)?.as_str();
+    let dtype = b.frames.engine_attrs.get("dtype").map(String::as_str);
+    (matches!(arm, "bf16" | "f32") && dtype.is_none_or(|d| d == arm)).then_some(arm)
+}
+
+/// The floors measured in `bundles`, by rung: bf16 and f32 runs of the reference
+/// with the same rung file, weights and noise source, paired in id order.
+pub fn floors(bundles: &[Bundle]) -> BTreeMap<String, Floor> {
+    type Key = (String, Option<String>, String, Option<String>);
+    let mut cells: BTreeMap<Key, (Vec<&Bundle>, Vec<&Bundle>)> = BTreeMap::new();
+    for b in bundles {
+        let Some(arm) = floor_arm(b) else { continue };
+        let key = (
+            b.rung.clone(),
+            b.frames.rung_sha256.clone(),
+            b.weights_digest.clone(),
+            b.frames.engine_attrs.get("noise").cloned(),
+        );
+        let cell = cells.entry(key).or_default();
+        if arm == "bf16" {
+            cell.0.push(b);
+        } else {
+            cell.1.push(b);
+        }
+    }
+    let mut out: BTreeMap<String, Floor> = BTreeMap::new();
+    for ((rung, ..), (mut lo, mut hi)) in cells {
+        lo.sort_by(|a, b| a.id.cmp(&b.id));
+        hi.sort_by(|a, b| a.id.cmp(&b.id));
+        let f = out.entry(rung.clone()).or_insert_with(|| Floor {
+            rung,
+            pairs: Vec::new(),
+            not_compared: Vec::new(),
+            median_psnr_db: f64::NAN,
+            min_psnr_db: f64::NAN,
+        });
+        for (b, t) in lo.iter().zip(&hi) {
+            match compare(b, t) {
+                Ok(p) => f.pairs.push(p),
+                Err(why) => f.not_compared.push(NotCompared {
+                    baseline_id: b.id.clone(),
+                    treatment_id: t.id.clone(),
+                    why,
+                }),
+            }
+        }
+    }
+    out.retain(|_, f| !f.pairs.is_empty());
+    for f in out.values_mut() {
+        let mut v: Vec<f64> = f.pairs.iter().map(|p| p.psnr_db).collect();
+        f.median_psnr_db = stats::median(&mut v);
+        f.min_psnr_db = v.iter().copied().fold(f64::INFINITY, f64::min);
+    }
+    out
+}
+
+/// A changing lever's fidelity rule, checked.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "lowercase")]
+pub enum RuleCheck {
+    /// The interval's lower end is at or above the threshold.
+    Passes,
+    /// The whole interval is below the threshold.
+    Fails {
+        /// The figures, in words.
+        why: String,
+    },
+    /// The interval straddles the threshold, or too few pairs were compared.
+    Undecided {
+        /// What is missing, in words.
+        why: String,
+    },
+}
+
+/// The threshold a changing lever is held to at one rung.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Threshold {
+    /// The PSNR the interval's lower end must reach, dB.
+    pub psnr_db: f64,
+    /// Where it comes from: `min_psnr_db`, or `floor - margin` (with both figures).
+    pub source: String,
+}
+
+/// The threshold of `rule` given the floor measured at the rung, if any: the floor's
+/// median minus the margin when the rule gives a margin and the floor is finite,
+/// else `min_psnr_db`.
+pub fn threshold(rule: &FidelityRule, floor: Option<&Floor>) -> Threshold {
+    match (rule.floor_margin_db, floor) {
+        (Some(m), Some(f)) if f.median_psnr_db.is_finite() => Threshold {
+            psnr_db: f.median_psnr_db - m,
+            source: format!(
+                "measured floor {} dB minus margin {} dB",
+                db(f.median_psnr_db),
+                db(m)
+            ),
+        },
+        _ => Threshold {
+            psnr_db: rule.min_psnr_db,
+            source: format!(
+                "min_psnr_db {} dB ({})",
+                db(rule.min_psnr_db),
+                if floor.is_some() {
+                    "the rule gives no floor margin"
+                } else {
+                    "no floor measured"
+                }
+            ),
+        },
+    }
+}
+
+/// One lever's fidelity at one rung.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RungFidelity {
+    /// The lever's declared numerics.
+    pub numerics: Numerics,
+    /// Pairs whose frames were compared, in the rung's pair order.
+    pub pairs: Vec<PairFidelity>,
+    /// Pairs whose frames could not be compared.
+    pub not_compared: Vec<NotCompared>,
+    /// Median per-pair PSNR, dB (`inf` when most pairs are identical).
+    #[serde(serialize_with = "ser_db_opt")]
+    pub median_psnr_db: Option<f64>,
+    /// 95% bootstrap interval of the median PSNR.
+    pub median_psnr_ci: Option<DbInterval>,
+    /// Smallest per-pair PSNR, dB.
+    #[serde(serialize_with = "ser_db_opt")]
+    pub min_psnr_db: Option<f64>,
+    /// Largest absolute sample error over the pairs, 0-255.
+    pub max_abs_error: Option<u8>,
+    /// For a preserving lever: one line per pair whose frames differ (a bug).
+    pub flagged: Vec<String>,
+    /// For a changing lever: the threshold it is held to.
+    pub threshold: Option<Threshold>,
+    /// For a changing lever: its rule, checked.
+    pub rule: Option<RuleCheck>,
+}
+
+impl RungFidelity {
+    /// No pairs compared yet, for a lever of `numerics`.
+    pub fn empty(numerics: Numerics) -> RungFidelity {
+        RungFidelity {
+            numerics,
+            pairs: Vec::new(),
+            not_compared: Vec::new(),
+            median_psnr_db: None,
+            median_psnr_ci: None,
+            min_psnr_db: None,
+            max_abs_error: None,
+            flagged: Vec::new(),
+            threshold: None,
+            rule: None,
+        }
+    }
+}
+
+/// `x` dB with 2 decimals, `inf` for identical frames.
+pub fn db(x: f64) -> String {
+    if x.is_infinite() && x > 0.0 {
+        "inf".into()
+    } else {
+        crate::rank::report::fixed(x, 2)
+    }
+}
+
+/// The fidelity of one lever at one rung in a few words, for a table cell:
+/// `identical (6 pairs)`, `FLAGGED: 1 of 3 pairs differ; min 41.20 dB, max abs 3`,
+/// `median 38.10 [37.90, 38.40] dB, min 37.50, max abs 12`, `no frames` or `—`.
+pub fn cell(f: &RungFidelity) -> String {
+    let n = f.pairs.len();
+    let (Some(med), Some(ci), Some(min), Some(max)) = (
+        f.median_psnr_db,
+        f.median_psnr_ci,
+        f.min_psnr_db,
+        f.max_abs_error,
+    ) else {
+        return if f.not_compared.is_empty() {
+            "—".into()
+        } else {
+            "no frames".into()
+        };
+    };
+    match f.numerics {
+        Numerics::Preserving if f.flagged.is_empty() => format!("identical ({n} pairs)"),
+        Numerics::Preserving => format!(
+            "FLAGGED: {} of {n} pairs differ; min {} dB, max abs {max}",
+            f.flagged.len(),
+            db(min)
+        ),
+        Numerics::Changing => format!(
+            "median {} [{}, {}] dB, min {}, max abs {max}",
+            db(med),
+            db(ci.lo),
+            db(ci.hi),
+            db(min)
+        ),
+    }
+}
+
+/// Quantile `q` of ascending `sorted` (type 7) where values may be `+inf`: equal
+/// neighbours give themselves (no `inf - inf`).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let h = (sorted.len() - 1) as f64 * q.clamp(0.0, 1.0);
+    let lo = h.floor() as usize;
+    let hi = (lo + 1).min(sorted.len() - 1);
+    let f = h - lo as f64;
+    if sorted[lo] == sorted[hi] || f == 0.0 {
+        sorted[lo]
+    } else {
+        sorted[lo] + f * (sorted[hi] - sorted[lo])
+    }
+}
+
+/// The median of `psnr` (dB, `+inf` allowed) and its percentile bootstrap interval
+/// from `resamples` draws of a ChaCha8 stream seeded with `seed`.
+pub fn median_interval(psnr: &[f64], seed: u64, resamples: usize) -> Option<(f64, DbInterval)> {
+    if psnr.is_empty() {
+        return None;
+    }
+    let mut v = psnr.to_vec();
+    let median = stats::median(&mut v);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut boot = Vec::with_capacity(resamples);
+    let mut draw = vec![0.0; psnr.len()];
+    for _ in 0..resamples {
+        for d in draw.iter_mut() {
+            *d = psnr[stats::draw_index(&mut rng, psnr.len())];
+        }
+        boot.push(stats::median(&mut draw));
+    }
+    if boot.is_empty() {
+        return Some((
+            median,
+            DbInterval {
+                lo: median,
+                hi: median,
+            },
+        ));
+    }
+    boot.sort_by(f64::total_cmp);
+    let a = (1.0 - CONFIDENCE) / 2.0;
+    Some((
+        median,
+        DbInterval {
+            lo: quantile(&boot, a),
+            hi: quantile(&boot, 1.0 - a),
+        },
+    ))
+}
+
+/// Lever `l`'s fidelity at `rung` over `pairs` (baseline, treatment), with the
+/// floor measured at the rung, if any.
+pub fn rung_fidelity(
+    l: &Lever,
+    rung: &str,
+    pairs: &[(&Bundle, &Bundle)],
+    floor: Option<&Floor>,
+) -> RungFidelity {
+    let mut out = RungFidelity::empty(l.numerics);
+    for (b, t) in pairs {
+        match compare(b, t) {
+            Ok(p) => out.pairs.push(p),
+            Err(why) => out.not_compared.push(NotCompared {
+                baseline_id: b.id.clone(),
+                treatment_id: t.id.clone(),
+                why,
+            }),
+        }
+    }
+    let psnr: Vec<f64> = out.pairs.iter().map(|p| p.psnr_db).collect();
+    let seed = stats::seed_for(&l.id, rung) ^ FIDELITY_SEED_SALT;
+    if let Some((m, ci)) = median_interval(&psnr, seed, stats::BOOTSTRAP_RESAMPLES) {
+        out.median_psnr_db = Some(m);
+        out.median_psnr_ci = Some(ci);
+        out.min_psnr_db = psnr.iter().copied().reduce(f64::min);
+        out.max_abs_error = out.pairs.iter().map(|p| p.max_abs_error).max();
+    }
+    match (l.numerics, l.fidelity.as_ref()) {
+        (Numerics::Preserving, _) => {
+            out.flagged = out
+                .pairs
+                .iter()
+                .filter(|p| p.differs())
+                .map(|p| flag_line(l, rung, p))
+                .collect();
+        }
+        (Numerics::Changing, Some(rule)) => {
+            let th = threshold(rule, floor);
+            out.rule = Some(check(&out, th.psnr_db));
+            out.threshold = Some(th);
+        }
+        (Numerics::Changing, None) => {}
+    }
+    out
+}
+
+fn flag_line(l: &Lever, rung: &str, p: &PairFidelity) -> String {
+    let mut s = format!(
+        "{} is declared numerics-preserving but at rung {rung} treatment {} ({}={}) differs from baseline {} ({}={}):",
+        l.id,
+        crate::short_id::short(&p.treatment_id),
+        l.id,
+        l.treatment,
+        crate::short_id::short(&p.baseline_id),
+        l.id,
+        l.baseline
+    );
+    if p.max_abs_error > 0 {
+        s.push_str(&format!(
+            " PSNR {} dB, max abs error {} over {}",
+            db(p.psnr_db),
+            p.max_abs_error,
+            p.images.join(", ")
+        ));
+        if p.frames_compared > 0 {
+            s.push(';');
+        }
+    }
+    if p.frames_compared > 0 {
+        s.push_str(&format!(
+            " {} of {} frames' sha256 differ",
+            p.frames_differing, p.frames_compared
+        ));
+        if let Some(i) = p.first_differing_frame {
+            s.push_str(&format!(", first at frame {i}"));
+        }
+    }
+    s
+}
+
+/// Check the median-PSNR interval of `f` against `threshold` dB.
+fn check(f: &RungFidelity, threshold: f64) -> RuleCheck {
+    let n = f.pairs.len();
+    let Some(ci) = f.median_psnr_ci else {
+        return RuleCheck::Undecided {
+            why: format!(
+                "frames to compare: none of {} pair(s) has frames both runs kept",
+                f.not_compared.len()
+            ),
+        };
+    };
+    if n < MIN_PAIRS {
+        return RuleCheck::Undecided {
+            why: format!(
+                "{} more pair(s) with comparable frames: {n} compared, a fidelity verdict needs at least {MIN_PAIRS}",
+                MIN_PAIRS - n
+            ),
+        };
+    }
+    let range = format!(
+        "the median PSNR's {:.0}% interval [{}, {}] dB",
+        CONFIDENCE * 100.0,
+        db(ci.lo),
+        db(ci.hi)
+    );
+    if ci.lo >= threshold {
+        RuleCheck::Passes
+    } else if ci.hi < threshold {
+        RuleCheck::Fails {
+            why: format!("{range} is wholly below the threshold {} dB", db(threshold)),
+        }
+    } else {
+        RuleCheck::Undecided {
+            why: format!(
+                "more pairs: {range} straddles the threshold {} dB",
+                db(threshold)
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bundle::facts::tests::sample_bundle;
+    use crate::rank::pixels::tests::write_rgb8;
+    use std::path::{Path, PathBuf};
+
+    fn scratch(name: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("harness-fidelity-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A bundle whose three images are 4x2 pixels of `value` with sample 0 of the
+    /// first image set to `first0`.
+    fn with_frames(root: &Path, id: &str, value: u8, first0: u8) -> Bundle {
+        let mut b = sample_bundle(id);
+        let dir = root.join(id);
+        std::fs::create_dir_all(&dir).unwrap();
+        b.frames.dir = dir.clone();
+        for n in FRAME_IMAGES {
+            let mut rgb = vec![value; 4 * 2 * 3];
+            if *n == "first.png" {
+                rgb[0] = first0;
+            }
+            write_rgb8(&dir.join(n), 4, 2, &rgb);
+            b.frames
+                .images
+                .insert(n.to_string(), format!("{value}-{first0}-{n}"));
+        }
+        b
+    }
+
+    #[test]
+    fn identical_frames_are_infinite_and_one_sample_off_is_measured() {
+        let root = scratch("pair");
+        let a = with_frames(&root, "a", 100, 100);
+        let same = with_frames(&root, "s", 100, 100);
+        let p = compare(&a, &same).unwrap();
+        assert_eq!(p.psnr_db, f64::INFINITY);
+        assert_eq!(p.max_abs_error, 0);
+        assert!(!p.differs());
+        assert_eq!(serde_json::to_value(&p).unwrap()["psnr_db"], "inf");
+        // One sample of 72 off by 10: MSE = 100/72, PSNR = 10 log10(65025 * 0.72).
+        let b = with_frames(&root, "b", 100, 110);
+        let p = compare(&a, &b).unwrap();
+        assert_eq!(p.max_abs_error, 10);
+        assert!((p.psnr_db - 10.0 * (65025.0f64 * 0.72).log10()).abs() < 1e-9);
+        assert!(p.differs());
+        // No images in common: said, not guessed.
+        let bare = sample_bundle("bare");
+        let e = compare(&a, &bare).unwrap_err();
+        assert!(e.contains("no frame image kept by both"), "{e}");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn frame_hashes_catch_frames_the_images_do_not_show() {
+        let root = scratch("hash");
+        let mut a = with_frames(&root, "a", 7, 7);
+        let mut b = with_frames(&root, "b", 7, 7);
+        for i in 0..5 {
+            a.frames.frame_sha256.insert(i, format!("h{i}"));
+            b.frames.frame_sha256.insert(i, format!("h{i}"));
+        }
+        b.frames.frame_sha256.insert(3, "other".into());
+        let p = compare(&a, &b).unwrap();
+        assert_eq!(p.psnr_db, f64::INFINITY);
+        assert_eq!(
+            (
+                p.frames_compared,
+                p.frames_differing,
+                p.first_differing_frame
+            ),
+            (5, 1, Some(3))
+        );
+        assert!(p.differs());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn the_median_interval_is_seeded_and_handles_infinity() {
+        let v = [30.0, 31.0, 32.0, 33.0, 34.0];
+        let a = median_interval(&v, 5, 2000).unwrap();
+        assert_eq!(a, median_interval(&v, 5, 2000).unwrap());
+        assert_eq!(a.0, 32.0);
+        assert!(a.1.lo >= 30.0 && a.1.hi <= 34.0 && a.1.lo <= 32.0, "{a:?}");
+        let inf = [f64::INFINITY; 4];
+        let b = median_interval(&inf, 5, 100).unwrap();
+        assert_eq!(b.0, f64::INFINITY);
+        assert_eq!((b.1.lo, b.1.hi), (f64::INFINITY, f64::INFINITY));
+        assert!(median_interval(&[], 1, 10).is_none());
+    }
+
+    #[test]
+    fn the_threshold_is_the_floor_minus_the_margin_only_when_both_exist() {
+        let rule = FidelityRule {
+            min_psnr_db: 30.0,
+            floor_margin_db: Some(3.0),
+        };
+        let t = threshold(&rule, None);
+        assert_eq!(t.psnr_db, 30.0);
+        assert!(t.source.contains("no floor measured"), "{}", t.source);
+        let floor = Floor {
+            rung: "2".into(),
+            pairs: Vec::new(),
+            not_compared: Vec::new(),
+            median_psnr_db: 41.0,
+            min_psnr_db: 40.0,
+        };
+        assert_eq!(threshold(&rule, Some(&floor)).psnr_db, 38.0);
+        let no_margin = FidelityRule {
+            floor_margin_db: None,
+            ..rule
+        };
+        assert_eq!(threshold(&no_margin, Some(&floor)).psnr_db, 30.0);
+    }
+
+    #[test]
+    fn floor_bundles_are_the_references_precision_runs() {
+        let root = scratch("floor");
+        let mut lo = with_frames(&root, "lo", 50, 50);
+        let mut hi = with_frames(&root, "hi", 50, 60);
+        for (b, arm) in [(&mut lo, "bf16"), (&mut hi, "f32")] {
+            b.frames.engine = Some(REFERENCE_ENGINE.into());
+            b.frames.engine_attrs.insert("dtype".into(), arm.into());
+            b.levers.insert(PRECISION_LEVER.into(), arm.into());
+        }
+        let f = floors(&[lo.clone(), hi.clone()]);
+        let f = f.get("2").expect("a floor at rung 2");
+        assert_eq!(f.pairs.len(), 1);
+        assert_eq!(f.pairs[0].max_abs_error, 10);
+        // The engine's own runs, or a dtype that contradicts the lever, are not floors.
+        let mut engine = hi.clone();
+        engine.frames.engine = Some("engine".into());
+        assert!(floors(&[lo.clone(), engine]).is_empty());
+        let mut liar = hi.clone();
+        liar.frames
+            .engine_attrs
+            .insert("dtype".into(), "bf16".into());
+        assert!(floors(&[lo, liar]).is_empty());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
