@@ -42,6 +42,7 @@ tr:nth-child(even) td{background:#fafafa}
 .v-insufficient{color:#005f96}
 .v-na{color:#666}
 .figure{overflow-x:auto;border:1px solid #e4e4e4;padding:4px;background:#fff}
+.figure svg{max-width:100%;height:auto}
 .muted{color:#666}
 ";
 
