@@ -265,23 +265,7 @@ pub fn floors(bundles: &[Bundle]) -> BTreeMap<String, Floor> {
     out
 }
 
-/// A changing lever's fidelity rule, checked.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "outcome", rename_all = "lowercase")]
-pub enum RuleCheck {
-    /// The interval's lower end is at or above the threshold.
-    Passes,
-    /// The whole interval is below the threshold.
-    Fails {
-        /// The figures, in words.
-        why: String,
-    },
-    /// The interval straddles the threshold, or too few pairs were compared.
-    Undecided {
-        /// What is missing, in words.
-        why: String,
-    },
-}
+pub use crate::rank::verdict::RuleCheck;
 
 /// The threshold a changing lever is held to at one rung.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -370,7 +354,7 @@ pub fn db(x: f64) -> String {
     if x.is_infinite() && x > 0.0 {
         "inf".into()
     } else {
-        crate::rank::report::fixed(x, 2)
+        crate::rank::verdict::fixed(x, 2)
     }
 }
 

@@ -19,18 +19,7 @@ use crate::short_id::short;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
-/// `x` with `dp` decimals, never `-0`.
-pub fn fixed(x: f64, dp: usize) -> String {
-    if !x.is_finite() {
-        return "n/a".into();
-    }
-    let s = format!("{x:.dp$}");
-    if s.starts_with('-') && s[1..].chars().all(|c| c == '0' || c == '.') {
-        s[1..].to_string()
-    } else {
-        s
-    }
-}
+pub use crate::rank::verdict::fixed;
 
 /// A value in `unit` for people: `12.345 s`, `3.210 GiB`, `0.850`. Bytes under
 /// 1 GiB in magnitude print in MiB (`18.234 MiB`), so that a rung-0 peak keeps

@@ -21,7 +21,6 @@
 use serde::Serialize;
 
 use crate::levers_spec::{Direction, Hypothesis};
-use crate::rank::fidelity::RuleCheck;
 use crate::rank::stats::{Interval, PairedEffect};
 
 /// Fewest pairs on which a verdict other than `insufficient` is given.
@@ -164,6 +163,37 @@ fn rounds_hint(n: usize, s: f64, ci: Interval, m: f64) -> String {
     } else {
         String::new()
     }
+}
+
+/// `x` with `dp` decimals, never `-0`.
+pub fn fixed(x: f64, dp: usize) -> String {
+    if !x.is_finite() {
+        return "n/a".into();
+    }
+    let s = format!("{x:.dp$}");
+    if s.starts_with('-') && s[1..].chars().all(|c| c == '0' || c == '.') {
+        s[1..].to_string()
+    } else {
+        s
+    }
+}
+
+/// A changing lever's fidelity rule, checked.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "lowercase")]
+pub enum RuleCheck {
+    /// The interval's lower end is at or above the threshold.
+    Passes,
+    /// The whole interval is below the threshold.
+    Fails {
+        /// The figures, in words.
+        why: String,
+    },
+    /// The interval straddles the threshold, or too few pairs were compared.
+    Undecided {
+        /// What is missing, in words.
+        why: String,
+    },
 }
 
 /// A fraction as a percentage with one decimal (`0.305` -> `30.5%`); `-0.0%` never
