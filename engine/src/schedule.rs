@@ -393,6 +393,45 @@ mod tests {
         assert!(e.contains("not finite and strictly decreasing"), "{e}");
     }
 
+    /// The largest token count (by bisection over 1024..10^6) at which `ok`
+    /// holds for every step count in `steps`.
+    fn largest_tokens(
+        steps: &[usize],
+        ok: impl Fn(&Result<Vec<f32>, ScheduleError>) -> bool,
+    ) -> usize {
+        let c = SchedulerConfig::ltx_video();
+        let all = |t: usize| steps.iter().all(|&n| ok(&sigmas(&c, n, t)));
+        let (mut lo, mut hi) = (1024usize, 1_000_000usize);
+        assert!(all(lo) && !all(hi));
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if all(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// The figures `evidence::rung::MAX_LATENT_TOKENS` is argued from: the f64
+    /// schedule stays strictly decreasing for every step count 2..=1000 up to
+    /// about 81,600 tokens, and its sigmas stay finite up to about 101,000.
+    #[test]
+    fn the_schedule_limits_the_rung_bound_is_argued_from() {
+        let every: Vec<usize> = (2..=1000).collect();
+        let decreasing = largest_tokens(&every, |r| r.is_ok());
+        assert!((81_000..82_500).contains(&decreasing), "{decreasing}");
+        let finite = largest_tokens(&[2, 3, 10, 1000], |r| match r {
+            Ok(_) => true,
+            Err(ScheduleError::NotFinite { value, .. }) => value.is_finite(),
+            Err(_) => false,
+        });
+        assert!((100_000..102_000).contains(&finite), "{finite}");
+        assert!(evidence::rung::MAX_LATENT_TOKENS < decreasing as u64);
+        eprintln!("strictly decreasing up to {decreasing} tokens, finite up to {finite}");
+    }
+
     #[test]
     fn one_step_with_terminal_stretch_is_refused() {
         assert!(matches!(

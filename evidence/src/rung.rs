@@ -157,7 +157,9 @@ pub const MAX_PROMPT_BYTES: usize = 64 * 1024;
 /// token count (`exp(mu)`, mu linear in tokens); computed in f64 and cast to f32
 /// (as diffusers does), its sigmas stay finite and strictly decreasing for every
 /// step count from 2 to 1000 up to about 81,600 tokens and stop being finite near
-/// 101,000 (the engine's `schedule::sigmas` refuses both). 65,536 is below both,
+/// 101,000 (the engine's `schedule::sigmas` refuses both; the figures come from
+/// `cargo test -p engine --lib schedule::tests::the_schedule_limits -- --nocapture`).
+/// 65,536 is below both,
 /// and over twice the largest geometry LTX-Video documents (1216x704x257: 28,160).
 pub const MAX_LATENT_TOKENS: u64 = 65_536;
 

@@ -128,15 +128,6 @@ impl VerifyCache {
         }
     }
 
-    /// A cache that remembers nothing (every bundle is read in full).
-    pub fn none() -> VerifyCache {
-        VerifyCache {
-            path: None,
-            file: CacheFile::default(),
-            dirty: false,
-        }
-    }
-
     /// Verify the bundle at `dir` unless its files are exactly as they were
     /// when it last verified.
     pub fn check(&mut self, dir: &Path) -> Result<(), NotVerified> {

@@ -28,33 +28,17 @@ pub fn become_subreaper() -> bool {
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0 }
 }
 
-/// (pid, comm, session) of every process whose parent is `parent`.
+/// (pid, comm, session) of every process whose parent is `parent`, read with
+/// procfs as the sampler reads the engine's tree.
 fn children_of(parent: i32) -> Vec<(i32, String, i32)> {
-    let Ok(rd) = std::fs::read_dir("/proc") else {
+    let Ok(all) = procfs::process::all_processes() else {
         return Vec::new();
     };
-    let mut out = Vec::new();
-    for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // pid (comm) state ppid pgrp session ...; comm may hold spaces and ')'.
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let comm = stat[open + 1..close].to_string();
-        let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        let field = |i: usize| rest.get(i).and_then(|v| v.parse::<i32>().ok());
-        if let (Some(ppid), Some(session)) = (field(1), field(3)) {
-            if ppid == parent {
-                out.push((pid, comm, session));
-            }
-        }
-    }
-    out
+    all.flatten()
+        .filter_map(|p| p.stat().ok())
+        .filter(|st| st.ppid == parent)
+        .map(|st| (st.pid, st.comm, st.session))
+        .collect()
 }
 
 /// Kill and reap every child of this process except `engine`, repeatedly (each
