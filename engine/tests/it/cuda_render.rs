@@ -437,14 +437,26 @@ fn rung0_on_the_device_matches_the_cpu_arm_within_the_argued_tolerance() {
         "the arms differ by {sum_dev:.2} (summed frame means), not under a tenth of a seed change ({sum_seed:.2})"
     );
     // The device render's markers: the same phases as the CPU arm's, plus the
-    // device attributes, and the plan's device projection.
+    // device attributes, and the plan's device projection. The arms decode in
+    // chunks of their own size (the host one latent frame at a time, the device
+    // DEVICE_CHUNK_LATENT_FRAMES), so `decode.video.chunk` is compared as a
+    // count per arm: rung 0's 9 frames are 2 latent frames.
     let names = |r: &Run| {
-        spans(&r.markers)
-            .into_iter()
-            .map(|s| s.name)
-            .collect::<Vec<_>>()
+        let mut v: Vec<String> = spans(&r.markers).into_iter().map(|s| s.name).collect();
+        let chunks = v.iter().filter(|n| *n == "decode.video.chunk").count();
+        v.dedup_by(|a, b| a == b && a == "decode.video.chunk");
+        (v, chunks)
     };
-    assert_eq!(names(&cpu), names(&gpu), "the arms emit different phases");
+    let ((cpu_names, cpu_chunks), (gpu_names, gpu_chunks)) = (names(&cpu), names(&gpu));
+    assert_eq!(cpu_names, gpu_names, "the arms emit different phases");
+    assert_eq!(
+        (cpu_chunks, gpu_chunks),
+        (
+            2usize.div_ceil(engine::pipeline::DECODE_CHUNK_LATENT_FRAMES),
+            2usize.div_ceil(engine::cuda::models::vae::DEVICE_CHUNK_LATENT_FRAMES)
+        ),
+        "decode chunks (cpu, device) against each arm's chunk size"
+    );
     eprintln!("{}", check_device_markers(&gpu, 4, 2, dit_stored("tiny")));
     eprintln!(
         "{}",
