@@ -81,21 +81,35 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
             ));
         }
     }
-    let cfg = get(m, "rung.config").ok_or_else(|| field("rung.config", "the rung as JSON"))?;
+    // A `harness run --exec` without `--rung` records no rung: its bundle has
+    // no rung name (`-`) and no voxel count (0: the fit leaves it out, and
+    // without a schedule no pair takes it); a rung fragment, when there, must
+    // be whole.
+    let no_rung = matches!(get(m, "rung"), None | Some(Value::Null));
+    let empty = Value::Object(Default::default());
+    let cfg = if no_rung {
+        &empty
+    } else {
+        get(m, "rung.config").ok_or_else(|| field("rung.config", "the rung as JSON"))?
+    };
     let dim = |k: &str| -> Result<u64, LoadError> {
         cfg.get(k)
             .and_then(Value::as_u64)
             .ok_or_else(|| field(&format!("rung.config.{k}"), "a positive integer"))
     };
-    let voxels = dim("width")?
-        .checked_mul(dim("height")?)
-        .and_then(|v| v.checked_mul(dim("frames").ok()?))
-        .ok_or_else(|| {
-            field(
-                "rung.config",
-                "width x height x frames within 2^64 (a rung the engine could render)",
-            )
-        })?;
+    let voxels = if no_rung {
+        0
+    } else {
+        dim("width")?
+            .checked_mul(dim("height")?)
+            .and_then(|v| v.checked_mul(dim("frames").ok()?))
+            .ok_or_else(|| {
+                field(
+                    "rung.config",
+                    "width x height x frames within 2^64 (a rung the engine could render)",
+                )
+            })?
+    };
     let levers = match get(m, "levers") {
         None | Some(Value::Null) => BTreeMap::new(),
         Some(Value::Object(o)) => o
@@ -149,7 +163,11 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
     };
     Ok(Bundle {
         id,
-        rung: string("rung.name")?,
+        rung: if no_rung {
+            "-".into()
+        } else {
+            string("rung.name")?
+        },
         voxels,
         device: cfg
             .get("device")
@@ -158,7 +176,11 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
         profile: opt_string("profile").unwrap_or_else(|| "default".into()),
         engine_sha256: string("engine.sha256")?,
         host,
-        weights_digest: string("weights.digest")?,
+        // An --exec run reads no weights the harness knows of: no fragment.
+        weights_digest: match get(m, "weights") {
+            None | Some(Value::Null) => "-".into(),
+            Some(_) => string("weights.digest")?,
+        },
         levers,
         schedule,
         start_unix_ns: get(m, "run.start_unix_ns").and_then(Value::as_u64),
@@ -464,5 +486,26 @@ mod tests {
         m["rung"]["config"]["width"] = json!(null);
         let e = facts(&m).unwrap_err().to_string();
         assert!(e.contains("'rung.config.width'"), "{e}");
+    }
+
+    #[test]
+    fn an_exec_run_without_a_rung_has_no_rung_and_no_voxels_but_a_partial_rung_is_refused() {
+        let dir = Path::new("/s/bundles/ab");
+        let mut m = manifest();
+        m.as_object_mut().unwrap().remove("rung");
+        m.as_object_mut().unwrap().remove("weights");
+        let b = manifest_facts(&m, Path::new("m.json"), dir).unwrap();
+        assert_eq!(
+            (b.rung.as_str(), b.voxels, b.weights_digest.as_str()),
+            ("-", 0, "-")
+        );
+        assert_eq!(b.device, None);
+        // A rung fragment without its config is still an error naming the field.
+        let mut m = manifest();
+        m["rung"] = json!({"name": "2"});
+        let e = manifest_facts(&m, Path::new("m.json"), dir)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rung.config"), "{e}");
     }
 }
