@@ -16,9 +16,12 @@ rung N *ARGS:
 # Headless Chromium for the report's page test comes from scripts/chromium.sh; where it
 # cannot install it, HARNESS_NO_CHROMIUM=1 makes that test say NOT RUN instead of failing.
 # Run every test in the workspace (sets up target/pyenv and Chromium for the tests).
+# The S3 store's tests start s3s-fs (scripts/s3-server.sh installs it from crates.io);
+# where it cannot be installed, HARNESS_NO_S3_SERVER=1 makes those tests say NOT RUN.
 test:
     ./scripts/pyenv.sh
-    ./scripts/chromium.sh || export HARNESS_NO_CHROMIUM=1; HARNESS_TEST_PYTHON="$PWD/target/pyenv/bin/python" cargo test --workspace
+    ./scripts/s3-server.sh install || echo "just test: s3s-fs not installed: the S3 tests will say NOT RUN" >&2
+    ./scripts/chromium.sh || export HARNESS_NO_CHROMIUM=1; [ -x target/tools/s3s-fs/bin/s3s-fs ] || export HARNESS_NO_S3_SERVER=1; HARNESS_TEST_PYTHON="$PWD/target/pyenv/bin/python" cargo test --workspace
 
 # Regenerate the lever table and its forest plot from the committed evidence.
 rank *ARGS:

@@ -94,6 +94,13 @@ pub enum StoreError {
     /// No store location could be derived (no --store, HARNESS_STORE, XDG_DATA_HOME or HOME).
     #[error("no store location: pass --store DIR or set HARNESS_STORE (neither XDG_DATA_HOME nor HOME is set)")]
     NoLocation,
+    /// The location is an object-store URL (`s3://...`) where a directory was
+    /// needed: the commands that speak S3 handle it before a local store is opened.
+    #[error("{location}: an object-store URL where a local store directory is needed (this command reads a store on disk; `harness sync {location} DIR` copies the bundles to one)")]
+    NotLocal {
+        /// The URL.
+        location: String,
+    },
     /// An I/O error inside the store.
     #[error(transparent)]
     Io(#[from] IoAt),

@@ -29,6 +29,10 @@ use crate::error::{io_at, IoAt, StoreError};
 
 /// Environment variable naming the store directory.
 pub const STORE_ENV: &str = "HARNESS_STORE";
+
+/// The environment variable naming the local store that stages runs (and keeps
+/// verified copies) when the store is an S3 bucket.
+pub const LOCAL_STORE_ENV: &str = "HARNESS_LOCAL_STORE";
 /// Directories refused by path, with why.
 pub const VOLATILE_PREFIXES: &[(&str, &str)] = &[
     ("/tmp", "under /tmp, which does not survive a reboot"),
@@ -220,12 +224,37 @@ pub const STORE_DIRS: [&str; 5] = ["bundles", "staging", "bin", "cache", "render
 
 /// The store location from, in order: `explicit`, `$HARNESS_STORE`,
 /// `$XDG_DATA_HOME/harness/store`, `$HOME/.local/share/harness/store`.
+/// A URL (`s3://bucket/prefix`) is refused with [`StoreError::NotLocal`]: it
+/// must never become a relative directory named `s3:`.
 pub fn default_location(explicit: Option<&Path>) -> Result<PathBuf, StoreError> {
-    if let Some(p) = explicit {
-        return Ok(p.to_path_buf());
-    }
     let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    if let Some(p) = nonempty(STORE_ENV) {
+    let chosen = explicit
+        .map(Path::to_path_buf)
+        .or_else(|| nonempty(STORE_ENV).map(PathBuf::from));
+    if let Some(p) = chosen {
+        let text = p.to_string_lossy();
+        if text.contains("://") {
+            return Err(StoreError::NotLocal {
+                location: text.into_owned(),
+            });
+        }
+        return Ok(p);
+    }
+    local_default_location()
+}
+
+/// The local store a machine keeps when `--store` names no directory:
+/// `$HARNESS_LOCAL_STORE`, else `$XDG_DATA_HOME/harness/store`, else
+/// `$HOME/.local/share/harness/store` (never `$HARNESS_STORE`, which may name a
+/// bucket). Where runs stage and journal, and verified copies of remote bundles
+/// are kept, when the store is an S3 bucket.
+pub fn local_default_location() -> Result<PathBuf, StoreError> {
+    let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(p) = nonempty(LOCAL_STORE_ENV) {
+        let text = p.to_string_lossy().into_owned();
+        if text.contains("://") {
+            return Err(StoreError::NotLocal { location: text });
+        }
         return Ok(PathBuf::from(p));
     }
     if let Some(p) = nonempty("XDG_DATA_HOME") {

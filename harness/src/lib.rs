@@ -56,6 +56,7 @@ pub mod pack;
 pub mod progress;
 pub mod rank;
 pub mod recover;
+pub mod remote;
 pub mod report;
 pub mod run;
 pub mod sampler;

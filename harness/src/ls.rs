@@ -78,14 +78,32 @@ impl LsRow {
 }
 
 /// Exit 0; a bundle whose manifest cannot be read is reported on stderr.
+///
+/// With `--store s3://...` the committed bundles of the bucket are listed from
+/// their manifests alone (each checked against its id); an upload that did not
+/// finish is not a bundle and is not listed.
 pub fn run(args: LsArgs) -> anyhow::Result<u8> {
-    let store = args.store.open()?;
     let mut rows = Vec::new();
-    for id in store.bundle_ids().map_err(classify)? {
-        match BundleSummary::load(&store.bundles_dir().join(&id)) {
-            Ok(s) => rows.push(s),
-            Err(e) => eprintln!("harness: {id}: unreadable manifest: {e:#}"),
+    let shown_root;
+    if let Some(loc) = crate::remote::location_of(args.store.store.as_deref())? {
+        let remote = crate::remote::reader::install(crate::remote::open(&loc)?);
+        let listing = remote.bucket().list_bundles()?;
+        for id in crate::remote::fetch::committed(&listing) {
+            match BundleSummary::load(std::path::Path::new(&loc.bundle_url(&id))) {
+                Ok(s) => rows.push(s),
+                Err(e) => eprintln!("harness: {id}: unreadable manifest: {e:#}"),
+            }
         }
+        shown_root = loc.to_string();
+    } else {
+        let store = args.store.open()?;
+        for id in store.bundle_ids().map_err(classify)? {
+            match BundleSummary::load(&store.bundles_dir().join(&id)) {
+                Ok(s) => rows.push(s),
+                Err(e) => eprintln!("harness: {id}: unreadable manifest: {e:#}"),
+            }
+        }
+        shown_root = store.root().display().to_string();
     }
     rows.sort_by(|a, b| a.date_unix_s.cmp(&b.date_unix_s).then(a.id.cmp(&b.id)));
     if args.json {
@@ -110,7 +128,7 @@ pub fn run(args: LsArgs) -> anyhow::Result<u8> {
         );
     }
     if rows.is_empty() {
-        println!("(no bundles in {})", store.root().display());
+        println!("(no bundles in {shown_root})");
     }
     Ok(exit::OK)
 }

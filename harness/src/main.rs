@@ -47,6 +47,9 @@ enum Command {
     Pack(pack::PackArgs),
     /// Check a pack's every entry and hash, then add its bundle to the store atomically.
     Unpack(pack::UnpackArgs),
+    /// Copy every bundle of one store into another (directories and s3:// buckets,
+    /// either way), verifying as it goes; idempotent.
+    Sync(harness::remote::sync::SyncArgs),
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<u8> {
@@ -66,6 +69,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Export(a) => view::export(a),
         Command::Pack(a) => pack::pack(a),
         Command::Unpack(a) => pack::unpack(a),
+        Command::Sync(a) => harness::remote::sync::run(&a),
     }
 }
 

@@ -583,7 +583,12 @@ pub fn pack(args: PackArgs) -> anyhow::Result<u8> {
 pub fn unpack(args: UnpackArgs) -> anyhow::Result<u8> {
     let f = std::fs::File::open(&args.file)
         .map_err(|e| UsageError(format!("{}: cannot open: {e}", args.file.display())))?;
-    let store = args.store.open()?;
+    // With a bucket: unpacked into this machine's local store, then published.
+    let remote = crate::remote::location_of(args.store.store.as_deref())?;
+    let store = match &remote {
+        Some(_) => crate::remote::local_store()?,
+        None => args.store.open()?,
+    };
     let landed = match unpack_into(&store, &args.file, std::io::BufReader::new(f)) {
         Ok(l) => l,
         Err(e) => {
@@ -613,6 +618,22 @@ pub fn unpack(args: UnpackArgs) -> anyhow::Result<u8> {
                 path.display()
             )
         }
+    }
+    if let Some(loc) = &remote {
+        let bucket = crate::remote::open(loc)?;
+        let dir = store.bundles_dir().join(&id);
+        let p = crate::remote::publish::publish(&bucket, Some(&store), &dir).map_err(|e| {
+            anyhow::anyhow!(
+                "{e} (the bundle is in {}; `harness recover --store {loc}` publishes it)",
+                store.root().display()
+            )
+        })?;
+        println!(
+            "published {id} -> {} ({} objects written, {} already there)",
+            loc.bundle_url(&id),
+            p.written,
+            p.present
+        );
     }
     Ok(exit::OK)
 }

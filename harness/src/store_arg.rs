@@ -17,9 +17,11 @@ use crate::exit::{Negative, Refusal, UsageError};
 /// Where the store is.
 #[derive(Debug, Clone, Args)]
 pub struct StoreArg {
-    /// The store directory (default: $XDG_DATA_HOME/harness/store or
-    /// ~/.local/share/harness/store). Must be on durable storage.
-    #[arg(long, env = "HARNESS_STORE", value_name = "DIR")]
+    /// The store: a directory on durable storage (default:
+    /// $XDG_DATA_HOME/harness/store or ~/.local/share/harness/store), or
+    /// s3://bucket/prefix (runs stage in $HARNESS_LOCAL_STORE, credentials from
+    /// the AWS environment or ~/.aws).
+    #[arg(long, env = "HARNESS_STORE", value_name = "DIR|s3://BUCKET/PREFIX")]
     pub store: Option<PathBuf>,
 }
 
@@ -33,7 +35,8 @@ pub fn classify(e: StoreError) -> anyhow::Error {
         .into(),
         StoreError::UnknownBundle { .. }
         | StoreError::AmbiguousBundle { .. }
-        | StoreError::NoLocation => UsageError(e.to_string()).into(),
+        | StoreError::NoLocation
+        | StoreError::NotLocal { .. } => UsageError(e.to_string()).into(),
         StoreError::Io(_) => anyhow::Error::new(e),
     }
 }
@@ -64,6 +67,10 @@ pub fn read_root(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// [`find_bundle`], then the bundle verified ([`crate::bundle::verified`]): a
 /// bundle that does not verify is refused with exit 1, naming the files at
 /// fault. What `show`, `diff`, `plot` and `export` read.
+///
+/// With `--store s3://...` the bundle is fetched into this machine's local
+/// store first ([`crate::remote::fetch`]: downloaded, verified, added), then
+/// read from there like any local bundle.
 pub fn find_verified_bundle(arg: &StoreArg, query: &str) -> anyhow::Result<PathBuf> {
     let dir = find_bundle(arg, query)?;
     // The store a bundle directory belongs to: <root>/bundles/<id>.
@@ -94,6 +101,22 @@ pub fn find_bundle(arg: &StoreArg, query: &str) -> anyhow::Result<PathBuf> {
         ))
         .into());
     }
+    if let Some(loc) = crate::remote::location_of(arg.store.as_deref())? {
+        let bucket = crate::remote::open(&loc)?;
+        let id = crate::remote::fetch::resolve(&bucket, query).map_err(remote_lookup)?;
+        let local = crate::remote::local_store()?;
+        return crate::remote::fetch::fetch(&bucket, &local, &id)
+            .map_err(|e| Negative(e.to_string()).into());
+    }
     let store = arg.open()?;
     store.find(query).map_err(classify)
+}
+
+/// A remote lookup error as its exit code: an unknown or ambiguous id is a
+/// usage error (2), a failed request an internal one.
+pub fn remote_lookup(e: crate::remote::RemoteError) -> anyhow::Error {
+    match e {
+        crate::remote::RemoteError::Lookup { .. } => UsageError(e.to_string()).into(),
+        other => anyhow::Error::new(other),
+    }
 }

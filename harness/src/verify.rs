@@ -53,9 +53,19 @@ impl VerifyRecord {
 }
 
 /// Exit 0 when every check passes, 1 (naming each file at fault) when not.
+///
+/// With `--store s3://...` every object of the bundle is downloaded afresh
+/// (streamed into a scratch directory of the local store, removed after) and
+/// checked the same way; `dir` is then the bundle's URL.
 pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
-    let dir = find_bundle(&args.store, &args.bundle)?;
-    let report = evidence::verify::verify_dir(&dir);
+    let (dir, report) = match crate::remote::location_of(args.store.store.as_deref())? {
+        Some(loc) => remote_report(&loc, &args.bundle)?,
+        None => {
+            let dir = find_bundle(&args.store, &args.bundle)?;
+            let report = evidence::verify::verify_dir(&dir);
+            (dir, report)
+        }
+    };
     if args.json {
         let record = VerifyRecord::of(dir, &report);
         println!("{}", serde_json::to_string_pretty(&record)?);
@@ -80,6 +90,26 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<u8> {
         );
         Ok(exit::NEGATIVE)
     }
+}
+
+/// Download bundle `query` of the bucket at `loc` afresh and verify the copy.
+fn remote_report(
+    loc: &crate::remote::S3Location,
+    query: &str,
+) -> anyhow::Result<(PathBuf, evidence::verify::VerifyReport)> {
+    let bucket = crate::remote::open(loc)?;
+    let id =
+        crate::remote::fetch::resolve(&bucket, query).map_err(crate::store_arg::remote_lookup)?;
+    let local = crate::remote::local_store()?;
+    let scratch = local
+        .cache_dir()
+        .join("verify")
+        .join(format!("{id}.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let got = crate::remote::fetch::download(&bucket, &id, &scratch);
+    let report = got.map(|_| evidence::verify::verify_dir_as(&scratch, &id));
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok((PathBuf::from(loc.bundle_url(&id)), report?))
 }
 
 #[cfg(test)]

@@ -9,15 +9,26 @@ use crate::bundle::error::{FileError, LoadError};
 
 /// The bytes of file `name` (`manifest.json`, `phases.parquet`, ...) of the bundle
 /// at `dir`.
+/// A bundle of an S3 store (`dir` is its URL, see [`crate::remote::reader`]) is
+/// read from the bucket, checked against its manifest on the way.
 pub fn read(dir: &Path, name: &str) -> Result<Vec<u8>, FileError> {
     let file = dir.join(name);
+    if let Some((remote, id)) = crate::remote::reader::for_dir(dir) {
+        return remote.read(&id, name).map_err(|e| FileError {
+            file,
+            source: std::io::Error::other(e.to_string()),
+        });
+    }
     std::fs::read(&file).map_err(|source| FileError { file, source })
 }
 
 /// The text of file `name` of the bundle at `dir` (an error unless UTF-8).
 pub fn read_text(dir: &Path, name: &str) -> Result<String, FileError> {
-    let file = dir.join(name);
-    std::fs::read_to_string(&file).map_err(|source| FileError { file, source })
+    let bytes = read(dir, name)?;
+    String::from_utf8(bytes).map_err(|e| FileError {
+        file: dir.join(name),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })
 }
 
 /// The path of file `name` of the bundle at `dir`, for a reader that opens the

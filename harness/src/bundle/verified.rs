@@ -85,7 +85,17 @@ fn stamps(dir: &Path) -> std::io::Result<Vec<Stamp>> {
 /// Where the cache of the store at `root` lives, or `None` when caching is off
 /// or no cache directory can be named.
 fn cache_path(root: &Path) -> Option<PathBuf> {
-    let base = match std::env::var_os("HARNESS_VERIFY_CACHE") {
+    let base = cache_base()?;
+    let canonical = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+    let key = hex16(canonical.to_string_lossy().as_bytes());
+    Some(base.join(format!("verified-{key}.json")))
+}
+
+/// The directory verification caches live in (`$HARNESS_VERIFY_CACHE`, else
+/// `$XDG_CACHE_HOME/ltx-harness`, else `~/.cache/ltx-harness`), or `None` when
+/// caching is off (`HARNESS_VERIFY_CACHE=off`) or no directory can be named.
+pub fn cache_base() -> Option<PathBuf> {
+    Some(match std::env::var_os("HARNESS_VERIFY_CACHE") {
         Some(v) if v == "off" => return None,
         Some(v) => PathBuf::from(v),
         None => match std::env::var_os("XDG_CACHE_HOME") {
@@ -94,13 +104,11 @@ fn cache_path(root: &Path) -> Option<PathBuf> {
                 .join(".cache")
                 .join("ltx-harness"),
         },
-    };
-    let canonical = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
-    let key = hex16(canonical.to_string_lossy().as_bytes());
-    Some(base.join(format!("verified-{key}.json")))
+    })
 }
 
-fn hex16(bytes: &[u8]) -> String {
+/// The first 16 hex digits of the sha256 of `bytes` (cache file names).
+pub fn hex16(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
         .iter()
         .take(8)

@@ -322,7 +322,11 @@ fn print_plan(
 /// The runner that starts each position as a child `harness run` into the store at
 /// `root`, with the cache policy and the extra run flags of `args`, passing the
 /// campaign's own signals on to the running child.
-fn child_runner(args: &CampaignArgs, root: PathBuf) -> anyhow::Result<ChildRunner> {
+fn child_runner(
+    args: &CampaignArgs,
+    root: PathBuf,
+    remote: Option<&crate::remote::S3Location>,
+) -> anyhow::Result<ChildRunner> {
     let harness = std::env::current_exe().context("locating the harness binary")?;
     let signals = crate::run::signals::Signals::install().context("installing signal handlers")?;
     let mut extra = Vec::new();
@@ -334,7 +338,8 @@ fn child_runner(args: &CampaignArgs, root: PathBuf) -> anyhow::Result<ChildRunne
     Ok(ChildRunner {
         harness,
         engine: args.engine.clone(),
-        store: root,
+        store: remote.map_or(root.clone(), |l| PathBuf::from(l.to_string())),
+        local_store: remote.map(|_| root),
         extra,
         signals: Some(std::sync::Arc::new(signals)),
     })
@@ -377,7 +382,13 @@ pub fn run(args: &CampaignArgs) -> anyhow::Result<u8> {
             .into());
         }
     }
-    let root = crate::store_arg::read_root(args.store.as_deref())?;
+    // With a bucket, runs seal into this machine's local store (where the
+    // campaign resumes from) and publish to the bucket one by one.
+    let remote = crate::remote::location_of(args.store.as_deref())?;
+    let root = match &remote {
+        Some(_) => crate::remote::local_store()?.root().to_path_buf(),
+        None => crate::store_arg::read_root(args.store.as_deref())?,
+    };
     let sealed = sealed_bundles(&root);
     let done = plan::done_positions(&plan, &sealed);
     // Always learned, for the progress lines; without --budget-s the deadline is
@@ -391,7 +402,7 @@ pub fn run(args: &CampaignArgs) -> anyhow::Result<u8> {
     if args.dry_run {
         return Ok(exit::OK);
     }
-    let mut runner = child_runner(args, root)?;
+    let mut runner = child_runner(args, root, remote.as_ref())?;
     let out = execute(
         &plan,
         &rungs,

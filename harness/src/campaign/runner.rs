@@ -23,8 +23,12 @@ pub struct ChildRunner {
     pub harness: PathBuf,
     /// The engine binary every run uses.
     pub engine: PathBuf,
-    /// The store the bundles are sealed into.
+    /// The store the bundles are sealed into (a directory, or an `s3://` URL:
+    /// then each run seals into `local_store` and publishes there).
     pub store: PathBuf,
+    /// The local store each run stages in when `store` is a bucket
+    /// (`HARNESS_LOCAL_STORE` of the child).
+    pub local_store: Option<PathBuf>,
     /// Extra `harness run` flags passed to every run (cadence, timeout, ...).
     pub extra: Vec<String>,
     /// The campaign's own SIGINT/SIGTERM flags: a signal to the campaign is passed
@@ -44,6 +48,9 @@ impl ChildRunner {
             .arg(&self.store)
             .arg("--engine")
             .arg(&self.engine);
+        if let Some(l) = &self.local_store {
+            c.env(evidence::store::LOCAL_STORE_ENV, l);
+        }
         for (k, v) in &job.levers {
             c.arg("--lever").arg(format!("{k}={v}"));
         }
@@ -206,6 +213,7 @@ mod tests {
             harness: "/h".into(),
             engine: "/e".into(),
             store: "/s".into(),
+            local_store: None,
             extra: vec!["--cadence-ms".into(), "50".into()],
             signals: None,
         };

@@ -45,16 +45,23 @@ pub fn run(args: &RankArgs) -> anyhow::Result<u8> {
     // forest plot is written only beside a file.
     let stdout_out = args.out.as_deref().is_some_and(crate::formats::is_stdout);
     let out_file = args.out.as_ref().filter(|_| !stdout_out);
-    let root = read_root(args.store.as_deref())?;
-    let dirs = store_bundle_dirs(&root)
-        .map_err(|e| UsageError(format!("store {}: {e}", root.display())))?;
-    // Only bundles that verify are read; the others are excluded, naming the file.
-    let VerifiedLoad {
-        loaded,
-        not_verified,
-        ..
-    } = load_verified(&root, &dirs);
-    let mut command = format!("harness rank --store {}", root.display());
+    let (loaded, not_verified, store_shown) =
+        match crate::remote::location_of(args.store.as_deref())? {
+            Some(loc) => remote_load(&loc)?,
+            None => {
+                let root = read_root(args.store.as_deref())?;
+                let dirs = store_bundle_dirs(&root)
+                    .map_err(|e| UsageError(format!("store {}: {e}", root.display())))?;
+                // Only bundles that verify are read; the others are excluded, naming the file.
+                let VerifiedLoad {
+                    loaded,
+                    not_verified,
+                    ..
+                } = load_verified(&root, &dirs);
+                (loaded, not_verified, root.display().to_string())
+            }
+        };
+    let mut command = format!("harness rank --store {store_shown}");
     if args.spec != Path::new(DEFAULT_SPEC) {
         command.push_str(&format!(" --spec {}", args.spec.display()));
     }
@@ -80,7 +87,11 @@ pub fn run(args: &RankArgs) -> anyhow::Result<u8> {
         let have = std::fs::read_to_string(file)
             .map_err(|e| UsageError(format!("--check {}: cannot read: {e}", file.display())))?;
         let mut same = true;
-        if let Some((line, committed, regenerated)) = first_difference(&have, &md) {
+        // The `Regenerate:` line names the store it was made from (a directory
+        // or a bucket holding the same bundles): compared apart from that.
+        if let Some((line, committed, regenerated)) =
+            first_difference(&store_free(&have), &store_free(&md))
+        {
             println!(
                 "{} differs from the regenerated report at line {line}:\n  file:        {committed}\n  regenerated: {regenerated}",
                 file.display()
@@ -113,7 +124,7 @@ pub fn run(args: &RankArgs) -> anyhow::Result<u8> {
             file.display(),
             forest_file.display(),
             ranking.bundles_seen,
-            root.display()
+            store_shown
         );
         return Ok(exit::OK);
     }
@@ -165,9 +176,68 @@ pub fn first_difference(a: &str, b: &str) -> Option<(usize, String, String)> {
     }
 }
 
+/// `text` with the store of its `Regenerate:` line replaced by `STORE`: the
+/// same bundles ranked from a directory or from a bucket give the same report.
+pub fn store_free(text: &str) -> String {
+    const LEAD: &str = "Regenerate: `harness rank --store ";
+    text.split_inclusive('\n')
+        .map(|l| match l.strip_prefix(LEAD) {
+            Some(rest) => {
+                let end = rest.find([' ', '`']).unwrap_or(rest.len());
+                format!("{LEAD}STORE{}", &rest[end..])
+            }
+            None => l.to_string(),
+        })
+        .collect()
+}
+
+/// The bundles of the bucket at `loc` that `rank` may read, loaded: checked
+/// without downloading what rank does not read ([`crate::remote::verified`]),
+/// then scanned by polars through its own cloud reader. What it cost goes to
+/// stderr (requests are the bill of an object store).
+fn remote_load(
+    loc: &crate::remote::S3Location,
+) -> anyhow::Result<(
+    crate::bundle::scan::Loaded,
+    Vec<crate::bundle::facts::Exclusion>,
+    String,
+)> {
+    let remote = crate::remote::reader::install(crate::remote::open(loc)?);
+    let listing = remote.bucket().list_bundles()?;
+    let checked = crate::remote::verified::check(remote, &listing);
+    eprintln!(
+        "harness rank: {loc}: {} committed bundle(s) listed ({} object(s)); {} manifest(s) \
+         fetched (the rest from the local cache), {} table(s) hashed ({} bytes streamed; \
+         the rest unchanged since they verified)",
+        crate::remote::fetch::committed(&listing).len(),
+        listing.values().map(|f| f.len()).sum::<usize>(),
+        checked.manifests_fetched,
+        checked.tables_hashed,
+        checked.bytes_hashed
+    );
+    let loaded = crate::bundle::scan::load_dirs(&checked.dirs);
+    Ok((loaded, checked.excluded, loc.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_regenerate_line_is_compared_without_its_store() {
+        let a = "# t\n\nRegenerate: `harness rank --store reports/evidence --out reports/levers.md`\nx\n";
+        let b = "# t\n\nRegenerate: `harness rank --store s3://bkt/p --out reports/levers.md`\nx\n";
+        assert_eq!(store_free(a), store_free(b));
+        assert!(store_free(a).contains("--store STORE --out reports/levers.md`"));
+        // Anything else still differs.
+        let c = b.replace("--out reports/levers.md", "--out other.md");
+        assert_ne!(store_free(a), store_free(&c));
+        assert_ne!(store_free(a), store_free(&a.replace("x\n", "y\n")));
+        assert_eq!(
+            store_free("Regenerate: `harness rank --store d`\n"),
+            "Regenerate: `harness rank --store STORE`\n"
+        );
+    }
 
     #[test]
     fn the_first_difference_names_the_line_and_both_versions() {

@@ -65,6 +65,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
     if let (args::Engine::Render { binary }, Some((rung, _))) = (&plan.engine, &plan.rung) {
         input::check(binary, rung, &preflight::lever_args(&plan))?;
     }
+    // A bucket is reached before anything is written: a run that could not be
+    // published is refused up front (exit 3), not found out after the render.
+    let remote = remote_target(&plan)?;
     let argv: Vec<String> = std::env::args().collect();
     let cwd = std::env::current_dir().unwrap_or_default();
     let start = facts::RunStart::now();
@@ -79,9 +82,10 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
     let s = &mut session;
     let ready = preflight(s, &plan, &store, &staging, rung_copy.as_deref(), &signals)?;
     let finish = |s: &Session, exit: classify::Exit, completion: Completion, code: u8| {
-        conclude(
+        let (code, sealed) = conclude(
             s, &store, &staging, start, &argv, &cwd, exit, completion, code,
-        )
+        )?;
+        publish_sealed(remote.as_ref(), &store, &sealed, code)
     };
     let ready = match ready {
         Ok(r) => r,
@@ -181,7 +185,14 @@ fn open(
     argv: &[String],
     cwd: &Path,
 ) -> anyhow::Result<Opened> {
-    let store = Store::resolve(plan.store.as_deref()).map_err(|e| match e {
+    // With a bucket, the run stages and seals in this machine's local store.
+    let local = match crate::remote::location_of(plan.store.as_deref())? {
+        Some(_) => {
+            Some(evidence::store::local_default_location().map_err(crate::remote::store_error)?)
+        }
+        None => plan.store.clone(),
+    };
+    let store = Store::resolve(local.as_deref()).map_err(|e| match e {
         StoreError::Volatile { .. } => anyhow::Error::from(Refusal {
             gate: "store-durable".into(),
             why: e.to_string(),
@@ -599,7 +610,8 @@ fn sampler_results(f: &mut serde_json::Value, r: &SamplerReport) {
     f["tick_cost_parts_us"] = serde_json::to_value(&r.parts).unwrap_or_default();
 }
 
-/// Write the closing fragments, seal, print the phase table and the bundle.
+/// Write the closing fragments, seal, print the phase table and the bundle;
+/// the exit code and the sealed bundle's directory.
 #[allow(clippy::too_many_arguments)]
 fn conclude(
     s: &Session,
@@ -611,7 +623,7 @@ fn conclude(
     exit: classify::Exit,
     completion: Completion,
     code: u8,
-) -> anyhow::Result<u8> {
+) -> anyhow::Result<(u8, PathBuf)> {
     s.fragment("completion", completion.fragment())?;
     s.fragment("exit", serde_json::to_value(&exit)?)?;
     s.fragment(
@@ -645,5 +657,65 @@ fn conclude(
     );
     let _ = writeln!(out, "bundle: {}", sealed.id);
     let _ = writeln!(out, "path: {}", sealed.path.display());
-    Ok(code)
+    Ok((code, sealed.path))
+}
+
+/// The bucket a run publishes to, reached once before the run starts (a LIST of
+/// its bundles' prefix): unreachable, unauthorized or misconfigured is refused
+/// by gate `store-remote` (exit 3) before anything is written.
+fn remote_target(plan: &RunPlan) -> anyhow::Result<Option<crate::remote::Bucket>> {
+    let Some(loc) = crate::remote::location_of(plan.store.as_deref())? else {
+        return Ok(None);
+    };
+    let refuse = |why: String| -> anyhow::Error {
+        Refusal {
+            gate: "store-remote".into(),
+            why,
+        }
+        .into()
+    };
+    let bucket = crate::remote::Bucket::open(&loc).map_err(|e| refuse(e.to_string()))?;
+    bucket
+        .list_bundle("0")
+        .map_err(|e| refuse(format!("the bucket cannot be listed: {e}")))?;
+    Ok(Some(bucket))
+}
+
+/// Publish the bundle just sealed to `remote` (noted in the local store's
+/// outbox first). The run's own exit code stands when it lands; when it does
+/// not, the bundle stays sealed and owed locally, the message says how to
+/// finish it, and the run exits 4.
+fn publish_sealed(
+    remote: Option<&crate::remote::Bucket>,
+    store: &Store,
+    dir: &Path,
+    code: u8,
+) -> anyhow::Result<u8> {
+    let Some(bucket) = remote else {
+        return Ok(code);
+    };
+    let loc = bucket.location();
+    let id = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match crate::remote::publish::publish(bucket, Some(store), dir) {
+        Ok(p) => {
+            println!(
+                "published: {} ({} objects written, {} already there)",
+                loc.bundle_url(&id),
+                p.written,
+                p.present
+            );
+            Ok(code)
+        }
+        Err(e) => {
+            eprintln!(
+                "harness: bundle {id} is sealed in {} but not in {loc}: {e}; `harness recover \
+                 --store {loc}` finishes the upload",
+                store.root().display()
+            );
+            Ok(exit::INTERNAL)
+        }
+    }
 }

@@ -24,6 +24,10 @@
 //!   `reports/levers.md` reproduces.
 //! * [`hostile`]: the hostile tester's cases (tampered, crafted and oversized
 //!   input), one test per case.
+//! * [`s3`]: the store on the S3 protocol against a real server (s3s-fs on
+//!   loopback): publish, read back, concurrent publishers, a killed upload
+//!   recovered, tampering caught, rank identical to rank on disk
+//!   (`HARNESS_NO_S3_SERVER`).
 //! * [`spec_campaign`]: the campaign spec (`specs/device-residency.md`) stays
 //!   executable.
 
@@ -42,6 +46,7 @@ mod rank;
 mod report;
 mod run;
 mod rung0;
+mod s3;
 mod spec_campaign;
 mod surfaces;
 mod watchdog;

@@ -9,6 +9,8 @@
 //!   rank benchmark).
 //! * [`render`]: one render-shaped bundle with ticks, steps and an unavailable
 //!   sensor, sealed (the surfaces tests).
+//! * [`s3`]: a real S3-protocol server (s3s-fs, `scripts/s3-server.sh`) on
+//!   the loopback interface, and `harness` pointed at one of its buckets.
 
 pub mod bins;
 pub mod browser;
@@ -16,3 +18,4 @@ pub mod dirs;
 pub mod journal;
 pub mod ranked;
 pub mod render;
+pub mod s3;

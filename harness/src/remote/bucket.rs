@@ -1,0 +1,233 @@
+//! One S3-protocol store as the harness uses it: blocking calls (a one-thread
+//! tokio runtime drives `object_store`'s futures) for listing, reading whole
+//! small objects, hashing an object as it streams, and conditional creation
+//! (the harness never overwrites or deletes an object). The same settings
+//! configure polars' own cloud reader ([`Bucket::polars_options`]).
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use sha2::{Digest, Sha256};
+
+use crate::remote::credentials;
+use crate::remote::error::RemoteError;
+use crate::remote::location::S3Location;
+
+/// One object as a listing describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// The file name inside its bundle.
+    pub name: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// The server's entity tag, when the listing carries one.
+    pub etag: Option<String>,
+    /// Last modification, nanoseconds since the Unix epoch.
+    pub modified_ns: i64,
+}
+
+/// What a conditional creation did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Created {
+    /// The object was written by this call.
+    Written,
+    /// An object was already there (`412 Precondition Failed`): nothing written.
+    AlreadyThere,
+}
+
+/// An S3-protocol store and its client.
+pub struct Bucket {
+    loc: S3Location,
+    store: AmazonS3,
+    rt: tokio::runtime::Runtime,
+    settings: credentials::Settings,
+}
+
+impl Bucket {
+    /// Configure the client for `loc` from the environment and the AWS files
+    /// ([`credentials::resolve`]). Nothing is sent yet.
+    pub fn open(loc: &S3Location) -> Result<Bucket, RemoteError> {
+        let settings = credentials::resolve();
+        let cfg = |why: String| RemoteError::Config {
+            store: loc.to_string(),
+            why,
+        };
+        // from_env brings what object_store itself reads from AWS_* (web
+        // identity, container and instance credentials); the resolved pairs,
+        // which add the shared files, win.
+        let mut b = AmazonS3Builder::from_env().with_bucket_name(&loc.bucket);
+        for (k, v) in &settings.pairs {
+            b = b.with_config(*k, v.clone());
+        }
+        let store = b.build().map_err(|e| {
+            cfg(format!(
+                "{e} (settings found: {})",
+                if settings.sources.is_empty() {
+                    "none: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile in ~/.aws"
+                        .to_string()
+                } else {
+                    settings.sources.join(", ")
+                }
+            ))
+        })?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| cfg(format!("cannot start the I/O runtime: {e}")))?;
+        Ok(Bucket {
+            loc: loc.clone(),
+            store,
+            rt,
+            settings,
+        })
+    }
+
+    /// The store location.
+    pub fn location(&self) -> &S3Location {
+        &self.loc
+    }
+
+    /// Polars' cloud options with the same settings (for `scan_parquet` of
+    /// `s3://` paths).
+    pub fn polars_options(&self) -> polars::io::cloud::CloudOptions {
+        polars::io::cloud::CloudOptions::default().with_aws(self.settings.pairs.iter().cloned())
+    }
+
+    fn req(&self, op: &'static str, key: &ObjectPath, source: object_store::Error) -> RemoteError {
+        RemoteError::Request {
+            store: self.loc.to_string(),
+            op,
+            key: key.to_string(),
+            source: Box::new(source),
+        }
+    }
+
+    /// Every object under `<prefix>/bundles/`, by bundle id then file name.
+    /// Objects deeper than one level inside a bundle are listed under their
+    /// relative path (verification refuses them).
+    pub fn list_bundles(&self) -> Result<BTreeMap<String, BTreeMap<String, Listed>>, RemoteError> {
+        let prefix = self.loc.bundles_key();
+        let metas: Vec<_> = self
+            .rt
+            .block_on(async { self.store.list(Some(&prefix)).collect::<Vec<_>>().await });
+        let mut out: BTreeMap<String, BTreeMap<String, Listed>> = BTreeMap::new();
+        let base = format!("{}/", prefix.as_ref());
+        for m in metas {
+            let m = m.map_err(|e| self.req("LIST", &prefix, e))?;
+            let key = m.location.as_ref();
+            let Some(rest) = key.strip_prefix(&base) else {
+                continue;
+            };
+            let Some((id, name)) = rest.split_once('/') else {
+                continue;
+            };
+            out.entry(id.to_string()).or_default().insert(
+                name.to_string(),
+                Listed {
+                    name: name.to_string(),
+                    bytes: m.size,
+                    etag: m.e_tag.clone(),
+                    modified_ns: m.last_modified.timestamp_nanos_opt().unwrap_or(0),
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// The objects of bundle `id` (file name -> listing).
+    pub fn list_bundle(&self, id: &str) -> Result<BTreeMap<String, Listed>, RemoteError> {
+        let prefix = self.loc.bundle_key(id);
+        let metas: Vec<_> = self
+            .rt
+            .block_on(async { self.store.list(Some(&prefix)).collect::<Vec<_>>().await });
+        let base = format!("{}/", prefix.as_ref());
+        let mut out = BTreeMap::new();
+        for m in metas {
+            let m = m.map_err(|e| self.req("LIST", &prefix, e))?;
+            if let Some(name) = m.location.as_ref().strip_prefix(&base) {
+                out.insert(
+                    name.to_string(),
+                    Listed {
+                        name: name.to_string(),
+                        bytes: m.size,
+                        etag: m.e_tag.clone(),
+                        modified_ns: m.last_modified.timestamp_nanos_opt().unwrap_or(0),
+                    },
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    /// The whole object at `key`, refusing one over `max_bytes` (its size from
+    /// the response, checked before the body is read).
+    pub fn get(&self, key: &ObjectPath, max_bytes: u64) -> Result<Bytes, RemoteError> {
+        self.rt.block_on(async {
+            let r = self
+                .store
+                .get(key)
+                .await
+                .map_err(|e| self.req("GET", key, e))?;
+            if r.meta.size > max_bytes {
+                return Err(RemoteError::Mismatch {
+                    store: self.loc.to_string(),
+                    key: key.to_string(),
+                    why: format!("{} bytes, expected at most {max_bytes}", r.meta.size),
+                });
+            }
+            r.bytes().await.map_err(|e| self.req("GET", key, e))
+        })
+    }
+
+    /// Stream the object at `key` through `sink` (each chunk in order) and
+    /// return its sha256 (hex) and size, without holding it in memory.
+    pub fn stream(
+        &self,
+        key: &ObjectPath,
+        mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<(String, u64), RemoteError> {
+        self.rt.block_on(async {
+            let r = self
+                .store
+                .get(key)
+                .await
+                .map_err(|e| self.req("GET", key, e))?;
+            let mut s = r.into_stream();
+            let mut h = Sha256::new();
+            let mut n = 0u64;
+            while let Some(chunk) = s.next().await {
+                let chunk = chunk.map_err(|e| self.req("GET", key, e))?;
+                h.update(&chunk);
+                n += chunk.len() as u64;
+                sink(&chunk).map_err(|e| RemoteError::Local {
+                    file: std::path::PathBuf::from(key.as_ref()),
+                    source: e,
+                })?;
+            }
+            Ok((evidence::manifest::hex(&h.finalize()), n))
+        })
+    }
+
+    /// Create the object at `key` only if none is there (`If-None-Match: *`).
+    pub fn create(&self, key: &ObjectPath, body: Bytes) -> Result<Created, RemoteError> {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        self.rt.block_on(async {
+            match self
+                .store
+                .put_opts(key, PutPayload::from_bytes(body), opts)
+                .await
+            {
+                Ok(_) => Ok(Created::Written),
+                Err(object_store::Error::AlreadyExists { .. }) => Ok(Created::AlreadyThere),
+                Err(e) => Err(self.req("PUT", key, e)),
+            }
+        })
+    }
+}

@@ -1,0 +1,151 @@
+//! A remote bundle copied into the local store, verified before it is added:
+//! what `show`, `diff`, `plot`, `export`, `pack` and `sync` (bucket to disk)
+//! read. Objects stream to files under the local store's `cache/fetch/`
+//! (never held whole in memory), the copy is verified exactly as `harness
+//! verify` verifies a directory, then renamed into `bundles/<id>` (never
+//! replacing a bundle already there).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use evidence::bundle_files::MANIFEST;
+use evidence::store::Store;
+
+use crate::remote::bucket::{Bucket, Listed};
+use crate::remote::error::RemoteError;
+
+/// The ids of the committed bundles (those whose `manifest.json` is there) of
+/// a listing.
+pub fn committed(listing: &BTreeMap<String, BTreeMap<String, Listed>>) -> Vec<String> {
+    listing
+        .iter()
+        .filter(|(_, files)| files.contains_key(MANIFEST))
+        .map(|(id, _)| id.clone())
+        .collect()
+}
+
+/// The one committed bundle `query` (an id or a unique id prefix) names.
+pub fn resolve(bucket: &Bucket, query: &str) -> Result<String, RemoteError> {
+    // A whole id needs only its own objects listed, not the store's.
+    let listing = if evidence::store::is_bundle_id(query) {
+        let mut one = BTreeMap::new();
+        let objects = bucket.list_bundle(query)?;
+        if !objects.is_empty() {
+            one.insert(query.to_string(), objects);
+        }
+        one
+    } else {
+        bucket.list_bundles()?
+    };
+    let ids = committed(&listing);
+    let hits: Vec<&String> = ids.iter().filter(|id| id.starts_with(query)).collect();
+    let store = bucket.location().to_string();
+    match hits.as_slice() {
+        [one] if !query.is_empty() => Ok((*one).clone()),
+        [] => {
+            let unfinished = listing
+                .keys()
+                .any(|id| id.starts_with(query) && !ids.contains(id));
+            Err(RemoteError::Lookup {
+                store,
+                why: if unfinished {
+                    format!(
+                        "{query:?} matches only an upload that did not finish (no manifest.json): \
+                         `harness recover --store {}` on the machine that made it finishes it",
+                        bucket.location()
+                    )
+                } else {
+                    format!("no bundle matches {query:?} (expected a bundle id or an id prefix)")
+                },
+            })
+        }
+        many => Err(RemoteError::Lookup {
+            store,
+            why: format!(
+                "{query:?} matches {} bundles ({}); give more characters",
+                many.len(),
+                many.iter()
+                    .take(3)
+                    .map(|s| &s[..12.min(s.len())])
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }),
+    }
+}
+
+fn local(file: &Path) -> impl Fn(std::io::Error) -> RemoteError + '_ {
+    move |source| RemoteError::Local {
+        file: file.to_path_buf(),
+        source,
+    }
+}
+
+/// Download every object of bundle `id` into `dir` (created, must not exist).
+/// Returns the number of objects.
+pub fn download(bucket: &Bucket, id: &str, dir: &Path) -> Result<usize, RemoteError> {
+    std::fs::create_dir_all(dir).map_err(local(dir))?;
+    let objects = bucket.list_bundle(id)?;
+    for name in objects.keys() {
+        // A key with a '/' below the bundle is not a bundle file: kept out of
+        // the directory (verification then misses nothing it should see:
+        // such an object cannot be listed in a manifest either).
+        if name.contains('/') || name == "." || name == ".." {
+            return Err(RemoteError::Mismatch {
+                store: bucket.location().to_string(),
+                key: bucket.location().object_key(id, name).to_string(),
+                why: "an object nested below a bundle (bundles hold files only)".into(),
+            });
+        }
+        let path = dir.join(name);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(local(&path))?;
+        bucket.stream(&bucket.location().object_key(id, name), |chunk| {
+            f.write_all(chunk)
+        })?;
+        f.sync_all().map_err(local(&path))?;
+    }
+    Ok(objects.len())
+}
+
+/// The local copy of remote bundle `id`: `bundles/<id>` of `store` when it is
+/// already there (the caller verifies it as it verifies any local bundle), else
+/// downloaded, verified and added.
+pub fn fetch(bucket: &Bucket, store: &Store, id: &str) -> Result<PathBuf, RemoteError> {
+    let dst = store.bundles_dir().join(id);
+    if dst.join(MANIFEST).is_file() {
+        return Ok(dst);
+    }
+    let scratch = store
+        .cache_dir()
+        .join("fetch")
+        .join(format!("{id}.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let result = (|| {
+        download(bucket, id, &scratch)?;
+        let report = evidence::verify::verify_dir_as(&scratch, id);
+        if !report.ok() {
+            let why: Vec<String> = report
+                .errors
+                .iter()
+                .take(3)
+                .map(|e| e.to_string())
+                .collect();
+            return Err(RemoteError::Mismatch {
+                store: bucket.location().to_string(),
+                key: bucket.location().bundle_key(id).to_string(),
+                why: format!("does not verify: {}", why.join("; ")),
+            });
+        }
+        store.publish(&scratch, id).map_err(|e| RemoteError::Local {
+            file: dst.clone(),
+            source: std::io::Error::other(e.to_string()),
+        })
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    result.map(|_| dst)
+}
