@@ -41,6 +41,7 @@
 //! * [`units`]: byte quantities as people type them; [`short_id`]: ids as printed.
 
 pub mod bundle;
+pub mod cache_dir;
 pub mod campaign;
 pub mod classify;
 pub mod completion;

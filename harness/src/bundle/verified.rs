@@ -22,9 +22,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::bundle::facts::Exclusion;
+use crate::cache_dir::{cache_base, hex16};
 
 /// One file of a bundle as the file system describes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,31 +89,6 @@ fn cache_path(root: &Path) -> Option<PathBuf> {
     let canonical = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
     let key = hex16(canonical.to_string_lossy().as_bytes());
     Some(base.join(format!("verified-{key}.json")))
-}
-
-/// The directory verification caches live in (`$HARNESS_VERIFY_CACHE`, else
-/// `$XDG_CACHE_HOME/ltx-harness`, else `~/.cache/ltx-harness`), or `None` when
-/// caching is off (`HARNESS_VERIFY_CACHE=off`) or no directory can be named.
-pub fn cache_base() -> Option<PathBuf> {
-    Some(match std::env::var_os("HARNESS_VERIFY_CACHE") {
-        Some(v) if v == "off" => return None,
-        Some(v) => PathBuf::from(v),
-        None => match std::env::var_os("XDG_CACHE_HOME") {
-            Some(x) if !x.is_empty() => PathBuf::from(x).join("ltx-harness"),
-            _ => PathBuf::from(std::env::var_os("HOME")?)
-                .join(".cache")
-                .join("ltx-harness"),
-        },
-    })
-}
-
-/// The first 16 hex digits of the sha256 of `bytes` (cache file names).
-pub fn hex16(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 impl VerifyCache {

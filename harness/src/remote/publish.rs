@@ -17,9 +17,11 @@
 //! manifest is committed: `harness recover --store s3://...` finishes every
 //! bundle still noted ([`pending`]).
 //!
-//! Test hook: `HARNESS_TEST_KILL_PUBLISH_AFTER=N` kills the process (SIGKILL,
+//! Test hooks: `HARNESS_TEST_KILL_PUBLISH_AFTER=N` kills the process (SIGKILL,
 //! no clean-up) after its N-th object is written, as a machine that stops
-//! answering would.
+//! answering would; `HARNESS_TEST_PUBLISH_UNLISTED=1` publishes as if the
+//! bundle's listing were empty (another machine wrote between our LIST and our
+//! PUT), so that the conditional create alone is what refuses an overwrite.
 
 use std::path::{Path, PathBuf};
 
@@ -50,7 +52,7 @@ fn outbox_dir(store: &Store) -> PathBuf {
 }
 
 fn outbox_file(store: &Store, loc: &S3Location, id: &str) -> PathBuf {
-    let tag = crate::bundle::verified::hex16(loc.to_string().as_bytes());
+    let tag = crate::cache_dir::hex16(loc.to_string().as_bytes());
     outbox_dir(store).join(format!("{id}.{tag}"))
 }
 
@@ -81,7 +83,7 @@ pub fn note_pending(store: &Store, loc: &S3Location, id: &str) -> Result<(), Rem
 /// The bundle ids still owed to `loc` by `store`, sorted.
 pub fn pending(store: &Store, loc: &S3Location) -> Result<Vec<String>, RemoteError> {
     let dir = outbox_dir(store);
-    let tag = crate::bundle::verified::hex16(loc.to_string().as_bytes());
+    let tag = crate::cache_dir::hex16(loc.to_string().as_bytes());
     let rd = match std::fs::read_dir(&dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -186,7 +188,10 @@ pub fn publish(
     if let Some(store) = outbox {
         note_pending(store, bucket.location(), &id)?;
     }
-    let there = bucket.list_bundle(&id)?;
+    let mut there = bucket.list_bundle(&id)?;
+    if std::env::var_os("HARNESS_TEST_PUBLISH_UNLISTED").is_some() {
+        there.clear();
+    }
     let mut out = Published {
         id: id.clone(),
         written: 0,

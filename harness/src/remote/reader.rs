@@ -5,20 +5,28 @@
 //! (`s3://bucket/prefix/bundles/<id>`, [`S3Location::bundle_url`]) and
 //! [`crate::bundle::files::read`] fetches through here: `manifest.json` must
 //! hash to the id, and every other file must have the size and sha256 the
-//! manifest lists (a file the manifest does not list is not read at all). What
+//! manifest lists (a file the manifest does not list is not read at all);
+//! verified bytes are kept in the local cache directory by sha256 (manifests by
+//! id), and a cached copy is used only while it still hashes right. What
 //! polars scans itself (the Parquet tables) is checked before the scan, in
 //! [`crate::remote::verified`].
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use evidence::bundle_files::MANIFEST;
 use evidence::manifest::{FileEntry, Manifest};
 
+use crate::cache_dir::cache_base;
 use crate::remote::bucket::Bucket;
 use crate::remote::error::RemoteError;
 use crate::remote::location::{S3Location, SCHEME};
+
+fn is_sha256_hex(s: &str) -> bool {
+    evidence::store::is_bundle_id(s)
+}
 
 /// The largest `manifest.json` fetched (a manifest lists a few dozen files and
 /// the run's fragments: kilobytes).
@@ -28,6 +36,7 @@ pub const MAX_MANIFEST_BYTES: u64 = 16 << 20;
 pub struct Remote {
     bucket: Bucket,
     manifests: Mutex<BTreeMap<String, BTreeMap<String, FileEntry>>>,
+    fetched: AtomicUsize,
 }
 
 static ACTIVE: OnceLock<Remote> = OnceLock::new();
@@ -38,6 +47,7 @@ pub fn install(bucket: Bucket) -> &'static Remote {
     ACTIVE.get_or_init(|| Remote {
         bucket,
         manifests: Mutex::new(BTreeMap::new()),
+        fetched: AtomicUsize::new(0),
     })
 }
 
@@ -76,10 +86,41 @@ impl Remote {
         }
     }
 
-    /// The bytes of `manifest.json` of bundle `id`, checked: their sha256 is the id.
+    /// Manifests fetched from the bucket so far (not from the local cache).
+    pub fn manifests_fetched(&self) -> usize {
+        self.fetched.load(Ordering::Relaxed)
+    }
+
+    /// The bytes of `manifest.json` of bundle `id`, checked: their sha256 is the
+    /// id. A manifest is immutable under its id, so a copy is kept in the local
+    /// cache directory ([`cache_base`]`/manifests/<id>.json`) and used when its
+    /// bytes still hash to the id.
     pub fn manifest_bytes(&self, id: &str) -> Result<Vec<u8>, RemoteError> {
-        let key = self.location().object_key(id, MANIFEST);
-        let bytes = self.bucket.get(&key, MAX_MANIFEST_BYTES)?;
+        let cached = cache_base()
+            .filter(|_| evidence::store::is_bundle_id(id))
+            .map(|b| b.join("manifests").join(format!("{id}.json")));
+        let from_cache = cached
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .filter(|b| evidence::manifest::sha256_hex(b) == id);
+        let bytes = match from_cache {
+            Some(b) => bytes::Bytes::from(b),
+            None => {
+                let key = self.location().object_key(id, MANIFEST);
+                let b = self.bucket.get(&key, MAX_MANIFEST_BYTES)?;
+                self.fetched.fetch_add(1, Ordering::Relaxed);
+                if let (Some(p), true) = (&cached, evidence::manifest::sha256_hex(&b) == id) {
+                    if let Some(d) = p.parent() {
+                        let _ = std::fs::create_dir_all(d);
+                    }
+                    let tmp = p.with_extension(format!("json.{}.part", std::process::id()));
+                    if std::fs::write(&tmp, &b).is_err() || std::fs::rename(&tmp, p).is_err() {
+                        let _ = std::fs::remove_file(&tmp);
+                    }
+                }
+                b
+            }
+        };
         let got = evidence::manifest::sha256_hex(&bytes);
         if got != id {
             return Err(self.mismatch(
@@ -120,6 +161,18 @@ impl Remote {
         let entry = files
             .get(name)
             .ok_or_else(|| self.mismatch(id, name, "not listed in the bundle's manifest".into()))?;
+        // A file is immutable under its sha256: a copy in the local cache
+        // (`objects/<sha256>`) serves when its bytes still hash to it.
+        let cached = cache_base()
+            .filter(|_| is_sha256_hex(&entry.sha256))
+            .map(|b| b.join("objects").join(&entry.sha256));
+        if let Some(b) = cached
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .filter(|b| evidence::manifest::sha256_hex(b) == entry.sha256)
+        {
+            return Ok(b);
+        }
         let bytes = self
             .bucket
             .get(&self.location().object_key(id, name), entry.bytes)?;
@@ -137,6 +190,15 @@ impl Remote {
                 name,
                 format!("sha256 {got}, the manifest lists {}", entry.sha256),
             ));
+        }
+        if let Some(p) = &cached {
+            if let Some(d) = p.parent() {
+                let _ = std::fs::create_dir_all(d);
+            }
+            let tmp = p.with_extension(format!("{}.part", std::process::id()));
+            if std::fs::write(&tmp, &bytes).is_err() || std::fs::rename(&tmp, p).is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
         }
         Ok(bytes.to_vec())
     }

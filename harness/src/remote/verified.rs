@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bundle::facts::Exclusion;
 use crate::bundle::scan::SCANNED_FILES;
-use crate::bundle::verified::{cache_base, hex16};
+use crate::cache_dir::{cache_base, hex16};
 use crate::remote::bucket::Listed;
 use crate::remote::reader::Remote;
 
@@ -52,10 +52,6 @@ pub struct Checked {
     pub bytes_hashed: u64,
 }
 
-fn manifest_cache_dir() -> Option<PathBuf> {
-    cache_base().map(|b| b.join("manifests"))
-}
-
 /// Check every committed bundle of `listing` (see the module docs).
 pub fn check(remote: &Remote, listing: &BTreeMap<String, BTreeMap<String, Listed>>) -> Checked {
     let loc = remote.location().clone();
@@ -69,6 +65,7 @@ pub fn check(remote: &Remote, listing: &BTreeMap<String, BTreeMap<String, Listed
     cache.store = loc.to_string();
     let mut dirty = false;
     let mut out = Checked::default();
+    let fetched_before = remote.manifests_fetched();
     for (id, objects) in listing {
         if !objects.contains_key(MANIFEST) {
             continue; // not committed: not a bundle yet
@@ -84,34 +81,9 @@ pub fn check(remote: &Remote, listing: &BTreeMap<String, BTreeMap<String, Listed
             )));
             continue;
         }
-        // The manifest: from the local cache when its bytes hash to the id.
-        let cached = manifest_cache_dir()
-            .map(|d| d.join(format!("{id}.json")))
-            .and_then(|p| std::fs::read(p).ok())
-            .filter(|b| evidence::manifest::sha256_hex(b) == *id);
-        let files = match cached {
-            Some(b) => match std::str::from_utf8(&b)
-                .map_err(|e| e.to_string())
-                .and_then(evidence::manifest::Manifest::from_json)
-            {
-                Ok(m) => Ok(m.files),
-                Err(e) => Err(format!("cached manifest: {e}")),
-            },
-            None => remote
-                .manifest_bytes(id)
-                .inspect(|b| {
-                    out.manifests_fetched += 1;
-                    if let Some(d) = manifest_cache_dir() {
-                        let _ = std::fs::create_dir_all(&d);
-                        let _ = std::fs::write(d.join(format!("{id}.json")), b);
-                    }
-                })
-                .map_err(|e| e.to_string())
-                .and_then(|b| {
-                    evidence::manifest::Manifest::from_json(&String::from_utf8_lossy(&b))
-                        .map(|m| m.files)
-                }),
-        };
+        // The manifest, checked against the id (from the local cache when a
+        // copy there still hashes to it).
+        let files = remote.listed_files(id).map_err(|e| e.to_string());
         let files = match files {
             Ok(f) => f,
             Err(e) => {
@@ -201,6 +173,7 @@ pub fn check(remote: &Remote, listing: &BTreeMap<String, BTreeMap<String, Listed
             out.excluded.push(exclude(why.join("; ")));
         }
     }
+    out.manifests_fetched = remote.manifests_fetched() - fetched_before;
     if let (true, Some(p)) = (dirty, cache_path) {
         if let (Some(parent), Ok(bytes)) = (p.parent(), serde_json::to_vec(&cache)) {
             let tmp = p.with_extension(format!("json.{}.part", std::process::id()));

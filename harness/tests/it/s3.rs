@@ -263,6 +263,27 @@ fn two_machines_publishing_at_once_never_corrupt_or_overwrite_a_bundle() {
     assert!(!srv
         .object_file(&format!("team/bundles/{}/manifest.json", ids_d[0]))
         .exists());
+    // The same with the publisher's listing taken before the squatter wrote
+    // (`HARNESS_TEST_PUBLISH_UNLISTED`: publish as if the listing were empty):
+    // the conditional create alone must refuse to overwrite.
+    let (code, so, _) = go(srv
+        .harness("m1")
+        .env("HARNESS_TEST_PUBLISH_UNLISTED", "1")
+        .args(["sync"])
+        .arg(&d)
+        .arg(&url));
+    assert_eq!(code, 1, "{so}");
+    assert!(
+        so.contains(&squat) && so.contains("not overwritten"),
+        "{so}"
+    );
+    assert_eq!(
+        std::fs::read(srv.object_file(&squat)).unwrap(),
+        b"not the bundle's table"
+    );
+    assert!(!srv
+        .object_file(&format!("team/bundles/{}/manifest.json", ids_d[0]))
+        .exists());
 }
 
 #[test]
@@ -349,8 +370,10 @@ fn a_tampered_object_is_caught_by_verify_show_and_rank() {
     let r: serde_json::Value = serde_json::from_str(&so).unwrap();
     let ex = r["excluded"].to_string();
     assert!(
-        ex.contains(&ids[0]) && ex.contains("phases.parquet"),
-        "{ex}"
+        ex.contains(&ids[0])
+            && ex.contains("does not verify")
+            && ex.contains("phases.parquet: sha256"),
+        "excluded by its hash, not by a decoder that happened to choke: {ex}"
     );
     // The other bundle still reads.
     let (code, _, _) = go(srv.harness("v").args(["verify", "--store", &url, &ids[1]]));
