@@ -1,8 +1,9 @@
 //! The store on the S3 protocol against a real server (s3s-fs on loopback,
 //! [`crate::support::s3`]): runs publish there, readers read it back verified,
 //! two publishers at once, an upload killed midway and finished by `recover`, a
-//! tampered object caught, and `rank` over the bucket identical to `rank` over
-//! the same bundles on disk (the committed evidence, `--check reports/levers.md`).
+//! tampered object caught, a campaign publishing every run, and `rank` over the
+//! bucket identical to `rank` over the same bundles on disk (the committed
+//! evidence, `--check reports/levers.md`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -115,6 +116,16 @@ fn a_run_publishes_to_the_bucket_and_every_reader_reads_it_back_verified() {
         .is_file());
     let (code, _, se) = go(srv.harness("b").args(["diff", "--store", &url, &id, &id]));
     assert_eq!(code, 0, "{se}");
+    // plot, export and pack read the same verified copy.
+    for args in [
+        vec!["plot", "--store", &url, &id, "--out", "-"],
+        vec!["export", "--perfetto", "--store", &url, &id, "--out", "-"],
+        vec!["pack", "--store", &url, &id, "--out", "-"],
+    ] {
+        let (code, so, se) = go(srv.harness("b").args(&args));
+        assert_eq!(code, 0, "{args:?}: {se}");
+        assert!(!so.is_empty(), "{args:?} wrote nothing");
+    }
     // An unknown id is a usage error naming the bucket.
     let (code, _, se) = go(srv.harness("b").args(["show", "--store", &url, "ffff"]));
     assert_eq!(code, 2, "{se}");
@@ -335,6 +346,59 @@ fn an_upload_killed_midway_is_no_bundle_until_recover_finishes_it() {
     assert_eq!(code, 0, "{so}");
     let (_, so, _) = go(srv.harness("a").args(["recover", "--store", &url]));
     assert!(!so.contains("published"), "owed once only: {so}");
+    // A run that died before sealing (its staging journal left in the local
+    // store that stages for the bucket): recover seals it and publishes it.
+    let local = evidence::store::Store::resolve(Some(&srv.dir.join("a/store"))).unwrap();
+    let j = crate::support::journal::SynthJournal::in_store(&local);
+    j.fragment("run", serde_json::json!({"hostname": "a"}));
+    drop(j);
+    let (code, so, se) = go(srv.harness("a").args(["recover", "--store", &url]));
+    assert_eq!(code, 0, "{so}{se}");
+    let sealed = so
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("sealed ")
+                .and_then(|r| r.split(" -> ").nth(1))
+        })
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or_else(|| panic!("no sealed line: {so}"))
+        .to_string();
+    assert!(so.contains(&format!("published {sealed}")), "{so}");
+    let (code, so, _) = go(srv.harness("b").args(["verify", "--store", &url, &sealed]));
+    assert_eq!(code, 0, "{so}");
+}
+
+#[test]
+fn a_campaign_publishes_every_run_and_resumes_from_the_local_store() {
+    let Some(srv) = Server::start("campaign") else {
+        return;
+    };
+    let url = srv.url("team");
+    let campaign = || {
+        go(srv
+            .harness("a")
+            .args(["campaign", "--rungs", "0", "--levers", "host-threads"])
+            .args([
+                "--repeat", "1", "--order", "abba", "--store", &url, "--engine",
+            ])
+            .arg(crate::support::bins::engine())
+            .env_remove("HARNESS_LEASE_ID"))
+    };
+    let (code, so, se) = campaign();
+    assert_eq!(code, 0, "{so}\n{se}");
+    assert!(so.contains("2 sealed complete"), "{so}");
+    let published: Vec<&str> = so
+        .lines()
+        .filter(|l| l.starts_with("published: "))
+        .collect();
+    assert_eq!(published.len(), 2, "{so}");
+    let (_, listed, _) = go(srv.harness("b").args(["ls", "--json", "--store", &url]));
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
+    // Rerun: both positions are done (read from the local store), nothing runs.
+    let (code, so, _) = campaign();
+    assert_eq!(code, 0, "{so}");
+    assert!(so.contains("2 already done"), "{so}");
 }
 
 #[test]
