@@ -65,6 +65,20 @@ pub struct NotVerified {
 /// At most this many failures are named per bundle (the rest are counted).
 const NAMED_FAILURES: usize = 3;
 
+/// The first [`NAMED_FAILURES`] of `errors` (each naming its file) joined with
+/// `; `, and how many more there are: what a refusal says of a bundle.
+pub fn named_failures<E: ToString>(errors: &[E]) -> String {
+    let mut why: Vec<String> = errors
+        .iter()
+        .take(NAMED_FAILURES)
+        .map(ToString::to_string)
+        .collect();
+    if errors.len() > NAMED_FAILURES {
+        why.push(format!("and {} more", errors.len() - NAMED_FAILURES));
+    }
+    why.join("; ")
+}
+
 fn stamps(dir: &Path) -> std::io::Result<Vec<Stamp>> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir)? {
@@ -136,16 +150,7 @@ impl VerifyCache {
         let report = evidence::verify::verify_dir(dir);
         if !report.ok() {
             self.forget(&id);
-            let mut why: Vec<String> = report
-                .errors
-                .iter()
-                .take(NAMED_FAILURES)
-                .map(|e| e.to_string())
-                .collect();
-            if report.errors.len() > NAMED_FAILURES {
-                why.push(format!("and {} more", report.errors.len() - NAMED_FAILURES));
-            }
-            return Err(not(why.join("; ")));
+            return Err(not(named_failures(&report.errors)));
         }
         // Remember what was read only if nothing changed while it was read.
         if stamps(dir).ok().as_ref() == Some(&before) {

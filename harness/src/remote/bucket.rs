@@ -106,56 +106,42 @@ impl Bucket {
         }
     }
 
-    /// Every object under `<prefix>/bundles/`, by bundle id then file name.
-    /// Objects deeper than one level inside a bundle are listed under their
-    /// relative path (verification refuses them).
-    pub fn list_bundles(&self) -> Result<BTreeMap<String, BTreeMap<String, Listed>>, RemoteError> {
-        let prefix = self.loc.bundles_key();
+    /// Every object under `prefix` as (its key below `prefix/`, its listing).
+    fn list_under(&self, prefix: &ObjectPath) -> Result<Vec<(String, Listed)>, RemoteError> {
         let metas: Vec<_> = self
             .rt
-            .block_on(async { self.store.list(Some(&prefix)).collect::<Vec<_>>().await });
-        let mut out: BTreeMap<String, BTreeMap<String, Listed>> = BTreeMap::new();
+            .block_on(async { self.store.list(Some(prefix)).collect::<Vec<_>>().await });
         let base = format!("{}/", prefix.as_ref());
+        let mut out = Vec::new();
         for m in metas {
-            let m = m.map_err(|e| self.req("LIST", &prefix, e))?;
-            let key = m.location.as_ref();
-            let Some(rest) = key.strip_prefix(&base) else {
-                continue;
-            };
-            let Some((id, name)) = rest.split_once('/') else {
-                continue;
-            };
-            out.entry(id.to_string()).or_default().insert(
-                name.to_string(),
-                Listed {
-                    name: name.to_string(),
-                    bytes: m.size,
-                    etag: m.e_tag.clone(),
-                    modified_ns: m.last_modified.timestamp_nanos_opt().unwrap_or(0),
-                },
-            );
+            let m = m.map_err(|e| self.req("LIST", prefix, e))?;
+            if let Some(rel) = m.location.as_ref().strip_prefix(&base) {
+                out.push((
+                    rel.to_string(),
+                    Listed {
+                        name: rel.rsplit('/').next().unwrap_or(rel).to_string(),
+                        bytes: m.size,
+                        etag: m.e_tag.clone(),
+                        modified_ns: m.last_modified.timestamp_nanos_opt().unwrap_or(0),
+                    },
+                ));
+            }
         }
         Ok(out)
     }
 
-    /// The objects of bundle `id` (file name -> listing).
-    pub fn list_bundle(&self, id: &str) -> Result<BTreeMap<String, Listed>, RemoteError> {
-        let prefix = self.loc.bundle_key(id);
-        let metas: Vec<_> = self
-            .rt
-            .block_on(async { self.store.list(Some(&prefix)).collect::<Vec<_>>().await });
-        let base = format!("{}/", prefix.as_ref());
-        let mut out = BTreeMap::new();
-        for m in metas {
-            let m = m.map_err(|e| self.req("LIST", &prefix, e))?;
-            if let Some(name) = m.location.as_ref().strip_prefix(&base) {
-                out.insert(
+    /// Every object under `<prefix>/bundles/`, by bundle id then file name
+    /// (an object deeper inside a bundle under its relative path, which
+    /// verification refuses).
+    pub fn list_bundles(&self) -> Result<BTreeMap<String, BTreeMap<String, Listed>>, RemoteError> {
+        let mut out: BTreeMap<String, BTreeMap<String, Listed>> = BTreeMap::new();
+        for (rel, l) in self.list_under(&self.loc.bundles_key())? {
+            if let Some((id, name)) = rel.split_once('/') {
+                out.entry(id.to_string()).or_default().insert(
                     name.to_string(),
                     Listed {
                         name: name.to_string(),
-                        bytes: m.size,
-                        etag: m.e_tag.clone(),
-                        modified_ns: m.last_modified.timestamp_nanos_opt().unwrap_or(0),
+                        ..l
                     },
                 );
             }
@@ -163,15 +149,27 @@ impl Bucket {
         Ok(out)
     }
 
+    /// The objects of bundle `id` (file name -> listing).
+    pub fn list_bundle(&self, id: &str) -> Result<BTreeMap<String, Listed>, RemoteError> {
+        Ok(self
+            .list_under(&self.loc.bundle_key(id))?
+            .into_iter()
+            .map(|(rel, l)| (rel.clone(), Listed { name: rel, ..l }))
+            .collect())
+    }
+
+    async fn open_get(&self, key: &ObjectPath) -> Result<object_store::GetResult, RemoteError> {
+        self.store
+            .get(key)
+            .await
+            .map_err(|e| self.req("GET", key, e))
+    }
+
     /// The whole object at `key`, refusing one over `max_bytes` (its size from
     /// the response, checked before the body is read).
     pub fn get(&self, key: &ObjectPath, max_bytes: u64) -> Result<Bytes, RemoteError> {
         self.rt.block_on(async {
-            let r = self
-                .store
-                .get(key)
-                .await
-                .map_err(|e| self.req("GET", key, e))?;
+            let r = self.open_get(key).await?;
             if r.meta.size > max_bytes {
                 return Err(RemoteError::Mismatch {
                     store: self.loc.to_string(),
@@ -191,12 +189,7 @@ impl Bucket {
         mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
     ) -> Result<(String, u64), RemoteError> {
         self.rt.block_on(async {
-            let r = self
-                .store
-                .get(key)
-                .await
-                .map_err(|e| self.req("GET", key, e))?;
-            let mut s = r.into_stream();
+            let mut s = self.open_get(key).await?.into_stream();
             let mut h = Sha256::new();
             let mut n = 0u64;
             while let Some(chunk) = s.next().await {

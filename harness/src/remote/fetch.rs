@@ -129,16 +129,13 @@ pub fn fetch(bucket: &Bucket, store: &Store, id: &str) -> Result<PathBuf, Remote
         download(bucket, id, &scratch)?;
         let report = evidence::verify::verify_dir_as(&scratch, id);
         if !report.ok() {
-            let why: Vec<String> = report
-                .errors
-                .iter()
-                .take(3)
-                .map(|e| e.to_string())
-                .collect();
             return Err(RemoteError::Mismatch {
                 store: bucket.location().to_string(),
                 key: bucket.location().bundle_key(id).to_string(),
-                why: format!("does not verify: {}", why.join("; ")),
+                why: format!(
+                    "does not verify: {}",
+                    crate::bundle::verified::named_failures(&report.errors)
+                ),
             });
         }
         store.publish(&scratch, id).map_err(|e| RemoteError::Local {

@@ -155,18 +155,12 @@ pub fn publish(
     // against the manifest, the manifest against the id.
     let report = evidence::verify::verify_dir_as(dir, &id);
     if !report.ok() {
-        let why: Vec<String> = report
-            .errors
-            .iter()
-            .take(3)
-            .map(|e| e.to_string())
-            .collect();
         return Err(RemoteError::Mismatch {
             store: bucket.location().to_string(),
             key: dir.display().to_string(),
             why: format!(
                 "the local bundle does not verify, not published: {}",
-                why.join("; ")
+                crate::bundle::verified::named_failures(&report.errors)
             ),
         });
     }
@@ -213,7 +207,7 @@ pub fn publish(
             return Err(RemoteError::Mismatch {
                 store: bucket.location().to_string(),
                 key: bucket.location().bundle_key(&id).to_string(),
-                why: "committed, but its objects are not this bundle's (run `harness verify                       --store` on it); nothing written"
+                why: "committed, but its objects are not this bundle's (run `harness verify --store` on it); nothing written"
                     .into(),
             });
         }

@@ -313,10 +313,14 @@ mod tests {
         T::try_parse_from(v)?.a.validate()
     }
 
+    /// A rung file of its own for each call: the tests run in parallel, and a
+    /// shared file rewritten by one was read empty by another.
     fn rung_file() -> PathBuf {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-scratch/args");
         std::fs::create_dir_all(&d).unwrap();
-        let p = d.join("r.toml");
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = d.join(format!("r-{}-{n}.toml", std::process::id()));
         std::fs::write(
             &p,
             "preset = \"tiny\"\nwidth = 64\nheight = 64\nframes = 9\nsteps = 2\nguidance = 1.0\n\

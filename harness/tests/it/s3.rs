@@ -45,6 +45,19 @@ fn snapshot(srv: &Server, prefix: &str) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
+/// The modification times of the bucket's objects under `prefix`, in key order.
+fn mtimes(srv: &Server, prefix: &str) -> Vec<std::time::SystemTime> {
+    srv.keys(prefix)
+        .iter()
+        .map(|k| {
+            std::fs::metadata(srv.object_file(k))
+                .unwrap()
+                .modified()
+                .unwrap()
+        })
+        .collect()
+}
+
 #[test]
 fn a_run_publishes_to_the_bucket_and_every_reader_reads_it_back_verified() {
     let Some(srv) = Server::start("publish") else {
@@ -150,29 +163,11 @@ fn sync_is_idempotent_both_ways_and_verifies_as_it_goes() {
     assert_eq!(code, 0, "{so}\n{se}");
     assert!(so.contains("3 copied, 0 already there, 0 refused"), "{so}");
     let before = snapshot(&srv, "p/");
-    let stamps: Vec<_> = srv
-        .keys("p/")
-        .iter()
-        .map(|k| {
-            std::fs::metadata(srv.object_file(k))
-                .unwrap()
-                .modified()
-                .unwrap()
-        })
-        .collect();
+    let stamps = mtimes(&srv, "p/");
     let (code, so, _) = go(srv.harness("a").args(["sync"]).arg(&dir).arg(&url));
     assert_eq!(code, 0);
     assert!(so.contains("0 copied, 3 already there, 0 refused"), "{so}");
-    let again: Vec<_> = srv
-        .keys("p/")
-        .iter()
-        .map(|k| {
-            std::fs::metadata(srv.object_file(k))
-                .unwrap()
-                .modified()
-                .unwrap()
-        })
-        .collect();
+    let again = mtimes(&srv, "p/");
     assert_eq!(stamps, again, "a second sync wrote nothing");
     assert_eq!(before, snapshot(&srv, "p/"));
     // Back to a new directory store: every bundle arrives verified, then stays.
@@ -261,40 +256,28 @@ fn two_machines_publishing_at_once_never_corrupt_or_overwrite_a_bundle() {
     let squat = format!("team/bundles/{}/phases.parquet", ids_d[0]);
     std::fs::create_dir_all(srv.object_file(&squat).parent().unwrap()).unwrap();
     std::fs::write(srv.object_file(&squat), b"not the bundle's table").unwrap();
-    let (code, so, _) = go(srv.harness("m1").args(["sync"]).arg(&d).arg(&url));
-    assert_eq!(code, 1, "{so}");
-    assert!(
-        so.contains(&squat) && so.contains("not overwritten"),
-        "{so}"
-    );
-    assert_eq!(
-        std::fs::read(srv.object_file(&squat)).unwrap(),
-        b"not the bundle's table"
-    );
-    assert!(!srv
-        .object_file(&format!("team/bundles/{}/manifest.json", ids_d[0]))
-        .exists());
-    // The same with the publisher's listing taken before the squatter wrote
-    // (`HARNESS_TEST_PUBLISH_UNLISTED`: publish as if the listing were empty):
-    // the conditional create alone must refuse to overwrite.
-    let (code, so, _) = go(srv
-        .harness("m1")
-        .env("HARNESS_TEST_PUBLISH_UNLISTED", "1")
-        .args(["sync"])
-        .arg(&d)
-        .arg(&url));
-    assert_eq!(code, 1, "{so}");
-    assert!(
-        so.contains(&squat) && so.contains("not overwritten"),
-        "{so}"
-    );
-    assert_eq!(
-        std::fs::read(srv.object_file(&squat)).unwrap(),
-        b"not the bundle's table"
-    );
-    assert!(!srv
-        .object_file(&format!("team/bundles/{}/manifest.json", ids_d[0]))
-        .exists());
+    // Once as it is, once with the publisher's listing taken before the
+    // squatter wrote (`HARNESS_TEST_PUBLISH_UNLISTED`: publish as if the listing
+    // were empty), so that the conditional create alone must refuse.
+    for unlisted in [false, true] {
+        let mut c = srv.harness("m1");
+        if unlisted {
+            c.env("HARNESS_TEST_PUBLISH_UNLISTED", "1");
+        }
+        let (code, so, _) = go(c.args(["sync"]).arg(&d).arg(&url));
+        assert_eq!(code, 1, "{so}");
+        assert!(
+            so.contains(&squat) && so.contains("not overwritten"),
+            "unlisted {unlisted}: {so}"
+        );
+        assert_eq!(
+            std::fs::read(srv.object_file(&squat)).unwrap(),
+            b"not the bundle's table"
+        );
+        assert!(!srv
+            .object_file(&format!("team/bundles/{}/manifest.json", ids_d[0]))
+            .exists());
+    }
 }
 
 #[test]
