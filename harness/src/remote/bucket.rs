@@ -17,6 +17,22 @@ use crate::remote::credentials;
 use crate::remote::error::RemoteError;
 use crate::remote::location::S3Location;
 
+/// `e` and its causes, each text once (object_store's texts repeat their
+/// sources'), so that the innermost cause (`Connection refused`) is said.
+fn chain_text(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !out.contains(&t) {
+            out.push_str(": ");
+            out.push_str(&t);
+        }
+        cur = c.source();
+    }
+    out
+}
+
 /// One object as a listing describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
@@ -59,7 +75,16 @@ impl Bucket {
         // from_env brings what object_store itself reads from AWS_* (web
         // identity, container and instance credentials); the resolved pairs,
         // which add the shared files, win.
-        let mut b = AmazonS3Builder::from_env().with_bucket_name(&loc.bucket);
+        // A bucket that does not answer is said within about a minute, not
+        // after object_store's default three minutes of retries per request.
+        let retry = object_store::RetryConfig {
+            max_retries: 4,
+            retry_timeout: std::time::Duration::from_secs(60),
+            ..Default::default()
+        };
+        let mut b = AmazonS3Builder::from_env()
+            .with_bucket_name(&loc.bucket)
+            .with_retry(retry);
         for (k, v) in &settings.pairs {
             b = b.with_config(*k, v.clone());
         }
@@ -102,7 +127,7 @@ impl Bucket {
             store: self.loc.to_string(),
             op,
             key: key.to_string(),
-            source: Box::new(source),
+            cause: chain_text(&source),
         }
     }
 

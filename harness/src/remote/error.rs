@@ -21,7 +21,7 @@ pub enum RemoteError {
         why: String,
     },
     /// A request failed (network, authorization, the server).
-    #[error("{store}: {op} {key}: {source}")]
+    #[error("{store}: {op} {key}: {cause}")]
     Request {
         /// The store URL.
         store: String,
@@ -29,8 +29,8 @@ pub enum RemoteError {
         op: &'static str,
         /// The object key or prefix.
         key: String,
-        /// The client's error.
-        source: Box<object_store::Error>,
+        /// The client's error and its causes, each said once.
+        cause: String,
     },
     /// An object is not what the bundle's manifest says it is.
     #[error("{store}: {key}: {why}")]

@@ -546,3 +546,60 @@ fn bad_credentials_and_locations_are_clear_errors_that_print_no_secret() {
                 == 0
     );
 }
+
+#[test]
+fn a_profile_in_the_aws_files_and_harness_store_reach_the_bucket() {
+    let Some(srv) = Server::start("profile") else {
+        return;
+    };
+    let (dir, ids) = local_bundles("s3-profile-src", &[3]);
+    let (c, _, se) = go(srv
+        .harness("a")
+        .args(["sync"])
+        .arg(&dir)
+        .arg(srv.url("team")));
+    assert_eq!(c, 0, "{se}");
+    // No key, secret or endpoint in the environment: profile `ci` of the
+    // shared files has them, as `aws configure --profile ci` writes them.
+    let creds = srv.dir.join("credentials");
+    let config = srv.dir.join("config");
+    std::fs::write(
+        &creds,
+        format!(
+            "[default]\naws_access_key_id = wrong\naws_secret_access_key = wrong\n\n\
+             [ci]\naws_access_key_id = {}\naws_secret_access_key = {SECRET}\n",
+            crate::support::s3::KEY
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[default]\nendpoint_url = http://127.0.0.1:{0}\n\n\
+             [profile ci]\nregion = us-east-1\nendpoint_url = http://127.0.0.1:{0}\n",
+            srv.port
+        ),
+    )
+    .unwrap();
+    let with_files = |profile: Option<&str>| {
+        let mut c = srv.harness("b");
+        c.env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .env_remove("AWS_ENDPOINT_URL")
+            .env_remove("AWS_REGION")
+            .env("AWS_SHARED_CREDENTIALS_FILE", &creds)
+            .env("AWS_CONFIG_FILE", &config)
+            .env("HARNESS_STORE", srv.url("team"))
+            .args(["verify", &ids[0]]);
+        if let Some(p) = profile {
+            c.env("AWS_PROFILE", p);
+        }
+        go(&mut c)
+    };
+    let (code, so, se) = with_files(Some("ci"));
+    assert_eq!(code, 0, "{so}{se}");
+    assert!(so.starts_with(&format!("ok {}", ids[0])), "{so}");
+    // The default profile's keys are wrong: refused by the server.
+    let (code, _, _) = with_files(None);
+    assert_ne!(code, 0);
+}
