@@ -37,7 +37,24 @@ fn control(name: &str, script: &str, flags: &[&str]) -> (i32, Value, String) {
         .cloned()
         .unwrap_or_else(|| panic!("no gpu-util control: {so}"));
     assert_eq!(doc["exit"], out.status.code().unwrap_or(-1), "{so}");
-    (out.status.code().unwrap_or(-1), gpu, se)
+    let code = out.status.code().unwrap_or(-1);
+    // The watchdog's own control runs beside the GPU control and can miss its
+    // deadline on a loaded 2-core host (seen once in a full `just test`): then
+    // the command exits 1 for it, and these tests, which are about the GPU
+    // control, judge the exit code that control alone implies.
+    let others_failed = doc["controls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["name"] != "gpu-util")
+        .any(|c| c["verdict"] == "fail");
+    if others_failed {
+        assert_eq!(code, 1, "a failed control exits 1: {so}");
+        eprintln!("note: another control failed on this host (judged apart): {so}");
+        let alone = harness::control::exit_code(&[gpu["verdict"].as_str().unwrap_or("")]);
+        return (i32::from(alone), gpu, se);
+    }
+    (code, gpu, se)
 }
 
 fn detail(c: &Value) -> &str {
