@@ -113,12 +113,21 @@ pub fn download(bucket: &Bucket, id: &str, dir: &Path) -> Result<usize, RemoteEr
 }
 
 /// The local copy of remote bundle `id`: `bundles/<id>` of `store` when it is
-/// already there (the caller verifies it as it verifies any local bundle), else
-/// downloaded, verified and added.
+/// already there and verifies, else downloaded, verified and added (replacing
+/// a local copy that failed verification).
 pub fn fetch(bucket: &Bucket, store: &Store, id: &str) -> Result<PathBuf, RemoteError> {
     let dst = store.bundles_dir().join(id);
+    // A local copy that verifies is used as it is; one that does not (edited,
+    // truncated) is replaced by a verified copy from the bucket in one step.
+    let mut corrupt = false;
     if dst.join(MANIFEST).is_file() {
-        return Ok(dst);
+        let mut cache = crate::bundle::verified::VerifyCache::for_store(store.root());
+        let ok = cache.check(&dst).is_ok();
+        cache.save();
+        if ok {
+            return Ok(dst);
+        }
+        corrupt = true;
     }
     let scratch = store
         .cache_dir()
@@ -138,10 +147,16 @@ pub fn fetch(bucket: &Bucket, store: &Store, id: &str) -> Result<PathBuf, Remote
                 ),
             });
         }
-        store.publish(&scratch, id).map_err(|e| RemoteError::Local {
+        let local = |e: evidence::error::StoreError| RemoteError::Local {
             file: dst.clone(),
             source: std::io::Error::other(e.to_string()),
-        })
+        };
+        if corrupt {
+            // The failed copy ends up at `scratch`, removed below.
+            store.replace(&scratch, id).map_err(local).map(|_| true)
+        } else {
+            store.publish(&scratch, id).map_err(local)
+        }
     })();
     let _ = std::fs::remove_dir_all(&scratch);
     result.map(|_| dst)

@@ -127,6 +127,23 @@ fn a_run_publishes_to_the_bucket_and_every_reader_reads_it_back_verified() {
         .join(&id)
         .join("manifest.json")
         .is_file());
+    // A local copy that no longer verifies is replaced from the bucket.
+    let copy = srv
+        .dir
+        .join("b/store/bundles")
+        .join(&id)
+        .join("phases.parquet");
+    let good = std::fs::read(&copy).unwrap();
+    let mut bad = good.clone();
+    bad[7] ^= 1;
+    std::fs::write(&copy, &bad).unwrap();
+    let (code, _, se) = go(srv.harness("b").args(["show", "--store", &url, &id]));
+    assert_eq!(code, 0, "{se}");
+    assert_eq!(
+        std::fs::read(&copy).unwrap(),
+        good,
+        "the corrupt copy was replaced"
+    );
     let (code, _, se) = go(srv.harness("b").args(["diff", "--store", &url, &id, &id]));
     assert_eq!(code, 0, "{se}");
     // plot, export and pack read the same verified copy.
