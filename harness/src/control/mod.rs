@@ -25,10 +25,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use evidence::error::StoreError;
 use evidence::store::Store;
 
-use crate::exit::{self, Refusal};
+use crate::exit;
 use crate::sampler::gpu::Gpu;
 use crate::watchdog::control::{self as watchdog_control, ControlKind, INSTRUMENT_ERROR};
 use crate::watchdog::limits::default_floor;
@@ -108,13 +107,10 @@ pub fn control(args: &ControlArgs) -> anyhow::Result<u8> {
         ))
         .into());
     }
-    let store = Store::resolve(args.store.as_deref()).map_err(|e| match e {
-        StoreError::Volatile { .. } => anyhow::Error::from(Refusal {
-            gate: "store-durable".into(),
-            why: e.to_string(),
-        }),
-        other => anyhow::Error::from(other).context("opening the store"),
-    })?;
+    // A volatile store is refused (3); a URL or no location is a usage error (2).
+    let store = Store::resolve(args.store.as_deref())
+        .map_err(crate::remote::store_error)
+        .context("opening the store")?;
     let engine = args
         .engine
         .clone()

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
+use crate::bundle::facts::Exclusion;
 use crate::bundle::files::store_bundle_dirs;
 use crate::bundle::manifest::read_facts;
 use crate::bundle::verified::{load_verified, VerifiedLoad};
@@ -37,20 +38,21 @@ pub struct ReportArgs {
 /// missing or empty store, or an `--out` that is not ours to overwrite.
 pub fn run(args: &ReportArgs) -> anyhow::Result<u8> {
     let spec = LeverSpec::load(&args.spec).map_err(|e| UsageError(e.to_string()))?;
-    let root = read_root(args.store.as_deref())?;
-    if !root.is_dir() {
-        return Err(UsageError(format!("store {}: no such directory", root.display())).into());
-    }
-    let dirs = if root.join("bundles").is_dir() {
-        store_bundle_dirs(&root)
-            .map_err(|e| UsageError(format!("store {}: {e}", root.display())))?
-    } else {
-        Vec::new()
-    };
-    if dirs.is_empty() {
+    // A bucket's bundles are fetched whole into this machine's local store
+    // (each verified; kept for the next report) and reported from there.
+    let (root, dirs, not_fetched, store_label) =
+        match crate::remote::location_of(args.store.as_deref())? {
+            Some(loc) => fetch_all(&loc)?,
+            None => {
+                let root = read_root(args.store.as_deref())?;
+                let dirs = local_dirs(&root)?;
+                let label = root.display().to_string();
+                (root, dirs, Vec::new(), label)
+            }
+        };
+    if dirs.is_empty() && not_fetched.is_empty() {
         return Err(UsageError(format!(
-            "store {}: holds no bundles (no bundles/*/manifest.json): nothing to report",
-            root.display()
+            "store {store_label}: holds no bundles (no bundles/*/manifest.json): nothing to report"
         ))
         .into());
     }
@@ -61,9 +63,11 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<u8> {
     let VerifiedLoad {
         dirs,
         loaded,
-        not_verified,
+        mut not_verified,
     } = load_verified(&root, &dirs);
-    let mut command = format!("harness report --store {}", root.display());
+    not_verified.extend(not_fetched);
+    not_verified.sort();
+    let mut command = format!("harness report --store {store_label}");
     if args.spec != Path::new(DEFAULT_SPEC) {
         command.push_str(&format!(" --spec {}", args.spec.display()));
     }
@@ -91,7 +95,6 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<u8> {
         markdown_with_forest(&ranking, Some("levers-forest.svg")).as_bytes(),
     )?;
     put("levers-forest.svg", forest::svg(&ranking).as_bytes())?;
-    let store_label = root.display().to_string();
     put(
         "index.html",
         page::html(&ranking, &art, &store_label).as_bytes(),
@@ -107,4 +110,39 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<u8> {
     );
     println!("wrote {}", out.join("index.html").display());
     Ok(exit::OK)
+}
+
+/// The bundle directories of the store directory `root` (a usage error when it
+/// is missing).
+fn local_dirs(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    if !root.is_dir() {
+        return Err(UsageError(format!("store {}: no such directory", root.display())).into());
+    }
+    if !root.join("bundles").is_dir() {
+        return Ok(Vec::new());
+    }
+    store_bundle_dirs(root).map_err(|e| UsageError(format!("store {}: {e}", root.display())).into())
+}
+
+/// Every committed bundle of the bucket at `loc` fetched into the local store:
+/// (the local store's root, the fetched directories, the bundles that could not
+/// be fetched because they do not verify, the bucket's URL as the label).
+fn fetch_all(
+    loc: &crate::remote::S3Location,
+) -> anyhow::Result<(PathBuf, Vec<PathBuf>, Vec<Exclusion>, String)> {
+    let bucket = crate::remote::open(loc)?;
+    let local = crate::remote::local_store()?;
+    let mut dirs = Vec::new();
+    let mut failed = Vec::new();
+    for id in crate::remote::fetch::committed(&bucket.list_bundles()?) {
+        match crate::remote::fetch::fetch(&bucket, &local, &id) {
+            Ok(d) => dirs.push(d),
+            Err(e @ crate::remote::RemoteError::Mismatch { .. }) => failed.push(Exclusion {
+                id,
+                reason: format!("does not verify: {e}"),
+            }),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok((local.root().to_path_buf(), dirs, failed, loc.to_string()))
 }

@@ -146,6 +146,18 @@ fn a_run_publishes_to_the_bucket_and_every_reader_reads_it_back_verified() {
     );
     let (code, _, se) = go(srv.harness("b").args(["diff", "--store", &url, &id, &id]));
     assert_eq!(code, 0, "{se}");
+    // The report page of the bucket (its bundles fetched whole, verified).
+    let rep = srv.dir.join("report");
+    let (code, _, se) = go(srv
+        .harness("b")
+        .args(["report", "--store", &url, "--out"])
+        .arg(&rep));
+    assert_eq!(code, 0, "{se}");
+    let page = std::fs::read_to_string(rep.join("index.html")).unwrap();
+    assert!(
+        page.contains(&id) && page.contains("s3://evidence/team"),
+        "the page names the bundle and the bucket"
+    );
     // plot, export and pack read the same verified copy.
     for args in [
         vec!["plot", "--store", &url, &id, "--out", "-"],
@@ -533,10 +545,7 @@ fn bad_credentials_and_locations_are_clear_errors_that_print_no_secret() {
         "{se}"
     );
     // A command that reads only a directory says so instead of making `s3:/...`.
-    let (code, _, se) = go(srv
-        .harness("a")
-        .args(["report", "--store", &url, "--out"])
-        .arg(srv.dir.join("rep")));
+    let (code, _, se) = go(srv.harness("a").args(["control", "--store", &url]));
     assert_eq!(code, 2, "{se}");
     assert!(se.contains("object-store URL"), "{se}");
     assert!(!repo().join("s3:").exists());
