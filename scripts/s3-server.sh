@@ -4,17 +4,18 @@
 # If-None-Match/If-Match writes, multipart, ListObjectsV2, ranges), from crates.io,
 # built into target/tools (no Docker, no download outside the registries).
 #
-#   scripts/s3-server.sh install   build it unless already there (~2 min on 2 cores)
+#   scripts/s3-server.sh install   build it unless already there (once; later calls return)
 #   scripts/s3-server.sh path      print the binary's path (exit 1 when not installed)
 #   scripts/s3-server.sh start DIR PORT KEY SECRET
 #                                  serve DIR (one subdirectory per bucket) on
 #                                  127.0.0.1:PORT in the foreground
 #
 # 0.14.1 is pinned: later releases need a newer rustc than this toolchain's 1.95.
-# Known limit of this server, measured here: its If-None-Match check and the write
-# are not one atomic step (8 concurrent creates of one new key: 1 to 8 succeed), so a
-# test of racing creators of the same key cannot rely on it; the harness's keys are
-# content-addressed, so racing publishers of one bundle write identical bytes.
+# Known limit of this server (scripts/s3-create-race.sh measures it: 8 concurrent
+# creates of one new key, 1 to 8 of them succeed): its If-None-Match check and the
+# write are not one atomic step, so a test of racing creators of the same key cannot
+# rely on it; the harness's keys are content-addressed, so racing publishers of one
+# bundle write identical bytes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=target/tools/s3s-fs

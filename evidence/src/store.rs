@@ -480,48 +480,41 @@ impl Store {
     /// first (a moment without `bundles/<id>`), then `from` into place.
     pub fn replace(&self, from: &Path, id: &str) -> Result<PathBuf, StoreError> {
         let to = self.bundles_dir().join(id);
-        let cf = CString::new(from.as_os_str().as_bytes())
-            .map_err(|e| IoAt::new(from, "exchange", std::io::Error::other(e)))?;
-        let ct = CString::new(to.as_os_str().as_bytes())
-            .map_err(|e| IoAt::new(&to, "exchange", std::io::Error::other(e)))?;
-        // SAFETY: both are valid C strings; renameat2 only reads them.
-        let rc = unsafe {
-            libc::renameat2(
-                libc::AT_FDCWD,
-                cf.as_ptr(),
-                libc::AT_FDCWD,
-                ct.as_ptr(),
-                libc::RENAME_EXCHANGE,
-            )
-        };
-        let old = if rc == 0 {
-            from.to_path_buf()
-        } else {
-            let err = std::io::Error::last_os_error();
-            if !matches!(err.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) {
-                return Err(IoAt::new(&to, "exchange with the replacement", err).into());
+        let old = match renameat2(from, &to, libc::RENAME_EXCHANGE, "exchange")? {
+            Ok(()) => from.to_path_buf(),
+            Err(err) => {
+                if !matches!(err.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) {
+                    return Err(IoAt::new(&to, "exchange with the replacement", err).into());
+                }
+                let mut aside = from.as_os_str().to_owned();
+                aside.push(".old");
+                let aside = PathBuf::from(aside);
+                std::fs::rename(&to, &aside).map_err(io_at(&to, "rename aside"))?;
+                if let Err(e) = std::fs::rename(from, &to) {
+                    let _ = std::fs::rename(&aside, &to);
+                    return Err(IoAt::new(&to, "rename the replacement into place", e).into());
+                }
+                aside
             }
-            let mut aside = from.as_os_str().to_owned();
-            aside.push(".old");
-            let aside = PathBuf::from(aside);
-            std::fs::rename(&to, &aside).map_err(io_at(&to, "rename aside"))?;
-            if let Err(e) = std::fs::rename(from, &to) {
-                let _ = std::fs::rename(&aside, &to);
-                return Err(IoAt::new(&to, "rename the replacement into place", e).into());
-            }
-            aside
         };
         fsync_dir(&self.bundles_dir())?;
         Ok(old)
     }
 }
 
-/// Rename `from` to `to` unless `to` exists: `Ok(true)` renamed, `Ok(false)` exists.
-pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> Result<bool, IoAt> {
+/// `renameat2(from, to, flags)` relative to the working directory: `Ok(Ok(()))`
+/// done, `Ok(Err(errno))` refused by the call, `Err` for a path that is no C
+/// string (`what` names the operation).
+fn renameat2(
+    from: &Path,
+    to: &Path,
+    flags: libc::c_uint,
+    what: &'static str,
+) -> Result<std::io::Result<()>, IoAt> {
     let cf = CString::new(from.as_os_str().as_bytes())
-        .map_err(|e| IoAt::new(from, "rename", std::io::Error::other(e)))?;
+        .map_err(|e| IoAt::new(from, what, std::io::Error::other(e)))?;
     let ct = CString::new(to.as_os_str().as_bytes())
-        .map_err(|e| IoAt::new(to, "rename", std::io::Error::other(e)))?;
+        .map_err(|e| IoAt::new(to, what, std::io::Error::other(e)))?;
     // SAFETY: both are valid C strings; renameat2 only reads them.
     let rc = unsafe {
         libc::renameat2(
@@ -529,13 +522,21 @@ pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> Result<bool, IoAt> {
             cf.as_ptr(),
             libc::AT_FDCWD,
             ct.as_ptr(),
-            libc::RENAME_NOREPLACE,
+            flags,
         )
     };
-    if rc == 0 {
+    Ok(if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    })
+}
+
+/// Rename `from` to `to` unless `to` exists: `Ok(true)` renamed, `Ok(false)` exists.
+pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> Result<bool, IoAt> {
+    let Err(err) = renameat2(from, to, libc::RENAME_NOREPLACE, "rename")? else {
         return Ok(true);
-    }
-    let err = std::io::Error::last_os_error();
+    };
     match err.raw_os_error() {
         Some(libc::EEXIST) | Some(libc::ENOTEMPTY) => Ok(false),
         // File systems without RENAME_NOREPLACE: check, then a plain rename, which

@@ -73,6 +73,11 @@ pub fn read_root(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// read from there like any local bundle.
 pub fn find_verified_bundle(arg: &StoreArg, query: &str) -> anyhow::Result<PathBuf> {
     let dir = find_bundle(arg, query)?;
+    // A bucket's bundle comes back from fetch verified (a fresh download checked
+    // before it was added, or a local copy checked through the cache): not again.
+    if crate::remote::location_of(arg.store.as_deref())?.is_some() && !Path::new(query).is_dir() {
+        return Ok(dir);
+    }
     // The store a bundle directory belongs to: <root>/bundles/<id>.
     let root = dir
         .parent()

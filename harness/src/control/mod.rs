@@ -139,12 +139,9 @@ pub fn control(args: &ControlArgs) -> anyhow::Result<u8> {
             &g.facts()["uuid"],
             &results[0],
         );
+        // Through a temporary file and a rename: a run never reads half a result.
         let p = crate::run::gpu_control::result_path(&store);
-        if let Some(dir) = p.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        std::fs::write(&p, serde_json::to_vec_pretty(&record)?)
-            .with_context(|| format!("writing {}", p.display()))?;
+        crate::formats::write_file(&p, &serde_json::to_vec_pretty(&record)?)?;
     }
     let me = std::env::current_exe().context("locating the harness binary")?;
     let mem_total = crate::sampler::system::mem_total_bytes().map_err(anyhow::Error::msg)?;

@@ -61,13 +61,12 @@ pub fn run(args: &RankArgs) -> anyhow::Result<u8> {
                 (loaded, not_verified, root.display().to_string())
             }
         };
-    let mut command = format!("harness rank --store {store_shown}");
-    if args.spec != Path::new(DEFAULT_SPEC) {
-        command.push_str(&format!(" --spec {}", args.spec.display()));
-    }
-    if let Some(out) = out_file.or(args.check.as_ref()) {
-        command.push_str(&format!(" --out {}", out.display()));
-    }
+    let command = regenerate_command(
+        "rank",
+        &store_shown,
+        &args.spec,
+        out_file.or(args.check.as_ref()).map(PathBuf::as_path),
+    );
     let ranking = crate::rank::rank(
         &spec,
         &loaded.bundles,
@@ -174,6 +173,20 @@ pub fn first_difference(a: &str, b: &str) -> Option<(usize, String, String)> {
             }
         }
     }
+}
+
+/// The command that regenerates a ranking: `harness VERB --store STORE`, with
+/// `--spec` when it is not the default and `--out` when there is one (what the
+/// report's `Regenerate:` line says).
+pub fn regenerate_command(verb: &str, store: &str, spec: &Path, out: Option<&Path>) -> String {
+    let mut command = format!("harness {verb} --store {store}");
+    if spec != Path::new(DEFAULT_SPEC) {
+        command.push_str(&format!(" --spec {}", spec.display()));
+    }
+    if let Some(out) = out {
+        command.push_str(&format!(" --out {}", out.display()));
+    }
+    command
 }
 
 /// `text` with the store of its `Regenerate:` line replaced by `STORE`: the

@@ -523,25 +523,26 @@ fn write_header(
     right_x0: f64,
 ) -> std::fmt::Result {
     let y = ROWS_Y - 8.0;
-    let mut x = PAD;
-    for (col, w) in LEFT_COLUMNS.iter().zip(left) {
-        writeln!(
-            o,
-            r#"<text x="{}" y="{}" font-weight="bold">{}</text>"#,
-            c(x),
-            c(y),
-            xml_escape(col.header)
-        )?;
-        x += w + GAP;
-    }
+    write_column_headers(o, LEFT_COLUMNS, left, PAD, y)?;
     writeln!(
         o,
         r#"<text x="{}" y="{}" font-weight="bold" text-anchor="middle">saving (fraction of baseline)</text>"#,
         c(scale.x0 + PLOT_W / 2.0),
         c(y)
     )?;
-    let mut x = right_x0;
-    for (col, w) in RIGHT_COLUMNS.iter().zip(right) {
+    write_column_headers(o, RIGHT_COLUMNS, right, right_x0, y)
+}
+
+/// The headers of `cols` (widths `widths`) from `x0` at height `y`.
+fn write_column_headers(
+    o: &mut String,
+    cols: &[Column],
+    widths: &[f64],
+    x0: f64,
+    y: f64,
+) -> std::fmt::Result {
+    let mut x = x0;
+    for (col, w) in cols.iter().zip(widths) {
         writeln!(
             o,
             r#"<text x="{}" y="{}" font-weight="bold">{}</text>"#,

@@ -36,8 +36,6 @@ fn chain_text(e: &dyn std::error::Error) -> String {
 /// One object as a listing describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
-    /// The file name inside its bundle.
-    pub name: String,
     /// Size in bytes.
     pub bytes: u64,
     /// The server's entity tag, when the listing carries one.
@@ -144,7 +142,6 @@ impl Bucket {
                 out.push((
                     rel.to_string(),
                     Listed {
-                        name: rel.rsplit('/').next().unwrap_or(rel).to_string(),
                         bytes: m.size,
                         etag: m.e_tag.clone(),
                         modified_ns: m.last_modified.timestamp_nanos_opt().unwrap_or(0),
@@ -162,13 +159,9 @@ impl Bucket {
         let mut out: BTreeMap<String, BTreeMap<String, Listed>> = BTreeMap::new();
         for (rel, l) in self.list_under(&self.loc.bundles_key())? {
             if let Some((id, name)) = rel.split_once('/') {
-                out.entry(id.to_string()).or_default().insert(
-                    name.to_string(),
-                    Listed {
-                        name: name.to_string(),
-                        ..l
-                    },
-                );
+                out.entry(id.to_string())
+                    .or_default()
+                    .insert(name.to_string(), l);
             }
         }
         Ok(out)
@@ -179,7 +172,6 @@ impl Bucket {
         Ok(self
             .list_under(&self.loc.bundle_key(id))?
             .into_iter()
-            .map(|(rel, l)| (rel.clone(), Listed { name: rel, ..l }))
             .collect())
     }
 
@@ -247,5 +239,42 @@ impl Bucket {
                 Err(e) => Err(self.req("PUT", key, e)),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Outer(&'static str, std::io::Error);
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.1)
+        }
+    }
+
+    #[test]
+    fn a_cause_is_said_once_and_the_innermost_one_is_said() {
+        let refused = || std::io::Error::other("tcp connect error: Connection refused");
+        let e = Outer("GET http://127.0.0.1:1/b failed", refused());
+        assert_eq!(
+            chain_text(&e),
+            "GET http://127.0.0.1:1/b failed: tcp connect error: Connection refused"
+        );
+        // A text that already carries its source's is not extended by it again.
+        let e = Outer(
+            "GET failed: tcp connect error: Connection refused",
+            refused(),
+        );
+        assert_eq!(
+            chain_text(&e),
+            "GET failed: tcp connect error: Connection refused"
+        );
     }
 }

@@ -117,19 +117,6 @@ impl S3Location {
             self.join(&format!("bundles/{id}"))
         )
     }
-
-    /// Split `key` (relative to the bucket) into `(id, file name)` when it is a
-    /// file directly inside a bundle of this store.
-    pub fn split_key<'a>(&self, key: &'a str) -> Option<(&'a str, &'a str)> {
-        let rest = if self.prefix.is_empty() {
-            key.strip_prefix("bundles/")?
-        } else {
-            key.strip_prefix(self.prefix.as_str())?
-                .strip_prefix("/bundles/")?
-        };
-        let (id, name) = rest.split_once('/')?;
-        (!name.contains('/')).then_some((id, name))
-    }
 }
 
 impl fmt::Display for S3Location {
@@ -157,16 +144,9 @@ mod tests {
             "ltx/h200/bundles/ab/manifest.json"
         );
         assert_eq!(l.bundle_url("ab"), "s3://team-evidence/ltx/h200/bundles/ab");
-        assert_eq!(
-            l.split_key("ltx/h200/bundles/ab/phases.parquet"),
-            Some(("ab", "phases.parquet"))
-        );
-        assert_eq!(l.split_key("ltx/h200/bundles/ab/x/y"), None);
-        assert_eq!(l.split_key("other/bundles/ab/x"), None);
         let bare = S3Location::parse("s3://bkt").unwrap();
         assert_eq!(bare.prefix, "");
         assert_eq!(bare.object_key("ab", "m").as_ref(), "bundles/ab/m");
-        assert_eq!(bare.split_key("bundles/ab/m"), Some(("ab", "m")));
     }
 
     #[test]

@@ -41,10 +41,9 @@ pub struct Published {
     pub id: String,
     /// Objects this call wrote.
     pub written: usize,
-    /// Objects that were already there with the right content.
+    /// Objects that were already there with the right content (the manifest
+    /// among them when another publisher committed it first).
     pub present: usize,
-    /// Whether this call committed the manifest (false: it was already committed).
-    pub committed_here: bool,
 }
 
 fn outbox_dir(store: &Store) -> PathBuf {
@@ -190,7 +189,6 @@ pub fn publish(
         id: id.clone(),
         written: 0,
         present: 0,
-        committed_here: false,
     };
     // Already committed (by us earlier, or by another machine): the listing's
     // sizes and the manifest's hash are checked, nothing is downloaded whole
@@ -237,10 +235,7 @@ pub fn publish(
     }
     let key = bucket.location().object_key(&id, MANIFEST);
     match bucket.create(&key, Bytes::from(mbytes))? {
-        Created::Written => {
-            out.written += 1;
-            out.committed_here = true;
-        }
+        Created::Written => out.written += 1,
         Created::AlreadyThere => {
             let have = bucket.get(&key, crate::remote::reader::MAX_MANIFEST_BYTES)?;
             let got = evidence::manifest::sha256_hex(&have);

@@ -67,11 +67,12 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<u8> {
     } = load_verified(&root, &dirs);
     not_verified.extend(not_fetched);
     not_verified.sort();
-    let mut command = format!("harness report --store {store_label}");
-    if args.spec != Path::new(DEFAULT_SPEC) {
-        command.push_str(&format!(" --spec {}", args.spec.display()));
-    }
-    command.push_str(&format!(" --out {}", args.out.display()));
+    let command = crate::rank::command::regenerate_command(
+        "report",
+        &store_label,
+        &args.spec,
+        Some(&args.out),
+    );
     let ranking = crate::rank::rank(
         &spec,
         &loaded.bundles,
