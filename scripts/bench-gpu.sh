@@ -17,7 +17,10 @@
 #                         overrides; the bundle is sealed into $WORK/store; CACHE =
 #                         as-is (default), cold or warm (--weights-cache)
 #   ref:RUNG              the PyTorch + diffusers reference at the rung's geometry, steps
-#                         and guidance (scripts/reference_ltx.py vae, then pipeline), with
+#                         and guidance (scripts/reference_ltx.py vae, then pipeline with
+#                         the arms REF_ARMS, default eager,compile: eager and
+#                         torch.compile'd transformer, REF_REPEAT timed calls each after a
+#                         warm-up, the denoise loop timed by CUDA events), with
 #                         the weights read into the page cache first (compare it with a
 #                         run whose CACHE is warm: the default profile's release-pages
 #                         leaves the weights cold for whoever comes next)
@@ -164,8 +167,9 @@ for step in "$@"; do
       timeout "$(cap 120)" "$PY" scripts/reference_ltx.py vae "${geo[@]}" --repeat 5 \
         --json "$OUT/ref-$a-vae.json" > "$OUT/ref-$a-vae.log" 2>&1
       note "ref $a vae rc=$?"
-      timeout "$(cap 300)" "$PY" scripts/reference_ltx.py pipeline "${geo[@]}" --steps "$S" \
-        --guidance "$G" --repeat 1 --json "$OUT/ref-$a-pipeline.json" \
+      timeout "$(cap ${REF_PIPELINE_S:-420})" "$PY" scripts/reference_ltx.py pipeline "${geo[@]}" --steps "$S" \
+        --guidance "$G" --repeat "${REF_REPEAT:-2}" --arms "${REF_ARMS:-eager,compile}" \
+        --json "$OUT/ref-$a-pipeline.json" \
         > "$OUT/ref-$a-pipeline.log" 2>&1
       note "ref $a pipeline rc=$?" ;;
     campaign)
@@ -251,6 +255,7 @@ except Exception as e:
     ls = []; print("ls failed:", e)
 keep = ("load.text_encoder", "conditioning", "load.dit", "denoise", "load.vae", "decode.video", "artifacts.frames")
 rows = {}
+den = {}
 for b in ls:
     d = json.loads(subprocess.run([h, "show", "--store", store, "--json", b["id"]], capture_output=True, text=True).stdout)
     ph = {p["name"]: p["duration_s"] for p in d["phases"] if p["depth"] == 0}
@@ -262,6 +267,8 @@ for b in ls:
           " ".join(f"{k} {ph[k]:.2f}" for k in keep if k in ph))
     if prof == "default" and not over:
         rows.setdefault(b["rung"], []).append((wall, b.get("wall_s") or 0, ph))
+    if prof == "default" and b.get("complete") and "denoise" in ph:
+        den.setdefault(b["rung"], {}).setdefault(over or "default", []).append(ph["denoise"])
 for f in sorted(glob.glob(os.path.join(out, "ref-*-*.json"))):
     r = json.load(open(f))
     rung = os.path.basename(f).split("-")[1]
@@ -277,6 +284,18 @@ for f in sorted(glob.glob(os.path.join(out, "ref-*-*.json"))):
                   f"run wall {wall:.2f} s / ref load+first call = {wall/(load+cold):.3f}x (harness gates and sealing included); "
                   f"run wall / ref load+warm call {load+call:.2f} s = {wall/(load+call):.3f}x; "
                   f"non-load phases {noload:.2f} s / ref warm call {call:.2f} s = {noload/call:.3f}x (target <= 0.75)")
+        # The denoise loop alone, engine against each reference arm (CUDA events around
+        # the reference's loop, no per-step sync; the engine's `denoise` phase wall).
+        for arm, ra in (r.get("arms") or {}).items():
+            if ra.get("denoise_ms_median") is None:
+                print(f"ref rung {rung} [{arm}] denoise not timed (forwards per call {ra.get('forwards_per_call')})")
+                continue
+            rd = ra["denoise_ms_median"] / 1e3
+            print(f"ref rung {rung} [{arm}] denoise median {rd:.3f} s (n={len(ra['denoise_ms'])}, "
+                  f"{ra['forwards_per_call']} forwards a call; warm-up call {ra['warm_up_ms']/1e3:.1f} s)")
+            for label, ds in sorted(den.get(rung, {}).items()):
+                m = sorted(ds)[len(ds) // 2]
+                print(f"  engine {label}: denoise median {m:.3f} s (n={len(ds)}) / ref {arm} {rd:.3f} s = {m/rd:.3f}x")
 EOF
 echo "took $(( $(date +%s) - t0 )) s"
 # PACK_LOGS=1 (the device call sets it): every log into one logs.tgz, so that the

@@ -4,7 +4,8 @@
 # (default .devcarry/attn, 150). CARRY holds engine.zst (a stripped dev-profile
 # engine, zstd) and a `zstd` binary. Step: engine selftest-cuda --only dit --bench
 # (attention checks incl. 6144x6144 hd64/hd128 vs attn_ref, DiT forwards vs the
-# host arm, forward benches with flash2 and the flash_mt layouts side by side).
+# host arm, forward benches with flash2, the flash_mt layouts and cuDNN's fused
+# attention (the `attention` lever's arms) side by side; cuDNN from the venv).
 # Full log under $OUT, a short table last.
 set -o pipefail
 carry=$PWD/${1:-.devcarry/attn}
@@ -18,6 +19,10 @@ chmod +x "$carry/zstd" 2>/dev/null
   nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm,clocks.max.sm --format=csv,noheader
 } > "$OUT/env.txt" 2>&1
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:$LD_LIBRARY_PATH
+# cuDNN (the attention lever's cudnn arm) lives in the Python venv's nvidia.cudnn.
+cudnn=$(python3 -c 'import nvidia.cudnn,os;print(os.path.dirname(nvidia.cudnn.__file__))' 2>/dev/null)
+[ -n "$cudnn" ] && export LD_LIBRARY_PATH=$cudnn/lib:$LD_LIBRARY_PATH
+echo "cudnn: ${cudnn:-not found} $(ls $cudnn/lib 2>/dev/null | tr '\n' ' ')" >> "$OUT/env.txt"
 export ENGINE_CACHE_DIR=$work/cache RUST_BACKTRACE=1
 t=$(date +%s)
 timeout "$budget" "$work/bin/engine" selftest-cuda --only dit --bench --scratch "$HOME/st" 2>&1 | tee "$OUT/selftest.log" > /dev/null
@@ -30,3 +35,4 @@ grep -E "^== selftest|passed, .* failed" "$OUT/selftest.log" | tail -2
 grep -E "attention .*(6144|flash-w)" "$OUT/selftest.log" | sort -u | head -40
 grep -E "forward .*(attn=|vs the CPU)" "$OUT/selftest.log" | sort -u | head -20
 grep -E "^forward " "$OUT/selftest.log" | sort -u
+grep -E "cudnn" "$OUT/selftest.log" | sort -u | head -30

@@ -8,12 +8,19 @@ It loads the SAME weights directory the engine renders from (diffusers layout, a
             timestep-conditioned when the VAE is), CUDA-synchronized wall per decode;
   pipeline  LTXPipeline at a rung's geometry, steps and guidance: the load
             (from_pretrained + .to(device)) and each call (text encoding, denoise,
-            decode to float frames), wall-clock.
+            decode to float frames), wall-clock; and each call's denoise loop alone,
+            by CUDA events recorded before the transformer's first forward and after
+            its last (no per-step synchronization), for each arm of --arms in one
+            process on the same weights: `eager` (as loaded), `compile`
+            (`torch.compile(transformer)`, default mode) and `compile-max`
+            (mode max-autotune); a compiled arm's first call (compilation included)
+            is its warm-up, reported as `warm_up_ms`, never timed.
 
 Usage:
   reference_ltx.py vae      --weights DIR --width W --height H --frames F [--repeat N]
   reference_ltx.py pipeline --weights DIR --width W --height H --frames F --steps S
                             --guidance G [--seed N] [--prompt P] [--negative P] [--repeat N]
+                            [--arms eager,compile,compile-max]
   common: [--device cuda|cpu] [--dtype bf16|f32] [--json OUT]
 
 Prints one line per timed repetition and a JSON summary (also written to --json):
@@ -49,6 +56,8 @@ def parse():
     ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     ap.add_argument("--decode-timestep", type=float, default=0.05)
     ap.add_argument("--decode-noise-scale", type=float, default=0.025)
+    ap.add_argument("--arms", default="eager",
+                    help="pipeline: comma-separated arms in order (eager, compile, compile-max)")
     ap.add_argument("--json")
     return ap.parse_args()
 
@@ -120,6 +129,38 @@ def run_vae(a, dtype):
     }
 
 
+class DenoiseEvents:
+    """CUDA events around a pipeline call's denoise loop: one recorded before the
+    transformer's first forward of the call and one after each forward (the last
+    one stands), by module hooks that enqueue an event and never synchronize."""
+
+    def __init__(self, module, device):
+        self.on = device.startswith("cuda")
+        self.reset()
+        module.register_forward_pre_hook(self.pre)
+        module.register_forward_hook(self.post)
+
+    def reset(self):
+        self.start, self.end, self.forwards = None, None, 0
+
+    def pre(self, _module, _args):
+        if self.on and self.start is None:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+
+    def post(self, _module, _args, _out):
+        self.forwards += 1
+        if self.on:
+            self.end = torch.cuda.Event(enable_timing=True)
+            self.end.record()
+
+    def ms(self):
+        if not self.on or self.start is None or self.end is None:
+            return None
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end)
+
+
 def run_pipeline(a, dtype):
     from diffusers import LTXPipeline
 
@@ -128,6 +169,7 @@ def run_pipeline(a, dtype):
     sync(a.device)
     load_ms = (time.perf_counter() - t0) * 1e3
     print(f"pipeline load: {load_ms:.1f} ms", flush=True)
+    eager = pipe.transformer
 
     def call():
         g = torch.Generator(device=a.device).manual_seed(a.seed)
@@ -146,14 +188,48 @@ def run_pipeline(a, dtype):
             return_dict=False,
         )[0]
 
-    warm_up, times, shape = timed(a, "pipeline call", "frames", call)
+    arms = {}
+    for arm in [x.strip() for x in a.arms.split(",") if x.strip()]:
+        if arm == "eager":
+            pipe.transformer = eager
+        elif arm in ("compile", "compile-max"):
+            mode = "max-autotune" if arm == "compile-max" else None
+            pipe.transformer = torch.compile(eager, mode=mode)
+        else:
+            sys.exit(f"--arms: unknown arm '{arm}' (eager, compile, compile-max)")
+        ev = DenoiseEvents(pipe.transformer, a.device)
+        denoise = []
+
+        def timed_call():
+            ev.reset()
+            out = call()
+            denoise.append(ev.ms())
+            return out
+
+        warm_up, times, shape = timed(a, f"pipeline call [{arm}]", "frames", timed_call)
+        steady = [d for d in denoise[1:] if d is not None]
+        for i, d in enumerate(denoise):
+            print(f"denoise [{arm}] {'warm-up' if i == 0 else i}: "
+                  f"{'n/a' if d is None else f'{d:.1f} ms'} over {ev.forwards} forwards", flush=True)
+        arms[arm] = {
+            "warm_up_ms": warm_up,
+            "call_ms": times,
+            "call_ms_median": statistics.median(times),
+            "denoise_warm_up_ms": denoise[0],
+            "denoise_ms": steady,
+            "denoise_ms_median": statistics.median(steady) if steady else None,
+            "forwards_per_call": ev.forwards,
+        }
     peak = torch.cuda.max_memory_allocated() if a.device.startswith("cuda") else None
+    first = next(iter(arms.values()))
     return {
         "load_ms": load_ms,
-        "warm_up_ms": warm_up,
+        # The first arm's figures at the top level, as before --arms existed.
+        "warm_up_ms": first["warm_up_ms"],
         "output_shape": shape,
-        "call_ms": times,
-        "call_ms_median": statistics.median(times),
+        "call_ms": first["call_ms"],
+        "call_ms_median": first["call_ms_median"],
+        "arms": arms,
         "peak_device_bytes": peak,
     }
 

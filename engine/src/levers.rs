@@ -56,6 +56,8 @@ pub const DENOISE_GRAPH: &str = "denoise-graph";
 pub const CONDITIONING: &str = "conditioning";
 /// Lever id: where the video VAE decodes on a CUDA render.
 pub const VAE: &str = "vae";
+/// Lever id: which kernel runs the CUDA arm's DiT self-attention.
+pub const ATTENTION: &str = "attention";
 
 static REGISTRY: &[LeverDef] = &[
     LeverDef {
@@ -128,7 +130,27 @@ static REGISTRY: &[LeverDef] = &[
               or the engine's implicit-GEMM kernel where cuDNN does not load), pixels copied \
               back per chunk",
     },
+    LeverDef {
+        id: ATTENTION,
+        arms: &["mma", "cudnn"],
+        // Unmeasured: the cudnn arm has not yet run on a GPU (issue 31's device
+        // call is owed), so the default stays the measured kernel until its
+        // campaign says otherwise (see `UNMEASURED`).
+        default: "mma",
+        baseline: "mma",
+        applies_to: Applies::Cuda,
+        doc: "mma runs the DiT's self-attention in the engine's own flash kernel (bf16 \
+              mma.sync, online softmax in registers); cudnn runs it in cuDNN's fused \
+              SDPA-forward operation (cuDNN 9.13+, loaded at run time; an error, not a \
+              fallback, where it is missing). The text-masked cross-attention runs in the \
+              engine's kernel on both arms",
+    },
 ];
+
+/// Levers whose treatment arm has not yet been measured on a device: their
+/// default stays the baseline until a campaign ranks the treatment (every
+/// other lever's default is its best measured arm, never its baseline).
+pub const UNMEASURED: &[&str] = &[ATTENTION];
 
 /// Every lever the engine knows, in a stable order.
 pub fn registry() -> &'static [LeverDef] {
@@ -269,6 +291,16 @@ impl LeverSet {
         self.arm(VAE) == "device"
     }
 
+    /// The `attention` arm: which kernel runs the DiT's self-attention.
+    pub fn attention(&self) -> crate::cuda::models::dit::AttentionArm {
+        use crate::cuda::models::dit::AttentionArm;
+        if self.arm(ATTENTION) == "mma" {
+            AttentionArm::Mma
+        } else {
+            AttentionArm::Cudnn
+        }
+    }
+
     /// The host pool size the `host-threads` arm asks for, given `cores` available.
     pub fn host_threads(&self, cores: usize) -> usize {
         if self.arm(HOST_THREADS) == "1" {
@@ -380,13 +412,41 @@ mod tests {
         for l in registry() {
             assert!(l.arms.contains(&l.default), "{}", l.id);
             assert!(l.arms.contains(&l.baseline), "{}", l.id);
-            assert_ne!(l.default, l.baseline, "{}", l.id);
+            if UNMEASURED.contains(&l.id) {
+                assert_eq!(
+                    l.default, l.baseline,
+                    "{}: unmeasured keeps the baseline",
+                    l.id
+                );
+            } else {
+                assert_ne!(l.default, l.baseline, "{}", l.id);
+            }
         }
         let j = registry_json();
         assert_eq!(j["levers"]["widen-f32"]["default"], "single");
         assert_eq!(j["levers"]["release-pages"]["baseline"], "off");
         assert_eq!(j["levers"]["host-threads"]["arms"][1], "n");
         assert_eq!(j["levers"]["host-threads"]["applies_to"], "cpu");
+    }
+
+    #[test]
+    fn attention_lever_matches_the_spec_entry_and_maps_to_the_arm() {
+        use crate::cuda::models::dit::AttentionArm;
+        let l = lever(ATTENTION).unwrap();
+        assert_eq!(l.arms, ["mma", "cudnn"]);
+        assert_eq!(l.applies_to, Applies::Cuda);
+        let d = LeverSet::resolve(Profile::Default, []).unwrap();
+        assert_eq!(d.attention(), AttentionArm::Mma);
+        let c = LeverSet::resolve(Profile::Default, [("attention", "cudnn")]).unwrap();
+        assert_eq!(c.attention(), AttentionArm::Cudnn);
+        assert_eq!(c.attention().name(), "cudnn");
+        let spec = include_str!("../../specs/levers.toml");
+        let at = spec.find("id = \"attention\"").unwrap();
+        let entry = &spec[at..at + spec[at..].find("[lever.hypothesis]").unwrap()];
+        assert!(entry.contains("arms = [\"mma\", \"cudnn\"]"), "{entry}");
+        assert!(entry.contains("baseline = \"mma\""), "{entry}");
+        assert!(entry.contains("treatment = \"cudnn\""), "{entry}");
+        assert!(entry.contains("numerics = \"changing\""), "{entry}");
     }
 
     #[test]

@@ -47,6 +47,7 @@ use serde_json::Value;
 
 use crate::conditioning::{encode_device, encode_host, ConditioningError, Encoded, PIPELINE_KEYS};
 use crate::cuda::denoise::{open_cuda_denoiser, Dispatch};
+use crate::cuda::models::dit::Geometry;
 use crate::cuda::models::t5::{open_device_t5, DeviceT5};
 use crate::cuda::models::vae::{
     self as cuda_vae, open_device_vae, ChunkReport, DecodeOptions, DeviceVae,
@@ -477,11 +478,31 @@ fn load_cuda_dit(
     drop(src);
     let opts = req.levers.staging();
     let dispatch = Dispatch::from_graph_lever(req.levers.denoise_graph());
-    let (den, r) = open_cuda_denoiser(&tensors, &req.preset.dit, &opts, &cond, grid, fps, dispatch)
-        .context("the CUDA arm's transformer")?;
+    let attention = req.levers.attention();
+    let geo = Geometry { grid, fps };
+    let (den, r) = open_cuda_denoiser(
+        &tensors,
+        &req.preset.dit,
+        &opts,
+        &cond,
+        geo,
+        dispatch,
+        attention,
+    )
+    .with_context(|| {
+        format!(
+            "the CUDA arm's transformer (attention={}; `--lever attention=mma` runs the \
+             engine's own kernel without cuDNN)",
+            attention.name()
+        )
+    })?;
     rec.attach_device(den.mem());
     let mut a = staging_attrs(&opts, &r.staging, tensors.len(), r.device_open_s);
     a.insert("dispatch".into(), Value::from(dispatch.name()));
+    a.insert("attention".into(), Value::from(attention.name()));
+    if let Some(v) = den.cudnn_version() {
+        a.insert("cudnn_version".into(), Value::from(v));
+    }
     Ok((Box::new(den), a, None))
 }
 

@@ -67,7 +67,7 @@ use crate::cuda::kit::context::Gpu;
 use crate::cuda::kit::memory::{download, upload, DeviceBuffer, MemTracker, ALIGN};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::{
-    DeviceDit, DitDims, Geometry, TextSlot, Timestep, Workspace, LATENT_CHANNELS,
+    AttentionArm, DeviceDit, DitDims, Geometry, TextSlot, Timestep, Workspace, LATENT_CHANNELS,
 };
 use crate::cuda::staging::{self, OpenReport, StagingOptions};
 use crate::cuda::{CudaError, DriverContext};
@@ -168,30 +168,32 @@ pub struct CudaDenoiser {
 
 /// Open GPU 0, stage the transformer's tensors (`tensors`: the extents of the
 /// validated checkpoint, possibly over several files) with `staging`, bind them
-/// and upload the conditioning. The latent grid and fps fix the workspace;
-/// `dispatch` is the `denoise-graph` lever's arm.
+/// and upload the conditioning. The geometry (latent grid and fps) fixes the
+/// workspace; `dispatch` is the `denoise-graph` lever's arm and `attention`
+/// the `attention` lever's (cuDNN is loaded here for `cudnn`).
 pub fn open_cuda_denoiser(
     tensors: &[Extent],
     cfg: &DitConfig,
     staging: &StagingOptions,
     cond: &Conditioning,
-    grid: (usize, usize, usize),
-    fps: f32,
+    geo: Geometry,
     dispatch: Dispatch,
+    attention: AttentionArm,
 ) -> Result<(CudaDenoiser, OpenReport), CudaError> {
     let dims = DitDims::from_config(cfg)?;
     let t0 = Instant::now();
     let kit = DeviceKit::open()?;
     let device_open_s = t0.elapsed().as_secs_f64();
     let (w, report) = staging::stage(&kit.gpu, tensors, staging)?;
-    let dit = DeviceDit::new(
+    let mut dit = DeviceDit::new(
         kit.gpu.clone(),
         kit.kernels.clone(),
         kit.gemm.clone(),
         dims,
         Arc::new(w),
     )?;
-    let den = CudaDenoiser::new(kit, dit, cond, Geometry { grid, fps }, dispatch)?;
+    dit.set_attention(attention)?;
+    let den = CudaDenoiser::new(kit, dit, cond, geo, dispatch)?;
     Ok((
         den,
         OpenReport {
@@ -277,6 +279,11 @@ impl CudaDenoiser {
     /// The device allocator's tracker (for `peak_device_bytes`).
     pub fn mem(&self) -> Arc<MemTracker> {
         self.dit.gpu().mem.clone()
+    }
+
+    /// The loaded cuDNN's version when the self-attention runs on cuDNN.
+    pub fn cudnn_version(&self) -> Option<usize> {
+        self.dit.cudnn_version()
     }
 
     /// How steps are dispatched.
@@ -654,9 +661,12 @@ mod tests {
                 &cfg,
                 &StagingOptions::new(staging::StagingMethod::Batched),
                 &cond,
-                (1, 2, 2),
-                25.0,
+                Geometry {
+                    grid: (1, 2, 2),
+                    fps: 25.0,
+                },
                 Dispatch::Graph,
+                AttentionArm::Mma,
             )
             .map(|_| ())
         })

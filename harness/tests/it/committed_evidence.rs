@@ -124,10 +124,11 @@ fn a_stale_or_missing_forest_plot_is_caught_naming_the_file() {
     );
 }
 
-/// Levers whose H200 campaign has not been run yet: `observer` (issue 26; its
-/// campaign is `harness campaign --rungs rungs/1.toml,rungs/2.toml --levers
-/// observer`, specs/device-residency.md S8).
-const OWED: &[&str] = &[];
+/// Levers whose H200 campaign has not been run yet: `attention` (issue 31; its
+/// campaign is `scripts/bench-gpu.sh ... campaign:2:attention:3:warm` and
+/// `campaign:3:attention:3:warm`, owed because the session that built the cudnn
+/// arm had no device time left; see reports/device-notes.md, 2026-12-04).
+const OWED: &[&str] = &["attention"];
 
 /// Levers whose device campaign ran at rung 2 (and 1) but not yet at rung 3:
 /// held to three pairs at rung 2, and exempt at rung 3 only while they have no
@@ -198,6 +199,6 @@ fn every_lever_that_applies_at_rungs_2_and_3_has_three_pairs() {
         }
     }
     // conditioning, vae, staging, release-pages, host-threads, denoise-graph and
-    // observer at both.
+    // observer at both (attention is owed).
     assert_eq!(checked, 14, "seven levers checked at rungs 2 and 3");
 }

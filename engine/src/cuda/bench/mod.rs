@@ -31,8 +31,11 @@ use crate::cuda::kit::context::Timer;
 use crate::cuda::kit::gemm::{flops, Epilogue};
 use crate::cuda::kit::kernels::{AttnKernel, NULL};
 use crate::cuda::kit::memory::{align_up, DeviceBuffer};
+use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::kit::DeviceKit;
-use crate::cuda::models::dit::{DeviceDit, DitDims, Geometry, TextSlot, LATENT_CHANNELS};
+use crate::cuda::models::dit::{
+    AttentionArm, DeviceDit, DitDims, Geometry, TextSlot, LATENT_CHANNELS,
+};
 use crate::cuda::staging::{
     self, pinned_copy_gbps, DeviceWeights, Staged, StagingMethod, StagingOptions,
 };
@@ -458,6 +461,45 @@ fn bench_forward(
     let (g_dd, g_up, g_dn) = block_gemms_ms(kit, n, d, (q.ptr(), o.ptr()))?;
     let block_gemm_ms = 6.0 * g_dd + g_up + g_dn;
     let layers = dims.layers as f64;
+    // The `attention` lever's cudnn arm: cuDNN's fused attention alone at the
+    // forward's self-attention shape, then the whole forward with it.
+    let shape = SdpaShape {
+        heads: dims.heads,
+        hd: dims.head_dim,
+        nq: n,
+        nk: n,
+        ld: [d; 4],
+        scale_bits: 0.125f32.to_bits(),
+    };
+    let cudnn = Sdpa::open(gpu).and_then(|sdpa| {
+        let ms = time_ms(kit, 2, 10, || {
+            sdpa.enqueue(gpu, &shape, q.ptr(), kk.ptr(), v.ptr(), o.ptr())
+        })?;
+        Ok((ms, sdpa.version, sdpa.plans()))
+    });
+    match cudnn {
+        Ok((sdpa_ms, version, plans)) => {
+            dit.set_attention(AttentionArm::Cudnn)?;
+            let with = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
+                dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
+            })?;
+            dit.set_attention(AttentionArm::Mma)?;
+            push(rows, format!(
+                "forward  {name} attention=cudnn (cuDNN {version}, engine choice {:?}): self-attn/block {sdpa_ms:.3} ms ({:.0} TFLOP/s) vs mma {best_attn:.3} ms ({:.0}); forward {with:.1} ms ({:.0} TFLOP/s) vs mma {best:.1} ms; parts: attn {:.1} ms, GEMMs {:.1} ms, other {:.1} ms",
+                plans.first().map(|p| p.1),
+                sa / layers / sdpa_ms / 1e9,
+                sa / layers / best_attn / 1e9,
+                total / with / 1e9,
+                sdpa_ms * layers,
+                block_gemm_ms * layers,
+                with - sdpa_ms * layers - block_gemm_ms * layers
+            ));
+        }
+        Err(e) => push(
+            rows,
+            format!("forward  {name} attention=cudnn unavailable: {e}"),
+        ),
+    }
     let sa_layer = sa / layers;
     push(rows, format!(
         "forward  {name} 6144 tok       {best:>8.1} ms  target <= {target} (PyTorch {pytorch}) {}  {:.0} TFLOP/s; attn={}",

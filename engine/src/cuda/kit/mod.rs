@@ -1,5 +1,5 @@
 //! The device kit: the GPU ([`context`]), memory ([`memory`]), run-time
-//! compiled kernels ([`nvrtc`], [`kernels`]), cuBLASLt GEMMs ([`gemm`]), the
+//! compiled kernels ([`nvrtc`], [`kernels`]), cuBLASLt GEMMs ([`gemm`]), cuDNN's fused attention ([`sdpa`]), the
 //! device bytes held ([`tracker`]) and the host's bf16 conversions ([`bf16`]). Everything in `cuda/` is built on it;
 //! it imports nothing else of `cuda/` but [`super::CudaError`].
 
@@ -9,6 +9,7 @@ pub mod gemm;
 pub mod kernels;
 pub mod memory;
 pub mod nvrtc;
+pub mod sdpa;
 pub mod tracker;
 
 use std::sync::Arc;

@@ -22,6 +22,7 @@ use crate::cuda::kit::context::{Gpu, Timer};
 use crate::cuda::kit::gemm::{Epilogue, Gemm};
 use crate::cuda::kit::kernels::{AttnKernel, Kernels, Map, RopeArgs, RowMode, NULL};
 use crate::cuda::kit::memory::{align_up, download, upload, Arena, DeviceBuffer};
+use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::staging::DeviceWeights;
 use crate::cuda::CudaError;
 use crate::models::dit::{DitConfig, MASK_BIAS, OUT_NORM_EPS, QK_NORM_EPS, ROPE_COMPRESSION};
@@ -445,8 +446,31 @@ pub struct DeviceDit {
     norm_eps: f32,
     freqs: DeviceBuffer,
     ws: Option<Workspace>,
-    /// Attention kernel for self- and cross-attention.
+    /// The engine's own attention kernel: the text-masked cross-attention
+    /// always, and the self-attention on the `mma` arm.
     pub attn: AttnKernel,
+    /// cuDNN's fused attention for the self-attention on the `cudnn` arm
+    /// ([`DeviceDit::set_attention`]); `None` on the `mma` arm.
+    sdpa: Option<Sdpa>,
+}
+
+/// Which kernel runs the self-attention (lever `attention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionArm {
+    /// The engine's own flash kernel (bf16 `mma.sync`, [`AttnKernel`]).
+    Mma,
+    /// cuDNN's fused SDPA-forward operation ([`Sdpa`]).
+    Cudnn,
+}
+
+impl AttentionArm {
+    /// The lever arm's name (`mma`, `cudnn`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionArm::Mma => "mma",
+            AttentionArm::Cudnn => "cudnn",
+        }
+    }
 }
 
 impl DeviceDit {
@@ -482,7 +506,33 @@ impl DeviceDit {
             norm_eps: dims.config().norm_eps as f32,
             freqs,
             ws: None,
+            sdpa: None,
         })
+    }
+
+    /// Run the self-attention on `arm`. `Cudnn` loads cuDNN and checks its
+    /// version here (an error names what is missing; nothing falls back
+    /// silently, so a run's `attention` lever says what ran).
+    pub fn set_attention(&mut self, arm: AttentionArm) -> Result<(), CudaError> {
+        self.sdpa = match arm {
+            AttentionArm::Mma => None,
+            AttentionArm::Cudnn => Some(Sdpa::open(&self.gpu)?),
+        };
+        Ok(())
+    }
+
+    /// The arm the self-attention runs on.
+    pub fn attention(&self) -> AttentionArm {
+        if self.sdpa.is_some() {
+            AttentionArm::Cudnn
+        } else {
+            AttentionArm::Mma
+        }
+    }
+
+    /// The loaded cuDNN's version on the `cudnn` arm.
+    pub fn cudnn_version(&self) -> Option<usize> {
+        self.sdpa.as_ref().map(|s| s.version)
     }
 
     /// Device bytes of the RoPE frequency table of `dims`.
@@ -758,7 +808,20 @@ impl DeviceDit {
         lin(ws.h, &a1.to_v, ws.v, n, Epilogue::Bias)?;
         k.qk_norm_rope(s, ws.q, ws.q, a1.norm_q, n, d, QK_NORM_EPS, Some(rope))?;
         k.qk_norm_rope(s, ws.k, ws.k, a1.norm_k, n, d, QK_NORM_EPS, Some(rope))?;
-        attend((ws.k, ws.v), n, NULL)?;
+        match &self.sdpa {
+            Some(sdpa) => {
+                let shape = SdpaShape {
+                    heads,
+                    hd,
+                    nq: n,
+                    nk: n,
+                    ld: [d; 4],
+                    scale_bits: (1.0 / (hd as f32).sqrt()).to_bits(),
+                };
+                sdpa.enqueue(&self.gpu, &shape, ws.q, ws.k, ws.v, ws.ao)?;
+            }
+            None => attend((ws.k, ws.v), n, NULL)?,
+        }
         lin(ws.ao, &a1.to_out, ws.y, n, Epilogue::Bias)?;
         // Gated residual; cross-attention reads x unnormalised and unmodulated.
         k.residual_norm(

@@ -6,14 +6,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use cudarc::driver::sys::CUdeviceptr;
+
 use super::Check;
 use crate::cuda::fixtures::{synth_source, write_synth_safetensors, Rng};
 use crate::cuda::kit::bf16::{narrow, rb, widen};
 use crate::cuda::kit::gemm::Epilogue;
 use crate::cuda::kit::kernels::{AttnKernel, Map, RopeArgs, RowMode, NULL};
 use crate::cuda::kit::memory::{download, DeviceBuffer};
+use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::kit::DeviceKit;
-use crate::cuda::models::dit::{DeviceDit, DitDims, Geometry, LATENT_CHANNELS};
+use crate::cuda::models::dit::{AttentionArm, DeviceDit, DitDims, Geometry, LATENT_CHANNELS};
 use crate::cuda::staging::{self, DeviceWeights, StagingMethod, StagingOptions};
 use crate::cuda::CudaError;
 use crate::models::dit::{Transformer, MASK_BIAS, OUT_NORM_EPS, QK_NORM_EPS, ROPE_COMPRESSION};
@@ -416,8 +419,135 @@ pub fn check_attention(
                     tol,
                 ));
             }
+            if !masked {
+                // The cudnn arm: self-attention only (no key bias). Tolerance
+                // 1e-2 as for the flash kernels: both round the output and the
+                // probabilities to bf16.
+                let od = kit.poisoned(nq * d * 2)?;
+                let got = sdpa_once(
+                    kit,
+                    heads,
+                    hd,
+                    nq,
+                    nk,
+                    [d; 4],
+                    [qd.ptr(), kd.ptr(), vd.ptr(), od.ptr()],
+                )
+                .and_then(|_| kit.read_bf16(od.ptr(), nq * d));
+                out.push(sdpa_check(
+                    format!("attention cudnn hd={hd} nq={nq} nk={nk}"),
+                    got,
+                    &r,
+                    1e-2,
+                ));
+            }
         }
     }
+    check_sdpa_strided(kit, rng, out)
+}
+
+/// One cuDNN attention over `[tokens, ld]` matrices at `p` (q, k, v, o) on a
+/// fresh handle, synchronized.
+fn sdpa_once(
+    kit: &DeviceKit,
+    heads: usize,
+    hd: usize,
+    nq: usize,
+    nk: usize,
+    ld: [usize; 4],
+    p: [CUdeviceptr; 4],
+) -> Result<(), CudaError> {
+    let sdpa = Sdpa::open(&kit.gpu)?;
+    let shape = SdpaShape {
+        heads,
+        hd,
+        nq,
+        nk,
+        ld,
+        scale_bits: (1.0 / (hd as f32).sqrt()).to_bits(),
+    };
+    sdpa.enqueue(&kit.gpu, &shape, p[0], p[1], p[2], p[3])?;
+    kit.gpu.sync_compute()
+}
+
+/// A check of a cuDNN result, or a failed check naming why there is none (no
+/// cuDNN, or no engine for the shape: the `cudnn` arm is then unusable here).
+fn sdpa_check(
+    name: String,
+    got: Result<Vec<f32>, CudaError>,
+    reference: &[f32],
+    tol: f64,
+) -> Check {
+    match got {
+        Ok(o) => Check::new(name, &o, reference, tol),
+        Err(e) => {
+            let mut c = Check::new(name, &[f32::NAN], &[1.0], tol);
+            c.note = e.to_string();
+            c
+        }
+    }
+}
+
+/// The cudnn arm over matrices that share one `[tokens, 3·D]` buffer (q, k and
+/// v side by side, as a fused QKV projection leaves them) and an output of
+/// leading dimension `D + 8`: the strides, not a packed layout, must carry the
+/// heads. Red on: strides given as `[.., ld, hd, 1]` (heads and tokens swapped)
+/// or the leading dimension taken as D.
+fn check_sdpa_strided(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    let (heads, hd, n) = (4usize, 64usize, 333usize);
+    let d = heads * hd;
+    let (q, kx, v) = (
+        rb(&rng.normal(n * d, 1.5)),
+        rb(&rng.normal(n * d, 1.5)),
+        rb(&rng.normal(n * d, 1.0)),
+    );
+    let scale = 1.0 / (hd as f32).sqrt();
+    let r = attention(
+        &q,
+        &kx,
+        &v,
+        n,
+        n,
+        heads,
+        hd,
+        scale,
+        AttnBias {
+            per_key: None,
+            per_head: None,
+        },
+    );
+    let mut fused = vec![0.0f32; n * 3 * d];
+    for t in 0..n {
+        for (j, m) in [&q, &kx, &v].iter().enumerate() {
+            fused[t * 3 * d + j * d..t * 3 * d + (j + 1) * d]
+                .copy_from_slice(&m[t * d..(t + 1) * d]);
+        }
+    }
+    let fd = kit.bf16(&fused)?;
+    let lo = d + 8;
+    let od = kit.poisoned(n * lo * 2)?;
+    let p = [
+        fd.ptr(),
+        fd.ptr() + (d * 2) as u64,
+        fd.ptr() + (2 * d * 2) as u64,
+        od.ptr(),
+    ];
+    let got = sdpa_once(kit, heads, hd, n, n, [3 * d, 3 * d, 3 * d, lo], p).and_then(|_| {
+        let all = kit.read_bf16(od.ptr(), n * lo)?;
+        Ok((0..n)
+            .flat_map(|t| all[t * lo..t * lo + d].to_vec())
+            .collect())
+    });
+    out.push(sdpa_check(
+        format!("attention cudnn hd={hd} nq=nk={n} strided (q|k|v in one [n, 3D], o ld D+8)"),
+        got,
+        &r,
+        1e-2,
+    ));
     Ok(())
 }
 
@@ -484,6 +614,23 @@ pub fn check_attention_long(kit: &DeviceKit, out: &mut Vec<Check>) -> Result<(),
                 1e-2,
             ));
         }
+        let o = kit.poisoned(n * d * 2)?;
+        let got = sdpa_once(
+            kit,
+            heads,
+            hd,
+            n,
+            n,
+            [d; 4],
+            [q.ptr(), k.ptr(), v.ptr(), o.ptr()],
+        )
+        .and_then(|_| kit.read_bf16(o.ptr(), n * d));
+        out.push(sdpa_check(
+            format!("attention cudnn hd={hd} heads={heads} nq=nk={n} vs the reference kernel"),
+            got,
+            &reference,
+            1e-2,
+        ));
     }
     Ok(())
 }
@@ -668,5 +815,25 @@ pub fn check_forward(
         c.note = format!("device {ms:.2} ms, CPU arm {cpu_s:.1} s");
         out.push(c);
     }
+    // The cudnn arm: self-attention in cuDNN, cross-attention in the best
+    // flash kernel, as a render runs it.
+    dit.attn = AttnKernel::best_for(dims.head_dim);
+    let name = format!("forward {label} attention=cudnn grid={grid:?} l={l} vs the CPU arm");
+    let got = dit
+        .set_attention(AttentionArm::Cudnn)
+        .and_then(|_| dit.forward(&lat, sigma, &text, &mask, Geometry { grid, fps }, true));
+    let mut c = sdpa_check(
+        name,
+        got.as_ref()
+            .map(|r| r.0.clone())
+            .map_err(|e| CudaError::Invalid(e.to_string())),
+        &cpu,
+        2e-2,
+    );
+    if let Ok((_, ms)) = got {
+        c.note = format!("device {ms:.2} ms, CPU arm {cpu_s:.1} s");
+    }
+    out.push(c);
+    dit.set_attention(AttentionArm::Mma)?;
     Ok(())
 }
