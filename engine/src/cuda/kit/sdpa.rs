@@ -8,7 +8,7 @@
 //! `[batch 1, heads, tokens, hd]` with strides `[tokens·ld, hd, ld, 1]`, so
 //! nothing is transposed or copied. The scale rides by value.
 //!
-//! One [`Plan`] (operation graph, the first engine configuration of cuDNN's
+//! One plan (operation graph, the first engine configuration of cuDNN's
 //! heuristics that finalizes, and its execution plan) is built per shape and
 //! kept; the variant pack (the five pointers and the workspace) is kept per
 //! plan and rebuilt only when a pointer changes, so a forward's calls cost one
