@@ -26,7 +26,6 @@
 //! Dependencies run one way: command -> runner -> execute -> budget -> plan.
 
 pub mod budget;
-pub mod command;
 pub mod execute;
 pub mod plan;
 pub mod runner;

@@ -114,7 +114,7 @@ pub fn control(args: &ControlArgs) -> anyhow::Result<u8> {
     let engine = args
         .engine
         .clone()
-        .unwrap_or_else(crate::run::args::default_engine);
+        .unwrap_or_else(crate::cmd::run::default_engine);
     let (gpu, why) = match Gpu::open(0) {
         Ok(g) => (Some(g), None),
         Err(w) => (None, Some(w)),

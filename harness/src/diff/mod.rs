@@ -9,7 +9,6 @@
 //! Promise: a pure function of the two bundles; phases keep A's open order, then the
 //! phases only B has in B's order.
 
-pub mod command;
 pub mod markdown;
 
 use serde::Serialize;

@@ -13,7 +13,6 @@
 //! bytes) in any order: bundles are sorted by id, maps are ordered, the bootstrap is
 //! seeded per lever and rung, and no clock is read.
 
-pub mod command;
 pub mod fidelity;
 pub mod fit;
 pub mod forest;

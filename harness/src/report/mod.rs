@@ -13,6 +13,5 @@
 //! deterministic.
 
 pub mod artifacts;
-pub mod command;
 pub mod outdir;
 pub mod page;

@@ -10,7 +10,6 @@
 //! gates, start the engine under the sampler, `supervise` it, stop and drain it,
 //! check its pixels, record what was measured, and seal.
 
-pub mod args;
 pub mod contention;
 pub mod escaped;
 pub mod facts;
@@ -46,7 +45,7 @@ use crate::exit::{self, Refusal};
 use crate::gate::{Gate, Verdict};
 use crate::sampler::{Sampler, SamplerConfig, SamplerReport, Target};
 use crate::weights::Weights;
-use args::{RunArgs, RunPlan};
+use crate::cmd::run::{self as args, RunArgs, RunPlan};
 use markers::Live;
 use preflight::{preflight, Ready, Stopped};
 use session::{JournalSink, Session};

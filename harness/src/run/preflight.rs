@@ -16,7 +16,7 @@ use evidence::store::{Staging, Store};
 
 use crate::exit::Refusal;
 use crate::gate::{Gate, Verdict};
-use crate::run::args::{Engine, RunPlan};
+use crate::cmd::run::{Engine, RunPlan};
 use crate::run::gates::{self, CopiedBinary};
 use crate::run::session::Session;
 use crate::run::signals::Signals;

@@ -25,4 +25,3 @@
 
 pub mod control;
 pub mod limits;
-pub mod probe;

@@ -39,7 +39,7 @@ pub struct CampaignArgs {
     pub order: Order,
     /// The engine binary every run uses (hashed into the campaign id).
     /// Default: `engine` next to the harness binary, as for `harness run`.
-    #[arg(long, default_value_os_t = crate::run::args::default_engine())]
+    #[arg(long, default_value_os_t = crate::cmd::run::default_engine())]
     pub engine: PathBuf,
     /// The weights' page-cache state at the start of every run (`harness run
     /// --weights-cache`); anything but as-is is part of the campaign id. Use cold

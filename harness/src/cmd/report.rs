@@ -67,7 +67,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<u8> {
     } = load_verified(&root, &dirs);
     not_verified.extend(not_fetched);
     not_verified.sort();
-    let command = crate::rank::command::regenerate_command(
+    let command = crate::cmd::rank::regenerate_command(
         "report",
         &store_label,
         &args.spec,

@@ -1,0 +1,15 @@
+//! One file per subcommand: its clap arguments and its `run`. `main.rs` only
+//! dispatches to these; nothing outside `cmd/` is a subcommand.
+
+pub mod alloc_probe;
+pub mod campaign;
+pub mod diff;
+pub mod ls;
+pub mod plot;
+pub mod rank;
+pub mod recover;
+pub mod report;
+pub mod run;
+pub mod show;
+pub mod sync;
+pub mod verify;
