@@ -84,7 +84,7 @@ fn main() {
             loaded.unreadable.first()
         );
         let r = harness::rank::rank(&spec, &loaded.bundles, &loaded.unreadable, &[], "bench");
-        let md = harness::rank::report::markdown(&r);
+        let md = harness::formats::markdown::markdown(&r);
         times.push(t.elapsed().as_secs_f64());
         bytes = md.len();
     }

@@ -8,8 +8,8 @@ use crate::bundle::files::store_bundle_dirs;
 use crate::bundle::verified::{load_verified, VerifiedLoad};
 use crate::exit::{self, UsageError};
 use crate::levers_spec::{LeverSpec, DEFAULT_SPEC};
-use crate::rank::forest::{self, file_beside};
-use crate::rank::report::markdown_with_forest;
+use crate::formats::forest::{self, file_beside};
+use crate::formats::markdown::markdown_with_forest;
 use crate::store_arg::read_root;
 
 /// `harness rank`: re-derive the lever ranking from the bundles in a store.

@@ -12,9 +12,10 @@ use crate::bundle::manifest::read_facts;
 use crate::bundle::verified::{load_verified, VerifiedLoad};
 use crate::exit::{self, UsageError};
 use crate::levers_spec::{LeverSpec, DEFAULT_SPEC};
-use crate::rank::forest;
-use crate::rank::report::markdown_with_forest;
-use crate::report::{artifacts, outdir, page};
+use crate::formats::forest;
+use crate::formats::markdown::markdown_with_forest;
+use crate::formats::html as page;
+use crate::report::{artifacts, outdir};
 use crate::store_arg::read_root;
 
 /// `harness report`: the ranking, the forest plot, the phase-scaling fit, every

@@ -13,7 +13,10 @@ use anyhow::Context;
 
 use crate::timeline::Timeline;
 
+pub mod forest;
 pub mod glyphs;
+pub mod html;
+pub mod markdown;
 pub mod perfetto;
 pub mod plot;
 

@@ -15,11 +15,9 @@
 
 pub mod fidelity;
 pub mod fit;
-pub mod forest;
 pub mod metric;
 pub mod pairing;
 pub mod pixels;
-pub mod report;
 pub mod stats;
 pub mod verdict;
 

@@ -20,7 +20,7 @@ use crate::bundle::manifest;
 use crate::diff::{diff, markdown::markdown};
 use crate::formats::plot::Svg;
 use crate::formats::Format;
-use crate::rank::forest::xml_escape;
+use crate::formats::forest::xml_escape;
 use crate::rank::Ranking;
 use crate::short_id::short;
 use crate::timeline::Timeline;

@@ -6,7 +6,7 @@
 //!   earlier `harness report`, staged beside it and swapped in whole;
 //! * [`artifacts`]: every bundle's timeline (SVG) and every pair's diff (HTML);
 //! * [`page`]: `index.html`, the page that links them, with the forest plot
-//!   ([`crate::rank::forest`]) inline.
+//!   ([`crate::formats::forest`]) inline.
 //!
 //! Promise: the same store (and spec, and `--out` as typed) gives the same bytes
 //! in every file: bundles are sorted, no clock is read, and every picture is
@@ -14,4 +14,3 @@
 
 pub mod artifacts;
 pub mod outdir;
-pub mod page;

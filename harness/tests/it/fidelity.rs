@@ -6,7 +6,7 @@ use crate::support::ranked::{render, seal, Render};
 use harness::bundle::files::store_bundle_dirs;
 use harness::bundle::scan::load_dirs;
 use harness::levers_spec::LeverSpec;
-use harness::rank::report::markdown;
+use harness::formats::markdown::markdown;
 use harness::rank::verdict::Verdict;
 use harness::rank::{rank, Ranking};
 use std::path::Path;
