@@ -13,6 +13,7 @@
 //! bytes) in any order: bundles are sorted by id, maps are ordered, the bootstrap is
 //! seeded per lever and rung, and no clock is read.
 
+pub mod bootstrap;
 pub mod fidelity;
 pub mod fit;
 pub mod metric;
