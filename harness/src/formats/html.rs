@@ -13,7 +13,7 @@ use std::fmt::Write;
 use crate::levers_spec::Unit;
 use crate::rank::fit::FLAT_EXPONENT;
 use crate::formats::forest::{inline_svg, xml_escape};
-use crate::formats::markdown::{fixed, method_lines, value};
+use crate::formats::ranking_text::{fixed, method_lines, rank_cells, value};
 use crate::rank::stats::CONFIDENCE;
 use crate::rank::verdict::{pct, Verdict, MIN_PAIRS};
 use crate::rank::{FitOutcome, LeverResult, Ranking, RungResult};
@@ -158,7 +158,7 @@ fn write_ranking(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o, "<div class=\"scroll\"><table class=\"ranking\">")?;
     writeln!(o, "<tr><th>rank</th><th>prior</th>{ROW_HEAD}</tr>")?;
     for l in &r.levers {
-        let (rank, prior) = crate::formats::markdown::rank_cells(l);
+        let (rank, prior) = rank_cells(l);
         write!(
             o,
             r#"<tr><td class="num">{rank}</td><td class="num">{}</td>"#,
