@@ -1,22 +1,23 @@
-//! The harness as a library: the `harness` binary is a thin dispatch over these
-//! modules, and benchmarks and integration tests call them directly. Every
-//! subcommand's module holds its clap arguments and its entry point.
+//! The harness as a library: the `harness` binary is a thin dispatch over
+//! [`cmd`], one file per subcommand (its clap arguments and its `run`), and
+//! benchmarks and integration tests call the modules below directly.
 //!
-//! Subcommands:
+//! What the subcommands are made of:
 //!
-//! * [`run`]: `harness run`: gates, the engine under sampler and watchdog, the seal.
-//! * [`control`]: `harness control`, the instrument's positive controls.
-//! * [`campaign`]: `harness campaign`, interleaved, resumable lever campaigns: the
-//!   plan, the budget, the execution, each position a child `harness run`.
-//! * [`rank`]: `harness rank`, the lever ranking re-derived from bundles.
-//! * [`diff`]: `harness diff`, two bundles side by side.
-//! * [`report`]: `harness report`, one self-contained page per store for reviewers:
-//!   the ranking, its forest plot, the fit, every bundle, each pair's timelines
-//!   and diff.
-//! * [`ls`], [`show`], [`verify`], [`recover`]: the store's bundle commands.
-//! * [`view`]: `harness plot` and `harness export`, a [`timeline`] written in one
-//!   of the [`formats`] (a picture, a Perfetto trace).
-//! * [`pack`]: `harness pack` and `harness unpack`, one bundle as one verifiable file.
+//! * [`run`]: what `harness run` does: gates, the engine under sampler and
+//!   watchdog, the seal.
+//! * [`control`]: the instrument's positive controls.
+//! * [`campaign`]: interleaved, resumable lever campaigns: the plan, the budget,
+//!   the execution, each position a child `harness run`.
+//! * [`rank`]: the lever ranking re-derived from bundles (arithmetic only).
+//! * [`diff`]: two bundles side by side.
+//! * [`report`]: one self-contained page per store for reviewers: the ranking, its
+//!   forest plot, the fit, every bundle, each pair's timelines and diff.
+//! * [`formats`]: every output format, one file each: the ranking's markdown
+//!   table, forest SVG and HTML page; a [`timeline`] as a picture or a Perfetto
+//!   trace.
+//! * [`pack`]: one bundle as one verifiable file.
+//! * [`remote`]: the store on the S3 protocol.
 //!
 //! What they share:
 //!
@@ -39,6 +40,8 @@
 //!   event elsewhere.
 //! * [`exit`]: the binary's stable exit codes and the error kinds that select them.
 //! * [`units`]: byte quantities as people type them; [`short_id`]: ids as printed.
+
+#![deny(missing_docs)]
 
 pub mod bundle;
 pub mod cache_dir;

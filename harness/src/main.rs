@@ -3,9 +3,10 @@
 
 use clap::{Parser, Subcommand};
 use harness::cmd::{
-    alloc_probe, campaign, diff, ls, plot, rank, recover, report, run, show, sync, verify,
+    alloc_probe, campaign, control, diff, export, ls, pack, plot, rank, recover, report, run,
+    show, sync, unpack, verify,
 };
-use harness::{exit, pack};
+use harness::exit;
 
 /// Measure GPU video renders and keep the evidence.
 #[derive(Parser)]
@@ -21,7 +22,7 @@ enum Command {
     /// Render a rung (or run any protocol-speaking engine) under the instrument and seal a bundle.
     Run(run::RunArgs),
     /// Run the instrument's positive controls (GPU utilization under burn, the watchdog).
-    Control(harness::control::ControlArgs),
+    Control(control::ControlArgs),
     /// Re-read every file of a bundle and check every hash and schema (exit 1 on any fault).
     Verify(verify::VerifyArgs),
     /// Seal every dead run's staging directory as an incomplete bundle.
@@ -45,11 +46,11 @@ enum Command {
     /// Draw a bundle's timeline (phases, GPU, power, memory, CPU) as PNG or SVG.
     Plot(plot::PlotArgs),
     /// Write a bundle's timeline as a Perfetto trace (Trace Event JSON).
-    Export(plot::ExportArgs),
+    Export(export::ExportArgs),
     /// Pack one bundle into one file (tar + zstd) that carries every hash.
     Pack(pack::PackArgs),
     /// Check a pack's every entry and hash, then add its bundle to the store atomically.
-    Unpack(pack::UnpackArgs),
+    Unpack(unpack::UnpackArgs),
     /// Copy every bundle of one store into another (directories and s3:// buckets,
     /// either way), verifying as it goes; idempotent.
     Sync(sync::SyncArgs),
@@ -57,8 +58,8 @@ enum Command {
 
 fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
-        Command::Run(a) => harness::run::run(&a),
-        Command::Control(a) => harness::control::control(&a),
+        Command::Run(a) => run::run(&a),
+        Command::Control(a) => control::run(&a),
         Command::Verify(a) => verify::run(a),
         Command::Recover(a) => recover::run(a),
         Command::Ls(a) => ls::run(a),
@@ -68,10 +69,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Report(a) => report::run(&a),
         Command::Campaign(a) => campaign::run(&a),
         Command::AllocProbe(a) => Ok(alloc_probe::run(&a)),
-        Command::Plot(a) => plot::plot(a),
-        Command::Export(a) => plot::export(a),
-        Command::Pack(a) => pack::pack(a),
-        Command::Unpack(a) => pack::unpack(a),
+        Command::Plot(a) => plot::run(a),
+        Command::Export(a) => export::run(a),
+        Command::Pack(a) => pack::run(a),
+        Command::Unpack(a) => unpack::run(a),
         Command::Sync(a) => sync::run(&a),
     }
 }

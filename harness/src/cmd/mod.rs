@@ -3,8 +3,11 @@
 
 pub mod alloc_probe;
 pub mod campaign;
+pub mod control;
 pub mod diff;
+pub mod export;
 pub mod ls;
+pub mod pack;
 pub mod plot;
 pub mod rank;
 pub mod recover;
@@ -12,4 +15,5 @@ pub mod report;
 pub mod run;
 pub mod show;
 pub mod sync;
+pub mod unpack;
 pub mod verify;

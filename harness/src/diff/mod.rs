@@ -3,8 +3,8 @@
 //! Phase tables with deltas and ratios; every manifest field that changes what a
 //! number means (binary, weights, levers, host, driver, cadence, contention, gates,
 //! controls, exit, completion); sample summaries (peaks, GPU-busy share, page cache).
-//! Output as markdown ([`markdown`]) or, with `--json`, as [`Diff`]; [`command`]
-//! holds the command's arguments and entry point.
+//! Output as markdown ([`markdown`]) or, with `--json`, as [`Diff`];
+//! [`crate::cmd::diff`] holds the command's arguments and entry point.
 //!
 //! Promise: a pure function of the two bundles; phases keep A's open order, then the
 //! phases only B has in B's order.

@@ -18,6 +18,7 @@ pub mod gpu_control;
 pub mod input;
 pub mod markers;
 pub mod pinned;
+pub mod config;
 mod preflight;
 mod session;
 pub mod signals;
@@ -45,7 +46,7 @@ use crate::exit::{self, Refusal};
 use crate::gate::{Gate, Verdict};
 use crate::sampler::{Sampler, SamplerConfig, SamplerReport, Target};
 use crate::weights::Weights;
-use crate::cmd::run::{self as args, RunArgs, RunPlan};
+use config::{Engine, RunConfig};
 use markers::Live;
 use preflight::{preflight, Ready, Stopped};
 use session::{JournalSink, Session};
@@ -57,16 +58,15 @@ pub const KILL_GRACE: Duration = Duration::from_secs(3);
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `harness run`: returns the exit code.
-pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
-    let plan = args.validate()?;
+pub fn run(config: &RunConfig) -> anyhow::Result<u8> {
     // What the engine refuses as input is a usage error, found before the store
     // is opened (nothing is left behind).
-    if let (args::Engine::Render { binary }, Some((rung, _))) = (&plan.engine, &plan.rung) {
-        input::check(binary, rung, &preflight::lever_args(&plan))?;
+    if let (Engine::Render { binary }, Some((rung, _))) = (&config.engine, &config.rung) {
+        input::check(binary, rung, &preflight::lever_args(config))?;
     }
     // A bucket is reached before anything is written: a run that could not be
     // published is refused up front (exit 3), not found out after the render.
-    let remote = remote_target(&plan)?;
+    let remote = remote_target(config)?;
     let argv: Vec<String> = std::env::args().collect();
     let cwd = std::env::current_dir().unwrap_or_default();
     let start = facts::RunStart::now();
@@ -77,9 +77,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
         mut session,
         rung_copy,
         sampler_config,
-    } = open(&plan, start, &argv, &cwd)?;
+    } = open(config, start, &argv, &cwd)?;
     let s = &mut session;
-    let ready = preflight(s, &plan, &store, &staging, rung_copy.as_deref(), &signals)?;
+    let ready = preflight(s, config, &store, &staging, rung_copy.as_deref(), &signals)?;
     let finish = |s: &Session, exit: classify::Exit, completion: Completion, code: u8| {
         let (code, sealed) = conclude(
             s, &store, &staging, start, &argv, &cwd, exit, completion, code,
@@ -128,12 +128,12 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
         watched.pid,
         &watched.sampler,
         &s.journal,
-        plan.timeout_s,
+        config.timeout_s,
         &signals,
     );
     let ended = stop_engine(watched, intervention, &s.journal, &staging, &store)?;
     check_pinned(&ready, &s.journal);
-    let completion = check_completion(&plan, &ended.live, &frames_dir, &s.journal)?;
+    let completion = check_completion(config, &ended.live, &frames_dir, &s.journal)?;
     let facts = Facts {
         code: ended.status.code(),
         signal: ended.status.signal(),
@@ -143,7 +143,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
         open_phases: ended.live.open.clone(),
     };
     let exit = classify::classify(&facts);
-    record_measurements(s, &plan, &ready, &ended)?;
+    record_measurements(s, config, &ready, &ended)?;
     eprintln!(
         "harness: engine ended after {:.2} s; {} marker lines ({} malformed); {} samples, {} missed ticks",
         (ended.t_end.saturating_sub(start.mono_ns)) as f64 / 1e9,
@@ -179,17 +179,17 @@ struct Opened {
 /// bundle), a staging directory and its journal; record the run's first
 /// fragments, the rung and the `store-durable` gate.
 fn open(
-    plan: &RunPlan,
+    config: &RunConfig,
     start: facts::RunStart,
     argv: &[String],
     cwd: &Path,
 ) -> anyhow::Result<Opened> {
     // With a bucket, the run stages and seals in this machine's local store.
-    let local = match crate::remote::location_of(plan.store.as_deref())? {
+    let local = match crate::remote::location_of(config.store.as_deref())? {
         Some(_) => {
             Some(evidence::store::local_default_location().map_err(crate::remote::store_error)?)
         }
-        None => plan.store.clone(),
+        None => config.store.clone(),
     };
     let store = Store::resolve(local.as_deref()).map_err(|e| match e {
         StoreError::Volatile { .. } => anyhow::Error::from(Refusal {
@@ -212,19 +212,19 @@ fn open(
     s.fragment("run", facts::run_fragment(start, None, argv, cwd))?;
     s.fragment("host", facts::host_fragment())?;
     s.fragment("store", serde_json::json!({"volatile_override": false}))?;
-    s.fragment("profile", serde_json::json!(plan.profile))?;
-    s.fragment("levers", serde_json::to_value(&plan.levers)?)?;
-    if let Some(schedule) = &plan.schedule {
+    s.fragment("profile", serde_json::json!(config.profile))?;
+    s.fragment("levers", serde_json::to_value(&config.levers)?)?;
+    if let Some(schedule) = &config.schedule {
         s.fragment("schedule", schedule.clone())?;
     }
     let sampler_config = SamplerConfig {
-        cadence_ms: plan.cadence_ms,
-        observer: plan.observer,
+        cadence_ms: config.cadence_ms,
+        observer: config.observer,
         limits: None,
         weights: Vec::new(),
     };
     s.fragment("sampler", sampler_config.fragment())?;
-    let rung_copy = match &plan.rung {
+    let rung_copy = match &config.rung {
         Some((path, rung)) => Some(record_rung(&s, path, rung, &staging)?),
         None => None,
     };
@@ -526,12 +526,12 @@ fn check_pinned(ready: &Ready, journal: &SharedJournal) {
 /// count and size, else the count its markers announced); a `frame` record per
 /// frame read.
 fn check_completion(
-    plan: &RunPlan,
+    config: &RunConfig,
     live: &Live,
     frames_dir: &Path,
     journal: &SharedJournal,
 ) -> anyhow::Result<Completion> {
-    let expect = match &plan.rung {
+    let expect = match &config.rung {
         Some((_, r)) => Expect {
             frames: Some(r.frames),
             size: Some((r.width, r.height)),
@@ -555,7 +555,7 @@ fn check_completion(
 /// and contention during the run and in each top-level phase.
 fn record_measurements(
     s: &Session,
-    plan: &RunPlan,
+    config: &RunConfig,
     ready: &Ready,
     ended: &Ended,
 ) -> anyhow::Result<()> {
@@ -571,8 +571,8 @@ fn record_measurements(
     )?;
     s.fragment("sensors_unavailable", ended.report.reasons.fragment())?;
     let mut sf = SamplerConfig {
-        cadence_ms: plan.cadence_ms,
-        observer: plan.observer,
+        cadence_ms: config.cadence_ms,
+        observer: config.observer,
         limits: None,
         weights: vec![],
     }
@@ -662,8 +662,8 @@ fn conclude(
 /// The bucket a run publishes to, reached once before the run starts (a LIST of
 /// its bundles' prefix): unreachable, unauthorized or misconfigured is refused
 /// by gate `store-remote` (exit 3) before anything is written.
-fn remote_target(plan: &RunPlan) -> anyhow::Result<Option<crate::remote::Bucket>> {
-    let Some(loc) = crate::remote::location_of(plan.store.as_deref())? else {
+fn remote_target(config: &RunConfig) -> anyhow::Result<Option<crate::remote::Bucket>> {
+    let Some(loc) = crate::remote::location_of(config.store.as_deref())? else {
         return Ok(None);
     };
     let refuse = |why: String| -> anyhow::Error {

@@ -21,7 +21,8 @@
 //! * [`limits`]: the limits and their check on one row (what the sampler runs;
 //!   depends on nothing else here, so the sampler does not depend on the control).
 //! * [`control`]: the positive control, which runs a sampler over the probe.
-//! * [`probe`]: the probe itself (`harness __alloc-probe`).
+//!
+//! The probe itself is `harness __alloc-probe` ([`crate::cmd::alloc_probe`]).
 
 pub mod control;
 pub mod limits;
