@@ -68,6 +68,7 @@ pub mod store_arg;
 pub mod summary;
 pub mod timeline;
 pub mod units;
+pub mod verification;
 pub mod watchdog;
 pub mod weights;
 pub mod weights_cache;

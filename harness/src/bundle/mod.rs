@@ -22,4 +22,3 @@ pub mod files;
 pub mod manifest;
 pub mod scan;
 pub mod tables;
-pub mod verified;

@@ -88,7 +88,7 @@ pub fn load_dirs(dirs: &[PathBuf]) -> Loaded {
 const PATH_COL: &str = "__bundle_dir";
 
 /// The files polars scans itself (not through [`files::read`]): a remote store
-/// checks them before the scan ([`crate::remote::verified`]).
+/// checks them before the scan ([`crate::verification::remote`]).
 pub const SCANNED_FILES: [&str; 3] = ["phases.parquet", "samples.parquet", "frames.parquet"];
 
 fn scan(dirs: &[(PathBuf, Bundle)], file: &str) -> PolarsResult<LazyFrame> {

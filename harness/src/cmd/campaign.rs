@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use crate::bundle::facts::Bundle;
-use crate::bundle::verified::{partition, VerifyCache};
+use crate::verification::local::{partition, VerifyCache};
 use crate::bundle::{files, manifest};
 use crate::campaign::budget::{Budget, WallHistory};
 use crate::campaign::execute::{execute, CampaignOutcome};

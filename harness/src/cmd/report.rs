@@ -9,7 +9,7 @@ use anyhow::Context;
 use crate::bundle::facts::Exclusion;
 use crate::bundle::files::store_bundle_dirs;
 use crate::bundle::manifest::read_facts;
-use crate::bundle::verified::{load_verified, VerifiedLoad};
+use crate::verification::local::{load_verified, VerifiedLoad};
 use crate::exit::{self, UsageError};
 use crate::levers_spec::{LeverSpec, DEFAULT_SPEC};
 use crate::formats::forest;

@@ -13,7 +13,7 @@ use anyhow::Context;
 use clap::Args;
 use evidence::store::Store;
 
-use crate::bundle::verified::VerifyCache;
+use crate::verification::local::VerifyCache;
 use crate::exit::{self, UsageError};
 use crate::remote::{self, fetch, publish, Bucket, S3Location};
 

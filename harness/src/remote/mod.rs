@@ -19,7 +19,6 @@ pub mod fetch;
 pub mod location;
 pub mod publish;
 pub mod reader;
-pub mod verified;
 
 use std::path::Path;
 
