@@ -37,9 +37,7 @@ use evidence::bundle_files::MANIFEST;
 use evidence::error::StoreError;
 use evidence::store::{is_bundle_id, Store};
 
-use crate::exit::{self, UsageError};
-use crate::formats;
-use crate::store_arg::{find_bundle, StoreArg};
+use crate::exit;
 
 /// The largest single file a pack may declare: 1 GiB.
 pub const MAX_ENTRY_BYTES: u64 = 1 << 30;
