@@ -53,6 +53,7 @@ pub mod control;
 pub mod diff;
 pub mod exit;
 pub mod formats;
+pub mod fragments;
 pub mod gate;
 pub mod harness_levers;
 pub mod levers_spec;

@@ -7,6 +7,8 @@
 //! run's start when the harness recorded one, else the earliest marker or sample.
 
 use evidence::parquet_tables::columns::{markers, phases, samples};
+
+use crate::fragments::{self, Fragment, SensorsUnavailable};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -269,24 +271,15 @@ impl Timeline {
         (t_ns - self.origin_ns()) as f64 / 1e9
     }
 
-    /// A string field of a manifest fragment (numbers as text), if present.
-    pub fn fragment_str(&self, key: &str, field: &str) -> Option<String> {
-        self.manifest
-            .fragment(key)
-            .and_then(|v| v.get(field))
-            .and_then(|v| match v {
-                Value::String(s) => Some(s.clone()),
-                Value::Null => None,
-                other => Some(other.to_string()),
-            })
+    /// The manifest's fragment `F`, if present and readable.
+    pub fn fragment<F: Fragment>(&self) -> Option<F> {
+        fragments::of(&self.manifest)
     }
 
     /// Why a sampler column has no values, from `sensors_unavailable`, if recorded.
     pub fn unavailable_reason(&self, column: &str) -> Option<String> {
-        self.manifest
-            .fragment("sensors_unavailable")
-            .and_then(|v| v.get(column))
-            .and_then(Value::as_str)
+        self.fragment::<SensorsUnavailable>()?
+            .reason(column)
             .map(str::to_string)
     }
 }

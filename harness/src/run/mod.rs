@@ -10,6 +10,7 @@
 //! gates, start the engine under the sampler, `supervise` it, stop and drain it,
 //! check its pixels, record what was measured, and seal.
 
+pub mod config;
 pub mod contention;
 pub mod escaped;
 pub mod facts;
@@ -18,7 +19,6 @@ pub mod gpu_control;
 pub mod input;
 pub mod markers;
 pub mod pinned;
-pub mod config;
 mod preflight;
 mod session;
 pub mod signals;
@@ -26,6 +26,7 @@ pub mod spawn;
 pub mod streams;
 mod supervise;
 
+use crate::fragments::{self as frag, Fragment};
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -209,13 +210,15 @@ fn open(
         gates: Vec::new(),
         controls: Vec::new(),
     };
-    s.fragment("run", facts::run_fragment(start, None, argv, cwd))?;
-    s.fragment("host", facts::host_fragment())?;
-    s.fragment("store", serde_json::json!({"volatile_override": false}))?;
-    s.fragment("profile", serde_json::json!(config.profile))?;
-    s.fragment("levers", serde_json::to_value(&config.levers)?)?;
+    s.record(&facts::run_fragment(start, None, argv, cwd))?;
+    s.record(&facts::host_fragment())?;
+    s.record(&frag::StoreFragment {
+        volatile_override: false,
+    })?;
+    s.record(&frag::Profile(config.profile.clone()))?;
+    s.record(&frag::Levers(config.levers.clone()))?;
     if let Some(schedule) = &config.schedule {
-        s.fragment("schedule", schedule.clone())?;
+        s.fragment(frag::Schedule::KEY, schedule.clone())?;
     }
     let sampler_config = SamplerConfig {
         cadence_ms: config.cadence_ms,
@@ -223,7 +226,7 @@ fn open(
         limits: None,
         weights: Vec::new(),
     };
-    s.fragment("sampler", sampler_config.fragment())?;
+    s.fragment(frag::Sampler::KEY, sampler_config.fragment())?;
     let rung_copy = match &config.rung {
         Some((path, rung)) => Some(record_rung(&s, path, rung, &staging)?),
         None => None,
@@ -263,7 +266,7 @@ fn record_rung(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     s.fragment(
-        "rung",
+        frag::Rung::KEY,
         serde_json::json!({
             "name": name,
             "path": path,
@@ -459,7 +462,7 @@ fn stop_engine(
             "detail": "descendants of the engine outside its process group (setsid or setpgid), alive after it ended; killed and reaped by the harness (a child subreaper)",
         });
         if let Err(e) = journal.append(&Record::Fragment {
-            key: "escaped".into(),
+            key: frag::Escaped::KEY.into(),
             value: fragment,
         }) {
             eprintln!("harness: could not journal the escaped processes: {e}");
@@ -515,7 +518,7 @@ fn check_pinned(ready: &Ready, journal: &SharedJournal) {
         "detail": "inputs pinned before the engine started (program, interpreter, file arguments, python distributions) differ after it ended",
     });
     if let Err(e) = journal.append(&Record::Fragment {
-        key: "exec_check".into(),
+        key: frag::ExecCheck::KEY.into(),
         value: fragment,
     }) {
         eprintln!("harness: could not journal the changed inputs: {e}");
@@ -564,12 +567,15 @@ fn record_measurements(
         engine["version"] = serde_json::json!(version);
         engine["name"] = serde_json::json!(name);
     }
-    s.fragment("engine", engine)?;
+    s.fragment(frag::Engine::KEY, engine)?;
     s.fragment(
-        "watchdog",
+        frag::Watchdog::KEY,
         ready.limits.fragment(ended.report.trip.as_ref()),
     )?;
-    s.fragment("sensors_unavailable", ended.report.reasons.fragment())?;
+    s.fragment(
+        frag::SensorsUnavailable::KEY,
+        ended.report.reasons.fragment(),
+    )?;
     let mut sf = SamplerConfig {
         cadence_ms: config.cadence_ms,
         observer: config.observer,
@@ -578,7 +584,7 @@ fn record_measurements(
     }
     .fragment();
     sampler_results(&mut sf, &ended.report);
-    s.fragment("sampler", sf)?;
+    s.fragment(frag::Sampler::KEY, sf)?;
     let (cpu_start, cpu_end) = &ended.cpu;
     let during = contention::during(cpu_start, cpu_end, facts::cores());
     // ...and inside each top-level phase the engine marked.
@@ -596,7 +602,7 @@ fn record_measurements(
         eprintln!("harness: contention FLAGGED: {}", during.detail);
     }
     s.fragment(
-        "contention",
+        frag::Contention::KEY,
         contention::with_during(&ready.contention, &during),
     )
 }
@@ -623,12 +629,9 @@ fn conclude(
     completion: Completion,
     code: u8,
 ) -> anyhow::Result<(u8, PathBuf)> {
-    s.fragment("completion", completion.fragment())?;
-    s.fragment("exit", serde_json::to_value(&exit)?)?;
-    s.fragment(
-        "run",
-        facts::run_fragment(start, Some(monotonic_ns()), argv, cwd),
-    )?;
+    s.fragment(frag::Completion::KEY, completion.fragment())?;
+    s.fragment(frag::Exit::KEY, serde_json::to_value(&exit)?)?;
+    s.record(&facts::run_fragment(start, Some(monotonic_ns()), argv, cwd))?;
     s.journal.clone().finish().context("closing the journal")?;
     let sealed = evidence::seal::seal(staging.dir(), store).context("sealing the bundle")?;
     let table = crate::bundle::tables::phase_table_text(&sealed.path)

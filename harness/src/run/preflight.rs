@@ -7,6 +7,7 @@
 //! state, the engine's command line, the watchdog's limits, contention, headroom,
 //! then the watchdog's positive control (H1) and the GPU control.
 
+use crate::fragments::{self as frag, Fragment};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,7 +122,7 @@ pub(super) fn preflight(
         engine_fragment["run_path"] = serde_json::json!(copied.store_path);
         engine_fragment["pinned"] = serde_json::to_value(p)?;
     }
-    s.fragment("engine", engine_fragment.clone())?;
+    s.fragment(frag::Engine::KEY, engine_fragment.clone())?;
     let (limits, unified_gpu) = watchdog_limits(s, config, gpu.as_deref())?;
     let contention = step!(contention(s, gpu.as_deref(), signals));
     step!(headroom(
@@ -167,7 +168,7 @@ fn lease(s: &mut Session, config: &RunConfig, signals: &Signals) -> Step<()> {
         signals
     ));
     s.fragment(
-        "lease",
+        frag::Lease::KEY,
         match config
             .lease_id
             .as_deref()
@@ -194,7 +195,7 @@ fn device(
         Err(why) => (None, Some(why)),
     };
     s.fragment(
-        "gpu",
+        frag::Gpu::KEY,
         gpu.as_ref()
             .map(|g| g.facts())
             .unwrap_or(serde_json::Value::Null),
@@ -327,12 +328,12 @@ fn weights(
                 ),
                 signals
             ));
-            s.fragment("weights", w.fragment())?;
+            s.fragment(frag::Weights::KEY, w.fragment())?;
             Ok(Ok(Some(w)))
         }
         Some(Err(e)) => refuse(s, "weights", e.to_string()),
         None => {
-            s.fragment("weights", serde_json::Value::Null)?;
+            s.fragment(frag::Weights::KEY, serde_json::Value::Null)?;
             Ok(Ok(None))
         }
     }
@@ -351,7 +352,7 @@ fn weights_cache(
             Ok(p) => {
                 // The figures as numbers too: rank pairs weight-reading metrics
                 // only between runs that started in about the same cache state.
-                s.fragment("weights_cache", serde_json::to_value(&p)?)?;
+                s.fragment(frag::WeightsCache::KEY, serde_json::to_value(&p)?)?;
                 step!(pass(s, p.gate(), signals));
             }
             Err(e) if policy == WeightsCache::AsIs => {
@@ -439,7 +440,7 @@ fn watchdog_limits(
         mem_floor_bytes: floor,
         unified_budget_bytes: budget,
     };
-    s.fragment("watchdog", limits.fragment(None))?;
+    s.fragment(frag::Watchdog::KEY, limits.fragment(None))?;
     Ok((limits, unified_gpu))
 }
 
@@ -451,7 +452,7 @@ fn contention(s: &mut Session, gpu: Option<&Gpu>, signals: &Signals) -> Step<ser
     let c = gates::contention(busy, load1, facts::cores(), gpu, std::process::id());
     let flagged = c["flagged"].as_bool().unwrap_or(false);
     let detail = c["detail"].as_str().unwrap_or("").to_string();
-    s.fragment("contention", c.clone())?;
+    s.fragment(frag::Contention::KEY, c.clone())?;
     step!(pass(
         s,
         Gate::new(

@@ -2,6 +2,7 @@
 //! gates and controls, each printed as it is recorded) and the sink the sampler
 //! hands its rows to.
 
+use crate::fragments::{self as frag, Fragment};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
@@ -57,7 +58,7 @@ impl SampleSink for JournalSink {
     }
     fn unavailable(&mut self, reasons: &Reasons) {
         self.append(&Record::Fragment {
-            key: "sensors_unavailable".into(),
+            key: frag::SensorsUnavailable::KEY.into(),
             value: reasons.fragment(),
         });
     }
@@ -84,6 +85,11 @@ impl Session {
             .with_context(|| format!("writing the '{key}' fragment to the journal"))
     }
 
+    /// Journal fragment `f` under its key.
+    pub(super) fn record<F: Fragment>(&self, f: &F) -> anyhow::Result<()> {
+        self.fragment(F::KEY, serde_json::to_value(f)?)
+    }
+
     /// Record `g`; a refusal becomes the error that ends preflight.
     pub(super) fn gate(&mut self, g: Gate) -> anyhow::Result<Result<(), Refusal>> {
         let refusal = (g.verdict == Verdict::Refuse).then(|| Refusal {
@@ -97,7 +103,7 @@ impl Session {
             g.detail
         );
         self.gates.push(g);
-        self.fragment("gates", serde_json::to_value(&self.gates)?)?;
+        self.fragment(frag::Gates::KEY, serde_json::to_value(&self.gates)?)?;
         Ok(refusal.map_or(Ok(()), Err))
     }
 
@@ -108,6 +114,6 @@ impl Session {
             c.name, c.verdict, c.detail
         );
         self.controls.push(c);
-        self.fragment("controls", serde_json::to_value(&self.controls)?)
+        self.fragment(frag::Controls::KEY, serde_json::to_value(&self.controls)?)
     }
 }
