@@ -160,7 +160,7 @@ const NS: &str = "nanoseconds (CLOCK_MONOTONIC)";
 pub fn samples_schema() -> SchemaRef {
     let mut f = vec![
         field(
-                samples::T_NS,
+            samples::T_NS,
             DataType::Int64,
             false,
             NS,
@@ -168,7 +168,7 @@ pub fn samples_schema() -> SchemaRef {
             "the sampler tick",
         ),
         field(
-                samples::PHASE,
+            samples::PHASE,
             DataType::Utf8,
             true,
             "phase name",
@@ -201,8 +201,7 @@ pub fn phases_schema() -> SchemaRef {
                 "-",
                 "position in open order, from 0",
             ),
-            field(
-                phases::NAME, DataType::Utf8, false, "phase name", "-", m),
+            field(phases::NAME, DataType::Utf8, false, "phase name", "-", m),
             field(
                 phases::DEPTH,
                 DataType::Int64,
@@ -316,7 +315,13 @@ pub fn phases_schema() -> SchemaRef {
                 "mean samples.cpu_cores",
             ),
             field(
-                phases::SAMPLES, DataType::Int64, false, "count", "the phase", s),
+                phases::SAMPLES,
+                DataType::Int64,
+                false,
+                "count",
+                "the phase",
+                s,
+            ),
         ],
     )
 }

@@ -3,8 +3,8 @@
 
 use clap::{Parser, Subcommand};
 use harness::cmd::{
-    alloc_probe, campaign, control, diff, export, ls, pack, plot, rank, recover, report, run,
-    show, sync, unpack, verify,
+    alloc_probe, campaign, control, diff, export, ls, pack, plot, rank, recover, report, run, show,
+    sync, unpack, verify,
 };
 use harness::exit;
 

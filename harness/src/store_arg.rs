@@ -11,8 +11,8 @@ use clap::Args;
 use evidence::error::StoreError;
 use evidence::store::Store;
 
-use crate::verification::local::VerifyCache;
 use crate::exit::{Negative, Refusal, UsageError};
+use crate::verification::local::VerifyCache;
 
 /// Where the store is.
 #[derive(Debug, Clone, Args)]

@@ -232,8 +232,18 @@ fn frames_scan(
     let df = run().map_err(|e| err_for(&with, FILE, e))?;
     let e = |x: PolarsError| err_for(&with, FILE, x);
     let path = df.column(PATH_COL).map_err(e)?.str().map_err(e)?.clone();
-    let index = df.column(frames::INDEX).map_err(e)?.i64().map_err(e)?.clone();
-    let sha = df.column(frames::SHA256).map_err(e)?.str().map_err(e)?.clone();
+    let index = df
+        .column(frames::INDEX)
+        .map_err(e)?
+        .i64()
+        .map_err(e)?
+        .clone();
+    let sha = df
+        .column(frames::SHA256)
+        .map_err(e)?
+        .str()
+        .map_err(e)?
+        .clone();
     for r in 0..df.height() {
         let (Some(i), Some(h)) = (index.get(r), sha.get(r)) else {
             continue;
@@ -294,7 +304,12 @@ fn samples_scan(
     let df = run().map_err(|e| err_for(dirs, FILE, e))?;
     let e = |x: PolarsError| err_for(dirs, FILE, x);
     let path = df.column(PATH_COL).map_err(e)?.str().map_err(e)?.clone();
-    let phase = df.column(samples::PHASE).map_err(e)?.str().map_err(e)?.clone();
+    let phase = df
+        .column(samples::PHASE)
+        .map_err(e)?
+        .str()
+        .map_err(e)?
+        .clone();
     let n = df
         .column("n")
         .map_err(e)?

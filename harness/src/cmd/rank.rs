@@ -5,12 +5,12 @@
 use std::path::{Path, PathBuf};
 
 use crate::bundle::files::store_bundle_dirs;
-use crate::verification::local::{load_verified, VerifiedLoad};
 use crate::exit::{self, UsageError};
-use crate::levers_spec::{LeverSpec, DEFAULT_SPEC};
 use crate::formats::forest::{self, file_beside};
 use crate::formats::markdown::markdown_with_forest;
+use crate::levers_spec::{LeverSpec, DEFAULT_SPEC};
 use crate::store_arg::read_root;
+use crate::verification::local::{load_verified, VerifiedLoad};
 
 /// `harness rank`: re-derive the lever ranking from the bundles in a store.
 #[derive(Debug, clap::Args)]

@@ -10,10 +10,10 @@
 
 use std::fmt::Write;
 
-use crate::levers_spec::Unit;
-use crate::rank::fit::FLAT_EXPONENT;
 use crate::formats::forest::{inline_svg, xml_escape};
 use crate::formats::ranking_text::{fixed, method_lines, rank_cells, value};
+use crate::levers_spec::Unit;
+use crate::rank::fit::FLAT_EXPONENT;
 use crate::rank::stats::CONFIDENCE;
 use crate::rank::verdict::{pct, Verdict, MIN_PAIRS};
 use crate::rank::{FitOutcome, LeverResult, Ranking, RungResult};

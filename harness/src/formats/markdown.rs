@@ -8,13 +8,13 @@
 
 use std::fmt::Write;
 
+use crate::formats::ranking_text::{fixed, method_lines, rank_cells, value};
 use crate::levers_spec::Numerics;
 use crate::rank::fidelity::{self, db};
 use crate::rank::fit::FLAT_EXPONENT;
 use crate::rank::stats::CONFIDENCE;
 use crate::rank::verdict::{pct, Verdict, MIN_PAIRS};
 use crate::rank::{FitOutcome, LeverResult, Ranking, RungResult};
-use crate::formats::ranking_text::{fixed, method_lines, rank_cells, value};
 use crate::short_id::short;
 
 /// Render `r` as markdown.

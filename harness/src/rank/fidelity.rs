@@ -30,8 +30,8 @@ use std::collections::BTreeMap;
 
 use crate::bundle::facts::Bundle;
 use crate::levers_spec::{FidelityRule, Lever, Numerics};
-use crate::rank::pixels::{read_rgb8, SampleDiff};
 use crate::rank::bootstrap::{self, CONFIDENCE};
+use crate::rank::pixels::{read_rgb8, SampleDiff};
 use crate::rank::stats;
 use crate::rank::verdict::MIN_PAIRS;
 use evidence::bundle_files::FRAME_IMAGES;

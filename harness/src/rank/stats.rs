@@ -143,10 +143,17 @@ pub fn paired_effect(
         (sl / n as f64, sd / n as f64)
     });
     let (boot_log, boot_diff): (Vec<f64>, Vec<f64>) = boot.into_iter().unzip();
-    let interval = |boot: Vec<f64>, f: &dyn Fn(f64) -> f64, point: f64| match bootstrap::interval(boot) {
-        Some((lo, hi)) => Interval { lo: f(lo), hi: f(hi) },
-        None => Interval { lo: point, hi: point },
-    };
+    let interval =
+        |boot: Vec<f64>, f: &dyn Fn(f64) -> f64, point: f64| match bootstrap::interval(boot) {
+            Some((lo, hi)) => Interval {
+                lo: f(lo),
+                hi: f(hi),
+            },
+            None => Interval {
+                lo: point,
+                hi: point,
+            },
+        };
     let mean_log = mean(&logs);
     let saving = mean(&diffs);
     let lower = pairs.iter().filter(|p| p.treatment < p.baseline).count();

@@ -97,7 +97,8 @@ mod tests {
 
     #[test]
     fn a_key_is_trusted_only_with_the_stamp_it_verified_with_and_survives_a_save() {
-        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-scratch/stamp-cache");
+        let d =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-scratch/stamp-cache");
         let _ = std::fs::remove_dir_all(&d);
         let p = d.join("c.json");
         let mut c: StampCache<u64> = StampCache::open(Some(p.clone()), "s".into(), "verified");

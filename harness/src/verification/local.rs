@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::bundle::facts::Exclusion;
-use crate::verification::cache::StampCache;
 use crate::cache_dir::{cache_base, hex16};
+use crate::verification::cache::StampCache;
 
 /// One file of a bundle as the file system describes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,7 +54,7 @@ pub struct NotVerified {
 }
 
 /// At most this many failures are named per bundle (the rest are counted).
-const NAMED_FAILURES: usize = 3;
+pub const NAMED_FAILURES: usize = 3;
 
 /// The first [`NAMED_FAILURES`] of `errors` (each naming its file) joined with
 /// `; `, and how many more there are: what a refusal says of a bundle.

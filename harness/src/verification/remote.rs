@@ -19,9 +19,9 @@ use serde::{Deserialize, Serialize};
 use crate::bundle::facts::Exclusion;
 use crate::bundle::scan::SCANNED_FILES;
 use crate::cache_dir::{cache_base, hex16};
-use crate::verification::cache::StampCache;
 use crate::remote::bucket::Listed;
 use crate::remote::reader::Remote;
+use crate::verification::cache::StampCache;
 
 /// One object whose content hashed right, as the listing described it then.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
