@@ -70,6 +70,5 @@ pub mod summary;
 pub mod timeline;
 pub mod units;
 pub mod verification;
-pub mod watchdog;
 pub mod weights;
 pub mod weights_cache;

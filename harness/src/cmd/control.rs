@@ -14,8 +14,8 @@ use crate::control::{
 };
 use crate::exit;
 use crate::sampler::gpu::Gpu;
-use crate::watchdog::control::{self as watchdog_control, ControlKind};
-use crate::watchdog::limits::default_floor;
+use crate::control::watchdog::{self as watchdog_control, ControlKind};
+use crate::sampler::limits::default_floor;
 
 /// Run the instrument's positive controls.
 #[derive(Debug, Args)]
@@ -83,13 +83,13 @@ pub fn run(args: &ControlArgs) -> anyhow::Result<u8> {
     let mut results = vec![gpu::gpu_control(&engine, source, why.as_deref(), &settings)];
     // Kept for runs only when measured on the real GPU.
     if let (Some(g), true) = (&gpu, source.is_some_and(|s| s.is_real())) {
-        let record = crate::run::gpu_control::record(
+        let record = crate::control::recorded::record(
             crate::run::facts::boot_id().as_deref(),
             &g.facts()["uuid"],
             &results[0],
         );
         // Through a temporary file and a rename: a run never reads half a result.
-        let p = crate::run::gpu_control::result_path(&store);
+        let p = crate::control::recorded::result_path(&store);
         crate::formats::write_file(&p, &serde_json::to_vec_pretty(&record)?)?;
     }
     let me = std::env::current_exe().context("locating the harness binary")?;

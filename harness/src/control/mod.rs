@@ -19,10 +19,12 @@
 pub mod burn;
 pub mod gpu;
 pub mod judge;
+pub mod recorded;
 pub mod util;
+pub mod watchdog;
 
 use crate::exit;
-use crate::watchdog::control::INSTRUMENT_ERROR;
+use crate::control::watchdog::INSTRUMENT_ERROR;
 
 /// The median GPU utilization the burn's load must reach, percent.
 ///

@@ -15,7 +15,6 @@ pub mod contention;
 pub mod escaped;
 pub mod facts;
 pub mod gates;
-pub mod gpu_control;
 pub mod input;
 pub mod markers;
 pub mod pinned;

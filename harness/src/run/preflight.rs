@@ -23,8 +23,8 @@ use crate::run::session::Session;
 use crate::run::signals::Signals;
 use crate::run::{facts, spawn};
 use crate::sampler::gpu::Gpu;
-use crate::watchdog::control::{self as watchdog_control, ControlKind};
-use crate::watchdog::limits::{default_floor, Limits};
+use crate::control::watchdog::{self as watchdog_control, ControlKind};
+use crate::sampler::limits::{default_floor, Limits};
 use crate::weights::{self, Weights};
 use crate::weights_cache::Policy as WeightsCache;
 
@@ -551,7 +551,7 @@ fn controls(
             signals
         ));
     }
-    s.control(crate::run::gpu_control::for_run(store, gpu, gpu_reason))?;
+    s.control(crate::control::recorded::for_run(store, gpu, gpu_reason))?;
     Ok(Ok(()))
 }
 

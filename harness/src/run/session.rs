@@ -13,7 +13,7 @@ use crate::exit::Refusal;
 use crate::gate::{Gate, Verdict};
 use crate::run::contention;
 use crate::sampler::{Reasons, SampleSink};
-use crate::watchdog::control::ControlResult;
+use crate::control::watchdog::ControlResult;
 
 /// The journal-backed sink for sampler rows.
 pub(super) struct JournalSink {

@@ -18,6 +18,7 @@
 
 pub mod cadence;
 pub mod gpu;
+pub mod limits;
 pub mod pagecache;
 pub mod periodic;
 pub mod procs;
@@ -32,7 +33,7 @@ use std::thread::JoinHandle;
 use evidence::clock::monotonic_ns;
 use evidence::sample::Sample;
 
-use crate::watchdog::limits::{Limits, Trip};
+use crate::sampler::limits::{Limits, Trip};
 use cadence::Ticker;
 use gpu::{Gpu, GpuProbe, SlowReading, GPU_COLUMNS};
 use pagecache::Residency;

@@ -9,7 +9,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::sampler::{NullSink, Sampler, SamplerConfig, Target};
-use crate::watchdog::limits::{Limits, Trip};
+use crate::sampler::limits::{Limits, Trip};
 
 /// How far past the current reading the control's synthetic limit lies, in bytes.
 pub const CONTROL_MARGIN_BYTES: u64 = 256 << 20;

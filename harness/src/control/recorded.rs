@@ -8,7 +8,7 @@ use evidence::store::Store;
 
 use crate::run::facts;
 use crate::sampler::gpu::Gpu;
-use crate::watchdog::control::ControlResult;
+use crate::control::watchdog::ControlResult;
 
 /// Where the GPU control's last result lives: `harness control` writes it (with
 /// the boot id and the GPU's uuid), every run reads it.
