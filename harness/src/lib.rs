@@ -27,8 +27,9 @@
 //! * [`summary`]: the manifest fields `ls` and `show` print.
 //! * [`sampler`]: the fixed-cadence sampler thread and its readers (procfs, NVML,
 //!   page cache).
-//! * [`watchdog`]: the memory watchdog (H1): its limits, its positive control, the
-//!   probe.
+//! * [`control`] also holds the memory watchdog's (H1) positive control; its
+//!   limits are checked by the [`sampler`] on every row.
+//! * [`text_busy`]: starting a program just written (ETXTBSY retried).
 //! * [`classify`]: why a run ended (the `exit` fragment of `harness run`).
 //! * [`completion`]: the pixel completion check on `video.y4m`.
 //! * [`weights`]: the run's weights, their digest, synthesis into the cache;
@@ -67,6 +68,7 @@ pub mod sampler;
 pub mod short_id;
 pub mod store_arg;
 pub mod summary;
+pub mod text_busy;
 pub mod timeline;
 pub mod units;
 pub mod verification;

@@ -228,7 +228,7 @@ pub fn synthesize(engine: &Path, preset: &str, cache: &Path) -> Result<Weights, 
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child =
-        crate::run::spawn::retry_while_text_busy(|| command.spawn()).map_err(io(engine))?;
+        crate::text_busy::retry_while_text_busy(|| command.spawn()).map_err(io(engine))?;
     // The engine's stderr is echoed as it comes (synthesis takes a minute at
     // ltxv-13b) and its last line kept: a failure's cause ("No space left on
     // device") belongs in the refusal the bundle records, not only on a terminal.

@@ -8,13 +8,13 @@ use clap::Args;
 use evidence::store::Store;
 
 use crate::control::util::{FileUtil, UtilSource};
+use crate::control::watchdog::{self as watchdog_control, ControlKind};
 use crate::control::{
     exit_code, gpu, judge, GPU_CONTROL_LOAD_DEADLINE_S, GPU_CONTROL_MIN_UTIL_PCT,
     GPU_CONTROL_SETTLE_S,
 };
 use crate::exit;
 use crate::sampler::gpu::Gpu;
-use crate::control::watchdog::{self as watchdog_control, ControlKind};
 use crate::sampler::limits::default_floor;
 
 /// Run the instrument's positive controls.

@@ -1,4 +1,5 @@
-//! `harness control`: the instrument's positive controls.
+//! The instrument's positive controls, all of them here: what `harness control`
+//! ([`crate::cmd::control`]) runs, and the result a run records.
 //!
 //! * `gpu-util`: GPU utilization must read high inside the load of the engine's
 //!   burn kernel (`engine burn --seconds S`, a known GEMM load announced through
@@ -6,7 +7,7 @@
 //!   control is `not-applicable` and says why; a burn that never reaches its load
 //!   (or fails in it) is an `instrument-error`, which says nothing about the GPU.
 //! * `watchdog-floor` (and `watchdog-unified-budget` on unified-memory GPUs): the
-//!   watchdog kills an allocating child within two ticks (see [`crate::watchdog`]).
+//!   watchdog kills an allocating child within two ticks (see [`watchdog`]).
 //!
 //! The GPU result is kept in the store's cache for this boot and GPU, and every
 //! `harness run` records it among the controls it relied on.
@@ -15,6 +16,8 @@
 //! * [`util`]: where readings come from (NVML, or a test-only fake).
 //! * [`judge`]: the verdict from the readings inside the load.
 //! * [`gpu`]: the control itself: start, read at a fixed cadence, stop, judge.
+//! * [`recorded`]: the GPU control's result as kept for runs, and read by them.
+//! * [`watchdog`]: the watchdog's control (a probe killed at its limit).
 
 pub mod burn;
 pub mod gpu;
@@ -23,8 +26,8 @@ pub mod recorded;
 pub mod util;
 pub mod watchdog;
 
-use crate::exit;
 use crate::control::watchdog::INSTRUMENT_ERROR;
+use crate::exit;
 
 /// The median GPU utilization the burn's load must reach, percent.
 ///

@@ -15,6 +15,7 @@ use std::time::Duration;
 use anyhow::Context;
 use evidence::store::{Staging, Store};
 
+use crate::control::watchdog::{self as watchdog_control, ControlKind};
 use crate::exit::Refusal;
 use crate::gate::{Gate, Verdict};
 use crate::run::config::{Engine, RunConfig};
@@ -23,7 +24,6 @@ use crate::run::session::Session;
 use crate::run::signals::Signals;
 use crate::run::{facts, spawn};
 use crate::sampler::gpu::Gpu;
-use crate::control::watchdog::{self as watchdog_control, ControlKind};
 use crate::sampler::limits::{default_floor, Limits};
 use crate::weights::{self, Weights};
 use crate::weights_cache::Policy as WeightsCache;

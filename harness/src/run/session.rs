@@ -9,11 +9,11 @@ use anyhow::Context;
 use evidence::clock::monotonic_ns;
 use evidence::journal::{Record, SharedJournal};
 
+use crate::control::watchdog::ControlResult;
 use crate::exit::Refusal;
 use crate::gate::{Gate, Verdict};
 use crate::run::contention;
 use crate::sampler::{Reasons, SampleSink};
-use crate::control::watchdog::ControlResult;
 
 /// The journal-backed sink for sampler rows.
 pub(super) struct JournalSink {

@@ -1,5 +1,5 @@
 //! The watchdog's limits and their check on one sampler row: the part of the
-//! watchdog that runs inside the sampler (see [`crate::watchdog`]).
+//! watchdog that runs inside the sampler (see [`crate::control::watchdog`]).
 
 use evidence::sample::Sample;
 
