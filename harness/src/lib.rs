@@ -68,6 +68,8 @@ pub mod sampler;
 pub mod short_id;
 pub mod store_arg;
 pub mod summary;
+#[cfg(any(test, feature = "test-kit"))]
+pub mod test_kit;
 pub mod text_busy;
 pub mod timeline;
 pub mod units;
