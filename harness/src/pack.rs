@@ -528,12 +528,7 @@ mod tests {
 
     /// A fresh empty directory under target/ for one test.
     fn scratch(name: &str) -> PathBuf {
-        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../target/harness-unit")
-            .join(format!("{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        crate::test_kit::scratch(&format!("pack-{name}"))
     }
 
     fn read_pack(f: &Path, r: &[u8]) -> Result<String, UnpackError> {

@@ -312,12 +312,7 @@ mod tests {
     use sha2::{Digest, Sha256};
 
     fn scratch(name: &str) -> PathBuf {
-        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../target/test-scratch/weights")
-            .join(name);
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        crate::test_kit::scratch(&format!("weights-{name}"))
     }
 
     fn write(dir: &Path, rel: &str, bytes: &[u8]) {

@@ -541,11 +541,7 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     fn scratch(name: &str) -> PathBuf {
-        let d =
-            std::env::temp_dir().join(format!("harness-fidelity-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        crate::test_kit::scratch(&format!("fidelity-{name}"))
     }
 
     /// A bundle whose three images are 4x2 pixels of `value` with sample 0 of the
