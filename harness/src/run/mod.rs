@@ -264,15 +264,12 @@ fn record_rung(
         .file_stem()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    s.fragment(
-        frag::Rung::KEY,
-        serde_json::json!({
-            "name": name,
-            "path": path,
-            "sha256": sha,
-            "config": rung,
-        }),
-    )?;
+    s.record(&frag::Rung {
+        name: Some(name),
+        path: Some(path.to_path_buf()),
+        sha256: Some(sha),
+        config: Some(serde_json::to_value(rung)?),
+    })?;
     Ok(copy)
 }
 
@@ -567,14 +564,8 @@ fn record_measurements(
         engine["name"] = serde_json::json!(name);
     }
     s.fragment(frag::Engine::KEY, engine)?;
-    s.fragment(
-        frag::Watchdog::KEY,
-        ready.limits.fragment(ended.report.trip.as_ref()),
-    )?;
-    s.fragment(
-        frag::SensorsUnavailable::KEY,
-        ended.report.reasons.fragment(),
-    )?;
+    s.record(&ready.limits.fragment(ended.report.trip.as_ref()))?;
+    s.record(&ended.report.reasons.fragment())?;
     let mut sf = SamplerConfig {
         cadence_ms: config.cadence_ms,
         observer: config.observer,
@@ -628,7 +619,7 @@ fn conclude(
     completion: Completion,
     code: u8,
 ) -> anyhow::Result<(u8, PathBuf)> {
-    s.fragment(frag::Completion::KEY, completion.fragment())?;
+    s.record(&completion.fragment())?;
     s.fragment(frag::Exit::KEY, serde_json::to_value(&exit)?)?;
     s.record(&facts::run_fragment(start, Some(monotonic_ns()), argv, cwd))?;
     s.journal.clone().finish().context("closing the journal")?;

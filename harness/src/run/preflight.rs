@@ -167,18 +167,16 @@ fn lease(s: &mut Session, config: &RunConfig, signals: &Signals) -> Step<()> {
         gates::lease(lease_required, config.lease_id.as_deref()),
         signals
     ));
-    s.fragment(
-        frag::Lease::KEY,
-        match config
-            .lease_id
-            .as_deref()
-            .map(str::trim)
-            .filter(|x| !x.is_empty())
-        {
-            Some(id) => serde_json::json!({ "id": id }),
-            None => serde_json::Value::Null,
-        },
-    )?;
+    match config
+        .lease_id
+        .as_deref()
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+    {
+        Some(id) => s.record(&frag::Lease { id: id.to_string() })?,
+        // No lease: the fragment is null.
+        None => s.fragment(frag::Lease::KEY, serde_json::Value::Null)?,
+    }
     Ok(Ok(()))
 }
 
@@ -440,7 +438,7 @@ fn watchdog_limits(
         mem_floor_bytes: floor,
         unified_budget_bytes: budget,
     };
-    s.fragment(frag::Watchdog::KEY, limits.fragment(None))?;
+    s.record(&limits.fragment(None))?;
     Ok((limits, unified_gpu))
 }
 

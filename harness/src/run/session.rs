@@ -59,7 +59,7 @@ impl SampleSink for JournalSink {
     fn unavailable(&mut self, reasons: &Reasons) {
         self.append(&Record::Fragment {
             key: frag::SensorsUnavailable::KEY.into(),
-            value: reasons.fragment(),
+            value: serde_json::to_value(reasons.fragment()).unwrap_or_default(),
         });
     }
 }

@@ -78,8 +78,13 @@ impl Reasons {
     }
 
     /// The `sensors_unavailable` fragment.
-    pub fn fragment(&self) -> serde_json::Value {
-        serde_json::to_value(&self.map).unwrap_or_default()
+    pub fn fragment(&self) -> crate::fragments::SensorsUnavailable {
+        crate::fragments::SensorsUnavailable(
+            self.map
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect(),
+        )
     }
 }
 
