@@ -118,7 +118,7 @@ pub struct RenderArgs {
     /// Host threads, overriding the host-threads lever's pool size.
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Precomputed prompt embeddings (`embeds` [L, C], `mask` [L], and for
+    /// Precomputed prompt embeddings (`embeds` \[L, C\], `mask` \[L\], and for
     /// guidance > 1 `negative_embeds`, `negative_mask`) instead of T5.
     #[arg(long)]
     pub prompt_embeds: Option<PathBuf>,

@@ -14,6 +14,8 @@
 //! digest, page-cache residency), [`text`] (tokenizer, prompt embeddings),
 //! [`levers`], [`frames`] (y4m and PNG output).
 
+#![deny(missing_docs)]
+
 pub mod cli;
 pub mod conditioning;
 pub mod cuda;

@@ -28,6 +28,8 @@
 //! assert!(matches!(m, Marker::Open { .. }));
 //! ```
 
+#![deny(missing_docs)]
+
 pub mod bundle_files;
 pub mod clock;
 pub mod error;

@@ -57,13 +57,110 @@ fn schema(table: &str, fields: Vec<Field>) -> SchemaRef {
     Arc::new(Schema::new_with_metadata(fields, md))
 }
 
+/// The column names of each table: the one definition the seal (writer), the
+/// schemas and every reader use.
+pub mod columns {
+    /// The columns of `samples.parquet`'s own columns (the sampler's follow them, named in
+    /// [`crate::sample::column`]).
+    pub mod samples {
+        /// `t_ns`.
+        pub const T_NS: &str = "t_ns";
+        /// `phase`.
+        pub const PHASE: &str = "phase";
+    }
+
+    /// The columns of `phases.parquet`.
+    pub mod phases {
+        /// `seq`.
+        pub const SEQ: &str = "seq";
+        /// `name`.
+        pub const NAME: &str = "name";
+        /// `depth`.
+        pub const DEPTH: &str = "depth";
+        /// `parent_seq`.
+        pub const PARENT_SEQ: &str = "parent_seq";
+        /// `open_ns`.
+        pub const OPEN_NS: &str = "open_ns";
+        /// `close_ns`.
+        pub const CLOSE_NS: &str = "close_ns";
+        /// `duration_s`.
+        pub const DURATION_S: &str = "duration_s";
+        /// `is_leaf`.
+        pub const IS_LEAF: &str = "is_leaf";
+        /// `attrs_json`.
+        pub const ATTRS_JSON: &str = "attrs_json";
+        /// `peak_rss_bytes`.
+        pub const PEAK_RSS_BYTES: &str = "peak_rss_bytes";
+        /// `peak_engine_gpu_mem_bytes`.
+        pub const PEAK_ENGINE_GPU_MEM_BYTES: &str = "peak_engine_gpu_mem_bytes";
+        /// `peak_device_bytes`.
+        pub const PEAK_DEVICE_BYTES: &str = "peak_device_bytes";
+        /// `device_ms`.
+        pub const DEVICE_MS: &str = "device_ms";
+        /// `gpu_busy_share`.
+        pub const GPU_BUSY_SHARE: &str = "gpu_busy_share";
+        /// `mean_gpu_util_pct`.
+        pub const MEAN_GPU_UTIL_PCT: &str = "mean_gpu_util_pct";
+        /// `mean_cpu_cores`.
+        pub const MEAN_CPU_CORES: &str = "mean_cpu_cores";
+        /// `samples`.
+        pub const SAMPLES: &str = "samples";
+    }
+
+    /// The columns of `markers.parquet`.
+    pub mod markers {
+        /// `seq`.
+        pub const SEQ: &str = "seq";
+        /// `recv_ns`.
+        pub const RECV_NS: &str = "recv_ns";
+        /// `t_ns`.
+        pub const T_NS: &str = "t_ns";
+        /// `ev`.
+        pub const EV: &str = "ev";
+        /// `name`.
+        pub const NAME: &str = "name";
+        /// `attrs_json`.
+        pub const ATTRS_JSON: &str = "attrs_json";
+        /// `line`.
+        pub const LINE: &str = "line";
+        /// `error`.
+        pub const ERROR: &str = "error";
+    }
+
+    /// The columns of `frames.parquet`.
+    pub mod frames {
+        /// `index`.
+        pub const INDEX: &str = "index";
+        /// `sha256`.
+        pub const SHA256: &str = "sha256";
+        /// `mean_luma`.
+        pub const MEAN_LUMA: &str = "mean_luma";
+        /// `std_luma`.
+        pub const STD_LUMA: &str = "std_luma";
+        /// `min_luma`.
+        pub const MIN_LUMA: &str = "min_luma";
+        /// `max_luma`.
+        pub const MAX_LUMA: &str = "max_luma";
+        /// `motion_vs_prev`.
+        pub const MOTION_VS_PREV: &str = "motion_vs_prev";
+        /// `near_black`.
+        pub const NEAR_BLACK: &str = "near_black";
+        /// `near_uniform`.
+        pub const NEAR_UNIFORM: &str = "near_uniform";
+        /// `duplicate_of`.
+        pub const DUPLICATE_OF: &str = "duplicate_of";
+    }
+}
+
+use columns::{frames, markers, phases, samples};
+
 const NS: &str = "nanoseconds (CLOCK_MONOTONIC)";
 
 /// `samples.parquet`: `t_ns`, `phase`, then every sampler column.
 pub fn samples_schema() -> SchemaRef {
     let mut f = vec![
         field(
-            "t_ns",
+            samples::T_NS,
             DataType::Int64,
             false,
             NS,
@@ -71,7 +168,7 @@ pub fn samples_schema() -> SchemaRef {
             "the sampler tick",
         ),
         field(
-            "phase",
+            samples::PHASE,
             DataType::Utf8,
             true,
             "phase name",
@@ -97,16 +194,16 @@ pub fn phases_schema() -> SchemaRef {
         "phases",
         vec![
             field(
-                "seq",
+                phases::SEQ,
                 DataType::Int64,
                 false,
                 "index",
                 "-",
                 "position in open order, from 0",
             ),
-            field("name", DataType::Utf8, false, "phase name", "-", m),
+            field(phases::NAME, DataType::Utf8, false, "phase name", "-", m),
             field(
-                "depth",
+                phases::DEPTH,
                 DataType::Int64,
                 false,
                 "levels",
@@ -114,7 +211,7 @@ pub fn phases_schema() -> SchemaRef {
                 "nesting depth, 0 at top",
             ),
             field(
-                "parent_seq",
+                phases::PARENT_SEQ,
                 DataType::Int64,
                 true,
                 "index",
@@ -122,7 +219,7 @@ pub fn phases_schema() -> SchemaRef {
                 "seq of the enclosing phase",
             ),
             field(
-                "open_ns",
+                phases::OPEN_NS,
                 DataType::Int64,
                 false,
                 NS,
@@ -130,7 +227,7 @@ pub fn phases_schema() -> SchemaRef {
                 "open marker t_ns",
             ),
             field(
-                "close_ns",
+                phases::CLOSE_NS,
                 DataType::Int64,
                 true,
                 NS,
@@ -138,7 +235,7 @@ pub fn phases_schema() -> SchemaRef {
                 "close marker t_ns; null if open at the end",
             ),
             field(
-                "duration_s",
+                phases::DURATION_S,
                 DataType::Float64,
                 false,
                 "seconds",
@@ -146,7 +243,7 @@ pub fn phases_schema() -> SchemaRef {
                 "close (or end of recording) - open",
             ),
             field(
-                "is_leaf",
+                phases::IS_LEAF,
                 DataType::Boolean,
                 false,
                 "flag",
@@ -154,7 +251,7 @@ pub fn phases_schema() -> SchemaRef {
                 "no sub-phases",
             ),
             field(
-                "attrs_json",
+                phases::ATTRS_JSON,
                 DataType::Utf8,
                 false,
                 "JSON",
@@ -162,7 +259,7 @@ pub fn phases_schema() -> SchemaRef {
                 "{\"open\":{..},\"close\":{..}} marker attributes, canonical",
             ),
             field(
-                "peak_rss_bytes",
+                phases::PEAK_RSS_BYTES,
                 DataType::Int64,
                 true,
                 "bytes",
@@ -170,7 +267,7 @@ pub fn phases_schema() -> SchemaRef {
                 "max samples.rss_bytes; null without samples",
             ),
             field(
-                "peak_engine_gpu_mem_bytes",
+                phases::PEAK_ENGINE_GPU_MEM_BYTES,
                 DataType::Int64,
                 true,
                 "bytes",
@@ -178,7 +275,7 @@ pub fn phases_schema() -> SchemaRef {
                 "max samples.engine_gpu_mem_bytes",
             ),
             field(
-                "peak_device_bytes",
+                phases::PEAK_DEVICE_BYTES,
                 DataType::Int64,
                 true,
                 "bytes",
@@ -186,7 +283,7 @@ pub fn phases_schema() -> SchemaRef {
                 "close attribute peak_device_bytes",
             ),
             field(
-                "device_ms",
+                phases::DEVICE_MS,
                 DataType::Float64,
                 true,
                 "milliseconds",
@@ -194,7 +291,7 @@ pub fn phases_schema() -> SchemaRef {
                 "close attribute device_ms",
             ),
             field(
-                "gpu_busy_share",
+                phases::GPU_BUSY_SHARE,
                 DataType::Float64,
                 true,
                 "fraction 0-1",
@@ -202,7 +299,7 @@ pub fn phases_schema() -> SchemaRef {
                 "share of samples with gpu_util_pct > 0",
             ),
             field(
-                "mean_gpu_util_pct",
+                phases::MEAN_GPU_UTIL_PCT,
                 DataType::Float64,
                 true,
                 "percent",
@@ -210,14 +307,21 @@ pub fn phases_schema() -> SchemaRef {
                 "mean samples.gpu_util_pct",
             ),
             field(
-                "mean_cpu_cores",
+                phases::MEAN_CPU_CORES,
                 DataType::Float64,
                 true,
                 "cores",
                 "the phase",
                 "mean samples.cpu_cores",
             ),
-            field("samples", DataType::Int64, false, "count", "the phase", s),
+            field(
+                phases::SAMPLES,
+                DataType::Int64,
+                false,
+                "count",
+                "the phase",
+                s,
+            ),
         ],
     )
 }
@@ -228,7 +332,7 @@ pub fn markers_schema() -> SchemaRef {
         "markers",
         vec![
             field(
-                "seq",
+                markers::SEQ,
                 DataType::Int64,
                 false,
                 "index",
@@ -236,7 +340,7 @@ pub fn markers_schema() -> SchemaRef {
                 "arrival order, from 0",
             ),
             field(
-                "recv_ns",
+                markers::RECV_NS,
                 DataType::Int64,
                 false,
                 NS,
@@ -244,7 +348,7 @@ pub fn markers_schema() -> SchemaRef {
                 "when the harness received the line",
             ),
             field(
-                "t_ns",
+                markers::T_NS,
                 DataType::Int64,
                 true,
                 NS,
@@ -252,7 +356,7 @@ pub fn markers_schema() -> SchemaRef {
                 "the event's t_ns; null if unparsed",
             ),
             field(
-                "ev",
+                markers::EV,
                 DataType::Utf8,
                 true,
                 "event kind",
@@ -260,7 +364,7 @@ pub fn markers_schema() -> SchemaRef {
                 "hello|open|close|tick|info; null if unparsed",
             ),
             field(
-                "name",
+                markers::NAME,
                 DataType::Utf8,
                 true,
                 "phase or tick name",
@@ -268,7 +372,7 @@ pub fn markers_schema() -> SchemaRef {
                 "null for hello/info/unparsed",
             ),
             field(
-                "attrs_json",
+                markers::ATTRS_JSON,
                 DataType::Utf8,
                 true,
                 "JSON",
@@ -276,7 +380,7 @@ pub fn markers_schema() -> SchemaRef {
                 "the event's attributes, canonical; null if unparsed",
             ),
             field(
-                "line",
+                markers::LINE,
                 DataType::Utf8,
                 false,
                 "text",
@@ -284,7 +388,7 @@ pub fn markers_schema() -> SchemaRef {
                 "the line as received",
             ),
             field(
-                "error",
+                markers::ERROR,
                 DataType::Utf8,
                 true,
                 "text",
@@ -302,7 +406,7 @@ pub fn frames_schema() -> SchemaRef {
         "frames",
         vec![
             field(
-                "index",
+                frames::INDEX,
                 DataType::Int64,
                 false,
                 "frame index",
@@ -310,7 +414,7 @@ pub fn frames_schema() -> SchemaRef {
                 "0-based",
             ),
             field(
-                "sha256",
+                frames::SHA256,
                 DataType::Utf8,
                 false,
                 "hex",
@@ -318,7 +422,7 @@ pub fn frames_schema() -> SchemaRef {
                 "sha256 of the RGB8 pixels",
             ),
             field(
-                "mean_luma",
+                frames::MEAN_LUMA,
                 DataType::Float64,
                 false,
                 "luma 0-255",
@@ -326,7 +430,7 @@ pub fn frames_schema() -> SchemaRef {
                 h,
             ),
             field(
-                "std_luma",
+                frames::STD_LUMA,
                 DataType::Float64,
                 false,
                 "luma 0-255",
@@ -334,7 +438,7 @@ pub fn frames_schema() -> SchemaRef {
                 h,
             ),
             field(
-                "min_luma",
+                frames::MIN_LUMA,
                 DataType::Float64,
                 false,
                 "luma 0-255",
@@ -342,7 +446,7 @@ pub fn frames_schema() -> SchemaRef {
                 h,
             ),
             field(
-                "max_luma",
+                frames::MAX_LUMA,
                 DataType::Float64,
                 false,
                 "luma 0-255",
@@ -350,7 +454,7 @@ pub fn frames_schema() -> SchemaRef {
                 h,
             ),
             field(
-                "motion_vs_prev",
+                frames::MOTION_VS_PREV,
                 DataType::Float64,
                 true,
                 "luma 0-255",
@@ -358,7 +462,7 @@ pub fn frames_schema() -> SchemaRef {
                 "mean absolute luma difference; null on frame 0",
             ),
             field(
-                "near_black",
+                frames::NEAR_BLACK,
                 DataType::Boolean,
                 false,
                 "flag",
@@ -366,7 +470,7 @@ pub fn frames_schema() -> SchemaRef {
                 h,
             ),
             field(
-                "near_uniform",
+                frames::NEAR_UNIFORM,
                 DataType::Boolean,
                 false,
                 "flag",
@@ -374,7 +478,7 @@ pub fn frames_schema() -> SchemaRef {
                 h,
             ),
             field(
-                "duplicate_of",
+                frames::DUPLICATE_OF,
                 DataType::Int64,
                 true,
                 "frame index",

@@ -6,6 +6,7 @@
 //! sum over wall, unaccounted seconds) and the containment and exclusivity
 //! verdicts.
 
+use crate::parquet_tables::columns::phases;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -62,20 +63,20 @@ fn lines_from(batches: &[RecordBatch]) -> Result<Vec<Line>, String> {
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut out: Vec<Line> = Vec::new();
     for b in batches {
-        let seq = col::<Int64Array>(b, "seq")?;
-        let name = col::<StringArray>(b, "name")?;
-        let depth = col::<Int64Array>(b, "depth")?;
-        let parent = col::<Int64Array>(b, "parent_seq")?;
-        let close = col::<Int64Array>(b, "close_ns")?;
-        let dur = col::<Float64Array>(b, "duration_s")?;
-        let _leaf = col::<BooleanArray>(b, "is_leaf")?;
-        let rss = col::<Int64Array>(b, "peak_rss_bytes")?;
-        let gmem = col::<Int64Array>(b, "peak_engine_gpu_mem_bytes")?;
-        let dev = col::<Int64Array>(b, "peak_device_bytes")?;
-        let busy = col::<Float64Array>(b, "gpu_busy_share")?;
-        let util = col::<Float64Array>(b, "mean_gpu_util_pct")?;
-        let cores = col::<Float64Array>(b, "mean_cpu_cores")?;
-        let samples = col::<Int64Array>(b, "samples")?;
+        let seq = col::<Int64Array>(b, phases::SEQ)?;
+        let name = col::<StringArray>(b, phases::NAME)?;
+        let depth = col::<Int64Array>(b, phases::DEPTH)?;
+        let parent = col::<Int64Array>(b, phases::PARENT_SEQ)?;
+        let close = col::<Int64Array>(b, phases::CLOSE_NS)?;
+        let dur = col::<Float64Array>(b, phases::DURATION_S)?;
+        let _leaf = col::<BooleanArray>(b, phases::IS_LEAF)?;
+        let rss = col::<Int64Array>(b, phases::PEAK_RSS_BYTES)?;
+        let gmem = col::<Int64Array>(b, phases::PEAK_ENGINE_GPU_MEM_BYTES)?;
+        let dev = col::<Int64Array>(b, phases::PEAK_DEVICE_BYTES)?;
+        let busy = col::<Float64Array>(b, phases::GPU_BUSY_SHARE)?;
+        let util = col::<Float64Array>(b, phases::MEAN_GPU_UTIL_PCT)?;
+        let cores = col::<Float64Array>(b, phases::MEAN_CPU_CORES)?;
+        let samples = col::<Int64Array>(b, phases::SAMPLES)?;
         for i in 0..b.num_rows() {
             let parent_path = opt_i(parent, i)
                 .and_then(|p| path_of.get(&p).cloned())

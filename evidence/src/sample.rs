@@ -51,74 +51,144 @@ const fn col(
 
 use ColumnType::{F64, I64};
 
+/// The sampler's column names, one constant each: the one spelling the sampler
+/// (writer), the schema and every reader use. Units and windows are in
+/// [`SAMPLE_COLUMNS`].
+pub mod column {
+    /// `gpu_util_pct`.
+    pub const GPU_UTIL_PCT: &str = "gpu_util_pct";
+    /// `gpu_mem_util_pct`.
+    pub const GPU_MEM_UTIL_PCT: &str = "gpu_mem_util_pct";
+    /// `gpu_mem_used_bytes`.
+    pub const GPU_MEM_USED_BYTES: &str = "gpu_mem_used_bytes";
+    /// `gpu_mem_total_bytes`.
+    pub const GPU_MEM_TOTAL_BYTES: &str = "gpu_mem_total_bytes";
+    /// `engine_gpu_mem_bytes`.
+    pub const ENGINE_GPU_MEM_BYTES: &str = "engine_gpu_mem_bytes";
+    /// `gpu_other_procs`.
+    pub const GPU_OTHER_PROCS: &str = "gpu_other_procs";
+    /// `gpu_power_mw`.
+    pub const GPU_POWER_MW: &str = "gpu_power_mw";
+    /// `gpu_sm_clock_mhz`.
+    pub const GPU_SM_CLOCK_MHZ: &str = "gpu_sm_clock_mhz";
+    /// `gpu_mem_clock_mhz`.
+    pub const GPU_MEM_CLOCK_MHZ: &str = "gpu_mem_clock_mhz";
+    /// `gpu_temp_c`.
+    pub const GPU_TEMP_C: &str = "gpu_temp_c";
+    /// `gpu_energy_mj`.
+    pub const GPU_ENERGY_MJ: &str = "gpu_energy_mj";
+    /// `gpu_pcie_tx_kibps`.
+    pub const GPU_PCIE_TX_KIBPS: &str = "gpu_pcie_tx_kibps";
+    /// `gpu_pcie_rx_kibps`.
+    pub const GPU_PCIE_RX_KIBPS: &str = "gpu_pcie_rx_kibps";
+    /// `rss_bytes`.
+    pub const RSS_BYTES: &str = "rss_bytes";
+    /// `rss_anon_bytes`.
+    pub const RSS_ANON_BYTES: &str = "rss_anon_bytes";
+    /// `rss_file_bytes`.
+    pub const RSS_FILE_BYTES: &str = "rss_file_bytes";
+    /// `rss_shmem_bytes`.
+    pub const RSS_SHMEM_BYTES: &str = "rss_shmem_bytes";
+    /// `vm_hwm_bytes`.
+    pub const VM_HWM_BYTES: &str = "vm_hwm_bytes";
+    /// `cpu_cores`.
+    pub const CPU_CORES: &str = "cpu_cores";
+    /// `threads`.
+    pub const THREADS: &str = "threads";
+    /// `read_bytes`.
+    pub const READ_BYTES: &str = "read_bytes";
+    /// `write_bytes`.
+    pub const WRITE_BYTES: &str = "write_bytes";
+    /// `mem_available_bytes`.
+    pub const MEM_AVAILABLE_BYTES: &str = "mem_available_bytes";
+    /// `cached_bytes`.
+    pub const CACHED_BYTES: &str = "cached_bytes";
+    /// `dirty_bytes`.
+    pub const DIRTY_BYTES: &str = "dirty_bytes";
+    /// `psi_mem_some_avg10_pct`.
+    pub const PSI_MEM_SOME_AVG10_PCT: &str = "psi_mem_some_avg10_pct";
+    /// `psi_mem_full_avg10_pct`.
+    pub const PSI_MEM_FULL_AVG10_PCT: &str = "psi_mem_full_avg10_pct";
+    /// `load1`.
+    pub const LOAD1: &str = "load1";
+    /// `weights_cached_bytes`.
+    pub const WEIGHTS_CACHED_BYTES: &str = "weights_cached_bytes";
+    /// `unified_bytes`.
+    pub const UNIFIED_BYTES: &str = "unified_bytes";
+    /// `harness_cpu_cores`.
+    pub const HARNESS_CPU_CORES: &str = "harness_cpu_cores";
+    /// `tick_lag_ns`.
+    pub const TICK_LAG_NS: &str = "tick_lag_ns";
+}
+
 /// The sampler's columns, in storage order.
 pub const SAMPLE_COLUMNS: &[ColumnSpec] = &[
     // GPU (NVML, device 0), fast tick.
     col(
-        "gpu_util_pct",
+        column::GPU_UTIL_PCT,
         F64,
         "percent",
         "driver: share of time a kernel ran over the previous 1/6 s to 1 s",
         "nvml utilization_rates.gpu",
     ),
     col(
-        "gpu_mem_util_pct",
+        column::GPU_MEM_UTIL_PCT,
         F64,
         "percent",
         "driver: share of time device memory was read or written over the previous 1/6 s to 1 s",
         "nvml utilization_rates.memory",
     ),
     col(
-        "gpu_mem_used_bytes",
+        column::GPU_MEM_USED_BYTES,
         I64,
         "bytes",
         "instant",
         "nvml memory_info.used (N/A on unified-memory GPUs)",
     ),
     col(
-        "gpu_mem_total_bytes",
+        column::GPU_MEM_TOTAL_BYTES,
         I64,
         "bytes",
         "instant",
         "nvml memory_info.total",
     ),
     col(
-        "engine_gpu_mem_bytes",
+        column::ENGINE_GPU_MEM_BYTES,
         I64,
         "bytes",
         "instant",
         "nvml running_compute_processes, summed over the engine's process tree",
     ),
     col(
-        "gpu_other_procs",
+        column::GPU_OTHER_PROCS,
         I64,
         "count",
         "instant",
         "nvml running_compute_processes outside the engine's process tree",
     ),
     col(
-        "gpu_power_mw",
+        column::GPU_POWER_MW,
         I64,
         "milliwatts",
         "driver average over about 1 s on recent GPUs",
         "nvml power_usage",
     ),
     col(
-        "gpu_sm_clock_mhz",
+        column::GPU_SM_CLOCK_MHZ,
         I64,
         "MHz",
         "instant",
         "nvml clock_info(SM)",
     ),
     col(
-        "gpu_mem_clock_mhz",
+        column::GPU_MEM_CLOCK_MHZ,
         I64,
         "MHz",
         "instant",
         "nvml clock_info(Memory)",
     ),
     col(
-        "gpu_temp_c",
+        column::GPU_TEMP_C,
         I64,
         "degrees Celsius",
         "instant",
@@ -126,21 +196,21 @@ pub const SAMPLE_COLUMNS: &[ColumnSpec] = &[
     ),
     // GPU, slow sub-cadence (null on ticks where they were not read).
     col(
-        "gpu_energy_mj",
+        column::GPU_ENERGY_MJ,
         I64,
         "millijoules",
         "cumulative since driver load; read on the slow sub-cadence",
         "nvml total_energy_consumption",
     ),
     col(
-        "gpu_pcie_tx_kibps",
+        column::GPU_PCIE_TX_KIBPS,
         I64,
         "KiB/s",
         "driver 20 ms window; read on the slow sub-cadence",
         "nvml pcie_throughput(Send)",
     ),
     col(
-        "gpu_pcie_rx_kibps",
+        column::GPU_PCIE_RX_KIBPS,
         I64,
         "KiB/s",
         "driver 20 ms window; read on the slow sub-cadence",
@@ -148,63 +218,63 @@ pub const SAMPLE_COLUMNS: &[ColumnSpec] = &[
     ),
     // The engine's process tree (procfs), summed over processes.
     col(
-        "rss_bytes",
+        column::RSS_BYTES,
         I64,
         "bytes",
         "instant",
         "procfs status VmRSS, process tree sum",
     ),
     col(
-        "rss_anon_bytes",
+        column::RSS_ANON_BYTES,
         I64,
         "bytes",
         "instant",
         "procfs status RssAnon, process tree sum",
     ),
     col(
-        "rss_file_bytes",
+        column::RSS_FILE_BYTES,
         I64,
         "bytes",
         "instant",
         "procfs status RssFile, process tree sum",
     ),
     col(
-        "rss_shmem_bytes",
+        column::RSS_SHMEM_BYTES,
         I64,
         "bytes",
         "instant",
         "procfs status RssShmem, process tree sum",
     ),
     col(
-        "vm_hwm_bytes",
+        column::VM_HWM_BYTES,
         I64,
         "bytes",
         "since process start",
         "procfs status VmHWM, process tree sum",
     ),
     col(
-        "cpu_cores",
+        column::CPU_CORES,
         F64,
         "cores",
         "since the previous tick",
         "procfs stat utime+stime delta over tick interval, process tree",
     ),
     col(
-        "threads",
+        column::THREADS,
         I64,
         "count",
         "instant",
         "procfs stat num_threads, process tree sum",
     ),
     col(
-        "read_bytes",
+        column::READ_BYTES,
         I64,
         "bytes",
         "cumulative since process start",
         "procfs io read_bytes, process tree sum",
     ),
     col(
-        "write_bytes",
+        column::WRITE_BYTES,
         I64,
         "bytes",
         "cumulative since process start",
@@ -212,42 +282,42 @@ pub const SAMPLE_COLUMNS: &[ColumnSpec] = &[
     ),
     // The system.
     col(
-        "mem_available_bytes",
+        column::MEM_AVAILABLE_BYTES,
         I64,
         "bytes",
         "instant",
         "/proc/meminfo MemAvailable",
     ),
     col(
-        "cached_bytes",
+        column::CACHED_BYTES,
         I64,
         "bytes",
         "instant",
         "/proc/meminfo Cached",
     ),
     col(
-        "dirty_bytes",
+        column::DIRTY_BYTES,
         I64,
         "bytes",
         "instant",
         "/proc/meminfo Dirty",
     ),
     col(
-        "psi_mem_some_avg10_pct",
+        column::PSI_MEM_SOME_AVG10_PCT,
         F64,
         "percent",
         "kernel 10 s average",
         "/proc/pressure/memory some avg10",
     ),
     col(
-        "psi_mem_full_avg10_pct",
+        column::PSI_MEM_FULL_AVG10_PCT,
         F64,
         "percent",
         "kernel 10 s average",
         "/proc/pressure/memory full avg10",
     ),
     col(
-        "load1",
+        column::LOAD1,
         F64,
         "runnable tasks",
         "kernel 1 min exponential average",
@@ -255,7 +325,7 @@ pub const SAMPLE_COLUMNS: &[ColumnSpec] = &[
     ),
     // Page-cache residency of the run's weight files (about once a second).
     col(
-        "weights_cached_bytes",
+        column::WEIGHTS_CACHED_BYTES,
         I64,
         "bytes",
         "instant; read about once a second",
@@ -263,7 +333,7 @@ pub const SAMPLE_COLUMNS: &[ColumnSpec] = &[
     ),
     // The modelled unified-memory footprint the watchdog budgets.
     col(
-        "unified_bytes",
+        column::UNIFIED_BYTES,
         I64,
         "bytes",
         "instant",
@@ -271,14 +341,14 @@ pub const SAMPLE_COLUMNS: &[ColumnSpec] = &[
     ),
     // The instrument itself.
     col(
-        "harness_cpu_cores",
+        column::HARNESS_CPU_CORES,
         F64,
         "cores",
         "since the previous tick",
         "procfs stat of the harness process",
     ),
     col(
-        "tick_lag_ns",
+        column::TICK_LAG_NS,
         I64,
         "nanoseconds",
         "instant",

@@ -7,16 +7,10 @@
 //! polars scan over the phase tables and one over the sample tables), pair, bootstrap,
 //! fit and render the markdown. Reports the median and the fastest of the runs.
 
-#[allow(dead_code)]
-#[path = "../tests/it/support/journal.rs"]
-mod journal;
-#[path = "../tests/it/support/ranked.rs"]
-mod ranked;
-
 use harness::bundle::files::store_bundle_dirs;
 use harness::bundle::scan::load_dirs;
 use harness::levers_spec::LeverSpec;
-use ranked::{render, seal, Noise};
+use harness::test_kit::ranked::{render, seal, Noise};
 use std::path::Path;
 use std::time::Instant;
 
@@ -84,7 +78,7 @@ fn main() {
             loaded.unreadable.first()
         );
         let r = harness::rank::rank(&spec, &loaded.bundles, &loaded.unreadable, &[], "bench");
-        let md = harness::rank::report::markdown(&r);
+        let md = harness::formats::markdown::markdown(&r);
         times.push(t.elapsed().as_secs_f64());
         bytes = md.len();
     }

@@ -43,7 +43,7 @@ fn main() {
         let config = SamplerConfig {
             cadence_ms: 100,
             observer,
-            limits: Some(harness::watchdog::limits::Limits {
+            limits: Some(harness::sampler::limits::Limits {
                 mem_floor_bytes: 0,
                 unified_budget_bytes: Some(u64::MAX),
             }),
@@ -89,7 +89,7 @@ fn main() {
         let config = SamplerConfig {
             cadence_ms,
             observer: true,
-            limits: Some(harness::watchdog::limits::Limits {
+            limits: Some(harness::sampler::limits::Limits {
                 mem_floor_bytes: 0,
                 unified_budget_bytes: None,
             }),

@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use crate::watchdog::limits::Trip;
+use crate::sampler::limits::Trip;
 
 /// Why a run ended: the manifest's `exit.reason` (`specs/bundle.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -1,22 +1,23 @@
-//! The harness as a library: the `harness` binary is a thin dispatch over these
-//! modules, and benchmarks and integration tests call them directly. Every
-//! subcommand's module holds its clap arguments and its entry point.
+//! The harness as a library: the `harness` binary is a thin dispatch over
+//! [`cmd`], one file per subcommand (its clap arguments and its `run`), and
+//! benchmarks and integration tests call the modules below directly.
 //!
-//! Subcommands:
+//! What the subcommands are made of:
 //!
-//! * [`run`]: `harness run`: gates, the engine under sampler and watchdog, the seal.
-//! * [`control`]: `harness control`, the instrument's positive controls.
-//! * [`campaign`]: `harness campaign`, interleaved, resumable lever campaigns: the
-//!   plan, the budget, the execution, each position a child `harness run`.
-//! * [`rank`]: `harness rank`, the lever ranking re-derived from bundles.
-//! * [`diff`]: `harness diff`, two bundles side by side.
-//! * [`report`]: `harness report`, one self-contained page per store for reviewers:
-//!   the ranking, its forest plot, the fit, every bundle, each pair's timelines
-//!   and diff.
-//! * [`ls`], [`show`], [`verify`], [`recover`]: the store's bundle commands.
-//! * [`view`]: `harness plot` and `harness export`, a [`timeline`] written in one
-//!   of the [`formats`] (a picture, a Perfetto trace).
-//! * [`pack`]: `harness pack` and `harness unpack`, one bundle as one verifiable file.
+//! * [`run`]: what `harness run` does: gates, the engine under sampler and
+//!   watchdog, the seal.
+//! * [`control`]: the instrument's positive controls.
+//! * [`campaign`]: interleaved, resumable lever campaigns: the plan, the budget,
+//!   the execution, each position a child `harness run`.
+//! * [`rank`]: the lever ranking re-derived from bundles (arithmetic only).
+//! * [`diff`]: two bundles side by side.
+//! * [`report`]: one self-contained page per store for reviewers: the ranking, its
+//!   forest plot, the fit, every bundle, each pair's timelines and diff.
+//! * [`formats`]: every output format, one file each: the ranking's markdown
+//!   table, forest SVG and HTML page; a [`timeline`] as a picture or a Perfetto
+//!   trace.
+//! * [`pack`]: one bundle as one verifiable file.
+//! * [`remote`]: the store on the S3 protocol.
 //!
 //! What they share:
 //!
@@ -26,8 +27,9 @@
 //! * [`summary`]: the manifest fields `ls` and `show` print.
 //! * [`sampler`]: the fixed-cadence sampler thread and its readers (procfs, NVML,
 //!   page cache).
-//! * [`watchdog`]: the memory watchdog (H1): its limits, its positive control, the
-//!   probe.
+//! * [`control`] also holds the memory watchdog's (H1) positive control; its
+//!   limits are checked by the [`sampler`] on every row.
+//! * [`text_busy`]: starting a program just written (ETXTBSY retried).
 //! * [`classify`]: why a run ended (the `exit` fragment of `harness run`).
 //! * [`completion`]: the pixel completion check on `video.y4m`.
 //! * [`weights`]: the run's weights, their digest, synthesis into the cache;
@@ -40,35 +42,37 @@
 //! * [`exit`]: the binary's stable exit codes and the error kinds that select them.
 //! * [`units`]: byte quantities as people type them; [`short_id`]: ids as printed.
 
+#![deny(missing_docs)]
+
 pub mod bundle;
 pub mod cache_dir;
 pub mod campaign;
 pub mod classify;
+pub mod cmd;
 pub mod completion;
 pub mod control;
 pub mod diff;
 pub mod exit;
 pub mod formats;
+pub mod fragments;
 pub mod gate;
 pub mod harness_levers;
 pub mod levers_spec;
-pub mod ls;
 pub mod pack;
 pub mod progress;
 pub mod rank;
-pub mod recover;
 pub mod remote;
 pub mod report;
 pub mod run;
 pub mod sampler;
 pub mod short_id;
-pub mod show;
 pub mod store_arg;
 pub mod summary;
+#[cfg(any(test, feature = "test-kit"))]
+pub mod test_kit;
+pub mod text_busy;
 pub mod timeline;
 pub mod units;
-pub mod verify;
-pub mod view;
-pub mod watchdog;
+pub mod verification;
 pub mod weights;
 pub mod weights_cache;

@@ -2,7 +2,11 @@
 //! re-derives the lever ranking from them. See the README for the commands.
 
 use clap::{Parser, Subcommand};
-use harness::{exit, ls, pack, recover, show, verify, view};
+use harness::cmd::{
+    alloc_probe, campaign, control, diff, export, ls, pack, plot, rank, recover, report, run, show,
+    sync, unpack, verify,
+};
+use harness::exit;
 
 /// Measure GPU video renders and keep the evidence.
 #[derive(Parser)]
@@ -16,9 +20,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Render a rung (or run any protocol-speaking engine) under the instrument and seal a bundle.
-    Run(harness::run::args::RunArgs),
+    Run(run::RunArgs),
     /// Run the instrument's positive controls (GPU utilization under burn, the watchdog).
-    Control(harness::control::ControlArgs),
+    Control(control::ControlArgs),
     /// Re-read every file of a bundle and check every hash and schema (exit 1 on any fault).
     Verify(verify::VerifyArgs),
     /// Seal every dead run's staging directory as an incomplete bundle.
@@ -28,48 +32,48 @@ enum Command {
     /// Print a bundle's manifest summary and phase table.
     Show(show::ShowArgs),
     /// Re-derive the lever ranking from the bundles in a store (reports/levers.md).
-    Rank(harness::rank::command::RankArgs),
+    Rank(rank::RankArgs),
     /// Compare two bundles: phases, manifest differences, samples, exit, completion.
-    Diff(harness::diff::command::DiffArgs),
+    Diff(diff::DiffArgs),
     /// Write one self-contained page per store: ranking, forest plot, fit, every
     /// bundle, each pair's timelines and diff.
-    Report(harness::report::command::ReportArgs),
+    Report(report::ReportArgs),
     /// Interleave every selected lever's arms round by round (ABBA or seeded random).
-    Campaign(harness::campaign::command::CampaignArgs),
+    Campaign(campaign::CampaignArgs),
     /// (internal) the watchdog control's allocating child.
     #[command(name = "__alloc-probe", hide = true)]
-    AllocProbe(harness::watchdog::probe::AllocProbeArgs),
+    AllocProbe(alloc_probe::AllocProbeArgs),
     /// Draw a bundle's timeline (phases, GPU, power, memory, CPU) as PNG or SVG.
-    Plot(view::PlotArgs),
+    Plot(plot::PlotArgs),
     /// Write a bundle's timeline as a Perfetto trace (Trace Event JSON).
-    Export(view::ExportArgs),
+    Export(export::ExportArgs),
     /// Pack one bundle into one file (tar + zstd) that carries every hash.
     Pack(pack::PackArgs),
     /// Check a pack's every entry and hash, then add its bundle to the store atomically.
-    Unpack(pack::UnpackArgs),
+    Unpack(unpack::UnpackArgs),
     /// Copy every bundle of one store into another (directories and s3:// buckets,
     /// either way), verifying as it goes; idempotent.
-    Sync(harness::remote::sync::SyncArgs),
+    Sync(sync::SyncArgs),
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
-        Command::Run(a) => harness::run::run(&a),
-        Command::Control(a) => harness::control::control(&a),
+        Command::Run(a) => run::run(&a),
+        Command::Control(a) => control::run(&a),
         Command::Verify(a) => verify::run(a),
         Command::Recover(a) => recover::run(a),
         Command::Ls(a) => ls::run(a),
         Command::Show(a) => show::run(a),
-        Command::Rank(a) => harness::rank::command::run(&a),
-        Command::Diff(a) => harness::diff::command::run(&a),
-        Command::Report(a) => harness::report::command::run(&a),
-        Command::Campaign(a) => harness::campaign::command::run(&a),
-        Command::AllocProbe(a) => Ok(harness::watchdog::probe::run(&a)),
-        Command::Plot(a) => view::plot(a),
-        Command::Export(a) => view::export(a),
-        Command::Pack(a) => pack::pack(a),
-        Command::Unpack(a) => pack::unpack(a),
-        Command::Sync(a) => harness::remote::sync::run(&a),
+        Command::Rank(a) => rank::run(&a),
+        Command::Diff(a) => diff::run(&a),
+        Command::Report(a) => report::run(&a),
+        Command::Campaign(a) => campaign::run(&a),
+        Command::AllocProbe(a) => Ok(alloc_probe::run(&a)),
+        Command::Plot(a) => plot::run(a),
+        Command::Export(a) => export::run(a),
+        Command::Pack(a) => pack::run(a),
+        Command::Unpack(a) => unpack::run(a),
+        Command::Sync(a) => sync::run(&a),
     }
 }
 

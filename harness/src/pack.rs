@@ -1,4 +1,5 @@
-//! `harness pack` and `harness unpack`: one bundle as one file (tar + zstd) that can
+//! One bundle as one file (tar + zstd), what `harness pack` writes and `harness unpack`
+//! checks and lands ([`crate::cmd::pack`], [`crate::cmd::unpack`]): a bundle (tar + zstd) that can
 //! travel off a leased box, and back into a store only if every hash checks.
 //!
 //! A pack is a zstd-compressed tar holding `<id>/manifest.json` first, then every
@@ -32,14 +33,11 @@ use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::Context;
-use clap::Args;
 use evidence::bundle_files::MANIFEST;
 use evidence::error::StoreError;
 use evidence::store::{is_bundle_id, Store};
 
-use crate::exit::{self, UsageError};
-use crate::formats;
-use crate::store_arg::{find_bundle, StoreArg};
+use crate::exit;
 
 /// The largest single file a pack may declare: 1 GiB.
 pub const MAX_ENTRY_BYTES: u64 = 1 << 30;
@@ -188,7 +186,7 @@ impl UnpackError {
 
 /// `name` as text for a message: lossy UTF-8, cut to [`MAX_NAME_SHOWN`] characters
 /// (the cut marked with the full length in bytes).
-fn shown(name: &[u8]) -> String {
+pub fn shown(name: &[u8]) -> String {
     let s = String::from_utf8_lossy(name);
     if s.chars().count() <= MAX_NAME_SHOWN {
         return s.into_owned();
@@ -513,142 +511,6 @@ fn land(store: &Store, tmp: &Path, id: &str) -> Result<Landed, UnpackError> {
     })
 }
 
-/// Pack one bundle into one file.
-#[derive(Debug, Args)]
-pub struct PackArgs {
-    /// A bundle id, a unique id prefix, or a bundle directory.
-    pub bundle: String,
-    /// Output file (default `<id12>.bundle.tar.zst`); `-` writes to standard output.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// The store (`--store`, `$HARNESS_STORE`); ids are resolved through it.
-    #[command(flatten)]
-    pub store: StoreArg,
-}
-
-/// Check a pack and add its bundle to the store.
-#[derive(Debug, Args)]
-pub struct UnpackArgs {
-    /// The pack file (`harness pack` output).
-    pub file: PathBuf,
-    /// The store the bundle lands in (`--store`, `$HARNESS_STORE`).
-    #[command(flatten)]
-    pub store: StoreArg,
-}
-
-/// Exit 0 with the pack written; 1 when the bundle does not verify (nothing written).
-pub fn pack(args: PackArgs) -> anyhow::Result<u8> {
-    let dir = find_bundle(&args.store, &args.bundle)?;
-    let report = evidence::verify::verify_dir(&dir);
-    if !report.ok() {
-        for e in &report.errors {
-            eprintln!("harness: {}: {e}", dir.display());
-        }
-        eprintln!(
-            "harness: not packing {}: it fails verification ({} problem(s))",
-            report.id,
-            report.errors.len()
-        );
-        return Ok(exit::NEGATIVE);
-    }
-    let bytes = pack_bytes(&dir, &report.id)?;
-    let out = args
-        .out
-        .unwrap_or_else(|| formats::default_out(&report.id, "bundle.tar.zst"));
-    formats::write_file(&out, &bytes)?;
-    let said = format!(
-        "packed {} ({} files) into {} ({} bytes)",
-        report.id,
-        report.files,
-        if formats::is_stdout(&out) {
-            "standard output".to_string()
-        } else {
-            out.display().to_string()
-        },
-        bytes.len()
-    );
-    // With `--out -` standard output holds the pack alone.
-    if formats::is_stdout(&out) {
-        eprintln!("{said}");
-    } else {
-        println!("{said}");
-    }
-    Ok(exit::OK)
-}
-
-/// Exit 0 when the bundle is in the store (new, already there intact, or replacing
-/// a copy that failed verification); 1 when its files do not verify; 2 for a
-/// malformed or hostile pack; 3 for a store refused by its gate; 4 when the store
-/// could not be written. Nothing is left behind on a refusal.
-pub fn unpack(args: UnpackArgs) -> anyhow::Result<u8> {
-    let f = std::fs::File::open(&args.file)
-        .map_err(|e| UsageError(format!("{}: cannot open: {e}", args.file.display())))?;
-    // With a bucket: unpacked into this machine's local store, then published.
-    let remote = crate::remote::location_of(args.store.store.as_deref())?;
-    let store = match &remote {
-        Some(_) => crate::remote::local_store()?,
-        None => args.store.open()?,
-    };
-    let landed = match unpack_into(&store, &args.file, std::io::BufReader::new(f)) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("harness: {}: {e}", args.file.display());
-            return Ok(e.exit_code());
-        }
-    };
-    let id = store_id(&landed);
-    match &landed {
-        Landed::New(p) => println!("unpacked {id} into {} (verified)", p.display()),
-        Landed::AlreadyPresent(p) => {
-            println!(
-                "{id} is already in the store at {} (same id: same manifest and file hashes; verified intact, not replaced)",
-                p.display()
-            )
-        }
-        Landed::ReplacedCorrupt { path, why } => {
-            eprintln!(
-                "harness: {}: the copy in the store failed verification ({} problem(s): {}); replaced it with the verified copy from {}",
-                path.display(),
-                why.len(),
-                shown(why.join("; ").as_bytes()),
-                args.file.display()
-            );
-            println!(
-                "unpacked {id} into {} (verified), replacing a corrupt copy that failed verification",
-                path.display()
-            )
-        }
-    }
-    if let Some(loc) = &remote {
-        let bucket = crate::remote::open(loc)?;
-        let dir = store.bundles_dir().join(&id);
-        let p = crate::remote::publish::publish(&bucket, Some(&store), &dir).map_err(|e| {
-            anyhow::anyhow!(
-                "{e} (the bundle is in {}; `harness recover --store {loc}` publishes it)",
-                store.root().display()
-            )
-        })?;
-        println!(
-            "published {id} -> {} ({} objects written, {} already there)",
-            loc.bundle_url(&id),
-            p.written,
-            p.present
-        );
-    }
-    Ok(exit::OK)
-}
-
-/// The bundle id of where `l` landed (the directory's name).
-fn store_id(l: &Landed) -> String {
-    let p = match l {
-        Landed::New(p) | Landed::AlreadyPresent(p) => p,
-        Landed::ReplacedCorrupt { path, .. } => path,
-    };
-    p.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -666,12 +528,7 @@ mod tests {
 
     /// A fresh empty directory under target/ for one test.
     fn scratch(name: &str) -> PathBuf {
-        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../target/harness-unit")
-            .join(format!("{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        crate::test_kit::scratch(&format!("pack-{name}"))
     }
 
     fn read_pack(f: &Path, r: &[u8]) -> Result<String, UnpackError> {

@@ -11,8 +11,8 @@ use clap::Args;
 use evidence::error::StoreError;
 use evidence::store::Store;
 
-use crate::bundle::verified::VerifyCache;
 use crate::exit::{Negative, Refusal, UsageError};
+use crate::verification::local::VerifyCache;
 
 /// Where the store is.
 #[derive(Debug, Clone, Args)]
@@ -64,7 +64,7 @@ pub fn read_root(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     })
 }
 
-/// [`find_bundle`], then the bundle verified ([`crate::bundle::verified`]): a
+/// [`find_bundle`], then the bundle verified ([`crate::verification::local`]): a
 /// bundle that does not verify is refused with exit 1, naming the files at
 /// fault. What `show`, `diff`, `plot` and `export` read.
 ///

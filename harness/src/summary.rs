@@ -4,7 +4,8 @@ use std::path::Path;
 use std::time::UNIX_EPOCH;
 
 use evidence::manifest::Manifest;
-use serde_json::Value;
+
+use crate::fragments::{self, Contention, Fragment, Levers, Run, Rung, Verdicted};
 
 /// A bundle's manifest and where it is.
 pub struct BundleSummary {
@@ -42,24 +43,20 @@ impl BundleSummary {
         })
     }
 
+    /// The fragment `F` of the manifest, if present and readable.
+    pub fn fragment<F: Fragment>(&self) -> Option<F> {
+        fragments::of(&self.manifest)
+    }
+
     /// `rung.name`, or `-`.
     pub fn rung(&self) -> String {
-        self.str_at("rung", "name")
+        dash(self.fragment::<Rung>().and_then(|r| r.name))
     }
 
     /// `lever=arm,...` from the `levers` fragment, or `-`.
     pub fn levers(&self) -> String {
-        match self.manifest.fragment("levers").and_then(Value::as_object) {
-            Some(m) if !m.is_empty() => {
-                let mut v: Vec<String> = m
-                    .iter()
-                    .map(|(k, a)| format!("{k}={}", a.as_str().unwrap_or("?")))
-                    .collect();
-                v.sort();
-                v.join(",")
-            }
-            _ => "-".into(),
-        }
+        self.fragment::<Levers>()
+            .map_or_else(|| "-".into(), |l| l.joined())
     }
 
     /// The exit reason, with `*` appended when the bundle is incomplete.
@@ -79,11 +76,7 @@ impl BundleSummary {
     /// Whether the run counts as contended (`contention.flagged`: other work on the
     /// host before the engine started or while it ran); rank excludes such runs.
     pub fn contended(&self) -> bool {
-        self.manifest
-            .fragment("contention")
-            .and_then(|c| c.get("flagged"))
-            .and_then(Value::as_bool)
-            == Some(true)
+        self.fragment::<Contention>().and_then(|c| c.flagged) == Some(true)
     }
 
     /// The run's wall in seconds (harness run wall, else engine wall), or `-`.
@@ -101,20 +94,13 @@ impl BundleSummary {
 
     /// `run.hostname`, or `-`.
     pub fn host(&self) -> String {
-        self.str_at("run", "hostname")
+        dash(self.fragment::<Run>().and_then(|r| r.hostname))
     }
+}
 
-    /// A string field of a fragment, or `-`.
-    pub fn str_at(&self, key: &str, field: &str) -> String {
-        self.manifest
-            .fragment(key)
-            .and_then(|v| v.get(field))
-            .map(|v| match v {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            })
-            .unwrap_or_else(|| "-".into())
-    }
+/// `v`, or `-` when absent.
+pub fn dash(v: Option<String>) -> String {
+    v.unwrap_or_else(|| "-".into())
 }
 
 /// Unix seconds as `YYYY-MM-DD HH:MM` (UTC), by the proleptic Gregorian calendar.
@@ -138,17 +124,17 @@ pub fn utc_minutes(unix_s: i64) -> String {
     )
 }
 
-/// A `gates` or `controls` fragment as `name=verdict` pairs separated by spaces,
+/// A `gates` or `controls` list as `name=verdict` pairs separated by spaces,
 /// `-` when absent or empty.
-pub fn verdicts(v: Option<&Value>) -> String {
-    match v.and_then(Value::as_array) {
+pub fn verdicts(v: Option<&[Verdicted]>) -> String {
+    match v {
         Some(a) if !a.is_empty() => a
             .iter()
             .map(|g| {
                 format!(
                     "{}={}",
-                    g.get("name").and_then(Value::as_str).unwrap_or("?"),
-                    g.get("verdict").and_then(Value::as_str).unwrap_or("?")
+                    g.name.as_deref().unwrap_or("?"),
+                    g.verdict.as_deref().unwrap_or("?")
                 )
             })
             .collect::<Vec<_>>()

@@ -6,6 +6,9 @@
 //! run ran on). [`Timeline::origin_ns`] is the zero of every picture and trace: the
 //! run's start when the harness recorded one, else the earliest marker or sample.
 
+use evidence::parquet_tables::columns::{markers, phases, samples};
+
+use crate::fragments::{self, Fragment, SensorsUnavailable};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -134,14 +137,14 @@ impl Timeline {
         let mut phases = Vec::new();
         for b in bundle::tables::read(dir, bundle_files::PHASES)? {
             let f = bundle_files::PHASES;
-            let seq = col::<Int64Array>(&b, f, "seq")?;
-            let name = col::<StringArray>(&b, f, "name")?;
-            let depth = col::<Int64Array>(&b, f, "depth")?;
-            let parent = col::<Int64Array>(&b, f, "parent_seq")?;
-            let open = col::<Int64Array>(&b, f, "open_ns")?;
-            let close = col::<Int64Array>(&b, f, "close_ns")?;
-            let dur = col::<Float64Array>(&b, f, "duration_s")?;
-            let attrs = col::<StringArray>(&b, f, "attrs_json")?;
+            let seq = col::<Int64Array>(&b, f, phases::SEQ)?;
+            let name = col::<StringArray>(&b, f, phases::NAME)?;
+            let depth = col::<Int64Array>(&b, f, phases::DEPTH)?;
+            let parent = col::<Int64Array>(&b, f, phases::PARENT_SEQ)?;
+            let open = col::<Int64Array>(&b, f, phases::OPEN_NS)?;
+            let close = col::<Int64Array>(&b, f, phases::CLOSE_NS)?;
+            let dur = col::<Float64Array>(&b, f, phases::DURATION_S)?;
+            let attrs = col::<StringArray>(&b, f, phases::ATTRS_JSON)?;
             for i in 0..b.num_rows() {
                 let s = seq.value(i);
                 phases.push(PhaseSpan {
@@ -160,11 +163,11 @@ impl Timeline {
         let mut ticks = Vec::new();
         for b in bundle::tables::read(dir, bundle_files::MARKERS)? {
             let f = bundle_files::MARKERS;
-            let seq = col::<Int64Array>(&b, f, "seq")?;
-            let ev = col::<StringArray>(&b, f, "ev")?;
-            let t = col::<Int64Array>(&b, f, "t_ns")?;
-            let name = col::<StringArray>(&b, f, "name")?;
-            let attrs = col::<StringArray>(&b, f, "attrs_json")?;
+            let seq = col::<Int64Array>(&b, f, markers::SEQ)?;
+            let ev = col::<StringArray>(&b, f, markers::EV)?;
+            let t = col::<Int64Array>(&b, f, markers::T_NS)?;
+            let name = col::<StringArray>(&b, f, markers::NAME)?;
+            let attrs = col::<StringArray>(&b, f, markers::ATTRS_JSON)?;
             for i in 0..b.num_rows() {
                 if ev.is_null(i) || ev.value(i) != "tick" || t.is_null(i) || name.is_null(i) {
                     continue;
@@ -192,7 +195,7 @@ impl Timeline {
             .collect();
         for b in bundle::tables::read(dir, bundle_files::SAMPLES)? {
             let f = bundle_files::SAMPLES;
-            let t = col::<Int64Array>(&b, f, "t_ns")?;
+            let t = col::<Int64Array>(&b, f, samples::T_NS)?;
             sample_t_ns.extend((0..b.num_rows()).map(|i| t.value(i)));
             for (s, spec) in series.iter_mut().zip(SAMPLE_COLUMNS) {
                 let c = b
@@ -268,24 +271,15 @@ impl Timeline {
         (t_ns - self.origin_ns()) as f64 / 1e9
     }
 
-    /// A string field of a manifest fragment (numbers as text), if present.
-    pub fn fragment_str(&self, key: &str, field: &str) -> Option<String> {
-        self.manifest
-            .fragment(key)
-            .and_then(|v| v.get(field))
-            .and_then(|v| match v {
-                Value::String(s) => Some(s.clone()),
-                Value::Null => None,
-                other => Some(other.to_string()),
-            })
+    /// The manifest's fragment `F`, if present and readable.
+    pub fn fragment<F: Fragment>(&self) -> Option<F> {
+        fragments::of(&self.manifest)
     }
 
     /// Why a sampler column has no values, from `sensors_unavailable`, if recorded.
     pub fn unavailable_reason(&self, column: &str) -> Option<String> {
-        self.manifest
-            .fragment("sensors_unavailable")
-            .and_then(|v| v.get(column))
-            .and_then(Value::as_str)
+        self.fragment::<SensorsUnavailable>()?
+            .reason(column)
             .map(str::to_string)
     }
 }

@@ -228,7 +228,7 @@ pub fn synthesize(engine: &Path, preset: &str, cache: &Path) -> Result<Weights, 
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child =
-        crate::run::spawn::retry_while_text_busy(|| command.spawn()).map_err(io(engine))?;
+        crate::text_busy::retry_while_text_busy(|| command.spawn()).map_err(io(engine))?;
     // The engine's stderr is echoed as it comes (synthesis takes a minute at
     // ltxv-13b) and its last line kept: a failure's cause ("No space left on
     // device") belongs in the refusal the bundle records, not only on a terminal.
@@ -312,12 +312,7 @@ mod tests {
     use sha2::{Digest, Sha256};
 
     fn scratch(name: &str) -> PathBuf {
-        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../target/test-scratch/weights")
-            .join(name);
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        crate::test_kit::scratch(&format!("weights-{name}"))
     }
 
     fn write(dir: &Path, rel: &str, bytes: &[u8]) {

@@ -21,7 +21,7 @@
 //!    known GEMM load of the GPU-utilization control.
 //! 5. Checks and benchmarks, imported by nothing but the command line:
 //!    [`selftest`] (`engine selftest-cuda`: every device model and kernel
-//!    against the CPU arm), [`bench`] (the device benchmarks) and [`fixtures`]
+//!    against the CPU arm), [`bench`](mod@bench) (the device benchmarks) and [`fixtures`]
 //!    (seeded inputs and synthetic weight files both use).
 
 pub mod bench;

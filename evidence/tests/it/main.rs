@@ -5,6 +5,7 @@
 //!   concurrency, recover, on recorded journals.
 //! * [`durability`]: the journal's flush and fdatasync cadence, seen from outside.
 //! * [`fuzz`]: property fuzzing of the journal, marker, manifest and rung parsers.
+//! * [`layout`]: no two modules of `evidence/src` depend on each other.
 //! * [`pyarrow`]: pyarrow reads every table of a sealed bundle.
 //! * [`common`]: the seeded run generator and per-test directories they share
 //!   (the seal benchmark uses it too).
@@ -14,4 +15,5 @@ mod common;
 mod bundle;
 mod durability;
 mod fuzz;
+mod layout;
 mod pyarrow;

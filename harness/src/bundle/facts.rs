@@ -20,21 +20,7 @@ pub struct Exclusion {
 }
 
 /// The `schedule` manifest fragment of a campaign run.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct Schedule {
-    /// Campaign id (stable for the same campaign arguments).
-    pub campaign: String,
-    /// Round, 1-based.
-    pub round: u32,
-    /// Position in the campaign's whole schedule, 0-based.
-    pub position: u32,
-    /// The arm this run used.
-    pub arm: String,
-    /// The lever this run measured.
-    pub lever: String,
-    /// The seed that ordered the arms.
-    pub seed: u64,
-}
+pub use crate::fragments::Schedule;
 
 /// One row of `phases.parquet` (the columns rank uses).
 #[derive(Debug, Clone, PartialEq, Serialize)]

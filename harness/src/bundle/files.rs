@@ -1,7 +1,10 @@
 //! A bundle's files by name: the one place where a command's read of a bundle
-//! file happens, so that a check every reader should make (a later change adds
-//! hash verification against the manifest) has one place to live. The polars scan
-//! opens its files itself, by the paths [`scan_path`] gives.
+//! file happens. A local bundle was verified whole before any read
+//! ([`crate::verification::local`]); a bundle of an S3 store is checked file by
+//! file as it is read ([`crate::remote::reader`]: the manifest against the id,
+//! every other file against the manifest's size and sha256). The polars scan
+//! opens its files itself, by the paths [`scan_path`] gives (checked before the
+//! scan, [`crate::verification::remote`]).
 
 use std::path::{Path, PathBuf};
 

@@ -11,8 +11,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::bundle::error::{LoadError, ManifestError};
-use crate::bundle::facts::{Bundle, FrameFacts, Schedule};
+use crate::bundle::facts::{Bundle, FrameFacts};
 use crate::bundle::files;
+use crate::fragments::{
+    self, Completion, Contention, Engine, ExecCheck, Exit, Fragment, Gates, Gpu, Host, Levers,
+    Profile, Run, Rung, Schedule, Weights, WeightsCache,
+};
 
 /// `manifest.json` of the bundle at `dir` as JSON.
 pub fn read_json(dir: &Path) -> Result<Value, ManifestError> {
@@ -46,8 +50,15 @@ pub fn read_facts(dir: &Path) -> Result<Bundle, LoadError> {
     manifest_facts(&m, &file, dir)
 }
 
-fn get<'a>(m: &'a Value, path: &str) -> Option<&'a Value> {
-    path.split('.').try_fold(m, |v, k| v.get(k))
+/// The value at `path` in `m`: a fragment's key ([`Fragment::KEY`]) or a computed
+/// section's, then the fields below it.
+fn get<'a>(m: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(m, |v, k| v.get(k))
+}
+
+/// `path` as errors name it (`rung.config.width`).
+fn dotted(path: &[&str]) -> String {
+    path.join(".")
 }
 
 /// The facts rank needs from a parsed manifest; `file` names it in errors and the
@@ -58,13 +69,13 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
         field: path.to_string(),
         expected: expected.to_string(),
     };
-    let string = |path: &str| -> Result<String, LoadError> {
+    let string = |path: &[&str]| -> Result<String, LoadError> {
         get(m, path)
             .and_then(Value::as_str)
             .map(str::to_string)
-            .ok_or_else(|| field(path, "a string"))
+            .ok_or_else(|| field(&dotted(path), "a string"))
     };
-    let opt_string = |path: &str| get(m, path).and_then(Value::as_str).map(str::to_string);
+    let opt_string = |path: &[&str]| get(m, path).and_then(Value::as_str).map(str::to_string);
     // The id is the directory's name, which verification checked is the sha256
     // of this manifest. A manifest has no id of its own: one that claims one
     // other than its directory's is refused, never believed.
@@ -73,7 +84,7 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
         .and_then(|n| n.to_str())
         .map(str::to_string)
         .ok_or_else(|| field("id", "a bundle directory named by its id"))?;
-    if let Some(claimed) = get(m, "id") {
+    if let Some(claimed) = get(m, &["id"]) {
         if claimed.as_str() != Some(id.as_str()) {
             return Err(field(
                 "id",
@@ -85,17 +96,18 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
     // no rung name (`-`) and no voxel count (0: the fit leaves it out, and
     // without a schedule no pair takes it); a rung fragment, when there, must
     // be whole.
-    let no_rung = matches!(get(m, "rung"), None | Some(Value::Null));
+    let no_rung = matches!(get(m, &[Rung::KEY]), None | Some(Value::Null));
     let empty = Value::Object(Default::default());
     let cfg = if no_rung {
         &empty
     } else {
-        get(m, "rung.config").ok_or_else(|| field("rung.config", "the rung as JSON"))?
+        get(m, &[Rung::KEY, "config"])
+            .ok_or_else(|| field(&dotted(&[Rung::KEY, "config"]), "the rung as JSON"))?
     };
     let dim = |k: &str| -> Result<u64, LoadError> {
         cfg.get(k)
             .and_then(Value::as_u64)
-            .ok_or_else(|| field(&format!("rung.config.{k}"), "a positive integer"))
+            .ok_or_else(|| field(&dotted(&[Rung::KEY, "config", k]), "a positive integer"))
     };
     let voxels = if no_rung {
         0
@@ -105,39 +117,39 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
             .and_then(|v| v.checked_mul(dim("frames").ok()?))
             .ok_or_else(|| {
                 field(
-                    "rung.config",
+                    &dotted(&[Rung::KEY, "config"]),
                     "width x height x frames within 2^64 (a rung the engine could render)",
                 )
             })?
     };
-    let levers = match get(m, "levers") {
+    let levers = match get(m, &[Levers::KEY]) {
         None | Some(Value::Null) => BTreeMap::new(),
         Some(Value::Object(o)) => o
             .iter()
             .map(|(k, v)| {
                 v.as_str()
                     .map(|s| (k.clone(), s.to_string()))
-                    .ok_or_else(|| field(&format!("levers.{k}"), "an arm name (string)"))
+                    .ok_or_else(|| field(&dotted(&[Levers::KEY, k]), "an arm name (string)"))
             })
             .collect::<Result<_, _>>()?,
-        Some(_) => return Err(field("levers", "an object of lever = arm")),
+        Some(_) => return Err(field(&dotted(&[Levers::KEY]), "an object of lever = arm")),
     };
-    let schedule = match get(m, "schedule") {
+    let schedule = match get(m, &[Schedule::KEY]) {
         None | Some(Value::Null) => None,
         Some(s) => {
             let u = |k: &str| {
                 s.get(k)
                     .and_then(Value::as_u64)
-                    .ok_or_else(|| field(&format!("schedule.{k}"), "a non-negative integer"))
+                    .ok_or_else(|| field(&dotted(&[Schedule::KEY, k]), "a non-negative integer"))
             };
             let st = |k: &str| {
                 s.get(k)
                     .and_then(Value::as_str)
                     .map(str::to_string)
-                    .ok_or_else(|| field(&format!("schedule.{k}"), "a string"))
+                    .ok_or_else(|| field(&dotted(&[Schedule::KEY, k]), "a string"))
             };
             let small = |k: &str| -> Result<u32, LoadError> {
-                u32::try_from(u(k)?).map_err(|_| field(&format!("schedule.{k}"), "below 2^32"))
+                u32::try_from(u(k)?).map_err(|_| field(&dotted(&[Schedule::KEY, k]), "below 2^32"))
             };
             Some(Schedule {
                 campaign: st("campaign")?,
@@ -150,15 +162,15 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
         }
     };
     let host = [
-        opt_string("run.hostname").unwrap_or_else(|| "?".into()),
-        opt_string("host.cpu_model").unwrap_or_else(|| "?".into()),
-        opt_string("gpu.name").unwrap_or_else(|| "no-gpu".into()),
+        opt_string(&[Run::KEY, "hostname"]).unwrap_or_else(|| "?".into()),
+        opt_string(&[Host::KEY, "cpu_model"]).unwrap_or_else(|| "?".into()),
+        opt_string(&[Gpu::KEY, "name"]).unwrap_or_else(|| "no-gpu".into()),
     ]
     .join("|");
-    let contended = match get(m, "contention.flagged").and_then(Value::as_bool) {
-        Some(true) => {
-            Some(opt_string("contention.detail").unwrap_or_else(|| "flagged at start".into()))
-        }
+    let contended = match get(m, &[Contention::KEY, "flagged"]).and_then(Value::as_bool) {
+        Some(true) => Some(
+            opt_string(&[Contention::KEY, "detail"]).unwrap_or_else(|| "flagged at start".into()),
+        ),
         _ => None,
     };
     Ok(Bundle {
@@ -166,30 +178,30 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
         rung: if no_rung {
             "-".into()
         } else {
-            string("rung.name")?
+            string(&[Rung::KEY, "name"])?
         },
         voxels,
         device: cfg
             .get("device")
             .and_then(Value::as_str)
             .map(str::to_string),
-        profile: opt_string("profile").unwrap_or_else(|| "default".into()),
-        engine_sha256: string("engine.sha256")?,
+        profile: opt_string(&[Profile::KEY]).unwrap_or_else(|| "default".into()),
+        engine_sha256: string(&[Engine::KEY, "sha256"])?,
         host,
         // An --exec run reads no weights the harness knows of: no fragment.
-        weights_digest: match get(m, "weights") {
+        weights_digest: match get(m, &[Weights::KEY]) {
             None | Some(Value::Null) => "-".into(),
-            Some(_) => string("weights.digest")?,
+            Some(_) => string(&[Weights::KEY, "digest"])?,
         },
         levers,
         schedule,
-        start_unix_ns: get(m, "run.start_unix_ns").and_then(Value::as_u64),
-        run_wall_s: get(m, "phases.run_wall_s").and_then(Value::as_f64),
+        start_unix_ns: get(m, &[Run::KEY, "start_unix_ns"]).and_then(Value::as_u64),
+        run_wall_s: get(m, &["phases", "run_wall_s"]).and_then(Value::as_f64),
         contended,
         incomplete: incompleteness(m),
         phases: Vec::new(),
         samples_by_phase: BTreeMap::new(),
-        cache_share_at_start: cache_at_start(m).map(|c| c.share),
+        cache_share_at_start: cache_at_start_of(m).map(|c| c.share),
         frames: frame_facts(m, dir),
     })
 }
@@ -198,7 +210,7 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
 /// by the scan): the kept images with their sha256, whether `frames.parquet` is
 /// kept, the hello's engine and string attributes, and the rung file's sha256.
 fn frame_facts(m: &Value, dir: &Path) -> FrameFacts {
-    let files = get(m, "files").and_then(Value::as_object);
+    let files = get(m, &["files"]).and_then(Value::as_object);
     let images = evidence::bundle_files::FRAME_IMAGES
         .iter()
         .filter_map(|name| {
@@ -206,14 +218,14 @@ fn frame_facts(m: &Value, dir: &Path) -> FrameFacts {
             Some((name.to_string(), sha.to_string()))
         })
         .collect();
-    let hello = get(m, "markers.hello");
+    let hello = get(m, &["markers", "hello"]);
     FrameFacts {
         dir: dir.to_path_buf(),
         images,
         has_frames_table: files.is_some_and(|f| f.contains_key(evidence::bundle_files::FRAMES)),
         frame_sha256: BTreeMap::new(),
         engine: hello
-            .and_then(|h| h.get("engine"))
+            .and_then(|h| h.get("engine")) // not a manifest key: the hello marker's field
             .and_then(Value::as_str)
             .map(str::to_string),
         engine_attrs: hello
@@ -225,7 +237,7 @@ fn frame_facts(m: &Value, dir: &Path) -> FrameFacts {
                     .collect()
             })
             .unwrap_or_default(),
-        rung_sha256: get(m, "rung.sha256")
+        rung_sha256: get(m, &[Rung::KEY, "sha256"])
             .and_then(Value::as_str)
             .map(str::to_string),
     }
@@ -240,20 +252,24 @@ pub struct CacheAtStart {
     pub share: f64,
 }
 
-/// The page-cache state at engine start of manifest `m` (or of an object holding
-/// its `weights_cache` and `gates`): from the `weights_cache` fragment (bytes),
+/// The page-cache state at engine start of manifest `m` ([`cache_at_start`] of its
+/// `weights_cache` and `gates` fragments).
+pub fn cache_at_start_of(m: &Value) -> Option<CacheAtStart> {
+    let cache = fragments::read::<WeightsCache>(m).ok().flatten();
+    let gates = fragments::read::<Gates>(m).ok().flatten();
+    cache_at_start(cache.as_ref(), gates.as_ref())
+}
+
+/// The page-cache state at engine start: from the `weights_cache` fragment (bytes),
 /// else from the `weights-cache` gate's detail, whose figures bundles sealed before
 /// the fragment existed carry only as text ("as-is: ... GiB after (100.0%) ..."; the
 /// wording is the harness's own and frozen in those bundles). The one reader of it
 /// for rank, `show` and `diff`.
-pub fn cache_at_start(m: &Value) -> Option<CacheAtStart> {
-    let after = get(m, "weights_cache.resident_after_bytes").and_then(Value::as_f64);
-    let total = get(m, "weights_cache.total_bytes").and_then(Value::as_f64);
-    if let (Some(a), Some(t)) = (after, total) {
+pub fn cache_at_start(cache: Option<&WeightsCache>, gates: Option<&Gates>) -> Option<CacheAtStart> {
+    if let Some((a, t, c)) = cache.and_then(|c| Some((c.resident_after_bytes?, c.total_bytes?, c)))
+    {
         return Some(CacheAtStart {
-            policy: get(m, "weights_cache.policy")
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            policy: c.policy.clone(),
             share: if t > 0.0 {
                 (a / t).clamp(0.0, 1.0)
             } else {
@@ -261,11 +277,11 @@ pub fn cache_at_start(m: &Value) -> Option<CacheAtStart> {
             },
         });
     }
-    let gate = get(m, "gates")?
-        .as_array()?
+    let gate = gates?
+        .0
         .iter()
-        .find(|g| g.get("name").and_then(Value::as_str) == Some("weights-cache"))?;
-    let detail = gate.get("detail")?.as_str()?;
+        .find(|g| g.name.as_deref() == Some("weights-cache"))?;
+    let detail = gate.detail.as_deref()?;
     let (policy, figures) = detail.split_once(": ")?;
     let (_, rest) = figures.split_once(" GiB after (")?;
     let (pct, _) = rest.split_once("%)")?;
@@ -280,11 +296,13 @@ pub fn cache_at_start(m: &Value) -> Option<CacheAtStart> {
 /// completion verdict other than `pass`. `None` when none of these holds.
 fn incompleteness(m: &Value) -> Option<String> {
     let mut why = Vec::new();
-    let reason = get(m, "exit.reason").and_then(Value::as_str);
+    let reason = get(m, &[Exit::KEY, "reason"]).and_then(Value::as_str);
     match reason {
         Some("completed") => {}
         Some(r) => {
-            let detail = get(m, "exit.detail").and_then(Value::as_str).unwrap_or("");
+            let detail = get(m, &[Exit::KEY, "detail"])
+                .and_then(Value::as_str)
+                .unwrap_or("");
             why.push(format!(
                 "exit {r}{}",
                 if detail.is_empty() {
@@ -296,10 +314,10 @@ fn incompleteness(m: &Value) -> Option<String> {
         }
         None => why.push("no exit recorded".to_string()),
     }
-    match get(m, "completion.verdict").and_then(Value::as_str) {
+    match get(m, &[Completion::KEY, "verdict"]).and_then(Value::as_str) {
         Some("pass") => {}
         Some(v) => {
-            let reasons: Vec<&str> = get(m, "completion.reasons")
+            let reasons: Vec<&str> = get(m, &[Completion::KEY, "reasons"])
                 .and_then(Value::as_array)
                 .map(|a| a.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
@@ -314,23 +332,23 @@ fn incompleteness(m: &Value) -> Option<String> {
         }
         None => why.push("no completion verdict".to_string()),
     }
-    if get(m, "complete").and_then(Value::as_bool) == Some(false) && why.is_empty() {
+    if get(m, &["complete"]).and_then(Value::as_bool) == Some(false) && why.is_empty() {
         why.push("sealed as incomplete".to_string());
     }
     // Phases built without the markers whose time was not believable are not
     // the run's phases: such a run is not compared with others.
-    if let Some(n) = get(m, "markers.clock_rejected")
+    if let Some(n) = get(m, &["markers", "clock_rejected"])
         .and_then(Value::as_u64)
         .filter(|n| *n > 0)
     {
         why.push(format!(
             "{n} marker(s) rejected by the clock check ({})",
-            get(m, "markers.first_clock_error")
+            get(m, &["markers", "first_clock_error"])
                 .and_then(Value::as_str)
                 .unwrap_or("no detail")
         ));
     }
-    if let Some(changed) = get(m, "exec_check.changed")
+    if let Some(changed) = get(m, &[ExecCheck::KEY, "changed"])
         .and_then(Value::as_array)
         .filter(|c| !c.is_empty())
     {
@@ -440,12 +458,18 @@ mod tests {
         ]);
         let b = facts(&m).unwrap();
         assert!((b.cache_share_at_start.unwrap() - 0.037).abs() < 1e-12);
-        assert_eq!(cache_at_start(&m).unwrap().policy.as_deref(), Some("as-is"));
+        assert_eq!(
+            cache_at_start_of(&m).unwrap().policy.as_deref(),
+            Some("as-is")
+        );
         // The fragment wins over the text.
         m["weights_cache"] = json!({"policy": "warm", "total_bytes": 400u64,
             "resident_before_bytes": 0u64, "resident_after_bytes": 300u64, "seconds": 1.5});
         assert_eq!(facts(&m).unwrap().cache_share_at_start, Some(0.75));
-        assert_eq!(cache_at_start(&m).unwrap().policy.as_deref(), Some("warm"));
+        assert_eq!(
+            cache_at_start_of(&m).unwrap().policy.as_deref(),
+            Some("warm")
+        );
         // A gate that could not read residency says nothing about the share.
         m["weights_cache"] = Value::Null;
         m["gates"] = json!([{"name": "weights-cache", "verdict": "not-applicable",

@@ -15,6 +15,9 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use evidence::parquet_tables::columns::{frames, phases, samples};
+use evidence::sample::column;
+
 use crate::bundle::error::LoadError;
 use crate::bundle::facts::{Bundle, Exclusion, PhaseRow, SamplePeaks};
 use crate::bundle::{files, manifest};
@@ -85,7 +88,7 @@ pub fn load_dirs(dirs: &[PathBuf]) -> Loaded {
 const PATH_COL: &str = "__bundle_dir";
 
 /// The files polars scans itself (not through [`files::read`]): a remote store
-/// checks them before the scan ([`crate::remote::verified`]).
+/// checks them before the scan ([`crate::verification::remote`]).
 pub const SCANNED_FILES: [&str; 3] = ["phases.parquet", "samples.parquet", "frames.parquet"];
 
 fn scan(dirs: &[(PathBuf, Bundle)], file: &str) -> PolarsResult<LazyFrame> {
@@ -130,7 +133,7 @@ fn dir_key(path: &str, file: &str) -> String {
 
 /// Phase rows per bundle directory (as displayed), in `seq` order.
 fn phases_scan(dirs: &[(PathBuf, Bundle)]) -> Result<BTreeMap<String, Vec<PhaseRow>>, LoadError> {
-    const FILE: &str = "phases.parquet";
+    const FILE: &str = evidence::bundle_files::PHASES;
     let mut out: BTreeMap<String, Vec<PhaseRow>> = BTreeMap::new();
     if dirs.is_empty() {
         return Ok(out);
@@ -139,25 +142,25 @@ fn phases_scan(dirs: &[(PathBuf, Bundle)]) -> Result<BTreeMap<String, Vec<PhaseR
         scan(dirs, FILE)?
             .select([
                 col(PATH_COL).cast(DataType::String),
-                col("seq").cast(DataType::Int64),
-                col("name").cast(DataType::String),
-                col("depth").cast(DataType::Int64),
-                col("open_ns").cast(DataType::Int64),
-                col("close_ns").cast(DataType::Int64),
-                col("duration_s").cast(DataType::Float64),
-                col("is_leaf").cast(DataType::Boolean),
-                col("peak_rss_bytes").cast(DataType::Int64),
-                col("peak_device_bytes").cast(DataType::Int64),
-                col("attrs_json").cast(DataType::String),
-                col("gpu_busy_share").cast(DataType::Float64),
-                col("samples").cast(DataType::Int64),
+                col(phases::SEQ).cast(DataType::Int64),
+                col(phases::NAME).cast(DataType::String),
+                col(phases::DEPTH).cast(DataType::Int64),
+                col(phases::OPEN_NS).cast(DataType::Int64),
+                col(phases::CLOSE_NS).cast(DataType::Int64),
+                col(phases::DURATION_S).cast(DataType::Float64),
+                col(phases::IS_LEAF).cast(DataType::Boolean),
+                col(phases::PEAK_RSS_BYTES).cast(DataType::Int64),
+                col(phases::PEAK_DEVICE_BYTES).cast(DataType::Int64),
+                col(phases::ATTRS_JSON).cast(DataType::String),
+                col(phases::GPU_BUSY_SHARE).cast(DataType::Float64),
+                col(phases::SAMPLES).cast(DataType::Int64),
             ])
-            .sort([PATH_COL, "seq"], Default::default())
+            .sort([PATH_COL, phases::SEQ], Default::default())
             .collect()
     };
     let df = run().map_err(|e| err_for(dirs, FILE, e))?;
     let c = |name: &str| df.column(name).map_err(|e| err_for(dirs, FILE, e));
-    let (path, name) = (c(PATH_COL)?.str().cloned(), c("name")?.str().cloned());
+    let (path, name) = (c(PATH_COL)?.str().cloned(), c(phases::NAME)?.str().cloned());
     let path = path.map_err(|e| err_for(dirs, FILE, e))?;
     let name = name.map_err(|e| err_for(dirs, FILE, e))?;
     let i = |n: &str| -> Result<Int64Chunked, LoadError> {
@@ -167,19 +170,19 @@ fn phases_scan(dirs: &[(PathBuf, Bundle)]) -> Result<BTreeMap<String, Vec<PhaseR
         c(n)?.f64().cloned().map_err(|e| err_for(dirs, FILE, e))
     };
     let (depth, open, close, rss, dev, samples) = (
-        i("depth")?,
-        i("open_ns")?,
-        i("close_ns")?,
-        i("peak_rss_bytes")?,
-        i("peak_device_bytes")?,
-        i("samples")?,
+        i(phases::DEPTH)?,
+        i(phases::OPEN_NS)?,
+        i(phases::CLOSE_NS)?,
+        i(phases::PEAK_RSS_BYTES)?,
+        i(phases::PEAK_DEVICE_BYTES)?,
+        i(phases::SAMPLES)?,
     );
-    let (dur, busy) = (f("duration_s")?, f("gpu_busy_share")?);
-    let attrs = c("attrs_json")?
+    let (dur, busy) = (f(phases::DURATION_S)?, f(phases::GPU_BUSY_SHARE)?);
+    let attrs = c(phases::ATTRS_JSON)?
         .str()
         .cloned()
         .map_err(|e| err_for(dirs, FILE, e))?;
-    let leaf = c("is_leaf")?
+    let leaf = c(phases::IS_LEAF)?
         .bool()
         .cloned()
         .map_err(|e| err_for(dirs, FILE, e))?;
@@ -221,16 +224,26 @@ fn frames_scan(
         scan(&with, FILE)?
             .select([
                 col(PATH_COL).cast(DataType::String),
-                col("index").cast(DataType::Int64),
-                col("sha256").cast(DataType::String),
+                col(frames::INDEX).cast(DataType::Int64),
+                col(frames::SHA256).cast(DataType::String),
             ])
             .collect()
     };
     let df = run().map_err(|e| err_for(&with, FILE, e))?;
     let e = |x: PolarsError| err_for(&with, FILE, x);
     let path = df.column(PATH_COL).map_err(e)?.str().map_err(e)?.clone();
-    let index = df.column("index").map_err(e)?.i64().map_err(e)?.clone();
-    let sha = df.column("sha256").map_err(e)?.str().map_err(e)?.clone();
+    let index = df
+        .column(frames::INDEX)
+        .map_err(e)?
+        .i64()
+        .map_err(e)?
+        .clone();
+    let sha = df
+        .column(frames::SHA256)
+        .map_err(e)?
+        .str()
+        .map_err(e)?
+        .clone();
     for r in 0..df.height() {
         let (Some(i), Some(h)) = (index.get(r), sha.get(r)) else {
             continue;
@@ -257,7 +270,7 @@ fn close_peak_host_bytes(attrs_json: &str) -> Option<i64> {
 fn samples_scan(
     dirs: &[(PathBuf, Bundle)],
 ) -> Result<BTreeMap<String, BTreeMap<String, SamplePeaks>>, LoadError> {
-    const FILE: &str = "samples.parquet";
+    const FILE: &str = evidence::bundle_files::SAMPLES;
     let mut out: BTreeMap<String, BTreeMap<String, SamplePeaks>> = BTreeMap::new();
     if dirs.is_empty() {
         return Ok(out);
@@ -267,20 +280,20 @@ fn samples_scan(
         scan(dirs, FILE)?
             .group_by([
                 col(PATH_COL).cast(DataType::String),
-                col("phase").cast(DataType::String),
+                col(samples::PHASE).cast(DataType::String),
             ])
             .agg([
                 len().alias("n"),
-                f64c("rss_bytes").max().alias("rss"),
-                f64c("unified_bytes").max().alias("unified"),
-                f64c("weights_cached_bytes").max().alias("cached"),
-                f64c("engine_gpu_mem_bytes").max().alias("gpu_mem"),
-                f64c("gpu_util_pct")
+                f64c(column::RSS_BYTES).max().alias("rss"),
+                f64c(column::UNIFIED_BYTES).max().alias("unified"),
+                f64c(column::WEIGHTS_CACHED_BYTES).max().alias("cached"),
+                f64c(column::ENGINE_GPU_MEM_BYTES).max().alias("gpu_mem"),
+                f64c(column::GPU_UTIL_PCT)
                     .is_not_null()
                     .sum()
                     .cast(DataType::Int64)
                     .alias("util_n"),
-                f64c("gpu_util_pct")
+                f64c(column::GPU_UTIL_PCT)
                     .gt(lit(0.0))
                     .sum()
                     .cast(DataType::Int64)
@@ -291,7 +304,12 @@ fn samples_scan(
     let df = run().map_err(|e| err_for(dirs, FILE, e))?;
     let e = |x: PolarsError| err_for(dirs, FILE, x);
     let path = df.column(PATH_COL).map_err(e)?.str().map_err(e)?.clone();
-    let phase = df.column("phase").map_err(e)?.str().map_err(e)?.clone();
+    let phase = df
+        .column(samples::PHASE)
+        .map_err(e)?
+        .str()
+        .map_err(e)?
+        .clone();
     let n = df
         .column("n")
         .map_err(e)?

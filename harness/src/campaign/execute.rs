@@ -1,6 +1,7 @@
 //! Running a campaign's schedule: every position not yet done, in order, through
 //! a [`Runner`], stopping cleanly on a gate refusal, an interruption or the budget.
 
+use anyhow::Context;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -116,7 +117,8 @@ pub fn execute(
         let job = Job {
             rung_path: rung.path.clone(),
             levers: BTreeMap::from([(e.lever.clone(), e.arm.clone())]),
-            schedule: plan.fragment(e),
+            schedule: serde_json::to_value(plan.fragment(e))
+                .context("writing the schedule fragment")?,
         };
         if let Some(why) = budget.as_deref_mut().and_then(|b| b.refuse(e)) {
             out.stopped = Some(why);

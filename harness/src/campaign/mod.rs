@@ -21,12 +21,11 @@
 //! * [`budget`]: `--budget-s`: the walls learned so far and the deadline.
 //! * [`execute`]: running the positions through a [`execute::Runner`].
 //! * [`runner`]: the real runner, each position a child `harness run`.
-//! * [`command`]: `harness campaign`'s arguments and entry point.
 //!
-//! Dependencies run one way: command -> runner -> execute -> budget -> plan.
+//! `harness campaign`'s arguments and entry point are [`crate::cmd::campaign`].
+//! Dependencies run one way: the command -> runner -> execute -> budget -> plan.
 
 pub mod budget;
-pub mod command;
 pub mod execute;
 pub mod plan;
 pub mod runner;

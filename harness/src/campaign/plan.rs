@@ -92,15 +92,15 @@ pub struct Plan {
 
 impl Plan {
     /// The `schedule` manifest fragment of `e`.
-    pub fn fragment(&self, e: &Entry) -> serde_json::Value {
-        serde_json::json!({
-            "campaign": self.id,
-            "round": e.round,
-            "position": e.position,
-            "arm": e.arm,
-            "lever": e.lever,
-            "seed": self.seed,
-        })
+    pub fn fragment(&self, e: &Entry) -> crate::fragments::Schedule {
+        crate::fragments::Schedule {
+            campaign: self.id.clone(),
+            round: e.round,
+            position: e.position,
+            arm: e.arm.clone(),
+            lever: e.lever.clone(),
+            seed: self.seed,
+        }
     }
 }
 

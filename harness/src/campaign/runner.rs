@@ -7,6 +7,7 @@
 //! outcome is read from the sealed bundle's manifest, never from the exit code
 //! alone; a refusal (exit 3) is reported with the gate the child named.
 
+use crate::fragments::{self, Completion, Exit};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -85,16 +86,22 @@ pub fn outcome_of(dir: &Path) -> anyhow::Result<RunOutcome> {
             file.display()
         )
     })?;
-    let exit_reason = m["exit"]["reason"]
-        .as_str()
-        .with_context(|| format!("{}: field 'exit.reason': expected a string", file.display()))?
-        .to_string();
+    let exit_reason = fragments::read::<Exit>(&m)
+        .ok()
+        .flatten()
+        .and_then(|e| e.reason)
+        .with_context(|| format!("{}: field 'exit.reason': expected a string", file.display()))?;
     let bundle_id = m["id"]
         .as_str()
         .map(str::to_string)
         .or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()))
         .with_context(|| format!("{}: no bundle id", file.display()))?;
-    let verdict_pass = m["completion"]["verdict"].as_str() == Some("pass");
+    let verdict_pass = fragments::read::<Completion>(&m)
+        .ok()
+        .flatten()
+        .and_then(|c| c.verdict)
+        .as_deref()
+        == Some("pass");
     Ok(RunOutcome {
         bundle_id,
         complete: complete && verdict_pass,

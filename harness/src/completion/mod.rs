@@ -79,12 +79,19 @@ pub struct Completion {
 
 impl Completion {
     /// The `completion` manifest fragment.
-    pub fn fragment(&self) -> serde_json::Value {
-        serde_json::json!({
-            "verdict": self.verdict,
-            "reasons": self.reasons,
-            "frames": self.frames.len(),
-        })
+    pub fn fragment(&self) -> crate::fragments::Completion {
+        crate::fragments::Completion {
+            verdict: serde_json::to_value(&self.verdict)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string)),
+            reasons: Some(
+                self.reasons
+                    .iter()
+                    .map(|r| serde_json::Value::String(r.clone()))
+                    .collect(),
+            ),
+            frames: Some(self.frames.len() as u64),
+        }
     }
 
     /// The fragment for a run whose engine never ran.

@@ -14,7 +14,7 @@ use evidence::clock::monotonic_ns;
 use crate::control::burn::Burn;
 use crate::control::judge::{self, Observation, Settings, Stop};
 use crate::control::util::UtilSource;
-use crate::watchdog::control::{ControlResult, INSTRUMENT_ERROR};
+use crate::control::watchdog::{ControlResult, INSTRUMENT_ERROR};
 
 /// How often utilization is read, milliseconds (fixed deadlines, not sleeps
 /// after each read, so the cadence does not stretch with NVML's latency).

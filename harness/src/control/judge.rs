@@ -8,7 +8,7 @@ use std::process::ExitStatus;
 use serde_json::{json, Map, Value};
 
 use crate::control::burn::{LoadMarks, LOAD_PHASE};
-use crate::watchdog::control::{ControlResult, INSTRUMENT_ERROR};
+use crate::control::watchdog::{ControlResult, INSTRUMENT_ERROR};
 
 /// The control's name in manifests and tables.
 pub const NAME: &str = "gpu-util";

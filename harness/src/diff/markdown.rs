@@ -4,8 +4,8 @@
 use std::fmt::Write;
 
 use crate::diff::{Diff, FieldDiff};
+use crate::formats::ranking_text::{fixed, value};
 use crate::levers_spec::Unit;
-use crate::rank::report::{fixed, value};
 
 fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
     x.map_or("—".to_string(), f)

@@ -3,58 +3,65 @@
 //! Phase tables with deltas and ratios; every manifest field that changes what a
 //! number means (binary, weights, levers, host, driver, cadence, contention, gates,
 //! controls, exit, completion); sample summaries (peaks, GPU-busy share, page cache).
-//! Output as markdown ([`markdown`]) or, with `--json`, as [`Diff`]; [`command`]
-//! holds the command's arguments and entry point.
+//! Output as markdown ([`markdown`]) or, with `--json`, as [`Diff`];
+//! [`crate::cmd::diff`] holds the command's arguments and entry point.
 //!
 //! Promise: a pure function of the two bundles; phases keep A's open order, then the
 //! phases only B has in B's order.
 
-pub mod command;
 pub mod markdown;
 
+use crate::fragments::{
+    Completion, Contention, Controls, Engine, Exit, Fragment, Gates, Gpu, Host, Lease, Levers,
+    Profile, Run, Rung, Sampler, Schedule, Verdicted, Watchdog, Weights, WeightsCache,
+};
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::bundle::facts::{Bundle, PhaseRow};
 use crate::levers_spec::Unit;
 
-/// The manifest fields compared, with a label: `(path, label)`.
-pub const FIELDS: &[(&str, &str)] = &[
-    ("engine.sha256", "engine binary sha256"),
-    ("engine.version", "engine version"),
-    ("weights.digest", "weights digest"),
-    ("weights.synthesized", "weights synthesized"),
-    ("rung.name", "rung"),
-    ("rung.sha256", "rung file sha256"),
-    ("profile", "profile"),
-    ("levers", "levers"),
-    ("schedule", "schedule"),
-    ("run.hostname", "hostname"),
-    ("host.cpu_model", "cpu model"),
-    ("host.cores", "cores"),
-    ("host.mem_total_bytes", "memory bytes"),
-    ("host.kernel", "kernel"),
-    ("host.os", "os"),
-    ("gpu.name", "gpu"),
-    ("gpu.driver", "gpu driver"),
-    ("gpu.cuda", "cuda"),
-    ("gpu.unified_memory", "unified memory"),
-    ("lease.id", "lease id"),
-    ("sampler.cadence_ms", "sampler cadence ms"),
-    ("sampler.observer", "observer"),
-    ("cadence", "achieved cadence"),
-    ("contention.flagged", "contended (at start or during)"),
-    ("contention.detail", "contention"),
-    ("weights_cache", "weights in page cache at start"),
-    ("gates", "gates"),
-    ("controls", "controls"),
-    ("watchdog.tripped", "watchdog tripped"),
-    ("exit.reason", "exit reason"),
-    ("exit.code", "exit code"),
-    ("exit.signal", "exit signal"),
-    ("completion.verdict", "completion"),
-    ("completion.frames", "frames"),
-    ("complete", "complete"),
+/// The manifest fields compared, with a label: `(path, label)`; a path starts at a
+/// fragment's key ([`Fragment::KEY`]) or a computed section's.
+pub const FIELDS: &[(&[&str], &str)] = &[
+    (&[Engine::KEY, "sha256"], "engine binary sha256"),
+    (&[Engine::KEY, "version"], "engine version"),
+    (&[Weights::KEY, "digest"], "weights digest"),
+    (&[Weights::KEY, "synthesized"], "weights synthesized"),
+    (&[Rung::KEY, "name"], "rung"),
+    (&[Rung::KEY, "sha256"], "rung file sha256"),
+    (&[Profile::KEY], "profile"),
+    (&[Levers::KEY], "levers"),
+    (&[Schedule::KEY], "schedule"),
+    (&[Run::KEY, "hostname"], "hostname"),
+    (&[Host::KEY, "cpu_model"], "cpu model"),
+    (&[Host::KEY, "cores"], "cores"),
+    (&[Host::KEY, "mem_total_bytes"], "memory bytes"),
+    (&[Host::KEY, "kernel"], "kernel"),
+    (&[Host::KEY, "os"], "os"),
+    (&[Gpu::KEY, "name"], "gpu"),
+    (&[Gpu::KEY, "driver"], "gpu driver"),
+    (&[Gpu::KEY, "cuda"], "cuda"),
+    (&[Gpu::KEY, "unified_memory"], "unified memory"),
+    (&[Lease::KEY, "id"], "lease id"),
+    (&[Sampler::KEY, "cadence_ms"], "sampler cadence ms"),
+    (&[Sampler::KEY, "observer"], "observer"),
+    (&["cadence"], "achieved cadence"),
+    (
+        &[Contention::KEY, "flagged"],
+        "contended (at start or during)",
+    ),
+    (&[Contention::KEY, "detail"], "contention"),
+    (&[WeightsCache::KEY], "weights in page cache at start"),
+    (&[Gates::KEY], "gates"),
+    (&[Controls::KEY], "controls"),
+    (&[Watchdog::KEY, "tripped"], "watchdog tripped"),
+    (&[Exit::KEY, "reason"], "exit reason"),
+    (&[Exit::KEY, "code"], "exit code"),
+    (&[Exit::KEY, "signal"], "exit signal"),
+    (&[Completion::KEY, "verdict"], "completion"),
+    (&[Completion::KEY, "frames"], "frames"),
+    (&["complete"], "complete"),
 ];
 
 /// One manifest field in both bundles.
@@ -132,17 +139,20 @@ pub struct Diff {
     pub summaries: Vec<SummaryDiff>,
 }
 
-fn at<'a>(m: &'a Value, path: &str) -> &'a Value {
-    path.split('.')
+fn at<'a>(m: &'a Value, path: &[&str]) -> &'a Value {
+    path.iter()
         .try_fold(m, |v, k| v.get(k))
         .unwrap_or(&Value::Null)
 }
 
 /// The reviewer's view of manifest field `path` (see [`FieldDiff::a_view`]).
-fn view(path: &str, v: &Value) -> String {
+fn view(path: &[&str], v: &Value) -> String {
     match (path, v) {
-        ("gates" | "controls", Value::Array(_)) => crate::summary::verdicts(Some(v)),
-        ("cadence", Value::Object(c)) => {
+        ([k], Value::Array(_)) if *k == Gates::KEY || *k == Controls::KEY => {
+            let list = serde_json::from_value::<Vec<Verdicted>>(v.clone()).ok();
+            crate::summary::verdicts(list.as_deref())
+        }
+        (["cadence"], Value::Object(c)) => {
             let f = |k: &str| c.get(k).and_then(Value::as_f64);
             let ms = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1} ms"));
             // Recomputed from the span (as `show` does), so that bundles sealed
@@ -172,7 +182,7 @@ fn view(path: &str, v: &Value) -> String {
 /// before it; both gates read `pass` whether 100% or 4% was resident, so the gate
 /// verdicts alone hide the difference).
 fn cache_view(manifest: &Value) -> String {
-    match crate::bundle::manifest::cache_at_start(manifest) {
+    match crate::bundle::manifest::cache_at_start_of(manifest) {
         Some(c) => format!(
             "{}: {:.0}% resident",
             c.policy.as_deref().unwrap_or("?"),
@@ -188,13 +198,13 @@ pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
         .iter()
         .map(|(path, label)| {
             let (va, vb) = (at(ma, path), at(mb, path));
-            let (a_view, b_view) = if *path == "weights_cache" {
+            let (a_view, b_view) = if *path == [WeightsCache::KEY] {
                 (cache_view(ma), cache_view(mb))
             } else {
                 (view(path, va), view(path, vb))
             };
             FieldDiff {
-                field: path.to_string(),
+                field: path.join("."),
                 label: label.to_string(),
                 a: va.to_string(),
                 b: vb.to_string(),

@@ -1,10 +1,15 @@
-//! Output formats of a bundle's timeline, one file per format behind [`Format`]:
+//! Every output format, one file per format:
 //!
-//! * [`perfetto`]: Trace Event JSON for the Perfetto UI (`harness export --perfetto`);
-//! * [`plot`]: the timeline picture as PNG or SVG (`harness plot`), its PNG text
-//!   drawn by [`glyphs`].
+//! * a ranking ([`crate::rank::Ranking`]): [`markdown`], the lever table
+//!   (`reports/levers.md`); [`forest`], the forest plot SVG beside it; [`html`],
+//!   the `harness report` page; [`ranking_text`], the numbers and sentences they
+//!   print alike;
+//! * a bundle's timeline, behind [`Format`]: [`perfetto`], Trace Event JSON for the
+//!   Perfetto UI (`harness export --perfetto`); [`plot`], the timeline picture as
+//!   PNG or SVG (`harness plot`), its PNG text drawn by [`glyphs`].
 //!
-//! Every format encodes a [`Timeline`] into bytes; [`write_file`] lands them.
+//! Every timeline format encodes a [`Timeline`] into bytes; [`write_file`] lands
+//! them, [`write_timeline`] both.
 
 use std::io::Write;
 use std::path::Path;
@@ -13,9 +18,13 @@ use anyhow::Context;
 
 use crate::timeline::Timeline;
 
+pub mod forest;
 pub mod glyphs;
+pub mod html;
+pub mod markdown;
 pub mod perfetto;
 pub mod plot;
+pub mod ranking_text;
 
 /// One way of writing a bundle's timeline to a file.
 pub trait Format {
@@ -78,4 +87,30 @@ pub fn write_file(out: &Path, bytes: &[u8]) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// Encode `t` in `format`, write it to `out` (`-`: standard output) and say so
+/// (on standard error when standard output holds the file); returns exit 0.
+pub fn write_timeline(t: &Timeline, format: &dyn Format, out: &Path) -> anyhow::Result<u8> {
+    let bytes = format.encode(t)?;
+    write_file(out, &bytes)?;
+    let said = format!(
+        "wrote {} ({} {}, {} bytes) for bundle {}",
+        if is_stdout(out) {
+            "standard output".to_string()
+        } else {
+            out.display().to_string()
+        },
+        format.name(),
+        format.extension(),
+        bytes.len(),
+        t.id
+    );
+    // With `--out -` standard output holds the file alone.
+    if is_stdout(out) {
+        eprintln!("{said}");
+    } else {
+        println!("{said}");
+    }
+    Ok(crate::exit::OK)
 }

@@ -17,6 +17,7 @@
 //! [`Timeline::origin_ns`]); `metadata.origin_ns` holds that origin in the bundle's
 //! CLOCK_MONOTONIC nanoseconds, so `t_ns = origin_ns + ts * 1000`.
 
+use crate::fragments::{Engine, Levers, Profile, Rung};
 use serde_json::{json, Map, Value};
 
 use super::Format;
@@ -46,7 +47,10 @@ pub fn counter_arg(unit: &str) -> String {
 /// The whole trace as a JSON value (see the module docs).
 pub fn trace_value(t: &Timeline) -> Value {
     let mut events: Vec<Value> = Vec::new();
-    let rung = t.fragment_str("rung", "name").unwrap_or_else(|| "-".into());
+    let rung = t
+        .fragment::<Rung>()
+        .and_then(|r| r.name)
+        .unwrap_or_else(|| "-".into());
     events.push(json!({
         "ph": "M", "name": "process_name", "pid": PID, "tid": 0,
         "args": {"name": format!("rung {rung} · bundle {}", crate::short_id::short(&t.id))}
@@ -107,9 +111,9 @@ pub fn trace_value(t: &Timeline) -> Value {
             "clock": "CLOCK_MONOTONIC",
             "origin_ns": t.origin_ns(),
             "rung": rung,
-            "profile": t.manifest.fragment("profile"),
-            "levers": t.manifest.fragment("levers"),
-            "engine_sha256": t.fragment_str("engine", "sha256"),
+            "profile": t.fragment::<Profile>(),
+            "levers": t.fragment::<Levers>(),
+            "engine_sha256": t.fragment::<Engine>().and_then(|e| e.sha256),
             "complete": t.manifest.complete,
         },
     })

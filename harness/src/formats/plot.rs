@@ -12,6 +12,7 @@
 //!
 //! Text is drawn with DejaVu Sans embedded in the binary (no system fonts).
 
+use crate::fragments::{Completion, Engine, Levers, Profile, Rung, RungGeometry};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -97,42 +98,42 @@ fn phase_panel_h(t: &Timeline) -> u32 {
 /// The title's two lines.
 pub fn title_lines(t: &Timeline) -> (String, String) {
     let dash = || "-".to_string();
-    let rung = t.fragment_str("rung", "name").unwrap_or_else(dash);
-    let cfg = t.manifest.fragment("rung").and_then(|r| r.get("config"));
-    let geo = cfg
+    let rung_fragment = t.fragment::<Rung>();
+    let rung = rung_fragment
+        .as_ref()
+        .and_then(|r| r.name.clone())
+        .unwrap_or_else(dash);
+    let geo = rung_fragment
+        .and_then(|r| r.config)
         .map(|c| {
-            let g = |k: &str| {
-                c.get(k)
-                    .map_or_else(dash, |v| v.to_string().replace('"', ""))
-            };
+            let g = RungGeometry::of(&c);
+            let n = |v: Option<u64>| v.map_or_else(dash, |x| x.to_string());
+            let s = |v: Option<String>| v.unwrap_or_else(dash);
             format!(
                 " ({} {}x{}x{}, {} steps, {})",
-                g("preset"),
-                g("width"),
-                g("height"),
-                g("frames"),
-                g("steps"),
-                g("device")
+                s(g.preset),
+                n(g.width),
+                n(g.height),
+                n(g.frames),
+                n(g.steps),
+                s(g.device)
             )
         })
         .unwrap_or_default();
-    let profile = t
-        .manifest
-        .fragment("profile")
-        .and_then(|v| v.as_str())
-        .unwrap_or("-")
-        .to_string();
-    let levers = match t.manifest.fragment("levers").and_then(|v| v.as_object()) {
-        Some(m) if !m.is_empty() => m
-            .iter()
-            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("?")))
-            .collect::<Vec<_>>()
-            .join(", "),
+    let profile = t.fragment::<Profile>().map_or_else(dash, |p| p.0);
+    let levers = match t.fragment::<Levers>() {
+        Some(m) if !m.0.is_empty() => {
+            m.0.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
         _ => "defaults".into(),
     };
     let line1 = format!("rung {rung}{geo} · profile {profile} · levers: {levers}");
     let engine = t
-        .fragment_str("engine", "sha256")
+        .fragment::<Engine>()
+        .and_then(|e| e.sha256)
         .map(|s| crate::short_id::short(&s).to_string())
         .unwrap_or_else(dash);
     let exit = match t.manifest.exit() {
@@ -144,7 +145,8 @@ pub fn title_lines(t: &Timeline) -> (String, String) {
         None => "exit not recorded".into(),
     };
     let completion = t
-        .fragment_str("completion", "verdict")
+        .fragment::<Completion>()
+        .and_then(|c| c.verdict)
         .unwrap_or_else(|| "not recorded".into());
     let line2 = format!(
         "engine sha256 {engine} · {exit} · {} · completion {completion} · bundle {}",

@@ -1,5 +1,6 @@
 //! Fidelity: how far a pair's treatment frames are from its baseline's, per pair
-//! and per lever and rung, judged against the lever's numerics (issue 22).
+//! and per lever and rung, judged against the lever's numerics
+//! (`numerics` in `specs/levers.toml`).
 //!
 //! What is compared (`specs/bundle.md`, "Fidelity"): the frame images both bundles
 //! keep (`first.png`, `middle.png`, `last.png`: the engine's exact 8-bit RGB
@@ -9,7 +10,8 @@
 //! frames the images do not show are checked for identity, not measured).
 //!
 //! Per lever and rung: the median per-pair PSNR with a 95% percentile bootstrap
-//! interval ([`stats::BOOTSTRAP_RESAMPLES`] resamples of the pairs, a ChaCha8 stream
+//! interval ([`stats::BOOTSTRAP_RESAMPLES`] resamples of the pairs by
+//! [`crate::rank::bootstrap`], a ChaCha8 stream
 //! seeded with [`stats::seed_for`] of the lever and rung xor [`FIDELITY_SEED_SALT`]),
 //! the minimum PSNR and the largest absolute error. A `preserving` lever with any
 //! differing byte in a pair is flagged, naming the pair. A `changing` lever's rule
@@ -28,12 +30,11 @@ use std::collections::BTreeMap;
 
 use crate::bundle::facts::Bundle;
 use crate::levers_spec::{FidelityRule, Lever, Numerics};
+use crate::rank::bootstrap::{self, CONFIDENCE};
 use crate::rank::pixels::{read_rgb8, SampleDiff};
-use crate::rank::stats::{self, CONFIDENCE};
+use crate::rank::stats;
 use crate::rank::verdict::MIN_PAIRS;
 use evidence::bundle_files::FRAME_IMAGES;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 
 /// Mixed into the savings bootstrap's seed for the PSNR bootstrap of the same lever
 /// and rung, so the two streams differ while both stay fixed.
@@ -392,20 +393,6 @@ pub fn cell(f: &RungFidelity) -> String {
     }
 }
 
-/// Quantile `q` of ascending `sorted` (type 7) where values may be `+inf`: equal
-/// neighbours give themselves (no `inf - inf`).
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    let h = (sorted.len() - 1) as f64 * q.clamp(0.0, 1.0);
-    let lo = h.floor() as usize;
-    let hi = (lo + 1).min(sorted.len() - 1);
-    let f = h - lo as f64;
-    if sorted[lo] == sorted[hi] || f == 0.0 {
-        sorted[lo]
-    } else {
-        sorted[lo] + f * (sorted[hi] - sorted[lo])
-    }
-}
-
 /// The median of `psnr` (dB, `+inf` allowed) and its percentile bootstrap interval
 /// from `resamples` draws of a ChaCha8 stream seeded with `seed`.
 pub fn median_interval(psnr: &[f64], seed: u64, resamples: usize) -> Option<(f64, DbInterval)> {
@@ -414,33 +401,15 @@ pub fn median_interval(psnr: &[f64], seed: u64, resamples: usize) -> Option<(f64
     }
     let mut v = psnr.to_vec();
     let median = stats::median(&mut v);
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut boot = Vec::with_capacity(resamples);
     let mut draw = vec![0.0; psnr.len()];
-    for _ in 0..resamples {
-        for d in draw.iter_mut() {
-            *d = psnr[stats::draw_index(&mut rng, psnr.len())];
+    let boot = bootstrap::resample(psnr.len(), seed, resamples, |idx| {
+        for (d, &i) in draw.iter_mut().zip(idx) {
+            *d = psnr[i];
         }
-        boot.push(stats::median(&mut draw));
-    }
-    if boot.is_empty() {
-        return Some((
-            median,
-            DbInterval {
-                lo: median,
-                hi: median,
-            },
-        ));
-    }
-    boot.sort_by(f64::total_cmp);
-    let a = (1.0 - CONFIDENCE) / 2.0;
-    Some((
-        median,
-        DbInterval {
-            lo: quantile(&boot, a),
-            hi: quantile(&boot, 1.0 - a),
-        },
-    ))
+        stats::median(&mut draw)
+    });
+    let (lo, hi) = bootstrap::interval(boot).unwrap_or((median, median));
+    Some((median, DbInterval { lo, hi }))
 }
 
 /// Lever `l`'s fidelity at `rung` over `pairs` (baseline, treatment), with the
@@ -572,11 +541,7 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     fn scratch(name: &str) -> PathBuf {
-        let d =
-            std::env::temp_dir().join(format!("harness-fidelity-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        crate::test_kit::scratch(&format!("fidelity-{name}"))
     }
 
     /// A bundle whose three images are 4x2 pixels of `value` with sample 0 of the

@@ -1,26 +1,24 @@
-//! `harness rank`: the lever ranking as a pure function of named bundles.
+//! The lever ranking as a pure function of named bundles: arithmetic only; the
+//! command is [`crate::cmd::rank`], its formats live in [`crate::formats`].
 //!
 //! It works on [`Bundle`]s as [`crate::bundle`] reads them: [`metric`] reads a
 //! lever's metric off one bundle; [`pairing`] forms baseline/treatment pairs;
-//! [`stats`] computes each lever's paired effect with a bootstrap interval;
+//! [`stats`] computes each lever's paired effect with a [`bootstrap`] interval;
 //! [`fidelity`] compares each pair's frames ([`pixels`]: PSNR and max abs error)
 //! and checks them against the lever's numerics; [`verdict`] judges both against
 //! the hypothesis and fidelity rule in `specs/levers.toml`; [`fit`] fits
-//! each phase as fixed + per-voxel cost; [`report`] renders the markdown table and
-//! [`forest`] the forest plot beside it. [`rank`] ties them together.
+//! each phase as fixed + per-voxel cost. [`rank`] ties them together.
 //!
 //! Promise: the same set of bundles gives the same [`Ranking`] (and the same report
 //! bytes) in any order: bundles are sorted by id, maps are ordered, the bootstrap is
 //! seeded per lever and rung, and no clock is read.
 
-pub mod command;
+pub mod bootstrap;
 pub mod fidelity;
 pub mod fit;
-pub mod forest;
 pub mod metric;
 pub mod pairing;
 pub mod pixels;
-pub mod report;
 pub mod stats;
 pub mod verdict;
 

@@ -7,23 +7,20 @@
 //!   (the mean of log ratios, exponentiated), and the saving is the arithmetic mean of
 //!   `baseline - treatment` in the metric's unit;
 //! * the 95% interval of both comes from one percentile bootstrap over pairs:
-//!   [`BOOTSTRAP_RESAMPLES`] resamples with replacement, indices drawn from a ChaCha8
-//!   stream seeded by the caller (see [`seed_for`]), quantiles by linear interpolation
-//!   between order statistics (Hyndman-Fan type 7);
+//!   [`BOOTSTRAP_RESAMPLES`] resamples with replacement ([`crate::rank::bootstrap`]),
+//!   the stream seeded by the caller (see [`seed_for`]);
 //! * the sign test counts pairs where the treatment is lower and gives the exact
 //!   two-sided binomial p-value (ties dropped).
 
-use rand::RngCore;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
+
+use crate::rank::bootstrap;
+pub use crate::rank::bootstrap::CONFIDENCE;
 
 /// Bootstrap resamples per interval.
 pub const BOOTSTRAP_RESAMPLES: usize = 10_000;
 /// The base seed of every bootstrap stream; [`seed_for`] mixes in the lever and rung.
 pub const BOOTSTRAP_SEED: u64 = 0x1ee7_5eed_0000_0005;
-/// Coverage of the reported intervals.
-pub const CONFIDENCE: f64 = 0.95;
 
 /// One round's measurement of both arms, in the metric's unit.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -137,35 +134,26 @@ pub fn paired_effect(
         diffs.push(p.baseline - p.treatment);
     }
     let n = pairs.len();
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut boot_log = Vec::with_capacity(resamples);
-    let mut boot_diff = Vec::with_capacity(resamples);
-    for _ in 0..resamples {
+    let boot = bootstrap::resample(n, seed, resamples, |idx| {
         let (mut sl, mut sd) = (0.0, 0.0);
-        for _ in 0..n {
-            let i = draw_index(&mut rng, n);
+        for &i in idx {
             sl += logs[i];
             sd += diffs[i];
         }
-        boot_log.push(sl / n as f64);
-        boot_diff.push(sd / n as f64);
-    }
-    boot_log.sort_by(f64::total_cmp);
-    boot_diff.sort_by(f64::total_cmp);
-    let a = (1.0 - CONFIDENCE) / 2.0;
-    let interval = |sorted: &[f64], f: &dyn Fn(f64) -> f64, point: f64| {
-        if sorted.is_empty() {
-            Interval {
+        (sl / n as f64, sd / n as f64)
+    });
+    let (boot_log, boot_diff): (Vec<f64>, Vec<f64>) = boot.into_iter().unzip();
+    let interval =
+        |boot: Vec<f64>, f: &dyn Fn(f64) -> f64, point: f64| match bootstrap::interval(boot) {
+            Some((lo, hi)) => Interval {
+                lo: f(lo),
+                hi: f(hi),
+            },
+            None => Interval {
                 lo: point,
                 hi: point,
-            }
-        } else {
-            Interval {
-                lo: f(quantile(sorted, a)),
-                hi: f(quantile(sorted, 1.0 - a)),
-            }
-        }
-    };
+            },
+        };
     let mean_log = mean(&logs);
     let saving = mean(&diffs);
     let lower = pairs.iter().filter(|p| p.treatment < p.baseline).count();
@@ -175,22 +163,15 @@ pub fn paired_effect(
     Ok(PairedEffect {
         n,
         ratio: mean_log.exp(),
-        ratio_ci: interval(&boot_log, &f64::exp, mean_log.exp()),
+        ratio_ci: interval(boot_log, &f64::exp, mean_log.exp()),
         saving,
-        saving_ci: interval(&boot_diff, &|x| x, saving),
+        saving_ci: interval(boot_diff, &|x| x, saving),
         baseline_median: median(&mut b),
         treatment_median: median(&mut t),
         lower,
         higher,
         sign_p: sign_test_p(lower, higher),
     })
-}
-
-/// A uniform index below `n` from one 64-bit draw (multiply-shift; the bias is at most
-/// `n / 2^64`). Written out rather than taken from `rand`'s range sampling, whose
-/// exact value sequence is not promised stable across versions.
-pub(crate) fn draw_index(rng: &mut ChaCha8Rng, n: usize) -> usize {
-    ((u128::from(rng.next_u64()) * n as u128) >> 64) as usize
 }
 
 fn mean(xs: &[f64]) -> f64 {
@@ -209,14 +190,6 @@ pub fn median(xs: &mut [f64]) -> f64 {
     } else {
         (xs[m - 1] + xs[m]) / 2.0
     }
-}
-
-/// Quantile `q` of ascending `sorted` by linear interpolation (type 7).
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    let h = (sorted.len() - 1) as f64 * q.clamp(0.0, 1.0);
-    let lo = h.floor() as usize;
-    let hi = (lo + 1).min(sorted.len() - 1);
-    sorted[lo] + (h - lo as f64) * (sorted[hi] - sorted[lo])
 }
 
 /// Exact two-sided sign-test p-value for `k` successes among `k + m` untied pairs.
@@ -242,6 +215,9 @@ pub fn sign_test_p(k: usize, m: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rank::bootstrap::quantile;
+    use rand::{RngCore, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
 
     /// A small deterministic noise source for planted-effect tests.
     fn noisy_pairs(n: usize, true_ratio: f64, noise: f64, seed: u64) -> Vec<Pair> {

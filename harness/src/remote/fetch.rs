@@ -121,7 +121,7 @@ pub fn fetch(bucket: &Bucket, store: &Store, id: &str) -> Result<PathBuf, Remote
     // truncated) is replaced by a verified copy from the bucket in one step.
     let mut corrupt = false;
     if dst.join(MANIFEST).is_file() {
-        let mut cache = crate::bundle::verified::VerifyCache::for_store(store.root());
+        let mut cache = crate::verification::local::VerifyCache::for_store(store.root());
         let ok = cache.check(&dst).is_ok();
         cache.save();
         if ok {
@@ -143,7 +143,7 @@ pub fn fetch(bucket: &Bucket, store: &Store, id: &str) -> Result<PathBuf, Remote
                 key: bucket.location().bundle_key(id).to_string(),
                 why: format!(
                     "does not verify: {}",
-                    crate::bundle::verified::named_failures(&report.errors)
+                    crate::verification::local::named_failures(&report.errors)
                 ),
             });
         }

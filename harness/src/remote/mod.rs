@@ -9,7 +9,7 @@
 //! then [`publish`] uploads the verified bundle with conditional writes, the
 //! manifest last; `harness recover` finishes an upload that was cut short.
 //! Readers check what they read against the bundle's id ([`reader`],
-//! [`verified`], [`fetch`]). Credentials come from the environment and the AWS
+//! [`crate::verification::remote`], [`fetch`]). Credentials come from the environment and the AWS
 //! files ([`credentials`]), never from a flag or a URL, and are never printed.
 
 pub mod bucket;
@@ -19,8 +19,6 @@ pub mod fetch;
 pub mod location;
 pub mod publish;
 pub mod reader;
-pub mod sync;
-pub mod verified;
 
 use std::path::Path;
 

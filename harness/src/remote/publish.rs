@@ -159,7 +159,7 @@ pub fn publish(
             key: dir.display().to_string(),
             why: format!(
                 "the local bundle does not verify, not published: {}",
-                crate::bundle::verified::named_failures(&report.errors)
+                crate::verification::local::named_failures(&report.errors)
             ),
         });
     }

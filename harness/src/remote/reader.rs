@@ -9,7 +9,7 @@
 //! verified bytes are kept in the local cache directory by sha256 (manifests by
 //! id), and a cached copy is used only while it still hashes right. What
 //! polars scans itself (the Parquet tables) is checked before the scan, in
-//! [`crate::remote::verified`].
+//! [`crate::verification::remote`].
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -135,12 +135,7 @@ mod tests {
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {
-        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../target/unit-report")
-            .join(name);
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("scratch dir");
-        d
+        crate::test_kit::scratch(&format!("outdir-{name}"))
     }
 
     #[test]

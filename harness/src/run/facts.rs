@@ -1,5 +1,6 @@
 //! Facts about the host and the run, for the `host` and `run` manifest fragments.
 
+use crate::fragments as frag;
 use std::path::Path;
 
 fn read_trim(path: &str) -> Option<String> {
@@ -50,14 +51,14 @@ pub fn cores() -> usize {
 }
 
 /// The `host` fragment.
-pub fn host_fragment() -> serde_json::Value {
-    serde_json::json!({
-        "cpu_model": cpu_model(),
-        "cores": cores(),
-        "mem_total_bytes": crate::sampler::system::mem_total_bytes().ok(),
-        "kernel": kernel(),
-        "os": os_name(),
-    })
+pub fn host_fragment() -> frag::Host {
+    frag::Host {
+        cpu_model: cpu_model(),
+        cores: Some(cores() as u64),
+        mem_total_bytes: crate::sampler::system::mem_total_bytes().ok(),
+        kernel: kernel(),
+        os: os_name(),
+    }
 }
 
 /// The `run` fragment; `end_ns` is null until the run ends.
@@ -66,17 +67,17 @@ pub fn run_fragment(
     end_ns: Option<u64>,
     argv: &[String],
     cwd: &Path,
-) -> serde_json::Value {
-    serde_json::json!({
-        "start_ns": start.mono_ns,
-        "start_unix_ns": start.unix_ns,
-        "end_ns": end_ns,
-        "argv": argv,
-        "boot_id": boot_id(),
-        "hostname": hostname(),
-        "harness_version": env!("CARGO_PKG_VERSION"),
-        "cwd": cwd,
-    })
+) -> frag::Run {
+    frag::Run {
+        start_ns: Some(start.mono_ns),
+        start_unix_ns: Some(start.unix_ns),
+        end_ns,
+        argv: argv.to_vec(),
+        boot_id: boot_id(),
+        hostname: hostname(),
+        harness_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+        cwd: Some(cwd.to_path_buf()),
+    }
 }
 
 /// When a run started, read once on both clocks.
@@ -110,14 +111,20 @@ mod tests {
         let b = boot_id().unwrap();
         assert_eq!(b.len(), 36, "{b}");
         assert!(kernel().unwrap().chars().next().unwrap().is_ascii_digit());
-        let h = host_fragment();
+        let h = serde_json::to_value(host_fragment()).unwrap();
         assert!(h["cores"].as_u64().unwrap() >= 1);
         assert!(h["mem_total_bytes"].as_u64().unwrap() > 1 << 28);
         let start = RunStart {
             mono_ns: 5,
             unix_ns: 1_764_000_000_000_000_000,
         };
-        let r = run_fragment(start, None, &["harness".into()], Path::new("/w"));
+        let r = serde_json::to_value(run_fragment(
+            start,
+            None,
+            &["harness".into()],
+            Path::new("/w"),
+        ))
+        .unwrap();
         assert_eq!(
             (
                 r["start_ns"].as_u64(),

@@ -210,7 +210,7 @@ pub fn engine_plan(engine: &Path, plan_args: &[String]) -> Result<Plan, String> 
         .args(plan_args)
         .arg("--json")
         .stdin(Stdio::null());
-    let out = crate::run::spawn::retry_while_text_busy(|| command.output())
+    let out = crate::text_busy::retry_while_text_busy(|| command.output())
         .map_err(|e| format!("cannot run {} plan: {e}", engine.display()))?;
     if !out.status.success() {
         return Err(format!(
@@ -326,7 +326,7 @@ mod tests {
         );
         assert_eq!(c.store_path, bin.join(&c.sha256));
         let mut run = Command::new(&c.store_path);
-        let out = crate::run::spawn::retry_while_text_busy(|| run.output()).unwrap();
+        let out = crate::text_busy::retry_while_text_busy(|| run.output()).unwrap();
         assert_eq!(out.stdout, b"hi\n");
         // Same bytes: same path, nothing else written.
         let again = copy_engine(&src, &bin).unwrap();

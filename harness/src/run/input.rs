@@ -24,7 +24,7 @@ pub fn check(engine: &Path, rung: &Path, lever_args: &[String]) -> anyhow::Resul
         .args(lever_args)
         .arg("--json")
         .stdin(Stdio::null());
-    let Ok(out) = crate::run::spawn::retry_while_text_busy(|| command.output()) else {
+    let Ok(out) = crate::text_busy::retry_while_text_busy(|| command.output()) else {
         return Ok(());
     };
     if out.status.code() != Some(ENGINE_BAD_INPUT) {

@@ -10,12 +10,11 @@
 //! gates, start the engine under the sampler, `supervise` it, stop and drain it,
 //! check its pixels, record what was measured, and seal.
 
-pub mod args;
+pub mod config;
 pub mod contention;
 pub mod escaped;
 pub mod facts;
 pub mod gates;
-pub mod gpu_control;
 pub mod input;
 pub mod markers;
 pub mod pinned;
@@ -26,6 +25,7 @@ pub mod spawn;
 pub mod streams;
 mod supervise;
 
+use crate::fragments::{self as frag, Fragment};
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -46,7 +46,7 @@ use crate::exit::{self, Refusal};
 use crate::gate::{Gate, Verdict};
 use crate::sampler::{Sampler, SamplerConfig, SamplerReport, Target};
 use crate::weights::Weights;
-use args::{RunArgs, RunPlan};
+use config::{Engine, RunConfig};
 use markers::Live;
 use preflight::{preflight, Ready, Stopped};
 use session::{JournalSink, Session};
@@ -58,16 +58,15 @@ pub const KILL_GRACE: Duration = Duration::from_secs(3);
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `harness run`: returns the exit code.
-pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
-    let plan = args.validate()?;
+pub fn run(config: &RunConfig) -> anyhow::Result<u8> {
     // What the engine refuses as input is a usage error, found before the store
     // is opened (nothing is left behind).
-    if let (args::Engine::Render { binary }, Some((rung, _))) = (&plan.engine, &plan.rung) {
-        input::check(binary, rung, &preflight::lever_args(&plan))?;
+    if let (Engine::Render { binary }, Some((rung, _))) = (&config.engine, &config.rung) {
+        input::check(binary, rung, &preflight::lever_args(config))?;
     }
     // A bucket is reached before anything is written: a run that could not be
     // published is refused up front (exit 3), not found out after the render.
-    let remote = remote_target(&plan)?;
+    let remote = remote_target(config)?;
     let argv: Vec<String> = std::env::args().collect();
     let cwd = std::env::current_dir().unwrap_or_default();
     let start = facts::RunStart::now();
@@ -78,9 +77,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
         mut session,
         rung_copy,
         sampler_config,
-    } = open(&plan, start, &argv, &cwd)?;
+    } = open(config, start, &argv, &cwd)?;
     let s = &mut session;
-    let ready = preflight(s, &plan, &store, &staging, rung_copy.as_deref(), &signals)?;
+    let ready = preflight(s, config, &store, &staging, rung_copy.as_deref(), &signals)?;
     let finish = |s: &Session, exit: classify::Exit, completion: Completion, code: u8| {
         let (code, sealed) = conclude(
             s, &store, &staging, start, &argv, &cwd, exit, completion, code,
@@ -129,12 +128,12 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
         watched.pid,
         &watched.sampler,
         &s.journal,
-        plan.timeout_s,
+        config.timeout_s,
         &signals,
     );
     let ended = stop_engine(watched, intervention, &s.journal, &staging, &store)?;
     check_pinned(&ready, &s.journal);
-    let completion = check_completion(&plan, &ended.live, &frames_dir, &s.journal)?;
+    let completion = check_completion(config, &ended.live, &frames_dir, &s.journal)?;
     let facts = Facts {
         code: ended.status.code(),
         signal: ended.status.signal(),
@@ -144,7 +143,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
         open_phases: ended.live.open.clone(),
     };
     let exit = classify::classify(&facts);
-    record_measurements(s, &plan, &ready, &ended)?;
+    record_measurements(s, config, &ready, &ended)?;
     eprintln!(
         "harness: engine ended after {:.2} s; {} marker lines ({} malformed); {} samples, {} missed ticks",
         (ended.t_end.saturating_sub(start.mono_ns)) as f64 / 1e9,
@@ -180,17 +179,17 @@ struct Opened {
 /// bundle), a staging directory and its journal; record the run's first
 /// fragments, the rung and the `store-durable` gate.
 fn open(
-    plan: &RunPlan,
+    config: &RunConfig,
     start: facts::RunStart,
     argv: &[String],
     cwd: &Path,
 ) -> anyhow::Result<Opened> {
     // With a bucket, the run stages and seals in this machine's local store.
-    let local = match crate::remote::location_of(plan.store.as_deref())? {
+    let local = match crate::remote::location_of(config.store.as_deref())? {
         Some(_) => {
             Some(evidence::store::local_default_location().map_err(crate::remote::store_error)?)
         }
-        None => plan.store.clone(),
+        None => config.store.clone(),
     };
     let store = Store::resolve(local.as_deref()).map_err(|e| match e {
         StoreError::Volatile { .. } => anyhow::Error::from(Refusal {
@@ -210,22 +209,24 @@ fn open(
         gates: Vec::new(),
         controls: Vec::new(),
     };
-    s.fragment("run", facts::run_fragment(start, None, argv, cwd))?;
-    s.fragment("host", facts::host_fragment())?;
-    s.fragment("store", serde_json::json!({"volatile_override": false}))?;
-    s.fragment("profile", serde_json::json!(plan.profile))?;
-    s.fragment("levers", serde_json::to_value(&plan.levers)?)?;
-    if let Some(schedule) = &plan.schedule {
-        s.fragment("schedule", schedule.clone())?;
+    s.record(&facts::run_fragment(start, None, argv, cwd))?;
+    s.record(&facts::host_fragment())?;
+    s.record(&frag::StoreFragment {
+        volatile_override: false,
+    })?;
+    s.record(&frag::Profile(config.profile.clone()))?;
+    s.record(&frag::Levers(config.levers.clone()))?;
+    if let Some(schedule) = &config.schedule {
+        s.fragment(frag::Schedule::KEY, schedule.clone())?;
     }
     let sampler_config = SamplerConfig {
-        cadence_ms: plan.cadence_ms,
-        observer: plan.observer,
+        cadence_ms: config.cadence_ms,
+        observer: config.observer,
         limits: None,
         weights: Vec::new(),
     };
-    s.fragment("sampler", sampler_config.fragment())?;
-    let rung_copy = match &plan.rung {
+    s.fragment(frag::Sampler::KEY, sampler_config.fragment())?;
+    let rung_copy = match &config.rung {
         Some((path, rung)) => Some(record_rung(&s, path, rung, &staging)?),
         None => None,
     };
@@ -263,15 +264,12 @@ fn record_rung(
         .file_stem()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    s.fragment(
-        "rung",
-        serde_json::json!({
-            "name": name,
-            "path": path,
-            "sha256": sha,
-            "config": rung,
-        }),
-    )?;
+    s.record(&frag::Rung {
+        name: Some(name),
+        path: Some(path.to_path_buf()),
+        sha256: Some(sha),
+        config: Some(serde_json::to_value(rung)?),
+    })?;
     Ok(copy)
 }
 
@@ -460,7 +458,7 @@ fn stop_engine(
             "detail": "descendants of the engine outside its process group (setsid or setpgid), alive after it ended; killed and reaped by the harness (a child subreaper)",
         });
         if let Err(e) = journal.append(&Record::Fragment {
-            key: "escaped".into(),
+            key: frag::Escaped::KEY.into(),
             value: fragment,
         }) {
             eprintln!("harness: could not journal the escaped processes: {e}");
@@ -516,7 +514,7 @@ fn check_pinned(ready: &Ready, journal: &SharedJournal) {
         "detail": "inputs pinned before the engine started (program, interpreter, file arguments, python distributions) differ after it ended",
     });
     if let Err(e) = journal.append(&Record::Fragment {
-        key: "exec_check".into(),
+        key: frag::ExecCheck::KEY.into(),
         value: fragment,
     }) {
         eprintln!("harness: could not journal the changed inputs: {e}");
@@ -527,12 +525,12 @@ fn check_pinned(ready: &Ready, journal: &SharedJournal) {
 /// count and size, else the count its markers announced); a `frame` record per
 /// frame read.
 fn check_completion(
-    plan: &RunPlan,
+    config: &RunConfig,
     live: &Live,
     frames_dir: &Path,
     journal: &SharedJournal,
 ) -> anyhow::Result<Completion> {
-    let expect = match &plan.rung {
+    let expect = match &config.rung {
         Some((_, r)) => Expect {
             frames: Some(r.frames),
             size: Some((r.width, r.height)),
@@ -556,7 +554,7 @@ fn check_completion(
 /// and contention during the run and in each top-level phase.
 fn record_measurements(
     s: &Session,
-    plan: &RunPlan,
+    config: &RunConfig,
     ready: &Ready,
     ended: &Ended,
 ) -> anyhow::Result<()> {
@@ -565,21 +563,18 @@ fn record_measurements(
         engine["version"] = serde_json::json!(version);
         engine["name"] = serde_json::json!(name);
     }
-    s.fragment("engine", engine)?;
-    s.fragment(
-        "watchdog",
-        ready.limits.fragment(ended.report.trip.as_ref()),
-    )?;
-    s.fragment("sensors_unavailable", ended.report.reasons.fragment())?;
+    s.fragment(frag::Engine::KEY, engine)?;
+    s.record(&ready.limits.fragment(ended.report.trip.as_ref()))?;
+    s.record(&ended.report.reasons.fragment())?;
     let mut sf = SamplerConfig {
-        cadence_ms: plan.cadence_ms,
-        observer: plan.observer,
+        cadence_ms: config.cadence_ms,
+        observer: config.observer,
         limits: None,
         weights: vec![],
     }
     .fragment();
     sampler_results(&mut sf, &ended.report);
-    s.fragment("sampler", sf)?;
+    s.fragment(frag::Sampler::KEY, sf)?;
     let (cpu_start, cpu_end) = &ended.cpu;
     let during = contention::during(cpu_start, cpu_end, facts::cores());
     // ...and inside each top-level phase the engine marked.
@@ -597,7 +592,7 @@ fn record_measurements(
         eprintln!("harness: contention FLAGGED: {}", during.detail);
     }
     s.fragment(
-        "contention",
+        frag::Contention::KEY,
         contention::with_during(&ready.contention, &during),
     )
 }
@@ -624,12 +619,9 @@ fn conclude(
     completion: Completion,
     code: u8,
 ) -> anyhow::Result<(u8, PathBuf)> {
-    s.fragment("completion", completion.fragment())?;
-    s.fragment("exit", serde_json::to_value(&exit)?)?;
-    s.fragment(
-        "run",
-        facts::run_fragment(start, Some(monotonic_ns()), argv, cwd),
-    )?;
+    s.record(&completion.fragment())?;
+    s.fragment(frag::Exit::KEY, serde_json::to_value(&exit)?)?;
+    s.record(&facts::run_fragment(start, Some(monotonic_ns()), argv, cwd))?;
     s.journal.clone().finish().context("closing the journal")?;
     let sealed = evidence::seal::seal(staging.dir(), store).context("sealing the bundle")?;
     let table = crate::bundle::tables::phase_table_text(&sealed.path)
@@ -663,8 +655,8 @@ fn conclude(
 /// The bucket a run publishes to, reached once before the run starts (a LIST of
 /// its bundles' prefix): unreachable, unauthorized or misconfigured is refused
 /// by gate `store-remote` (exit 3) before anything is written.
-fn remote_target(plan: &RunPlan) -> anyhow::Result<Option<crate::remote::Bucket>> {
-    let Some(loc) = crate::remote::location_of(plan.store.as_deref())? else {
+fn remote_target(config: &RunConfig) -> anyhow::Result<Option<crate::remote::Bucket>> {
+    let Some(loc) = crate::remote::location_of(config.store.as_deref())? else {
         return Ok(None);
     };
     let refuse = |why: String| -> anyhow::Error {

@@ -7,6 +7,7 @@
 //! state, the engine's command line, the watchdog's limits, contention, headroom,
 //! then the watchdog's positive control (H1) and the GPU control.
 
+use crate::fragments::{self as frag, Fragment};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,16 +15,16 @@ use std::time::Duration;
 use anyhow::Context;
 use evidence::store::{Staging, Store};
 
+use crate::control::watchdog::{self as watchdog_control, ControlKind};
 use crate::exit::Refusal;
 use crate::gate::{Gate, Verdict};
-use crate::run::args::{Engine, RunPlan};
+use crate::run::config::{Engine, RunConfig};
 use crate::run::gates::{self, CopiedBinary};
 use crate::run::session::Session;
 use crate::run::signals::Signals;
 use crate::run::{facts, spawn};
 use crate::sampler::gpu::Gpu;
-use crate::watchdog::control::{self as watchdog_control, ControlKind};
-use crate::watchdog::limits::{default_floor, Limits};
+use crate::sampler::limits::{default_floor, Limits};
 use crate::weights::{self, Weights};
 use crate::weights_cache::Policy as WeightsCache;
 
@@ -96,19 +97,19 @@ fn refuse<T>(s: &mut Session, name: &str, why: String) -> Step<T> {
 /// Run every preflight gate in order.
 pub(super) fn preflight(
     s: &mut Session,
-    plan: &RunPlan,
+    config: &RunConfig,
     store: &Store,
     staging: &Staging,
     rung_copy: Option<&Path>,
     signals: &Signals,
 ) -> Step<Ready> {
-    step!(lease(s, plan, signals));
-    let (gpu, gpu_reason) = step!(device(s, plan, signals));
-    let (copied, pinned) = step!(engine_binary(s, plan, store, signals));
+    step!(lease(s, config, signals));
+    let (gpu, gpu_reason) = step!(device(s, config, signals));
+    let (copied, pinned) = step!(engine_binary(s, config, store, signals));
     let exec = pinned.is_some();
-    let weights = step!(weights(s, plan, store, &copied, signals));
-    step!(weights_cache(s, plan, weights.as_ref(), signals));
-    let command = engine_command(plan, staging, rung_copy, weights.as_ref())?;
+    let weights = step!(weights(s, config, store, &copied, signals));
+    step!(weights_cache(s, config, weights.as_ref(), signals));
+    let command = engine_command(config, staging, rung_copy, weights.as_ref())?;
     let mut engine_fragment = serde_json::json!({
         "store_path": if exec { None } else { Some(&copied.store_path) },
         "source_path": copied.source,
@@ -121,12 +122,12 @@ pub(super) fn preflight(
         engine_fragment["run_path"] = serde_json::json!(copied.store_path);
         engine_fragment["pinned"] = serde_json::to_value(p)?;
     }
-    s.fragment("engine", engine_fragment.clone())?;
-    let (limits, unified_gpu) = watchdog_limits(s, plan, gpu.as_deref())?;
+    s.fragment(frag::Engine::KEY, engine_fragment.clone())?;
+    let (limits, unified_gpu) = watchdog_limits(s, config, gpu.as_deref())?;
     let contention = step!(contention(s, gpu.as_deref(), signals));
     step!(headroom(
         s,
-        plan,
+        config,
         rung_copy,
         &copied,
         limits.mem_floor_bytes,
@@ -135,7 +136,7 @@ pub(super) fn preflight(
     ));
     step!(controls(
         s,
-        plan,
+        config,
         store,
         &limits,
         gpu.as_deref(),
@@ -159,25 +160,23 @@ pub(super) fn preflight(
 
 /// H3: a rung that requires a lease refuses without one; the `lease` fragment
 /// records the id either way.
-fn lease(s: &mut Session, plan: &RunPlan, signals: &Signals) -> Step<()> {
-    let lease_required = plan.rung.as_ref().is_some_and(|(_, r)| r.require.lease);
+fn lease(s: &mut Session, config: &RunConfig, signals: &Signals) -> Step<()> {
+    let lease_required = config.rung.as_ref().is_some_and(|(_, r)| r.require.lease);
     step!(pass(
         s,
-        gates::lease(lease_required, plan.lease_id.as_deref()),
+        gates::lease(lease_required, config.lease_id.as_deref()),
         signals
     ));
-    s.fragment(
-        "lease",
-        match plan
-            .lease_id
-            .as_deref()
-            .map(str::trim)
-            .filter(|x| !x.is_empty())
-        {
-            Some(id) => serde_json::json!({ "id": id }),
-            None => serde_json::Value::Null,
-        },
-    )?;
+    match config
+        .lease_id
+        .as_deref()
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+    {
+        Some(id) => s.record(&frag::Lease { id: id.to_string() })?,
+        // No lease: the fragment is null.
+        None => s.fragment(frag::Lease::KEY, serde_json::Value::Null)?,
+    }
     Ok(Ok(()))
 }
 
@@ -186,7 +185,7 @@ fn lease(s: &mut Session, plan: &RunPlan, signals: &Signals) -> Step<()> {
 /// and an engine that would fail at its first device call.
 fn device(
     s: &mut Session,
-    plan: &RunPlan,
+    config: &RunConfig,
     signals: &Signals,
 ) -> Step<(Option<Arc<Gpu>>, Option<String>)> {
     let (gpu, gpu_reason) = match Gpu::open(0) {
@@ -194,12 +193,12 @@ fn device(
         Err(why) => (None, Some(why)),
     };
     s.fragment(
-        "gpu",
+        frag::Gpu::KEY,
         gpu.as_ref()
             .map(|g| g.facts())
             .unwrap_or(serde_json::Value::Null),
     )?;
-    if let Some((file, r)) = &plan.rung {
+    if let Some((file, r)) = &config.rung {
         match (r.device, &gpu, &gpu_reason) {
             (evidence::rung::Device::Cuda, None, Some(why)) => {
                 return refuse(s, "device", gates::no_gpu_for_cuda(file, why));
@@ -225,11 +224,11 @@ fn device(
 /// whether the engine is an `--exec` program.
 fn engine_binary(
     s: &mut Session,
-    plan: &RunPlan,
+    config: &RunConfig,
     store: &Store,
     signals: &Signals,
 ) -> Step<(CopiedBinary, Option<crate::run::pinned::Pinned>)> {
-    let found = match &plan.engine {
+    let found = match &config.engine {
         Engine::Render { binary } if !binary.is_file() => Err(format!(
             "{}: no such engine binary (build it, or pass --engine PATH)",
             binary.display()
@@ -290,13 +289,13 @@ fn engine_binary(
 /// (a rung run); the `weights` fragment (null when the run names none).
 fn weights(
     s: &mut Session,
-    plan: &RunPlan,
+    config: &RunConfig,
     store: &Store,
     copied: &CopiedBinary,
     signals: &Signals,
 ) -> Step<Option<Weights>> {
-    let rung = plan.rung.as_ref().map(|(_, r)| r);
-    let weights = match (&plan.weights, &plan.engine, rung) {
+    let rung = config.rung.as_ref().map(|(_, r)| r);
+    let weights = match (&config.weights, &config.engine, rung) {
         (Some(dir), _, _) => Some(weights::describe(dir, false)),
         (None, Engine::Render { .. }, Some(r)) => {
             eprintln!(
@@ -327,12 +326,12 @@ fn weights(
                 ),
                 signals
             ));
-            s.fragment("weights", w.fragment())?;
+            s.fragment(frag::Weights::KEY, w.fragment())?;
             Ok(Ok(Some(w)))
         }
         Some(Err(e)) => refuse(s, "weights", e.to_string()),
         None => {
-            s.fragment("weights", serde_json::Value::Null)?;
+            s.fragment(frag::Weights::KEY, serde_json::Value::Null)?;
             Ok(Ok(None))
         }
     }
@@ -342,16 +341,16 @@ fn weights(
 /// and `warm` set it), as the `weights_cache` fragment and gate.
 fn weights_cache(
     s: &mut Session,
-    plan: &RunPlan,
+    config: &RunConfig,
     weights: Option<&Weights>,
     signals: &Signals,
 ) -> Step<()> {
-    match (weights, plan.weights_cache) {
+    match (weights, config.weights_cache) {
         (Some(w), policy) => match crate::weights_cache::prepare(&w.paths(), policy) {
             Ok(p) => {
                 // The figures as numbers too: rank pairs weight-reading metrics
                 // only between runs that started in about the same cache state.
-                s.fragment("weights_cache", serde_json::to_value(&p)?)?;
+                s.fragment(frag::WeightsCache::KEY, serde_json::to_value(&p)?)?;
                 step!(pass(s, p.gate(), signals));
             }
             Err(e) if policy == WeightsCache::AsIs => {
@@ -386,13 +385,13 @@ fn weights_cache(
 /// frames directory, the levers, the profile and the device; or the `--exec`
 /// program's own arguments.
 fn engine_command(
-    plan: &RunPlan,
+    config: &RunConfig,
     staging: &Staging,
     rung_copy: Option<&Path>,
     weights: Option<&Weights>,
 ) -> anyhow::Result<Vec<String>> {
-    let rung = plan.rung.as_ref().map(|(_, r)| r);
-    Ok(match &plan.engine {
+    let rung = config.rung.as_ref().map(|(_, r)| r);
+    Ok(match &config.engine {
         Engine::Render { .. } => {
             let (Some(rung_copy), Some(r), Some(w)) = (rung_copy, rung, weights) else {
                 anyhow::bail!("internal: a render run without rung or weights");
@@ -406,7 +405,7 @@ fn engine_command(
                 "--out".into(),
                 staging.frames_dir().display().to_string(),
             ];
-            a.extend(lever_args(plan));
+            a.extend(lever_args(config));
             a.push("--device".into());
             a.push(
                 serde_json::to_value(r.device)?
@@ -426,20 +425,20 @@ fn engine_command(
 /// shares host memory.
 fn watchdog_limits(
     s: &mut Session,
-    plan: &RunPlan,
+    config: &RunConfig,
     gpu: Option<&Gpu>,
 ) -> anyhow::Result<(Limits, bool)> {
     let mem_total = crate::sampler::system::mem_total_bytes().map_err(anyhow::Error::msg)?;
-    let floor = plan.mem_floor.unwrap_or_else(|| default_floor(mem_total));
+    let floor = config.mem_floor.unwrap_or_else(|| default_floor(mem_total));
     let unified_gpu = gpu.is_some_and(|g| g.unified_memory());
-    let budget = plan
+    let budget = config
         .unified_budget
         .or_else(|| unified_gpu.then(|| mem_total.saturating_sub(floor)));
     let limits = Limits {
         mem_floor_bytes: floor,
         unified_budget_bytes: budget,
     };
-    s.fragment("watchdog", limits.fragment(None))?;
+    s.record(&limits.fragment(None))?;
     Ok((limits, unified_gpu))
 }
 
@@ -451,7 +450,7 @@ fn contention(s: &mut Session, gpu: Option<&Gpu>, signals: &Signals) -> Step<ser
     let c = gates::contention(busy, load1, facts::cores(), gpu, std::process::id());
     let flagged = c["flagged"].as_bool().unwrap_or(false);
     let detail = c["detail"].as_str().unwrap_or("").to_string();
-    s.fragment("contention", c.clone())?;
+    s.fragment(frag::Contention::KEY, c.clone())?;
     step!(pass(
         s,
         Gate::new(
@@ -473,7 +472,7 @@ fn contention(s: &mut Session, gpu: Option<&Gpu>, signals: &Signals) -> Step<ser
 /// itself is checked.
 fn headroom(
     s: &mut Session,
-    plan: &RunPlan,
+    config: &RunConfig,
     rung_copy: Option<&Path>,
     copied: &CopiedBinary,
     floor: u64,
@@ -481,7 +480,7 @@ fn headroom(
     signals: &Signals,
 ) -> Step<()> {
     let avail = crate::sampler::system::mem_available_bytes().map_err(anyhow::Error::msg)?;
-    match &plan.engine {
+    match &config.engine {
         Engine::Render { .. } => {
             let mut pa = vec![
                 "--rung".to_string(),
@@ -489,7 +488,7 @@ fn headroom(
                     .map(|p| p.display().to_string())
                     .unwrap_or_default(),
             ];
-            pa.extend(lever_args(plan));
+            pa.extend(lever_args(config));
             match gates::engine_plan(&copied.store_path, &pa) {
                 Ok(p) => pass(s, gates::headroom(&p, avail, floor, unified_gpu), signals),
                 Err(why) => refuse(s, "headroom", format!("no projection to check: {why}")),
@@ -520,7 +519,7 @@ fn headroom(
 /// floor, and the unified budget when armed); then the GPU control.
 fn controls(
     s: &mut Session,
-    plan: &RunPlan,
+    config: &RunConfig,
     store: &Store,
     limits: &Limits,
     gpu: Option<&Gpu>,
@@ -533,7 +532,7 @@ fn controls(
         kinds.push(ControlKind::UnifiedBudget);
     }
     for kind in kinds {
-        let c = watchdog_control::control(&me, kind, plan.cadence_ms, limits.mem_floor_bytes);
+        let c = watchdog_control::control(&me, kind, config.cadence_ms, limits.mem_floor_bytes);
         let (passed, name, detail) = (c.passed(), c.name.clone(), c.detail.clone());
         s.control(c)?;
         step!(pass(
@@ -550,15 +549,15 @@ fn controls(
             signals
         ));
     }
-    s.control(crate::run::gpu_control::for_run(store, gpu, gpu_reason))?;
+    s.control(crate::control::recorded::for_run(store, gpu, gpu_reason))?;
     Ok(Ok(()))
 }
 
 /// `--lever K=V`... and `--profile P` for the engine: every lever but those the
 /// harness applies itself ([`crate::harness_levers`]), which the engine never sees.
-pub(super) fn lever_args(plan: &RunPlan) -> Vec<String> {
+pub(super) fn lever_args(config: &RunConfig) -> Vec<String> {
     let mut a = Vec::new();
-    for (k, v) in plan
+    for (k, v) in config
         .levers
         .iter()
         .filter(|(k, _)| !crate::harness_levers::applies(k))
@@ -567,6 +566,6 @@ pub(super) fn lever_args(plan: &RunPlan) -> Vec<String> {
         a.push(format!("{k}={v}"));
     }
     a.push("--profile".into());
-    a.push(plan.profile.clone());
+    a.push(config.profile.clone());
     a
 }

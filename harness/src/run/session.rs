@@ -2,17 +2,18 @@
 //! gates and controls, each printed as it is recorded) and the sink the sampler
 //! hands its rows to.
 
+use crate::fragments::{self as frag, Fragment};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use evidence::clock::monotonic_ns;
 use evidence::journal::{Record, SharedJournal};
 
+use crate::control::watchdog::ControlResult;
 use crate::exit::Refusal;
 use crate::gate::{Gate, Verdict};
 use crate::run::contention;
 use crate::sampler::{Reasons, SampleSink};
-use crate::watchdog::control::ControlResult;
 
 /// The journal-backed sink for sampler rows.
 pub(super) struct JournalSink {
@@ -57,8 +58,8 @@ impl SampleSink for JournalSink {
     }
     fn unavailable(&mut self, reasons: &Reasons) {
         self.append(&Record::Fragment {
-            key: "sensors_unavailable".into(),
-            value: reasons.fragment(),
+            key: frag::SensorsUnavailable::KEY.into(),
+            value: serde_json::to_value(reasons.fragment()).unwrap_or_default(),
         });
     }
 }
@@ -84,6 +85,11 @@ impl Session {
             .with_context(|| format!("writing the '{key}' fragment to the journal"))
     }
 
+    /// Journal fragment `f` under its key.
+    pub(super) fn record<F: Fragment>(&self, f: &F) -> anyhow::Result<()> {
+        self.fragment(F::KEY, serde_json::to_value(f)?)
+    }
+
     /// Record `g`; a refusal becomes the error that ends preflight.
     pub(super) fn gate(&mut self, g: Gate) -> anyhow::Result<Result<(), Refusal>> {
         let refusal = (g.verdict == Verdict::Refuse).then(|| Refusal {
@@ -97,7 +103,7 @@ impl Session {
             g.detail
         );
         self.gates.push(g);
-        self.fragment("gates", serde_json::to_value(&self.gates)?)?;
+        self.fragment(frag::Gates::KEY, serde_json::to_value(&self.gates)?)?;
         Ok(refusal.map_or(Ok(()), Err))
     }
 
@@ -108,6 +114,6 @@ impl Session {
             c.name, c.verdict, c.detail
         );
         self.controls.push(c);
-        self.fragment("controls", serde_json::to_value(&self.controls)?)
+        self.fragment(frag::Controls::KEY, serde_json::to_value(&self.controls)?)
     }
 }

@@ -17,31 +17,6 @@ use std::time::{Duration, Instant};
 
 use evidence::marker::{FRAMES_DIR_ENV, MARKER_FD_ENV};
 
-/// Runs `start` (a spawn or an output call) again while it fails with ETXTBSY, for
-/// up to about two seconds, then returns its last result.
-///
-/// A program just written (the engine copied into the store under its hash) can be
-/// refused with "Text file busy" when another thread of this process forked while
-/// the copy's write descriptor was open: the fork holds that descriptor until its
-/// own exec closes it, which is a matter of milliseconds. The refusal says nothing
-/// about the program, so the start is tried again instead of failing the run.
-pub fn retry_while_text_busy<T>(
-    mut start: impl FnMut() -> std::io::Result<T>,
-) -> std::io::Result<T> {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        match start() {
-            Err(e)
-                if e.kind() == std::io::ErrorKind::ExecutableFileBusy
-                    && Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            other => return other,
-        }
-    }
-}
-
 /// The descriptor number the engine finds its marker channel on.
 pub const MARKER_FD: i32 = 3;
 
@@ -114,7 +89,7 @@ pub fn spawn_with_env(
             Ok(())
         });
     }
-    let mut child = retry_while_text_busy(|| command.spawn())?;
+    let mut child = crate::text_busy::retry_while_text_busy(|| command.spawn())?;
     // The parent must not hold a writer, or the channel never reaches end-of-file.
     drop(write_end);
     let pid = child.id() as i32;

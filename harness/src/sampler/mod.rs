@@ -18,6 +18,7 @@
 
 pub mod cadence;
 pub mod gpu;
+pub mod limits;
 pub mod pagecache;
 pub mod periodic;
 pub mod procs;
@@ -32,7 +33,7 @@ use std::thread::JoinHandle;
 use evidence::clock::monotonic_ns;
 use evidence::sample::Sample;
 
-use crate::watchdog::limits::{Limits, Trip};
+use crate::sampler::limits::{Limits, Trip};
 use cadence::Ticker;
 use gpu::{Gpu, GpuProbe, SlowReading, GPU_COLUMNS};
 use pagecache::Residency;
@@ -77,8 +78,13 @@ impl Reasons {
     }
 
     /// The `sensors_unavailable` fragment.
-    pub fn fragment(&self) -> serde_json::Value {
-        serde_json::to_value(&self.map).unwrap_or_default()
+    pub fn fragment(&self) -> crate::fragments::SensorsUnavailable {
+        crate::fragments::SensorsUnavailable(
+            self.map
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect(),
+        )
     }
 }
 

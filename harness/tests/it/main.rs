@@ -22,6 +22,8 @@
 //!   a shell script in place, pinning what ran.
 //! * [`committed_evidence`]: every committed bundle verifies and
 //!   `reports/levers.md` reproduces.
+//! * [`layout`]: the module graph has no circles, subcommands live in `cmd/`, no
+//!   code names a fragment key by string.
 //! * [`hostile`]: the hostile tester's cases (tampered, crafted and oversized
 //!   input), one test per case.
 //! * [`s3`]: the store on the S3 protocol against a real server (s3s-fs on
@@ -42,6 +44,7 @@ mod exec_engines;
 mod faults;
 mod fidelity;
 mod hostile;
+mod layout;
 mod rank;
 mod report;
 mod run;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use harness::rank::forest::rows;
+use harness::formats::forest::rows;
 
 use crate::rank::{ranking, world, SPEC};
 use crate::support::bins::{harness, run};
@@ -116,7 +116,7 @@ fn the_report_is_self_contained_deterministic_and_renders_in_a_browser() {
     }
     for e in &r.excluded {
         assert!(
-            page.contains(&harness::rank::forest::xml_escape(&e.reason)),
+            page.contains(&harness::formats::forest::xml_escape(&e.reason)),
             "{}",
             e.reason
         );

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use harness::completion::{check_frames_dir, Expect, Verdict};
-use harness::watchdog::control::{control, ControlKind};
+use harness::control::watchdog::{control, ControlKind};
 
 use crate::support::bins::{HARNESS, TEST_ENGINE as ENGINE};
 use crate::support::dirs::vacant_dir;

@@ -5,7 +5,7 @@
 //! The safe cudarc `matmul` rebuilds the descriptors and reruns the algorithm
 //! heuristic on every call (~21 us of host time); here the matmul descriptor,
 //! the three layouts and the heuristic's algorithm are built once per
-//! (m, n, k, epilogue) and kept in a [`Plan`]; a call only sets the bias pointer
+//! (m, n, k, epilogue) and kept in a `Plan`; a call only sets the bias pointer
 //! and enqueues the product.
 //!
 //! Row-major to cuBLASLt's column-major: Yᵀ (n × m, ld n) = op(A)·op(B) with
@@ -202,7 +202,7 @@ impl Gemm {
     }
 
     /// Enqueue `y = x · wᵀ (+ bias) (→ GELU)` on `stream`: x bf16 [m, k], w bf16
-    /// [n, k], bias bf16 [n] (ignored for [`Epilogue::None`]), y bf16 [m, n]. All
+    /// \[n, k\], bias bf16 \[n\] (ignored for [`Epilogue::None`]), y bf16 \[m, n\]. All
     /// pointers 16-byte aligned.
     #[allow(clippy::too_many_arguments)]
     pub fn linear(

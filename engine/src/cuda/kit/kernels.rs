@@ -384,7 +384,7 @@ impl Kernels {
         self.launch(name, (blocks as u32, 1, 1), EW_THREADS, 0, s, params)
     }
 
-    /// y[i] = op(x[i]) for n elements (see [`Map`]).
+    /// `y[i] = op(x[i])` for n elements (see [`Map`]).
     pub fn map(
         &self,
         s: &CudaStream,
@@ -537,7 +537,7 @@ impl Kernels {
 
     /// Multi-head attention: see `kernels/attention.cu`. `q` [nq, ldq], `k` [nk,
     /// ldk], `v` [nk, ldv], `o` [nq, ldo], bf16; head h at columns h*hd..;
-    /// `kbias` f32 [nk] or NULL. Leading dimensions in elements, multiples of 8.
+    /// `kbias` f32 \[nk\] or NULL. Leading dimensions in elements, multiples of 8.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -647,7 +647,7 @@ pub enum RowMode {
 /// RoPE parameters of [`Kernels::qk_norm_rope`].
 #[derive(Debug, Clone, Copy)]
 pub struct RopeArgs {
-    /// Device f32 [nfreq]: the per-frequency factor ([`crate::ops::rope::rope_freqs`]).
+    /// Device f32 \[nfreq\]: the per-frequency factor ([`crate::ops::rope::rope_freqs`]).
     pub freqs: CUdeviceptr,
     /// Frequencies per axis (D / 6).
     pub nfreq: usize,

@@ -366,7 +366,7 @@ impl Workspace {
 }
 
 /// One prompt's conditioning on the device: the text encoder states (f32 [l,
-/// caption_channels]) and the key bias of its mask (f32 [l], 0 for a real token,
+/// caption_channels]) and the key bias of its mask (f32 \[l\], 0 for a real token,
 /// [`MASK_BIAS`] for padding).
 pub struct TextSlot {
     buf: DeviceBuffer,
@@ -878,7 +878,7 @@ impl DeviceDit {
     }
 
     /// A whole forward from host data (for checks): latents f32 [n, 128], text
-    /// f32 [l, caption_channels], mask [l]. With `poison` every workspace and
+    /// f32 \[l, caption_channels\], mask \[l\]. With `poison` every workspace and
     /// output byte is NaN first. Returns the velocity f32 [n, 128] and the
     /// forward's device milliseconds (CUDA events around it).
     pub fn forward(

@@ -60,7 +60,7 @@ pub struct Ablation {
     pub drop_mask: bool,
 }
 
-/// `x = f32(table[ids])`: ids int32 [rows], table bf16 [vocab, d], x f32 [rows, d].
+/// `x = f32(table[ids])`: ids int32 \[rows\], table bf16 \[vocab, d\], x f32 \[rows, d\].
 pub fn embed(
     k: &Kernels,
     s: &CudaStream,
@@ -75,7 +75,7 @@ pub fn embed(
 }
 
 /// Per row of `x` (f32 [rows, d]): `x += y` when `y` (bf16) is given, then
-/// `n = rms_norm(x) * w` (w bf16 [d]) written as bf16 to `h` and/or as f32 to
+/// `n = rms_norm(x) * w` (w bf16 \[d\]) written as bf16 to `h` and/or as f32 to
 /// `out` (either may be [`NULL`]; `out` must not alias `x`).
 #[allow(clippy::too_many_arguments)]
 pub fn add_rms(

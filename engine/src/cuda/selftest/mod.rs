@@ -3,7 +3,7 @@
 //! `crate::models::dit::Transformer`, all f32), on random inputs (never zeros),
 //! with every output poisoned (0xFF bytes = NaN) before the kernel runs, so an
 //! element left unwritten fails the check as NaN. The reference sees exactly the
-//! bf16 values the device sees (inputs rounded through bf16 first, see [`rb`]).
+//! bf16 values the device sees (inputs rounded through bf16 first, see `rb`).
 //!
 //! Tolerances (relative L2 error ‖dev − ref‖ / ‖ref‖), argued once here:
 //! - bf16 outputs of f32 math: rounding to bf16 is ≤ 2⁻⁹ relative per element,

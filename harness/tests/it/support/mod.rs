@@ -15,7 +15,6 @@
 pub mod bins;
 pub mod browser;
 pub mod dirs;
-pub mod journal;
-pub mod ranked;
+pub use harness::test_kit::{journal, ranked};
 pub mod render;
 pub mod s3;

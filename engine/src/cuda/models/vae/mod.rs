@@ -25,7 +25,7 @@
 //! - [`device`]: the primitives on the device (kernels, cuBLASLt, the conv path).
 //! - [`cudnn`]: the cuDNN convolution path.
 //! - [`rgb8`]: the RGB8 conversion's layout, defects and host model.
-//! - [`check`] / [`bench`]: the selftest section and the benchmark.
+//! - `check` / `bench`: the selftest section and the benchmark.
 
 pub mod cudnn;
 pub mod device;

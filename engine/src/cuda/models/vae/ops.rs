@@ -186,7 +186,7 @@ pub trait VaeOps {
     /// embedder under `prefix` (`{prefix}.time_embedder.timestep_embedder`), `dim` wide.
     fn time_embedding(&mut self, prefix: &str, dim: usize, t: f32) -> Result<Self::Vec, CudaError>;
     /// Modulation `k` of a table `[rows, c]` named `table` and an embedding
-    /// `[rows * c]`: shift = table[2k] + emb[2k c ..], scale = table[2k+1] +
+    /// `[rows * c]`: shift = table\[2k\] + emb\[2k c ..\], scale = table\[2k+1\] +
     /// emb[(2k+1) c ..].
     fn modulation(
         &mut self,

@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use crate::bundle::facts::Bundle;
-use crate::bundle::verified::{partition, VerifyCache};
 use crate::bundle::{files, manifest};
 use crate::campaign::budget::{Budget, WallHistory};
 use crate::campaign::execute::{execute, CampaignOutcome};
@@ -17,6 +16,7 @@ use crate::campaign::plan::{self, Order, Plan, RungRef, Skip};
 use crate::campaign::runner::ChildRunner;
 use crate::exit::{self, UsageError};
 use crate::levers_spec::{DeviceKind, Lever, LeverSpec, DEFAULT_SPEC};
+use crate::verification::local::{partition, VerifyCache};
 use crate::weights_cache::Policy as WeightsCache;
 
 /// `harness campaign`: interleave every selected lever's arms over rounds.
@@ -39,7 +39,7 @@ pub struct CampaignArgs {
     pub order: Order,
     /// The engine binary every run uses (hashed into the campaign id).
     /// Default: `engine` next to the harness binary, as for `harness run`.
-    #[arg(long, default_value_os_t = crate::run::args::default_engine())]
+    #[arg(long, default_value_os_t = crate::cmd::run::default_engine())]
     pub engine: PathBuf,
     /// The weights' page-cache state at the start of every run (`harness run
     /// --weights-cache`); anything but as-is is part of the campaign id. Use cold
@@ -141,7 +141,7 @@ pub fn engine_levers(engine: &Path) -> anyhow::Result<BTreeMap<String, Vec<Strin
 pub fn parse_engine_levers(json: &[u8]) -> Result<BTreeMap<String, Vec<String>>, String> {
     let v: serde_json::Value =
         serde_json::from_slice(json).map_err(|e| format!("not JSON: {e}"))?;
-    let map = v["levers"]
+    let map = v["levers"] // not a manifest: `engine levers --json`
         .as_object()
         .ok_or("field 'levers': expected an object of levers")?;
     let mut out = BTreeMap::new();

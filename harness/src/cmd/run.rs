@@ -1,5 +1,6 @@
 //! `harness run`'s command line, in two stages: the raw flags (clap), then a
-//! validated [`RunPlan`] of the run (every value checked, every error naming the flag).
+//! validated [`RunConfig`] of the run (every value checked, every error naming the
+//! flag), which [`crate::run::run`] carries out.
 
 use std::path::{Path, PathBuf};
 
@@ -7,6 +8,7 @@ use clap::Args;
 use evidence::rung::{Profile, Rung};
 
 use crate::exit::UsageError;
+use crate::run::config::{Engine, RunConfig};
 use crate::sampler::{DEFAULT_CADENCE_MS, MAX_CADENCE_MS, MIN_CADENCE_MS};
 use crate::units::parse_bytes;
 
@@ -77,56 +79,6 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-/// What runs.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Engine {
-    /// The engine's `render` on the rung.
-    Render {
-        /// The engine binary as given or defaulted (before the copy-out gate).
-        binary: PathBuf,
-    },
-    /// Any command speaking the protocol.
-    Exec {
-        /// The program.
-        program: PathBuf,
-        /// Its arguments.
-        args: Vec<String>,
-    },
-}
-
-/// A validated run.
-#[derive(Debug, Clone)]
-pub struct RunPlan {
-    /// The rung file and its contents, when given.
-    pub rung: Option<(PathBuf, Rung)>,
-    /// The store, when given on the command line.
-    pub store: Option<PathBuf>,
-    /// Levers: the rung's, then --lever overrides, sorted by lever.
-    pub levers: std::collections::BTreeMap<String, String>,
-    /// The profile (`default` or `baseline`).
-    pub profile: String,
-    /// What runs.
-    pub engine: Engine,
-    /// Explicit weights.
-    pub weights: Option<PathBuf>,
-    /// Sampler interval, ms.
-    pub cadence_ms: u64,
-    /// Explicit floor, bytes.
-    pub mem_floor: Option<u64>,
-    /// Explicit unified budget, bytes.
-    pub unified_budget: Option<u64>,
-    /// Timeout, seconds.
-    pub timeout_s: Option<f64>,
-    /// Lease id.
-    pub lease_id: Option<String>,
-    /// Observer on.
-    pub observer: bool,
-    /// The weights' page-cache state at engine start.
-    pub weights_cache: crate::weights_cache::Policy,
-    /// The campaign schedule fragment, when the run is one position of a campaign.
-    pub schedule: Option<serde_json::Value>,
-}
-
 fn usage(msg: String) -> anyhow::Error {
     UsageError(msg).into()
 }
@@ -139,9 +91,14 @@ pub fn default_engine() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("engine"))
 }
 
+/// `harness run`: validate the flags, then run; returns the exit code.
+pub fn run(args: &RunArgs) -> anyhow::Result<u8> {
+    crate::run::run(&args.validate()?)
+}
+
 impl RunArgs {
     /// Check every flag and load the rung.
-    pub fn validate(&self) -> anyhow::Result<RunPlan> {
+    pub fn validate(&self) -> anyhow::Result<RunConfig> {
         let rung = match &self.rung {
             Some(p) => Some((p.clone(), Rung::load(p).map_err(|e| usage(e.to_string()))?)),
             None => None,
@@ -240,7 +197,7 @@ impl RunArgs {
                 Err(e) => return Err(usage(format!("--schedule {text:?}: not JSON: {e}"))),
             },
         };
-        Ok(RunPlan {
+        Ok(RunConfig {
             rung,
             schedule,
             store: self.store.clone(),
@@ -307,7 +264,7 @@ mod tests {
         a: RunArgs,
     }
 
-    fn parse(args: &[&str]) -> anyhow::Result<RunPlan> {
+    fn parse(args: &[&str]) -> anyhow::Result<RunConfig> {
         let mut v = vec!["run"];
         v.extend_from_slice(args);
         T::try_parse_from(v)?.a.validate()

@@ -7,7 +7,8 @@
 //! table's hash is remembered, outside the store, with the object's size,
 //! entity tag and modification time: an object that is exactly as it was is
 //! not read again, any rewrite is. The frame images fidelity compares are
-//! checked when they are read ([`crate::remote::reader`]).
+//! checked when they are read ([`crate::remote::reader`]). The remembered hashes
+//! are a [`StampCache`], the local store's cache type.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -20,6 +21,7 @@ use crate::bundle::scan::SCANNED_FILES;
 use crate::cache_dir::{cache_base, hex16};
 use crate::remote::bucket::Listed;
 use crate::remote::reader::Remote;
+use crate::verification::cache::StampCache;
 
 /// One object whose content hashed right, as the listing described it then.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,12 +30,6 @@ struct Seen {
     etag: Option<String>,
     modified_ns: i64,
     sha256: String,
-}
-
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct CacheFile {
-    store: String,
-    objects: BTreeMap<String, Seen>,
 }
 
 /// What a check of a remote store found: the bundle URLs to read, the
@@ -57,13 +53,7 @@ pub fn check(remote: &Remote, listing: &BTreeMap<String, BTreeMap<String, Listed
     let loc = remote.location().clone();
     let cache_path =
         cache_base().map(|b| b.join(format!("s3-{}.json", hex16(loc.to_string().as_bytes()))));
-    let mut cache: CacheFile = cache_path
-        .as_ref()
-        .and_then(|p| std::fs::read(p).ok())
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
-    cache.store = loc.to_string();
-    let mut dirty = false;
+    let mut cache: StampCache<Seen> = StampCache::open(cache_path, loc.to_string(), "objects");
     let mut out = Checked::default();
     let fetched_before = remote.manifests_fetched();
     for (id, objects) in listing {
@@ -121,13 +111,13 @@ pub fn check(remote: &Remote, listing: &BTreeMap<String, BTreeMap<String, Listed
                     continue;
                 };
                 let key = loc.object_key(id, name).to_string();
-                let seen = cache.objects.get(&key);
-                let same = seen.is_some_and(|s| {
-                    s.bytes == l.bytes
-                        && s.etag == l.etag
-                        && s.modified_ns == l.modified_ns
-                        && s.sha256 == e.sha256
-                });
+                let now = Seen {
+                    bytes: l.bytes,
+                    etag: l.etag.clone(),
+                    modified_ns: l.modified_ns,
+                    sha256: e.sha256.clone(),
+                };
+                let same = cache.trusted(&key, &now);
                 if same {
                     continue;
                 }
@@ -143,19 +133,9 @@ pub fn check(remote: &Remote, listing: &BTreeMap<String, BTreeMap<String, Listed
                                 "{key}: sha256 {sha} ({n} bytes), the manifest lists {} ({} bytes)",
                                 e.sha256, e.bytes
                             ));
-                            cache.objects.remove(&key);
-                            dirty = true;
+                            cache.forget(&key);
                         } else {
-                            cache.objects.insert(
-                                key,
-                                Seen {
-                                    bytes: l.bytes,
-                                    etag: l.etag.clone(),
-                                    modified_ns: l.modified_ns,
-                                    sha256: sha,
-                                },
-                            );
-                            dirty = true;
+                            cache.remember(key, Seen { sha256: sha, ..now });
                         }
                     }
                     Err(err) => faults.push(err.to_string()),
@@ -174,16 +154,6 @@ pub fn check(remote: &Remote, listing: &BTreeMap<String, BTreeMap<String, Listed
         }
     }
     out.manifests_fetched = remote.manifests_fetched() - fetched_before;
-    if let (true, Some(p)) = (dirty, cache_path) {
-        if let (Some(parent), Ok(bytes)) = (p.parent(), serde_json::to_vec(&cache)) {
-            let tmp = p.with_extension(format!("json.{}.part", std::process::id()));
-            let ok = std::fs::create_dir_all(parent).is_ok()
-                && std::fs::write(&tmp, bytes).is_ok()
-                && std::fs::rename(&tmp, &p).is_ok();
-            if !ok {
-                let _ = std::fs::remove_file(&tmp);
-            }
-        }
-    }
+    cache.save();
     out
 }

@@ -1,5 +1,5 @@
 //! The watchdog's limits and their check on one sampler row: the part of the
-//! watchdog that runs inside the sampler (see [`crate::watchdog`]).
+//! watchdog that runs inside the sampler (see [`crate::control::watchdog`]).
 
 use evidence::sample::Sample;
 
@@ -67,12 +67,12 @@ impl Limits {
     }
 
     /// The `watchdog` manifest fragment.
-    pub fn fragment(&self, trip: Option<&Trip>) -> serde_json::Value {
-        serde_json::json!({
-            "mem_floor_bytes": self.mem_floor_bytes,
-            "unified_budget_bytes": self.unified_budget_bytes,
-            "tripped": trip,
-        })
+    pub fn fragment(&self, trip: Option<&Trip>) -> crate::fragments::Watchdog {
+        crate::fragments::Watchdog {
+            mem_floor_bytes: self.mem_floor_bytes,
+            unified_budget_bytes: self.unified_budget_bytes,
+            tripped: trip.and_then(|t| serde_json::to_value(t).ok()),
+        }
     }
 }
 
@@ -126,7 +126,7 @@ mod tests {
             unified_budget_bytes: None,
         };
         let t = l.check(&row(Some(3.0), None));
-        let f = l.fragment(t.as_ref());
+        let f = serde_json::to_value(l.fragment(t.as_ref())).unwrap();
         assert_eq!(f["tripped"]["column"], "mem_available_bytes");
         assert_eq!(f["tripped"]["value"], 3);
         assert_eq!(f["unified_budget_bytes"], serde_json::Value::Null);

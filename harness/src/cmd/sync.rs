@@ -13,9 +13,9 @@ use anyhow::Context;
 use clap::Args;
 use evidence::store::Store;
 
-use crate::bundle::verified::VerifyCache;
 use crate::exit::{self, UsageError};
 use crate::remote::{self, fetch, publish, Bucket, S3Location};
+use crate::verification::local::VerifyCache;
 
 /// `harness sync FROM TO`.
 #[derive(Debug, Clone, Args)]

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 
 use evidence::store::Store;
 
+use crate::control::watchdog::ControlResult;
 use crate::run::facts;
 use crate::sampler::gpu::Gpu;
-use crate::watchdog::control::ControlResult;
 
 /// Where the GPU control's last result lives: `harness control` writes it (with
 /// the boot id and the GPU's uuid), every run reads it.

@@ -16,7 +16,7 @@ pub struct VerifyArgs {
     /// The store (`--store`, `$HARNESS_STORE`); ids are resolved through it.
     #[command(flatten)]
     pub store: StoreArg,
-    /// Print the result as one JSON object: {id, dir, ok, files, errors: [text]}.
+    /// Print the result as one JSON object: {id, dir, ok, files, errors: \[text\]}.
     /// Exit 0 when ok, 1 when a check failed, 2 for an unknown or ambiguous id.
     #[arg(long)]
     pub json: bool,

@@ -1,12 +1,12 @@
-//! `harness plot` and `harness export`: a bundle's timeline written in one of the
-//! [`crate::formats`] (a PNG or SVG picture, a Perfetto trace).
+//! `harness plot`: a bundle's timeline drawn as a PNG or SVG picture
+//! ([`crate::formats::plot`]).
 
 use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::exit::{self, UsageError};
-use crate::formats::{self, Format};
+use crate::exit::UsageError;
+use crate::formats;
 use crate::store_arg::{find_verified_bundle, StoreArg};
 use crate::timeline::Timeline;
 
@@ -30,49 +30,8 @@ pub struct PlotArgs {
     pub store: StoreArg,
 }
 
-/// Write a bundle's timeline as a trace another tool opens.
-#[derive(Debug, Args)]
-pub struct ExportArgs {
-    /// A bundle id, a unique id prefix, or a bundle directory.
-    pub bundle: String,
-    /// Trace Event JSON for the Perfetto UI (nested phase slices, ticks as instants,
-    /// sampler columns as counter tracks).
-    #[arg(long, required = true)]
-    pub perfetto: bool,
-    /// Output file (default `<id12>.perfetto.json`); `-` writes to standard output.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// The store (`--store`, `$HARNESS_STORE`); ids are resolved through it.
-    #[command(flatten)]
-    pub store: StoreArg,
-}
-
-fn write(t: &Timeline, format: &dyn Format, out: &std::path::Path) -> anyhow::Result<u8> {
-    let bytes = format.encode(t)?;
-    formats::write_file(out, &bytes)?;
-    let said = format!(
-        "wrote {} ({} {}, {} bytes) for bundle {}",
-        if formats::is_stdout(out) {
-            "standard output".to_string()
-        } else {
-            out.display().to_string()
-        },
-        format.name(),
-        format.extension(),
-        bytes.len(),
-        t.id
-    );
-    // With `--out -` standard output holds the file alone.
-    if formats::is_stdout(out) {
-        eprintln!("{said}");
-    } else {
-        println!("{said}");
-    }
-    Ok(exit::OK)
-}
-
 /// Exit 0 with the file written; 2 for an unknown bundle or an unsupported extension.
-pub fn plot(args: PlotArgs) -> anyhow::Result<u8> {
+pub fn run(args: PlotArgs) -> anyhow::Result<u8> {
     if !(200..=20_000).contains(&args.width) {
         return Err(UsageError(format!(
             "--width {}: expected 200 to 20000 pixels",
@@ -94,8 +53,8 @@ pub fn plot(args: PlotArgs) -> anyhow::Result<u8> {
             .map(str::to_ascii_lowercase),
     };
     match ext.as_deref() {
-        Some("png") => write(&t, &formats::plot::Png { width: args.width }, &out),
-        Some("svg") => write(&t, &formats::plot::Svg { width: args.width }, &out),
+        Some("png") => formats::write_timeline(&t, &formats::plot::Png { width: args.width }, &out),
+        Some("svg") => formats::write_timeline(&t, &formats::plot::Svg { width: args.width }, &out),
         _ if args.format.is_some() => Err(UsageError(format!(
             "--format {}: expected png or svg",
             args.format.as_deref().unwrap_or("")
@@ -107,14 +66,4 @@ pub fn plot(args: PlotArgs) -> anyhow::Result<u8> {
         ))
         .into()),
     }
-}
-
-/// Exit 0 with the file written; 2 for an unknown bundle.
-pub fn export(args: ExportArgs) -> anyhow::Result<u8> {
-    let dir = find_verified_bundle(&args.store, &args.bundle)?;
-    let t = Timeline::load(&dir)?;
-    let out = args
-        .out
-        .unwrap_or_else(|| formats::default_out(&t.id, "perfetto.json"));
-    write(&t, &formats::perfetto::TraceEventJson, &out)
 }

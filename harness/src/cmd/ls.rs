@@ -1,8 +1,8 @@
 //! `harness ls`: one line per bundle in the store.
 
+use crate::fragments::{Levers, Run, Rung};
 use clap::Args;
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::exit;
 use crate::store_arg::{classify, StoreArg};
@@ -31,7 +31,7 @@ pub struct LsRow {
     /// `rung.name`, null when not recorded.
     pub rung: Option<String>,
     /// `levers` {lever: arm}; empty for the defaults.
-    pub levers: serde_json::Map<String, Value>,
+    pub levers: std::collections::BTreeMap<String, String>,
     /// `exit.reason`, null when not recorded.
     pub exit: Option<String>,
     /// The manifest's `complete`.
@@ -52,27 +52,17 @@ impl LsRow {
     /// The row for one bundle summary.
     pub fn of(s: &BundleSummary) -> LsRow {
         let m = &s.manifest;
-        let field = |k: &str, f: &str| {
-            m.fragment(k)
-                .and_then(|v| v.get(f))
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        };
         LsRow {
             id: s.id.clone(),
-            rung: field("rung", "name"),
-            levers: m
-                .fragment("levers")
-                .and_then(Value::as_object)
-                .cloned()
-                .unwrap_or_default(),
+            rung: s.fragment::<Rung>().and_then(|r| r.name),
+            levers: s.fragment::<Levers>().map(|l| l.0).unwrap_or_default(),
             exit: m.exit().map(|e| e.reason),
             complete: m.complete,
             contended: s.contended(),
             run_wall_s: m.phases.run_wall_s,
             wall_s: m.phases.wall_s,
             date_unix_s: s.date_unix_s,
-            host: field("run", "hostname"),
+            host: s.fragment::<Run>().and_then(|r| r.hostname),
         }
     }
 }

@@ -10,10 +10,10 @@
 
 use std::fmt::Write;
 
+use crate::formats::forest::{inline_svg, xml_escape};
+use crate::formats::ranking_text::{fixed, method_lines, rank_cells, value};
 use crate::levers_spec::Unit;
 use crate::rank::fit::FLAT_EXPONENT;
-use crate::rank::forest::{inline_svg, xml_escape};
-use crate::rank::report::{fixed, method_lines, value};
 use crate::rank::stats::CONFIDENCE;
 use crate::rank::verdict::{pct, Verdict, MIN_PAIRS};
 use crate::rank::{FitOutcome, LeverResult, Ranking, RungResult};
@@ -158,7 +158,7 @@ fn write_ranking(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o, "<div class=\"scroll\"><table class=\"ranking\">")?;
     writeln!(o, "<tr><th>rank</th><th>prior</th>{ROW_HEAD}</tr>")?;
     for l in &r.levers {
-        let (rank, prior) = crate::rank::report::rank_cells(l);
+        let (rank, prior) = rank_cells(l);
         write!(
             o,
             r#"<tr><td class="num">{rank}</td><td class="num">{}</td>"#,
@@ -422,7 +422,7 @@ fn write_used(o: &mut String, r: &Ranking, art: &Artifacts) -> std::fmt::Result 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rank::forest::tests::sample_ranking;
+    use crate::formats::forest::tests::sample_ranking;
 
     #[test]
     fn the_page_is_self_contained_and_deterministic() {

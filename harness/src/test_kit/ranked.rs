@@ -24,6 +24,7 @@ impl Noise {
         Noise(ChaCha8Rng::seed_from_u64(seed))
     }
     /// The next value in [-1, 1).
+    #[allow(clippy::should_implement_trait)] // an endless noise source, not an iterator
     pub fn next(&mut self) -> f64 {
         (self.0.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
     }

@@ -29,7 +29,7 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 use crate::formats::glyphs::text_width;
-use crate::rank::report::{fixed, value};
+use crate::formats::ranking_text::{fixed, value};
 use crate::rank::stats::CONFIDENCE;
 use crate::rank::verdict::{pct, Verdict, MIN_PAIRS};
 use crate::rank::{LeverResult, Ranking, RungResult};

@@ -1,6 +1,28 @@
 //! The watchdog's positive control: a probe allocates past a synthetic limit under
 //! a sampler armed with it, and the watchdog must kill the probe within
-//! [`CONTROL_MAX_TICKS`] ticks of the crossing (see [`crate::watchdog`]).
+//! [`CONTROL_MAX_TICKS`] ticks of the crossing.
+//!
+//! The memory watchdog (hazard H1 of `specs/device-residency.md`) runs inside the
+//! sampler: every row is checked against a floor on
+//! `MemAvailable` and, on unified-memory machines or when asked, a budget on the
+//! modelled unified footprint (`unified_bytes` = engine RSS + weights page cache +
+//! engine GPU memory). The first crossing kills the engine's process group with
+//! SIGKILL on the spot and is kept as the [`crate::sampler::limits::Trip`].
+//!
+//! The control proves the watchdog fires before any engine is trusted to it: a child
+//! (this binary in its hidden `__alloc-probe` mode) allocates past a synthetic limit
+//! just below the current reading, and must be killed by the watchdog within two
+//! ticks of crossing it. The crossing is judged on the reading the watchdog itself
+//! uses: for the floor, the probe re-reads `MemAvailable` after every step (on a
+//! virtual machine `MemAvailable` can lag an allocation by hundreds of
+//! milliseconds, so the probe's own byte count is not the crossing); for the
+//! unified budget, its own RSS, which its byte count is. Controls are serialized
+//! machine-wide through a lock file, since two probes at once move each other's
+//! `MemAvailable`.
+//!
+//! The limits and their check on one row are [`crate::sampler::limits`] (what the
+//! sampler runs); the probe itself is `harness __alloc-probe`
+//! ([`crate::cmd::alloc_probe`]).
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -8,8 +30,8 @@ use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::sampler::limits::{Limits, Trip};
 use crate::sampler::{NullSink, Sampler, SamplerConfig, Target};
-use crate::watchdog::limits::{Limits, Trip};
 
 /// How far past the current reading the control's synthetic limit lies, in bytes.
 pub const CONTROL_MARGIN_BYTES: u64 = 256 << 20;

@@ -9,8 +9,12 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::exit;
+use crate::fragments::{
+    Completion, Contention, Controls, Engine, Fragment, Gates, Gpu, Host, Profile, Sampler,
+    SensorsUnavailable, Weights, WeightsCache,
+};
 use crate::store_arg::{find_verified_bundle, StoreArg};
-use crate::summary::{verdicts, BundleSummary};
+use crate::summary::{dash, verdicts, BundleSummary};
 
 /// Print a bundle's manifest summary and phase table.
 #[derive(Debug, Args)]
@@ -141,9 +145,8 @@ fn sampler_cost_line(v: Option<&Value>) -> Option<String> {
 /// The weights' page-cache state at engine start in one line: the resident share
 /// and the policy (from the `weights_cache` fragment, or the `weights-cache` gate of
 /// bundles sealed before it).
-fn cache_line(fragment: Option<&Value>, gates: Option<&Value>) -> String {
-    let m = serde_json::json!({"weights_cache": fragment, "gates": gates});
-    let Some(c) = crate::bundle::manifest::cache_at_start(&m) else {
+fn cache_line(fragment: Option<&WeightsCache>, gates: Option<&Gates>) -> String {
+    let Some(c) = crate::bundle::manifest::cache_at_start(fragment, gates) else {
         return "weights' page-cache state at start not recorded".into();
     };
     format!(
@@ -162,23 +165,29 @@ pub fn summary_text(s: &BundleSummary) -> String {
         o,
         "rung     {} (profile {}, levers {})",
         s.rung(),
-        m.fragment("profile").and_then(Value::as_str).unwrap_or("-"),
+        dash(s.fragment::<Profile>().map(|p| p.0)),
         s.levers()
     );
+    let engine = s.fragment::<Engine>();
+    let host = s.fragment::<Host>();
     let _ = writeln!(
         o,
         "engine   {} sha256 {}",
-        s.str_at("engine", "version"),
-        s.str_at("engine", "sha256")
+        dash(engine.as_ref().and_then(|e| e.version.clone())),
+        dash(engine.and_then(|e| e.sha256))
     );
-    let _ = writeln!(o, "weights  {}", s.str_at("weights", "digest"));
+    let _ = writeln!(
+        o,
+        "weights  {}",
+        dash(s.fragment::<Weights>().and_then(|w| w.digest))
+    );
     let _ = writeln!(
         o,
         "host     {} ({}, {} cores); gpu {}",
         s.host(),
-        s.str_at("host", "cpu_model"),
-        s.str_at("host", "cores"),
-        s.str_at("gpu", "name")
+        dash(host.as_ref().and_then(|h| h.cpu_model.clone())),
+        dash(host.and_then(|h| h.cores).map(|c| c.to_string())),
+        dash(s.fragment::<Gpu>().and_then(|g| g.name))
     );
     let _ = writeln!(o, "date     {} UTC; wall {}", s.date(), s.wall());
     match m.exit() {
@@ -200,21 +209,27 @@ pub fn summary_text(s: &BundleSummary) -> String {
         o,
         "complete {}; completion {}",
         m.complete,
-        s.str_at("completion", "verdict")
+        dash(s.fragment::<Completion>().and_then(|c| c.verdict))
     );
-    let _ = writeln!(o, "gates    {}", verdicts(m.fragment("gates")));
+    let gates = s.fragment::<Gates>();
+    let _ = writeln!(o, "gates    {}", verdicts(gates.as_ref().map(|g| &g.0[..])));
     let _ = writeln!(
         o,
         "cache    {}",
-        cache_line(m.fragment("weights_cache"), m.fragment("gates"))
+        cache_line(s.fragment::<WeightsCache>().as_ref(), gates.as_ref())
     );
-    let _ = writeln!(o, "controls {}", verdicts(m.fragment("controls")));
+    let controls = s.fragment::<Controls>();
+    let _ = writeln!(
+        o,
+        "controls {}",
+        verdicts(controls.as_ref().map(|c| &c.0[..]))
+    );
     let _ = writeln!(
         o,
         "contention {}",
-        contention_line(m.fragment("contention"))
+        contention_line(m.fragment(Contention::KEY))
     );
-    if let Some(line) = contention_phases_line(m.fragment("contention")) {
+    if let Some(line) = contention_phases_line(m.fragment(Contention::KEY)) {
         let _ = writeln!(o, "           {line}");
     }
     let c = &m.cadence;
@@ -233,11 +248,11 @@ pub fn summary_text(s: &BundleSummary) -> String {
             |(missed, n)| format!("{missed} of {n} deadlines without a sample")
         )
     );
-    if let Some(line) = sampler_cost_line(m.fragment("sampler")) {
+    if let Some(line) = sampler_cost_line(m.fragment(Sampler::KEY)) {
         let _ = writeln!(o, "         {line}");
     }
-    if let Some(su) = m.fragment("sensors_unavailable").and_then(Value::as_object) {
-        for (k, v) in su {
+    if let Some(su) = s.fragment::<SensorsUnavailable>() {
+        for (k, v) in &su.0 {
             let _ = writeln!(
                 o,
                 "         {k}: unavailable ({})",
@@ -371,14 +386,16 @@ mod tests {
 
     #[test]
     fn the_cache_line_reads_the_fragment_or_the_old_gate() {
-        let gates = serde_json::json!([{"name": "weights-cache", "verdict": "pass",
-            "detail": "as-is: 1.313 of 35.487 GiB resident before, 1.313 GiB after (3.7%), 0.00 s"}]);
+        let gates: Gates = serde_json::from_value(serde_json::json!([{"name": "weights-cache", "verdict": "pass",
+            "detail": "as-is: 1.313 of 35.487 GiB resident before, 1.313 GiB after (3.7%), 0.00 s"}])).unwrap();
         assert_eq!(
             cache_line(None, Some(&gates)),
             "3.7% of the weights in the page cache at engine start (as-is)"
         );
-        let frag = serde_json::json!({"policy": "warm", "total_bytes": 1000u64,
-            "resident_before_bytes": 0u64, "resident_after_bytes": 1000u64, "seconds": 2.0});
+        let frag: WeightsCache =
+            serde_json::from_value(serde_json::json!({"policy": "warm", "total_bytes": 1000u64,
+            "resident_before_bytes": 0u64, "resident_after_bytes": 1000u64, "seconds": 2.0}))
+            .unwrap();
         assert_eq!(
             cache_line(Some(&frag), Some(&gates)),
             "100.0% of the weights in the page cache at engine start (warm)"

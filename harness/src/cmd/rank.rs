@@ -5,12 +5,12 @@
 use std::path::{Path, PathBuf};
 
 use crate::bundle::files::store_bundle_dirs;
-use crate::bundle::verified::{load_verified, VerifiedLoad};
 use crate::exit::{self, UsageError};
+use crate::formats::forest::{self, file_beside};
+use crate::formats::markdown::markdown_with_forest;
 use crate::levers_spec::{LeverSpec, DEFAULT_SPEC};
-use crate::rank::forest::{self, file_beside};
-use crate::rank::report::markdown_with_forest;
 use crate::store_arg::read_root;
+use crate::verification::local::{load_verified, VerifiedLoad};
 
 /// `harness rank`: re-derive the lever ranking from the bundles in a store.
 #[derive(Debug, clap::Args)]
@@ -205,7 +205,7 @@ pub fn store_free(text: &str) -> String {
 }
 
 /// The bundles of the bucket at `loc` that `rank` may read, loaded: checked
-/// without downloading what rank does not read ([`crate::remote::verified`]),
+/// without downloading what rank does not read ([`crate::verification::remote`]),
 /// then scanned by polars through its own cloud reader. What it cost goes to
 /// stderr (requests are the bill of an object store).
 fn remote_load(
@@ -217,7 +217,7 @@ fn remote_load(
 )> {
     let remote = crate::remote::reader::install(crate::remote::open(loc)?);
     let listing = remote.bucket().list_bundles()?;
-    let checked = crate::remote::verified::check(remote, &listing);
+    let checked = crate::verification::remote::check(remote, &listing);
     eprintln!(
         "harness rank: {loc}: {} committed bundle(s) listed ({} object(s)); {} manifest(s) \
          fetched (the rest from the local cache), {} table(s) hashed ({} bytes streamed; \

@@ -9,13 +9,14 @@ use anyhow::Context;
 use crate::bundle::facts::Exclusion;
 use crate::bundle::files::store_bundle_dirs;
 use crate::bundle::manifest::read_facts;
-use crate::bundle::verified::{load_verified, VerifiedLoad};
 use crate::exit::{self, UsageError};
+use crate::formats::forest;
+use crate::formats::html as page;
+use crate::formats::markdown::markdown_with_forest;
 use crate::levers_spec::{LeverSpec, DEFAULT_SPEC};
-use crate::rank::forest;
-use crate::rank::report::markdown_with_forest;
-use crate::report::{artifacts, outdir, page};
+use crate::report::{artifacts, outdir};
 use crate::store_arg::read_root;
+use crate::verification::local::{load_verified, VerifiedLoad};
 
 /// `harness report`: the ranking, the forest plot, the phase-scaling fit, every
 /// bundle used or excluded, and each pair's timelines and diff, as one static page.
@@ -67,12 +68,8 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<u8> {
     } = load_verified(&root, &dirs);
     not_verified.extend(not_fetched);
     not_verified.sort();
-    let command = crate::rank::command::regenerate_command(
-        "report",
-        &store_label,
-        &args.spec,
-        Some(&args.out),
-    );
+    let command =
+        crate::cmd::rank::regenerate_command("report", &store_label, &args.spec, Some(&args.out));
     let ranking = crate::rank::rank(
         &spec,
         &loaded.bundles,

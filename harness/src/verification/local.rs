@@ -6,7 +6,7 @@
 //! that fails, naming the file at fault.
 //!
 //! Verifying reads every byte, so the ids of the bundles that verified are
-//! remembered per store ([`VerifyCache`]) together with each file's size,
+//! remembered per store ([`VerifyCache`], a [`StampCache`]) together with each file's size,
 //! modification and change times and inode: a bundle whose files are exactly
 //! as they were is not read again; any change (a write, a `touch`, a copy, a
 //! swap of two files) re-verifies it. The change time cannot be set by a user,
@@ -17,7 +17,6 @@
 //! verifies everything every time. A cache that cannot be read or written is
 //! ignored: it only saves time.
 
-use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -25,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bundle::facts::Exclusion;
 use crate::cache_dir::{cache_base, hex16};
+use crate::verification::cache::StampCache;
 
 /// One file of a bundle as the file system describes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,20 +36,11 @@ struct Stamp {
     inode: u64,
 }
 
-/// The ids that verified, each with the stamps of its files then.
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct CacheFile {
-    /// The store root the cache belongs to.
-    store: String,
-    verified: BTreeMap<String, Vec<Stamp>>,
-}
-
-/// Verified bundle ids of one store, remembered between commands.
+/// Verified bundle ids of one store, remembered between commands: each id with
+/// the stamps of its files when it verified ([`StampCache`]).
 #[derive(Debug)]
 pub struct VerifyCache {
-    path: Option<PathBuf>,
-    file: CacheFile,
-    dirty: bool,
+    cache: StampCache<Vec<Stamp>>,
 }
 
 /// Why a bundle is not read: the directory and what failed, naming the file.
@@ -63,7 +54,7 @@ pub struct NotVerified {
 }
 
 /// At most this many failures are named per bundle (the rest are counted).
-const NAMED_FAILURES: usize = 3;
+pub const NAMED_FAILURES: usize = 3;
 
 /// The first [`NAMED_FAILURES`] of `errors` (each naming its file) joined with
 /// `; `, and how many more there are: what a refusal says of a bundle.
@@ -109,19 +100,8 @@ impl VerifyCache {
     /// The cache of the store at `root` (empty when none was written yet, or
     /// when it cannot be read).
     pub fn for_store(root: &Path) -> VerifyCache {
-        let path = cache_path(root);
-        let file = path
-            .as_ref()
-            .and_then(|p| std::fs::read(p).ok())
-            .and_then(|b| serde_json::from_slice::<CacheFile>(&b).ok())
-            .unwrap_or_default();
         VerifyCache {
-            path,
-            file: CacheFile {
-                store: root.display().to_string(),
-                ..file
-            },
-            dirty: false,
+            cache: StampCache::open(cache_path(root), root.display().to_string(), "verified"),
         }
     }
 
@@ -144,47 +124,24 @@ impl VerifyCache {
             )));
         }
         let before = stamps(dir).map_err(|e| not(format!("cannot list the bundle: {e}")))?;
-        if self.file.verified.get(&id) == Some(&before) {
+        if self.cache.trusted(&id, &before) {
             return Ok(());
         }
         let report = evidence::verify::verify_dir(dir);
         if !report.ok() {
-            self.forget(&id);
+            self.cache.forget(&id);
             return Err(not(named_failures(&report.errors)));
         }
         // Remember what was read only if nothing changed while it was read.
         if stamps(dir).ok().as_ref() == Some(&before) {
-            self.file.verified.insert(id, before);
-            self.dirty = true;
+            self.cache.remember(id, before);
         }
         Ok(())
     }
 
-    fn forget(&mut self, id: &str) {
-        if self.file.verified.remove(id).is_some() {
-            self.dirty = true;
-        }
-    }
-
-    /// Keep the verified ids for the next command (through a temporary file and
-    /// a rename; failures are ignored: the cache only saves time).
+    /// Keep the verified ids for the next command ([`StampCache::save`]).
     pub fn save(&self) {
-        let (Some(path), true) = (&self.path, self.dirty) else {
-            return;
-        };
-        let Some(parent) = path.parent() else {
-            return;
-        };
-        let Ok(bytes) = serde_json::to_vec(&self.file) else {
-            return;
-        };
-        let tmp = path.with_extension(format!("json.{}.part", std::process::id()));
-        let ok = std::fs::create_dir_all(parent).is_ok()
-            && std::fs::write(&tmp, bytes).is_ok()
-            && std::fs::rename(&tmp, path).is_ok();
-        if !ok {
-            let _ = std::fs::remove_file(&tmp);
-        }
+        self.cache.save();
     }
 }
 

@@ -1,0 +1,63 @@
+//! The words and numbers every format of a [`crate::rank::Ranking`] prints alike
+//! (the markdown table, the forest plot, the HTML page, `harness diff`): values in
+//! their units, the rank cells, the method's sentences. Fixed formats: seconds to 3
+//! decimals, bytes as MiB or GiB to 3 decimals, shares to 3 decimals, percentages
+//! to 1, and `-0` is never printed.
+
+use crate::levers_spec::Unit;
+use crate::rank::stats::CONFIDENCE;
+use crate::rank::verdict::MIN_PAIRS;
+use crate::rank::{LeverResult, Ranking};
+
+/// Bytes in a GiB.
+pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+pub use crate::rank::verdict::{fixed, pct};
+
+/// A value in `unit` for people: `12.345 s`, `3.210 GiB`, `0.850`. Bytes under
+/// 1 GiB in magnitude print in MiB (`18.234 MiB`), so that a rung-0 peak keeps
+/// its digits instead of reading `0.018 GiB`.
+pub fn value(x: f64, unit: Unit) -> String {
+    match unit {
+        Unit::Seconds => format!("{} s", fixed(x, 3)),
+        Unit::Bytes if x.abs() < GIB => format!("{} MiB", fixed(x / (GIB / 1024.0), 3)),
+        Unit::Bytes => format!("{} GiB", fixed(x / GIB, 3)),
+        Unit::Share => fixed(x, 3),
+    }
+}
+
+/// How pairs, effects, intervals and verdicts are formed, one sentence per item
+/// (the report's Method list; `harness report` prints the same).
+pub fn method_lines(r: &Ranking) -> Vec<String> {
+    vec![
+        "Pairs: same campaign, round, rung, engine sha256, host, weights digest, profile and arm of every other lever; complete, uncontended runs only.".to_string(),
+        format!(
+            "Cache state: for a metric that reads the weights (a load phase, render wall, page-cache or unified footprint) the two runs of a pair must have started with shares of the weights in the page cache at most {:.0} points apart; other pairs are excluded, naming both shares.",
+            100.0 * crate::rank::pairing::CACHE_SHARE_MAX_GAP
+        ),
+        "Campaigns: where several campaigns measured a lever at a rung, the newest with a pair (latest run start) decides; the older ones' runs are listed as superseded, never pooled.".to_string(),
+        "Effect: geometric mean of per-pair ratios treatment/baseline; absolute saving: mean of baseline - treatment.".to_string(),
+        format!(
+            "Interval: {:.0}% percentile bootstrap over pairs, {} resamples, ChaCha8 seeded with {:#018x} mixed with the lever and rung.",
+            CONFIDENCE * 100.0,
+            r.bootstrap_resamples,
+            r.bootstrap_seed
+        ),
+        format!("Verdict: confirmed when the saving's whole interval is at or above the minimum effect; refuted when it is wholly below; otherwise, or with fewer than {MIN_PAIRS} pairs, insufficient."),
+        format!("Fidelity: a numerics-changing lever stays confirmed only when the lower end of its median PSNR's {:.0}% bootstrap interval is at or above its threshold (the measured floor minus the rule's margin, else min_psnr_db); refuted-fidelity when the whole interval is below; insufficient when it straddles or fewer than {MIN_PAIRS} pairs have comparable frames. A numerics-preserving lever whose frames differ in any pair is flagged; its verdict is unchanged.", CONFIDENCE * 100.0),
+        "Sign: pairs where the treatment is lower / higher, with the exact two-sided sign-test p-value.".to_string(),
+    ]
+}
+
+/// The measured rank (`—` when unranked) and the prior rank with its move
+/// (`3 (=)`, `5 (+1)`: prior minus measured), as the ranking's first two cells.
+pub fn rank_cells(l: &LeverResult) -> (String, String) {
+    let rank = l.measured_rank.map_or("—".to_string(), |r| r.to_string());
+    let prior = match (l.prior_rank, l.measured_rank) {
+        (Some(p), Some(m)) if p == m => format!("{p} (=)"),
+        (Some(p), Some(m)) => format!("{p} ({:+})", i64::from(p) - i64::from(m)),
+        (Some(p), None) => p.to_string(),
+        (None, _) => "—".to_string(),
+    };
+    (rank, prior)
+}
