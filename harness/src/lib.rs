@@ -38,15 +38,18 @@
 //! * [`progress`]: the live status of a render, redrawn on a terminal, one line per
 //!   event elsewhere.
 //! * [`exit`]: the binary's stable exit codes and the error kinds that select them.
+//! * [`closed_stdout`]: a closed standard output ends a command quietly.
 //! * [`units`]: byte quantities as people type them; [`short_id`]: ids as printed.
 
 pub mod bundle;
 pub mod cache_dir;
 pub mod campaign;
 pub mod classify;
+pub mod closed_stdout;
 pub mod completion;
 pub mod control;
 pub mod diff;
+pub mod escape;
 pub mod exit;
 pub mod formats;
 pub mod gate;
@@ -57,6 +60,7 @@ pub mod pack;
 pub mod progress;
 pub mod rank;
 pub mod recover;
+pub mod redact;
 pub mod remote;
 pub mod report;
 pub mod run;
