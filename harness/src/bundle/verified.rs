@@ -5,8 +5,12 @@
 //! and row count, nothing unlisted is there), and excludes or refuses a bundle
 //! that fails, naming the file at fault.
 //!
-//! Verifying reads every byte, so the ids of the bundles that verified are
-//! remembered per store ([`VerifyCache`]) together with each file's size,
+//! `rank`, `report`, a campaign's resume and `sync` verify every bundle in
+//! full in this process ([`VerifyCache::in_process`], what [`load_verified`]
+//! uses): no stamp vouches for evidence (`specs/bundle.md`, "What is
+//! trusted"). For the interactive readers (`show`, `diff`, `plot`, `export`)
+//! the ids of the bundles that verified are
+//! remembered per store ([`VerifyCache::for_store`]) together with each file's size,
 //! modification and change times and inode: a bundle whose files are exactly
 //! as they were is not read again; any change (a write, a `touch`, a copy, a
 //! swap of two files) re-verifies it. The change time cannot be set by a user,
@@ -50,6 +54,9 @@ pub struct VerifyCache {
     path: Option<PathBuf>,
     file: CacheFile,
     dirty: bool,
+    /// Whether a bundle whose stamps match a remembered entry is taken as
+    /// verified: only for the interactive readers, never for evidence.
+    trust_stamps: bool,
 }
 
 /// Why a bundle is not read: the directory and what failed, naming the file.
@@ -110,8 +117,20 @@ impl VerifyCache {
     /// when it cannot be read).
     pub fn for_store(root: &Path) -> VerifyCache {
         let path = cache_path(root);
+        // A cache file only this user could have written (the directory is
+        // checked by `cache_base`).
+        let own = |p: &PathBuf| {
+            use std::os::unix::fs::{MetadataExt, PermissionsExt};
+            std::fs::symlink_metadata(p).is_ok_and(|m| {
+                // SAFETY: geteuid has no failure mode.
+                m.is_file()
+                    && m.uid() == unsafe { libc::geteuid() }
+                    && m.permissions().mode() & 0o022 == 0
+            })
+        };
         let file = path
             .as_ref()
+            .filter(|p| own(p))
             .and_then(|p| std::fs::read(p).ok())
             .and_then(|b| serde_json::from_slice::<CacheFile>(&b).ok())
             .unwrap_or_default();
@@ -122,6 +141,21 @@ impl VerifyCache {
                 ..file
             },
             dirty: false,
+            trust_stamps: true,
+        }
+    }
+
+    /// No cache: every bundle is verified in full, every byte hashed in this
+    /// process, and nothing is remembered. What `rank`, `report`, a
+    /// campaign's resume and `sync` use: the ranking never rests on a stamp
+    /// (a file edited through a writable shared mapping keeps its stamps; a
+    /// cache file can be planted), see `specs/bundle.md`.
+    pub fn in_process() -> VerifyCache {
+        VerifyCache {
+            path: None,
+            file: CacheFile::default(),
+            dirty: false,
+            trust_stamps: false,
         }
     }
 
@@ -144,7 +178,7 @@ impl VerifyCache {
             )));
         }
         let before = stamps(dir).map_err(|e| not(format!("cannot list the bundle: {e}")))?;
-        if self.file.verified.get(&id) == Some(&before) {
+        if self.trust_stamps && self.file.verified.get(&id) == Some(&before) {
             return Ok(());
         }
         let report = evidence::verify::verify_dir(dir);
@@ -153,7 +187,7 @@ impl VerifyCache {
             return Err(not(named_failures(&report.errors)));
         }
         // Remember what was read only if nothing changed while it was read.
-        if stamps(dir).ok().as_ref() == Some(&before) {
+        if self.trust_stamps && stamps(dir).ok().as_ref() == Some(&before) {
             self.file.verified.insert(id, before);
             self.dirty = true;
         }
@@ -179,7 +213,7 @@ impl VerifyCache {
             return;
         };
         let tmp = path.with_extension(format!("json.{}.part", std::process::id()));
-        let ok = std::fs::create_dir_all(parent).is_ok()
+        let ok = crate::cache_dir::create_private(parent).is_ok()
             && std::fs::write(&tmp, bytes).is_ok()
             && std::fs::rename(&tmp, path).is_ok();
         if !ok {
@@ -221,10 +255,11 @@ pub struct VerifiedLoad {
     pub not_verified: Vec<Exclusion>,
 }
 
-/// Verify `dirs` (bundles of the store at `root`, through its cache) and load
-/// the ones that pass: what `rank`, `report` and `campaign` read.
-pub fn load_verified(root: &Path, dirs: &[PathBuf]) -> VerifiedLoad {
-    let (dirs, not_verified) = partition(dirs, &mut VerifyCache::for_store(root));
+/// Verify `dirs` (bundles of the store at `_root`) in full, every byte hashed
+/// in this process with no cache consulted, and load the ones that pass: what
+/// `rank` and `report` read.
+pub fn load_verified(_root: &Path, dirs: &[PathBuf]) -> VerifiedLoad {
+    let (dirs, not_verified) = partition(dirs, &mut VerifyCache::in_process());
     let loaded = crate::bundle::scan::load_dirs(&dirs);
     VerifiedLoad {
         dirs,

@@ -130,7 +130,11 @@ fn check_present(
             key: key.to_string(),
             why: format!(
                 "an object of other content is already there ({n} bytes, sha256 {got}; this \
-                 bundle's is {bytes} bytes, sha256 {sha256}); not overwritten"
+                 bundle's is {bytes} bytes, sha256 {sha256}): a torn or altered upload; not \
+                 overwritten. `harness sync <a store holding the verified bundle> {}` \
+                 rewrites the wrong objects of this bundle (keys are content-addressed, so \
+                 the right content is this bundle's)",
+                bucket.location()
             ),
         });
     }
@@ -205,8 +209,12 @@ pub fn publish(
             return Err(RemoteError::Mismatch {
                 store: bucket.location().to_string(),
                 key: bucket.location().bundle_key(&id).to_string(),
-                why: "committed, but its objects are not this bundle's (run `harness verify --store` on it); nothing written"
-                    .into(),
+                why: format!(
+                    "committed, but its objects are not this bundle's (`harness verify --store {loc} {id}` \
+                     names them); nothing written. `harness sync <a store holding the verified \
+                     bundle> {loc}` rewrites the wrong objects",
+                    loc = bucket.location()
+                ),
             });
         }
         out.present = there.len();

@@ -441,7 +441,18 @@ fn a_tampered_object_is_caught_by_verify_show_and_rank() {
         se.contains("phases.parquet") && se.contains("does not verify"),
         "{se}"
     );
+    // The machine that ranked before reads its verified local copy (what its
+    // `report` reads too); a machine without one fetches the tampered object,
+    // hashes it, and excludes the bundle.
     let (code, so, se) = go(srv.harness("r").args(["rank", "--json", "--store", &url]));
+    assert_eq!(code, 0, "{se}");
+    let r: serde_json::Value = serde_json::from_str(&so).unwrap();
+    assert!(
+        !r["excluded"].to_string().contains(&ids[0]),
+        "{}",
+        r["excluded"]
+    );
+    let (code, so, se) = go(srv.harness("r2").args(["rank", "--json", "--store", &url]));
     assert_eq!(code, 0, "{se}");
     let r: serde_json::Value = serde_json::from_str(&so).unwrap();
     let ex = r["excluded"].to_string();
@@ -465,14 +476,14 @@ fn rank_over_the_bucket_reproduces_the_committed_table_from_the_committed_bundle
     let ev = repo().join("reports/evidence");
     let (c, so, se) = go(srv.harness("a").args(["sync"]).arg(&ev).arg(&url));
     assert_eq!(c, 0, "{so}{se}");
-    // The check reads the bucket through polars' cloud reader.
+    // The check reads the bucket's bundles fetched into the local store.
     let (c, so, se) =
         go(srv
             .harness("r")
             .args(["rank", "--store", &url, "--check", "reports/levers.md"]));
     assert_eq!(c, 0, "{so}\n{se}");
     assert!(so.contains("reproduce from"), "{so}");
-    assert!(se.contains("table(s) hashed"), "{se}");
+    assert!(se.contains("verified in the local store"), "{se}");
     // Byte for byte: the JSON ranking and the table written from the bucket
     // equal those from the directory, but for the store the Regenerate line names.
     let out = srv.dir.join("out");
@@ -515,10 +526,10 @@ fn rank_over_the_bucket_reproduces_the_committed_table_from_the_committed_bundle
         v
     };
     assert_eq!(strip(&j1), strip(&j2));
-    // A second rank re-hashes nothing: every table unchanged since it verified.
+    // A second rank reads the local copies, each verified again in full.
     let (_, _, se) = go(srv.harness("r").args(["rank", "--json", "--store", &url]));
     assert!(
-        se.contains("0 manifest(s) fetched") && se.contains("0 table(s) hashed"),
+        se.contains("143 committed bundle(s), 143 verified in the local store"),
         "{se}"
     );
 }
