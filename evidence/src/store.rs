@@ -557,12 +557,9 @@ impl Store {
         };
         // SAFETY: fsync on a descriptor this store owns.
         if unsafe { libc::fsync(std::os::fd::AsRawFd::as_raw_fd(&pinned.fd)) } != 0 {
-            return Err(IoAt::new(
-                self.bundles_dir(),
-                "fsync",
-                std::io::Error::last_os_error(),
-            )
-            .into());
+            return Err(
+                IoAt::new(self.bundles_dir(), "fsync", std::io::Error::last_os_error()).into(),
+            );
         }
         Ok(published)
     }
