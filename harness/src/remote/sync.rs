@@ -99,14 +99,14 @@ fn there_on_bucket(
     >,
     dir: &Path,
     id: &str,
-) -> Result<(There, Option<evidence::manifest::Manifest>), String> {
+) -> Result<(There, Option<(evidence::manifest::Manifest, Wrong)>), String> {
     let Some(objects) = listing.get(id) else {
         return Ok((There::Absent, None));
     };
     let m = repair::local_manifest(dir)?;
     let wrong = repair::check(bucket, id, &m, objects).map_err(|e| e.to_string())?;
     if wrong.is_empty() {
-        return Ok((There::Verified, Some(m)));
+        return Ok((There::Verified, None));
     }
     let why = wrong
         .iter()
@@ -114,9 +114,12 @@ fn there_on_bucket(
         .collect::<Vec<_>>();
     Ok((
         There::Failing(crate::bundle::verified::named_failures(&why)),
-        Some(m),
+        Some((m, wrong)),
     ))
 }
+
+/// What is wrong with each object of a bundle at a bucket (file name -> why).
+type Wrong = std::collections::BTreeMap<String, String>;
 
 /// Put the verified local bundle `dir` at the bucket: published when absent,
 /// repaired when a failing copy is there, counted when a verified one is.
@@ -139,16 +142,8 @@ fn to_bucket(
             t.present += 1;
             line("present", id, "");
         }
-        Ok((There::Failing(why), Some(m))) => {
-            let wrong = listing
-                .get(id)
-                .map(|objects| repair::check(bucket, id, &m, objects));
-            let r = match wrong {
-                Some(Ok(w)) => repair::repair(bucket, id, dir, &m, &w),
-                Some(Err(e)) => Err(e),
-                None => Ok(0),
-            };
-            match r {
+        Ok((There::Failing(why), Some((m, wrong)))) => {
+            match repair::repair(bucket, id, dir, &m, &wrong) {
                 Ok(n) => {
                     t.replaced += 1;
                     line(
