@@ -131,9 +131,11 @@ fn check_present(
             why: format!(
                 "an object of other content is already there ({n} bytes, sha256 {got}; this \
                  bundle's is {bytes} bytes, sha256 {sha256}): a torn or altered upload; not \
-                 overwritten. `harness sync <a store holding the verified bundle> {}` \
-                 rewrites the wrong objects of this bundle (keys are content-addressed, so \
-                 the right content is this bundle's)",
+                 overwritten. If no other machine is publishing this bundle now, delete \
+                 the objects under {} (an upload that did not finish) and publish again \
+                 (`harness recover` or `harness sync`); once its manifest is there, \
+                 `harness sync <a store holding the verified bundle> {}` rewrites wrong objects",
+                bucket.location().bundle_key(id),
                 bucket.location()
             ),
         });

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
+use evidence::bundle_files::MANIFEST;
 use evidence::store::Store;
 
 use crate::bundle::verified::VerifyCache;
@@ -100,7 +101,10 @@ fn there_on_bucket(
     dir: &Path,
     id: &str,
 ) -> Result<(There, Option<(evidence::manifest::Manifest, Wrong)>), String> {
-    let Some(objects) = listing.get(id) else {
+    // Only a committed copy (its manifest there) is checked and repaired; an
+    // upload without a manifest may be another machine's, in progress: it goes
+    // through `publish`, whose conditional creates never overwrite.
+    let Some(objects) = listing.get(id).filter(|o| o.contains_key(MANIFEST)) else {
         return Ok((There::Absent, None));
     };
     let m = repair::local_manifest(dir)?;
@@ -260,13 +264,13 @@ pub fn run(args: &SyncArgs) -> anyhow::Result<u8> {
         }
     }
     println!(
-        "sync {} -> {}: {} copied, {} replaced, {} already there, {} refused",
+        "sync {} -> {}: {} copied, {} already there, {} refused, {} replaced",
         crate::redact::urls(&args.from),
         crate::redact::urls(&args.to),
         t.copied,
-        t.replaced,
         t.present,
-        t.refused
+        t.refused,
+        t.replaced
     );
     Ok(if t.refused == 0 {
         exit::OK
