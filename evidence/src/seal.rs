@@ -778,6 +778,12 @@ pub fn seal_contents(
     for (name, bytes) in &built.files {
         let p = tmp.join(name);
         write_durably(&p, bytes)?;
+        // Sealed files are read-only: editing one takes a chmod first, which
+        // changes its change time (what the interactive readers' stamp cache
+        // watches); evidence readers hash every byte regardless.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o444))
+            .map_err(io_at(&p, "make read-only"))?;
     }
     fsync_dir(&tmp)?;
 

@@ -17,6 +17,15 @@
 //! It judges every directory the store writes, resolved through links, not only
 //! the root: a `bundles` or `staging` linked into /tmp or onto another file system
 //! is refused before anything is created.
+//!
+//! The gate is not only judged at the start: [`Store::resolve`] opens the
+//! `bundles` directory it judged and keeps the descriptor, and
+//! [`Store::publish`] renames a sealed bundle into that descriptor
+//! (`renameat2`), after judging the store again and checking that `bundles`
+//! is still the directory it opened. A `bundles` swapped for a link during a
+//! run can therefore neither receive the bundle nor be reported as its home:
+//! the publish is refused ([`StoreError::Volatile`]) and the bundle stays in
+//! staging.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -276,6 +285,38 @@ pub fn is_bundle_id(name: &str) -> bool {
 pub struct Store {
     root: PathBuf,
     volatile_override: bool,
+    /// `bundles/` as the durability gate judged it, opened then: publishing
+    /// renames into this descriptor, never through the path again.
+    bundles: Option<std::sync::Arc<BundlesDir>>,
+}
+
+/// The `bundles` directory opened when the store was gated, with its identity.
+#[derive(Debug)]
+struct BundlesDir {
+    fd: std::os::fd::OwnedFd,
+    dev: u64,
+    ino: u64,
+}
+
+impl BundlesDir {
+    /// Open `dir` (a directory; links were judged by the gate) and note its
+    /// device and inode.
+    fn open(dir: &Path) -> Result<BundlesDir, StoreError> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(dir)
+            .map_err(io_at(dir, "open the bundles directory"))?;
+        let md = f
+            .metadata()
+            .map_err(io_at(dir, "stat the bundles directory"))?;
+        Ok(BundlesDir {
+            dev: md.dev(),
+            ino: md.ino(),
+            fd: std::os::fd::OwnedFd::from(f),
+        })
+    }
 }
 
 impl Store {
@@ -288,10 +329,35 @@ impl Store {
         // The children that already exist are judged before anything is
         // created: a `bundles` link into /tmp must not gain a directory there.
         check_children(&root)?;
-        let store = Self::create_layout(&root, false)?;
+        let mut store = Self::create_layout(&root, false)?;
         check_durable(&store.root)?;
         check_children(&store.root)?;
+        store.bundles = Some(std::sync::Arc::new(BundlesDir::open(&store.bundles_dir())?));
         Ok(store)
+    }
+
+    /// The durability gate judged again, and `bundles/` checked to still be
+    /// the directory opened when the store was gated (same device and inode).
+    fn regate(&self, pinned: &BundlesDir) -> Result<(), StoreError> {
+        use std::os::unix::fs::MetadataExt;
+        check_durable(&self.root)?;
+        check_children(&self.root)?;
+        let dir = self.bundles_dir();
+        let now = std::fs::metadata(&dir).map(|m| (m.dev(), m.ino()));
+        if now.as_ref().ok() != Some(&(pinned.dev, pinned.ino)) {
+            return Err(StoreError::Volatile {
+                path: dir.clone(),
+                rule: format!(
+                    "layout rule: no longer the directory the gate judged when the store \
+                     was opened (replaced while the run lasted{})",
+                    match std::fs::canonicalize(&dir) {
+                        Ok(p) => format!("; it now resolves to {}", p.display()),
+                        Err(e) => format!(": {e}"),
+                    }
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Open a store WITHOUT the durability gate. For demonstrations on machines
@@ -313,6 +379,7 @@ impl Store {
         Ok(Store {
             root,
             volatile_override,
+            bundles: None,
         })
     }
 
@@ -464,10 +531,36 @@ impl Store {
     /// directory on the store's file system holding a verified bundle (sealing and
     /// `harness unpack` verify before they publish); the bundles directory is
     /// fsynced after the rename.
+    ///
+    /// A store opened through [`Store::resolve`] is judged again first and
+    /// the rename goes into the `bundles` directory opened then (see the
+    /// module docs): a refusal is [`StoreError::Volatile`], `from` left in place.
     pub fn publish(&self, from: &Path, id: &str) -> Result<bool, StoreError> {
         let to = self.bundles_dir().join(id);
-        let published = rename_noreplace(from, &to)?;
-        fsync_dir(&self.bundles_dir())?;
+        let Some(pinned) = &self.bundles else {
+            let published = rename_noreplace(from, &to)?;
+            fsync_dir(&self.bundles_dir())?;
+            return Ok(published);
+        };
+        self.regate(pinned)?;
+        let published = match renameat2_at(from, &pinned.fd, id, libc::RENAME_NOREPLACE)? {
+            Ok(()) => true,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOTEMPTY)) => {
+                false
+            }
+            // A file system without RENAME_NOREPLACE: through the path, which
+            // was judged a moment ago.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) => {
+                rename_noreplace(from, &to)?
+            }
+            Err(e) => return Err(IoAt::new(&to, "rename into place", e).into()),
+        };
+        // SAFETY: fsync on a descriptor this store owns.
+        if unsafe { libc::fsync(std::os::fd::AsRawFd::as_raw_fd(&pinned.fd)) } != 0 {
+            return Err(
+                IoAt::new(self.bundles_dir(), "fsync", std::io::Error::last_os_error()).into(),
+            );
+        }
         Ok(published)
     }
 
@@ -522,6 +615,36 @@ fn renameat2(
             cf.as_ptr(),
             libc::AT_FDCWD,
             ct.as_ptr(),
+            flags,
+        )
+    };
+    Ok(if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    })
+}
+
+/// `renameat2(from, dir/name, flags)`, `from` relative to the working
+/// directory and the target relative to the open directory `dir`.
+fn renameat2_at(
+    from: &Path,
+    dir: &std::os::fd::OwnedFd,
+    name: &str,
+    flags: libc::c_uint,
+) -> Result<std::io::Result<()>, IoAt> {
+    let cf = CString::new(from.as_os_str().as_bytes())
+        .map_err(|e| IoAt::new(from, "rename", std::io::Error::other(e)))?;
+    let cn = CString::new(name)
+        .map_err(|e| IoAt::new(Path::new(name), "rename", std::io::Error::other(e)))?;
+    // SAFETY: both are valid C strings and `dir` an open descriptor; renameat2
+    // only reads them.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            cf.as_ptr(),
+            std::os::fd::AsRawFd::as_raw_fd(dir),
+            cn.as_ptr(),
             flags,
         )
     };

@@ -9,7 +9,10 @@
 //! * every Parquet table decodes completely, has exactly its documented columns
 //!   (types, nullability, unit/window/source metadata) and the listed row count;
 //!   `log.zst` decompresses to the listed number of lines; images are PNG;
-//! * the manifest's counts agree with the tables (samples, phases, marker lines).
+//! * the manifest's counts agree with the tables (samples, phases, marker lines);
+//! * the rung's geometry (`rung.config` width, height, frames) agrees with the
+//!   frames the bundle holds: each kept PNG's size, and in a complete bundle the
+//!   rows of `frames.parquet` (`check_geometry`).
 //!
 //! A single flipped byte anywhere is therefore caught: in `manifest.json` by the
 //! id, elsewhere by the file's sha256.
@@ -302,6 +305,78 @@ fn verify_source(id: &str, src: &Source, sizes: &BTreeMap<String, u64>) -> Vec<V
         }
         if let Err(e) = check_content(src, name, entry.bytes, entry.rows, &manifest) {
             errors.push(e);
+        }
+    }
+    if errors.is_empty() {
+        errors.extend(check_geometry(src, &manifest));
+    }
+    errors
+}
+
+/// A `rung.config` dimension of manifest `m`, when the rung records it.
+fn rung_dim(m: &Manifest, key: &str) -> Option<u64> {
+    m.fragment("rung")?.get("config")?.get(key)?.as_u64()
+}
+
+/// The width and height in the IHDR chunk of the PNG `name` (its first 24
+/// bytes: signature, chunk length, `IHDR`, width, height, big-endian).
+fn png_size(src: &Source, name: &str) -> Result<(u64, u64), String> {
+    let head = src
+        .open(name, 24)
+        .and_then(read_limited)
+        .map_err(|e| e.to_string())?;
+    if head.len() < 24 || &head[12..16] != b"IHDR" {
+        return Err("no IHDR chunk where a PNG has it".into());
+    }
+    let be = |b: &[u8]| u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    Ok((be(&head[16..20]), be(&head[20..24])))
+}
+
+/// The rung's geometry held against the frames the bundle holds: every kept
+/// PNG must be `rung.config` width x height, and a complete bundle's
+/// `frames.parquet` must hold `rung.config.frames` rows. A bundle without a
+/// rung (`harness run --exec` without `--rung`) has no geometry to hold; one
+/// whose rung lacks a dimension is refused by its readers, not here. Each
+/// failure names the file and both sizes.
+fn check_geometry(src: &Source, m: &Manifest) -> Vec<VerifyError> {
+    let mut errors = Vec::new();
+    let (w, h, f) = (
+        rung_dim(m, "width"),
+        rung_dim(m, "height"),
+        rung_dim(m, "frames"),
+    );
+    if let (Some(w), Some(h)) = (w, h) {
+        for name in bundle_files::FRAME_IMAGES {
+            if !m.files.contains_key(*name) {
+                continue;
+            }
+            match png_size(src, name) {
+                Ok((pw, ph)) if (pw, ph) != (w, h) => errors.push(VerifyError::Content {
+                    file: name.to_string(),
+                    why: format!(
+                        "the image is {pw}x{ph} but manifest.json rung.config says {w}x{h}: \
+                         the rung's geometry and its frames disagree"
+                    ),
+                }),
+                Ok(_) => {}
+                Err(why) => errors.push(VerifyError::Content {
+                    file: name.to_string(),
+                    why,
+                }),
+            }
+        }
+    }
+    if let (Some(f), true) = (f, m.complete) {
+        if let Some(rows) = m.files.get(bundle_files::FRAMES).and_then(|e| e.rows) {
+            if rows != f {
+                errors.push(VerifyError::Content {
+                    file: bundle_files::FRAMES.to_string(),
+                    why: format!(
+                        "{rows} frames but manifest.json rung.config.frames says {f}: the \
+                         rung's geometry and its frames disagree"
+                    ),
+                });
+            }
         }
     }
     errors

@@ -40,6 +40,7 @@
 //! * [`progress`]: the live status of a render, redrawn on a terminal, one line per
 //!   event elsewhere.
 //! * [`exit`]: the binary's stable exit codes and the error kinds that select them.
+//! * [`closed_stdout`]: a closed standard output ends a command quietly.
 //! * [`units`]: byte quantities as people type them; [`short_id`]: ids as printed.
 
 #![deny(missing_docs)]
@@ -48,10 +49,12 @@ pub mod bundle;
 pub mod cache_dir;
 pub mod campaign;
 pub mod classify;
+pub mod closed_stdout;
 pub mod cmd;
 pub mod completion;
 pub mod control;
 pub mod diff;
+pub mod escape;
 pub mod exit;
 pub mod formats;
 pub mod fragments;
@@ -61,6 +64,7 @@ pub mod levers_spec;
 pub mod pack;
 pub mod progress;
 pub mod rank;
+pub mod redact;
 pub mod remote;
 pub mod report;
 pub mod run;

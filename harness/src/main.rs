@@ -78,11 +78,18 @@ fn dispatch(cli: Cli) -> anyhow::Result<u8> {
 }
 
 fn main() {
+    harness::closed_stdout::install();
     let cli = Cli::parse();
     let code = match dispatch(cli) {
         Ok(code) => code,
+        // The reader went away (`| head`): nobody is left to tell.
+        Err(err) if harness::closed_stdout::is_closed_output(&err) => exit::INTERNAL,
         Err(err) => {
-            eprintln!("harness: error: {err:#}");
+            // No credentials of a URL (`--store`, `AWS_ENDPOINT_URL`) in any message.
+            eprintln!(
+                "harness: error: {}",
+                harness::redact::urls(&format!("{err:#}"))
+            );
             exit::code_for(&err)
         }
     };

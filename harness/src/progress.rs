@@ -259,7 +259,11 @@ impl<W: Write> Printer<W> {
                     Marker::Tick { name, .. } => format!("tick {name}"),
                     Marker::Hello {
                         engine, version, ..
-                    } => format!("hello {engine} {version}"),
+                    } => format!(
+                        "hello {} {}",
+                        crate::escape::terminal(engine),
+                        crate::escape::terminal(version)
+                    ),
                     Marker::Info { .. } => "info".to_string(),
                 };
                 writeln!(

@@ -81,7 +81,10 @@ pub fn run(args: LsArgs) -> anyhow::Result<u8> {
         for id in crate::remote::fetch::committed(&listing) {
             match BundleSummary::load(std::path::Path::new(&loc.bundle_url(&id))) {
                 Ok(s) => rows.push(s),
-                Err(e) => eprintln!("harness: {id}: unreadable manifest: {e:#}"),
+                Err(e) => eprintln!(
+                    "harness: {id}: unreadable manifest: {}",
+                    crate::redact::urls(&crate::escape::terminal(&format!("{e:#}")))
+                ),
             }
         }
         shown_root = loc.to_string();
@@ -90,7 +93,10 @@ pub fn run(args: LsArgs) -> anyhow::Result<u8> {
         for id in store.bundle_ids().map_err(classify)? {
             match BundleSummary::load(&store.bundles_dir().join(&id)) {
                 Ok(s) => rows.push(s),
-                Err(e) => eprintln!("harness: {id}: unreadable manifest: {e:#}"),
+                Err(e) => eprintln!(
+                    "harness: {id}: unreadable manifest: {}",
+                    crate::redact::urls(&crate::escape::terminal(&format!("{e:#}")))
+                ),
             }
         }
         shown_root = store.root().display().to_string();
@@ -105,16 +111,23 @@ pub fn run(args: LsArgs) -> anyhow::Result<u8> {
         "{:<12}  {:<8} {:<28} {:<16} {:>9}  {:<16}  host",
         "id", "rung", "levers", "exit", "wall", "date (UTC)"
     );
+    // Every field from a manifest with its control characters shown, so that
+    // no value can act on the terminal or add a row.
+    let t = crate::escape::terminal;
     for s in &rows {
         println!(
             "{:<12}  {:<8} {:<28} {:<16} {:>9}  {:<16}  {}",
-            crate::short_id::short(&s.id),
-            s.rung(),
-            s.levers(),
-            format!("{}{}", s.exit(), if s.contended() { "!" } else { "" }),
+            t(crate::short_id::short(&s.id)),
+            t(&s.rung()),
+            t(&s.levers()),
+            t(&format!(
+                "{}{}",
+                s.exit(),
+                if s.contended() { "!" } else { "" }
+            )),
             s.wall(),
             s.date(),
-            s.host()
+            t(&s.host())
         );
     }
     if rows.is_empty() {

@@ -215,21 +215,21 @@ fn remote_load(
     Vec<crate::bundle::facts::Exclusion>,
     String,
 )> {
-    let remote = crate::remote::reader::install(crate::remote::open(loc)?);
-    let listing = remote.bucket().list_bundles()?;
-    let checked = crate::verification::remote::check(remote, &listing);
+    // Every bundle fetched into this machine's local store and verified
+    // there in this process (a local copy that fails is fetched again), as
+    // `report` does: what rank computes from are bytes it hashed, and `rank`
+    // and `report` of one bucket read the same copies.
+    let bucket = crate::remote::open(loc)?;
+    let local = crate::remote::local_store()?;
+    let (dirs, excluded) = crate::remote::fetch::fetch_all(&bucket, &local)?;
     eprintln!(
-        "harness rank: {loc}: {} committed bundle(s) listed ({} object(s)); {} manifest(s) \
-         fetched (the rest from the local cache), {} table(s) hashed ({} bytes streamed; \
-         the rest unchanged since they verified)",
-        crate::remote::fetch::committed(&listing).len(),
-        listing.values().map(|f| f.len()).sum::<usize>(),
-        checked.manifests_fetched,
-        checked.tables_hashed,
-        checked.bytes_hashed
+        "harness rank: {loc}: {} committed bundle(s), {} verified in the local store {}",
+        dirs.len() + excluded.len(),
+        dirs.len(),
+        local.root().display()
     );
-    let loaded = crate::bundle::scan::load_dirs(&checked.dirs);
-    Ok((loaded, checked.excluded, loc.to_string()))
+    let loaded = crate::bundle::scan::load_dirs(&dirs);
+    Ok((loaded, excluded, loc.to_string()))
 }
 
 #[cfg(test)]

@@ -130,17 +130,6 @@ fn fetch_all(
 ) -> anyhow::Result<(PathBuf, Vec<PathBuf>, Vec<Exclusion>, String)> {
     let bucket = crate::remote::open(loc)?;
     let local = crate::remote::local_store()?;
-    let mut dirs = Vec::new();
-    let mut failed = Vec::new();
-    for id in crate::remote::fetch::committed(&bucket.list_bundles()?) {
-        match crate::remote::fetch::fetch(&bucket, &local, &id) {
-            Ok(d) => dirs.push(d),
-            Err(e @ crate::remote::RemoteError::Mismatch { .. }) => failed.push(Exclusion {
-                id,
-                reason: format!("does not verify: {e}"),
-            }),
-            Err(e) => return Err(e.into()),
-        }
-    }
+    let (dirs, failed) = crate::remote::fetch::fetch_all(&bucket, &local)?;
     Ok((local.root().to_path_buf(), dirs, failed, loc.to_string()))
 }

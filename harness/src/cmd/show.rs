@@ -1,6 +1,5 @@
 //! `harness show ID`: a bundle's manifest summary and its phase table.
 
-use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -160,134 +159,168 @@ fn cache_line(fragment: Option<&WeightsCache>, gates: Option<&Gates>) -> String 
 pub fn summary_text(s: &BundleSummary) -> String {
     let m = &s.manifest;
     let mut o = String::new();
-    let _ = writeln!(o, "bundle   {}", s.id);
-    let _ = writeln!(
-        o,
-        "rung     {} (profile {}, levers {})",
-        s.rung(),
-        dash(s.fragment::<Profile>().map(|p| p.0)),
-        s.levers()
+    // One line each, its manifest text with control characters shown, never
+    // acted on by the terminal, and never a second line.
+    let put = |o: &mut String, line: String| {
+        o.push_str(&crate::escape::terminal(&line));
+        o.push('\n');
+    };
+    put(&mut o, format!("bundle   {}", s.id));
+    put(
+        &mut o,
+        format!(
+            "rung     {} (profile {}, levers {})",
+            s.rung(),
+            dash(s.fragment::<Profile>().map(|p| p.0)),
+            s.levers()
+        ),
     );
     let engine = s.fragment::<Engine>();
     let host = s.fragment::<Host>();
-    let _ = writeln!(
-        o,
-        "engine   {} sha256 {}",
-        dash(engine.as_ref().and_then(|e| e.version.clone())),
-        dash(engine.and_then(|e| e.sha256))
+    put(
+        &mut o,
+        format!(
+            "engine   {} sha256 {}",
+            dash(engine.as_ref().and_then(|e| e.version.clone())),
+            dash(engine.and_then(|e| e.sha256))
+        ),
     );
-    let _ = writeln!(
-        o,
-        "weights  {}",
-        dash(s.fragment::<Weights>().and_then(|w| w.digest))
+    put(
+        &mut o,
+        format!(
+            "weights  {}",
+            dash(s.fragment::<Weights>().and_then(|w| w.digest))
+        ),
     );
-    let _ = writeln!(
-        o,
-        "host     {} ({}, {} cores); gpu {}",
-        s.host(),
-        dash(host.as_ref().and_then(|h| h.cpu_model.clone())),
-        dash(host.and_then(|h| h.cores).map(|c| c.to_string())),
-        dash(s.fragment::<Gpu>().and_then(|g| g.name))
+    put(
+        &mut o,
+        format!(
+            "host     {} ({}, {} cores); gpu {}",
+            s.host(),
+            dash(host.as_ref().and_then(|h| h.cpu_model.clone())),
+            dash(host.and_then(|h| h.cores).map(|c| c.to_string())),
+            dash(s.fragment::<Gpu>().and_then(|g| g.name))
+        ),
     );
-    let _ = writeln!(o, "date     {} UTC; wall {}", s.date(), s.wall());
+    put(
+        &mut o,
+        format!("date     {} UTC; wall {}", s.date(), s.wall()),
+    );
     match m.exit() {
         Some(e) => {
-            let _ = writeln!(
-                o,
-                "exit     {} (code {}, signal {}){}",
-                e.reason,
-                e.code.map_or("-".into(), |c| c.to_string()),
-                e.signal.map_or("-".into(), |c| c.to_string()),
-                e.detail.map(|d| format!(": {d}")).unwrap_or_default()
+            put(
+                &mut o,
+                format!(
+                    "exit     {} (code {}, signal {}){}",
+                    e.reason,
+                    e.code.map_or("-".into(), |c| c.to_string()),
+                    e.signal.map_or("-".into(), |c| c.to_string()),
+                    e.detail.map(|d| format!(": {d}")).unwrap_or_default()
+                ),
             );
         }
         None => {
-            let _ = writeln!(o, "exit     - (no exit recorded)");
+            put(&mut o, "exit     - (no exit recorded)".to_string());
         }
     }
-    let _ = writeln!(
-        o,
-        "complete {}; completion {}",
-        m.complete,
-        dash(s.fragment::<Completion>().and_then(|c| c.verdict))
+    put(
+        &mut o,
+        format!(
+            "complete {}; completion {}",
+            m.complete,
+            dash(s.fragment::<Completion>().and_then(|c| c.verdict))
+        ),
     );
     let gates = s.fragment::<Gates>();
-    let _ = writeln!(o, "gates    {}", verdicts(gates.as_ref().map(|g| &g.0[..])));
-    let _ = writeln!(
-        o,
-        "cache    {}",
-        cache_line(s.fragment::<WeightsCache>().as_ref(), gates.as_ref())
+    put(
+        &mut o,
+        format!("gates    {}", verdicts(gates.as_ref().map(|g| &g.0[..]))),
+    );
+    put(
+        &mut o,
+        format!(
+            "cache    {}",
+            cache_line(s.fragment::<WeightsCache>().as_ref(), gates.as_ref())
+        ),
     );
     let controls = s.fragment::<Controls>();
-    let _ = writeln!(
-        o,
-        "controls {}",
-        verdicts(controls.as_ref().map(|c| &c.0[..]))
+    put(
+        &mut o,
+        format!("controls {}", verdicts(controls.as_ref().map(|c| &c.0[..]))),
     );
-    let _ = writeln!(
-        o,
-        "contention {}",
-        contention_line(m.fragment(Contention::KEY))
+    put(
+        &mut o,
+        format!(
+            "contention {}",
+            contention_line(m.fragment(Contention::KEY))
+        ),
     );
     if let Some(line) = contention_phases_line(m.fragment(Contention::KEY)) {
-        let _ = writeln!(o, "           {line}");
+        put(&mut o, format!("           {line}"));
     }
     let c = &m.cadence;
     let f = |v: Option<f64>| v.map_or("-".into(), |x| format!("{x:.1}"));
-    let _ = writeln!(
-        o,
-        "samples  {} (cadence {} ms wanted; median {} ms, p99 {} ms, max {} ms; {})",
-        c.samples,
-        f(c.expected_ms),
-        f(c.median_interval_ms),
-        f(c.p99_interval_ms),
-        f(c.max_interval_ms),
-        // Recomputed from the span, so bundles sealed with the older count agree.
-        c.deadlines_without_sample().map_or(
-            "- deadlines without a sample".into(),
-            |(missed, n)| format!("{missed} of {n} deadlines without a sample")
-        )
+    put(
+        &mut o,
+        format!(
+            "samples  {} (cadence {} ms wanted; median {} ms, p99 {} ms, max {} ms; {})",
+            c.samples,
+            f(c.expected_ms),
+            f(c.median_interval_ms),
+            f(c.p99_interval_ms),
+            f(c.max_interval_ms),
+            // Recomputed from the span, so bundles sealed with the older count agree.
+            c.deadlines_without_sample().map_or(
+                "- deadlines without a sample".into(),
+                |(missed, n)| format!("{missed} of {n} deadlines without a sample")
+            )
+        ),
     );
     if let Some(line) = sampler_cost_line(m.fragment(Sampler::KEY)) {
-        let _ = writeln!(o, "         {line}");
+        put(&mut o, format!("         {line}"));
     }
     if let Some(su) = s.fragment::<SensorsUnavailable>() {
         for (k, v) in &su.0 {
-            let _ = writeln!(
-                o,
-                "         {k}: unavailable ({})",
-                v.as_str().unwrap_or("?")
+            put(
+                &mut o,
+                format!("         {k}: unavailable ({})", v.as_str().unwrap_or("?")),
             );
         }
     }
-    let _ = writeln!(
-        o,
-        "markers  {} lines ({} unparsed); journal {} bytes, {} dropped{}",
-        m.markers.lines,
-        m.markers.unparsed,
-        m.journal.bytes_total,
-        m.journal.bytes_dropped,
-        m.journal
-            .stop_reason
-            .as_ref()
-            .map(|r| format!(" ({r})"))
-            .unwrap_or_default()
+    put(
+        &mut o,
+        format!(
+            "markers  {} lines ({} unparsed); journal {} bytes, {} dropped{}",
+            m.markers.lines,
+            m.markers.unparsed,
+            m.journal.bytes_total,
+            m.journal.bytes_dropped,
+            m.journal
+                .stop_reason
+                .as_ref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
+        ),
     );
     if m.markers.clock_rejected > 0 {
-        let _ = writeln!(
-            o,
-            "         {} rejected by the clock check, used for no phase: {}",
-            m.markers.clock_rejected,
-            m.markers.first_clock_error.as_deref().unwrap_or("")
+        put(
+            &mut o,
+            format!(
+                "         {} rejected by the clock check, used for no phase: {}",
+                m.markers.clock_rejected,
+                m.markers.first_clock_error.as_deref().unwrap_or("")
+            ),
         );
     }
     for (name, e) in &m.files {
-        let _ = writeln!(
-            o,
-            "file     {name:<16} {:>10} bytes {:>8} rows  {}",
-            e.bytes,
-            e.rows.map_or("-".into(), |r| r.to_string()),
-            &e.sha256[..16.min(e.sha256.len())]
+        put(
+            &mut o,
+            format!(
+                "file     {name:<16} {:>10} bytes {:>8} rows  {}",
+                e.bytes,
+                e.rows.map_or("-".into(), |r| r.to_string()),
+                &e.sha256[..16.min(e.sha256.len())]
+            ),
         );
     }
     o

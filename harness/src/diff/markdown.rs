@@ -4,6 +4,7 @@
 use std::fmt::Write;
 
 use crate::diff::{Diff, FieldDiff};
+use crate::escape::{md_cell, md_code, terminal};
 use crate::formats::ranking_text::{fixed, value};
 use crate::levers_spec::Unit;
 
@@ -22,8 +23,8 @@ pub fn markdown(d: &Diff) -> String {
 fn write_md(o: &mut String, d: &Diff) -> std::fmt::Result {
     writeln!(o, "# Diff")?;
     writeln!(o)?;
-    writeln!(o, "- A: `{}`", d.a)?;
-    writeln!(o, "- B: `{}`", d.b)?;
+    writeln!(o, "- A: {}", md_code(&d.a))?;
+    writeln!(o, "- B: {}", md_code(&d.b))?;
     writeln!(o)?;
     let differing: Vec<&FieldDiff> = d.fields.iter().filter(|f| f.differs).collect();
     writeln!(
@@ -78,7 +79,7 @@ fn write_md(o: &mut String, d: &Diff) -> std::fmt::Result {
         writeln!(
             o,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            p.phase,
+            md_cell(&p.phase),
             p.a_count,
             opt(p.a_s, |v| value(v, Unit::Seconds)),
             p.b_count,
@@ -114,6 +115,8 @@ fn write_md(o: &mut String, d: &Diff) -> std::fmt::Result {
     Ok(())
 }
 
+/// A value for a code span in a table cell: `|` escaped, a backtick as `'`,
+/// control characters (a newline included) visible.
 fn cell(s: &str) -> String {
-    s.replace('|', "\\|").replace('`', "'")
+    terminal(&s.replace('|', "\\|").replace('`', "'"))
 }

@@ -8,6 +8,7 @@
 
 use std::fmt::Write;
 
+use crate::escape::{md_cell, md_code, md_code_cell};
 use crate::formats::ranking_text::{fixed, method_lines, rank_cells, value};
 use crate::levers_spec::Numerics;
 use crate::rank::fidelity::{self, db};
@@ -68,7 +69,7 @@ fn write_header(o: &mut String, r: &Ranking) -> std::fmt::Result {
 
 /// The ranking table at the reference rung.
 fn write_ranking(o: &mut String, r: &Ranking) -> std::fmt::Result {
-    writeln!(o, "## Ranking at rung {}", r.reference_rung)?;
+    writeln!(o, "## Ranking at rung {}", md_cell(&r.reference_rung))?;
     writeln!(o)?;
     writeln!(
         o,
@@ -120,7 +121,7 @@ fn write_verdicts(o: &mut String, r: &Ranking) -> std::fmt::Result {
             "- **{}** ({}) at rung {}: **{}**",
             l.id,
             l.seed_issue,
-            r.reference_rung,
+            md_cell(&r.reference_rung),
             v.name()
         )?;
         match v {
@@ -148,10 +149,11 @@ fn write_verdicts(o: &mut String, r: &Ranking) -> std::fmt::Result {
             }
             Verdict::RefutedFidelity { why } => write!(
                 o,
-                " — the saving clears its minimum but the frames fail the fidelity rule: {why}."
+                " — the saving clears its minimum but the frames fail the fidelity rule: {}.",
+                md_cell(why)
             )?,
-            Verdict::Insufficient { missing } => write!(o, " — missing: {missing}.")?,
-            Verdict::NotApplicable { why } => write!(o, " — not applicable: {why}.")?,
+            Verdict::Insufficient { missing } => write!(o, " — missing: {}.", md_cell(missing))?,
+            Verdict::NotApplicable { why } => write!(o, " — not applicable: {}.", md_cell(why))?,
         }
         writeln!(o)?;
     }
@@ -178,7 +180,7 @@ fn write_other_rungs(o: &mut String, r: &Ranking) -> std::fmt::Result {
             "|---|---:|---|---|---|---:|---:|---|---|---|---:|---|---|"
         )?;
         for (l, x) in others {
-            write!(o, "| {} | {} ", x.rung, x.voxels)?;
+            write!(o, "| {} | {} ", md_cell(&x.rung), x.voxels)?;
             row(o, l, x, false)?;
         }
     }
@@ -199,7 +201,7 @@ fn write_flags(o: &mut String, r: &Ranking) -> std::fmt::Result {
     )?;
     writeln!(o)?;
     for f in &r.fidelity_flags {
-        writeln!(o, "- **FLAGGED** {f}")?;
+        writeln!(o, "- **FLAGGED** {}", md_cell(f))?;
     }
     writeln!(o)?;
     Ok(())
@@ -254,7 +256,7 @@ fn write_fidelity(o: &mut String, r: &Ranking) -> std::fmt::Result {
                     Numerics::Preserving => "preserving",
                     Numerics::Changing => "changing",
                 },
-                x.rung,
+                md_cell(&x.rung),
                 f.pairs.len(),
                 f.pairs.len() + f.not_compared.len(),
                 match (f.median_psnr_db, f.median_psnr_ci) {
@@ -264,7 +266,7 @@ fn write_fidelity(o: &mut String, r: &Ranking) -> std::fmt::Result {
                 f.min_psnr_db
                     .map_or("—".into(), |m| format!("{} dB", db(m))),
                 f.max_abs_error.map_or("—".into(), |m| m.to_string()),
-                rule.replace('|', "\\|")
+                md_cell(&rule)
             )?;
         }
     }
@@ -302,10 +304,10 @@ fn write_fidelity(o: &mut String, r: &Ranking) -> std::fmt::Result {
                 format!(
                     "{} at rung {} (`{}`/`{}`): {}",
                     l.id,
-                    x.rung,
+                    md_cell(&x.rung),
                     short(&n.baseline_id),
                     short(&n.treatment_id),
-                    n.why
+                    md_cell(&n.why)
                 )
             })
         })
@@ -332,15 +334,15 @@ fn write_fit(o: &mut String, r: &Ranking) -> std::fmt::Result {
             let rungs: Vec<String> = f
                 .rungs
                 .iter()
-                .map(|(v, n)| format!("rung {n} ({v} voxels)"))
+                .map(|(v, n)| format!("rung {} ({v} voxels)", md_cell(n)))
                 .collect();
             writeln!(
                 o,
-                "Group: engine `{}`, host `{}`, weights `{}`, config `{}`; {}; {} bundle(s). A phase does not scale when its scaling exponent (0 = constant, 1 = proportional to voxels) is below {}.",
+                "Group: engine `{}`, host {}, weights {}, config {}; {}; {} bundle(s). A phase does not scale when its scaling exponent (0 = constant, 1 = proportional to voxels) is below {}.",
                 short(&f.engine_sha256),
-                f.host,
-                f.model,
-                f.config,
+                md_code(&f.host),
+                md_code(&f.model),
+                md_code(&f.config),
                 rungs.join(", "),
                 f.bundle_ids.len(),
                 fixed(FLAT_EXPONENT, 2)
@@ -355,7 +357,7 @@ fn write_fit(o: &mut String, r: &Ranking) -> std::fmt::Result {
                 writeln!(
                     o,
                     "| {} | {} | {} s | {} s | {} | {} | {} s | {} | {} |",
-                    p.phase,
+                    md_cell(&p.phase),
                     p.points,
                     fixed(p.fixed_s, 3),
                     fixed(p.per_mvoxel_s, 3),
@@ -372,8 +374,8 @@ fn write_fit(o: &mut String, r: &Ranking) -> std::fmt::Result {
                 .filter(|p| p.does_not_scale)
                 .map(|p| {
                     format!(
-                        "`{}` ({} s fixed, {} of wall at the largest rung)",
-                        p.phase,
+                        "{} ({} s fixed, {} of wall at the largest rung)",
+                        md_code(&p.phase),
                         fixed(p.fixed_s, 3),
                         pct(p.share_of_wall_at_max)
                     )
@@ -413,11 +415,11 @@ fn write_pairs(o: &mut String, r: &Ranking) -> std::fmt::Result {
             for p in &x.rounds {
                 writeln!(
                     o,
-                    "| {} | {} | {} | `{}` | `{}` | `{}` | {} | {} |",
+                    "| {} | {} | {} | {} | `{}` | `{}` | {} | {} |",
                     l.id,
-                    x.rung,
+                    md_cell(&x.rung),
                     p.cell.round,
-                    short(&p.cell.campaign),
+                    md_code_cell(short(&p.cell.campaign)),
                     short(&p.baseline_id),
                     short(&p.treatment_id),
                     value(p.pair.baseline, l.unit),
@@ -440,7 +442,7 @@ fn write_excluded(o: &mut String, r: &Ranking) -> std::fmt::Result {
         writeln!(o, "| bundle | reason |")?;
         writeln!(o, "|---|---|")?;
         for e in &r.excluded {
-            writeln!(o, "| `{}` | {} |", e.id, e.reason.replace('|', "\\|"))?;
+            writeln!(o, "| {} | {} |", md_code_cell(&e.id), md_cell(&e.reason))?;
         }
     }
     Ok(())
@@ -466,10 +468,10 @@ fn row(o: &mut String, l: &LeverResult, x: &RungResult, with_rank: bool) -> std:
     write!(
         o,
         "| {} | {}→{} | {} | {} | ",
-        l.id,
-        l.baseline,
-        l.treatment,
-        l.metric,
+        md_cell(&l.id),
+        md_cell(&l.baseline),
+        md_cell(&l.treatment),
+        md_cell(&l.metric),
         x.rounds.len()
     )?;
     match (&x.effect, x.saving_fraction) {

@@ -1,7 +1,8 @@
 //! One S3-protocol store as the harness uses it: blocking calls (a one-thread
 //! tokio runtime drives `object_store`'s futures) for listing, reading whole
 //! small objects, hashing an object as it streams, and conditional creation
-//! (the harness never overwrites or deletes an object). The same settings
+//! (the harness never overwrites or deletes an object, except `harness sync`
+//! repairing a bundle that does not verify at its destination). The same settings
 //! configure polars' own cloud reader ([`Bucket::polars_options`]).
 
 use std::collections::BTreeMap;
@@ -59,6 +60,9 @@ pub struct Bucket {
     store: AmazonS3,
     rt: tokio::runtime::Runtime,
     settings: credentials::Settings,
+    /// The user and password of the endpoint URL (`AWS_ENDPOINT_URL`), kept
+    /// out of every message ([`crate::redact`]).
+    secrets: Vec<String>,
 }
 
 impl Bucket {
@@ -66,9 +70,15 @@ impl Bucket {
     /// ([`credentials::resolve`]). Nothing is sent yet.
     pub fn open(loc: &S3Location) -> Result<Bucket, RemoteError> {
         let settings = credentials::resolve();
+        let secrets: Vec<String> = settings
+            .pairs
+            .iter()
+            .filter(|(k, _)| matches!(k, object_store::aws::AmazonS3ConfigKey::Endpoint))
+            .flat_map(|(_, v)| crate::redact::userinfo_of(v))
+            .collect();
         let cfg = |why: String| RemoteError::Config {
             store: loc.to_string(),
-            why,
+            why: crate::redact::values(&why, &secrets),
         };
         // from_env brings what object_store itself reads from AWS_* (web
         // identity, container and instance credentials); the resolved pairs,
@@ -106,6 +116,7 @@ impl Bucket {
             store,
             rt,
             settings,
+            secrets,
         })
     }
 
@@ -125,7 +136,7 @@ impl Bucket {
             store: self.loc.to_string(),
             op,
             key: key.to_string(),
-            cause: chain_text(&source),
+            cause: crate::redact::values(&chain_text(&source), &self.secrets),
         }
     }
 
@@ -219,6 +230,30 @@ impl Bucket {
                 })?;
             }
             Ok((evidence::manifest::hex(&h.finalize()), n))
+        })
+    }
+
+    /// Write the object at `key` whatever is there: only for `harness sync`
+    /// repairing a bundle whose object at this content-addressed key does not
+    /// match its manifest ([`crate::remote::repair`]).
+    pub fn overwrite(&self, key: &ObjectPath, body: Bytes) -> Result<(), RemoteError> {
+        self.rt.block_on(async {
+            self.store
+                .put(key, PutPayload::from_bytes(body))
+                .await
+                .map(|_| ())
+                .map_err(|e| self.req("PUT", key, e))
+        })
+    }
+
+    /// Delete the object at `key`: only for `harness sync` removing an object
+    /// below a bundle that its manifest does not list ([`crate::remote::repair`]).
+    pub fn delete(&self, key: &ObjectPath) -> Result<(), RemoteError> {
+        self.rt.block_on(async {
+            self.store
+                .delete(key)
+                .await
+                .map_err(|e| self.req("DELETE", key, e))
         })
     }
 

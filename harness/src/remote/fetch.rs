@@ -119,16 +119,24 @@ pub fn fetch(bucket: &Bucket, store: &Store, id: &str) -> Result<PathBuf, Remote
     let dst = store.bundles_dir().join(id);
     // A local copy that verifies is used as it is; one that does not (edited,
     // truncated) is replaced by a verified copy from the bucket in one step.
-    let mut corrupt = false;
     if dst.join(MANIFEST).is_file() {
-        let mut cache = crate::verification::local::VerifyCache::for_store(store.root());
+        let mut cache = crate::verification::local::VerifyCache::in_process();
         let ok = cache.check(&dst).is_ok();
         cache.save();
         if ok {
             return Ok(dst);
         }
-        corrupt = true;
     }
+    land(bucket, store, id)
+}
+
+/// Download bundle `id`, verify the copy, and put it at `bundles/<id>` of
+/// `store`: added when nothing is there, else replacing what is there in one
+/// step (the caller found it does not verify). What `harness sync` does for
+/// a destination copy that fails.
+pub fn land(bucket: &Bucket, store: &Store, id: &str) -> Result<PathBuf, RemoteError> {
+    let dst = store.bundles_dir().join(id);
+    let existing = std::fs::symlink_metadata(&dst).is_ok();
     let scratch = store
         .cache_dir()
         .join("fetch")
@@ -151,7 +159,7 @@ pub fn fetch(bucket: &Bucket, store: &Store, id: &str) -> Result<PathBuf, Remote
             file: dst.clone(),
             source: std::io::Error::other(e.to_string()),
         };
-        if corrupt {
+        if existing {
             // The failed copy ends up at `scratch`, removed below.
             store.replace(&scratch, id).map_err(local).map(|_| true)
         } else {
@@ -160,4 +168,28 @@ pub fn fetch(bucket: &Bucket, store: &Store, id: &str) -> Result<PathBuf, Remote
     })();
     let _ = std::fs::remove_dir_all(&scratch);
     result.map(|_| dst)
+}
+
+/// Every committed bundle of `bucket` as a local copy in `store` that
+/// verified in this process ([`fetch`]): the directories, and an exclusion
+/// (naming the key and the file) for each bundle whose objects do not
+/// verify. What `rank` and `report` of a bucket read, so that the two agree
+/// by construction.
+pub fn fetch_all(
+    bucket: &Bucket,
+    store: &Store,
+) -> Result<(Vec<PathBuf>, Vec<crate::bundle::facts::Exclusion>), RemoteError> {
+    let mut dirs = Vec::new();
+    let mut failed = Vec::new();
+    for id in committed(&bucket.list_bundles()?) {
+        match fetch(bucket, store, &id) {
+            Ok(d) => dirs.push(d),
+            Err(e @ RemoteError::Mismatch { .. }) => failed.push(crate::bundle::facts::Exclusion {
+                id,
+                reason: format!("does not verify: {e}"),
+            }),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((dirs, failed))
 }

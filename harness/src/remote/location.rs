@@ -31,10 +31,7 @@ impl S3Location {
     /// segments outside `A-Za-z0-9._-` or equal to `.`/`..`.
     pub fn parse(text: &str) -> Result<S3Location, RemoteError> {
         // A URL with credentials in it is never echoed whole.
-        let shown = match (text.find("://"), text.find('@')) {
-            (Some(s), Some(at)) if at > s => format!("{}<redacted>{}", &text[..s + 3], &text[at..]),
-            _ => text.to_string(),
-        };
+        let shown = crate::redact::urls(text);
         let bad = |why: &str| RemoteError::Location {
             url: shown.clone(),
             why: why.to_string(),

@@ -19,6 +19,7 @@ pub mod fetch;
 pub mod location;
 pub mod publish;
 pub mod reader;
+pub mod repair;
 
 use std::path::Path;
 

@@ -130,7 +130,13 @@ fn check_present(
             key: key.to_string(),
             why: format!(
                 "an object of other content is already there ({n} bytes, sha256 {got}; this \
-                 bundle's is {bytes} bytes, sha256 {sha256}); not overwritten"
+                 bundle's is {bytes} bytes, sha256 {sha256}): a torn or altered upload; not \
+                 overwritten. If no other machine is publishing this bundle now, delete \
+                 the objects under {} (an upload that did not finish) and publish again \
+                 (`harness recover` or `harness sync`); once its manifest is there, \
+                 `harness sync <a store holding the verified bundle> {}` rewrites wrong objects",
+                bucket.location().bundle_key(id),
+                bucket.location()
             ),
         });
     }
@@ -205,8 +211,12 @@ pub fn publish(
             return Err(RemoteError::Mismatch {
                 store: bucket.location().to_string(),
                 key: bucket.location().bundle_key(&id).to_string(),
-                why: "committed, but its objects are not this bundle's (run `harness verify --store` on it); nothing written"
-                    .into(),
+                why: format!(
+                    "committed, but its objects are not this bundle's (`harness verify --store {loc} {id}` \
+                     names them); nothing written. `harness sync <a store holding the verified \
+                     bundle> {loc}` rewrites the wrong objects",
+                    loc = bucket.location()
+                ),
             });
         }
         out.present = there.len();

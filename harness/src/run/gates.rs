@@ -59,6 +59,34 @@ pub fn resolve_program(program: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Why [`resolve_program`] found no program at `program`, in words: what
+/// opening it said (a symbolic link loop, a directory, permission denied)
+/// rather than "not found" for every case.
+pub fn why_unresolved(program: &Path) -> String {
+    let said = |p: &Path| match std::fs::metadata(p) {
+        Ok(m) if m.is_dir() => Some(format!("{}: a directory, not a program", p.display())),
+        Ok(_) => Some(format!("{}: not a regular file", p.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Some(format!(
+            "{}: a loop of symbolic links (it never reaches a file): fix or remove the link",
+            p.display()
+        )),
+        Err(e) => Some(format!("{}: cannot be opened: {e}", p.display())),
+    };
+    if program.components().count() > 1 {
+        return said(program).unwrap_or_else(|| format!("{}: no such file", program.display()));
+    }
+    let found = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join(program))
+            .find_map(|p| said(&p))
+    });
+    match found {
+        Some(why) => format!("{} (found through PATH): {why}", program.display()),
+        None => format!("{}: not found (as a path or in PATH)", program.display()),
+    }
+}
+
 /// The engine binary copied into `bin_dir` under its sha256.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CopiedBinary {

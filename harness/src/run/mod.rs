@@ -623,7 +623,24 @@ fn conclude(
     s.fragment(frag::Exit::KEY, serde_json::to_value(&exit)?)?;
     s.record(&facts::run_fragment(start, Some(monotonic_ns()), argv, cwd))?;
     s.journal.clone().finish().context("closing the journal")?;
-    let sealed = evidence::seal::seal(staging.dir(), store).context("sealing the bundle")?;
+    let sealed = match evidence::seal::seal(staging.dir(), store) {
+        Ok(sealed) => sealed,
+        // The store failed its gate at seal time (a directory swapped for a
+        // link during the run): nothing leaves staging.
+        Err(evidence::error::SealError::Store(e @ StoreError::Volatile { .. })) => {
+            return Err(Refusal {
+                gate: "store-durable".into(),
+                why: format!(
+                    "at seal: {e}; the sealed bundle stays in staging {}: once the store is \
+                     whole again, `harness recover --store {}` publishes it",
+                    staging.dir().display(),
+                    store.root().display()
+                ),
+            }
+            .into())
+        }
+        Err(e) => return Err(anyhow::Error::from(e).context("sealing the bundle")),
+    };
     let table = crate::bundle::tables::phase_table_text(&sealed.path)
         .unwrap_or_else(|e| format!("(phase table unavailable: {e})\n"));
     let mut out = std::io::stdout().lock();

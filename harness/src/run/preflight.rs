@@ -239,10 +239,7 @@ fn engine_binary(
         }
         // Any other engine runs in place, as the user would run it, pinned.
         Engine::Exec { program, args } => match gates::resolve_program(program) {
-            None => Err(format!(
-                "{}: not found (as a path or in PATH)",
-                program.display()
-            )),
+            None => Err(gates::why_unresolved(program)),
             Some(path) => crate::run::pinned::pin(program, &path, args).map(|p| {
                 let c = CopiedBinary {
                     source: p.files[0].resolved.clone(),

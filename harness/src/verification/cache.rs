@@ -26,9 +26,13 @@ pub struct StampCache<S> {
 impl<S: Serialize + DeserializeOwned + PartialEq> StampCache<S> {
     /// The cache kept at `path` (`None`: caching is off) for the store named
     /// `store`, its entries under `field`; empty when it cannot be read.
+    /// A cache file is read only when this user owns it and nobody else may
+    /// write it (the directory is checked by `cache_dir`): a planted file is
+    /// ignored.
     pub fn open(path: Option<PathBuf>, store: String, field: &'static str) -> StampCache<S> {
         let entries = path
             .as_ref()
+            .filter(|p| owned_privately(p))
             .and_then(|p| std::fs::read(p).ok())
             .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
             .and_then(|mut v| v.get_mut(field).map(Value::take))
@@ -89,6 +93,16 @@ impl<S: Serialize + DeserializeOwned + PartialEq> StampCache<S> {
             let _ = std::fs::remove_file(&tmp);
         }
     }
+}
+
+/// Whether `p` is a regular file owned by this user and not writable by its
+/// group or others.
+fn owned_privately(p: &std::path::Path) -> bool {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    std::fs::symlink_metadata(p).is_ok_and(|m| {
+        // SAFETY: geteuid has no failure mode.
+        m.is_file() && m.uid() == unsafe { libc::geteuid() } && m.permissions().mode() & 0o022 == 0
+    })
 }
 
 #[cfg(test)]

@@ -5,8 +5,12 @@
 //! and row count, nothing unlisted is there), and excludes or refuses a bundle
 //! that fails, naming the file at fault.
 //!
-//! Verifying reads every byte, so the ids of the bundles that verified are
-//! remembered per store ([`VerifyCache`], a [`StampCache`]) together with each file's size,
+//! `rank`, `report`, a campaign's resume and `sync` verify every bundle in
+//! full in this process ([`VerifyCache::in_process`], what [`load_verified`]
+//! uses): no stamp vouches for evidence (`specs/bundle.md`, "What is
+//! trusted"). For the interactive readers (`show`, `diff`, `plot`, `export`)
+//! the ids of the bundles that verified are
+//! remembered per store ([`VerifyCache::for_store`], a [`StampCache`]) together with each file's size,
 //! modification and change times and inode: a bundle whose files are exactly
 //! as they were is not read again; any change (a write, a `touch`, a copy, a
 //! swap of two files) re-verifies it. The change time cannot be set by a user,
@@ -41,6 +45,9 @@ struct Stamp {
 #[derive(Debug)]
 pub struct VerifyCache {
     cache: StampCache<Vec<Stamp>>,
+    /// Whether a bundle whose stamps match a remembered entry is taken as
+    /// verified: only for the interactive readers, never for evidence.
+    trust_stamps: bool,
 }
 
 /// Why a bundle is not read: the directory and what failed, naming the file.
@@ -102,6 +109,19 @@ impl VerifyCache {
     pub fn for_store(root: &Path) -> VerifyCache {
         VerifyCache {
             cache: StampCache::open(cache_path(root), root.display().to_string(), "verified"),
+            trust_stamps: true,
+        }
+    }
+
+    /// No cache: every bundle is verified in full, every byte hashed in this
+    /// process, and nothing is remembered. What `rank`, `report`, a
+    /// campaign's resume and `sync` use: the ranking never rests on a stamp
+    /// (a file edited through a writable shared mapping keeps its stamps; a
+    /// cache file can be planted), see `specs/bundle.md`.
+    pub fn in_process() -> VerifyCache {
+        VerifyCache {
+            cache: StampCache::open(None, String::new(), "verified"),
+            trust_stamps: false,
         }
     }
 
@@ -124,7 +144,7 @@ impl VerifyCache {
             )));
         }
         let before = stamps(dir).map_err(|e| not(format!("cannot list the bundle: {e}")))?;
-        if self.cache.trusted(&id, &before) {
+        if self.trust_stamps && self.cache.trusted(&id, &before) {
             return Ok(());
         }
         let report = evidence::verify::verify_dir(dir);
@@ -133,7 +153,7 @@ impl VerifyCache {
             return Err(not(named_failures(&report.errors)));
         }
         // Remember what was read only if nothing changed while it was read.
-        if stamps(dir).ok().as_ref() == Some(&before) {
+        if self.trust_stamps && stamps(dir).ok().as_ref() == Some(&before) {
             self.cache.remember(id, before);
         }
         Ok(())
@@ -178,10 +198,11 @@ pub struct VerifiedLoad {
     pub not_verified: Vec<Exclusion>,
 }
 
-/// Verify `dirs` (bundles of the store at `root`, through its cache) and load
-/// the ones that pass: what `rank`, `report` and `campaign` read.
-pub fn load_verified(root: &Path, dirs: &[PathBuf]) -> VerifiedLoad {
-    let (dirs, not_verified) = partition(dirs, &mut VerifyCache::for_store(root));
+/// Verify `dirs` (bundles of the store at `_root`) in full, every byte hashed
+/// in this process with no cache consulted, and load the ones that pass: what
+/// `rank` and `report` read.
+pub fn load_verified(_root: &Path, dirs: &[PathBuf]) -> VerifiedLoad {
+    let (dirs, not_verified) = partition(dirs, &mut VerifyCache::in_process());
     let loaded = crate::bundle::scan::load_dirs(&dirs);
     VerifiedLoad {
         dirs,

@@ -441,7 +441,18 @@ fn a_tampered_object_is_caught_by_verify_show_and_rank() {
         se.contains("phases.parquet") && se.contains("does not verify"),
         "{se}"
     );
+    // The machine that ranked before reads its verified local copy (what its
+    // `report` reads too); a machine without one fetches the tampered object,
+    // hashes it, and excludes the bundle.
     let (code, so, se) = go(srv.harness("r").args(["rank", "--json", "--store", &url]));
+    assert_eq!(code, 0, "{se}");
+    let r: serde_json::Value = serde_json::from_str(&so).unwrap();
+    assert!(
+        !r["excluded"].to_string().contains("does not verify"),
+        "{}",
+        r["excluded"]
+    );
+    let (code, so, se) = go(srv.harness("r2").args(["rank", "--json", "--store", &url]));
     assert_eq!(code, 0, "{se}");
     let r: serde_json::Value = serde_json::from_str(&so).unwrap();
     let ex = r["excluded"].to_string();
@@ -465,14 +476,14 @@ fn rank_over_the_bucket_reproduces_the_committed_table_from_the_committed_bundle
     let ev = repo().join("reports/evidence");
     let (c, so, se) = go(srv.harness("a").args(["sync"]).arg(&ev).arg(&url));
     assert_eq!(c, 0, "{so}{se}");
-    // The check reads the bucket through polars' cloud reader.
+    // The check reads the bucket's bundles fetched into the local store.
     let (c, so, se) =
         go(srv
             .harness("r")
             .args(["rank", "--store", &url, "--check", "reports/levers.md"]));
     assert_eq!(c, 0, "{so}\n{se}");
     assert!(so.contains("reproduce from"), "{so}");
-    assert!(se.contains("table(s) hashed"), "{se}");
+    assert!(se.contains("verified in the local store"), "{se}");
     // Byte for byte: the JSON ranking and the table written from the bucket
     // equal those from the directory, but for the store the Regenerate line names.
     let out = srv.dir.join("out");
@@ -515,10 +526,10 @@ fn rank_over_the_bucket_reproduces_the_committed_table_from_the_committed_bundle
         v
     };
     assert_eq!(strip(&j1), strip(&j2));
-    // A second rank re-hashes nothing: every table unchanged since it verified.
+    // A second rank reads the local copies, each verified again in full.
     let (_, _, se) = go(srv.harness("r").args(["rank", "--json", "--store", &url]));
     assert!(
-        se.contains("0 manifest(s) fetched") && se.contains("0 table(s) hashed"),
+        se.contains("143 committed bundle(s), 143 verified in the local store"),
         "{se}"
     );
 }
@@ -628,4 +639,43 @@ fn a_profile_in_the_aws_files_and_harness_store_reach_the_bucket() {
     // The default profile's keys are wrong: refused by the server.
     let (code, _, _) = with_files(None);
     assert_ne!(code, 0);
+}
+
+/// Issue 35, finding 1 on a bucket: a bundle of which only `manifest.json` is
+/// left (or whose table was torn) is not "present": sync hashes every object,
+/// rewrites the wrong ones (the manifest last), counts and names it.
+#[test]
+fn sync_replaces_a_bucket_copy_that_is_only_a_manifest_or_torn() {
+    let Some(srv) = Server::start("sync-repair") else {
+        return;
+    };
+    let url = srv.url("b");
+    let (dir, ids) = local_bundles("s3-repair-src", &[1, 2]);
+    let (c, so, se) = go(srv.harness("a").args(["sync"]).arg(&dir).arg(&url));
+    assert_eq!(c, 0, "{so}{se}");
+    for k in srv.keys(&format!("b/bundles/{}/", ids[0])) {
+        if !k.ends_with("manifest.json") {
+            std::fs::remove_file(srv.object_file(&k)).unwrap();
+        }
+    }
+    let torn = srv.object_file(&format!("b/bundles/{}/phases.parquet", ids[1]));
+    let mut b = std::fs::read(&torn).unwrap();
+    let i = b.len() / 2;
+    b[i] ^= 0x01;
+    std::fs::write(&torn, b).unwrap();
+    let (c, so, se) = go(srv.harness("a").args(["sync"]).arg(&dir).arg(&url));
+    assert_eq!(c, 0, "{so}{se}");
+    assert!(
+        so.contains("0 already there, 0 refused, 2 replaced"),
+        "{so}"
+    );
+    for id in &ids {
+        assert!(
+            so.lines()
+                .any(|l| l.starts_with("replaced") && l.contains(&id[..12])),
+            "{so}"
+        );
+        let (c, so, _) = go(srv.harness("v").args(["verify", "--store", &url, id]));
+        assert_eq!(c, 0, "{so}");
+    }
 }
