@@ -783,13 +783,14 @@ next_hypothesis = "n"
         assert_eq!(o.hypothesis.direction, Direction::Increase);
         assert_eq!(o.hypothesis.min_effect, 0.01);
         // The levers whose arms compute differently: T5 in bf16 on the device vs
-        // f32 on the host, and the VAE decoded by the device's kernels vs the host's.
+        // f32 on the host, the VAE decoded by the device's kernels vs the host's,
+        // and the self-attention in cuDNN's kernel vs the engine's own.
         let changing: Vec<&str> = s
             .levers
             .iter()
             .filter(|l| l.numerics == Numerics::Changing)
             .map(|l| l.id.as_str())
             .collect();
-        assert_eq!(changing, ["conditioning", "vae"]);
+        assert_eq!(changing, ["conditioning", "vae", "attention"]);
     }
 }

@@ -230,13 +230,17 @@ fn every_subcommand_lives_in_cmd_and_nothing_else_is_one() {
             bad.push(format!("{rel}: a file of cmd/ without its `pub fn run`"));
         }
     }
-    // main.rs dispatches to cmd/ alone.
+    // main.rs dispatches to cmd/ alone; besides, it only touches the process's
+    // edges: exit codes, a closed stdout and the redaction of its last message.
     let main = std::fs::read_to_string(root.join("main.rs")).unwrap();
+    let edges = [
+        "harness::cmd",
+        "harness::exit",
+        "harness::closed_stdout",
+        "harness::redact",
+    ];
     for (n, line) in code_lines(&main) {
-        if line.contains("harness::")
-            && !line.contains("harness::cmd")
-            && !line.contains("harness::exit")
-        {
+        if line.contains("harness::") && !edges.iter().any(|e| line.contains(e)) {
             bad.push(format!("main.rs:{n}: dispatches outside cmd/: {line}"));
         }
     }
