@@ -1,8 +1,10 @@
 #!/bin/bash
 # What `harness rank --store s3://...` costs, counted by the server: the committed
 # bundles synced to a fresh s3s-fs on loopback (scripts/s3-server.sh), then two ranks
-# (cold caches, then warm); each rank's requests by kind and the bytes of polars'
-# ranged reads. Needs `cargo build --bins` and `scripts/s3-server.sh install`.
+# (cold caches, then warm); each rank's requests by kind and the bytes of any ranged
+# reads. Since rank fetches every bundle into the verified local store (as report does),
+# the first rank downloads every object and a second one lists the bucket and reuses the
+# local copies, which it hashes again. Needs `cargo build --bins` and `scripts/s3-server.sh install`.
 #   scripts/s3-rank-cost.sh [STORE_DIR]   (default reports/evidence)
 set -euo pipefail
 cd "$(dirname "$0")/.."

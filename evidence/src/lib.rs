@@ -5,6 +5,7 @@
 //!
 //! * [`clock`]: the one clock (CLOCK_MONOTONIC, nanoseconds) that markers and
 //!   samples are stamped with.
+//! * [`module_graph`]: a crate's module graph and its circles (the layout tests).
 //! * [`marker`]: the marker protocol an engine speaks to the harness
 //!   (`specs/markers.md`), its parser and an emitter for engines.
 //! * [`sample`]: the sampler's column schema, with units and averaging windows.
@@ -36,6 +37,7 @@ pub mod error;
 pub mod journal;
 pub mod manifest;
 pub mod marker;
+pub mod module_graph;
 pub mod parquet_tables;
 pub mod phase_table;
 pub mod phases;

@@ -3,8 +3,8 @@
 //! ([`crate::verification::local`]); a bundle of an S3 store is checked file by
 //! file as it is read ([`crate::remote::reader`]: the manifest against the id,
 //! every other file against the manifest's size and sha256). The polars scan
-//! opens its files itself, by the paths [`scan_path`] gives (checked before the
-//! scan, [`crate::verification::remote`]).
+//! opens its files itself, by the paths [`scan_path`] gives (bundles on disk that
+//! verified first, [`crate::verification::local`]).
 
 use std::path::{Path, PathBuf};
 

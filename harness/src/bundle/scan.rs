@@ -87,8 +87,8 @@ pub fn load_dirs(dirs: &[PathBuf]) -> Loaded {
 
 const PATH_COL: &str = "__bundle_dir";
 
-/// The files polars scans itself (not through [`files::read`]): a remote store
-/// checks them before the scan ([`crate::verification::remote`]).
+/// The files polars scans itself (not through [`files::read`]): only in
+/// bundles that verified first ([`crate::verification::local`]).
 pub const SCANNED_FILES: [&str; 3] = ["phases.parquet", "samples.parquet", "frames.parquet"];
 
 fn scan(dirs: &[(PathBuf, Bundle)], file: &str) -> PolarsResult<LazyFrame> {

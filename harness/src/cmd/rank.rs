@@ -204,10 +204,10 @@ pub fn store_free(text: &str) -> String {
         .collect()
 }
 
-/// The bundles of the bucket at `loc` that `rank` may read, loaded: checked
-/// without downloading what rank does not read ([`crate::verification::remote`]),
-/// then scanned by polars through its own cloud reader. What it cost goes to
-/// stderr (requests are the bill of an object store).
+/// The bundles of the bucket at `loc` that `rank` may read, loaded: each one
+/// fetched into this machine's local store and verified there in this process
+/// (`remote::fetch::fetch_all`, as `report` does), then scanned from disk.
+/// How many verified goes to stderr.
 fn remote_load(
     loc: &crate::remote::S3Location,
 ) -> anyhow::Result<(

@@ -9,7 +9,7 @@
 //! then [`publish`] uploads the verified bundle with conditional writes, the
 //! manifest last; `harness recover` finishes an upload that was cut short.
 //! Readers check what they read against the bundle's id ([`reader`],
-//! [`crate::verification::remote`], [`fetch`]). Credentials come from the environment and the AWS
+//! [`fetch`]). Credentials come from the environment and the AWS
 //! files ([`credentials`]), never from a flag or a URL, and are never printed.
 
 pub mod bucket;

@@ -7,9 +7,9 @@
 //! hash to the id, and every other file must have the size and sha256 the
 //! manifest lists (a file the manifest does not list is not read at all);
 //! verified bytes are kept in the local cache directory by sha256 (manifests by
-//! id), and a cached copy is used only while it still hashes right. What
-//! polars scans itself (the Parquet tables) is checked before the scan, in
-//! [`crate::verification::remote`].
+//! id), and a cached copy is used only while it still hashes right. Ranking a
+//! bucket does not scan it in place: its bundles are fetched and verified into
+//! the local store first (`fetch::fetch_all`).
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -1,7 +1,6 @@
-//! The one cache of verification results, shared by the local store's readers
-//! ([`crate::verification::local`]: bundle ids with their files' stamps) and the
-//! S3 store's ([`crate::verification::remote`]: object keys with their listing's
-//! stamp and sha256): what verified is remembered outside the store, with a stamp
+//! The one cache of verification results, kept by the local store's
+//! interactive readers ([`crate::verification::local`]: bundle ids with their
+//! files' stamps): what verified is remembered outside the store, with a stamp
 //! of what was read, and taken as verified again only while [`StampCache::trusted`]
 //! says so. A cache that cannot be read or written is ignored: it only saves time.
 

@@ -152,6 +152,23 @@ impl Desc {
         )
     }
 
+    /// Read attribute `a` (type `ty`) into `out` (`None`: only count the
+    /// elements); returns how many elements the attribute holds.
+    fn get<T>(&self, a: Attr, ty: Ty, out: Option<&mut [T]>, what: &str) -> Result<i64, CudaError> {
+        let mut n: i64 = 0;
+        let (cap, ptr) = match out {
+            Some(o) => (o.len() as i64, o.as_mut_ptr() as *mut c_void),
+            None => (0, std::ptr::null_mut()),
+        };
+        // SAFETY: `ptr` holds `cap` values of the C type `ty` names (or is null
+        // with `cap` 0: a count query).
+        check(
+            unsafe { sys::cudnnBackendGetAttribute(self.0, a, ty, cap, &mut n, ptr) },
+            what,
+        )?;
+        Ok(n)
+    }
+
     fn finalize(&self, what: &str) -> Result<(), CudaError> {
         // SAFETY: a descriptor whose required attributes were set.
         check(unsafe { sys::cudnnBackendFinalize(self.0) }, what)
@@ -371,19 +388,10 @@ impl Sdpa {
             what,
         )?;
         heur.finalize(what)?;
-        let mut count: i64 = 0;
-        // SAFETY: a count query (no elements requested).
-        check(
-            unsafe {
-                sys::cudnnBackendGetAttribute(
-                    heur.0,
-                    Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                    bd,
-                    0,
-                    &mut count,
-                    std::ptr::null_mut(),
-                )
-            },
+        let count = heur.get::<cudnnBackendDescriptor_t>(
+            Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+            bd,
+            None,
             what,
         )?;
         if count <= 0 {
@@ -396,19 +404,11 @@ impl Sdpa {
             .map(|_| Desc::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, what))
             .collect::<Result<Vec<_>, _>>()?;
         let mut raw: Vec<cudnnBackendDescriptor_t> = cfgs.iter().map(|d| d.0).collect();
-        let mut got: i64 = 0;
-        // SAFETY: `raw` holds `count` created engine-config descriptors to fill.
-        check(
-            unsafe {
-                sys::cudnnBackendGetAttribute(
-                    heur.0,
-                    Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                    bd,
-                    count,
-                    &mut got,
-                    raw.as_mut_ptr() as *mut c_void,
-                )
-            },
+        // Fills the created engine-config descriptors in `raw`.
+        let got = heur.get(
+            Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+            bd,
+            Some(&mut raw),
             what,
         )?;
         let mut errors = Vec::new();
@@ -431,22 +431,14 @@ impl Sdpa {
                 errors.push(e.to_string());
                 continue;
             }
-            let mut ws: i64 = 0;
-            let mut n: i64 = 0;
-            // SAFETY: one INT64 element requested into `ws`.
-            check(
-                unsafe {
-                    sys::cudnnBackendGetAttribute(
-                        plan.0,
-                        Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                        Ty::CUDNN_TYPE_INT64,
-                        1,
-                        &mut n,
-                        &mut ws as *mut i64 as *mut c_void,
-                    )
-                },
+            let mut ws = [0i64];
+            plan.get(
+                Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                Ty::CUDNN_TYPE_INT64,
+                Some(&mut ws),
                 "reading the plan's workspace size",
             )?;
+            let ws = ws[0];
             return Ok(Plan {
                 plan,
                 workspace: ws.max(0) as usize,
