@@ -490,11 +490,18 @@ impl Sdpa {
         v: CUdeviceptr,
         o: CUdeviceptr,
     ) -> Result<(), CudaError> {
-        self.prepare(gpu, shape)?;
-        let mut inner = self
-            .inner
-            .lock()
-            .map_err(|_| CudaError::Invalid("the cuDNN attention lock is poisoned".into()))?;
+        let lock = || {
+            self.inner
+                .lock()
+                .map_err(|_| CudaError::Invalid("the cuDNN attention lock is poisoned".into()))
+        };
+        let mut inner = lock()?;
+        // The forward's path: plan and workspace built by the warm-up, one lock.
+        if !inner.plans.contains_key(shape) {
+            drop(inner);
+            self.prepare(gpu, shape)?;
+            inner = lock()?;
+        }
         let ws = inner.workspace.as_ref().map_or(0, |b| b.ptr());
         let plan = inner
             .plans
