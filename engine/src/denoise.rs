@@ -104,7 +104,7 @@ pub trait Denoiser {
     /// first step's start to the last step's end.
     fn finish(&mut self) -> Result<(Tensor, Option<f64>), DenoiseError>;
 
-    /// Host milliseconds spent capturing the loop's CUDA graphs in `begin`, when
+    /// Host milliseconds spent capturing the loop's CUDA graphs (at load), when
     /// the steps replay captured graphs (lever `denoise-graph = on`); `None`
     /// when every step is launched eagerly (and on the CPU arm).
     fn graph_capture_ms(&self) -> Option<f64> {

@@ -30,7 +30,7 @@
 //! on the device arm `staging = serial|batched` picks how the transformer
 //! reaches the device, `release-pages` drops its file pages once copied,
 //! `denoise-graph = on` replays each forward as a captured CUDA graph (the
-//! `denoise` close says `graph` and `graph_capture_ms`), and `vae = host|device`
+//! `denoise` close says `graph`, `load.dit`'s `graph_capture_ms`), and `vae = host|device`
 //! picks where the VAE decodes on a CUDA render (on the device: staged in
 //! `load.vae`, decoded in chunks of [`DEVICE_CHUNK_LATENT_FRAMES`] latent
 //! frames, `device_ms` and `peak_device_bytes` on every `decode.video.chunk`;
@@ -396,9 +396,6 @@ fn load_and_denoise(
     drop(den);
     drop(kept);
     let mut a = attrs! {"forwards" => forward, "graph" => capture_ms.is_some()};
-    if let Some(ms) = capture_ms {
-        a.insert("graph_capture_ms".into(), Value::from(ms));
-    }
     if let Some(ms) = loop_ms {
         a.insert(attr::DEVICE_MS.into(), Value::from(ms));
         a.insert("forwards_device_ms".into(), Value::from(forwards_ms));
@@ -502,6 +499,13 @@ fn load_cuda_dit(
     a.insert("attention".into(), Value::from(attention.name()));
     if let Some(v) = den.cudnn_version() {
         a.insert("cudnn_version".into(), Value::from(v));
+    }
+    // The loop was readied inside this load (warm-up forwards, graph capture).
+    if let Some(ms) = den.warm_up_ms() {
+        a.insert("warm_up_ms".into(), Value::from(ms));
+    }
+    if let Some(ms) = den.graph_capture_ms() {
+        a.insert("graph_capture_ms".into(), Value::from(ms));
     }
     Ok((Box::new(den), a, None))
 }

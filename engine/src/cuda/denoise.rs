@@ -15,9 +15,21 @@
 //!
 //! [`Dispatch::Eager`] launches every kernel and GEMM of both forwards from the
 //! host each step (~25 launches per block, ~700 per ltxv-2b forward).
-//! [`Dispatch::Graph`] captures each forward ONCE per [`Denoiser::begin`] as a
-//! CUDA graph (stream capture, instantiate, upload) and replays it every step:
-//! one graph launch per forward.
+//! [`Dispatch::Graph`] captures each forward ONCE, when the loop is readied at
+//! open (see below), as a CUDA graph (stream capture, instantiate, upload) and
+//! replays it every step of every loop: one graph launch per forward.
+//!
+//! # Readied at open
+//!
+//! [`CudaDenoiser::new`] (inside `load.dit`) allocates the forward's workspace and
+//! the loop's buffer, runs the warm-up forwards (one block per prompt: every
+//! GEMM plan, every kernel's lazy load, cuDNN's attention plan and its kernels'
+//! first load) and, with a graph, captures the forwards. So the one-time host
+//! work of a first launch (tens of ms; on a machine's first cuDNN run about a
+//! second) is paid in the load that readies the model, and the `denoise` phase
+//! holds the loop alone: [`Denoiser::begin`] only uploads the latents into the
+//! buffer the graphs already point at. The buffer and the graphs live until the
+//! denoiser is dropped, so a second loop replays the same graphs.
 //!
 //! - What is captured: one graph per prompt (the unconditional forward writing
 //!   v_uncond, the conditional one writing v_cond). The guided Euler update stays
@@ -48,14 +60,14 @@
 //!   ([`crate::cuda::kit::gemm::WORKSPACE_BYTES`]). `engine selftest-cuda` checks it
 //!   (`check_graph`, tolerance 0).
 //! - Capture needs no host synchronisation and no allocation: the warm-up
-//!   forwards in `begin` (with the graph's timestep kernel) build every GEMM plan
-//!   and load every kernel first, and `begin` refuses a capture that grew the
+//!   forwards before it (with the graph's timestep kernel) build every GEMM plan
+//!   and load every kernel first, and readying refuses a capture that grew the
 //!   plan cache or the device allocations. Capture mode is thread-local: a
 //!   forbidden call from this thread (a synchronising copy, a cuMemAlloc) ends
 //!   the capture with an error instead of running outside the graph.
-//! - The `denoise` close carries `graph` (bool) and, with a graph,
-//!   `graph_capture_ms` (host milliseconds of capture, instantiate and upload,
-//!   spent in `begin`, inside step 1).
+//! - The `denoise` close carries `graph` (bool); `load.dit`'s close carries
+//!   `warm_up_ms` (host milliseconds of the warm-up forwards) and, with a graph,
+//!   `graph_capture_ms` (host milliseconds of capture, instantiate and upload).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -98,7 +110,7 @@ impl StepEvents {
 pub enum Dispatch {
     /// Every kernel and GEMM launched from the host each step.
     Eager,
-    /// Each forward captured once per `begin` as a CUDA graph, replayed each step.
+    /// Each forward captured once at open as a CUDA graph, replayed each step.
     Graph,
 }
 
@@ -148,12 +160,17 @@ pub struct CudaDenoiser {
     guidance: f32,
     geo: Geometry,
     dispatch: Dispatch,
-    /// lat, v_cond, v_uncond: f32 [n, 128] each, then the t slot.
+    /// lat, v_cond, v_uncond: f32 [n, 128] each, then the t slot (from
+    /// readying to drop).
     io: Option<DeviceBuffer>,
-    /// With [`Dispatch::Graph`], from `begin` to `finish`.
+    /// With [`Dispatch::Graph`], from readying to drop.
     graphs: Option<StepGraphs>,
-    /// Host ms of the last capture (capture, instantiate, upload).
+    /// Host ms of the capture (capture, instantiate, upload).
     capture_ms: Option<f64>,
+    /// Host ms of the warm-up forwards (launch to completion).
+    warm_up_ms: Option<f64>,
+    /// Between `begin` and `finish`.
+    looping: bool,
     /// The selftest's mutation: steps stop writing their t.
     skip_t_write: bool,
     events: Vec<StepEvents>,
@@ -237,8 +254,9 @@ fn capture(
 
 impl CudaDenoiser {
     /// A loop over `dit` (built on `kit`'s device) conditioned on `cond` over
-    /// `geo`, dispatching steps as `dispatch` says. `kit` is kept, and dropped
-    /// last.
+    /// `geo`, dispatching steps as `dispatch` says, readied: workspace and loop
+    /// buffer allocated, warm-up forwards run and (with a graph) the forwards
+    /// captured (see the module doc). `kit` is kept, and dropped last.
     pub fn new(
         kit: DeviceKit,
         dit: DeviceDit,
@@ -256,7 +274,7 @@ impl CudaDenoiser {
             .map(|_| StepEvents::new(&kit.gpu))
             .collect::<Result<_, _>>()?;
         let (loop_start, loop_end) = (kit.gpu.event()?, kit.gpu.event()?);
-        Ok(CudaDenoiser {
+        let mut den = CudaDenoiser {
             dit,
             cond: c,
             uncond: u,
@@ -266,6 +284,8 @@ impl CudaDenoiser {
             io: None,
             graphs: None,
             capture_ms: None,
+            warm_up_ms: None,
+            looping: false,
             skip_t_write: false,
             events,
             loop_start,
@@ -273,7 +293,56 @@ impl CudaDenoiser {
             queued: Default::default(),
             started: false,
             _rig: kit,
-        })
+        };
+        den.ready()?;
+        Ok(den)
+    }
+
+    /// Host milliseconds of the warm-up forwards run while readying.
+    pub fn warm_up_ms(&self) -> Option<f64> {
+        self.warm_up_ms
+    }
+
+    /// Allocate the workspace and the loop's buffer (zeroed), run one
+    /// one-block warm-up forward per prompt and, with a graph, capture the
+    /// forwards. Before any event is recorded: the warm-up takes the first
+    /// launch's host work out of forward 1's event span, where the idle GPU
+    /// would count as busy. Its output (into v_cond) is overwritten by the
+    /// first real forward. With a graph it runs the graph's timestep kernel,
+    /// so the capture loads nothing.
+    fn ready(&mut self) -> Result<(), CudaError> {
+        if self.io.is_some() {
+            return Ok(());
+        }
+        let (n, l) = (self.n(), self.l());
+        self.dit.workspace(n, l)?;
+        let gpu = self.dit.gpu().clone();
+        let bytes = 3 * n * LATENT_CHANNELS * 4 + TIMESTEP_SLOT_BYTES;
+        let io = DeviceBuffer::alloc(&gpu, bytes, "the denoise loop's latents")?;
+        // SAFETY: the whole of the buffer just allocated, on its context's stream.
+        unsafe { dres::memset_d8_async(io.ptr(), 0, bytes, gpu.compute.cu_stream()) }
+            .ctx("zeroing the denoise loop's buffer")?;
+        self.io = Some(io);
+        let t0 = Instant::now();
+        let p = self.ptrs()?;
+        let ts = match self.dispatch {
+            Dispatch::Eager => Timestep::Sigma(1.0),
+            Dispatch::Graph => {
+                self.write_t(p.t, 1.0)?;
+                Timestep::At(p.t)
+            }
+        };
+        if let Some(u) = &self.uncond {
+            self.dit.enqueue_warm_up(p.lat, ts, self.geo, u, p.vc)?;
+        }
+        self.dit
+            .enqueue_warm_up(p.lat, ts, self.geo, &self.cond, p.vc)?;
+        gpu.sync_compute()?;
+        self.warm_up_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
+        if self.dispatch == Dispatch::Graph {
+            self.capture_forwards(p)?;
+        }
+        Ok(())
     }
 
     /// The device allocator's tracker (for `peak_device_bytes`).
@@ -314,7 +383,7 @@ impl CudaDenoiser {
         let io = self
             .io
             .as_ref()
-            .ok_or_else(|| CudaError::Invalid("a step before begin".into()))?;
+            .ok_or_else(|| CudaError::Invalid("the loop's buffer before readying".into()))?;
         let b = (self.n() * LATENT_CHANNELS * 4) as u64;
         Ok(IoPtrs {
             lat: io.ptr(),
@@ -442,46 +511,19 @@ impl Denoiser for CudaDenoiser {
                 self.geo.grid
             )));
         }
-        // A previous loop's graphs point into buffers about to be replaced.
-        self.graphs = None;
-        self.capture_ms = None;
         self.started = false;
-        let l = self.l();
-        self.dit.workspace(n, l)?;
+        // Readied at open (a no-op here).
+        self.ready()?;
         let gpu = self.dit.gpu().clone();
-        let io = DeviceBuffer::alloc(
-            &gpu,
-            3 * n * LATENT_CHANNELS * 4 + TIMESTEP_SLOT_BYTES,
-            "the denoise loop's latents",
-        )?;
-        upload(&gpu, io.ptr(), latents.data())?;
-        self.io = Some(io);
-        // Before any event is recorded: a one-block forward per prompt takes the
-        // first launch's host work (tens of ms) out of forward 1's event span,
-        // where the idle GPU would count as busy. Its output (into v_cond) is
-        // overwritten by the first real forward. With a graph it runs the
-        // graph's timestep kernel, so the capture loads nothing.
-        let p = self.ptrs()?;
-        let ts = match self.dispatch {
-            Dispatch::Eager => Timestep::Sigma(1.0),
-            Dispatch::Graph => {
-                self.write_t(p.t, 1.0)?;
-                Timestep::At(p.t)
-            }
-        };
-        if let Some(u) = &self.uncond {
-            self.dit.enqueue_warm_up(p.lat, ts, self.geo, u, p.vc)?;
-        }
-        self.dit
-            .enqueue_warm_up(p.lat, ts, self.geo, &self.cond, p.vc)?;
-        gpu.sync_compute()?;
-        if self.dispatch == Dispatch::Graph {
-            self.capture_forwards(p)?;
-        }
+        upload(&gpu, self.ptrs()?.lat, latents.data())?;
+        self.looping = true;
         Ok(())
     }
 
     fn enqueue(&mut self, step: usize, sigma: f32, sigma_next: f32) -> Result<(), DenoiseError> {
+        if !self.looping {
+            return Err(order(format!("step {step} enqueued outside begin..finish")));
+        }
         let p = self.ptrs()?;
         // Refuses a third pending step: its events would still be in use.
         self.queued.push(step, ())?;
@@ -557,9 +599,8 @@ impl Denoiser for CudaDenoiser {
         } else {
             None
         };
-        // The graphs point into the buffer freed here.
-        self.graphs = None;
-        self.io = None;
+        // The buffer and the graphs stay for the next loop.
+        self.looping = false;
         if !v.iter().all(|x| x.is_finite()) {
             return Err(DenoiseError::NonFinite(
                 "on the device (after the last step)".into(),
@@ -588,7 +629,7 @@ pub struct LoopRun {
     pub wall_s: f64,
     /// Host seconds spent inside `enqueue` calls (the dispatch cost).
     pub enqueue_s: f64,
-    /// Host ms of the graph capture in `begin` (graph dispatch only).
+    /// Host ms of the graph capture at open (graph dispatch only).
     pub capture_ms: Option<f64>,
 }
 

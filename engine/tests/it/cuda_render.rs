@@ -193,9 +193,16 @@ fn check_device_markers(r: &Run, steps: usize, forwards_per_step: usize, stored:
         "denoise graph: {:?}",
         den.close_attrs
     );
-    if default_on {
-        assert!(f64_attr(den, "graph_capture_ms").is_some_and(|m| m > 0.0));
-    }
+    // The loop is readied inside load.dit: its capture and warm-up are timed there.
+    let load = one("load.dit");
+    assert_eq!(
+        f64_attr(load, "graph_capture_ms").is_some_and(|m| m > 0.0),
+        default_on,
+        "load.dit: {:?}",
+        load.close_attrs
+    );
+    assert!(f64_attr(load, "warm_up_ms").is_some_and(|m| m > 0.0));
+    assert!(!den.close_attrs.contains_key("graph_capture_ms"));
     let fwd_sum = f64_attr(den, "forwards_device_ms").expect("denoise forwards_device_ms");
     let steps_sp: Vec<&Span> = sp.iter().filter(|s| s.name == "denoise.step").collect();
     assert_eq!(steps_sp.len(), steps);

@@ -11,7 +11,7 @@
 //! same launch shapes and arguments: the timestep kernels differ only in where
 //! t comes from, share one non-inlined body, and get the same f32 (the host's
 //! `sigma * 1000.0` either way); the GEMMs run the algorithm cached per shape
-//! (built in `begin`'s warm-up, before capture) with the same workspace; no
+//! (built by the warm-up that readies the loop, before capture) with the same workspace; no
 //! kernel uses atomics, so nothing depends on the order blocks finish. Two
 //! controls make the 0 meaningful: eager against eager again must be 0 too (if
 //! the device were not deterministic, the graph check could not be exact), and
@@ -92,7 +92,8 @@ fn text(rng: &mut Rng, l: usize, c: usize) -> Result<TextCond, CudaError> {
     Ok(TextCond { states, mask })
 }
 
-/// One poisoned loop of `case` on `weights` with `dispatch` (and the mutant).
+/// `loops` poisoned loops of `case` on `weights` with `dispatch` (and the
+/// mutant), one after the other on one denoiser (readied once, at open).
 #[allow(clippy::too_many_arguments)]
 fn one_loop(
     kit: &DeviceKit,
@@ -103,7 +104,8 @@ fn one_loop(
     sigmas: &[f32],
     dispatch: Dispatch,
     mutant: bool,
-) -> Result<LoopRun, String> {
+    loops: usize,
+) -> Result<Vec<LoopRun>, String> {
     let dit = DeviceDit::new(
         kit.gpu.clone(),
         kit.kernels.clone(),
@@ -121,7 +123,9 @@ fn one_loop(
     if mutant {
         den.mutate_skip_timestep_write();
     }
-    run_loop(&mut den, latents.clone(), sigmas, true).map_err(|e| e.to_string())
+    (0..loops)
+        .map(|_| run_loop(&mut den, latents.clone(), sigmas, true).map_err(|e| e.to_string()))
+        .collect()
 }
 
 fn failed(name: String, why: String) -> Check {
@@ -157,8 +161,12 @@ pub fn check_graph(
         .map_err(|e| CudaError::Invalid(format!("latents: {e}")))?;
     let sig = sigmas(&SchedulerConfig::ltx_video(), case.steps, n)
         .map_err(|e| CudaError::Invalid(format!("sigmas: {e}")))?;
-    let run =
-        |d: Dispatch, mutant: bool| one_loop(kit, case, &weights, &cond, &latents, &sig, d, mutant);
+    let runs = |d: Dispatch, mutant: bool, loops: usize| {
+        one_loop(kit, case, &weights, &cond, &latents, &sig, d, mutant, loops)
+    };
+    let run = |d: Dispatch, mutant: bool| {
+        runs(d, mutant, 1).and_then(|mut v| v.pop().ok_or_else(|| "no loop ran".to_string()))
+    };
     let what = format!("{} {} steps x {fwd} fwd", case.label, case.steps);
     let eager = match run(Dispatch::Eager, false) {
         Ok(r) => r,
@@ -185,6 +193,15 @@ pub fn check_graph(
             );
             ck
         }
+        Err(e) => failed(name, e),
+    });
+    // The loop is readied once at open: a second loop on the same denoiser
+    // replays the same graphs over the same buffer (its latents uploaded
+    // again) and must land on the first's latents exactly.
+    let name = format!("graph loop 2 vs eager {what} (graphs reused, bit-exact)");
+    out.push(match runs(Dispatch::Graph, false, 2) {
+        Ok(v) if v.len() == 2 => cmp(name, &v[1]),
+        Ok(v) => failed(name, format!("{} loops ran, 2 asked", v.len())),
         Err(e) => failed(name, e),
     });
     let name = format!("eager vs eager {what} (determinism control)");
