@@ -1,6 +1,6 @@
 //! Live progress of a render for the person watching `harness run`: the open phase
 //! (innermost, with its parents), step k/N, elapsed time, an ETA of the denoise
-//! loop from the last forward's `last_s`, GPU utilization and the engine's RSS.
+//! loop from its observed step time, GPU utilization and the engine's RSS.
 //!
 //! [`Progress`] folds marker events and sampler rows into that state and renders it
 //! as one line. [`Printer`] puts it on a stream in one of two ways:
@@ -16,11 +16,19 @@
 //! writes a message of its own to stderr, and [`Printer::finish`] when the engine
 //! has exited. Malformed marker lines are not shown (the journal keeps them).
 //!
-//! ETA: the engine ticks `dit.forward` after each transformer forward with `step`,
-//! `steps`, `forward` (1-based, counted over the whole loop) and `last_s` (seconds
-//! since the previous forward); `denoise` opens with `forwards_per_step`. The ETA of
-//! the loop is `(steps * forwards_per_step - forward) * last_s`; without
-//! `forwards_per_step` it counts one forward per step seen so far in the ticks.
+//! ETA: the remaining steps of the denoise loop times the observed step time,
+//! both read from the `denoise.step` markers' own timestamps: `denoise.step`
+//! opens with `step` and `steps`; when it closes, `step` steps are done and
+//! `steps - step` remain. The step time is the mean interval between the step
+//! closes seen so far in this loop (after the first close: the first step's
+//! open-to-close), so it excludes nothing but what precedes step 1's open.
+//! The ETA is not read from the `dit.forward` ticks' `last_s`: that is the
+//! host's interval between two ticks, and the CUDA arm reports a step's forwards
+//! together once the step is done (bundle `c7b7689e5840`, rung 3: `last_s`
+//! alternates 0.66 s and 0.00005 s), so remaining forwards x `last_s` read
+//! `denoise ETA 0.0s` after every second tick. The ticks still give the line's
+//! `forward f/F` (`denoise` opens with `forwards_per_step`; without it, one
+//! forward per step seen so far in the ticks).
 
 use std::io::Write;
 
@@ -72,12 +80,56 @@ pub struct Progress {
     pub forward: Option<u64>,
     /// Forwards per step (from `denoise`'s open attributes).
     pub forwards_per_step: Option<u64>,
-    /// Seconds the last forward took (the last tick's `last_s`).
-    pub last_s: Option<f64>,
+    /// The denoise loop's step timing so far (reset when `denoise` opens).
+    pub steps_timed: StepTiming,
     /// The last sample's GPU utilization, percent.
     pub gpu_util_pct: Option<f64>,
     /// The last sample's RSS of the engine's process tree, bytes.
     pub rss_bytes: Option<f64>,
+}
+
+/// When the current denoise loop's steps opened and closed (marker `t_ns`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepTiming {
+    /// The open `denoise.step`: its `step` and open time.
+    pub open: Option<(u64, u64)>,
+    /// The first closed step: its `step`, open and close times.
+    pub first: Option<(u64, u64, u64)>,
+    /// The last closed step: its `step` and close time.
+    pub last: Option<(u64, u64)>,
+}
+
+impl StepTiming {
+    fn on_open(&mut self, step: Option<u64>, t_ns: u64) {
+        self.open = step.map(|k| (k, t_ns));
+    }
+
+    fn on_close(&mut self, t_ns: u64) {
+        let Some((k, opened)) = self.open.take() else {
+            return;
+        };
+        if self.first.is_none() {
+            self.first = Some((k, opened, t_ns));
+        }
+        self.last = Some((k, t_ns));
+    }
+
+    /// Steps done (the `step` of the last closed `denoise.step`).
+    pub fn done(&self) -> Option<u64> {
+        self.last.map(|(k, _)| k)
+    }
+
+    /// Seconds per step: the mean interval between the first and the last step
+    /// close, or the first step's open-to-close while only one has closed.
+    pub fn step_s(&self) -> Option<f64> {
+        let (k1, open1, close1) = self.first?;
+        let (k, close) = self.last?;
+        if k > k1 && close >= close1 {
+            Some((close - close1) as f64 / 1e9 / (k - k1) as f64)
+        } else {
+            Some(close1.saturating_sub(open1) as f64 / 1e9)
+        }
+    }
 }
 
 fn attr_u64(m: &Marker, k: &str) -> Option<u64> {
@@ -113,16 +165,23 @@ impl Progress {
     /// Fold in one marker event.
     pub fn on_marker(&mut self, m: &Marker) {
         match m {
-            Marker::Open { name, .. } => {
+            Marker::Open { name, t_ns, .. } => {
                 if name == "denoise" {
                     self.forwards_per_step = attr_u64(m, "forwards_per_step");
+                    self.steps_timed = StepTiming::default();
+                }
+                if name == "denoise.step" {
+                    self.steps_timed.on_open(attr_u64(m, "step"), *t_ns);
                 }
                 if let (Some(k), Some(n)) = (attr_u64(m, "step"), attr_u64(m, "steps")) {
                     self.step = Some((k, n));
                 }
                 self.open.push(name.clone());
             }
-            Marker::Close { name, .. } => {
+            Marker::Close { name, t_ns, .. } => {
+                if name == "denoise.step" {
+                    self.steps_timed.on_close(*t_ns);
+                }
                 // The innermost open phase of that name closes, and only it (the
                 // protocol's rule, as `evidence::phases::build_tree` applies it); a
                 // close with no open phase of that name changes nothing.
@@ -136,9 +195,6 @@ impl Progress {
                 }
                 if let Some(f) = attr_u64(m, "forward") {
                     self.forward = Some(f);
-                }
-                if let Some(s) = m.attrs().get("last_s").and_then(|v| v.as_f64()) {
-                    self.last_s = Some(s);
                 }
             }
             Marker::Hello { .. } | Marker::Info { .. } => {}
@@ -166,14 +222,16 @@ impl Progress {
         Some(n * per)
     }
 
-    /// Seconds left in the denoise loop: remaining forwards x the last forward's
-    /// time. `None` before the second forward (no `last_s` yet) or after the loop.
+    /// Seconds left in the denoise loop, as of the last step close: the steps
+    /// not yet done x the observed step time ([`StepTiming::step_s`]). `None`
+    /// before the first step closes and outside the loop.
     pub fn eta_s(&self) -> Option<f64> {
-        let left = self.forwards_total()?.checked_sub(self.forward?)?;
         if !self.open.iter().any(|n| n == "denoise") {
             return None;
         }
-        Some(left as f64 * self.last_s?)
+        let (_, steps) = self.step?;
+        let left = steps.checked_sub(self.steps_timed.done()?)?;
+        Some(left as f64 * self.steps_timed.step_s()?)
     }
 
     /// The status line at `now_ns` (no newline, no control characters).
@@ -386,7 +444,7 @@ mod tests {
     }
 
     #[test]
-    fn eta_is_remaining_forwards_times_the_last_forward() {
+    fn eta_is_remaining_steps_times_the_observed_step_time() {
         let s = 1_000_000_000u64;
         let mut p = Progress::new(0);
         p.on_marker(&open(
@@ -394,21 +452,26 @@ mod tests {
             "denoise",
             attrs(&[("steps", json!(30)), ("forwards_per_step", json!(2))]),
         ));
-        p.on_marker(&open(
-            0,
-            "denoise.step",
-            attrs(&[("step", json!(3)), ("steps", json!(30))]),
-        ));
-        p.on_marker(&tick(s, 3, 5, Some(1.25)));
+        let step = |k: u64| attrs(&[("step", json!(k)), ("steps", json!(30))]);
+        p.on_marker(&open(0, "denoise.step", step(1)));
+        assert_eq!(p.eta_s(), None, "no step time before the first step closes");
+        p.on_marker(&close(3 * s, "denoise.step"));
+        // One step closed: its own open-to-close, 3 s, for the 29 left.
+        assert_eq!(p.eta_s(), Some(29.0 * 3.0));
+        p.on_marker(&open(3 * s, "denoise.step", step(2)));
+        p.on_marker(&close(5 * s, "denoise.step"));
+        p.on_marker(&open(5 * s, "denoise.step", step(3)));
+        p.on_marker(&tick(6 * s, 3, 5, Some(1.25)));
+        // Two closed: the interval between the closes, 2 s, for the 28 left.
         assert_eq!(p.forwards_total(), Some(60));
-        assert_eq!(p.eta_s(), Some(55.0 * 1.25));
+        assert_eq!(p.eta_s(), Some(28.0 * 2.0));
         let mut sample = Sample::empty(2 * s);
         sample.set("gpu_util_pct", Some(97.4));
         sample.set("rss_bytes", Some(3.0 * (1u64 << 30) as f64));
         p.on_sample(&sample);
         assert_eq!(
             p.line(65 * s),
-            "denoise > denoise.step · step 3/30 (forward 5/60) · elapsed 1m05s · denoise ETA 1m09s · GPU 97% · RSS 3.00 GiB"
+            "denoise > denoise.step · step 3/30 (forward 5/60) · elapsed 1m05s · denoise ETA 56.0s · GPU 97% · RSS 3.00 GiB"
         );
         // A sample without readings keeps the last ones.
         p.on_sample(&Sample::empty(3 * s));
@@ -422,6 +485,101 @@ mod tests {
         p.on_marker(&close(70 * s, "denoise"));
         assert_eq!(p.eta_s(), None);
         assert!(p.line(70 * s).starts_with("(no phase open)"));
+        // A second loop starts its timing afresh.
+        p.on_marker(&open(80 * s, "denoise", Attrs::new()));
+        p.on_marker(&open(80 * s, "denoise.step", step(1)));
+        assert_eq!(p.eta_s(), None);
+    }
+
+    /// A 30-step, two-forwards-per-step denoise scripted as the CUDA arm writes
+    /// it (bundle `c7b7689e5840`): both `dit.forward` ticks of a step arrive
+    /// together when the step is done, the first with `last_s` ~ the step time,
+    /// the second with `last_s` ~ 50 us. Step times are 58 s / 30 with a seeded
+    /// jitter of at most +-5%. After every step close and every tick, the shown
+    /// ETA must be the steps left x the mean step time observed so far (to float
+    /// rounding: 1e-9 relative), and within 11% of the time the script really
+    /// has left: the observed mean and the mean of the steps still to come each
+    /// lie within +-5% of the nominal step, so their ratio lies within
+    /// [0.95/1.05, 1.05/0.95], i.e. within 10.6% of 1.
+    ///
+    /// Red under the old rule (remaining forwards x the last tick's `last_s`,
+    /// i.e. `eta_s` reading `last_s` again): from step 1's second tick on, it
+    /// says ~0.003 s, the `denoise ETA 0.0s` seen live at step 4/30. Red too if
+    /// the steps left counted the open step as done (`steps - k`, k the open
+    /// step's number): during the last step the ETA reads 0 against ~1.9 s.
+    #[test]
+    fn a_scripted_cuda_denoise_shows_the_remaining_steps_times_the_step_time() {
+        use rand::{Rng, SeedableRng};
+        let steps = 30u64;
+        let nominal_ns = 58_000_000_000u64 / steps;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(34);
+        let dur: Vec<u64> = (0..steps)
+            .map(|_| (nominal_ns as f64 * rng.random_range(0.95..1.05)) as u64)
+            .collect();
+        let t0 = 5_000_000_000u64;
+        let mut pr = Printer::new(Vec::new(), Style::Lines, 0);
+        let mut t = t0;
+        pr.marker(
+            &open(
+                t,
+                "denoise",
+                attrs(&[("steps", json!(steps)), ("forwards_per_step", json!(2))]),
+            ),
+            t,
+        )
+        .unwrap();
+        let mut closes = Vec::new();
+        for k in 1..=steps {
+            let a = attrs(&[("step", json!(k)), ("steps", json!(steps))]);
+            pr.marker(&open(t, "denoise.step", a), t).unwrap();
+            let end = t + dur[(k - 1) as usize];
+            let first_last = (k > 1).then(|| (end - t) as f64 / 1e9);
+            pr.marker(&tick(end, k, 2 * k - 1, first_last), end)
+                .unwrap();
+            pr.marker(&tick(end + 50_000, k, 2 * k, Some(5e-5)), end + 50_000)
+                .unwrap();
+            let shown_before_close = pr.progress.eta_s();
+            t = end + 60_000;
+            pr.marker(&close(t, "denoise.step"), t).unwrap();
+            closes.push(t);
+            let eta = pr.progress.eta_s().expect("an ETA once a step has closed");
+            // Observed: the mean interval between closes (step 1: its own span).
+            let observed_s = if k == 1 {
+                (t - t0) as f64 / 1e9
+            } else {
+                (t - closes[0]) as f64 / 1e9 / (k - 1) as f64
+            };
+            let left = steps - k;
+            let want = left as f64 * observed_s;
+            assert!(
+                (eta - want).abs() <= 1e-9 * want.max(1.0),
+                "step {k}: ETA {eta} s, remaining steps x observed step time {want} s"
+            );
+            let really_left: u64 = dur[k as usize..].iter().sum();
+            let really_left = really_left as f64 / 1e9;
+            assert!(
+                (eta - really_left).abs() <= 0.11 * really_left,
+                "step {k}: ETA {eta} s against {really_left} s really left"
+            );
+            if k > 1 {
+                // Between two closes the ETA stays as of the last close.
+                assert!(shown_before_close.is_some_and(|e| e > 0.0), "step {k}");
+            }
+        }
+        let text = String::from_utf8(pr.into_inner()).unwrap();
+        // The line at step 4's second tick, as a person reads it.
+        let line = text
+            .lines()
+            .find(|l| l.contains("tick dit.forward") && l.contains("forward 8/60"))
+            .expect("step 4's second tick");
+        let eta_text = line
+            .split(" · ")
+            .find_map(|p| p.strip_prefix("denoise ETA "))
+            .expect("an ETA on the line");
+        // Three steps done: 27 left at the mean of the intervals between closes.
+        let observed_s = (closes[2] - closes[0]) as f64 / 1e9 / 2.0;
+        assert_eq!(eta_text, human_duration(27.0 * observed_s), "{line}");
+        assert_ne!(eta_text, "0.0s", "{line}");
     }
 
     #[test]
@@ -429,12 +587,11 @@ mod tests {
         let mut p = Progress::new(0);
         p.on_marker(&open(0, "denoise", Attrs::new()));
         p.on_marker(&tick(1, 1, 1, None));
-        assert_eq!(p.eta_s(), None, "no last_s before the second forward");
         p.on_marker(&tick(2, 1, 2, Some(0.5)));
         p.on_marker(&tick(3, 2, 3, Some(0.5)));
         // 3 forwards by step 2: two per step.
         assert_eq!(p.forwards_total(), Some(60));
-        assert_eq!(p.eta_s(), Some(57.0 * 0.5));
+        assert_eq!(p.eta_s(), None, "no step has closed");
     }
 
     #[test]
@@ -581,11 +738,11 @@ mod tests {
         sample.set("gpu_util_pct", Some(88.6));
         sample.set("rss_bytes", Some(1.5 * (1u64 << 30) as f64));
         pr.sample(&sample, 16 * s).unwrap();
-        // 8 forwards in all, 3 done, the last took 2.0 s: 10 s left.
-        assert_eq!(pr.progress.eta_s(), Some(10.0));
+        // Step 1 took 9.0 s to 13.6 s; 3 of 4 steps left: 13.8 s.
+        assert!(pr.progress.eta_s().is_some_and(|e| (e - 13.8).abs() < 1e-9));
         assert_eq!(
             pr.progress.line(16 * s),
-            "denoise > denoise.step · step 2/4 (forward 3/8) · elapsed 15.0s · denoise ETA 10.0s · GPU 89% · RSS 1.50 GiB"
+            "denoise > denoise.step · step 2/4 (forward 3/8) · elapsed 15.0s · denoise ETA 13.8s · GPU 89% · RSS 1.50 GiB"
         );
         let text = String::from_utf8(pr.into_inner()).unwrap();
         let lines: Vec<&str> = text.lines().collect();
@@ -594,7 +751,8 @@ mod tests {
             lines[0],
             "[0.0s] hello engine 0.1.0 | (no phase open) · elapsed 0.0s · GPU - · RSS -"
         );
-        assert!(lines[6].starts_with("[12.5s] tick dit.forward | denoise > denoise.step · step 1/4 (forward 2/8) · elapsed 12.5s · denoise ETA 15.0s"), "{}", lines[6]);
+        assert!(lines[6].starts_with("[12.5s] tick dit.forward | denoise > denoise.step · step 1/4 (forward 2/8) · elapsed 12.5s · GPU"), "{}", lines[6]);
+        assert!(lines[7].contains("· denoise ETA 13.8s ·"), "{}", lines[7]);
     }
 
     #[test]
