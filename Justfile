@@ -9,9 +9,10 @@ default:
     @just --list
 
 # Render rung N (rungs/N.toml) under `harness run`, seal its bundle, print its phase table.
+# On a GPU machine the CUDA and cuDNN libraries are found by scripts/gpu-libs.sh.
 rung N *ARGS:
     cargo build --bins
-    {{bin}}/harness run --rung rungs/{{N}}.toml {{ARGS}}
+    LD_LIBRARY_PATH="$(scripts/gpu-libs.sh)" {{bin}}/harness run --rung rungs/{{N}}.toml {{ARGS}}
 
 # Headless Chromium for the report's page test comes from scripts/chromium.sh; where it
 # cannot install it, HARNESS_NO_CHROMIUM=1 makes that test say NOT RUN instead of failing.

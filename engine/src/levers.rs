@@ -133,10 +133,12 @@ static REGISTRY: &[LeverDef] = &[
     LeverDef {
         id: ATTENTION,
         arms: &["mma", "cudnn"],
-        // Unmeasured: the cudnn arm has not yet run on a GPU (issue 31's device
-        // call is owed), so the default stays the measured kernel until its
-        // campaign says otherwise (see `UNMEASURED`).
-        default: "mma",
+        // Measured on the H200 (reports/device-notes.md, 2026-12-04): cudnn's
+        // denoise is 13-17% shorter at rungs 2 and 3 (campaigns 29d355f4bd04,
+        // 9958a711368b, 8b430e7d3359) at 48.4-48.6 dB from the mma arm's frames,
+        // so it is the default; mma stays the baseline (and the arm for a
+        // machine without cuDNN 9.13+).
+        default: "cudnn",
         baseline: "mma",
         applies_to: Applies::Cuda,
         doc: "mma runs the DiT's self-attention in the engine's own flash kernel (bf16 \
@@ -150,7 +152,9 @@ static REGISTRY: &[LeverDef] = &[
 /// Levers whose treatment arm has not yet been measured on a device: their
 /// default stays the baseline until a campaign ranks the treatment (every
 /// other lever's default is its best measured arm, never its baseline).
-pub const UNMEASURED: &[&str] = &[ATTENTION];
+/// (Empty since `attention`'s campaigns of 2026-12-04; a new lever whose
+/// treatment has never run on a device belongs here.)
+pub const UNMEASURED: &[&str] = &[];
 
 /// Every lever the engine knows, in a stable order.
 pub fn registry() -> &'static [LeverDef] {

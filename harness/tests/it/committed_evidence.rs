@@ -124,11 +124,18 @@ fn a_stale_or_missing_forest_plot_is_caught_naming_the_file() {
     );
 }
 
-/// Levers whose H200 campaign has not been run yet: `attention` (issue 31; its
-/// campaign is `scripts/bench-gpu.sh ... campaign:2:attention:3:warm` and
-/// `campaign:3:attention:3:warm`, owed because the session that built the cudnn
-/// arm had no device time left; see reports/device-notes.md, 2026-12-04).
-const OWED: &[&str] = &["attention"];
+/// Levers whose H200 campaign has not been run yet (none: `attention`'s ran on
+/// 2026-12-04).
+const OWED: &[&str] = &[];
+
+/// Levers whose rung-3 campaign is short of three pairs, with the exact pair
+/// count the committed store holds there (so adding or losing a pair turns the
+/// test red until this line is updated or removed). `attention`: campaign
+/// 9958a711368b stopped on its budget after 2 rounds, and the one round run
+/// later as campaign 8b430e7d3359 (it should have resumed the first) is the
+/// newest campaign, which alone decides: 1 pair. Owed: a fresh
+/// `campaign:3:attention:3:warm` (reports/device-notes.md, 2026-12-04 16:02).
+const SHORT_AT_RUNG3: &[(&str, u64)] = &[("attention", 1)];
 
 /// Levers whose device campaign ran at rung 2 (and 1) but not yet at rung 3:
 /// held to three pairs at rung 2, and exempt at rung 3 only while they have no
@@ -194,11 +201,19 @@ fn every_lever_that_applies_at_rungs_2_and_3_has_three_pairs() {
         for &(rung, r) in rungs {
             let r = r.unwrap_or_else(|| panic!("{id}: no runs at rung {rung}"));
             let n = r["effect"]["n"].as_u64().unwrap_or(0);
+            if let Some(&(_, short)) = SHORT_AT_RUNG3.iter().find(|s| rung == "3" && s.0 == id) {
+                assert_eq!(
+                    n, short,
+                    "{id} at rung 3: {n} pairs where SHORT_AT_RUNG3 records {short}: update it \
+                     (remove the entry once there are 3)"
+                );
+                continue;
+            }
             assert!(n >= 3, "{id} at rung {rung}: {n} pairs, want at least 3");
             checked += 1;
         }
     }
     // conditioning, vae, staging, release-pages, host-threads, denoise-graph and
-    // observer at both (attention is owed).
-    assert_eq!(checked, 14, "seven levers checked at rungs 2 and 3");
+    // observer at both, attention at rung 2 (short at rung 3).
+    assert_eq!(checked, 15, "eight levers checked at rung 2, seven at rung 3");
 }
