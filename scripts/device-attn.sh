@@ -5,7 +5,8 @@
 # engine, zstd) and a `zstd` binary. Step: engine selftest-cuda --only dit --bench
 # (attention checks incl. 6144x6144 hd64/hd128 vs attn_ref, DiT forwards vs the
 # host arm, forward benches with flash2, the flash_mt layouts and cuDNN's fused
-# attention (the `attention` lever's arms) side by side; cuDNN from the venv).
+# attention (the `attention` lever's arms) side by side, and each arm's forward by
+# operation class measured in place; cuDNN from the venv).
 # Full log under $OUT, a short table last.
 set -o pipefail
 carry=$PWD/${1:-.devcarry/attn}
@@ -36,3 +37,5 @@ grep -E "attention .*(6144|flash-w)" "$OUT/selftest.log" | sort -u | head -40
 grep -E "forward .*(attn=|vs the CPU)" "$OUT/selftest.log" | sort -u | head -20
 grep -E "^forward " "$OUT/selftest.log" | sort -u
 grep -E "cudnn" "$OUT/selftest.log" | sort -u | head -30
+# The forward by operation class, in place (an event after each op).
+grep -E "in place" "$OUT/selftest.log" | head -64

@@ -15,6 +15,7 @@
 //!   ([`crate::cuda::bench::graph`]).
 
 pub mod graph;
+pub mod profile;
 pub mod vae;
 
 use std::collections::HashMap;
@@ -385,6 +386,11 @@ fn bench_forward(
         dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
     })?;
     let best_kind = dit.attn;
+    // The same forward with an event after each operation: time by class.
+    let prof = profile::forward_profile(kit, &dit, (lat_p, vel_p), geo, &slot, 3)?;
+    for r in profile::profile_rows(&format!("{name} attention=mma"), &dims, (n, l), &prof, best) {
+        push(rows, r);
+    }
     // Components alone: self-attention of one block and the block's GEMMs.
     let d = dims.dim();
     let q = DeviceBuffer::alloc(gpu, n * d * 2, "bench q")?;
@@ -483,7 +489,17 @@ fn bench_forward(
             let with = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
                 dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
             })?;
+            let prof = profile::forward_profile(kit, &dit, (lat_p, vel_p), geo, &slot, 3)?;
             dit.set_attention(AttentionArm::Mma)?;
+            for r in profile::profile_rows(
+                &format!("{name} attention=cudnn"),
+                &dims,
+                (n, l),
+                &prof,
+                with,
+            ) {
+                push(rows, r);
+            }
             push(rows, format!(
                 "forward  {name} attention=cudnn (cuDNN {version}, engine choice {:?}): self-attn/block {sdpa_ms:.3} ms ({:.0} TFLOP/s) vs mma {best_attn:.3} ms ({:.0}); forward {with:.1} ms ({:.0} TFLOP/s) vs mma {best:.1} ms; parts: attn {:.1} ms, GEMMs {:.1} ms, other {:.1} ms",
                 plans.first().map(|p| p.1),

@@ -602,7 +602,26 @@ impl DeviceDit {
         text: &TextSlot,
         out: CUdeviceptr,
     ) -> Result<(), CudaError> {
-        self.enqueue_blocks(lat, ts, geo, text, out, self.w.blocks.len())
+        self.enqueue_blocks(lat, ts, geo, text, out, self.w.blocks.len(), None)
+    }
+
+    /// [`DeviceDit::enqueue_forward`] with `probe(class)` called after each
+    /// operation of the forward, in stream order, with the operation's class
+    /// (e.g. `"gemm q|k|v"`, `"self-attention"`, `"residual+norm"`; see
+    /// `enqueue_block`): a profiler records an event there and attributes the
+    /// device time since the previous one to that class. The launches are the
+    /// forward's own, unchanged.
+    pub fn enqueue_profiled(
+        &self,
+        lat: CUdeviceptr,
+        sigma: f32,
+        geo: Geometry,
+        text: &TextSlot,
+        out: CUdeviceptr,
+        probe: &dyn Fn(&'static str) -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        let ts = Timestep::Sigma(sigma);
+        self.enqueue_blocks(lat, ts, geo, text, out, self.w.blocks.len(), Some(probe))
     }
 
     /// Enqueue a forward through the first block only (as a one-block model:
@@ -623,13 +642,14 @@ impl DeviceDit {
         text: &TextSlot,
         out: CUdeviceptr,
     ) -> Result<(), CudaError> {
-        self.enqueue_blocks(lat, ts, geo, text, out, self.w.blocks.len().min(1))
+        self.enqueue_blocks(lat, ts, geo, text, out, self.w.blocks.len().min(1), None)
     }
 
     /// [`DeviceDit::enqueue_forward`] through the first `blocks` blocks only:
     /// the input projection, the time embedding and the caption projection,
     /// the first block's input norm, each block ([`DeviceDit::enqueue_block`]),
-    /// the output projection.
+    /// the output projection; `probe` as in [`DeviceDit::enqueue_profiled`].
+    #[allow(clippy::too_many_arguments)]
     fn enqueue_blocks(
         &self,
         lat: CUdeviceptr,
@@ -638,7 +658,9 @@ impl DeviceDit {
         text: &TextSlot,
         out: CUdeviceptr,
         blocks: usize,
+        probe: Option<&dyn Fn(&'static str) -> Result<(), CudaError>>,
     ) -> Result<(), CudaError> {
+        let mark = |class: &'static str| probe.map_or(Ok(()), |p| p(class));
         let blocks = &self.w.blocks[..blocks.min(self.w.blocks.len())];
         let ws = self
             .ws
@@ -740,15 +762,17 @@ impl DeviceDit {
             first.scale,
             ws.h,
         )?;
+        mark("input, time and caption embeddings")?;
         for (bi, b) in blocks.iter().enumerate() {
             let next = match blocks.get(bi + 1) {
                 Some(nx) => self.block_input(nx, ws),
                 None => output_norm,
             };
-            self.enqueue_block(b, ws, l, text.kbias(), &rope, next)?;
+            self.enqueue_block(b, ws, l, text.kbias(), &rope, next, probe)?;
         }
         lin(ws.h, &w.proj_out, ws.out_bf, n, Epilogue::Bias)?;
-        k.map(s, Map::Bf16ToF32, ws.out_bf, out, n * lc)
+        k.map(s, Map::Bf16ToF32, ws.out_bf, out, n * lc)?;
+        mark("output projection")
     }
 
     /// The modulated RMS norm a block reads its input through (rows 0 and 1
@@ -769,6 +793,8 @@ impl DeviceDit {
     /// (`ws.text_p`, `l` tokens, `kbias` per token) and feed-forward (gated)
     /// to the f32 residual stream `ws.x`, and leaves in `ws.h` the input of
     /// whatever comes `next` (the next block's norm or the output norm).
+    /// `probe(class)` after each operation (see [`DeviceDit::enqueue_profiled`]).
+    #[allow(clippy::too_many_arguments)]
     fn enqueue_block(
         &self,
         b: &BlockWeights,
@@ -777,7 +803,9 @@ impl DeviceDit {
         kbias: CUdeviceptr,
         rope: &RopeArgs,
         next: NextInput,
+        probe: Option<&dyn Fn(&'static str) -> Result<(), CudaError>>,
     ) -> Result<(), CudaError> {
+        let mark = |class: &'static str| probe.map_or(Ok(()), |p| p(class));
         let (s, k) = (&self.gpu.compute, &self.kernels);
         let (n, d) = (ws.n, self.dims.dim());
         let (heads, hd) = (self.dims.heads, self.dims.head_dim);
@@ -806,8 +834,10 @@ impl DeviceDit {
         lin(ws.h, &a1.to_q, ws.q, n, Epilogue::Bias)?;
         lin(ws.h, &a1.to_k, ws.k, n, Epilogue::Bias)?;
         lin(ws.h, &a1.to_v, ws.v, n, Epilogue::Bias)?;
+        mark("gemm q|k|v")?;
         k.qk_norm_rope(s, ws.q, ws.q, a1.norm_q, n, d, QK_NORM_EPS, Some(rope))?;
         k.qk_norm_rope(s, ws.k, ws.k, a1.norm_k, n, d, QK_NORM_EPS, Some(rope))?;
+        mark("q/k norm + rope")?;
         match &self.sdpa {
             Some(sdpa) => {
                 let shape = SdpaShape {
@@ -822,7 +852,9 @@ impl DeviceDit {
             }
             None => attend((ws.k, ws.v), n, NULL)?,
         }
+        mark("self-attention")?;
         lin(ws.ao, &a1.to_out, ws.y, n, Epilogue::Bias)?;
+        mark("gemm out")?;
         // Gated residual; cross-attention reads x unnormalised and unmodulated.
         k.residual_norm(
             s,
@@ -837,14 +869,20 @@ impl DeviceDit {
             (NULL, NULL),
             ws.h,
         )?;
+        mark("residual + norm")?;
         let a2 = &b.attn2;
         lin(ws.h, &a2.to_q, ws.q, n, Epilogue::Bias)?;
+        mark("gemm q (cross)")?;
         lin(ws.text_p, &a2.to_k, ws.ck, l, Epilogue::Bias)?;
         lin(ws.text_p, &a2.to_v, ws.cv, l, Epilogue::Bias)?;
+        mark("gemm k|v (text)")?;
         k.qk_norm_rope(s, ws.q, ws.q, a2.norm_q, n, d, QK_NORM_EPS, None)?;
         k.qk_norm_rope(s, ws.ck, ws.ck, a2.norm_k, l, d, QK_NORM_EPS, None)?;
+        mark("q/k norm (cross)")?;
         attend((ws.ck, ws.cv), l, kbias)?;
+        mark("cross-attention")?;
         lin(ws.ao, &a2.to_out, ws.y, n, Epilogue::Bias)?;
+        mark("gemm out")?;
         // Plain residual, then the feed-forward's modulated RMS norm.
         k.residual_norm(
             s,
@@ -859,8 +897,11 @@ impl DeviceDit {
             table(4),
             ws.h,
         )?;
+        mark("residual + norm")?;
         lin(ws.h, &b.ff_net_0_proj, ws.ff, n, Epilogue::BiasGelu)?;
+        mark("gemm ff up + gelu")?;
         lin(ws.ff, &b.ff_net_2, ws.y, n, Epilogue::Bias)?;
+        mark("gemm ff down")?;
         // The gated residual, then what comes next reads its input.
         k.residual_norm(
             s,
@@ -874,7 +915,8 @@ impl DeviceDit {
             next.shift,
             next.scale,
             ws.h,
-        )
+        )?;
+        mark("residual + norm")
     }
 
     /// A whole forward from host data (for checks): latents f32 [n, 128], text
