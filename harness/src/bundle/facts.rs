@@ -45,6 +45,9 @@ pub struct PhaseRow {
     pub peak_host_bytes: Option<i64>,
     /// Peak device bytes from the close attributes.
     pub peak_device_bytes: Option<i64>,
+    /// Seconds the engine spent opening the device inside the phase (the
+    /// `device_open_s` close attribute of a CUDA load phase); `None` when absent.
+    pub device_open_s: Option<f64>,
     /// Share of the phase's samples with the GPU busy, 0..1.
     pub gpu_busy_share: Option<f64>,
     /// Samples inside the phase.
@@ -206,6 +209,14 @@ impl Bundle {
         (end > open).then(|| (end - open) as f64 / 1e9)
     }
 
+    /// Seconds spent opening the device, summed over every phase that reports
+    /// `device_open_s` (the load phases of a CUDA render): the run's
+    /// first-initialization figure. `None` when no phase reports one.
+    pub fn device_open_s(&self) -> Option<f64> {
+        let v: Vec<f64> = self.phases.iter().filter_map(|p| p.device_open_s).collect();
+        (!v.is_empty()).then(|| v.iter().sum())
+    }
+
     /// Total seconds of every instance of the phase named `name`, with the count.
     pub fn phase_total_s(&self, name: &str) -> Option<(f64, usize)> {
         let mut total = 0.0;
@@ -244,6 +255,7 @@ pub(crate) mod tests {
             peak_rss_bytes: Some(rss),
             peak_host_bytes: None,
             peak_device_bytes: None,
+            device_open_s: None,
             gpu_busy_share: None,
             samples: Some(3),
         };

@@ -198,6 +198,7 @@ fn phases_scan(dirs: &[(PathBuf, Bundle)]) -> Result<BTreeMap<String, Vec<PhaseR
             peak_rss_bytes: rss.get(r),
             peak_host_bytes: attrs.get(r).and_then(close_peak_host_bytes),
             peak_device_bytes: dev.get(r),
+            device_open_s: attrs.get(r).and_then(close_device_open_s),
             gpu_busy_share: busy.get(r),
             samples: samples.get(r),
         });
@@ -264,6 +265,14 @@ fn close_peak_host_bytes(attrs_json: &str) -> Option<i64> {
         .get("close")?
         .get(evidence::marker::attr::PEAK_HOST_BYTES)?;
     n.as_u64().and_then(|b| i64::try_from(b).ok())
+}
+
+/// The `device_open_s` close attribute of a phase row's `attrs_json`, seconds;
+/// `None` when absent, not a finite non-negative number, or unparsable.
+fn close_device_open_s(attrs_json: &str) -> Option<f64> {
+    let v: Value = serde_json::from_str(attrs_json).ok()?;
+    let s = v.get("close")?.get("device_open_s")?.as_f64()?;
+    (s.is_finite() && s >= 0.0).then_some(s)
 }
 
 /// Sample peaks per bundle directory and innermost phase.

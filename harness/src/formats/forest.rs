@@ -223,7 +223,7 @@ struct Style {
     meaning: String,
 }
 
-fn styles() -> [Style; 5] {
+fn styles() -> [Style; 6] {
     [
         Style {
             name: "confirmed",
@@ -255,6 +255,12 @@ fn styles() -> [Style; 5] {
             marker: "M0,-6L6,5H-6Z",
             meaning: "saving confirmed, frames below the fidelity threshold".into(),
         },
+        Style {
+            name: "sensitive",
+            colour: "#E69F00",
+            marker: "M-6,-2H-2V-6H2V-2H6V2H2V6H-2V2H-6Z",
+            meaning: "the verdict differs without the flagged runs".into(),
+        },
     ]
 }
 
@@ -265,6 +271,7 @@ fn style_of(v: &Verdict) -> Style {
         Verdict::Insufficient { .. } => 2,
         Verdict::NotApplicable { .. } => 3,
         Verdict::RefutedFidelity { .. } => 4,
+        Verdict::Sensitive { .. } => 5,
     };
     styles()[i].clone()
 }
@@ -786,6 +793,8 @@ pub(crate) mod tests {
             fidelity: crate::rank::fidelity::RungFidelity::empty(
                 crate::levers_spec::Numerics::Preserving,
             ),
+            flagged: Vec::new(),
+            without_flagged: None,
         }
     }
 

@@ -11,7 +11,9 @@
 use std::fmt::Write;
 
 use crate::formats::forest::{inline_svg, xml_escape};
-use crate::formats::ranking_text::{fixed, method_lines, rank_cells, value};
+use crate::formats::ranking_text::{
+    fixed, flagged_lines, method_lines, pair_flags, rank_cells, sensitive_why, value,
+};
 use crate::levers_spec::Unit;
 use crate::rank::fit::FLAT_EXPONENT;
 use crate::rank::stats::CONFIDENCE;
@@ -40,6 +42,8 @@ tr:nth-child(even) td{background:#fafafa}
 .v-confirmed{color:#00765a}
 .v-refuted{color:#b84f00}
 .v-insufficient{color:#005f96}
+.v-sensitive{color:#9a4d00}
+.flagged{color:#9a4d00}
 .v-na{color:#666}
 .figure{overflow-x:auto;border:1px solid #e4e4e4;padding:4px;background:#fff}
 .figure svg{max-width:100%;height:auto}
@@ -74,6 +78,7 @@ fn write_page(o: &mut String, r: &Ranking, art: &Artifacts, store: &str) -> std:
     writeln!(o, r#"<div class="figure">{}</div>"#, inline_svg(r))?;
     write_verdicts(o, r)?;
     write_other_rungs(o, r)?;
+    write_flagged(o, r)?;
     write_fit(o, r)?;
     write_pairs(o, r, art)?;
     write_excluded(o, r, art)?;
@@ -98,15 +103,24 @@ fn e(s: &str) -> String {
     xml_escape(s)
 }
 
-fn verdict_cell(v: &Verdict) -> String {
-    let class = match v {
+/// The CSS class of a verdict.
+fn verdict_class(v: &Verdict) -> &'static str {
+    match v {
         Verdict::Confirmed => "v-confirmed",
         Verdict::Refuted { .. } => "v-refuted",
         Verdict::Insufficient { .. } => "v-insufficient",
         Verdict::NotApplicable { .. } => "v-na",
         Verdict::RefutedFidelity { .. } => "v-refuted",
-    };
-    format!(r#"<td class="verdict {class}">{}</td>"#, e(v.name()))
+        Verdict::Sensitive { .. } => "v-sensitive",
+    }
+}
+
+fn verdict_cell(v: &Verdict) -> String {
+    format!(
+        r#"<td class="verdict {}">{}</td>"#,
+        verdict_class(v),
+        e(&v.label())
+    )
 }
 
 fn write_header(o: &mut String, r: &Ranking, store: &str) -> std::fmt::Result {
@@ -235,6 +249,7 @@ fn write_verdicts(o: &mut String, r: &Ranking) -> std::fmt::Result {
             (Verdict::RefutedFidelity { why }, _) => format!(
                 "the saving clears its minimum but the frames fail the fidelity rule: {why}."
             ),
+            (Verdict::Sensitive { .. }, _) => format!("{}.", sensitive_why(&l.reference)),
             _ => String::new(),
         };
         writeln!(
@@ -243,16 +258,25 @@ fn write_verdicts(o: &mut String, r: &Ranking) -> std::fmt::Result {
             e(&l.id),
             e(&l.seed_issue),
             e(&r.reference_rung),
-            match v {
-                Verdict::Confirmed => "v-confirmed",
-                Verdict::Refuted { .. } => "v-refuted",
-                Verdict::Insufficient { .. } => "v-insufficient",
-                Verdict::NotApplicable { .. } => "v-na",
-                Verdict::RefutedFidelity { .. } => "v-refuted",
-            },
-            e(v.name()),
+            verdict_class(v),
+            e(&v.label()),
             e(&why)
         )?;
+    }
+    writeln!(o, "</ul>")
+}
+
+/// Runs flagged as outliers or first-init, with the verdict with and without
+/// their pairs; nothing when none is flagged.
+fn write_flagged(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    let lines = flagged_lines(r);
+    if lines.is_empty() {
+        return Ok(());
+    }
+    writeln!(o, r#"<h2 id="flagged">Flagged runs ({})</h2>"#, lines.len())?;
+    writeln!(o, "<ul>")?;
+    for l in lines {
+        writeln!(o, r#"<li class="flagged">{}</li>"#, e(&l))?;
     }
     writeln!(o, "</ul>")
 }
@@ -357,7 +381,7 @@ fn write_pairs(o: &mut String, r: &Ranking, art: &Artifacts) -> std::fmt::Result
         "<p>Each bundle id links to its timeline (phases, GPU, power, memory, CPU); the diff is <code>harness diff BASELINE TREATMENT</code>.</p>"
     )?;
     writeln!(o, "<div class=\"scroll\"><table class=\"pairs\">")?;
-    writeln!(o, "<tr><th>lever</th><th>rung</th><th>round</th><th>campaign</th><th>baseline</th><th>treatment</th><th>baseline value</th><th>treatment value</th><th>diff</th></tr>")?;
+    writeln!(o, "<tr><th>lever</th><th>rung</th><th>round</th><th>campaign</th><th>baseline</th><th>treatment</th><th>baseline value</th><th>treatment value</th><th>flagged</th><th>diff</th></tr>")?;
     for l in &r.levers {
         for x in std::iter::once(&l.reference).chain(&l.other_rungs) {
             for p in &x.rounds {
@@ -367,7 +391,7 @@ fn write_pairs(o: &mut String, r: &Ranking, art: &Artifacts) -> std::fmt::Result
                 };
                 writeln!(
                     o,
-                    r#"<tr><td>{}</td><td>{}</td><td class="num">{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td class="num">{}</td><td class="num">{}</td><td>{diff}</td></tr>"#,
+                    r#"<tr><td>{}</td><td>{}</td><td class="num">{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="flagged">{}</td><td>{diff}</td></tr>"#,
                     e(&l.id),
                     e(&x.rung),
                     p.cell.round,
@@ -376,6 +400,7 @@ fn write_pairs(o: &mut String, r: &Ranking, art: &Artifacts) -> std::fmt::Result
                     bundle_link(&p.treatment_id, art),
                     e(&value(p.pair.baseline, l.unit)),
                     e(&value(p.pair.treatment, l.unit)),
+                    e(&pair_flags(x, p, l.unit)),
                 )?;
             }
         }

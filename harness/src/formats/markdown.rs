@@ -9,7 +9,9 @@
 use std::fmt::Write;
 
 use crate::escape::{md_cell, md_code, md_code_cell};
-use crate::formats::ranking_text::{fixed, method_lines, rank_cells, value};
+use crate::formats::ranking_text::{
+    fixed, flagged_lines, method_lines, pair_flags, rank_cells, sensitive_why, value,
+};
 use crate::levers_spec::Numerics;
 use crate::rank::fidelity::{self, db};
 use crate::rank::fit::FLAT_EXPONENT;
@@ -41,6 +43,7 @@ fn write_all(o: &mut String, r: &Ranking, forest: Option<&str>) -> std::fmt::Res
     }
     write_verdicts(o, r)?;
     write_other_rungs(o, r)?;
+    write_flagged(o, r)?;
     write_fidelity(o, r)?;
     write_fit(o, r)?;
     write_method(o, r)?;
@@ -122,7 +125,7 @@ fn write_verdicts(o: &mut String, r: &Ranking) -> std::fmt::Result {
             l.id,
             l.seed_issue,
             md_cell(&r.reference_rung),
-            v.name()
+            v.label()
         )?;
         match v {
             Verdict::Confirmed => {
@@ -154,6 +157,9 @@ fn write_verdicts(o: &mut String, r: &Ranking) -> std::fmt::Result {
             )?,
             Verdict::Insufficient { missing } => write!(o, " — missing: {}.", md_cell(missing))?,
             Verdict::NotApplicable { why } => write!(o, " — not applicable: {}.", md_cell(why))?,
+            Verdict::Sensitive { .. } => {
+                write!(o, " — {}.", md_cell(&sensitive_why(&l.reference)))?
+            }
         }
         writeln!(o)?;
     }
@@ -183,6 +189,22 @@ fn write_other_rungs(o: &mut String, r: &Ranking) -> std::fmt::Result {
             write!(o, "| {} | {} ", md_cell(&x.rung), x.voxels)?;
             row(o, l, x, false)?;
         }
+    }
+    Ok(())
+}
+
+/// Runs flagged as outliers or first-init, per lever and rung, with the verdict
+/// with and without their pairs; nothing when none is flagged.
+fn write_flagged(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    let lines = flagged_lines(r);
+    if lines.is_empty() {
+        return Ok(());
+    }
+    writeln!(o)?;
+    writeln!(o, "## Flagged runs ({})", lines.len())?;
+    writeln!(o)?;
+    for l in lines {
+        writeln!(o, "- {}", md_cell(&l))?;
     }
     Ok(())
 }
@@ -408,14 +430,14 @@ fn write_pairs(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(o, "## Pairs")?;
     writeln!(o)?;
-    writeln!(o, "| lever | rung | round | campaign | baseline | treatment | baseline value | treatment value |")?;
-    writeln!(o, "|---|---|---:|---|---|---|---:|---:|")?;
+    writeln!(o, "| lever | rung | round | campaign | baseline | treatment | baseline value | treatment value | flagged |")?;
+    writeln!(o, "|---|---|---:|---|---|---|---:|---:|---|")?;
     for l in &r.levers {
         for x in std::iter::once(&l.reference).chain(&l.other_rungs) {
             for p in &x.rounds {
                 writeln!(
                     o,
-                    "| {} | {} | {} | {} | `{}` | `{}` | {} | {} |",
+                    "| {} | {} | {} | {} | `{}` | `{}` | {} | {} | {} |",
                     l.id,
                     md_cell(&x.rung),
                     p.cell.round,
@@ -423,7 +445,8 @@ fn write_pairs(o: &mut String, r: &Ranking) -> std::fmt::Result {
                     short(&p.baseline_id),
                     short(&p.treatment_id),
                     value(p.pair.baseline, l.unit),
-                    value(p.pair.treatment, l.unit)
+                    value(p.pair.treatment, l.unit),
+                    md_cell(&pair_flags(x, p, l.unit))
                 )?;
             }
         }
@@ -495,7 +518,7 @@ fn row(o: &mut String, l: &LeverResult, x: &RungResult, with_rank: bool) -> std:
         o,
         "| {} | {} | {} |",
         pct(l.min_effect),
-        x.verdict.name(),
+        md_cell(&x.verdict.label()),
         fidelity::cell(&x.fidelity)
     )
 }

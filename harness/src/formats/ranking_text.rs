@@ -5,9 +5,14 @@
 //! to 1, and `-0` is never printed.
 
 use crate::levers_spec::Unit;
+use crate::rank::outliers::{
+    FIRST_INIT_FACTOR, FIRST_INIT_MIN_EXCESS_S, MOD_Z_MAX, MOD_Z_MIN_RUNS, RATIO_MAX,
+};
+use crate::rank::pairing::PairedRound;
 use crate::rank::stats::CONFIDENCE;
-use crate::rank::verdict::MIN_PAIRS;
-use crate::rank::{LeverResult, Ranking};
+use crate::rank::verdict::{Verdict, MIN_PAIRS};
+use crate::rank::{LeverResult, Ranking, RungResult};
+use crate::short_id::short;
 
 /// Bytes in a GiB.
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -46,7 +51,105 @@ pub fn method_lines(r: &Ranking) -> Vec<String> {
         format!("Verdict: confirmed when the saving's whole interval is at or above the minimum effect; refuted when it is wholly below; otherwise, or with fewer than {MIN_PAIRS} pairs, insufficient."),
         format!("Fidelity: a numerics-changing lever stays confirmed only when the lower end of its median PSNR's {:.0}% bootstrap interval is at or above its threshold (the measured floor minus the rule's margin, else min_psnr_db); refuted-fidelity when the whole interval is below; insufficient when it straddles or fewer than {MIN_PAIRS} pairs have comparable frames. A numerics-preserving lever whose frames differ in any pair is flagged; its verdict is unchanged.", CONFIDENCE * 100.0),
         "Sign: pairs where the treatment is lower / higher, with the exact two-sided sign-test p-value.".to_string(),
+        format!(
+            "Flagged runs (specs/outliers.md): per lever arm and rung, a paired run is an outlier when its value is more than {:.0}% above or below its arm's median (with {MOD_Z_MIN_RUNS} or more runs in the arm, also a modified Z-score above {MOD_Z_MAX}), and first-init when its device-open seconds exceed its arm's median by more than {FIRST_INIT_FACTOR}x and {FIRST_INIT_MIN_EXCESS_S} s; arms of fewer than 3 runs flag nothing. The verdict is given with and without the pairs of flagged runs; where the two differ it is sensitive, naming the runs.",
+            100.0 * RATIO_MAX
+        ),
     ]
+}
+
+/// What a pair's flagged runs are, `baseline 0123456789ab: outlier: ...`, `; `
+/// between them; `—` when neither run is flagged.
+pub fn pair_flags(x: &RungResult, p: &PairedRound, unit: Unit) -> String {
+    let v: Vec<String> = x
+        .flagged
+        .iter()
+        .filter(|f| f.id == p.baseline_id || f.id == p.treatment_id)
+        .map(|f| {
+            let role = if f.id == p.baseline_id {
+                "baseline"
+            } else {
+                "treatment"
+            };
+            format!("{role} {}", f.describe(&|v| value(v, unit)))
+        })
+        .collect();
+    if v.is_empty() {
+        "—".to_string()
+    } else {
+        v.join("; ")
+    }
+}
+
+/// A verdict judged without the flagged runs' pairs, in words: `confirmed over
+/// 2 pairs (saving 31.0% [25.0%, 36.0%])`.
+fn judged(
+    v: &Verdict,
+    pairs: usize,
+    saving: Option<(f64, crate::rank::stats::Interval)>,
+) -> String {
+    match saving {
+        Some((s, ci)) => format!(
+            "{} over {pairs} pair(s) (saving {} [{}, {}])",
+            v.name(),
+            pct(s),
+            pct(ci.lo),
+            pct(ci.hi)
+        ),
+        None => format!("{} over {pairs} pair(s)", v.name()),
+    }
+}
+
+/// Why a verdict is `sensitive`, or what the flagged runs change where it is
+/// not: the verdict with every pair and without the flagged runs' pairs.
+pub fn sensitive_why(x: &RungResult) -> String {
+    let Some(w) = &x.without_flagged else {
+        return String::new();
+    };
+    let with = match &x.verdict {
+        Verdict::Sensitive { with_flagged, .. } => with_flagged.as_ref(),
+        v => v,
+    };
+    format!(
+        "with every pair {}; without the flagged runs' pairs {}",
+        judged(with, x.rounds.len(), x.saving_fraction),
+        judged(&w.verdict, w.pairs, w.saving_fraction)
+    )
+}
+
+/// One line per lever and rung with flagged runs: the runs, why, and the
+/// verdict with and without their pairs.
+pub fn flagged_lines(r: &Ranking) -> Vec<String> {
+    let mut out = Vec::new();
+    for l in &r.levers {
+        for x in std::iter::once(&l.reference).chain(&l.other_rungs) {
+            if x.flagged.is_empty() {
+                continue;
+            }
+            let runs: Vec<String> = x
+                .flagged
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{} ({}={}) {}",
+                        short(&f.id),
+                        l.id,
+                        f.arm,
+                        f.describe(&|v| value(v, l.unit))
+                    )
+                })
+                .collect();
+            out.push(format!(
+                "{} at rung {}: {}. Verdict {}: {}.",
+                l.id,
+                x.rung,
+                runs.join("; "),
+                x.verdict.label(),
+                sensitive_why(x)
+            ));
+        }
+    }
+    out
 }
 
 /// The measured rank (`—` when unranked) and the prior rank with its move

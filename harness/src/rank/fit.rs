@@ -264,6 +264,7 @@ mod tests {
             peak_rss_bytes: None,
             peak_host_bytes: None,
             peak_device_bytes: None,
+            device_open_s: None,
             gpu_busy_share: None,
             samples: None,
         };

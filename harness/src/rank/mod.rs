@@ -6,7 +6,10 @@
 //! [`stats`] computes each lever's paired effect with a [`bootstrap`] interval;
 //! [`fidelity`] compares each pair's frames ([`pixels`]: PSNR and max abs error)
 //! and checks them against the lever's numerics; [`verdict`] judges both against
-//! the hypothesis and fidelity rule in `specs/levers.toml`; [`fit`] fits
+//! the hypothesis and fidelity rule in `specs/levers.toml`; [`outliers`] names the
+//! runs far from their arm's median (or first-initialization ones), and the
+//! verdict is given with and without their pairs (`sensitive` where the two
+//! differ, `specs/outliers.md`); [`fit`] fits
 //! each phase as fixed + per-voxel cost. [`rank`] ties them together.
 //!
 //! Promise: the same set of bundles gives the same [`Ranking`] (and the same report
@@ -17,6 +20,7 @@ pub mod bootstrap;
 pub mod fidelity;
 pub mod fit;
 pub mod metric;
+pub mod outliers;
 pub mod pairing;
 pub mod pixels;
 pub mod stats;
@@ -30,6 +34,7 @@ use crate::bundle::facts::{Bundle, Exclusion};
 use crate::levers_spec::{Direction, Lever, LeverSpec, Numerics, Unit};
 use fidelity::{Floor, RungFidelity};
 use fit::{NoFit, ScalingFit};
+use outliers::RunFlag;
 use pairing::{LeverRungPairs, PairedRound};
 use stats::{Interval, PairedEffect};
 use verdict::Verdict;
@@ -55,6 +60,22 @@ pub struct RungResult {
     pub rounds: Vec<PairedRound>,
     /// The pairs' frames compared: PSNR, max abs error, flags and the fidelity rule.
     pub fidelity: RungFidelity,
+    /// Runs flagged as outliers or first-init ([`outliers`]), baseline arm first.
+    pub flagged: Vec<RunFlag>,
+    /// The judgement without the pairs of flagged runs; `None` when no run is
+    /// flagged.
+    pub without_flagged: Option<WithoutFlagged>,
+}
+
+/// A lever at a rung judged without the pairs that hold a flagged run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WithoutFlagged {
+    /// The pairs left.
+    pub pairs: usize,
+    /// Fractional saving and its interval over those pairs, when defined.
+    pub saving_fraction: Option<(f64, Interval)>,
+    /// The verdict over those pairs.
+    pub verdict: Verdict,
 }
 
 /// One lever's result.
@@ -337,9 +358,52 @@ fn rung_result(l: &Lever, rung: &str, lr: Option<&LeverRungPairs>, ctx: &Context
         })
         .collect();
     let fidelity = fidelity::rung_fidelity(l, rung, &frames, ctx.floors.get(rung));
-    let verdict = verdict::with_fidelity(
+    let with_flagged = verdict::with_fidelity(
         verdict::judge(&l.hypothesis, computed.as_ref().map_err(String::as_str)),
         fidelity.rule.as_ref(),
+    );
+    let flagged = outliers::flag(
+        &lr.rounds,
+        (&l.baseline, &l.treatment),
+        l.metric.unit() == Unit::Seconds,
+        ctx.by_id,
+    );
+    let mut runs: Vec<String> = flagged.iter().map(|f| f.id.clone()).collect();
+    runs.sort();
+    runs.dedup();
+    let without_flagged = (!runs.is_empty()).then(|| {
+        let kept: Vec<stats::Pair> = lr
+            .rounds
+            .iter()
+            .filter(|r| !runs.contains(&r.baseline_id) && !runs.contains(&r.treatment_id))
+            .map(|r| r.pair)
+            .collect();
+        let e = if kept.is_empty() {
+            Err("a pair without a flagged run: every pair holds one".to_string())
+        } else {
+            stats::paired_effect(
+                &kept,
+                stats::seed_for(&l.id, rung),
+                stats::BOOTSTRAP_RESAMPLES,
+            )
+            .map_err(|e| format!("a defined ratio for every pair ({e})"))
+        };
+        WithoutFlagged {
+            pairs: kept.len(),
+            saving_fraction: e
+                .as_ref()
+                .ok()
+                .map(|e| verdict::saving_fraction(l.hypothesis.direction, e)),
+            verdict: verdict::with_fidelity(
+                verdict::judge(&l.hypothesis, e.as_ref().map_err(String::as_str)),
+                fidelity.rule.as_ref(),
+            ),
+        }
+    });
+    let verdict = verdict::with_outliers(
+        with_flagged,
+        without_flagged.as_ref().map(|w| w.verdict.clone()),
+        &runs,
     );
     let effect = computed.ok();
     RungResult {
@@ -354,6 +418,8 @@ fn rung_result(l: &Lever, rung: &str, lr: Option<&LeverRungPairs>, ctx: &Context
         verdict,
         rounds: lr.rounds.clone(),
         fidelity,
+        flagged,
+        without_flagged,
     }
 }
 

@@ -55,6 +55,17 @@ pub enum Verdict {
         /// Why: the lever's devices and the rung's.
         why: String,
     },
+    /// The verdict over every pair and the verdict without the pairs of flagged
+    /// runs ([`crate::rank::outliers`]) differ: the flagged runs decide it, so
+    /// neither is given as the verdict.
+    Sensitive {
+        /// The flagged runs' bundle ids, sorted.
+        runs: Vec<String>,
+        /// The verdict over every pair.
+        with_flagged: Box<Verdict>,
+        /// The verdict without the pairs of flagged runs.
+        without_flagged: Box<Verdict>,
+    },
 }
 
 impl Verdict {
@@ -67,7 +78,42 @@ impl Verdict {
             Verdict::RefutedFidelity { .. } => "refuted-fidelity",
             Verdict::Insufficient { .. } => "insufficient",
             Verdict::NotApplicable { .. } => "n/a",
+            Verdict::Sensitive { .. } => "sensitive",
         }
+    }
+
+    /// The verdict as the tables print it: [`Verdict::name`], and for a
+    /// sensitive one the runs that decide it, `sensitive (run 0123456789ab)`.
+    pub fn label(&self) -> String {
+        match self {
+            Verdict::Sensitive { runs, .. } => format!(
+                "sensitive (run {})",
+                runs.iter()
+                    .map(|id| crate::short_id::short(id))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            v => v.name().to_string(),
+        }
+    }
+}
+
+/// The verdict given both judgements: `with_flagged` over every pair and
+/// `without_flagged` without the pairs of `runs` (flagged runs). The same
+/// verdict (by name) stands as `with_flagged`; differing ones are
+/// [`Verdict::Sensitive`]. No flagged run: `with_flagged`.
+pub fn with_outliers(
+    with_flagged: Verdict,
+    without_flagged: Option<Verdict>,
+    runs: &[String],
+) -> Verdict {
+    match without_flagged {
+        Some(w) if !runs.is_empty() && w.name() != with_flagged.name() => Verdict::Sensitive {
+            runs: runs.to_vec(),
+            with_flagged: Box::new(with_flagged),
+            without_flagged: Box::new(w),
+        },
+        _ => with_flagged,
     }
 }
 

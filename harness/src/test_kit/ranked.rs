@@ -52,6 +52,9 @@ pub struct Render {
     /// Frame images the engine wrote (`first.png`, ...): name, width, height and
     /// 8-bit RGB samples; none by default.
     pub images: Vec<(String, u32, u32, Vec<u8>)>,
+    /// The `device_open_s` attribute of `load.dit`'s close (a CUDA load's device
+    /// open, seconds); none by default.
+    pub device_open_s: Option<f64>,
 }
 
 /// A complete, uncontended render of `rung` with the given phase durations laid out
@@ -96,6 +99,7 @@ pub fn render(
         exit: "completed".into(),
         engine: "e".repeat(64),
         images: Vec::new(),
+        device_open_s: None,
     }
 }
 
@@ -180,6 +184,9 @@ pub fn seal(store: &Store, r: &Render) -> String {
         ));
         let mut attrs = Attrs::new();
         attrs.insert("peak_host_bytes".into(), json!(1u64 << 30));
+        if let (Some(s), "load.dit") = (r.device_open_s, name.as_str()) {
+            attrs.insert("device_open_s".into(), json!(s));
+        }
         events.push((
             o + d,
             0,

@@ -386,3 +386,162 @@ fn the_binaries_write_the_report_and_diff_two_bundles() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("no bundle matches \"nosuchbundle\""), "{err}");
 }
+
+/// One lever, `probe`: a planted 15% saving of load.dit, judged against a 10%
+/// minimum.
+const PROBE_SPEC: &str = r##"
+schema = 1
+reference_rung = "2"
+prior_rank_source = "planted for the test"
+
+[[lever]]
+id = "probe"
+seed_issue = "#34"
+title = "planted 15% saving of load.dit"
+arms = ["old", "new"]
+baseline = "old"
+treatment = "new"
+applies_to = ["cpu"]
+metric = { kind = "phase-wall", phase = "load.dit" }
+numerics = "preserving"
+[lever.hypothesis]
+direction = "decrease"
+min_effect = 0.10
+statement = "s"
+refutation = "r"
+next_hypothesis = "probe: next"
+"##;
+
+/// A 4-round campaign of `probe` at rung 2 (load.dit 20 s against 17 s, +-1%
+/// noise, device open 0.5 s), and with `plant` its first treatment run slow as
+/// a machine's first CUDA initialization makes it (load.dit 40 s, device open
+/// 20 s). Returns the ranking and the planted run's id.
+fn probe_campaign(name: &str, plant: bool) -> (Ranking, Option<String>) {
+    let store = fresh_store(name);
+    let mut noise = Noise::new(34);
+    let mut planted = None;
+    for round in 1..=4u32 {
+        for (i, arm) in ["old", "new"].into_iter().enumerate() {
+            let first = plant && round == 1 && arm == "new";
+            let base = if arm == "new" { 17.0 } else { 20.0 };
+            let load = if first {
+                40.0
+            } else {
+                base * (1.0 + 0.01 * noise.next())
+            };
+            let mut r = render("2", RUNGS[1].1, load, 8.0, 16.0, 6.0, 5.0);
+            r.schedule = Some((
+                "pl4nted".into(),
+                round,
+                2 * (round - 1) + i as u32,
+                "probe".into(),
+                arm.into(),
+            ));
+            r.device_open_s = Some(if first { 20.0 } else { 0.5 });
+            let id = seal(&store, &r);
+            if first {
+                planted = Some(id);
+            }
+        }
+    }
+    let spec = LeverSpec::parse(PROBE_SPEC, Path::new("probe-spec.toml")).unwrap();
+    let loaded = load_dirs(&store_bundle_dirs(store.root()).unwrap());
+    assert!(loaded.unreadable.is_empty(), "{:?}", loaded.unreadable);
+    let r = rank(
+        &spec,
+        &loaded.bundles,
+        &loaded.unreadable,
+        &[],
+        "harness rank --store S",
+    );
+    (r, planted)
+}
+
+/// Issue 34's must-show: a slow first run planted into a synthetic campaign.
+/// Without it the planted 15% saving is confirmed; with it, the verdict over
+/// every pair is no longer confirmed (the one run flips it), and rank, which
+/// names the run an outlier and first-init, gives `sensitive (run X)` with
+/// both verdicts in levers.md instead of either one silently.
+///
+/// Red under any of these mutations: `verdict::with_outliers` returning its
+/// `with_flagged` verdict unchanged (the old behaviour: `insufficient`, the
+/// run unnamed in the verdict); `outliers::outlier_indices` and the first-init
+/// check flagging nothing (no `without_flagged`, no `Flagged runs` section).
+#[test]
+fn a_planted_slow_first_run_is_named_and_makes_the_verdict_sensitive() {
+    let (clean, _) = probe_campaign("rank-probe-clean", false);
+    assert_eq!(clean.levers[0].reference.verdict, Verdict::Confirmed);
+    assert!(clean.levers[0].reference.flagged.is_empty());
+
+    let (r, planted) = probe_campaign("rank-probe-planted", true);
+    let planted = planted.unwrap();
+    let x = &r.levers[0].reference;
+    assert_eq!(x.rounds.len(), 4);
+    // The planted run is flagged both ways, and only it.
+    let kinds: Vec<(&str, &str)> = x
+        .flagged
+        .iter()
+        .map(|f| (f.id.as_str(), f.kind.name()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (planted.as_str(), "outlier"),
+            (planted.as_str(), "first-init")
+        ]
+    );
+    let Verdict::Sensitive {
+        runs,
+        with_flagged,
+        without_flagged,
+    } = &x.verdict
+    else {
+        panic!("want sensitive, got {:?}", x.verdict)
+    };
+    assert_eq!(runs, &vec![planted.clone()]);
+    // Without outlier handling the planted run flips the verdict.
+    assert_ne!(**with_flagged, Verdict::Confirmed, "{with_flagged:?}");
+    assert_eq!(**without_flagged, Verdict::Confirmed);
+    assert_eq!(x.without_flagged.as_ref().map(|w| w.pairs), Some(3));
+    let short = &planted[..12];
+    let md = markdown(&r);
+    assert!(
+        md.contains(&format!("**sensitive (run {short})**")),
+        "the verdict line: {md}"
+    );
+    assert!(
+        md.contains(&format!("| sensitive (run {short}) |")),
+        "the ranking row: {md}"
+    );
+    let flagged = md
+        .lines()
+        .find(|l| {
+            l.starts_with(&format!(
+                "- probe at rung 2: {short} (probe=new) outlier: 40.000 s"
+            ))
+        })
+        .unwrap_or_else(|| panic!("the flagged-runs line: {md}"));
+    assert!(
+        flagged.contains("first-init: device open 20.00 s against its arm's median 0.50 s")
+            && flagged.contains("without the flagged runs' pairs confirmed over 3 pair(s)"),
+        "{flagged}"
+    );
+    // The pair holding it is marked in the pairs table, the others are not.
+    let pair_rows: Vec<&str> = md
+        .lines()
+        .filter(|l| l.starts_with("| probe | 2 |"))
+        .collect();
+    assert_eq!(pair_rows.len(), 4, "{md}");
+    assert!(
+        pair_rows[0].contains("| treatment outlier: 40.000 s against its arm's median ")
+            && pair_rows[0].ends_with(
+                "; treatment first-init: device open 20.00 s against its arm's median 0.50 s |"
+            ),
+        "{}",
+        pair_rows[0]
+    );
+    assert!(
+        pair_rows[1..].iter().all(|l| l.ends_with("| — |")),
+        "{pair_rows:?}"
+    );
+}
