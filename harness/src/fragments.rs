@@ -109,6 +109,11 @@ pub struct Schedule {
     pub lever: String,
     /// The seed that ordered the arms.
     pub seed: u64,
+    /// A throw-away warm-up run before the campaign's first round (`harness
+    /// campaign --warmup`): sealed like any run, never paired. Absent (false) in
+    /// every other run, so their manifests are as before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warmup: bool,
 }
 
 impl Fragment for Schedule {

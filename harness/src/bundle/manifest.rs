@@ -158,6 +158,12 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
                 arm: st("arm")?,
                 lever: st("lever")?,
                 seed: u("seed")?,
+                warmup: match s.get("warmup") {
+                    None => false,
+                    Some(v) => v.as_bool().ok_or_else(|| {
+                        field(&dotted(&[Schedule::KEY, "warmup"]), "true or false")
+                    })?,
+                },
             })
         }
     };

@@ -256,6 +256,58 @@ mod tests {
         );
     }
 
+    /// `--warmup`: the warm-ups run first on each rung and are sealed marked;
+    /// resuming after them (their bundles sealed) runs none again.
+    #[test]
+    fn warm_ups_run_before_the_first_round_and_resuming_does_not_repeat_them() {
+        use crate::campaign::plan::with_warmups;
+        let p = with_warmups(all_plan(Order::Abba, 2), &rungs(), Some(1));
+        let fake = || Fake {
+            calls: vec![],
+            refuse_at: None,
+            incomplete_at: None,
+            wall_s: 1.0,
+            clock: Default::default(),
+        };
+        let mut f = fake();
+        let out = execute(&p, &rungs(), &BTreeSet::new(), &mut f, None, |_, _| {}).unwrap();
+        assert_eq!(out.completed.len(), p.entries.len());
+        assert_eq!(
+            f.calls[0].schedule["warmup"], true,
+            "{}",
+            f.calls[0].schedule
+        );
+        assert_eq!(f.calls[0].schedule["round"], 0);
+        let first_measured = &f.calls[1].schedule;
+        assert_eq!(first_measured.get("warmup"), None, "{first_measured}");
+        assert_eq!(
+            (&f.calls[0].levers, &f.calls[0].rung_path),
+            (&f.calls[1].levers, &f.calls[1].rung_path),
+            "the same lever arm and rung as the run it warms"
+        );
+        let warm: Vec<u32> = p
+            .entries
+            .iter()
+            .filter(|e| e.warmup)
+            .map(|e| e.position)
+            .collect();
+        assert_eq!(warm.len(), 2);
+        // Interrupted after the warm-ups and the first measured run: resume.
+        let sealed_now: Vec<Bundle> = p.entries[..3]
+            .iter()
+            .chain(p.entries.iter().filter(|e| e.warmup))
+            .map(|e| sealed(&p, e, &format!("s{}", e.position), true))
+            .collect();
+        let done = done_positions(&p, &sealed_now);
+        let mut g = fake();
+        execute(&p, &rungs(), &done, &mut g, None, |_, _| {}).unwrap();
+        assert!(
+            g.calls.iter().all(|j| j.schedule.get("warmup").is_none()),
+            "no warm-up runs again"
+        );
+        assert_eq!(g.calls.len(), p.entries.len() - done.len());
+    }
+
     #[test]
     fn a_gate_refusal_stops_cleanly_and_says_where() {
         let p = all_plan(Order::Abba, 0);

@@ -14,6 +14,13 @@
 //! binary names the same campaign. Resuming skips every position that already has a
 //! sealed, complete bundle of that campaign; an incomplete one is run again.
 //!
+//! Warm-ups (`--warmup N`; default 1 on a CUDA rung, 0 on a CPU one): N throw-away
+//! runs per rung right before its first entry of round 1, with that entry's lever
+//! arm, round 0 and `schedule.warmup = true`. They are sealed like any run, so
+//! resuming skips those already sealed; rank never pairs them and lists them as
+//! warm-ups. Any warm-up is part of the campaign id, so a campaign begun before
+//! the flag resumes with `--warmup 0`.
+//!
 //! A run refused by a gate stops the campaign cleanly: nothing further is started and
 //! the outcome says where it stopped and why.
 //!

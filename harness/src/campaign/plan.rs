@@ -60,6 +60,19 @@ pub struct Entry {
     pub lever: String,
     /// Arm of the lever for this run.
     pub arm: String,
+    /// A warm-up run (round 0, before the rung's first round; never paired).
+    pub warmup: bool,
+}
+
+impl Entry {
+    /// `round 3`, or `warm-up` for a warm-up run, as messages print it.
+    pub fn round_label(&self) -> String {
+        if self.warmup {
+            "warm-up".to_string()
+        } else {
+            format!("round {}", self.round)
+        }
+    }
 }
 
 /// A lever left out at a rung, and why.
@@ -100,8 +113,64 @@ impl Plan {
             arm: e.arm.clone(),
             lever: e.lever.clone(),
             seed: self.seed,
+            warmup: e.warmup,
         }
     }
+}
+
+/// Warm-up runs at `rung`: `n` when given (`--warmup N`), else 1 on a CUDA rung
+/// (its first run pays the machine's first device initialization: 20 s of
+/// `device_open_s` in the committed observer campaign at rung 3) and 0 on a CPU
+/// one.
+pub fn warmups_for(rung: &RungRef, n: Option<u32>) -> u32 {
+    n.unwrap_or(match rung.device {
+        DeviceKind::Cuda => 1,
+        DeviceKind::Cpu => 0,
+    })
+}
+
+/// `plan` with `warmup` runs per rung ([`warmups_for`]) placed right before the
+/// rung's first entry of round 1: the same rung, lever and arm as that entry,
+/// round 0, marked `warmup`; positions are renumbered. The campaign id mixes in
+/// each rung's count when any is non-zero (a plan without warm-ups keeps its id
+/// and positions, so campaigns sealed before `--warmup` resume as they were).
+pub fn with_warmups(mut plan: Plan, rungs: &[RungRef], warmup: Option<u32>) -> Plan {
+    let counts: Vec<(&str, u32)> = rungs
+        .iter()
+        .map(|r| (r.name.as_str(), warmups_for(r, warmup)))
+        .collect();
+    if counts.iter().all(|(_, n)| *n == 0) {
+        return plan;
+    }
+    let mut h = Sha256::new();
+    h.update(format!("{}\n", plan.id));
+    for (r, n) in &counts {
+        h.update(format!("warmup {r} {n}\n"));
+    }
+    plan.id = format!("{:x}", h.finalize()).chars().take(16).collect();
+    let mut entries = Vec::with_capacity(plan.entries.len());
+    let mut warmed: BTreeSet<String> = BTreeSet::new();
+    for e in std::mem::take(&mut plan.entries) {
+        if e.round == 1 && warmed.insert(e.rung.clone()) {
+            let n = counts
+                .iter()
+                .find(|(r, _)| *r == e.rung)
+                .map_or(0, |(_, n)| *n);
+            for _ in 0..n {
+                entries.push(Entry {
+                    round: 0,
+                    warmup: true,
+                    ..e.clone()
+                });
+            }
+        }
+        entries.push(e);
+    }
+    for (i, e) in entries.iter_mut().enumerate() {
+        e.position = i as u32;
+    }
+    plan.entries = entries;
+    plan
 }
 
 /// Build the schedule. `engine_sha256` is the binary every run uses.
@@ -166,6 +235,7 @@ pub fn plan(
                         rung: r.name.clone(),
                         lever: l.id.clone(),
                         arm: arm.clone(),
+                        warmup: false,
                     });
                 }
             }
@@ -191,7 +261,12 @@ pub fn done_positions(plan: &Plan, bundles: &[Bundle]) -> BTreeSet<u32> {
             continue;
         }
         if let Some(e) = plan.entries.get(s.position as usize) {
-            if e.round == s.round && e.lever == s.lever && e.arm == s.arm && e.rung == b.rung {
+            if e.round == s.round
+                && e.lever == s.lever
+                && e.arm == s.arm
+                && e.rung == b.rung
+                && e.warmup == s.warmup
+            {
                 done.insert(s.position);
             }
         }
@@ -310,6 +385,58 @@ pub(crate) mod tests {
         )
     }
 
+    /// Rung 0 runs on the CPU, rung 2 on CUDA (see [`rungs`]).
+    #[test]
+    fn warm_ups_default_to_one_per_cuda_rung_right_before_its_first_round() {
+        let p = all_plan(Order::Random, 7);
+        let w = with_warmups(p.clone(), &rungs(), None);
+        assert_ne!(w.id, p.id, "a warm-up is part of the campaign id");
+        assert_eq!(w.entries.len(), p.entries.len() + 1);
+        let warm: Vec<&Entry> = w.entries.iter().filter(|e| e.warmup).collect();
+        assert_eq!(warm.len(), 1);
+        let first2 = p.entries.iter().find(|e| e.rung == "2").unwrap();
+        // The warm-up takes the place of rung 2's first entry, with its lever and
+        // arm, round 0; everything after it moves one position on.
+        assert_eq!(
+            *warm[0],
+            Entry {
+                position: first2.position,
+                round: 0,
+                warmup: true,
+                ..first2.clone()
+            }
+        );
+        assert_eq!(warm[0].round_label(), "warm-up");
+        let next = &w.entries[first2.position as usize + 1];
+        assert_eq!((next.position, next.warmup), (first2.position + 1, false));
+        assert!(w
+            .entries
+            .iter()
+            .enumerate()
+            .all(|(i, e)| e.position == i as u32));
+        assert!(w.fragment(warm[0]).warmup, "the schedule fragment marks it");
+        // --warmup 2: two on every rung; --warmup 0: the plan as it was.
+        let two = with_warmups(p.clone(), &rungs(), Some(2));
+        assert_eq!(two.entries.iter().filter(|e| e.warmup).count(), 4);
+        assert!(two.entries[..2].iter().all(|e| e.warmup && e.rung == "0"));
+        assert_eq!(with_warmups(p.clone(), &rungs(), Some(0)), p);
+    }
+
+    #[test]
+    fn a_sealed_warm_up_counts_as_done_only_at_its_own_position() {
+        let w = with_warmups(all_plan(Order::Abba, 1), &rungs(), Some(1));
+        let warm = w.entries.iter().find(|e| e.warmup).unwrap();
+        let done = done_positions(&w, &[sealed(&w, warm, "wu", true)]);
+        assert_eq!(done, BTreeSet::from([warm.position]));
+        // A measured run sealed at that position is not the warm-up.
+        let mut not = sealed(&w, warm, "m", true);
+        if let Some(s) = not.schedule.as_mut() {
+            s.warmup = false;
+            s.round = 1;
+        }
+        assert!(done_positions(&w, &[not]).is_empty());
+    }
+
     #[test]
     fn every_round_runs_both_arms_of_every_applicable_lever_once() {
         let s = spec();
@@ -414,6 +541,7 @@ pub(crate) mod tests {
             arm: e.arm.clone(),
             lever: e.lever.clone(),
             seed: p.seed,
+            warmup: e.warmup,
         });
         if !complete {
             b.incomplete = Some("exit killed".into());

@@ -52,6 +52,13 @@ pub struct CampaignArgs {
         default_value = "as-is"
     )]
     pub weights_cache: WeightsCache,
+    /// Throw-away runs per rung before its first round (same engine, weights,
+    /// profile, and the lever arm that runs first there), sealed with
+    /// `schedule.warmup` and never paired by rank. Default: 1 on a rung whose
+    /// device is cuda, 0 on a cpu rung. Any warm-up is part of the campaign id
+    /// (`--warmup 0` resumes a campaign begun before this flag).
+    #[arg(long, value_name = "N")]
+    pub warmup: Option<u32>,
     /// The lever spec.
     #[arg(long, default_value = DEFAULT_SPEC)]
     pub spec: PathBuf,
@@ -209,14 +216,18 @@ fn schedule(args: &CampaignArgs) -> anyhow::Result<(Plan, Vec<RungRef>, Vec<Leve
     // as skipped. An arm the spec names but the engine lacks is an error.
     let registry = engine_levers(&args.engine)?;
     let (levers, missing) = reconcile(&args.spec, levers, &registry)?;
-    let mut plan = plan::plan(
-        &engine,
+    let mut plan = plan::with_warmups(
+        plan::plan(
+            &engine,
+            &rungs,
+            &levers,
+            args.repeat,
+            args.order,
+            args.seed,
+            args.weights_cache,
+        ),
         &rungs,
-        &levers,
-        args.repeat,
-        args.order,
-        args.seed,
-        args.weights_cache,
+        args.warmup,
     );
     for l in &missing {
         for r in &rungs {
@@ -302,9 +313,13 @@ fn print_plan(
             }
         }
         println!(
-            "  {:>4} round {:>2} rung {} {}={} {}{eta}",
+            "  {:>4} {} rung {} {}={} {}{eta}",
             e.position,
-            e.round,
+            if e.warmup {
+                "warm-up ".to_string()
+            } else {
+                format!("round {:>2}", e.round)
+            },
             e.rung,
             e.lever,
             e.arm,
@@ -411,8 +426,12 @@ pub fn run(args: &CampaignArgs) -> anyhow::Result<u8> {
         Some(&mut budget),
         |e, what| {
             eprintln!(
-                "campaign: position {} (round {}, rung {}, {}={}): {what}",
-                e.position, e.round, e.rung, e.lever, e.arm
+                "campaign: position {} ({}, rung {}, {}={}): {what}",
+                e.position,
+                e.round_label(),
+                e.rung,
+                e.lever,
+                e.arm
             );
         },
     )?;

@@ -1,6 +1,8 @@
 //! Which bundles are usable, and which baseline and treatment runs form a pair.
 //!
-//! A bundle is usable for a lever when it is complete, not contended, carries a
+//! A campaign's warm-up run (`schedule.warmup`, `harness campaign --warmup`) is
+//! never usable: it is listed as a warm-up. Any other bundle is usable for a
+//! lever when it is complete, not contended, carries a
 //! `schedule` fragment naming a lever of the spec and one of its baseline or treatment
 //! arms, and has a value for the lever's metric. Two usable bundles pair when they
 //! share a cell: the same lever, rung, campaign, round, engine sha256, host, weights
@@ -162,6 +164,16 @@ impl Pairing {
 
 /// Why `b` cannot be used in any pair, if it cannot.
 pub fn unusable(b: &Bundle, spec: &LeverSpec) -> Option<String> {
+    // A warm-up is listed as one, complete or not.
+    if let Some(s) = b.schedule.as_ref().filter(|s| s.warmup) {
+        return Some(format!(
+            "warm-up: a throw-away run of campaign {} ({}={} at rung {}) before its first round, never paired",
+            short(&s.campaign),
+            s.lever,
+            s.arm,
+            b.rung
+        ));
+    }
     if let Some(why) = &b.incomplete {
         return Some(format!("incomplete: {why}"));
     }
@@ -444,10 +456,43 @@ next_hypothesis = "n"
             arm: arm.into(),
             lever: "staging".into(),
             seed: 1,
+            warmup: false,
         });
         b.levers.insert("staging".into(), arm.into());
         b.phases[0].duration_s = Some(load_s);
         b
+    }
+
+    /// A warm-up of round 1's cell would pair by every other key; it never does,
+    /// and is listed as a warm-up (incomplete or not).
+    #[test]
+    fn a_warm_up_is_never_paired_and_is_listed_as_one() {
+        let mut w = run("w", 1, "serial", 30.0);
+        if let Some(s) = w.schedule.as_mut() {
+            s.warmup = true;
+        }
+        let mut wi = w.clone();
+        wi.id = "wi".into();
+        wi.incomplete = Some("exit killed".into());
+        let bundles = vec![
+            w,
+            wi,
+            run("a1", 1, "serial", 10.0),
+            run("b1", 1, "batched", 7.0),
+        ];
+        let p = pair(&bundles, &spec());
+        let lr = &p.by_lever_rung[&("staging".to_string(), "2".to_string())];
+        assert_eq!(lr.rounds.len(), 1);
+        assert_eq!(lr.rounds[0].baseline_id, "a1");
+        for id in ["w", "wi"] {
+            let why = reason_of(&p, id);
+            assert!(
+                why.starts_with(
+                    "warm-up: a throw-away run of campaign camp (staging=serial at rung 2)"
+                ),
+                "{id}: {why}"
+            );
+        }
     }
 
     #[test]
