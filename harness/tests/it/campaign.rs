@@ -105,6 +105,64 @@ fn a_campaign_interleaves_arms_resumes_and_feeds_rank() {
     assert!(rs.contains("host-threads"), "{rs}");
 }
 
+/// `--warmup 1` on rung 0 (a CPU rung, whose default is 0): one throw-away run
+/// sealed first, marked `warmup` in its schedule, with the arm of the run it
+/// precedes; a resume runs nothing again; rank lists it as a warm-up and pairs
+/// the four measured runs only.
+#[test]
+fn a_warm_up_is_sealed_first_marked_never_repeated_and_never_paired() {
+    let store = vacant_dir("campaign-warmup");
+    let flags = ["--warmup", "1", "--", "--cadence-ms", "50"];
+    let out = campaign(&store, &flags);
+    let so = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{so}\n{}", text(&out.stderr));
+    assert!(so.contains("5 sealed complete"), "{so}");
+    let ms = manifests(&store);
+    assert_eq!(ms.len(), 5);
+    assert_eq!(ms[0]["schedule"]["warmup"], true, "{}", ms[0]["schedule"]);
+    assert_eq!(ms[0]["schedule"]["round"], 0);
+    assert_eq!(ms[0]["schedule"]["arm"], ms[1]["schedule"]["arm"]);
+    assert!(ms[1..]
+        .iter()
+        .all(|m| m["schedule"].get("warmup").is_none()));
+
+    let again = campaign(&store, &flags);
+    let so2 = text(&again.stdout);
+    assert!(
+        so2.contains("5 already sealed") && so2.contains("0 sealed complete"),
+        "{so2}"
+    );
+    assert_eq!(manifests(&store).len(), 5);
+
+    let rank = Command::new(HARNESS)
+        .current_dir(repo())
+        .args(["rank", "--store"])
+        .arg(&store)
+        .args(["--json"])
+        .output()
+        .unwrap();
+    let r: Value = serde_json::from_slice(&rank.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}", text(&rank.stdout), text(&rank.stderr)));
+    let warm: Vec<&Value> = r["excluded"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            e["reason"]
+                .as_str()
+                .is_some_and(|w| w.starts_with("warm-up: "))
+        })
+        .collect();
+    assert_eq!(warm.len(), 1, "{}", r["excluded"]);
+    assert!(
+        r["used"]
+            .as_array()
+            .is_some_and(|u| !u.contains(&warm[0]["id"])),
+        "{r}"
+    );
+    assert_eq!(r["used"].as_array().map(Vec::len), Some(4), "{}", r["used"]);
+}
+
 #[test]
 fn a_gate_refusal_stops_the_campaign_and_says_where() {
     let store = vacant_dir("campaign-refused");

@@ -159,7 +159,15 @@ fn every_stage_command_is_a_campaign_the_harness_schedules() {
             .map(|t| t.split_whitespace().map(str::to_string).collect::<Vec<_>>());
         for args in std::iter::once(general).chain(literal) {
             let so = dry_run(&args, &store);
-            let positions = so.lines().filter(|l| l.ends_with(" todo")).count();
+            let todo = || so.lines().filter(|l| l.ends_with(" todo"));
+            let warmups = todo().filter(|l| l.contains(" warm-up ")).count();
+            let positions = todo().count() - warmups;
+            // At most one warm-up per rung by default (1 on a cuda rung).
+            assert!(
+                warmups <= rung_list.len(),
+                "{SPEC}: stage {stage}: `harness {}` scheduled:\n{so}",
+                args.join(" ")
+            );
             // Two arms, three rounds, every rung of the row.
             assert_eq!(
                 positions,
