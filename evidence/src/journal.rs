@@ -22,8 +22,12 @@
 //! ```
 //!
 //! A sample row costs 8 + 2 + 5 + 8 per present value (at most 335 bytes for the
-//! current 32 columns) plus 9 bytes of framing: a 3-hour 10 Hz run (108,000 rows)
-//! is about 37 MB.
+//! current 40 columns) plus 9 bytes of framing: a 3-hour 10 Hz run (108,000 rows)
+//! is about 37 MB (GPM's columns are set on one row in ten at 10 Hz).
+//!
+//! A header whose column count is one of [`crate::sample::PREFIX_LAYOUTS`] (a
+//! journal from before columns were appended) reads too: its rows are padded
+//! with nulls to today's width.
 //!
 //! The reader stops at the first record that is torn (runs past the end of the
 //! file) or corrupt (bad length, checksum, type or payload) and reports how many
@@ -369,6 +373,9 @@ fn decode_body(body: &[u8], ncols: usize) -> Result<Record, String> {
                 return Err("presence bits set past the last column".into());
             }
             c.end()?;
+            // A journal of an earlier (prefix) layout: the appended columns are
+            // null in its rows.
+            values.resize(SAMPLE_COLUMNS.len().max(n), None);
             Record::Sample(Sample { t_ns, values })
         }
         T_MARKER => {
@@ -478,7 +485,7 @@ pub fn parse_journal(bytes: &[u8], path: &Path) -> Result<JournalContents, Journ
         });
     }
     let ncols = le32(12) as usize;
-    if ncols != SAMPLE_COLUMNS.len() {
+    if ncols != SAMPLE_COLUMNS.len() && !crate::sample::PREFIX_LAYOUTS.contains(&ncols) {
         return Err(JournalError::Version {
             path: path.to_path_buf(),
             expected: SAMPLE_COLUMNS.len() as u32,
@@ -876,6 +883,46 @@ mod tests {
         h[8] = 9;
         let e = parse_journal(&h, Path::new("/s/journal")).unwrap_err();
         assert!(e.to_string().contains("version 9"), "{e}");
+    }
+
+    /// A journal written before the GPM columns were appended (its header and
+    /// rows carry the shorter prefix layout) still reads: each row's values land
+    /// in their columns and the appended ones are null. A layout that is not a
+    /// known prefix is refused. Red if the header check is reverted (the old
+    /// journal is refused) or the padding dropped (rows one width short).
+    #[test]
+    fn a_journal_of_the_prefix_layout_reads_with_the_appended_columns_null() {
+        let old = crate::sample::PREFIX_LAYOUTS[0];
+        let mut b = header_bytes().to_vec();
+        b[12..16].copy_from_slice(&(old as u32).to_le_bytes());
+        let mut body = vec![T_SAMPLE];
+        body.extend_from_slice(&77u64.to_le_bytes());
+        body.extend_from_slice(&(old as u16).to_le_bytes());
+        let mut bitmap = vec![0u8; old.div_ceil(8)];
+        bitmap[0] |= 1; // column 0 present
+        bitmap[(old - 1) / 8] |= 1 << ((old - 1) % 8); // and the last of the old layout
+        body.extend_from_slice(&bitmap);
+        body.extend_from_slice(&1.5f64.to_le_bytes());
+        body.extend_from_slice(&2.5f64.to_le_bytes());
+        b.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        b.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        b.extend_from_slice(&body);
+        let c = parse_journal(&b, Path::new("j")).unwrap();
+        assert_eq!(c.stop_reason, None);
+        let Record::Sample(s) = &c.records[0] else {
+            panic!("{:?}", c.records)
+        };
+        assert_eq!(s.values.len(), SAMPLE_COLUMNS.len());
+        assert_eq!(s.values[0], Some(1.5));
+        assert_eq!(s.values[old - 1], Some(2.5));
+        assert_eq!(s.get("gpm_tensor_active_pct"), None);
+        assert!(s.values[old..].iter().all(Option::is_none));
+        // An unknown width is still an error naming the file.
+        b[12..16].copy_from_slice(&((old - 1) as u32).to_le_bytes());
+        assert!(parse_journal(&b, Path::new("/s/j"))
+            .unwrap_err()
+            .to_string()
+            .contains("/s/j"));
     }
 
     #[test]

@@ -158,6 +158,12 @@ const NS: &str = "nanoseconds (CLOCK_MONOTONIC)";
 
 /// `samples.parquet`: `t_ns`, `phase`, then every sampler column.
 pub fn samples_schema() -> SchemaRef {
+    samples_schema_of(SAMPLE_COLUMNS.len())
+}
+
+/// `samples.parquet` with the first `n` of [`SAMPLE_COLUMNS`]: today's layout for
+/// `n` = all, an earlier one for each of [`crate::sample::PREFIX_LAYOUTS`].
+fn samples_schema_of(n: usize) -> SchemaRef {
     let mut f = vec![
         field(
             samples::T_NS,
@@ -176,7 +182,7 @@ pub fn samples_schema() -> SchemaRef {
             "innermost phase open at t_ns, from the markers (null outside every phase)",
         ),
     ];
-    for c in SAMPLE_COLUMNS {
+    for c in &SAMPLE_COLUMNS[..n.min(SAMPLE_COLUMNS.len())] {
         let ty = match c.ty {
             ColumnType::I64 => DataType::Int64,
             ColumnType::F64 => DataType::Float64,
@@ -489,6 +495,37 @@ pub fn frames_schema() -> SchemaRef {
     )
 }
 
+/// Every schema a bundle table may be sealed with, today's first: for
+/// `samples.parquet` also the earlier layouts whose columns are a prefix of
+/// today's (bundles sealed before columns were appended; readers see the
+/// appended columns as missing). Empty for a file that is not a table.
+pub fn schemas_for(file: &str) -> Vec<SchemaRef> {
+    let mut v: Vec<SchemaRef> = schema_for(file).into_iter().collect();
+    if file == SAMPLES {
+        v.extend(
+            crate::sample::PREFIX_LAYOUTS
+                .iter()
+                .map(|&n| samples_schema_of(n)),
+        );
+    }
+    v
+}
+
+/// [`read_table`] against the first of `schemas` the file's columns match (the
+/// error, when none does, is against the first: today's layout).
+pub fn read_table_as(bytes: &[u8], schemas: &[SchemaRef]) -> Result<TableRead, String> {
+    let mut first_err = None;
+    for s in schemas {
+        match read_table(bytes, s) {
+            Ok(t) => return Ok(t),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    Err(first_err.unwrap_or_else(|| "no schema to read the table with".into()))
+}
+
 /// The schema of a bundle table by file name.
 pub fn schema_for(file: &str) -> Option<SchemaRef> {
     match file {
@@ -646,5 +683,41 @@ mod tests {
         let e = read_table(&a, &phases_schema()).unwrap_err();
         assert!(e.contains("columns ["), "{e}");
         assert!(read_table(&a[..a.len() - 3], &s).is_err());
+    }
+
+    /// An empty samples table of the first `n` sampler columns.
+    fn samples_table(n: usize) -> Vec<u8> {
+        let schema = samples_schema_of(n);
+        let cols: Vec<ArrayRef> = schema
+            .fields()
+            .iter()
+            .map(|f| -> ArrayRef {
+                match f.data_type() {
+                    DataType::Utf8 => Arc::new(StringArray::from(Vec::<Option<&str>>::new())),
+                    DataType::Float64 => Arc::new(Float64Array::from(Vec::<f64>::new())),
+                    _ => Arc::new(Int64Array::from(Vec::<i64>::new())),
+                }
+            })
+            .collect();
+        write_table(schema, cols).unwrap()
+    }
+
+    /// samples.parquet of today's layout and of the layout before the GPM
+    /// columns both read through `schemas_for`; a table one column short of
+    /// that (no known layout) does not, and the error is against today's.
+    /// Red if `schemas_for` drops the prefix layouts.
+    #[test]
+    fn samples_of_an_earlier_prefix_layout_read_and_others_do_not() {
+        let all = schemas_for(SAMPLES);
+        assert_eq!(all.len(), 1 + crate::sample::PREFIX_LAYOUTS.len());
+        let old = crate::sample::PREFIX_LAYOUTS[0];
+        for n in [SAMPLE_COLUMNS.len(), old] {
+            let t = read_table_as(&samples_table(n), &all).unwrap();
+            assert_eq!(t.schema.fields().len(), n + 2);
+        }
+        let e = read_table_as(&samples_table(old - 1), &all).unwrap_err();
+        assert!(e.contains("gpm_window_start_ns"), "{e}");
+        assert_eq!(schemas_for(FRAMES).len(), 1);
+        assert!(schemas_for("manifest.json").is_empty());
     }
 }

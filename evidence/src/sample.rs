@@ -81,6 +81,22 @@ pub mod column {
     pub const GPU_PCIE_TX_KIBPS: &str = "gpu_pcie_tx_kibps";
     /// `gpu_pcie_rx_kibps`.
     pub const GPU_PCIE_RX_KIBPS: &str = "gpu_pcie_rx_kibps";
+    /// `gpm_window_start_ns`.
+    pub const GPM_WINDOW_START_NS: &str = "gpm_window_start_ns";
+    /// `gpm_window_end_ns`.
+    pub const GPM_WINDOW_END_NS: &str = "gpm_window_end_ns";
+    /// `gpm_sm_active_pct`.
+    pub const GPM_SM_ACTIVE_PCT: &str = "gpm_sm_active_pct";
+    /// `gpm_sm_occupancy_pct`.
+    pub const GPM_SM_OCCUPANCY_PCT: &str = "gpm_sm_occupancy_pct";
+    /// `gpm_tensor_active_pct`.
+    pub const GPM_TENSOR_ACTIVE_PCT: &str = "gpm_tensor_active_pct";
+    /// `gpm_dram_bw_pct`.
+    pub const GPM_DRAM_BW_PCT: &str = "gpm_dram_bw_pct";
+    /// `gpm_pcie_tx_bytes_per_s`.
+    pub const GPM_PCIE_TX_BYTES_PER_S: &str = "gpm_pcie_tx_bytes_per_s";
+    /// `gpm_pcie_rx_bytes_per_s`.
+    pub const GPM_PCIE_RX_BYTES_PER_S: &str = "gpm_pcie_rx_bytes_per_s";
     /// `rss_bytes`.
     pub const RSS_BYTES: &str = "rss_bytes";
     /// `rss_anon_bytes`.
@@ -354,7 +370,74 @@ pub const SAMPLE_COLUMNS: &[ColumnSpec] = &[
         "instant",
         "how late this tick fired against its schedule",
     ),
+    // Appended last, so journals of the layout before them read as a prefix
+    // (see `PREFIX_LAYOUTS`).
+    // NVML's GPU Performance Monitoring (Hopper and later): metrics over a window
+    // between two GPM samples, read on a thread of its own; each window lands
+    // once, in the first row after it closes, with its own bounds.
+    col(
+        column::GPM_WINDOW_START_NS,
+        I64,
+        "nanoseconds (CLOCK_MONOTONIC)",
+        "the GPM window [gpm_window_start_ns, gpm_window_end_ns] (at least 100 ms); set only on the first row after the window closes, null on the others",
+        "the harness's clock at the window's first GPM sample",
+    ),
+    col(
+        column::GPM_WINDOW_END_NS,
+        I64,
+        "nanoseconds (CLOCK_MONOTONIC)",
+        "the GPM window [gpm_window_start_ns, gpm_window_end_ns] (at least 100 ms); set only on the first row after the window closes, null on the others",
+        "the harness's clock at the window's second GPM sample",
+    ),
+    col(
+        column::GPM_SM_ACTIVE_PCT,
+        F64,
+        "percent",
+        "the GPM window [gpm_window_start_ns, gpm_window_end_ns] (at least 100 ms); set only on the first row after the window closes, null on the others",
+        "nvml gpm NVML_GPM_METRIC_SM_UTIL (time each SM had a warp assigned, averaged over SMs)",
+    ),
+    col(
+        column::GPM_SM_OCCUPANCY_PCT,
+        F64,
+        "percent",
+        "the GPM window [gpm_window_start_ns, gpm_window_end_ns] (at least 100 ms); set only on the first row after the window closes, null on the others",
+        "nvml gpm NVML_GPM_METRIC_SM_OCCUPANCY (resident warps against the maximum, averaged over SMs)",
+    ),
+    col(
+        column::GPM_TENSOR_ACTIVE_PCT,
+        F64,
+        "percent",
+        "the GPM window [gpm_window_start_ns, gpm_window_end_ns] (at least 100 ms); set only on the first row after the window closes, null on the others",
+        "nvml gpm NVML_GPM_METRIC_ANY_TENSOR_UTIL (time the SMs' tensor pipes were busy)",
+    ),
+    col(
+        column::GPM_DRAM_BW_PCT,
+        F64,
+        "percent",
+        "the GPM window [gpm_window_start_ns, gpm_window_end_ns] (at least 100 ms); set only on the first row after the window closes, null on the others",
+        "nvml gpm NVML_GPM_METRIC_DRAM_BW_UTIL (DRAM bandwidth used against the peak)",
+    ),
+    col(
+        column::GPM_PCIE_TX_BYTES_PER_S,
+        F64,
+        "bytes/s",
+        "the GPM window [gpm_window_start_ns, gpm_window_end_ns] (at least 100 ms); set only on the first row after the window closes, null on the others",
+        "nvml gpm NVML_GPM_METRIC_PCIE_TX_PER_SEC",
+    ),
+    col(
+        column::GPM_PCIE_RX_BYTES_PER_S,
+        F64,
+        "bytes/s",
+        "the GPM window [gpm_window_start_ns, gpm_window_end_ns] (at least 100 ms); set only on the first row after the window closes, null on the others",
+        "nvml gpm NVML_GPM_METRIC_PCIE_RX_PER_SEC",
+    ),
 ];
+
+/// Column counts of earlier layouts whose columns are, in order, the first
+/// columns of [`SAMPLE_COLUMNS`]: a journal written with one of them (by a harness
+/// from before the columns after it were appended) still reads, its rows padded
+/// with nulls. Today: the layout before the eight GPM columns.
+pub const PREFIX_LAYOUTS: &[usize] = &[SAMPLE_COLUMNS.len() - 8];
 
 /// The index of column `name` in [`SAMPLE_COLUMNS`].
 pub fn column_index(name: &str) -> Option<usize> {

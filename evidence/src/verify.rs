@@ -397,7 +397,8 @@ fn check_content(
         file: name.to_string(),
         why: e.to_string(),
     };
-    if let Some(schema) = parquet_tables::schema_for(name) {
+    let schemas = parquet_tables::schemas_for(name);
+    if !schemas.is_empty() {
         if bytes > MAX_TABLE_BYTES {
             return Err(VerifyError::TooLarge {
                 file: name.to_string(),
@@ -409,7 +410,7 @@ fn check_content(
             .open(name, bytes)
             .and_then(read_limited)
             .map_err(unreadable)?;
-        let t = parquet_tables::read_table(&data, &schema).map_err(content)?;
+        let t = parquet_tables::read_table_as(&data, &schemas).map_err(content)?;
         if Some(t.rows) != rows {
             return Err(content(format!(
                 "{} rows, manifest.json says {rows:?}",

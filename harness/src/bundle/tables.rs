@@ -18,10 +18,15 @@ use crate::bundle::files;
 /// `dir`, checked against the table's schema.
 pub fn read(dir: &Path, file: &str) -> Result<Vec<RecordBatch>, TableError> {
     let bytes = files::read(dir, file)?;
-    let schema = parquet_tables::schema_for(file).ok_or_else(|| TableError::NotATable {
-        file: file.to_string(),
-    })?;
-    let t = parquet_tables::read_table(&bytes, &schema).map_err(|why| TableError::Malformed {
+    let schemas = parquet_tables::schemas_for(file);
+    if schemas.is_empty() {
+        return Err(TableError::NotATable {
+            file: file.to_string(),
+        });
+    }
+    // samples.parquet of a bundle sealed before the GPM columns: an earlier
+    // layout (its appended columns are missing to the readers).
+    let t = parquet_tables::read_table_as(&bytes, &schemas).map_err(|why| TableError::Malformed {
         path: dir.join(file),
         why,
     })?;

@@ -65,6 +65,11 @@ impl Gpu {
         Ok(Gpu { nvml, index })
     }
 
+    /// The NVML instance (GPM samples borrow it).
+    pub fn nvml(&self) -> &Nvml {
+        &self.nvml
+    }
+
     /// The GPU's NVML handle.
     pub fn device(&self) -> Result<Device<'_>, NvmlError> {
         self.nvml.device_by_index(self.index)

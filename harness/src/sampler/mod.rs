@@ -17,6 +17,7 @@
 //! scan, no NVML probe, no page-cache residency, no journal append.
 
 pub mod cadence;
+pub mod gpm;
 pub mod gpu;
 pub mod limits;
 pub mod pagecache;
@@ -35,6 +36,7 @@ use evidence::sample::Sample;
 
 use crate::sampler::limits::{Limits, Trip};
 use cadence::Ticker;
+use gpm::{GpmPass, GpmSource, GpmWindow, NvmlGpm};
 use gpu::{Gpu, GpuProbe, SlowReading, GPU_COLUMNS};
 use pagecache::Residency;
 use periodic::Periodic;
@@ -63,6 +65,13 @@ impl Reasons {
     pub fn note(&mut self, column: &str, reason: &str) {
         if !self.map.contains_key(column) {
             self.map.insert(column.to_string(), reason.to_string());
+            self.changed = true;
+        }
+    }
+
+    /// Forget `column`'s reason (a source for it has started since).
+    pub fn forget(&mut self, column: &str) {
+        if self.map.remove(column).is_some() {
             self.changed = true;
         }
     }
@@ -206,8 +215,9 @@ pub struct SamplerReport {
 
 /// The timed parts that run on threads of their own ([`periodic`]), so that their
 /// cost is not part of a tick's. Recorded in the `sampler` fragment as
-/// `off_tick_parts`: bundles without it read `gpu_slow` on the tick.
-pub const OFF_TICK_PARTS: [&str; 2] = ["gpu_slow", "pagecache"];
+/// `off_tick_parts`: bundles without it read `gpu_slow` on the tick; bundles
+/// before GPM have no `gpm`.
+pub const OFF_TICK_PARTS: [&str; 3] = ["gpu_slow", "pagecache", "gpm"];
 
 /// A running sampler.
 pub struct Sampler {
@@ -290,6 +300,8 @@ pub struct TickReader<'g> {
     system: SystemProbe,
     gpu: Option<GpuProbe<'g>>,
     gpu_slow: Option<Periodic<SlowReading>>,
+    gpm: Option<Periodic<Result<Option<GpmWindow>, String>>>,
+    gpm_window_ms: u64,
     residency: Option<Periodic<Result<u64, String>>>,
     pids: HashSet<i32>,
     last_weights_cached: Option<f64>,
@@ -333,6 +345,9 @@ impl TickReader<'_> {
         if let Some(p) = &self.gpu_slow {
             out.insert("gpu_slow", CostStats::of(&mut p.costs_ns()));
         }
+        if let Some(p) = &self.gpm {
+            out.insert("gpm", CostStats::of(&mut p.costs_ns()));
+        }
         if let Some(p) = &self.residency {
             out.insert("pagecache", CostStats::of(&mut p.costs_ns()));
         }
@@ -349,6 +364,23 @@ impl TickReader<'_> {
         }
         if let Some(why) = self.residency.as_ref().and_then(Periodic::spawn_error) {
             self.reasons.note("weights_cached_bytes", why);
+        }
+        if let Some(why) = self.gpm.as_ref().and_then(Periodic::spawn_error) {
+            gpm::note_unavailable(&mut self.reasons, why);
+        }
+    }
+
+    /// Read GPM windows from `source` on a thread of their own (replacing any
+    /// source already running), one pass per window (see [`gpm`]).
+    pub fn set_gpm_source(&mut self, source: Box<dyn GpmSource>) {
+        for c in gpm::GPM_COLUMNS {
+            self.reasons.forget(c);
+        }
+        let mut pass = GpmPass::new(source);
+        let every = std::time::Duration::from_millis(self.gpm_window_ms);
+        self.gpm = Some(Periodic::start("gpm", every, move || pass.step()));
+        if let Some(why) = self.gpm.as_ref().and_then(Periodic::spawn_error) {
+            gpm::note_unavailable(&mut self.reasons, why);
         }
     }
 }
@@ -378,23 +410,32 @@ impl<'g> TickReader<'g> {
         let every =
             std::time::Duration::from_millis(config.cadence_ms.max(1) * config.slow_every());
         let mut gpu_slow = None;
+        let mut gpm_source: Option<Box<dyn GpmSource>> = None;
         let gpu = match gpu.map(|g| (g, GpuProbe::new(g))) {
             Some((g, Ok(p))) => {
-                // The slow columns are journaled only with the observer on; the
-                // unified budget needs none of them.
+                // The slow columns and GPM are journaled only with the observer
+                // on; the unified budget needs none of them.
                 if config.observer {
-                    let g = Arc::clone(g);
-                    gpu_slow = Some(Periodic::start("gpu-slow", every, move || g.read_slow()));
+                    let g2 = Arc::clone(g);
+                    gpu_slow = Some(Periodic::start("gpu-slow", every, move || g2.read_slow()));
+                    match NvmlGpm::open(Arc::clone(g)) {
+                        Ok(src) => gpm_source = Some(Box::new(src)),
+                        Err(why) => gpm::note_unavailable(&mut reasons, &why),
+                    }
+                } else {
+                    gpm::note_unavailable(&mut reasons, "observer off: not read");
                 }
                 Some(p)
             }
             Some((_, Err(why))) => {
                 GPU_COLUMNS.iter().for_each(|c| reasons.note(c, &why));
+                gpm::note_unavailable(&mut reasons, &why);
                 None
             }
             None => {
                 let why = gpu_absent_reason.unwrap_or_else(|| "no GPU opened".into());
                 GPU_COLUMNS.iter().for_each(|c| reasons.note(c, &why));
+                gpm::note_unavailable(&mut reasons, &why);
                 None
             }
         };
@@ -425,6 +466,8 @@ impl<'g> TickReader<'g> {
             system: SystemProbe::default(),
             gpu,
             gpu_slow,
+            gpm: None,
+            gpm_window_ms: gpm::window_ms(config.cadence_ms),
             residency,
             pids,
             last_weights_cached: None,
@@ -433,6 +476,9 @@ impl<'g> TickReader<'g> {
             part_costs: BTreeMap::new(),
         };
         reader.note_spawn_errors();
+        if let Some(src) = gpm_source {
+            reader.set_gpm_source(src);
+        }
         reader
     }
 
@@ -465,6 +511,16 @@ impl<'g> TickReader<'g> {
             }
             if let Some(v) = s.get("engine_gpu_mem_bytes") {
                 self.last_engine_gpu = Some(v);
+            }
+        }
+        // Each GPM window lands once, in the first row after it closes.
+        if full {
+            if let Some(r) = self.gpm.as_mut().and_then(Periodic::take_new) {
+                match r.value {
+                    Ok(Some(w)) => w.apply(&mut s, &mut self.reasons),
+                    Ok(None) => {}
+                    Err(why) => gpm::note_unavailable(&mut self.reasons, &why),
+                }
             }
         }
         // Each pass of the page-cache probe lands in the first row after it ends.
@@ -618,6 +674,89 @@ mod tests {
         );
         assert!(report.trip.is_none());
         assert!(report.cost.median_us > 0.0);
+    }
+
+    /// GPM through a scripted source: each window lands once, with its own
+    /// bounds, in a row after it closes (never repeated on later rows); rows
+    /// without a window are null, not 0; the source's error nulls every GPM
+    /// column with its reason. Mutations that turn it red: `take_new` replaced by
+    /// a peek (windows repeat), `apply` writing 0 for a missing metric, the error
+    /// arm of `read` dropped.
+    #[test]
+    fn gpm_windows_land_once_each_and_an_error_is_a_reason() {
+        use gpm::tests::{window, ScriptedGpm};
+        use std::collections::VecDeque;
+        let pid = std::process::id() as i32;
+        let target = Target { pid, pgid: pid };
+        let cfg = SamplerConfig {
+            cadence_ms: 10,
+            observer: true,
+            limits: None,
+            weights: vec![],
+        };
+        let mut r = TickReader::new(&cfg, target, None, Some("no GPU here".into()));
+        // No GPU: every GPM column says why.
+        assert_eq!(
+            r.reasons
+                .map()
+                .get("gpm_tensor_active_pct")
+                .map(String::as_str),
+            Some("no GPU here")
+        );
+        let (w1, w2) = (
+            window(1_000, 101_000_000, 52.0),
+            window(101_000_000, 202_000_000, 65.0),
+        );
+        r.set_gpm_source(Box::new(ScriptedGpm(VecDeque::from([
+            Ok(None),
+            Ok(Some(w1.clone())),
+            Ok(Some(w2.clone())),
+            Err("GPM sample: Insufficient Permissions".into()),
+        ]))));
+        assert!(!r.reasons.map().contains_key("gpm_tensor_active_pct"));
+        let mut seen = Vec::new();
+        let mut rows = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline
+            && !r.reasons.map().contains_key("gpm_tensor_active_pct")
+        {
+            let s = r.read(rows, monotonic_ns());
+            rows += 1;
+            match s.get("gpm_window_end_ns") {
+                Some(end) => seen.push((
+                    s.get("gpm_window_start_ns"),
+                    end,
+                    s.get("gpm_tensor_active_pct"),
+                    s.get("gpm_sm_occupancy_pct"),
+                )),
+                None => {
+                    for c in gpm::GPM_COLUMNS {
+                        assert_eq!(s.get(c), None, "{c} without a window");
+                    }
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(
+            seen,
+            vec![
+                (Some(1_000.0), 101_000_000.0, Some(52.0), Some(19.5)),
+                (Some(101_000_000.0), 202_000_000.0, Some(65.0), Some(19.5)),
+            ],
+            "each window exactly once, in order, over {rows} rows"
+        );
+        assert!(
+            rows > 10,
+            "windows are 100 ms apart, ticks 10 ms: {rows} rows"
+        );
+        for c in gpm::GPM_COLUMNS {
+            assert_eq!(
+                r.reasons.map().get(*c).map(String::as_str),
+                Some("GPM sample: Insufficient Permissions"),
+                "{c}"
+            );
+        }
+        assert!(r.part_cost_stats().contains_key("gpm"));
     }
 
     #[test]

@@ -517,7 +517,7 @@ fn a_rung_run_synthesizes_weights_once_and_completes() {
     // NVML opens a GPU.
     assert_eq!(
         m["sampler"]["off_tick_parts"],
-        serde_json::json!(["gpu_slow", "pagecache"]),
+        serde_json::json!(["gpu_slow", "pagecache", "gpm"]),
         "{}",
         m["sampler"]
     );
