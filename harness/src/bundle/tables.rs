@@ -26,10 +26,11 @@ pub fn read(dir: &Path, file: &str) -> Result<Vec<RecordBatch>, TableError> {
     }
     // samples.parquet of a bundle sealed before the GPM columns: an earlier
     // layout (its appended columns are missing to the readers).
-    let t = parquet_tables::read_table_as(&bytes, &schemas).map_err(|why| TableError::Malformed {
-        path: dir.join(file),
-        why,
-    })?;
+    let t =
+        parquet_tables::read_table_as(&bytes, &schemas).map_err(|why| TableError::Malformed {
+            path: dir.join(file),
+            why,
+        })?;
     Ok(t.batches)
 }
 
