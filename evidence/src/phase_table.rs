@@ -5,8 +5,16 @@
 //! order they first opened, indented by depth. Below it the coverage line (leaf
 //! sum over wall, unaccounted seconds) and the containment and exclusivity
 //! verdicts.
+//!
+//! Where the bundle's samples carry GPM windows (`specs/bundle.md`, "GPM
+//! windows"), two more columns give each phase's median tensor-pipe and SM
+//! activity over the windows wholly inside one of its instances, with a dash for
+//! a phase no whole window fits in (shorter than a window, or no GPM there).
+//! Without any window (no GPM on that machine, a bundle from before it) the
+//! table is as it was.
 
 use crate::parquet_tables::columns::phases;
+use crate::sample::column as scol;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -36,6 +44,73 @@ struct Line {
     util_n: i64,
     cores_w: f64,
     cores_n: i64,
+    /// Every instance's [open, close] in ns (an open instance: close = open).
+    spans: Vec<(i64, i64)>,
+}
+
+/// One GPM window of a bundle's samples: bounds (ns) and two of its figures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpmFigure {
+    /// CLOCK_MONOTONIC ns at the window's first GPM sample.
+    pub start_ns: i64,
+    /// At its second.
+    pub end_ns: i64,
+    /// Tensor-pipe activity, percent (`gpm_tensor_active_pct`).
+    pub tensor_pct: Option<f64>,
+    /// SM activity, percent (`gpm_sm_active_pct`).
+    pub sm_pct: Option<f64>,
+}
+
+/// The GPM windows in a bundle's `samples.parquet` batches: the rows whose
+/// `gpm_window_end_ns` is set. None for samples of a layout before GPM.
+pub fn gpm_figures(batches: &[RecordBatch]) -> Vec<GpmFigure> {
+    let mut out = Vec::new();
+    for b in batches {
+        let (Ok(start), Ok(end)) = (
+            col::<Int64Array>(b, scol::GPM_WINDOW_START_NS),
+            col::<Int64Array>(b, scol::GPM_WINDOW_END_NS),
+        ) else {
+            continue;
+        };
+        let f = |name: &str, i: usize| col::<Float64Array>(b, name).ok().and_then(|a| opt_f(a, i));
+        for i in 0..b.num_rows() {
+            if let (Some(s), Some(e)) = (opt_i(start, i), opt_i(end, i)) {
+                out.push(GpmFigure {
+                    start_ns: s,
+                    end_ns: e,
+                    tensor_pct: f(scol::GPM_TENSOR_ACTIVE_PCT, i),
+                    sm_pct: f(scol::GPM_SM_ACTIVE_PCT, i),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The median of `v` (the mean of the middle two for an even count).
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// The median of `pick` over the windows wholly inside one of `spans`.
+fn inside_median(
+    spans: &[(i64, i64)],
+    windows: &[GpmFigure],
+    pick: impl Fn(&GpmFigure) -> Option<f64>,
+) -> Option<f64> {
+    median(
+        windows
+            .iter()
+            .filter(|w| spans.iter().any(|&(o, c)| w.start_ns >= o && w.end_ns <= c))
+            .filter_map(pick)
+            .collect(),
+    )
 }
 
 fn col<'a, T: 'static>(b: &'a RecordBatch, name: &str) -> Result<&'a T, String> {
@@ -67,6 +142,7 @@ fn lines_from(batches: &[RecordBatch]) -> Result<Vec<Line>, String> {
         let name = col::<StringArray>(b, phases::NAME)?;
         let depth = col::<Int64Array>(b, phases::DEPTH)?;
         let parent = col::<Int64Array>(b, phases::PARENT_SEQ)?;
+        let open_ns = col::<Int64Array>(b, phases::OPEN_NS)?;
         let close = col::<Int64Array>(b, phases::CLOSE_NS)?;
         let dur = col::<Float64Array>(b, phases::DURATION_S)?;
         let _leaf = col::<BooleanArray>(b, phases::IS_LEAF)?;
@@ -96,6 +172,8 @@ fn lines_from(batches: &[RecordBatch]) -> Result<Vec<Line>, String> {
             if close.is_null(i) {
                 l.open += 1;
             }
+            let o = open_ns.value(i);
+            l.spans.push((o, opt_i(close, i).unwrap_or(o)));
             l.seconds += dur.value(i);
             l.peak_rss = max_opt(l.peak_rss, opt_i(rss, i));
             l.peak_dev = max_opt(l.peak_dev, max_opt(opt_i(dev, i), opt_i(gmem, i)));
@@ -138,22 +216,37 @@ fn check_line(label: &str, c: &CheckSummary) -> String {
 
 /// Render the table for a bundle from its manifest and phases rows.
 pub fn render(manifest: &Manifest, phases: &[RecordBatch]) -> Result<String, String> {
+    render_with(manifest, phases, &[])
+}
+
+/// [`render`] with the bundle's GPM windows ([`gpm_figures`]): with any, the
+/// `tensor %` and `SM %` columns (medians over the windows wholly inside each
+/// phase) follow `cores`.
+pub fn render_with(
+    manifest: &Manifest,
+    phases: &[RecordBatch],
+    gpm: &[GpmFigure],
+) -> Result<String, String> {
     let lines = lines_from(phases)?;
     let p = &manifest.phases;
     let wall = p.wall_s.filter(|w| *w > 0.0);
     let dash = || "-".to_string();
     let mut out = String::new();
-    let _ = writeln!(
+    let _ = write!(
         out,
         "{:<34} {:>5} {:>10} {:>7} {:>11} {:>11} {:>8} {:>7} {:>6}",
         "phase", "n", "seconds", "% wall", "peak RSS", "peak device", "GPU busy", "util %", "cores"
     );
+    if !gpm.is_empty() {
+        let _ = write!(out, " {:>8} {:>6}", "tensor %", "SM %");
+    }
+    out.push('\n');
     for l in &lines {
         let mut name = format!("{}{}", "  ".repeat(l.depth), l.name);
         if l.open > 0 {
             name.push_str(" (open)");
         }
-        let _ = writeln!(
+        let _ = write!(
             out,
             "{:<34} {:>5} {:>10.3} {:>7} {:>11} {:>11} {:>8} {:>7} {:>6}",
             name,
@@ -168,6 +261,16 @@ pub fn render(manifest: &Manifest, phases: &[RecordBatch]) -> Result<String, Str
             mean(l.util_w, l.util_n).map_or_else(dash, |v| format!("{v:.1}")),
             mean(l.cores_w, l.cores_n).map_or_else(dash, |v| format!("{v:.2}")),
         );
+        if !gpm.is_empty() {
+            let pct = |v: Option<f64>| v.map_or_else(dash, |v| format!("{v:.1}"));
+            let _ = write!(
+                out,
+                " {:>8} {:>6}",
+                pct(inside_median(&l.spans, gpm, |w| w.tensor_pct)),
+                pct(inside_median(&l.spans, gpm, |w| w.sm_pct)),
+            );
+        }
+        out.push('\n');
     }
     match (p.wall_s, p.coverage, p.unaccounted_s) {
         (Some(w), Some(c), Some(u)) => {
@@ -234,8 +337,17 @@ pub fn phase_table_text(bundle_dir: &Path) -> Result<String, VerifyError> {
                 why,
             }
         })?;
-    render(&manifest, &t.batches).map_err(|why| VerifyError::Content {
-        file: bundle_files::PHASES.into(),
-        why,
+    let sbytes = read(bundle_files::SAMPLES)?;
+    let st =
+        parquet_tables::read_table_as(&sbytes, &parquet_tables::schemas_for(bundle_files::SAMPLES))
+            .map_err(|why| VerifyError::Content {
+                file: bundle_files::SAMPLES.into(),
+                why,
+            })?;
+    render_with(&manifest, &t.batches, &gpm_figures(&st.batches)).map_err(|why| {
+        VerifyError::Content {
+            file: bundle_files::PHASES.into(),
+            why,
+        }
     })
 }

@@ -180,6 +180,20 @@ fn a_sealed_bundle_verifies_and_holds_the_journal_values() {
     let table = evidence::phase_table::phase_table_text(&sealed.path).unwrap();
     assert!(table.contains("denoise.step"), "{table}");
     assert!(table.contains("coverage: leaves sum"), "{table}");
+    // GPM windows in the samples: the tensor and SM medians of the windows wholly
+    // inside each phase, 50-69% in the busy denoise (the generator's range).
+    let head = table.lines().next().unwrap();
+    assert!(head.ends_with("tensor %   SM %"), "{head}");
+    let denoise = table
+        .lines()
+        .find(|l| l.trim_start().starts_with("denoise "))
+        .unwrap_or_else(|| panic!("{table}"));
+    let cells: Vec<&str> = denoise.split_whitespace().collect();
+    let (tensor, sm) = (cells[cells.len() - 2], cells[cells.len() - 1]);
+    for v in [tensor, sm] {
+        let v: f64 = v.parse().unwrap_or_else(|_| panic!("{denoise}"));
+        assert!((50.0..70.0).contains(&v), "{denoise}");
+    }
     assert!(
         table.contains("containment") && table.contains("exclusivity"),
         "{table}"

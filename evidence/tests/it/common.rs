@@ -307,6 +307,16 @@ fn sample_records(shape: &RunShape, t0: u64, start: u64, rng: &mut Rng, ev: &mut
                     (i % 10 == 0).then(|| rng.below(1 << 20) as f64)
                 }
                 "tick_lag_ns" => Some(rng.below(2_000_000) as f64),
+                // A GPM window of one tick interval lands on every other row
+                // (null on the others), its figures high while the engine is busy.
+                "gpm_window_start_ns" => (i % 2 == 1).then(|| (t - shape.cadence_ns) as f64),
+                "gpm_window_end_ns" => (i % 2 == 1).then(|| (t - 1) as f64),
+                "gpm_tensor_active_pct" | "gpm_sm_active_pct" if i % 2 == 1 => Some(if busy {
+                    50.0 + rng.below(20) as f64
+                } else {
+                    0.0
+                }),
+                c if c.starts_with("gpm_") => (i % 2 == 1).then(|| rng.below(100) as f64),
                 "gpu_temp_c" => Some(40.0 + rng.below(30) as f64),
                 "load1" | "psi_mem_some_avg10_pct" | "psi_mem_full_avg10_pct" => {
                     Some((rng.f64() * 200.0).round() / 100.0)

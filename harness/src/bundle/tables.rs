@@ -73,8 +73,9 @@ pub fn rows(dir: &Path, file: &str) -> Result<Vec<Value>, TableError> {
     Ok(out)
 }
 
-/// The phase table of the bundle at `dir` (`evidence::phase_table::render` over
-/// its manifest and `phases.parquet`), with the errors
+/// The phase table of the bundle at `dir` (`evidence::phase_table::render_with`
+/// over its manifest, `phases.parquet` and the GPM windows of `samples.parquet`),
+/// with the errors
 /// `evidence::phase_table::phase_table_text` gives.
 pub fn phase_table_text(dir: &Path) -> Result<String, VerifyError> {
     let read = |name: &str| {
@@ -96,8 +97,20 @@ pub fn phase_table_text(dir: &Path) -> Result<String, VerifyError> {
                 why,
             }
         })?;
-    evidence::phase_table::render(&manifest, &t.batches).map_err(|why| VerifyError::Content {
-        file: PHASES.into(),
+    let sbytes = read(evidence::bundle_files::SAMPLES)?;
+    let st = parquet_tables::read_table_as(
+        &sbytes,
+        &parquet_tables::schemas_for(evidence::bundle_files::SAMPLES),
+    )
+    .map_err(|why| VerifyError::Content {
+        file: evidence::bundle_files::SAMPLES.into(),
         why,
+    })?;
+    let gpm = evidence::phase_table::gpm_figures(&st.batches);
+    evidence::phase_table::render_with(&manifest, &t.batches, &gpm).map_err(|why| {
+        VerifyError::Content {
+            file: PHASES.into(),
+            why,
+        }
     })
 }
