@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::Args;
 use evidence::store::Store;
 
+use crate::control::gpm::{FileGpm, GpmInput};
 use crate::control::util::{FileUtil, UtilSource};
 use crate::control::watchdog::{self as watchdog_control, ControlKind};
 use crate::control::{
@@ -14,6 +15,7 @@ use crate::control::{
     GPU_CONTROL_SETTLE_S,
 };
 use crate::exit;
+use crate::sampler::gpm::NvmlGpm;
 use crate::sampler::gpu::Gpu;
 use crate::sampler::limits::default_floor;
 
@@ -65,14 +67,28 @@ pub fn run(args: &ControlArgs) -> anyhow::Result<u8> {
         .clone()
         .unwrap_or_else(crate::cmd::run::default_engine);
     let (gpu, why) = match Gpu::open(0) {
-        Ok(g) => (Some(g), None),
+        Ok(g) => (Some(std::sync::Arc::new(g)), None),
         Err(w) => (None, Some(w)),
     };
     let fake = FileUtil::from_env();
     let source: Option<&dyn UtilSource> = match (&fake, &gpu) {
         (Some(f), _) => Some(f),
-        (None, Some(g)) => Some(g),
+        (None, Some(g)) => Some(g.as_ref()),
         (None, None) => None,
+    };
+    // GPM beside the utilization: the fake with the fake, NVML on the real GPU.
+    let gpm = match (FileGpm::from_env(), &fake, &gpu) {
+        (Some(f), _, _) => GpmInput::Source(Box::new(f)),
+        (None, Some(_), _) => {
+            GpmInput::NotApplicable("a fake utilization source and no fake GPM".into())
+        }
+        (None, None, Some(g)) => match NvmlGpm::open(g.clone()) {
+            Ok(src) => GpmInput::Source(Box::new(src)),
+            Err(why) => GpmInput::Unreadable(why),
+        },
+        (None, None, None) => {
+            GpmInput::NotApplicable(why.clone().unwrap_or_else(|| "no GPU".into()))
+        }
     };
     let settings = judge::Settings {
         seconds: args.seconds,
@@ -80,7 +96,8 @@ pub fn run(args: &ControlArgs) -> anyhow::Result<u8> {
         settle_s: GPU_CONTROL_SETTLE_S,
         min_util_pct: GPU_CONTROL_MIN_UTIL_PCT,
     };
-    let mut results = vec![gpu::gpu_control(&engine, source, why.as_deref(), &settings)];
+    let (util, gpm) = gpu::gpu_controls(&engine, source, why.as_deref(), gpm, &settings);
+    let mut results = vec![util, gpm];
     // Kept for runs only when measured on the real GPU.
     if let (Some(g), true) = (&gpu, source.is_some_and(|s| s.is_real())) {
         let record = crate::control::recorded::record(

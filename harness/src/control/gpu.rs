@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use evidence::clock::monotonic_ns;
 
 use crate::control::burn::Burn;
+use crate::control::gpm::{self as gpm_control, GpmInput, GpmSeen};
 use crate::control::judge::{self, Observation, Settings, Stop};
 use crate::control::util::UtilSource;
 use crate::control::watchdog::{ControlResult, INSTRUMENT_ERROR};
@@ -33,25 +34,58 @@ pub fn gpu_control(
     why_none: Option<&str>,
     settings: &Settings,
 ) -> ControlResult {
+    let (util, _) = gpu_controls(
+        engine,
+        source,
+        why_none,
+        GpmInput::NotApplicable("not read".to_string()),
+        settings,
+    );
+    util
+}
+
+/// The GPU controls over one burn: `gpu-util` from `source` and `gpu-gpm` from
+/// `gpm` (a GPM window per tick of the control's cadence, which is NVML's
+/// shortest window). Without a utilization source both are `not-applicable`
+/// with `why_none`.
+pub fn gpu_controls(
+    engine: &Path,
+    source: Option<&dyn UtilSource>,
+    why_none: Option<&str>,
+    gpm: GpmInput,
+    settings: &Settings,
+) -> (ControlResult, ControlResult) {
     let Some(source) = source else {
-        return ControlResult::new(
-            judge::NAME,
-            "not-applicable",
-            format!("no GPU: {}", why_none.unwrap_or("NVML found none")),
+        let why = why_none.unwrap_or("NVML found none");
+        return (
+            ControlResult::new(judge::NAME, "not-applicable", format!("no GPU: {why}")),
+            gpm_control::judge(&GpmSeen::NoGpu(why.to_string()), None, settings.settle_s),
         );
     };
+    // The first GPM sample before the burn: each tick then closes a window.
+    let mut gpm_windows = Vec::new();
+    let (mut gpm, gpm_na) = match gpm {
+        GpmInput::Source(g) => (Ok(g), None),
+        GpmInput::Unreadable(why) => (Err(why), None),
+        GpmInput::NotApplicable(why) => (Err(why.clone()), Some(why)),
+    };
+    if let Ok(g) = gpm.as_mut() {
+        if let Err(e) = g.next_window() {
+            gpm = Err(e);
+        }
+    }
     let idle_pct = source.utilization_pct().ok();
     let burn = match Burn::start(engine, settings.seconds) {
         Ok(b) => b,
         Err(e) => {
-            return ControlResult::new(
-                judge::NAME,
-                INSTRUMENT_ERROR,
-                format!(
-                    "cannot start {} burn: {e}. No verdict on the GPU",
-                    engine.display()
-                ),
-            )
+            let why = format!(
+                "cannot start {} burn: {e}. No verdict on the GPU",
+                engine.display()
+            );
+            return (
+                ControlResult::new(judge::NAME, INSTRUMENT_ERROR, why.clone()),
+                ControlResult::new(gpm_control::NAME, INSTRUMENT_ERROR, why),
+            );
         }
     };
     let mut readings = Vec::new();
@@ -63,6 +97,14 @@ pub fn gpu_control(
         match source.utilization_pct() {
             Ok(u) => readings.push((now, u)),
             Err(e) => read_errors = (read_errors.0 + 1, Some(e)),
+        }
+        // GPM stops at its first error (the control then says why).
+        if let Ok(g) = gpm.as_mut() {
+            match g.next_window() {
+                Ok(Some(w)) => gpm_windows.push(w),
+                Ok(None) => {}
+                Err(e) => gpm = Err(e),
+            }
         }
         if burn.has_exited() {
             break Stop::Ended;
@@ -95,7 +137,17 @@ pub fn gpu_control(
     }
     let started_ns = burn.started_ns;
     let ended = burn.finish(Duration::from_secs_f64(EXIT_GRACE_S));
-    judge::judge(
+    let load = match (ended.marks.open_ns, ended.marks.close_ns) {
+        (Some(o), Some(c)) => Some((o, c)),
+        _ => None,
+    };
+    let seen = match (gpm, gpm_na) {
+        (_, Some(why)) => GpmSeen::NoGpu(why),
+        (Ok(_), None) => GpmSeen::Windows(gpm_windows),
+        (Err(why), None) => GpmSeen::Unreadable(why),
+    };
+    let gpm_result = gpm_control::judge(&seen, load, settings.settle_s);
+    let util = judge::judge(
         &Observation {
             source: source.describe(),
             idle_pct,
@@ -109,5 +161,6 @@ pub fn gpu_control(
             last_stderr: ended.last_stderr,
         },
         settings,
-    )
+    );
+    (util, gpm_result)
 }

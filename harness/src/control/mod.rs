@@ -6,6 +6,8 @@
 //!   the marker protocol as `burn.setup` then `burn.load`). Without a GPU the
 //!   control is `not-applicable` and says why; a burn that never reaches its load
 //!   (or fails in it) is an `instrument-error`, which says nothing about the GPU.
+//! * `gpu-gpm`: inside the same load, NVML's GPM must read the tensor pipes and
+//!   the SMs busy (see [`gpm`]); unreadable GPM is an `instrument-error`.
 //! * `watchdog-floor` (and `watchdog-unified-budget` on unified-memory GPUs): the
 //!   watchdog kills an allocating child within two ticks (see [`watchdog`]).
 //!
@@ -20,6 +22,7 @@
 //! * [`watchdog`]: the watchdog's control (a probe killed at its limit).
 
 pub mod burn;
+pub mod gpm;
 pub mod gpu;
 pub mod judge;
 pub mod recorded;

@@ -57,6 +57,76 @@ fn control(name: &str, script: &str, flags: &[&str]) -> (i32, Value, String) {
     (code, gpu, se)
 }
 
+/// `harness control --json` over a scripted burn with the fake utilization and
+/// the fake GPM (`@UTIL`, `@GPM` in the script): (the exit code the two GPU
+/// controls imply, the gpu-gpm entry). The watchdog's control is judged apart,
+/// as in [`control`].
+fn control_gpm(name: &str, script: &str) -> (u8, Value) {
+    let dir = vacant_dir(&format!("control-gpm-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (util, gpm) = (dir.join("util-pct"), dir.join("gpm-pct"));
+    let script = script
+        .replace("@UTIL", util.to_str().unwrap())
+        .replace("@GPM", gpm.to_str().unwrap());
+    let out = Command::new(HARNESS)
+        .args(["control", "--json", "--seconds", "2.5", "--store"])
+        .arg(dir.join("store"))
+        .args(["--engine", TEST_ENGINE])
+        .env("TEST_ENGINE_SCRIPT", &script)
+        .env("HARNESS_CONTROL_FAKE_UTIL", &util)
+        .env("HARNESS_CONTROL_FAKE_GPM", &gpm)
+        .output()
+        .unwrap();
+    let so = text(&out.stdout);
+    let doc: Value = serde_json::from_str(&so).unwrap_or_else(|e| panic!("{e}: {so}"));
+    let find = |n: &str| {
+        doc["controls"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == n))
+            .cloned()
+            .unwrap_or_else(|| panic!("no {n} control: {so}"))
+    };
+    let (u, g) = (find("gpu-util"), find("gpu-gpm"));
+    assert_eq!(u["verdict"], "pass", "{so}");
+    let code = harness::control::exit_code(&[
+        u["verdict"].as_str().unwrap_or(""),
+        g["verdict"].as_str().unwrap_or(""),
+    ]);
+    (code, g)
+}
+
+const GPM_BURN: &str = r#"--hello --open burn.setup --close burn.setup --write @UTIL 100
+    --write @GPM @FIGURES --open burn.load --sleep-ms 2500
+    --close-attrs burn.load {"gemms":64,"device_ms":2400.0,"tflops":642.5}"#;
+
+/// The GPM control's three outcomes through the real binary: busy tensor pipes
+/// and SMs inside the load pass; idle tensor pipes fail (exit 1) although
+/// NVML's utilization passes; an unreadable GPM is the instrument's error
+/// (exit 4), never a GPU fail. Mutation: judge over the whole burn instead of
+/// the windows inside the load and the busy case fails (setup reads `0 0`).
+#[test]
+fn the_gpm_control_passes_a_busy_load_fails_idle_tensor_pipes_and_names_an_unreadable_gpm() {
+    let (code, g) = control_gpm("busy", &GPM_BURN.replace("@FIGURES", "93,99"));
+    assert_eq!((code, g["verdict"].as_str()), (0, Some("pass")), "{g}");
+    assert_eq!(g["figures"]["tensor_active_pct"], 93.0, "{g}");
+    let n = g["figures"]["windows_inside"].as_u64().unwrap();
+    // 2.5 s of load less the 1 s settling margin, 100 ms windows.
+    assert!((8..=16).contains(&n), "{g}");
+    let (code, g) = control_gpm("idle", &GPM_BURN.replace("@FIGURES", "5,99"));
+    assert_eq!((code, g["verdict"].as_str()), (1, Some("fail")), "{g}");
+    assert!(detail(&g).contains("any-tensor activity 5.0%"), "{g}");
+    let (code, g) = control_gpm("garbage", &GPM_BURN.replace("@FIGURES", "lots"));
+    assert_eq!(
+        (code, g["verdict"].as_str()),
+        (4, Some("instrument-error")),
+        "{g}"
+    );
+    assert!(
+        detail(&g).contains("not two percents") && detail(&g).contains("No verdict on the GPU"),
+        "{g}"
+    );
+}
+
 fn detail(c: &Value) -> &str {
     c["detail"].as_str().unwrap_or("")
 }
