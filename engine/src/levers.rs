@@ -440,10 +440,13 @@ mod tests {
         assert_eq!(l.arms, ["mma", "cudnn"]);
         assert_eq!(l.applies_to, Applies::Cuda);
         let d = LeverSet::resolve(Profile::Default, []).unwrap();
-        assert_eq!(d.attention(), AttentionArm::Mma);
-        let c = LeverSet::resolve(Profile::Default, [("attention", "cudnn")]).unwrap();
-        assert_eq!(c.attention(), AttentionArm::Cudnn);
-        assert_eq!(c.attention().name(), "cudnn");
+        assert_eq!(d.attention(), AttentionArm::Cudnn);
+        assert_eq!(d.attention().name(), "cudnn");
+        let b = LeverSet::resolve(Profile::Baseline, []).unwrap();
+        assert_eq!(b.attention(), AttentionArm::Mma);
+        let m = LeverSet::resolve(Profile::Default, [("attention", "mma")]).unwrap();
+        assert_eq!(m.attention(), AttentionArm::Mma);
+        assert_eq!(m.attention().name(), "mma");
         let spec = include_str!("../../specs/levers.toml");
         let at = spec.find("id = \"attention\"").unwrap();
         let entry = &spec[at..at + spec[at..].find("[lever.hypothesis]").unwrap()];
