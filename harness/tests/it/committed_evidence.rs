@@ -215,5 +215,8 @@ fn every_lever_that_applies_at_rungs_2_and_3_has_three_pairs() {
     }
     // conditioning, vae, staging, release-pages, host-threads, denoise-graph and
     // observer at both, attention at rung 2 (short at rung 3).
-    assert_eq!(checked, 15, "eight levers checked at rung 2, seven at rung 3");
+    assert_eq!(
+        checked, 15,
+        "eight levers checked at rung 2, seven at rung 3"
+    );
 }
