@@ -107,16 +107,9 @@ pub enum GpmSeen {
     Windows(Vec<GpmWindow>),
 }
 
+/// The median of `v` (`None` when empty).
 fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    (n > 0).then(|| {
-        if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        }
-    })
+    (!v.is_empty()).then(|| crate::rank::stats::median(&mut v))
 }
 
 /// The verdict over `seen`, counting the windows wholly inside

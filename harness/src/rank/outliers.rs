@@ -118,14 +118,7 @@ pub fn median(xs: &[f64]) -> Option<f64> {
     if xs.is_empty() || xs.iter().any(|x| !x.is_finite()) {
         return None;
     }
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
+    Some(crate::rank::stats::median(&mut xs.to_vec()))
 }
 
 /// Which of `values` (one arm's runs) are outliers by the module's rule, none

@@ -39,17 +39,13 @@ pub const GPM_COLUMNS: &[&str] = &[
     column::GPM_PCIE_RX_BYTES_PER_S,
 ];
 
-/// The metric columns, in the order [`GpmWindow::metrics`] holds them.
-const METRIC_COLUMNS: [&str; 6] = [
-    column::GPM_SM_ACTIVE_PCT,
-    column::GPM_SM_OCCUPANCY_PCT,
-    column::GPM_TENSOR_ACTIVE_PCT,
-    column::GPM_DRAM_BW_PCT,
-    column::GPM_PCIE_TX_BYTES_PER_S,
-    column::GPM_PCIE_RX_BYTES_PER_S,
-];
+/// The metric columns (all but the two bounds), in the order
+/// [`GpmWindow::metrics`] holds them.
+fn metric_columns() -> &'static [&'static str] {
+    &GPM_COLUMNS[2..]
+}
 
-/// NVML's metric for each of [`METRIC_COLUMNS`].
+/// NVML's metric for each of [`metric_columns`].
 const METRIC_IDS: [GpmMetricId; 6] = [
     GpmMetricId::SmUtil,
     GpmMetricId::SmOccupancy,
@@ -85,7 +81,7 @@ impl GpmWindow {
     pub fn apply(&self, s: &mut Sample, reasons: &mut Reasons) {
         s.set(column::GPM_WINDOW_START_NS, Some(self.start_ns as f64));
         s.set(column::GPM_WINDOW_END_NS, Some(self.end_ns as f64));
-        for (c, m) in METRIC_COLUMNS.iter().zip(&self.metrics) {
+        for (c, m) in metric_columns().iter().zip(&self.metrics) {
             match m {
                 Ok(v) if v.is_finite() => {
                     s.set(c, Some(*v));
@@ -313,6 +309,7 @@ pub(crate) mod tests {
                 "{c} missing from SAMPLE_COLUMNS"
             );
         }
-        assert_eq!(GPM_COLUMNS.len(), 2 + METRIC_COLUMNS.len());
+        assert_eq!(metric_columns().len(), METRIC_IDS.len());
+        assert_eq!(metric_columns()[2], column::GPM_TENSOR_ACTIVE_PCT);
     }
 }
