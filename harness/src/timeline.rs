@@ -236,6 +236,38 @@ impl Timeline {
         self.series.iter().find(|s| s.name == name)
     }
 
+    /// A GPM column's values over their own windows (`specs/bundle.md`, "GPM
+    /// windows"): `(start_ns, end_ns, value)` per row that carries both bounds and
+    /// a value, in row order. Empty for a column without windows (any non-GPM
+    /// column, a bundle without GPM).
+    pub fn windowed(&self, name: &str) -> Vec<(i64, i64, f64)> {
+        use evidence::sample::column as c;
+        let (Some(v), Some(s), Some(e)) = (
+            self.series(name),
+            self.series(c::GPM_WINDOW_START_NS),
+            self.series(c::GPM_WINDOW_END_NS),
+        ) else {
+            return Vec::new();
+        };
+        if !name.starts_with("gpm_")
+            || name == c::GPM_WINDOW_START_NS
+            || name == c::GPM_WINDOW_END_NS
+        {
+            return Vec::new();
+        }
+        v.values
+            .iter()
+            .zip(s.values.iter().zip(&e.values))
+            .filter_map(|(v, (s, e))| Some(((*s)? as i64, (*e)? as i64, (*v)?)))
+            .collect()
+    }
+
+    /// Whether any GPM window is in the samples.
+    pub fn has_gpm(&self) -> bool {
+        self.series(evidence::sample::column::GPM_WINDOW_END_NS)
+            .is_some_and(Series::any)
+    }
+
     /// The zero of the time axis, CLOCK_MONOTONIC ns: the earliest of `run.start_ns`
     /// (when recorded), any phase open, tick or sample; 0 for an empty bundle. Every
     /// event is therefore at or after the origin.

@@ -87,6 +87,18 @@ pub fn trace_value(t: &Timeline) -> Value {
     }
     for s in t.series.iter().filter(|s| s.any()) {
         let arg = counter_arg(s.unit);
+        if s.name.starts_with("gpm_") {
+            // A GPM figure holds over its own window (consecutive windows are
+            // contiguous: each starts at the previous one's second sample), so the
+            // counter takes it at the window's start; the bounds are not counters.
+            for (start, _, v) in t.windowed(s.name) {
+                events.push(json!({
+                    "ph": "C", "name": s.name, "pid": PID, "ts": us(t, start),
+                    "args": {arg.as_str(): v},
+                }));
+            }
+            continue;
+        }
         for (ts, v) in t.sample_t_ns.iter().zip(&s.values) {
             if let Some(v) = v {
                 events.push(json!({

@@ -78,9 +78,9 @@ const PALETTE: &[RGBColor] = &[
     RGBColor(186, 176, 172),
 ];
 
-/// The picture's height for a timeline, pixels.
+/// The picture's height for a timeline, pixels (one more panel with GPM).
 pub fn height_for(t: &Timeline) -> u32 {
-    TITLE_H + phase_panel_h(t) + 4 * SERIES_H + 40
+    TITLE_H + phase_panel_h(t) + (4 + u32::from(t.has_gpm())) * SERIES_H + 40
 }
 
 fn depth_rows(t: &Timeline) -> u32 {
@@ -237,9 +237,8 @@ fn draw<DB: DrawingBackend>(
     }
     draw_phases(&phase_area, t, x_max, &colour, w)?;
 
-    let panels = rest.split_evenly((4, 1));
     let gib = 1024.0 * 1024.0 * 1024.0;
-    let specs: [Panel; 4] = [
+    let mut specs: Vec<Panel> = vec![
         (
             "GPU utilization (%)",
             vec![("gpu_util_pct", "GPU util", 1.0)],
@@ -265,6 +264,22 @@ fn draw<DB: DrawingBackend>(
             None,
         ),
     ];
+    // GPM, where the bundle has it: each figure drawn over its own window.
+    if t.has_gpm() {
+        specs.insert(
+            1,
+            (
+                "GPM activity (%, over each window)",
+                vec![
+                    ("gpm_tensor_active_pct", "tensor pipes", 1.0),
+                    ("gpm_sm_active_pct", "SMs", 1.0),
+                    ("gpm_dram_bw_pct", "DRAM bandwidth", 1.0),
+                ],
+                Some(100.0),
+            ),
+        );
+    }
+    let panels = rest.split_evenly((specs.len(), 1));
     let n = specs.len();
     for (i, ((caption, cols, y_fixed), area)) in specs.into_iter().zip(panels.iter()).enumerate() {
         draw_series_panel(area, t, x_max, caption, &cols, y_fixed, &colour, i + 1 == n)?;
@@ -437,11 +452,28 @@ fn draw_series_panel<DB: DrawingBackend>(
         let c = line_colours[k % line_colours.len()];
         // One line per run of consecutive values: a null (no reading) breaks the line.
         let mut segments: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
-        for (x, v) in xs.iter().zip(&s.values) {
-            match (v, segments.last_mut()) {
-                (Some(v), Some(seg)) => seg.push((*x, v / scale)),
-                (None, Some(seg)) if !seg.is_empty() => segments.push(Vec::new()),
-                _ => {}
+        let windows = t.windowed(name);
+        if windows.is_empty() {
+            for (x, v) in xs.iter().zip(&s.values) {
+                match (v, segments.last_mut()) {
+                    (Some(v), Some(seg)) => seg.push((*x, v / scale)),
+                    (None, Some(seg)) if !seg.is_empty() => segments.push(Vec::new()),
+                    _ => {}
+                }
+            }
+        } else {
+            // A windowed figure holds over its window: a step from start to end;
+            // a gap between windows breaks the line.
+            let mut prev_end = None;
+            for (start, end, v) in windows {
+                if prev_end.is_some_and(|p| p != start) {
+                    segments.push(Vec::new());
+                }
+                if let Some(seg) = segments.last_mut() {
+                    seg.push((t.rel_s(start), v / scale));
+                    seg.push((t.rel_s(end), v / scale));
+                }
+                prev_end = Some(end);
             }
         }
         let mut first = true;

@@ -223,6 +223,19 @@ fn perfetto_export_is_read_back_by_perfettos_trace_processor() {
         "an unavailable sensor must not become a track of zeros: {:?}",
         counters.keys()
     );
+    // GPM: one counter value per window (a window every fourth row, placed at its
+    // start, not at the row), never the windows' bounds as counters.
+    let t = harness::timeline::Timeline::load(&p.dir).unwrap();
+    let windows = t.windowed("gpm_tensor_active_pct");
+    assert!(windows.len() >= 3, "{}", windows.len());
+    let tensor = counters["gpm_tensor_active_pct percent"];
+    assert_eq!(tensor["n"].as_u64().unwrap() as usize, windows.len());
+    assert_eq!(tensor["max"].as_f64().unwrap(), 70.0);
+    assert!(
+        !counters.keys().any(|k| k.starts_with("gpm_window_")),
+        "{:?}",
+        counters.keys()
+    );
     assert!(tp["processes"]
         .as_array()
         .unwrap()

@@ -298,8 +298,22 @@ fn write_samples(
     let (mut sample_t, mut rss, mut util) = (Vec::new(), Vec::new(), Vec::new());
     let mut r: f64 = 1.5e9;
     let mut ts = T0;
+    // GPM windows of four ticks, contiguous, each on the row after it closes:
+    // tensor-pipe activity 70% inside denoise, 0 outside.
+    let mut window_start = T0;
+    let mut tick = 0u64;
     while ts < end_ns {
         let mut s = Sample::empty(ts);
+        tick += 1;
+        if tick % 4 == 0 {
+            let end = ts - 1;
+            let busy = window_start >= den.0 && end < den.1;
+            s.set("gpm_window_start_ns", Some(window_start as f64));
+            s.set("gpm_window_end_ns", Some(end as f64));
+            s.set("gpm_tensor_active_pct", Some(if busy { 70.0 } else { 0.0 }));
+            s.set("gpm_sm_active_pct", Some(if busy { 95.0 } else { 1.0 }));
+            window_start = end;
+        }
         r += rng.random_range(-2e7..6e7);
         let in_den = ts >= den.0 && ts < den.1;
         let u = if rng.random_range(0..10) == 0 {
