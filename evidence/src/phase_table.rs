@@ -98,8 +98,9 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     }
 }
 
-/// The median of `pick` over the windows wholly inside one of `spans`.
-fn inside_median(
+/// The median of `pick` over the windows wholly inside one of `spans` (each
+/// `[open_ns, close_ns]`); `None` when no window with a figure is inside.
+pub fn inside_median(
     spans: &[(i64, i64)],
     windows: &[GpmFigure],
     pick: impl Fn(&GpmFigure) -> Option<f64>,

@@ -290,6 +290,8 @@ pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
         ),
         s("gpu-busy share", Unit::Share, busy(&pa), busy(&pb)),
     ];
+    let mut summaries = summaries;
+    summaries.extend(gpm_rows(a, b));
     Diff {
         a: a.id.clone(),
         b: b.id.clone(),
@@ -297,6 +299,81 @@ pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
         phases,
         summaries,
     }
+}
+
+/// Each top-level phase's median GPM tensor-pipe and SM activity in one
+/// bundle, shares 0..1 over the windows wholly inside the phase's instances
+/// (`specs/bundle.md`, "GPM windows"): `(phase, tensor, sm)`. Empty for a
+/// bundle without GPM windows (or whose samples cannot be read: the bundle
+/// verified when it was loaded, so that is only a store changed since).
+fn gpm_by_phase(b: &Bundle) -> Vec<(String, Option<f64>, Option<f64>)> {
+    // The bundle's directory (the one its frames are read from; empty for a
+    // bundle built in memory).
+    let dir = &b.frames.dir;
+    if dir.as_os_str().is_empty() {
+        return Vec::new();
+    }
+    let Ok(batches) = crate::bundle::tables::read(dir, evidence::bundle_files::SAMPLES) else {
+        return Vec::new();
+    };
+    let windows = evidence::phase_table::gpm_figures(&batches);
+    if windows.is_empty() {
+        return Vec::new();
+    }
+    let mut names: Vec<&str> = Vec::new();
+    for p in b.phases.iter().filter(|p| p.depth == 0) {
+        if !names.contains(&p.name.as_str()) {
+            names.push(&p.name);
+        }
+    }
+    names
+        .into_iter()
+        .map(|n| {
+            let spans: Vec<(i64, i64)> = b
+                .phases
+                .iter()
+                .filter(|p| p.name == n)
+                .map(|p| (p.open_ns, p.close_ns.unwrap_or(p.open_ns)))
+                .collect();
+            let share = |pick: fn(&evidence::phase_table::GpmFigure) -> Option<f64>| {
+                evidence::phase_table::inside_median(&spans, &windows, pick).map(|v| v / 100.0)
+            };
+            (n.to_string(), share(|w| w.tensor_pct), share(|w| w.sm_pct))
+        })
+        .collect()
+}
+
+/// GPM rows of the diff: per top-level phase with a figure in either bundle,
+/// its tensor-pipe and SM activity shares.
+fn gpm_rows(a: &Bundle, b: &Bundle) -> Vec<SummaryDiff> {
+    let (ga, gb) = (gpm_by_phase(a), gpm_by_phase(b));
+    let mut names: Vec<&str> = Vec::new();
+    for (n, _, _) in ga.iter().chain(&gb) {
+        if !names.contains(&n.as_str()) {
+            names.push(n);
+        }
+    }
+    let find = |g: &[(String, Option<f64>, Option<f64>)], n: &str| {
+        g.iter()
+            .find(|(m, _, _)| m == n)
+            .map_or((None, None), |(_, t, s)| (*t, *s))
+    };
+    let mut out = Vec::new();
+    for n in names {
+        let ((ta, sa), (tb, sb)) = (find(&ga, n), find(&gb, n));
+        for (what, x, y) in [("tensor-pipe", ta, tb), ("SM", sa, sb)] {
+            if x.is_some() || y.is_some() {
+                out.push(SummaryDiff {
+                    name: format!("GPM {what} activity in {n} (median share)"),
+                    unit: Unit::Share,
+                    a: x,
+                    b: y,
+                    ratio: ratio(x, y),
+                });
+            }
+        }
+    }
+    out
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {

@@ -538,6 +538,28 @@ fn json_outputs_of_ls_show_verify_diff_and_rank_parse_and_carry_the_values() {
             .map(|ph| (ph.close_ns.unwrap() - ph.open_ns) as f64 / 1e9)
             .sum()
     };
+    // GPM: the planted windows give denoise 70% tensor-pipe and 95% SM activity
+    // (its wholly-inside windows) in both; a phase no window fits has no row.
+    let gpm = |name: &str| {
+        d["summaries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} row: {}", d["summaries"]))
+    };
+    let t = gpm("GPM tensor-pipe activity in denoise (median share)");
+    assert_eq!(
+        (t["a"].as_f64(), t["b"].as_f64()),
+        (Some(0.7), Some(0.7)),
+        "{t}"
+    );
+    assert_eq!(t["ratio"].as_f64(), Some(1.0), "{t}");
+    assert_eq!(
+        gpm("GPM SM activity in denoise (median share)")["a"].as_f64(),
+        Some(0.95)
+    );
     let (sa, sc) = (sum_s(&a), sum_s(&c));
     assert!(
         (steps["a_s"].as_f64().unwrap() - sa).abs() < 1e-9,
