@@ -48,6 +48,17 @@ fn manifests(store: &Path) -> Vec<Value> {
     out
 }
 
+/// `harness rank --store STORE --json`, run from the repository root.
+fn rank_json(store: &std::path::Path) -> std::process::Output {
+    Command::new(HARNESS)
+        .current_dir(repo())
+        .args(["rank", "--store"])
+        .arg(store)
+        .args(["--json"])
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn a_campaign_interleaves_arms_resumes_and_feeds_rank() {
     let store = vacant_dir("campaign-e2e");
@@ -89,13 +100,7 @@ fn a_campaign_interleaves_arms_resumes_and_feeds_rank() {
     assert_eq!(manifests(&store).len(), 4);
 
     // rank reads the campaign's bundles and names the lever.
-    let rank = Command::new(HARNESS)
-        .current_dir(repo())
-        .args(["rank", "--store"])
-        .arg(&store)
-        .args(["--json"])
-        .output()
-        .unwrap();
+    let rank = rank_json(&store);
     let rs = text(&rank.stdout);
     assert!(
         rank.status.code().is_some_and(|c| c <= 1),
@@ -134,13 +139,7 @@ fn a_warm_up_is_sealed_first_marked_never_repeated_and_never_paired() {
     );
     assert_eq!(manifests(&store).len(), 5);
 
-    let rank = Command::new(HARNESS)
-        .current_dir(repo())
-        .args(["rank", "--store"])
-        .arg(&store)
-        .args(["--json"])
-        .output()
-        .unwrap();
+    let rank = rank_json(&store);
     let r: Value = serde_json::from_slice(&rank.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}\n{}", text(&rank.stdout), text(&rank.stderr)));
     let warm: Vec<&Value> = r["excluded"]
