@@ -133,11 +133,11 @@ static REGISTRY: &[LeverDef] = &[
     LeverDef {
         id: ATTENTION,
         arms: &["mma", "cudnn"],
-        // Measured on the H200 (reports/device-notes.md, 2026-12-04): cudnn's
-        // denoise is 13-17% shorter at rungs 2 and 3 (campaigns 29d355f4bd04,
-        // 9958a711368b, 8b430e7d3359) at 48.4-48.6 dB from the mma arm's frames,
-        // so it is the default; mma stays the baseline (and the arm for a
-        // machine without cuDNN 9.13+).
+        // Measured on the H200: cudnn's denoise is the shorter at rungs 2 and 3
+        // at a fidelity above the lever's floor (reports/levers.md, the
+        // `attention` rows; reports/device-notes.md, 2026-12-04), so it is the
+        // default; mma stays the baseline (and the arm for a machine without
+        // cuDNN 9.13+).
         default: "cudnn",
         baseline: "mma",
         applies_to: Applies::Cuda,

@@ -925,6 +925,20 @@ mod tests {
             .contains("/s/j"));
     }
 
+    /// The module doc's row size: a row with every one of the 40 columns
+    /// present is 335 bytes of type and payload, plus the framing.
+    #[test]
+    fn a_full_row_costs_what_the_module_doc_says() {
+        assert_eq!(SAMPLE_COLUMNS.len(), 40);
+        let s = Sample {
+            t_ns: 1,
+            values: vec![Some(1.0); SAMPLE_COLUMNS.len()],
+        };
+        let mut out = Vec::new();
+        encode_record(&Record::Sample(s), &mut out).unwrap();
+        assert_eq!(out.len() - FRAME_BYTES, 1 + 335);
+    }
+
     #[test]
     fn sample_with_wrong_width_is_refused_at_append() {
         let s = Sample {

@@ -25,8 +25,9 @@
 //! the loop's buffer, runs the warm-up forwards (one block per prompt: every
 //! GEMM plan, every kernel's lazy load, cuDNN's attention plan and its kernels'
 //! first load) and, with a graph, captures the forwards. So the one-time host
-//! work of a first launch (tens of ms; on a machine's first cuDNN run about a
-//! second) is paid in the load that readies the model, and the `denoise` phase
+//! work of a first launch (the `warm_up_ms` of `load.dit`'s close; its device
+//! figures are in reports/device-notes.md, 2026-12-04) is paid in the load that
+//! readies the model, and the `denoise` phase
 //! holds the loop alone: [`Denoiser::begin`] only uploads the latents into the
 //! buffer the graphs already point at. The buffer and the graphs live until the
 //! denoiser is dropped, so a second loop replays the same graphs.

@@ -94,10 +94,7 @@ fn there_on_disk(store: &Store, id: &str) -> There {
 /// `dir`: every object streamed through sha256.
 fn there_on_bucket(
     bucket: &Bucket,
-    listing: &std::collections::BTreeMap<
-        String,
-        std::collections::BTreeMap<String, crate::remote::bucket::Listed>,
-    >,
+    listing: &Listing,
     dir: &Path,
     id: &str,
 ) -> Result<(There, Option<(evidence::manifest::Manifest, Wrong)>), String> {
@@ -125,18 +122,15 @@ fn there_on_bucket(
 /// What is wrong with each object of a bundle at a bucket (file name -> why).
 type Wrong = std::collections::BTreeMap<String, String>;
 
+/// A bucket's listing: bundle id -> file name -> what the bucket lists of it.
+type Listing = std::collections::BTreeMap<
+    String,
+    std::collections::BTreeMap<String, crate::remote::bucket::Listed>,
+>;
+
 /// Put the verified local bundle `dir` at the bucket: published when absent,
 /// repaired when a failing copy is there, counted when a verified one is.
-fn to_bucket(
-    bucket: &Bucket,
-    listing: &std::collections::BTreeMap<
-        String,
-        std::collections::BTreeMap<String, crate::remote::bucket::Listed>,
-    >,
-    dir: &Path,
-    id: &str,
-    t: &mut Tally,
-) {
+fn to_bucket(bucket: &Bucket, listing: &Listing, dir: &Path, id: &str, t: &mut Tally) {
     match there_on_bucket(bucket, listing, dir, id) {
         Err(why) => {
             t.refused += 1;

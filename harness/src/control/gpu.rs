@@ -26,24 +26,6 @@ pub const LOAD_GRACE_S: f64 = 30.0;
 /// How long a burn may take after its load closed to exit, seconds.
 pub const EXIT_GRACE_S: f64 = 10.0;
 
-/// Run the GPU control with `engine burn` and readings from `source`
-/// (`not-applicable` with `why_none` when there is no source).
-pub fn gpu_control(
-    engine: &Path,
-    source: Option<&dyn UtilSource>,
-    why_none: Option<&str>,
-    settings: &Settings,
-) -> ControlResult {
-    let (util, _) = gpu_controls(
-        engine,
-        source,
-        why_none,
-        GpmInput::NotApplicable("not read".to_string()),
-        settings,
-    );
-    util
-}
-
 /// The GPU controls over one burn: `gpu-util` from `source` and `gpu-gpm` from
 /// `gpm` (a GPM window per tick of the control's cadence, which is NVML's
 /// shortest window). Without a utilization source both are `not-applicable`

@@ -365,9 +365,6 @@ impl TickReader<'_> {
         if let Some(why) = self.residency.as_ref().and_then(Periodic::spawn_error) {
             self.reasons.note("weights_cached_bytes", why);
         }
-        if let Some(why) = self.gpm.as_ref().and_then(Periodic::spawn_error) {
-            gpm::note_unavailable(&mut self.reasons, why);
-        }
     }
 
     /// Read GPM windows from `source` on a thread of their own (replacing any

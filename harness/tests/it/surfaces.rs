@@ -51,6 +51,19 @@ fn plot_writes_a_png_with_the_phase_bands_and_an_svg_with_the_labels() {
     assert_eq!(info.width, harness::formats::plot::DEFAULT_WIDTH);
     let t = harness::timeline::Timeline::load(&p.dir).unwrap();
     assert_eq!(info.height, harness::formats::plot::height_for(&t));
+    // The planted samples carry GPM windows: the plot has its GPM panel, one
+    // panel more than the same timeline without them.
+    assert!(t.has_gpm());
+    let mut bare = t.clone();
+    for s in bare
+        .series
+        .iter_mut()
+        .filter(|s| s.name.starts_with("gpm_"))
+    {
+        s.values.iter_mut().for_each(|v| *v = None);
+    }
+    assert!(!bare.has_gpm());
+    assert!(harness::formats::plot::height_for(&t) > harness::formats::plot::height_for(&bare));
     // The band of the 5th phase name to appear (`denoise`, palette index 4) is drawn
     // at 85% over white: find that colour (to 1 level per channel: the blend
     // truncates) in the phases panel.
