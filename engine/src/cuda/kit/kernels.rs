@@ -42,6 +42,10 @@ const EW_THREADS: u32 = 256;
 /// Threads per block of the row-wise kernels.
 const ROW_THREADS: u32 = 256;
 
+/// The widest row `qk_norm_rope_pair` holds in registers (8 pairs a thread of
+/// [`ROW_THREADS`]).
+const QKN_MAX_D: usize = 2 * 8 * ROW_THREADS as usize;
+
 /// Which attention kernel to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttnKernel {
@@ -437,6 +441,65 @@ impl Kernels {
         self.launch_rows("qk_norm_rope", rows, 0, s, p)
     }
 
+    /// [`Kernels::qk_norm_rope`] over two tensors in one launch, in place, each
+    /// row read once (`qk_norm_rope_pair` in `kernels/elementwise.cu`): `q` and
+    /// `k` are (bf16 rows of d, their bf16 norm weight of d, rows). Bit for bit
+    /// the two-pass kernel's result. With `rope`, both must have the grid's rows.
+    /// Needs d even and at most 4096.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qk_norm_rope_pair(
+        &self,
+        s: &CudaStream,
+        q: (CUdeviceptr, CUdeviceptr, usize),
+        k: (CUdeviceptr, CUdeviceptr, usize),
+        d: usize,
+        eps: f32,
+        rope: Option<&RopeArgs>,
+    ) -> Result<(), CudaError> {
+        if d % 2 != 0 || d > QKN_MAX_D {
+            return Err(CudaError::Invalid(format!(
+                "qk_norm_rope_pair: width {d} must be even and <= {QKN_MAX_D}"
+            )));
+        }
+        if let Some(r) = rope {
+            let tokens = r.grid.0 * r.grid.1 * r.grid.2;
+            if q.2 != tokens || k.2 != tokens {
+                return Err(CudaError::Invalid(format!(
+                    "qk_norm_rope_pair: RoPE over grid {:?} ({tokens} tokens) given {} and {} rows",
+                    r.grid, q.2, k.2
+                )));
+            }
+        }
+        let r = rope.copied().unwrap_or(RopeArgs {
+            freqs: NULL,
+            nfreq: 0,
+            grid: (1, 1, 1),
+            scale: [0.0; 3],
+            base: [1.0; 3],
+        });
+        let p = Params::default()
+            .ptr(q.0)
+            .ptr(q.1)
+            .int(q.2)
+            .ptr(k.0)
+            .ptr(k.1)
+            .int(k.2)
+            .int(d)
+            .f32(eps)
+            .ptr(r.freqs)
+            .int(r.nfreq)
+            .int(r.grid.1)
+            .int(r.grid.2)
+            .f32(r.scale[0])
+            .f32(r.scale[1])
+            .f32(r.scale[2])
+            .f32(r.base[0])
+            .f32(r.base[1])
+            .f32(r.base[2]);
+        let rows = q.2.max(k.2).max(1) as u32;
+        self.launch("qk_norm_rope_pair", (rows, 2, 1), ROW_THREADS, 0, s, p)
+    }
+
     /// The fused row step of the forward (see `residual_norm` in
     /// `kernels/elementwise.cu`): with `y` given, x (f32 [rows, d]) += y (bf16) *
     /// gate (gate_tab + gate_emb, or 1 when gate_tab is NULL); then h (bf16) =
@@ -724,6 +787,7 @@ mod tests {
             "cast_f32_to_bf16",
             "cast_bf16_to_f32",
             "qk_norm_rope",
+            "qk_norm_rope_pair",
             "silu_bf16",
             "guided_euler",
             "fill_uniform_bf16",

@@ -77,10 +77,12 @@ impl DitDims {
             || cfg.norm_elementwise_affine
             || !cfg.attention_bias
             || !cfg.attention_out_bias
+            || d > 4096
         {
             return Err(CudaError::Invalid(format!(
                 "the device DiT needs in/out channels 128, 1x1x1 patches, cross_attention_dim = heads x head_dim, \
-                 norm_eps 1e-6 without affine and biased attention projections; got {cfg:?}"
+                 norm_eps 1e-6 without affine, biased attention projections and heads x head_dim <= 4096 \
+                 (the widest row the q/k norm holds in registers); got {cfg:?}"
             )));
         }
         Ok(DitDims {
@@ -365,9 +367,28 @@ impl Workspace {
     }
 }
 
+/// How many leading text tokens a cross-attention must read for `mask` (1.0 a
+/// real token, 0.0 padding). Where the mask is a run of real tokens followed
+/// only by padding, the padding keys carry a bias of [`MASK_BIAS`] (-10,000):
+/// their softmax weight `exp(score - 10,000 - max)` is exactly 0 in f32, so
+/// attending to the real tokens alone gives the same output while the caption
+/// projection, the k|v GEMMs and the attention read `l` rows instead of the
+/// padded length (an empty negative prompt is 1 real token of 128). Any other
+/// mask (padding between real tokens, values other than 0 and 1, no real
+/// token at all, where every key weighs the same) keeps its full length.
+pub fn attended_tokens(mask: &[f32]) -> usize {
+    let real = mask.iter().take_while(|m| **m == 1.0).count();
+    if real > 0 && mask[real..].iter().all(|m| *m == 0.0) {
+        real
+    } else {
+        mask.len()
+    }
+}
+
 /// One prompt's conditioning on the device: the text encoder states (f32 [l,
 /// caption_channels]) and the key bias of its mask (f32 \[l\], 0 for a real token,
-/// [`MASK_BIAS`] for padding).
+/// [`MASK_BIAS`] for padding), cut to the tokens a forward attends to
+/// ([`attended_tokens`]).
 pub struct TextSlot {
     buf: DeviceBuffer,
     /// Text tokens.
@@ -388,14 +409,16 @@ impl TextSlot {
         text: &[f32],
         mask: &[f32],
     ) -> Result<TextSlot, CudaError> {
-        let l = mask.len();
         let c = dims.caption_channels;
-        if l == 0 || text.len() != l * c {
+        if mask.is_empty() || text.len() != mask.len() * c {
             return Err(CudaError::Invalid(format!(
-                "text of {} values and a mask of {l} do not make [L >= 1, {c}] states",
-                text.len()
+                "text of {} values and a mask of {} do not make [L >= 1, {c}] states",
+                text.len(),
+                mask.len()
             )));
         }
+        let l = attended_tokens(mask);
+        let (text, mask) = (&text[..l * c], &mask[..l]);
         let buf = DeviceBuffer::alloc(gpu, Self::bytes_for(dims, l), "the text conditioning")?;
         let slot = TextSlot { buf, l, caption: c };
         let bias: Vec<f32> = mask.iter().map(|m| (1.0 - m) * MASK_BIAS).collect();
@@ -835,8 +858,14 @@ impl DeviceDit {
         lin(ws.h, &a1.to_k, ws.k, n, Epilogue::Bias)?;
         lin(ws.h, &a1.to_v, ws.v, n, Epilogue::Bias)?;
         mark("gemm q|k|v")?;
-        k.qk_norm_rope(s, ws.q, ws.q, a1.norm_q, n, d, QK_NORM_EPS, Some(rope))?;
-        k.qk_norm_rope(s, ws.k, ws.k, a1.norm_k, n, d, QK_NORM_EPS, Some(rope))?;
+        k.qk_norm_rope_pair(
+            s,
+            (ws.q, a1.norm_q, n),
+            (ws.k, a1.norm_k, n),
+            d,
+            QK_NORM_EPS,
+            Some(rope),
+        )?;
         mark("q/k norm + rope")?;
         match &self.sdpa {
             Some(sdpa) => {
@@ -876,8 +905,14 @@ impl DeviceDit {
         lin(ws.text_p, &a2.to_k, ws.ck, l, Epilogue::Bias)?;
         lin(ws.text_p, &a2.to_v, ws.cv, l, Epilogue::Bias)?;
         mark("gemm k|v (text)")?;
-        k.qk_norm_rope(s, ws.q, ws.q, a2.norm_q, n, d, QK_NORM_EPS, None)?;
-        k.qk_norm_rope(s, ws.ck, ws.ck, a2.norm_k, l, d, QK_NORM_EPS, None)?;
+        k.qk_norm_rope_pair(
+            s,
+            (ws.q, a2.norm_q, n),
+            (ws.ck, a2.norm_k, l),
+            d,
+            QK_NORM_EPS,
+            None,
+        )?;
         mark("q/k norm (cross)")?;
         attend((ws.ck, ws.cv), l, kbias)?;
         mark("cross-attention")?;
@@ -1025,5 +1060,29 @@ mod tests {
         // Dominated by x (f32) + 6 bf16 [n, D] + ff [n, 4D].
         let min = 6144 * 2048 * (4 + 6 * 2 + 8);
         assert!(b > min && b < min + (64 << 20), "{b}");
+    }
+
+    #[test]
+    fn cross_attention_reads_only_the_real_prefix_of_a_padded_mask() {
+        let m = |ones: usize, zeros: usize| {
+            let mut v = vec![1.0f32; ones];
+            v.resize(ones + zeros, 0.0);
+            v
+        };
+        assert_eq!(attended_tokens(&m(20, 108)), 20);
+        assert_eq!(attended_tokens(&m(1, 127)), 1);
+        assert_eq!(attended_tokens(&m(128, 0)), 128);
+        // No real token: every key weighs the same, so none may be dropped.
+        assert_eq!(attended_tokens(&m(0, 128)), 128);
+        // Padding between real tokens, or a value other than 0 and 1: kept whole.
+        let mut holes = m(20, 108);
+        holes[40] = 1.0;
+        assert_eq!(attended_tokens(&holes), 128);
+        let mut soft = m(20, 108);
+        soft[5] = 0.5;
+        assert_eq!(attended_tokens(&soft), 128);
+        let mut soft_pad = m(20, 108);
+        soft_pad[90] = 1e-3;
+        assert_eq!(attended_tokens(&soft_pad), 128);
     }
 }

@@ -13,7 +13,7 @@ use crate::cuda::fixtures::{synth_source, write_synth_safetensors, Rng};
 use crate::cuda::kit::bf16::{narrow, rb, widen};
 use crate::cuda::kit::gemm::Epilogue;
 use crate::cuda::kit::kernels::{AttnKernel, Map, RopeArgs, RowMode, NULL};
-use crate::cuda::kit::memory::{download, DeviceBuffer};
+use crate::cuda::kit::memory::{download, upload, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::{AttentionArm, DeviceDit, DitDims, Geometry, LATENT_CHANNELS};
@@ -147,6 +147,68 @@ fn check_qk_norm_rope(
             &r,
             8e-3,
         ));
+        // The one-launch pair kernel the forward runs: bit for bit the two-pass
+        // kernel on both tensors. Without RoPE the k side has other rows (the
+        // cross-attention's text tokens) and a poisoned tail past them that must
+        // stay untouched.
+        let rows_k = if rope { rows } else { 13 };
+        let q0 = rb(&rng.normal(rows * d, 2.0));
+        let k0 = rb(&rng.normal(rows_k * d, 1.5));
+        let wk = rb(&rng.uniform(d, 0.7, 1.3));
+        let wkd = kit.bf16(&wk)?;
+        let (qa, qb) = (kit.bf16(&q0)?, kit.bf16(&q0)?);
+        let kb = kit.bf16(&k0)?;
+        let ka = kit.poisoned((rows_k + 2) * d * 2)?;
+        upload(&kit.gpu, ka.ptr(), &narrow(&k0))?;
+        let args = if rope { Some(&args) } else { None };
+        k.qk_norm_rope_pair(
+            s,
+            (qa.ptr(), wd.ptr(), rows),
+            (ka.ptr(), wkd.ptr(), rows_k),
+            d,
+            QK_NORM_EPS,
+            args,
+        )?;
+        k.qk_norm_rope(s, qb.ptr(), qb.ptr(), wd.ptr(), rows, d, QK_NORM_EPS, args)?;
+        k.qk_norm_rope(
+            s,
+            kb.ptr(),
+            kb.ptr(),
+            wkd.ptr(),
+            rows_k,
+            d,
+            QK_NORM_EPS,
+            args,
+        )?;
+        let pair_q = download::<u16>(&kit.gpu, qa.ptr(), rows * d)?;
+        let pair_k = download::<u16>(&kit.gpu, ka.ptr(), (rows_k + 2) * d)?;
+        let two_q = download::<u16>(&kit.gpu, qb.ptr(), rows * d)?;
+        let two_k = download::<u16>(&kit.gpu, kb.ptr(), rows_k * d)?;
+        let differ = pair_q.iter().zip(&two_q).filter(|(a, b)| a != b).count()
+            + pair_k[..rows_k * d]
+                .iter()
+                .zip(&two_k)
+                .filter(|(a, b)| a != b)
+                .count();
+        let tail_touched = pair_k[rows_k * d..]
+            .iter()
+            .filter(|b| **b != 0xFFFF)
+            .count();
+        let mut c = Check::new(
+            format!(
+                "qk_norm{}_pair d={d} rows {rows}+{rows_k} vs two-pass (bit-exact)",
+                if rope { "+rope" } else { "" }
+            ),
+            &widen(&pair_q),
+            &widen(&two_q),
+            0.0,
+        );
+        c.pass &= differ == 0 && tail_touched == 0;
+        c.note = format!(
+            "{differ} of {} bf16 values differ; {tail_touched} poisoned values past k's rows written",
+            (rows + rows_k) * d
+        );
+        out.push(c);
     }
     Ok(())
 }
@@ -830,10 +892,27 @@ pub fn check_forward(
         &cpu,
         2e-2,
     );
-    if let Ok((_, ms)) = got {
+    if let Ok((_, ms)) = &got {
         c.note = format!("device {ms:.2} ms, CPU arm {cpu_s:.1} s");
     }
     out.push(c);
+    // The same forward with its padding attended: a padding value of 1e-30
+    // gives the same key bias in f32 ((1 - 1e-30) * MASK_BIAS == MASK_BIAS)
+    // but is not 0, so the text is not cut to its real prefix. The padded keys
+    // weigh exactly 0 either way, so the outputs must agree to the last bits;
+    // a cut that dropped a real token moves them by far more than 1e-6.
+    if let Ok((cut, _)) = &got {
+        let soft: Vec<f32> = mask.iter().map(|m| m.max(1e-30)).collect();
+        let name = format!(
+            "forward {label} attention=cudnn l={l}: padding cut ({} of {l} tokens) vs attended",
+            crate::cuda::models::dit::attended_tokens(&mask)
+        );
+        let full = dit
+            .forward(&lat, sigma, &text, &soft, Geometry { grid, fps }, true)
+            .map(|r| r.0)
+            .map_err(|e| CudaError::Invalid(e.to_string()));
+        out.push(sdpa_check(name, full, cut, 1e-6));
+    }
     dit.set_attention(AttentionArm::Mma)?;
     Ok(())
 }

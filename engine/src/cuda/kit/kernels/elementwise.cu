@@ -72,6 +72,79 @@ extern "C" __global__ void qk_norm_rope(const bf16* x, bf16* y, const bf16* __re
     }
 }
 
+// The forward's q/k norm: `qk_norm_rope` over two tensors in one launch
+// (blockIdx.y = 0: `xq`/`wq`, rows_q rows; 1: `xk`/`wk`, rows_k rows), in place,
+// with each thread's pairs held in registers between the sum of squares and the
+// write (one read of the row, not two: the two-pass kernel above is latency
+// bound at about a third of the memory's bandwidth). The thread-to-pair mapping,
+// the order of every sum and every expression are those of `qk_norm_rope`, so
+// the two kernels agree bit for bit (a device check holds them to it). Needs
+// blockDim.x = 256 and D <= 8 * 2 * 256 = 4096, D even; RoPE as there when
+// `freqs` is not null (both tensors then have the grid's rows).
+#define QKN_THREADS 256
+#define QKN_PPT 8
+extern "C" __global__ void __launch_bounds__(QKN_THREADS) qk_norm_rope_pair(
+    bf16* xq, const bf16* __restrict__ wq, int rows_q, bf16* xk, const bf16* __restrict__ wk, int rows_k,
+    int D, float eps, const float* __restrict__ freqs, int nfreq, int gh, int gw,
+    float scale_f, float scale_h, float scale_w, float base_f, float base_h, float base_w) {
+    __shared__ float scratch[32];
+    const long long t = blockIdx.x;
+    const bool is_k = blockIdx.y == 1;
+    if (t >= (is_k ? rows_k : rows_q)) return;  // whole block: no barrier is skipped by part of it
+    bf16* x = is_k ? xk : xq;
+    const bf16* __restrict__ w = is_k ? wk : wq;
+    unsigned int* xr = (unsigned int*)(x + t * D);
+    const int pairs = D / 2;
+    unsigned int v[QKN_PPT];
+#pragma unroll
+    for (int j = 0; j < QKN_PPT; ++j) {
+        const int p = threadIdx.x + j * QKN_THREADS;
+        v[j] = p < pairs ? xr[p] : 0u;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < QKN_PPT; ++j) {
+        const int p = threadIdx.x + j * QKN_THREADS;
+        if (p < pairs) {
+            float a = bf2f((bf16)(v[j] & 0xffffu)), b = bf2f((bf16)(v[j] >> 16));
+            ss += a * a + b * b;
+        }
+    }
+    const float r = rsqrtf(block_sum(ss, scratch) / (float)D + eps);
+    float pos[3];
+    {
+        const long long hw = (long long)gh * gw;
+        const int f = (int)(t / hw);
+        const int h = (int)((t / gw) % gh);
+        const int wq_ = (int)(t % gw);
+        pos[0] = ((float)f * scale_f) / base_f * 2.0f - 1.0f;
+        pos[1] = ((float)h * scale_h) / base_h * 2.0f - 1.0f;
+        pos[2] = ((float)wq_ * scale_w) / base_w * 2.0f - 1.0f;
+    }
+    const int pad_pairs = (D - 6 * nfreq) / 2;
+#pragma unroll
+    for (int j = 0; j < QKN_PPT; ++j) {
+        const int p = threadIdx.x + j * QKN_THREADS;
+        if (p >= pairs) continue;
+        float a = bf2f((bf16)(v[j] & 0xffffu)) * r * bf2f(w[2 * p]);
+        float b = bf2f((bf16)(v[j] >> 16)) * r * bf2f(w[2 * p + 1]);
+        a = bf2f(f2bf(a));
+        b = bf2f(f2bf(b));
+        if (freqs != 0 && p >= pad_pairs) {
+            const int idx = p - pad_pairs;
+            const int k = idx / 3, axis = idx - 3 * (idx / 3);
+            const float ang = freqs[k] * pos[axis];
+            float s, c;
+            sincosf(ang, &s, &c);
+            const float na = a * c - b * s;
+            const float nb = b * c + a * s;
+            a = na;
+            b = nb;
+        }
+        xr[p] = pack_bf16x2(a, b);
+    }
+}
+
 // y = x * sigmoid(x).
 extern "C" __global__ void silu_bf16(const bf16* __restrict__ x, bf16* __restrict__ y, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
