@@ -1,10 +1,8 @@
 //! A bundle's files by name: the one place where a command's read of a bundle
-//! file happens. A local bundle was verified whole before any read
-//! ([`crate::verification::local`]); a bundle of an S3 store is checked file by
-//! file as it is read ([`crate::remote::reader`]: the manifest against the id,
-//! every other file against the manifest's size and sha256). The polars scan
-//! opens its files itself, by the paths [`scan_path`] gives (bundles on disk that
-//! verified first, [`crate::verification::local`]).
+//! file happens. Every bundle read is a directory on disk that was verified
+//! whole before any read ([`crate::verification::local`]; a bucket's bundles are
+//! fetched into the local store first, `crate::remote::fetch`). The polars scan
+//! opens its files itself, by the paths [`scan_path`] gives.
 
 use std::path::{Path, PathBuf};
 
@@ -12,16 +10,8 @@ use crate::bundle::error::{FileError, LoadError};
 
 /// The bytes of file `name` (`manifest.json`, `phases.parquet`, ...) of the bundle
 /// at `dir`.
-/// A bundle of an S3 store (`dir` is its URL, see [`crate::remote::reader`]) is
-/// read from the bucket, checked against its manifest on the way.
 pub fn read(dir: &Path, name: &str) -> Result<Vec<u8>, FileError> {
     let file = dir.join(name);
-    if let Some((remote, id)) = crate::remote::reader::for_dir(dir) {
-        return remote.read(&id, name).map_err(|e| FileError {
-            file,
-            source: std::io::Error::other(e.to_string()),
-        });
-    }
     std::fs::read(&file).map_err(|source| FileError { file, source })
 }
 

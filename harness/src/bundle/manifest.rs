@@ -10,7 +10,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::bundle::error::{LoadError, ManifestError};
+use crate::bundle::error::{FileError, LoadError, ManifestError};
 use crate::bundle::facts::{Bundle, FrameFacts};
 use crate::bundle::files;
 use crate::fragments::{
@@ -30,8 +30,22 @@ pub fn read_json(dir: &Path) -> Result<Value, ManifestError> {
 /// `manifest.json` of the bundle at `dir` as the typed manifest.
 pub fn read_typed(dir: &Path) -> Result<Manifest, ManifestError> {
     let text = files::read_text(dir, MANIFEST)?;
-    Manifest::from_json(&text).map_err(|why| ManifestError::Malformed {
-        file: dir.join(MANIFEST),
+    parse_typed_text(&text, &dir.join(MANIFEST))
+}
+
+/// The bytes of a `manifest.json` read elsewhere (`ls` of a bucket) as the typed
+/// manifest; `file` names it in errors.
+pub fn parse_typed(bytes: Vec<u8>, file: &Path) -> Result<Manifest, ManifestError> {
+    let text = String::from_utf8(bytes).map_err(|e| FileError {
+        file: file.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })?;
+    parse_typed_text(&text, file)
+}
+
+fn parse_typed_text(text: &str, file: &Path) -> Result<Manifest, ManifestError> {
+    Manifest::from_json(text).map_err(|why| ManifestError::Malformed {
+        file: file.to_path_buf(),
         why,
     })
 }

@@ -95,18 +95,10 @@ fn scan(dirs: &[(PathBuf, Bundle)], file: &str) -> PolarsResult<LazyFrame> {
     let paths = dirs
         .iter()
         .map(|(d, _)| PlRefPath::new(files::scan_path(d, file).display().to_string().as_str()));
-    // Bundles of an S3 store are URLs: polars reads them through its own cloud
-    // reader, configured as the harness's client is.
-    let cloud_options = dirs
-        .iter()
-        .any(|(d, _)| crate::remote::reader::for_dir(d).is_some())
-        .then(|| crate::remote::reader::active().map(|r| r.bucket().polars_options()))
-        .flatten();
     let args = ScanArgsParquet {
         include_file_paths: Some(PATH_COL.into()),
         glob: false,
         cache: false,
-        cloud_options,
         ..Default::default()
     };
     LazyFrame::scan_parquet_files(paths.collect(), args)
