@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::gate::{Gate, Verdict};
+use crate::gate_verdict::{Gate, Verdict};
 use crate::sampler::pagecache::Residency;
 
 /// The page-cache state a run starts in.

@@ -26,7 +26,7 @@
 
 use serde::Serialize;
 
-use super::gates::{parse_cpu_line, CONTENTION_LOAD_PER_CORE};
+use super::gate_checks::{parse_cpu_line, CONTENTION_LOAD_PER_CORE};
 use crate::sampler::system::rusage_cpu_seconds;
 
 /// Windows shorter than this are recorded but not judged, seconds: `/proc/stat`

@@ -14,7 +14,7 @@ pub mod config;
 pub mod contention;
 pub mod escaped;
 pub mod facts;
-pub mod gates;
+pub mod gate_checks;
 pub mod input;
 pub mod markers;
 pub mod pinned;
@@ -43,8 +43,8 @@ use evidence::store::{Staging, Store};
 use crate::classify::{self, Facts, Intervention};
 use crate::completion::{self, Completion, Expect};
 use crate::exit::{self, Refusal};
-use crate::gate::{Gate, Verdict};
-use crate::sampler::{Sampler, SamplerConfig, SamplerReport, Target};
+use crate::gate_verdict::{Gate, Verdict};
+use crate::sampler::{Sampler, SamplerConfig, SamplerResults, Target};
 use crate::weights::Weights;
 use config::{Engine, RunConfig};
 use markers::Live;
@@ -405,7 +405,7 @@ struct Ended {
     /// The engine's exit status.
     status: ExitStatus,
     /// The sampler's report (ticks, cost, the watchdog's trip).
-    report: SamplerReport,
+    report: SamplerResults,
     /// What the harness did to end the engine (the watchdog's trip included).
     intervention: Option<Intervention>,
     /// The marker state at the end.
@@ -598,7 +598,7 @@ fn record_measurements(
 }
 
 /// Add the sampler's own results to its fragment.
-fn sampler_results(f: &mut serde_json::Value, r: &SamplerReport) {
+fn sampler_results(f: &mut serde_json::Value, r: &SamplerResults) {
     f["ticks"] = serde_json::json!(r.ticks);
     f["missed_ticks"] = serde_json::json!(r.missed_ticks);
     f["tick_cost_us"] = serde_json::to_value(&r.cost).unwrap_or_default();

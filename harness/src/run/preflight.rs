@@ -17,9 +17,9 @@ use evidence::store::{Staging, Store};
 
 use crate::control::watchdog::{self as watchdog_control, ControlKind};
 use crate::exit::Refusal;
-use crate::gate::{Gate, Verdict};
+use crate::gate_verdict::{Gate, Verdict};
 use crate::run::config::{Engine, RunConfig};
-use crate::run::gates::{self, CopiedBinary};
+use crate::run::gate_checks::{self, CopiedBinary};
 use crate::run::session::Session;
 use crate::run::signals::Signals;
 use crate::run::{facts, spawn};
@@ -164,7 +164,7 @@ fn lease(s: &mut Session, config: &RunConfig, signals: &Signals) -> Step<()> {
     let lease_required = config.rung.as_ref().is_some_and(|(_, r)| r.require.lease);
     step!(pass(
         s,
-        gates::lease(lease_required, config.lease_id.as_deref()),
+        gate_checks::lease(lease_required, config.lease_id.as_deref()),
         signals
     ));
     match config
@@ -201,7 +201,7 @@ fn device(
     if let Some((file, r)) = &config.rung {
         match (r.device, &gpu, &gpu_reason) {
             (evidence::rung::Device::Cuda, None, Some(why)) => {
-                return refuse(s, "device", gates::no_gpu_for_cuda(file, why));
+                return refuse(s, "device", gate_checks::no_gpu_for_cuda(file, why));
             }
             (evidence::rung::Device::Cuda, Some(g), _) => {
                 step!(pass(
@@ -235,11 +235,11 @@ fn engine_binary(
         )),
         // The engine of this repository: copied into the store (H5).
         Engine::Render { binary } => {
-            gates::copy_engine(binary, &store.bin_dir()).map(|c| (c, None))
+            gate_checks::copy_engine(binary, &store.bin_dir()).map(|c| (c, None))
         }
         // Any other engine runs in place, as the user would run it, pinned.
-        Engine::Exec { program, args } => match gates::resolve_program(program) {
-            None => Err(gates::why_unresolved(program)),
+        Engine::Exec { program, args } => match gate_checks::resolve_program(program) {
+            None => Err(gate_checks::why_unresolved(program)),
             Some(path) => crate::run::pinned::pin(program, &path, args).map(|p| {
                 let c = CopiedBinary {
                     source: p.files[0].resolved.clone(),
@@ -443,8 +443,8 @@ fn watchdog_limits(
 /// `contention` fragment.
 fn contention(s: &mut Session, gpu: Option<&Gpu>, signals: &Signals) -> Step<serde_json::Value> {
     let load1 = crate::sampler::system::load1().ok();
-    let busy = gates::busy_cores(Duration::from_millis(gates::CONTENTION_WINDOW_MS));
-    let c = gates::contention(busy, load1, facts::cores(), gpu, std::process::id());
+    let busy = gate_checks::busy_cores(Duration::from_millis(gate_checks::CONTENTION_WINDOW_MS));
+    let c = gate_checks::contention(busy, load1, facts::cores(), gpu, std::process::id());
     let flagged = c["flagged"].as_bool().unwrap_or(false);
     let detail = c["detail"].as_str().unwrap_or("").to_string();
     s.fragment(frag::Contention::KEY, c.clone())?;
@@ -464,8 +464,9 @@ fn contention(s: &mut Session, gpu: Option<&Gpu>, signals: &Signals) -> Step<ser
     Ok(Ok(c))
 }
 
-/// Headroom: a render's projected peak (the engine's `plan`) fits in MemAvailable
-/// above the `floor` (bytes); an `--exec` engine has no plan, so only the floor
+/// Headroom: a render's projected peak (the engine's memory projection, `engine
+/// plan`) fits in MemAvailable above the `floor` (bytes); an `--exec` engine has
+/// no projection, so only the floor
 /// itself is checked.
 fn headroom(
     s: &mut Session,
@@ -486,8 +487,8 @@ fn headroom(
                     .unwrap_or_default(),
             ];
             pa.extend(lever_args(config));
-            match gates::engine_plan(&copied.store_path, &pa) {
-                Ok(p) => pass(s, gates::headroom(&p, avail, floor, unified_gpu), signals),
+            match gate_checks::engine_projection(&copied.store_path, &pa) {
+                Ok(p) => pass(s, gate_checks::headroom(&p, avail, floor, unified_gpu), signals),
                 Err(why) => refuse(s, "headroom", format!("no projection to check: {why}")),
             }
         }

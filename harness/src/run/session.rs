@@ -11,7 +11,7 @@ use evidence::journal::{Record, SharedJournal};
 
 use crate::control::watchdog::ControlResult;
 use crate::exit::Refusal;
-use crate::gate::{Gate, Verdict};
+use crate::gate_verdict::{Gate, Verdict};
 use crate::run::contention;
 use crate::sampler::{Reasons, SampleSink};
 

@@ -193,7 +193,7 @@ impl CostStats {
 
 /// What the sampler reports when stopped.
 #[derive(Debug, Clone)]
-pub struct SamplerReport {
+pub struct SamplerResults {
     /// Ticks fired.
     pub ticks: u64,
     /// Deadlines skipped because a tick overran.
@@ -223,7 +223,7 @@ pub const OFF_TICK_PARTS: [&str; 3] = ["gpu_slow", "pagecache", "gpm"];
 pub struct Sampler {
     stop: Arc<AtomicBool>,
     trip: Arc<Mutex<Option<Trip>>>,
-    handle: JoinHandle<SamplerReport>,
+    handle: JoinHandle<SamplerResults>,
 }
 
 impl Sampler {
@@ -260,14 +260,14 @@ impl Sampler {
     }
 
     /// Stop after the current tick and return the report.
-    pub fn stop(self) -> SamplerReport {
+    pub fn stop(self) -> SamplerResults {
         self.stop.store(true, Ordering::Relaxed);
         match self.handle.join() {
             Ok(r) => r,
             Err(_) => {
                 let mut reasons = Reasons::default();
                 reasons.note("*", "the sampler thread panicked");
-                SamplerReport {
+                SamplerResults {
                     ticks: 0,
                     missed_ticks: 0,
                     reasons,
@@ -308,7 +308,7 @@ pub struct TickReader<'g> {
     last_engine_gpu: Option<f64>,
     /// Reasons for unavailable columns.
     pub reasons: Reasons,
-    /// Nanoseconds spent in each timed part (see [`SamplerReport::parts`]).
+    /// Nanoseconds spent in each timed part (see [`SamplerResults::parts`]).
     pub part_costs: BTreeMap<&'static str, Vec<u64>>,
 }
 
@@ -334,7 +334,7 @@ impl TickReader<'_> {
         self.tree.is_some() || self.gpu.is_some() || self.residency.is_some()
     }
 
-    /// Statistics of each timed part so far (see [`SamplerReport::parts`]); the
+    /// Statistics of each timed part so far (see [`SamplerResults::parts`]); the
     /// slow GPU reads and the page-cache passes are timed on their own threads.
     pub fn part_cost_stats(&self) -> BTreeMap<&'static str, CostStats> {
         let mut out: BTreeMap<&'static str, CostStats> = self
@@ -552,7 +552,7 @@ fn run_loop(
     mut sink: Box<dyn SampleSink>,
     stop: &AtomicBool,
     trip_slot: &Mutex<Option<Trip>>,
-) -> SamplerReport {
+) -> SamplerResults {
     let mut reader = TickReader::new(&config, target, gpu, gpu_absent_reason);
     let mut ticker = Ticker::new(config.cadence_ms * 1_000_000);
     let mut costs = Vec::new();
@@ -585,7 +585,7 @@ fn run_loop(
         sink.unavailable(&reader.reasons);
     }
     let parts = reader.part_cost_stats();
-    SamplerReport {
+    SamplerResults {
         ticks,
         missed_ticks: ticker.missed(),
         reasons: reader.reasons,

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::gate::{Gate, Verdict};
+use crate::gate_verdict::{Gate, Verdict};
 use crate::sampler::gpu::Gpu;
 
 /// Load above this many runnable tasks per core flags the run as contended.
@@ -218,9 +218,10 @@ pub fn contention(
     })
 }
 
-/// The engine's projection (`engine plan --json`).
+/// The engine's per-phase memory projection of one render (`engine plan
+/// --json`, whose subcommand keeps its name).
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
-pub struct Plan {
+pub struct Projection {
     /// Projected peak resident host bytes.
     pub host_peak_bytes: u64,
     /// Projected peak device bytes.
@@ -230,12 +231,12 @@ pub struct Plan {
     pub weights_bytes: u64,
 }
 
-/// Ask `engine plan` for the projection of this render.
-pub fn engine_plan(engine: &Path, plan_args: &[String]) -> Result<Plan, String> {
+/// Ask `engine plan` for the memory projection of this render.
+pub fn engine_projection(engine: &Path, render_args: &[String]) -> Result<Projection, String> {
     let mut command = Command::new(engine);
     command
         .arg("plan")
-        .args(plan_args)
+        .args(render_args)
         .arg("--json")
         .stdin(Stdio::null());
     let out = crate::text_busy::retry_while_text_busy(|| command.output())
@@ -255,8 +256,13 @@ pub fn engine_plan(engine: &Path, plan_args: &[String]) -> Result<Plan, String> 
 
 /// The `headroom` gate: the projected peak against MemAvailable minus the floor. On
 /// a unified-memory GPU the device peak comes out of the same memory and is added.
-pub fn headroom(plan: &Plan, mem_available: u64, floor: u64, unified: bool) -> Gate {
-    let need = plan.host_peak_bytes + if unified { plan.device_peak_bytes } else { 0 };
+pub fn headroom(projection: &Projection, mem_available: u64, floor: u64, unified: bool) -> Gate {
+    let need = projection.host_peak_bytes
+        + if unified {
+            projection.device_peak_bytes
+        } else {
+            0
+        };
     let room = mem_available.saturating_sub(floor);
     let what = if unified {
         "projected host + device peak"
@@ -290,7 +296,7 @@ mod tests {
 
     #[test]
     fn headroom_compares_peak_with_available_minus_floor() {
-        let p = Plan {
+        let p = Projection {
             host_peak_bytes: 600,
             device_peak_bytes: 300,
             weights_bytes: 0,

@@ -1,5 +1,5 @@
 //! One entry of a run's `gates` fragment: a gate's name, verdict and what it
-//! found. `run::gates` holds the gates themselves; `weights_cache` reports its own
+//! found. `run::gate_checks` holds the gates themselves; `weights_cache` reports its own
 //! gate in this form too.
 
 use serde::Serialize;
