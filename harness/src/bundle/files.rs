@@ -6,7 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::bundle::error::{FileError, LoadError};
+use crate::bundle::error::FileError;
+use evidence::error::BundleError;
 
 /// The bytes of file `name` (`manifest.json`, `phases.parquet`, ...) of the bundle
 /// at `dir`.
@@ -33,15 +34,15 @@ pub fn scan_path(dir: &Path, name: &str) -> PathBuf {
 /// The bundle directories under a store root (`<root>/bundles/*` holding a
 /// `manifest.json`), sorted by name. Listed without the store's durability gate:
 /// reading needs none.
-pub fn store_bundle_dirs(root: &Path) -> Result<Vec<PathBuf>, LoadError> {
+pub fn store_bundle_dirs(root: &Path) -> Result<Vec<PathBuf>, BundleError> {
     let dir = root.join("bundles");
-    let rd = std::fs::read_dir(&dir).map_err(|source| LoadError::Io {
+    let rd = std::fs::read_dir(&dir).map_err(|source| BundleError::Io {
         file: dir.clone(),
         source,
     })?;
     let mut out = Vec::new();
     for e in rd {
-        let e = e.map_err(|source| LoadError::Io {
+        let e = e.map_err(|source| BundleError::Io {
             file: dir.clone(),
             source,
         })?;

@@ -10,7 +10,8 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::bundle::error::{FileError, LoadError, ManifestError};
+use crate::bundle::error::{FileError, ManifestError};
+use evidence::error::BundleError;
 use crate::bundle::facts::{Bundle, FrameFacts};
 use crate::bundle::files;
 use crate::fragments::{
@@ -51,13 +52,13 @@ fn parse_typed_text(text: &str, file: &Path) -> Result<Manifest, ManifestError> 
 }
 
 /// The manifest's facts of the bundle at `dir` (phases and samples left empty).
-pub fn read_facts(dir: &Path) -> Result<Bundle, LoadError> {
-    let text = files::read_text(dir, MANIFEST).map_err(|e| LoadError::Io {
+pub fn read_facts(dir: &Path) -> Result<Bundle, BundleError> {
+    let text = files::read_text(dir, MANIFEST).map_err(|e| BundleError::Io {
         file: e.file,
         source: e.source,
     })?;
     let file = dir.join(MANIFEST);
-    let m: Value = serde_json::from_str(&text).map_err(|e| LoadError::Json {
+    let m: Value = serde_json::from_str(&text).map_err(|e| BundleError::Json {
         file: file.clone(),
         message: e.to_string(),
     })?;
@@ -77,13 +78,13 @@ fn dotted(path: &[&str]) -> String {
 
 /// The facts rank needs from a parsed manifest; `file` names it in errors and the
 /// directory name is the id when the manifest does not carry one.
-pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, LoadError> {
-    let field = |path: &str, expected: &str| LoadError::Field {
+pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, BundleError> {
+    let field = |path: &str, expected: &str| BundleError::Field {
         file: file.to_path_buf(),
         field: path.to_string(),
         expected: expected.to_string(),
     };
-    let string = |path: &[&str]| -> Result<String, LoadError> {
+    let string = |path: &[&str]| -> Result<String, BundleError> {
         get(m, path)
             .and_then(Value::as_str)
             .map(str::to_string)
@@ -118,7 +119,7 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
         get(m, &[Rung::KEY, "config"])
             .ok_or_else(|| field(&dotted(&[Rung::KEY, "config"]), "the rung as JSON"))?
     };
-    let dim = |k: &str| -> Result<u64, LoadError> {
+    let dim = |k: &str| -> Result<u64, BundleError> {
         cfg.get(k)
             .and_then(Value::as_u64)
             .ok_or_else(|| field(&dotted(&[Rung::KEY, "config", k]), "a positive integer"))
@@ -162,7 +163,7 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
                     .map(str::to_string)
                     .ok_or_else(|| field(&dotted(&[Schedule::KEY, k]), "a string"))
             };
-            let small = |k: &str| -> Result<u32, LoadError> {
+            let small = |k: &str| -> Result<u32, BundleError> {
                 u32::try_from(u(k)?).map_err(|_| field(&dotted(&[Schedule::KEY, k]), "below 2^32"))
             };
             Some(Schedule {
@@ -409,7 +410,7 @@ mod tests {
         })
     }
 
-    fn facts(m: &Value) -> Result<Bundle, LoadError> {
+    fn facts(m: &Value) -> Result<Bundle, BundleError> {
         manifest_facts(
             m,
             Path::new("b/manifest.json"),
