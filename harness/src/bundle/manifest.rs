@@ -291,8 +291,8 @@ pub fn cache_at_start(cache: Option<&WeightsCache>, gates: Option<&Gates>) -> Op
     {
         return Some(CacheAtStart {
             policy: c.policy.clone(),
-            share: if t > 0.0 {
-                (a / t).clamp(0.0, 1.0)
+            share: if t > 0 {
+                (a as f64 / t as f64).clamp(0.0, 1.0)
             } else {
                 1.0
             },

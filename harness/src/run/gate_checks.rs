@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use crate::fragments::Contention;
 use crate::gate_verdict::{Gate, Verdict};
 use crate::sampler::gpu::Gpu;
 
@@ -184,7 +185,7 @@ pub fn contention(
     cores: usize,
     gpu: Option<&Gpu>,
     own_pid: u32,
-) -> serde_json::Value {
+) -> Contention {
     let mut why = Vec::new();
     let limit = CONTENTION_LOAD_PER_CORE * cores as f64;
     match busy {
@@ -200,7 +201,7 @@ pub fn contention(
             if n > 0 {
                 why.push(format!("{n} other process(es) on the GPU"));
             }
-            Some(n)
+            Some(n as u64)
         }
         Some(Err(e)) => {
             why.push(format!("GPU processes unreadable ({e})"));
@@ -208,14 +209,20 @@ pub fn contention(
         }
         None => None,
     };
-    serde_json::json!({
-        "busy_cores_at_start": busy,
-        "window_ms": CONTENTION_WINDOW_MS,
-        "load1_at_start": load1,
-        "other_gpu_procs": others,
-        "flagged": !why.is_empty(),
-        "detail": if why.is_empty() { "quiet".to_string() } else { why.join("; ") },
-    })
+    Contention {
+        busy_cores_at_start: busy,
+        window_ms: Some(CONTENTION_WINDOW_MS),
+        load1_at_start: load1,
+        other_gpu_procs: others,
+        flagged: Some(!why.is_empty()),
+        detail: Some(if why.is_empty() {
+            "quiet".to_string()
+        } else {
+            why.join("; ")
+        }),
+        during: None,
+        rest: serde_json::Map::new(),
+    }
 }
 
 /// The engine's per-phase memory projection of one render (`engine plan
@@ -311,6 +318,9 @@ mod tests {
 
     #[test]
     fn contention_flags_busy_cores_not_the_lagging_load_average() {
+        let contention = |busy, load1, cores, gpu: Option<&Gpu>, pid| {
+            serde_json::to_value(contention(busy, load1, cores, gpu, pid)).unwrap()
+        };
         let c = contention(Some(3.0), Some(0.2), 4, None, 1);
         assert_eq!(c["flagged"], true);
         assert!(c["detail"]

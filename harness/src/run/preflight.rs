@@ -7,7 +7,7 @@
 //! state, the engine's command line, the watchdog's limits, contention, headroom,
 //! then the watchdog's positive control (H1) and the GPU control.
 
-use crate::fragments::{self as frag, Fragment};
+use crate::fragments as frag;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,10 +42,10 @@ pub(super) struct Ready {
     pub(super) gpu_reason: Option<String>,
     /// The `engine` fragment as recorded before the start (completed with the
     /// engine's name and version once it ends).
-    pub(super) engine_fragment: serde_json::Value,
+    pub(super) engine_fragment: frag::Engine,
     /// The `contention` fragment as judged before the start (completed with
     /// `during` once the engine is reaped).
-    pub(super) contention: serde_json::Value,
+    pub(super) contention: frag::Contention,
     /// What an `--exec` engine's run depends on, pinned before the start and
     /// checked again after the end (`run/pinned.rs`); None for `--engine`.
     pub(super) pinned: Option<crate::run::pinned::Pinned>,
@@ -110,19 +110,19 @@ pub(super) fn preflight(
     let weights = step!(weights(s, config, store, &copied, signals));
     step!(weights_cache(s, config, weights.as_ref(), signals));
     let command = engine_command(config, staging, rung_copy, weights.as_ref())?;
-    let mut engine_fragment = serde_json::json!({
-        "store_path": if exec { None } else { Some(&copied.store_path) },
-        "source_path": copied.source,
-        "sha256": copied.sha256,
-        "version": null,
-        "args": command,
-        "exec": exec,
-    });
-    if let Some(p) = &pinned {
-        engine_fragment["run_path"] = serde_json::json!(copied.store_path);
-        engine_fragment["pinned"] = serde_json::to_value(p)?;
-    }
-    s.fragment(frag::Engine::KEY, engine_fragment.clone())?;
+    let engine_fragment = frag::Engine {
+        sha256: Some(copied.sha256.clone()),
+        version: None,
+        name: None,
+        store_path: (!exec).then(|| copied.store_path.clone()),
+        source_path: Some(copied.source.clone()),
+        args: Some(command.clone()),
+        exec: Some(exec),
+        run_path: pinned.as_ref().map(|_| copied.store_path.clone()),
+        pinned: pinned.as_ref().map(serde_json::to_value).transpose()?,
+        rest: serde_json::Map::new(),
+    };
+    s.record(&engine_fragment)?;
     let (limits, unified_gpu) = watchdog_limits(s, config, gpu.as_deref())?;
     let contention = step!(contention(s, gpu.as_deref(), signals));
     step!(headroom(
@@ -175,7 +175,7 @@ fn lease(s: &mut Session, config: &RunConfig, signals: &Signals) -> Step<()> {
     {
         Some(id) => s.record(&frag::Lease { id: id.to_string() })?,
         // No lease: the fragment is null.
-        None => s.fragment(frag::Lease::KEY, serde_json::Value::Null)?,
+        None => s.record_null::<frag::Lease>()?,
     }
     Ok(Ok(()))
 }
@@ -192,12 +192,10 @@ fn device(
         Ok(g) => (Some(Arc::new(g)), None),
         Err(why) => (None, Some(why)),
     };
-    s.fragment(
-        frag::Gpu::KEY,
-        gpu.as_ref()
-            .map(|g| g.facts())
-            .unwrap_or(serde_json::Value::Null),
-    )?;
+    match &gpu {
+        Some(g) => s.record(&g.facts())?,
+        None => s.record_null::<frag::Gpu>()?,
+    }
     if let Some((file, r)) = &config.rung {
         match (r.device, &gpu, &gpu_reason) {
             (evidence::rung::Device::Cuda, None, Some(why)) => {
@@ -323,12 +321,12 @@ fn weights(
                 ),
                 signals
             ));
-            s.fragment(frag::Weights::KEY, w.fragment())?;
+            s.record(&w.fragment())?;
             Ok(Ok(Some(w)))
         }
         Some(Err(e)) => refuse(s, "weights", e.to_string()),
         None => {
-            s.fragment(frag::Weights::KEY, serde_json::Value::Null)?;
+            s.record_null::<frag::Weights>()?;
             Ok(Ok(None))
         }
     }
@@ -347,7 +345,7 @@ fn weights_cache(
             Ok(p) => {
                 // The figures as numbers too: rank pairs weight-reading metrics
                 // only between runs that started in about the same cache state.
-                s.fragment(frag::WeightsCache::KEY, serde_json::to_value(&p)?)?;
+                s.record(&p.fragment())?;
                 step!(pass(s, p.gate(), signals));
             }
             Err(e) if policy == WeightsCache::AsIs => {
@@ -441,13 +439,13 @@ fn watchdog_limits(
 
 /// Contention at the start: recorded and flagged, never refused. Returns the
 /// `contention` fragment.
-fn contention(s: &mut Session, gpu: Option<&Gpu>, signals: &Signals) -> Step<serde_json::Value> {
+fn contention(s: &mut Session, gpu: Option<&Gpu>, signals: &Signals) -> Step<frag::Contention> {
     let load1 = crate::sampler::system::load1().ok();
     let busy = gate_checks::busy_cores(Duration::from_millis(gate_checks::CONTENTION_WINDOW_MS));
     let c = gate_checks::contention(busy, load1, facts::cores(), gpu, std::process::id());
-    let flagged = c["flagged"].as_bool().unwrap_or(false);
-    let detail = c["detail"].as_str().unwrap_or("").to_string();
-    s.fragment(frag::Contention::KEY, c.clone())?;
+    let flagged = c.flagged.unwrap_or(false);
+    let detail = c.detail.clone().unwrap_or_default();
+    s.record(&c)?;
     step!(pass(
         s,
         Gate::new(

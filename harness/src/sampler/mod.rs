@@ -136,15 +136,21 @@ impl SamplerConfig {
     }
 
     /// The `sampler` manifest fragment (settings; the achieved cadence is derived
-    /// from the samples at seal).
-    pub fn fragment(&self) -> serde_json::Value {
-        serde_json::json!({
-            "cadence_ms": self.cadence_ms,
-            "slow_every": self.slow_every(),
-            "pagecache_every": self.slow_every(),
-            "off_tick_parts": OFF_TICK_PARTS,
-            "observer": if self.observer { "on" } else { "off" },
-        })
+    /// from the samples at seal, and [`SamplerResults::record_into`] adds what
+    /// the sampler achieved once it stopped).
+    pub fn fragment(&self) -> crate::fragments::Sampler {
+        crate::fragments::Sampler {
+            cadence_ms: Some(self.cadence_ms),
+            slow_every: Some(self.slow_every()),
+            pagecache_every: Some(self.slow_every()),
+            off_tick_parts: Some(OFF_TICK_PARTS.iter().map(|p| p.to_string()).collect()),
+            observer: Some(if self.observer { "on" } else { "off" }.to_string()),
+            ticks: None,
+            missed_ticks: None,
+            tick_cost_us: None,
+            tick_cost_parts_us: None,
+            rest: serde_json::Map::new(),
+        }
     }
 }
 
@@ -157,20 +163,8 @@ pub struct Target {
     pub pgid: i32,
 }
 
-/// Per-tick work cost, microseconds.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct CostStats {
-    /// Ticks measured.
-    pub ticks: u64,
-    /// Median work per tick, microseconds.
-    pub median_us: f64,
-    /// 99th percentile, microseconds.
-    pub p99_us: f64,
-    /// Mean, microseconds.
-    pub mean_us: f64,
-    /// Largest, microseconds.
-    pub max_us: f64,
-}
+/// Per-tick work cost, microseconds: the `sampler` fragment's record.
+pub use crate::fragments::CostStats;
 
 impl CostStats {
     /// Statistics of `costs_ns`.
@@ -211,6 +205,21 @@ pub struct SamplerResults {
     /// on threads of their own about once a second ([`OFF_TICK_PARTS`]) and so do not
     /// count in the tick's cost.
     pub parts: BTreeMap<&'static str, CostStats>,
+}
+
+impl SamplerResults {
+    /// Add what the sampler achieved to its fragment `f`.
+    pub fn record_into(&self, f: &mut crate::fragments::Sampler) {
+        f.ticks = Some(self.ticks);
+        f.missed_ticks = Some(self.missed_ticks);
+        f.tick_cost_us = Some(self.cost.clone());
+        f.tick_cost_parts_us = Some(
+            self.parts
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        );
+    }
 }
 
 /// The timed parts that run on threads of their own ([`periodic`]), so that their
@@ -622,7 +631,7 @@ mod tests {
         assert_eq!(c(10).slow_every(), 100);
         assert_eq!(c(300).slow_every(), 3);
         assert_eq!(c(5000).slow_every(), 1);
-        assert_eq!(c(100).fragment()["observer"], "on");
+        assert_eq!(c(100).fragment().observer.as_deref(), Some("on"));
     }
 
     #[test]
