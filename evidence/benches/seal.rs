@@ -6,12 +6,9 @@
 //!
 //! Run: `cargo bench -p evidence --bench seal`.
 
-#[path = "../tests/it/common.rs"]
-mod common;
-
 use std::time::Instant;
 
-use common::{synth_records, write_journal, RunShape};
+use evidence::test_kit::run::{synth_records, write_journal, RunShape};
 use evidence::journal::Record;
 use evidence::seal::seal;
 use evidence::store::{Store, JOURNAL_FILE};

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use crate::common::{fake_png, synth_records, test_dir, write_journal, Rng, RunShape};
+use evidence::test_kit::run::{fake_png, synth_records, test_dir, write_journal, Rng, RunShape};
 use arrow_array::{Array, BooleanArray, Float64Array, Int64Array, StringArray};
 use arrow_schema::DataType;
 use evidence::bundle_files;
