@@ -8,10 +8,10 @@
 
 use std::time::Instant;
 
-use evidence::test_kit::run::{synth_records, write_journal, RunShape};
 use evidence::journal::Record;
 use evidence::seal::seal;
 use evidence::store::{Store, JOURNAL_FILE};
+use evidence::test_kit::run::{synth_records, write_journal, RunShape};
 
 fn main() {
     let shape = RunShape {

@@ -103,12 +103,10 @@ fn text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
 #[serde(transparent)]
 pub struct Profile(pub String);
 
-
 /// `levers`: lever name -> arm, as the run applied them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Levers(pub BTreeMap<String, String>);
-
 
 impl Levers {
     /// `lever=arm,...` sorted by lever, or `-` when there are none.
@@ -143,7 +141,6 @@ pub struct Schedule {
     pub warmup: bool,
 }
 
-
 /// `rung`: the rung file the run rendered (absent for `--exec` without `--rung`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rung {
@@ -161,7 +158,6 @@ pub struct Rung {
     #[serde(default)]
     pub config: Option<Value>,
 }
-
 
 /// The parts of a rung's `config` that readers use.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -222,7 +218,6 @@ pub struct Run {
     pub cwd: Option<PathBuf>,
 }
 
-
 /// `host`: the machine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Host {
@@ -243,7 +238,6 @@ pub struct Host {
     pub os: Option<String>,
 }
 
-
 /// `store`: how the store's gate was passed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoreFragment {
@@ -251,14 +245,12 @@ pub struct StoreFragment {
     pub volatile_override: bool,
 }
 
-
 /// `lease`: the lease the run ran under (null without one).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Lease {
     /// The lease id as given.
     pub id: String,
 }
-
 
 /// `gpu`: the GPU's facts as NVML reported them (null without a GPU).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -474,7 +466,6 @@ pub struct PhaseDuring {
 #[serde(transparent)]
 pub struct SensorsUnavailable(pub BTreeMap<String, Value>);
 
-
 impl SensorsUnavailable {
     /// Why `column` has no values, if recorded as text.
     pub fn reason(&self, column: &str) -> Option<&str> {
@@ -573,7 +564,6 @@ pub struct Watchdog {
     pub tripped: Option<Value>,
 }
 
-
 /// `completion`: the pixel completion check on `video.y4m`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Completion {
@@ -587,7 +577,6 @@ pub struct Completion {
     #[serde(default, deserialize_with = "lenient")]
     pub frames: Option<u64>,
 }
-
 
 /// `exit`: why the run ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -634,12 +623,10 @@ pub struct Verdicted {
 #[serde(transparent)]
 pub struct Gates(pub Vec<Verdicted>);
 
-
 /// `controls`: every positive control the run relied on, in order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Controls(pub Vec<Verdicted>);
-
 
 /// `exec_check`: an `--exec` engine's pinned files checked again after the run
 /// (written only when one changed).

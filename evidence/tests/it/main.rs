@@ -11,7 +11,6 @@
 //! kit's (`evidence::test_kit::run`, the `test-kit` feature)
 //!   (the seal benchmark uses it too).
 
-
 mod bundle;
 mod durability;
 mod fuzz;

@@ -18,9 +18,9 @@ use std::path::PathBuf;
 use evidence::parquet_tables::columns::{frames, phases, samples};
 use evidence::sample::column;
 
-use evidence::error::BundleError;
 use crate::bundle::facts::{Bundle, Exclusion, PhaseRow, SamplePeaks};
 use crate::bundle::{files, manifest};
+use evidence::error::BundleError;
 
 /// Bundles read, and those that could not be.
 #[derive(Debug, Default)]

@@ -429,9 +429,8 @@ mod tests {
 
     #[test]
     fn the_contention_line_says_start_and_during() {
-        let typed = |v: Option<&Value>| {
-            v.map(|v| serde_json::from_value::<Contention>(v.clone()).unwrap())
-        };
+        let typed =
+            |v: Option<&Value>| v.map(|v| serde_json::from_value::<Contention>(v.clone()).unwrap());
         let contention_line = |v: Option<&Value>| contention_line(typed(v).as_ref());
         let contention_phases_line = |v: Option<&Value>| contention_phases_line(typed(v).as_ref());
         let q = serde_json::json!({"flagged": false, "detail": "quiet",

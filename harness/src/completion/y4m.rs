@@ -141,7 +141,8 @@ fn parse_header(line: &[u8]) -> Result<Header, Y4mReadError> {
 impl<R: BufRead> Y4mReader<R> {
     /// Read the header of `input`.
     pub fn new(mut input: R) -> Result<Self, Y4mReadError> {
-        let line = read_line(&mut input)?.ok_or_else(|| Y4mReadError::Header("empty file".into()))?;
+        let line =
+            read_line(&mut input)?.ok_or_else(|| Y4mReadError::Header("empty file".into()))?;
         let header = parse_header(&line)?;
         Ok(Y4mReader {
             input,

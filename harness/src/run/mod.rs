@@ -637,12 +637,7 @@ fn conclude(
     let mut out = std::io::stdout().lock();
     // A closed stdout must not turn a sealed run into a failure.
     let _ = write!(out, "{table}");
-    let _ = writeln!(
-        out,
-        "exit: {} ({})",
-        exit.reason.as_str(),
-        exit.detail
-    );
+    let _ = writeln!(out, "exit: {} ({})", exit.reason.as_str(), exit.detail);
     let _ = writeln!(
         out,
         "completion: {}{}",

@@ -486,7 +486,11 @@ fn headroom(
             ];
             pa.extend(lever_args(config));
             match gate_checks::engine_projection(&copied.store_path, &pa) {
-                Ok(p) => pass(s, gate_checks::headroom(&p, avail, floor, unified_gpu), signals),
+                Ok(p) => pass(
+                    s,
+                    gate_checks::headroom(&p, avail, floor, unified_gpu),
+                    signals,
+                ),
                 Err(why) => refuse(s, "headroom", format!("no projection to check: {why}")),
             }
         }

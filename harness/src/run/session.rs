@@ -93,7 +93,10 @@ impl Session {
     }
 
     /// Journal fragment `F` as it was given (see [`frag::verbatim_record`]).
-    pub(super) fn record_verbatim<F: Fragment>(&self, value: serde_json::Value) -> anyhow::Result<()> {
+    pub(super) fn record_verbatim<F: Fragment>(
+        &self,
+        value: serde_json::Value,
+    ) -> anyhow::Result<()> {
         self.append::<F>(frag::verbatim_record::<F>(value))
     }
 
