@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::exit;
 use crate::fragments::{
-    Completion, Contention, Controls, Engine, Fragment, Gates, Gpu, Host, Profile, Sampler,
+    Completion, Contention, Controls, Engine, Gates, Gpu, Host, Profile, Sampler,
     SensorsUnavailable, Weights, WeightsCache,
 };
 use crate::store_arg::{find_verified_bundle, StoreArg};
