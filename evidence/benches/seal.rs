@@ -6,15 +6,12 @@
 //!
 //! Run: `cargo bench -p evidence --bench seal`.
 
-#[path = "../tests/it/common.rs"]
-mod common;
-
 use std::time::Instant;
 
-use common::{synth_records, write_journal, RunShape};
 use evidence::journal::Record;
 use evidence::seal::seal;
 use evidence::store::{Store, JOURNAL_FILE};
+use evidence::test_kit::run::{synth_records, write_journal, RunShape};
 
 fn main() {
     let shape = RunShape {

@@ -1,4 +1,7 @@
-//! The typed errors of the bundle machinery: journal, store, seal, verify.
+//! The typed errors of the bundle machinery (journal, store, seal, verify), of
+//! reading a sealed bundle back ([`BundleError`]), of the TOML files both sides
+//! read (rung files, the lever spec: [`TomlFileError`]) and of reading a
+//! YUV4MPEG2 stream ([`Y4mReadError`]); each defined once, here.
 //!
 //! Every variant names the file (or directory) it concerns and says what was
 //! expected, so a message printed at the binary's edge is enough to act on.
@@ -225,6 +228,101 @@ pub enum VerifyError {
     Content {
         /// The bundle file.
         file: String,
+        /// What was wrong.
+        why: String,
+    },
+}
+
+/// A TOML file (a rung file, the lever spec) could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TomlFileError {
+    /// The file could not be read.
+    #[error("{file}: cannot read {what}: {source}")]
+    Io {
+        /// The file.
+        file: PathBuf,
+        /// What the file is, in words (`rung file`, `lever spec`).
+        what: &'static str,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not TOML of the expected shape (the parser's message names
+    /// the key and line).
+    #[error("{file}: {message}")]
+    Parse {
+        /// The file.
+        file: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// A field holds a value outside its domain.
+    #[error("{file}: field '{field}': expected {expected}, found {found}")]
+    Field {
+        /// The file.
+        file: PathBuf,
+        /// The offending field (for the lever spec, with the lever it belongs
+        /// to: `lever "vae".baseline`).
+        field: String,
+        /// What the field must be.
+        expected: String,
+        /// What it held.
+        found: String,
+    },
+}
+
+/// A sealed bundle could not be read back (its manifest's facts, its tables).
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    /// A file could not be read.
+    #[error("{file}: cannot read: {source}")]
+    Io {
+        /// The file.
+        file: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The manifest is not JSON.
+    #[error("{file}: not JSON: {message}")]
+    Json {
+        /// The manifest file.
+        file: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// A manifest field is missing or of the wrong type.
+    #[error("{file}: field '{field}': expected {expected}")]
+    Field {
+        /// The manifest file.
+        file: PathBuf,
+        /// The field path (`engine.sha256`).
+        field: String,
+        /// What it must be.
+        expected: String,
+    },
+    /// A Parquet file could not be scanned or lacks a column.
+    #[error("{file}: {message}")]
+    Parquet {
+        /// The Parquet file.
+        file: PathBuf,
+        /// The Parquet reader's message.
+        message: String,
+    },
+}
+
+/// A stream that is not the YUV4MPEG2 the harness's completion check reads.
+#[derive(Debug, thiserror::Error)]
+pub enum Y4mReadError {
+    /// Reading failed.
+    #[error("reading the video failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// The header line is malformed.
+    #[error("header: {0}")]
+    Header(String),
+    /// A frame is malformed or cut short.
+    #[error("frame {index}: {why}")]
+    Frame {
+        /// 0-based frame index.
+        index: u32,
         /// What was wrong.
         why: String,
     },

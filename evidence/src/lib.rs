@@ -46,5 +46,7 @@ pub mod rung;
 pub mod sample;
 pub mod seal;
 pub mod store;
+#[cfg(feature = "test-kit")]
+pub mod test_kit;
 pub mod verify;
 pub mod weights_digest;

@@ -23,6 +23,7 @@
 //! lease = false            # true: `harness run` refuses without a lease id
 //! ```
 
+use crate::error::TomlFileError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -108,39 +109,6 @@ fn default_fps() -> f64 {
     25.0
 }
 
-/// A rung file could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum RungError {
-    /// The file could not be read.
-    #[error("{file}: cannot read rung file: {source}")]
-    Io {
-        /// The rung file.
-        file: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The file is not valid TOML of the rung format.
-    #[error("{file}: {message}")]
-    Parse {
-        /// The rung file.
-        file: PathBuf,
-        /// The parser's message (names the key and line).
-        message: String,
-    },
-    /// A field has a value outside its domain.
-    #[error("{file}: field '{field}': expected {expected}, found {found}")]
-    Field {
-        /// The rung file.
-        file: PathBuf,
-        /// The offending field.
-        field: String,
-        /// What the field must be.
-        expected: String,
-        /// What it was.
-        found: String,
-    },
-}
-
 /// The largest rung file read, bytes. A rung is a dozen lines; this leaves room
 /// for a long prompt and comments and refuses a file nobody wrote by hand before
 /// reading it into memory.
@@ -170,14 +138,15 @@ pub const STEPS_EXPECTED: &str =
 
 impl Rung {
     /// Read and validate a rung file (at most [`MAX_RUNG_FILE_BYTES`]).
-    pub fn load(path: &Path) -> Result<Rung, RungError> {
-        let io = |source| RungError::Io {
+    pub fn load(path: &Path) -> Result<Rung, TomlFileError> {
+        let io = |source| TomlFileError::Io {
+            what: "rung file",
             file: path.to_path_buf(),
             source,
         };
         let bytes = std::fs::metadata(path).map_err(io)?.len();
         if bytes > MAX_RUNG_FILE_BYTES {
-            return Err(RungError::Field {
+            return Err(TomlFileError::Field {
                 file: path.to_path_buf(),
                 field: "(the file)".into(),
                 expected: format!("a rung file of at most {MAX_RUNG_FILE_BYTES} bytes"),
@@ -189,8 +158,8 @@ impl Rung {
     }
 
     /// Parse and validate rung text; `file` is used in error messages only.
-    pub fn parse(text: &str, file: &Path) -> Result<Rung, RungError> {
-        let rung: Rung = toml::from_str(text).map_err(|e| RungError::Parse {
+    pub fn parse(text: &str, file: &Path) -> Result<Rung, TomlFileError> {
+        let rung: Rung = toml::from_str(text).map_err(|e| TomlFileError::Parse {
             file: file.to_path_buf(),
             message: e.to_string().trim_end().to_string(),
         })?;
@@ -199,8 +168,8 @@ impl Rung {
     }
 
     /// Check every field's domain.
-    pub fn validate(&self, file: &Path) -> Result<(), RungError> {
-        let bad = |field: &str, expected: &str, found: String| RungError::Field {
+    pub fn validate(&self, file: &Path) -> Result<(), TomlFileError> {
+        let bad = |field: &str, expected: &str, found: String| TomlFileError::Field {
             file: file.to_path_buf(),
             field: field.to_string(),
             expected: expected.to_string(),
@@ -324,7 +293,7 @@ device = "cpu"
 widen-f32 = "single"
 "#;
 
-    fn p(text: &str) -> Result<Rung, RungError> {
+    fn p(text: &str) -> Result<Rung, TomlFileError> {
         Rung::parse(text, Path::new("rungs/x.toml"))
     }
 

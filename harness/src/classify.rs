@@ -31,6 +31,21 @@ pub enum Reason {
     GateRefused,
 }
 
+impl Reason {
+    /// The reason as the manifest writes it (`completed`, `engine-failed`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Completed => "completed",
+            Reason::EngineFailed => "engine-failed",
+            Reason::Killed => "killed",
+            Reason::Watchdog => "watchdog",
+            Reason::Timeout => "timeout",
+            Reason::Interrupted => "interrupted",
+            Reason::GateRefused => "gate-refused",
+        }
+    }
+}
+
 /// What the harness did to end the run, if anything.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Intervention {
@@ -72,6 +87,20 @@ pub struct Exit {
     pub detail: String,
     /// The phases open at the end, outermost first (the open one is the last).
     pub open_phases: Vec<String>,
+}
+
+impl Exit {
+    /// The `exit` fragment's record.
+    pub fn fragment(&self) -> crate::fragments::Exit {
+        crate::fragments::Exit {
+            reason: Some(self.reason.as_str().to_string()),
+            code: self.code,
+            signal: self.signal,
+            detail: Some(self.detail.clone()),
+            open_phases: Some(self.open_phases.clone()),
+            rest: serde_json::Map::new(),
+        }
+    }
 }
 
 /// The name of signal `sig` (`SIGKILL`), or its number.

@@ -9,11 +9,17 @@
 //! that never reached the step that writes it) are `Option`s. Parts of a fragment
 //! that only one writer produces and no reader interprets stay JSON in `rest`.
 //!
+//! Writers journal a record with [`journal_record`] (or [`null_record`] for a
+//! fragment the run has none of); the key of every record is declared once, in
+//! the `fragment_keys!` list at the end of this file, which also gives [`KEYS`].
+//!
 //! The computed sections (`phases`, `markers`, `files`, `complete`, ...) are
 //! [`evidence::manifest::Manifest`]'s own.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+use evidence::journal::Record;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
@@ -23,6 +29,33 @@ use serde_json::{Map, Value};
 pub trait Fragment: Serialize + DeserializeOwned {
     /// Its key in the manifest (and in the journal's fragment records).
     const KEY: &'static str;
+}
+
+/// The journal record that stores `f` under its key ([`Fragment::KEY`]).
+pub fn journal_record<F: Fragment>(f: &F) -> Result<Record, serde_json::Error> {
+    Ok(Record::Fragment {
+        key: F::KEY.into(),
+        value: serde_json::to_value(f)?,
+    })
+}
+
+/// The journal record of fragment `F` as null: the run has none (no lease, no
+/// GPU, no weights).
+pub fn null_record<F: Fragment>() -> Record {
+    Record::Fragment {
+        key: F::KEY.into(),
+        value: Value::Null,
+    }
+}
+
+/// The journal record of fragment `F` carried verbatim: a value the harness
+/// passes through as it was given (the campaign's `schedule`, which `harness run
+/// --schedule` records as the campaign wrote it).
+pub fn verbatim_record<F: Fragment>(value: Value) -> Record {
+    Record::Fragment {
+        key: F::KEY.into(),
+        value,
+    }
 }
 
 /// The fragment `F` of `manifest` (a whole manifest as JSON, or the fragments of
@@ -70,18 +103,10 @@ fn text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
 #[serde(transparent)]
 pub struct Profile(pub String);
 
-impl Fragment for Profile {
-    const KEY: &'static str = "profile";
-}
-
 /// `levers`: lever name -> arm, as the run applied them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Levers(pub BTreeMap<String, String>);
-
-impl Fragment for Levers {
-    const KEY: &'static str = "levers";
-}
 
 impl Levers {
     /// `lever=arm,...` sorted by lever, or `-` when there are none.
@@ -116,10 +141,6 @@ pub struct Schedule {
     pub warmup: bool,
 }
 
-impl Fragment for Schedule {
-    const KEY: &'static str = "schedule";
-}
-
 /// `rung`: the rung file the run rendered (absent for `--exec` without `--rung`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rung {
@@ -136,10 +157,6 @@ pub struct Rung {
     /// rank and the timeline use.
     #[serde(default)]
     pub config: Option<Value>,
-}
-
-impl Fragment for Rung {
-    const KEY: &'static str = "rung";
 }
 
 /// The parts of a rung's `config` that readers use.
@@ -201,10 +218,6 @@ pub struct Run {
     pub cwd: Option<PathBuf>,
 }
 
-impl Fragment for Run {
-    const KEY: &'static str = "run";
-}
-
 /// `host`: the machine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Host {
@@ -225,19 +238,11 @@ pub struct Host {
     pub os: Option<String>,
 }
 
-impl Fragment for Host {
-    const KEY: &'static str = "host";
-}
-
 /// `store`: how the store's gate was passed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoreFragment {
     /// Whether a volatile store was allowed by an override (never, today).
     pub volatile_override: bool,
-}
-
-impl Fragment for StoreFragment {
-    const KEY: &'static str = "store";
 }
 
 /// `lease`: the lease the run ran under (null without one).
@@ -247,23 +252,30 @@ pub struct Lease {
     pub id: String,
 }
 
-impl Fragment for Lease {
-    const KEY: &'static str = "lease";
-}
-
 /// `gpu`: the GPU's facts as NVML reported them (null without a GPU).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Gpu {
     /// The product name.
     #[serde(default, deserialize_with = "text")]
     pub name: Option<String>,
-    /// Everything else NVML reported (uuid, driver, memory, clocks, ...).
+    /// The GPU's UUID (`GPU-...`).
+    #[serde(default, deserialize_with = "lenient")]
+    pub uuid: Option<String>,
+    /// The driver's version.
+    #[serde(default, deserialize_with = "lenient")]
+    pub driver: Option<String>,
+    /// The CUDA driver API's version (`12.4`).
+    #[serde(default, deserialize_with = "lenient")]
+    pub cuda: Option<String>,
+    /// Whether the GPU shares host memory (unified memory).
+    #[serde(default, deserialize_with = "lenient")]
+    pub unified_memory: Option<bool>,
+    /// NVML's device index.
+    #[serde(default, deserialize_with = "lenient")]
+    pub index: Option<u32>,
+    /// Anything else an older or newer harness recorded.
     #[serde(flatten)]
     pub rest: Map<String, Value>,
-}
-
-impl Fragment for Gpu {
-    const KEY: &'static str = "gpu";
 }
 
 /// `engine`: what ran (the binary, its copy, an `--exec` engine's pinned files,
@@ -283,14 +295,33 @@ pub struct Engine {
         skip_serializing_if = "Option::is_none"
     )]
     pub name: Option<String>,
-    /// Everything else (`store_path`, `source_path`, `args`, `exec`, `run_path`,
-    /// `pinned`).
+    /// Where the binary runs from: its copy in the store, `bin/<sha256>`
+    /// (null for an `--exec` engine, which runs in place).
+    #[serde(default, deserialize_with = "lenient")]
+    pub store_path: Option<PathBuf>,
+    /// The binary or program as given.
+    #[serde(default, deserialize_with = "lenient")]
+    pub source_path: Option<PathBuf>,
+    /// The engine's arguments.
+    #[serde(default, deserialize_with = "lenient")]
+    pub args: Option<Vec<String>>,
+    /// Whether it is an `--exec` engine.
+    #[serde(default, deserialize_with = "lenient")]
+    pub exec: Option<bool>,
+    /// An `--exec` engine's program as run (absent otherwise).
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub run_path: Option<PathBuf>,
+    /// An `--exec` engine's pinned files, hashed before it started (absent
+    /// otherwise; `run::pinned`'s record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<Value>,
+    /// Anything else an older or newer harness recorded.
     #[serde(flatten)]
     pub rest: Map<String, Value>,
-}
-
-impl Fragment for Engine {
-    const KEY: &'static str = "engine";
 }
 
 /// `weights`: the weights the engine read (null for an `--exec` engine).
@@ -299,13 +330,30 @@ pub struct Weights {
     /// `sha256:<hex>` over the files ([`evidence::weights_digest`]).
     #[serde(default, deserialize_with = "lenient")]
     pub digest: Option<String>,
-    /// Everything else (`digest_source`, `dir`, `files`, `synthesized`).
+    /// Where the digest came from (`DIGEST file` or `computed`).
+    #[serde(default, deserialize_with = "lenient")]
+    pub digest_source: Option<String>,
+    /// The weights directory.
+    #[serde(default, deserialize_with = "lenient")]
+    pub dir: Option<PathBuf>,
+    /// Every file, sorted by path.
+    #[serde(default, deserialize_with = "lenient")]
+    pub files: Option<Vec<WeightFile>>,
+    /// Whether the harness synthesized these weights.
+    #[serde(default, deserialize_with = "lenient")]
+    pub synthesized: Option<bool>,
+    /// Anything else an older or newer harness recorded.
     #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
 
-impl Fragment for Weights {
-    const KEY: &'static str = "weights";
+/// One weight file of the `weights` fragment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightFile {
+    /// Path relative to the weights directory, `/`-separated.
+    pub path: String,
+    /// Size in bytes.
+    pub bytes: u64,
 }
 
 /// `weights_cache`: the weights' page-cache state at engine start.
@@ -316,48 +364,107 @@ pub struct WeightsCache {
     pub policy: Option<String>,
     /// Bytes of all weight files.
     #[serde(default, deserialize_with = "lenient")]
-    pub total_bytes: Option<f64>,
+    pub total_bytes: Option<u64>,
     /// Bytes resident before the policy was applied.
     #[serde(default, deserialize_with = "lenient")]
-    pub resident_before_bytes: Option<f64>,
+    pub resident_before_bytes: Option<u64>,
     /// Bytes resident just before the engine started.
     #[serde(default, deserialize_with = "lenient")]
-    pub resident_after_bytes: Option<f64>,
+    pub resident_after_bytes: Option<u64>,
     /// Seconds spent evicting or reading.
     #[serde(default, deserialize_with = "lenient")]
     pub seconds: Option<f64>,
 }
 
-impl Fragment for WeightsCache {
-    const KEY: &'static str = "weights_cache";
-}
-
 /// `contention`: other work on the host at start, during the run and per phase.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Contention {
+    /// Cores busy with other work just before the engine started (null when
+    /// `/proc/stat` was unreadable).
+    #[serde(default, deserialize_with = "lenient")]
+    pub busy_cores_at_start: Option<f64>,
+    /// The window `busy_cores_at_start` was measured over, milliseconds.
+    #[serde(default, deserialize_with = "lenient")]
+    pub window_ms: Option<u64>,
+    /// The one-minute load average at start, for reference only.
+    #[serde(default, deserialize_with = "lenient")]
+    pub load1_at_start: Option<f64>,
+    /// Other processes on the GPU at start (null without a GPU or when
+    /// unreadable).
+    #[serde(default, deserialize_with = "lenient")]
+    pub other_gpu_procs: Option<u64>,
     /// Whether the run counts as contended (rank excludes it).
     #[serde(default, deserialize_with = "lenient")]
     pub flagged: Option<bool>,
     /// Why, in words.
     #[serde(default, deserialize_with = "lenient")]
     pub detail: Option<String>,
-    /// Everything else (`at_start`, `during`, `phases`, limits).
+    /// Other work over the engine's lifetime and per top-level phase (absent
+    /// until the engine has ended).
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub during: Option<During>,
+    /// Anything else an older or newer harness recorded.
     #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
 
-impl Fragment for Contention {
-    const KEY: &'static str = "contention";
+/// Other work's CPU over the engine's lifetime (`contention.during`), judged by
+/// `run::contention`. A reader takes a field a bundle lacks as its default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct During {
+    /// Seconds between the two marks.
+    pub window_s: f64,
+    /// Cores busy across the whole host, mean over the window.
+    pub host_busy_cores: Option<f64>,
+    /// Cores the engine and its descendants used, mean over the window.
+    pub engine_cores: Option<f64>,
+    /// Cores the harness itself used (sampler, readers, journal), mean.
+    pub harness_cores: Option<f64>,
+    /// `host_busy_cores - engine_cores - harness_cores`, floored at 0 (the
+    /// counters tick at different granularities), cores.
+    pub other_busy_cores: Option<f64>,
+    /// Other work above this many cores flags the run: the start gate's limit.
+    pub limit_cores: f64,
+    /// Whether the window was long enough and every counter readable.
+    pub judged: bool,
+    /// Whether other work exceeded the limit, over the lifetime or inside a
+    /// top-level phase.
+    pub flagged: bool,
+    /// One line for people.
+    pub detail: String,
+    /// Each top-level phase's own judgement (empty when the engine marked none).
+    #[serde(default)]
+    pub phases: Vec<PhaseDuring>,
+}
+
+/// Other work inside one top-level phase (`contention.during.phases`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PhaseDuring {
+    /// The phase name.
+    pub phase: String,
+    /// Seconds from its open to its close (or to the end of the engine).
+    pub seconds: f64,
+    /// Sampler rows inside it.
+    pub ticks: usize,
+    /// Mean cores of other work over those rows.
+    pub other_busy_cores: Option<f64>,
+    /// Whether it was long enough (`run::contention::MIN_WINDOW_S`,
+    /// `MIN_PHASE_TICKS`) to judge.
+    pub judged: bool,
+    /// Whether other work exceeded the limit inside it.
+    pub flagged: bool,
 }
 
 /// `sensors_unavailable`: sampler column -> why it has no values.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct SensorsUnavailable(pub BTreeMap<String, Value>);
-
-impl Fragment for SensorsUnavailable {
-    const KEY: &'static str = "sensors_unavailable";
-}
 
 impl SensorsUnavailable {
     /// Why `column` has no values, if recorded as text.
@@ -372,23 +479,78 @@ pub struct Sampler {
     /// Interval between ticks, milliseconds.
     #[serde(default, deserialize_with = "lenient")]
     pub cadence_ms: Option<u64>,
+    /// Ticks between the slow reads (the process tree's rescan).
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub slow_every: Option<u64>,
+    /// Ticks between page-cache residency reads.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub pagecache_every: Option<u64>,
+    /// The timed parts that run off the tick, on threads of their own.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub off_tick_parts: Option<Vec<String>>,
     /// `on` or `off`.
     #[serde(default, deserialize_with = "lenient")]
     pub observer: Option<String>,
-    /// Ticks fired.
-    #[serde(default, deserialize_with = "lenient")]
+    /// Ticks fired (absent until the run ends).
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub ticks: Option<u64>,
-    /// Deadlines skipped because a tick overran.
-    #[serde(default, deserialize_with = "lenient")]
+    /// Deadlines skipped because a tick overran (absent until the run ends).
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub missed_ticks: Option<u64>,
-    /// Everything else (`slow_every`, `pagecache_every`, `off_tick_parts`,
-    /// `tick_cost_us`, `tick_cost_parts_us`).
+    /// The work of one tick, microseconds (absent until the run ends).
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tick_cost_us: Option<CostStats>,
+    /// The work of each timed part, by part, microseconds (absent until the run
+    /// ends).
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tick_cost_parts_us: Option<BTreeMap<String, CostStats>>,
+    /// Anything else an older or newer harness recorded.
     #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
 
-impl Fragment for Sampler {
-    const KEY: &'static str = "sampler";
+/// The cost of a piece of the sampler's work per tick, microseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CostStats {
+    /// Ticks measured.
+    pub ticks: u64,
+    /// Median work per tick, microseconds.
+    pub median_us: f64,
+    /// 99th percentile, microseconds.
+    pub p99_us: f64,
+    /// Mean, microseconds.
+    pub mean_us: f64,
+    /// Largest, microseconds.
+    pub max_us: f64,
 }
 
 /// `watchdog`: its limits and its trip.
@@ -400,10 +562,6 @@ pub struct Watchdog {
     pub unified_budget_bytes: Option<u64>,
     /// The reading that tripped it (`column`, `value`, `limit`, `t_ns`), if any.
     pub tripped: Option<Value>,
-}
-
-impl Fragment for Watchdog {
-    const KEY: &'static str = "watchdog";
 }
 
 /// `completion`: the pixel completion check on `video.y4m`.
@@ -420,26 +578,27 @@ pub struct Completion {
     pub frames: Option<u64>,
 }
 
-impl Fragment for Completion {
-    const KEY: &'static str = "completion";
-}
-
 /// `exit`: why the run ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Exit {
     /// `completed`, `engine-failed`, `refused`, `interrupted`, ...
     #[serde(default, deserialize_with = "lenient")]
     pub reason: Option<String>,
+    /// The engine's exit code, if it exited.
+    #[serde(default, deserialize_with = "lenient")]
+    pub code: Option<i32>,
+    /// The signal that ended the engine, if any.
+    #[serde(default, deserialize_with = "lenient")]
+    pub signal: Option<i32>,
     /// In words.
     #[serde(default, deserialize_with = "lenient")]
     pub detail: Option<String>,
-    /// Everything else (`code`, `signal`, `open_phases`).
+    /// The phases open at the end, outermost first (the open one is the last).
+    #[serde(default, deserialize_with = "lenient")]
+    pub open_phases: Option<Vec<String>>,
+    /// Anything else an older or newer harness recorded.
     #[serde(flatten)]
     pub rest: Map<String, Value>,
-}
-
-impl Fragment for Exit {
-    const KEY: &'static str = "exit";
 }
 
 /// One verdict of the `gates` or `controls` list: its name, verdict and detail.
@@ -464,69 +623,90 @@ pub struct Verdicted {
 #[serde(transparent)]
 pub struct Gates(pub Vec<Verdicted>);
 
-impl Fragment for Gates {
-    const KEY: &'static str = "gates";
-}
-
 /// `controls`: every positive control the run relied on, in order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Controls(pub Vec<Verdicted>);
 
-impl Fragment for Controls {
-    const KEY: &'static str = "controls";
-}
-
-/// `exec_check`: an `--exec` engine's pinned files checked again after the run.
+/// `exec_check`: an `--exec` engine's pinned files checked again after the run
+/// (written only when one changed).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecCheck {
-    /// The pinned files whose hash changed while the engine ran.
+    /// The pinned files whose hash changed while the engine ran, in words.
     #[serde(default, deserialize_with = "lenient")]
     pub changed: Option<Vec<Value>>,
-    /// Everything else.
+    /// What the check means, in words.
+    #[serde(default, deserialize_with = "lenient")]
+    pub detail: Option<String>,
+    /// Anything else an older or newer harness recorded.
     #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
 
-impl Fragment for ExecCheck {
-    const KEY: &'static str = "exec_check";
-}
-
-/// `escaped`: descendants of the engine that left its process group (killed and
-/// named, [`crate::run::escaped`]).
+/// `escaped`: descendants of the engine that left its process group, killed and
+/// named ([`crate::run::escaped`]); written only when there were any.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Escaped(pub Value);
-
-impl Fragment for Escaped {
-    const KEY: &'static str = "escaped";
+pub struct Escaped {
+    /// Every process killed.
+    #[serde(default, deserialize_with = "lenient")]
+    pub killed: Option<Vec<EscapedProcess>>,
+    /// What the list means, in words.
+    #[serde(default, deserialize_with = "lenient")]
+    pub detail: Option<String>,
+    /// Anything else an older or newer harness recorded.
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
 }
 
-/// Every fragment key, for the layout test and for tools that list them.
-pub const KEYS: [&str; 22] = [
-    Profile::KEY,
-    Levers::KEY,
-    Schedule::KEY,
-    Rung::KEY,
-    Run::KEY,
-    Host::KEY,
-    StoreFragment::KEY,
-    Lease::KEY,
-    Gpu::KEY,
-    Engine::KEY,
-    Weights::KEY,
-    WeightsCache::KEY,
-    Contention::KEY,
-    SensorsUnavailable::KEY,
-    Sampler::KEY,
-    Watchdog::KEY,
-    Completion::KEY,
-    Exit::KEY,
-    Gates::KEY,
-    Controls::KEY,
-    ExecCheck::KEY,
-    Escaped::KEY,
-];
+/// One process of the `escaped` fragment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EscapedProcess {
+    /// Its pid.
+    pub pid: i32,
+    /// Its command name (`/proc/PID/comm`).
+    pub comm: String,
+    /// Its session id when found (differs from the engine's after `setsid`).
+    pub session: i32,
+}
+
+/// Declares each record's [`Fragment`] impl and [`KEYS`] from one list: a key is
+/// written once, here.
+macro_rules! fragment_keys {
+    ($($record:ty => $key:literal),+ $(,)?) => {
+        $(
+            impl Fragment for $record {
+                const KEY: &'static str = $key;
+            }
+        )+
+        /// Every fragment key, for the layout test and for tools that list them.
+        pub const KEYS: &[&str] = &[$($key),+];
+    };
+}
+
+fragment_keys! {
+    Profile => "profile",
+    Levers => "levers",
+    Schedule => "schedule",
+    Rung => "rung",
+    Run => "run",
+    Host => "host",
+    StoreFragment => "store",
+    Lease => "lease",
+    Gpu => "gpu",
+    Engine => "engine",
+    Weights => "weights",
+    WeightsCache => "weights_cache",
+    Contention => "contention",
+    SensorsUnavailable => "sensors_unavailable",
+    Sampler => "sampler",
+    Watchdog => "watchdog",
+    Completion => "completion",
+    Exit => "exit",
+    Gates => "gates",
+    Controls => "controls",
+    ExecCheck => "exec_check",
+    Escaped => "escaped",
+}
 
 #[cfg(test)]
 mod tests {

@@ -31,9 +31,10 @@
 //! next_hypothesis = "..."
 //! ```
 
+use evidence::error::TomlFileError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The schema version this module reads.
 pub const SCHEMA: u32 = 1;
@@ -287,43 +288,11 @@ pub struct LeverSpec {
     pub levers: Vec<Lever>,
 }
 
-/// The spec file could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum SpecError {
-    /// The file could not be read.
-    #[error("{file}: cannot read lever spec: {source}")]
-    Io {
-        /// The spec file.
-        file: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The file is not TOML of the spec's shape (the message names key and line).
-    #[error("{file}: {message}")]
-    Parse {
-        /// The spec file.
-        file: PathBuf,
-        /// The parser's message.
-        message: String,
-    },
-    /// A field holds a value outside its domain.
-    #[error("{file}: field '{field}': expected {expected}, found {found}")]
-    Field {
-        /// The spec file.
-        file: PathBuf,
-        /// The field, with the lever it belongs to (`lever "vae".baseline`).
-        field: String,
-        /// What the field must be.
-        expected: String,
-        /// What it held.
-        found: String,
-    },
-}
-
 impl LeverSpec {
     /// Read and validate a spec file.
-    pub fn load(path: &Path) -> Result<LeverSpec, SpecError> {
-        let text = std::fs::read_to_string(path).map_err(|source| SpecError::Io {
+    pub fn load(path: &Path) -> Result<LeverSpec, TomlFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TomlFileError::Io {
+            what: "lever spec",
             file: path.to_path_buf(),
             source,
         })?;
@@ -331,8 +300,8 @@ impl LeverSpec {
     }
 
     /// Parse and validate spec text; `file` names the source in errors.
-    pub fn parse(text: &str, file: &Path) -> Result<LeverSpec, SpecError> {
-        let spec: LeverSpec = toml::from_str(text).map_err(|e| SpecError::Parse {
+    pub fn parse(text: &str, file: &Path) -> Result<LeverSpec, TomlFileError> {
+        let spec: LeverSpec = toml::from_str(text).map_err(|e| TomlFileError::Parse {
             file: file.to_path_buf(),
             message: e.to_string().trim_end().to_string(),
         })?;
@@ -341,8 +310,8 @@ impl LeverSpec {
     }
 
     /// Check every field's domain and the cross-field rules.
-    pub fn validate(&self, file: &Path) -> Result<(), SpecError> {
-        let bad = |field: String, expected: &str, found: String| SpecError::Field {
+    pub fn validate(&self, file: &Path) -> Result<(), TomlFileError> {
+        let bad = |field: String, expected: &str, found: String| TomlFileError::Field {
             file: file.to_path_buf(),
             field,
             expected: expected.to_string(),
@@ -594,7 +563,7 @@ refutation = "r"
 next_hypothesis = "n"
 "##;
 
-    fn p(text: &str) -> Result<LeverSpec, SpecError> {
+    fn p(text: &str) -> Result<LeverSpec, TomlFileError> {
         LeverSpec::parse(text, Path::new("specs/x.toml"))
     }
 

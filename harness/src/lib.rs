@@ -58,7 +58,7 @@ pub mod escape;
 pub mod exit;
 pub mod formats;
 pub mod fragments;
-pub mod gate;
+pub mod gate_verdict;
 pub mod harness_levers;
 pub mod levers_spec;
 pub mod pack;

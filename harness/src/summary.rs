@@ -22,25 +22,38 @@ impl BundleSummary {
     /// Read `dir/manifest.json` (through [`crate::bundle::manifest`]).
     pub fn load(dir: &Path) -> anyhow::Result<BundleSummary> {
         let manifest = crate::bundle::manifest::read_typed(dir)?;
+        let sealed_unix_s = || {
+            std::fs::metadata(dir)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| d.as_secs() as i64)
+        };
+        let id = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Ok(BundleSummary::of(id, manifest, sealed_unix_s))
+    }
+
+    /// The summary of bundle `id` from its manifest; `sealed_unix_s` gives the
+    /// date when the manifest has no start time (a bundle on disk: its
+    /// directory's modification time; one in a bucket: none).
+    pub fn of(
+        id: String,
+        manifest: Manifest,
+        sealed_unix_s: impl FnOnce() -> Option<i64>,
+    ) -> BundleSummary {
         let date_unix_s = manifest
             .run()
             .and_then(|r| r.start_unix_ns)
             .map(|ns| (ns / 1_000_000_000) as i64)
-            .or_else(|| {
-                std::fs::metadata(dir)
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                    .map(|d| d.as_secs() as i64)
-            });
-        Ok(BundleSummary {
-            id: dir
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            .or_else(sealed_unix_s);
+        BundleSummary {
+            id,
             manifest,
             date_unix_s,
-        })
+        }
     }
 
     /// The fragment `F` of the manifest, if present and readable.

@@ -43,14 +43,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WeightsError + '_ {
     }
 }
 
-/// One weight file.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct WeightFile {
-    /// Path relative to the weights directory, `/`-separated.
-    pub path: String,
-    /// Size in bytes.
-    pub bytes: u64,
-}
+/// One weight file (the `weights` fragment's record of it).
+pub use crate::fragments::WeightFile;
 
 /// The weights a run uses.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,14 +68,15 @@ impl Weights {
     }
 
     /// The `weights` manifest fragment.
-    pub fn fragment(&self) -> serde_json::Value {
-        serde_json::json!({
-            "digest": self.digest,
-            "digest_source": self.digest_source,
-            "dir": self.dir,
-            "files": self.files,
-            "synthesized": self.synthesized,
-        })
+    pub fn fragment(&self) -> crate::fragments::Weights {
+        crate::fragments::Weights {
+            digest: Some(self.digest.clone()),
+            digest_source: Some(self.digest_source.to_string()),
+            dir: Some(self.dir.clone()),
+            files: Some(self.files.clone()),
+            synthesized: Some(self.synthesized),
+            rest: serde_json::Map::new(),
+        }
     }
 }
 

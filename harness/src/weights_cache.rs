@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::gate::{Gate, Verdict};
+use crate::gate_verdict::{Gate, Verdict};
 use crate::sampler::pagecache::Residency;
 
 /// The page-cache state a run starts in.
@@ -84,6 +84,19 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// The `weights_cache` fragment: the figures as numbers (rank pairs
+    /// weight-reading metrics only between runs that started in about the same
+    /// cache state).
+    pub fn fragment(&self) -> crate::fragments::WeightsCache {
+        crate::fragments::WeightsCache {
+            policy: Some(self.policy.as_str().to_string()),
+            total_bytes: Some(self.total_bytes),
+            resident_before_bytes: Some(self.resident_before_bytes),
+            resident_after_bytes: Some(self.resident_after_bytes),
+            seconds: Some(self.seconds),
+        }
+    }
+
     /// The share of the weights resident after preparation (1 for no bytes).
     pub fn after_share(&self) -> f64 {
         if self.total_bytes == 0 {

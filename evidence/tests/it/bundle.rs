@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 
-use crate::common::{fake_png, synth_records, test_dir, write_journal, Rng, RunShape};
 use arrow_array::{Array, Float64Array, Int64Array, StringArray};
 use evidence::bundle_files::{self, MANIFEST};
 use evidence::journal::{encode_record, header_bytes, parse_journal, Record};
@@ -14,6 +13,7 @@ use evidence::parquet_tables;
 use evidence::recover::{recover_all, Outcome};
 use evidence::seal::{build_bundle, seal, SealInputs};
 use evidence::store::{Store, JOURNAL_FILE};
+use evidence::test_kit::run::{fake_png, synth_records, test_dir, write_journal, Rng, RunShape};
 use evidence::verify::{verify_dir, verify_files};
 use serde_json::json;
 

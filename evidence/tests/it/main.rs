@@ -7,10 +7,9 @@
 //! * [`fuzz`]: property fuzzing of the journal, marker, manifest and rung parsers.
 //! * [`layout`]: no two modules of `evidence/src` depend on each other.
 //! * [`pyarrow`]: pyarrow reads every table of a sealed bundle.
-//! * [`common`]: the seeded run generator and per-test directories they share
+//! The seeded run generator and per-test directories they share are the test
+//! kit's (`evidence::test_kit::run`, the `test-kit` feature)
 //!   (the seal benchmark uses it too).
-
-mod common;
 
 mod bundle;
 mod durability;

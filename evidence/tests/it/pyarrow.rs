@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use crate::common::{fake_png, synth_records, test_dir, write_journal, Rng, RunShape};
 use arrow_array::{Array, BooleanArray, Float64Array, Int64Array, StringArray};
 use arrow_schema::DataType;
 use evidence::bundle_files;
@@ -17,6 +16,7 @@ use evidence::parquet_tables;
 use evidence::sample::{ColumnType, SAMPLE_COLUMNS};
 use evidence::seal::seal;
 use evidence::store::Store;
+use evidence::test_kit::run::{fake_png, synth_records, test_dir, write_journal, Rng, RunShape};
 use serde_json::Value;
 
 const SCRIPT: &str = r#"

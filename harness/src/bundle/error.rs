@@ -1,6 +1,6 @@
-//! The typed errors of reading a bundle. Each names the file (and, where it
-//! applies, the field) at fault; which exit code an error earns is decided by the
-//! command that met it.
+//! The typed errors of reading a bundle's files. Each names the file at fault;
+//! which exit code an error earns is decided by the command that met it. A
+//! bundle's facts that cannot be read are an [`evidence::error::BundleError`].
 
 use std::path::PathBuf;
 
@@ -68,44 +68,5 @@ pub enum TableError {
         column: String,
         /// Its Arrow type, in words.
         data_type: String,
-    },
-}
-
-/// A bundle could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    /// A file could not be read.
-    #[error("{file}: cannot read: {source}")]
-    Io {
-        /// The file.
-        file: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The manifest is not JSON.
-    #[error("{file}: not JSON: {message}")]
-    Json {
-        /// The manifest file.
-        file: PathBuf,
-        /// The parser's message.
-        message: String,
-    },
-    /// A manifest field is missing or of the wrong type.
-    #[error("{file}: field '{field}': expected {expected}")]
-    Field {
-        /// The manifest file.
-        file: PathBuf,
-        /// The field path (`engine.sha256`).
-        field: String,
-        /// What it must be.
-        expected: String,
-    },
-    /// A Parquet file could not be scanned or lacks a column.
-    #[error("{file}: {message}")]
-    Parquet {
-        /// The Parquet file.
-        file: PathBuf,
-        /// Polars' message.
-        message: String,
     },
 }

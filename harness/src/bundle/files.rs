@@ -1,27 +1,18 @@
 //! A bundle's files by name: the one place where a command's read of a bundle
-//! file happens. A local bundle was verified whole before any read
-//! ([`crate::verification::local`]); a bundle of an S3 store is checked file by
-//! file as it is read ([`crate::remote::reader`]: the manifest against the id,
-//! every other file against the manifest's size and sha256). The polars scan
-//! opens its files itself, by the paths [`scan_path`] gives (bundles on disk that
-//! verified first, [`crate::verification::local`]).
+//! file happens. Every bundle read is a directory on disk that was verified
+//! whole before any read ([`crate::verification::local`]; a bucket's bundles are
+//! fetched into the local store first, `crate::remote::fetch`). The polars scan
+//! opens its files itself, by the paths [`scan_path`] gives.
 
 use std::path::{Path, PathBuf};
 
-use crate::bundle::error::{FileError, LoadError};
+use crate::bundle::error::FileError;
+use evidence::error::BundleError;
 
 /// The bytes of file `name` (`manifest.json`, `phases.parquet`, ...) of the bundle
 /// at `dir`.
-/// A bundle of an S3 store (`dir` is its URL, see [`crate::remote::reader`]) is
-/// read from the bucket, checked against its manifest on the way.
 pub fn read(dir: &Path, name: &str) -> Result<Vec<u8>, FileError> {
     let file = dir.join(name);
-    if let Some((remote, id)) = crate::remote::reader::for_dir(dir) {
-        return remote.read(&id, name).map_err(|e| FileError {
-            file,
-            source: std::io::Error::other(e.to_string()),
-        });
-    }
     std::fs::read(&file).map_err(|source| FileError { file, source })
 }
 
@@ -43,15 +34,15 @@ pub fn scan_path(dir: &Path, name: &str) -> PathBuf {
 /// The bundle directories under a store root (`<root>/bundles/*` holding a
 /// `manifest.json`), sorted by name. Listed without the store's durability gate:
 /// reading needs none.
-pub fn store_bundle_dirs(root: &Path) -> Result<Vec<PathBuf>, LoadError> {
+pub fn store_bundle_dirs(root: &Path) -> Result<Vec<PathBuf>, BundleError> {
     let dir = root.join("bundles");
-    let rd = std::fs::read_dir(&dir).map_err(|source| LoadError::Io {
+    let rd = std::fs::read_dir(&dir).map_err(|source| BundleError::Io {
         file: dir.clone(),
         source,
     })?;
     let mut out = Vec::new();
     for e in rd {
-        let e = e.map_err(|source| LoadError::Io {
+        let e = e.map_err(|source| BundleError::Io {
             file: dir.clone(),
             source,
         })?;

@@ -10,13 +10,14 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::bundle::error::{LoadError, ManifestError};
+use crate::bundle::error::{FileError, ManifestError};
 use crate::bundle::facts::{Bundle, FrameFacts};
 use crate::bundle::files;
 use crate::fragments::{
     self, Completion, Contention, Engine, ExecCheck, Exit, Fragment, Gates, Gpu, Host, Levers,
     Profile, Run, Rung, Schedule, Weights, WeightsCache,
 };
+use evidence::error::BundleError;
 
 /// `manifest.json` of the bundle at `dir` as JSON.
 pub fn read_json(dir: &Path) -> Result<Value, ManifestError> {
@@ -30,20 +31,34 @@ pub fn read_json(dir: &Path) -> Result<Value, ManifestError> {
 /// `manifest.json` of the bundle at `dir` as the typed manifest.
 pub fn read_typed(dir: &Path) -> Result<Manifest, ManifestError> {
     let text = files::read_text(dir, MANIFEST)?;
-    Manifest::from_json(&text).map_err(|why| ManifestError::Malformed {
-        file: dir.join(MANIFEST),
+    parse_typed_text(&text, &dir.join(MANIFEST))
+}
+
+/// The bytes of a `manifest.json` read elsewhere (`ls` of a bucket) as the typed
+/// manifest; `file` names it in errors.
+pub fn parse_typed(bytes: Vec<u8>, file: &Path) -> Result<Manifest, ManifestError> {
+    let text = String::from_utf8(bytes).map_err(|e| FileError {
+        file: file.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })?;
+    parse_typed_text(&text, file)
+}
+
+fn parse_typed_text(text: &str, file: &Path) -> Result<Manifest, ManifestError> {
+    Manifest::from_json(text).map_err(|why| ManifestError::Malformed {
+        file: file.to_path_buf(),
         why,
     })
 }
 
 /// The manifest's facts of the bundle at `dir` (phases and samples left empty).
-pub fn read_facts(dir: &Path) -> Result<Bundle, LoadError> {
-    let text = files::read_text(dir, MANIFEST).map_err(|e| LoadError::Io {
+pub fn read_facts(dir: &Path) -> Result<Bundle, BundleError> {
+    let text = files::read_text(dir, MANIFEST).map_err(|e| BundleError::Io {
         file: e.file,
         source: e.source,
     })?;
     let file = dir.join(MANIFEST);
-    let m: Value = serde_json::from_str(&text).map_err(|e| LoadError::Json {
+    let m: Value = serde_json::from_str(&text).map_err(|e| BundleError::Json {
         file: file.clone(),
         message: e.to_string(),
     })?;
@@ -63,13 +78,13 @@ fn dotted(path: &[&str]) -> String {
 
 /// The facts rank needs from a parsed manifest; `file` names it in errors and the
 /// directory name is the id when the manifest does not carry one.
-pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, LoadError> {
-    let field = |path: &str, expected: &str| LoadError::Field {
+pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, BundleError> {
+    let field = |path: &str, expected: &str| BundleError::Field {
         file: file.to_path_buf(),
         field: path.to_string(),
         expected: expected.to_string(),
     };
-    let string = |path: &[&str]| -> Result<String, LoadError> {
+    let string = |path: &[&str]| -> Result<String, BundleError> {
         get(m, path)
             .and_then(Value::as_str)
             .map(str::to_string)
@@ -104,7 +119,7 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
         get(m, &[Rung::KEY, "config"])
             .ok_or_else(|| field(&dotted(&[Rung::KEY, "config"]), "the rung as JSON"))?
     };
-    let dim = |k: &str| -> Result<u64, LoadError> {
+    let dim = |k: &str| -> Result<u64, BundleError> {
         cfg.get(k)
             .and_then(Value::as_u64)
             .ok_or_else(|| field(&dotted(&[Rung::KEY, "config", k]), "a positive integer"))
@@ -148,7 +163,7 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Load
                     .map(str::to_string)
                     .ok_or_else(|| field(&dotted(&[Schedule::KEY, k]), "a string"))
             };
-            let small = |k: &str| -> Result<u32, LoadError> {
+            let small = |k: &str| -> Result<u32, BundleError> {
                 u32::try_from(u(k)?).map_err(|_| field(&dotted(&[Schedule::KEY, k]), "below 2^32"))
             };
             Some(Schedule {
@@ -276,8 +291,8 @@ pub fn cache_at_start(cache: Option<&WeightsCache>, gates: Option<&Gates>) -> Op
     {
         return Some(CacheAtStart {
             policy: c.policy.clone(),
-            share: if t > 0.0 {
-                (a / t).clamp(0.0, 1.0)
+            share: if t > 0 {
+                (a as f64 / t as f64).clamp(0.0, 1.0)
             } else {
                 1.0
             },
@@ -395,7 +410,7 @@ mod tests {
         })
     }
 
-    fn facts(m: &Value) -> Result<Bundle, LoadError> {
+    fn facts(m: &Value) -> Result<Bundle, BundleError> {
         manifest_facts(
             m,
             Path::new("b/manifest.json"),

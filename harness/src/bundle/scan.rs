@@ -18,9 +18,9 @@ use std::path::PathBuf;
 use evidence::parquet_tables::columns::{frames, phases, samples};
 use evidence::sample::column;
 
-use crate::bundle::error::LoadError;
 use crate::bundle::facts::{Bundle, Exclusion, PhaseRow, SamplePeaks};
 use crate::bundle::{files, manifest};
+use evidence::error::BundleError;
 
 /// Bundles read, and those that could not be.
 #[derive(Debug, Default)]
@@ -95,29 +95,21 @@ fn scan(dirs: &[(PathBuf, Bundle)], file: &str) -> PolarsResult<LazyFrame> {
     let paths = dirs
         .iter()
         .map(|(d, _)| PlRefPath::new(files::scan_path(d, file).display().to_string().as_str()));
-    // Bundles of an S3 store are URLs: polars reads them through its own cloud
-    // reader, configured as the harness's client is.
-    let cloud_options = dirs
-        .iter()
-        .any(|(d, _)| crate::remote::reader::for_dir(d).is_some())
-        .then(|| crate::remote::reader::active().map(|r| r.bucket().polars_options()))
-        .flatten();
     let args = ScanArgsParquet {
         include_file_paths: Some(PATH_COL.into()),
         glob: false,
         cache: false,
-        cloud_options,
         ..Default::default()
     };
     LazyFrame::scan_parquet_files(paths.collect(), args)
 }
 
-fn err_for(dirs: &[(PathBuf, Bundle)], file: &str, e: PolarsError) -> LoadError {
+fn err_for(dirs: &[(PathBuf, Bundle)], file: &str, e: PolarsError) -> BundleError {
     let f = match dirs {
         [(d, _)] => d.join(file),
         _ => PathBuf::from(format!("<{} bundles>/{file}", dirs.len())),
     };
-    LoadError::Parquet {
+    BundleError::Parquet {
         file: f,
         message: e.to_string(),
     }
@@ -132,7 +124,7 @@ fn dir_key(path: &str, file: &str) -> String {
 }
 
 /// Phase rows per bundle directory (as displayed), in `seq` order.
-fn phases_scan(dirs: &[(PathBuf, Bundle)]) -> Result<BTreeMap<String, Vec<PhaseRow>>, LoadError> {
+fn phases_scan(dirs: &[(PathBuf, Bundle)]) -> Result<BTreeMap<String, Vec<PhaseRow>>, BundleError> {
     const FILE: &str = evidence::bundle_files::PHASES;
     let mut out: BTreeMap<String, Vec<PhaseRow>> = BTreeMap::new();
     if dirs.is_empty() {
@@ -163,10 +155,10 @@ fn phases_scan(dirs: &[(PathBuf, Bundle)]) -> Result<BTreeMap<String, Vec<PhaseR
     let (path, name) = (c(PATH_COL)?.str().cloned(), c(phases::NAME)?.str().cloned());
     let path = path.map_err(|e| err_for(dirs, FILE, e))?;
     let name = name.map_err(|e| err_for(dirs, FILE, e))?;
-    let i = |n: &str| -> Result<Int64Chunked, LoadError> {
+    let i = |n: &str| -> Result<Int64Chunked, BundleError> {
         c(n)?.i64().cloned().map_err(|e| err_for(dirs, FILE, e))
     };
-    let f = |n: &str| -> Result<Float64Chunked, LoadError> {
+    let f = |n: &str| -> Result<Float64Chunked, BundleError> {
         c(n)?.f64().cloned().map_err(|e| err_for(dirs, FILE, e))
     };
     let (depth, open, close, rss, dev, samples) = (
@@ -210,7 +202,7 @@ fn phases_scan(dirs: &[(PathBuf, Bundle)]) -> Result<BTreeMap<String, Vec<PhaseR
 /// `frames.parquet` (the others have none: the harness recorded no frames).
 fn frames_scan(
     dirs: &[(PathBuf, Bundle)],
-) -> Result<BTreeMap<String, BTreeMap<i64, String>>, LoadError> {
+) -> Result<BTreeMap<String, BTreeMap<i64, String>>, BundleError> {
     const FILE: &str = evidence::bundle_files::FRAMES;
     let mut out: BTreeMap<String, BTreeMap<i64, String>> = BTreeMap::new();
     let with: Vec<(PathBuf, Bundle)> = dirs
@@ -278,7 +270,7 @@ fn close_device_open_s(attrs_json: &str) -> Option<f64> {
 /// Sample peaks per bundle directory and innermost phase.
 fn samples_scan(
     dirs: &[(PathBuf, Bundle)],
-) -> Result<BTreeMap<String, BTreeMap<String, SamplePeaks>>, LoadError> {
+) -> Result<BTreeMap<String, BTreeMap<String, SamplePeaks>>, BundleError> {
     const FILE: &str = evidence::bundle_files::SAMPLES;
     let mut out: BTreeMap<String, BTreeMap<String, SamplePeaks>> = BTreeMap::new();
     if dirs.is_empty() {
@@ -325,10 +317,10 @@ fn samples_scan(
         .cast(&DataType::Int64)
         .map_err(e)?;
     let n = n.i64().map_err(e)?.clone();
-    let fcol = |name: &str| -> Result<Float64Chunked, LoadError> {
+    let fcol = |name: &str| -> Result<Float64Chunked, BundleError> {
         Ok(df.column(name).map_err(e)?.f64().map_err(e)?.clone())
     };
-    let icol = |name: &str| -> Result<Int64Chunked, LoadError> {
+    let icol = |name: &str| -> Result<Int64Chunked, BundleError> {
         Ok(df.column(name).map_err(e)?.i64().map_err(e)?.clone())
     };
     let (rss, uni, cached, gmem) = (

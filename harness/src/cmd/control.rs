@@ -102,7 +102,7 @@ pub fn run(args: &ControlArgs) -> anyhow::Result<u8> {
     if let (Some(g), true) = (&gpu, source.is_some_and(|s| s.is_real())) {
         let record = crate::control::recorded::record(
             crate::run::facts::boot_id().as_deref(),
-            &g.facts()["uuid"],
+            &serde_json::json!(g.uuid()),
             &results[0],
         );
         // Through a temporary file and a rename: a run never reads half a result.

@@ -4,7 +4,9 @@ use crate::fragments::{Levers, Run, Rung};
 use clap::Args;
 use serde::Serialize;
 
+use crate::bundle::error::{FileError, ManifestError};
 use crate::exit;
+use crate::remote::reader::Remote;
 use crate::store_arg::{classify, StoreArg};
 use crate::summary::BundleSummary;
 
@@ -67,6 +69,21 @@ impl LsRow {
     }
 }
 
+/// The summary of bundle `id` of a bucket from its manifest alone, checked
+/// against the id; `url` (the bundle's `s3://` URL) names it in errors.
+fn remote_summary(remote: &Remote, url: &str, id: &str) -> anyhow::Result<BundleSummary> {
+    let file = std::path::Path::new(url).join(evidence::bundle_files::MANIFEST);
+    let bytes = remote
+        .manifest_bytes(id)
+        .map_err(|e| FileError {
+            file: file.clone(),
+            source: std::io::Error::other(e.to_string()),
+        })
+        .map_err(ManifestError::from)?;
+    let manifest = crate::bundle::manifest::parse_typed(bytes, &file)?;
+    Ok(BundleSummary::of(id.to_string(), manifest, || None))
+}
+
 /// Exit 0; a bundle whose manifest cannot be read is reported on stderr.
 ///
 /// With `--store s3://...` the committed bundles of the bucket are listed from
@@ -76,10 +93,10 @@ pub fn run(args: LsArgs) -> anyhow::Result<u8> {
     let mut rows = Vec::new();
     let shown_root;
     if let Some(loc) = crate::remote::location_of(args.store.store.as_deref())? {
-        let remote = crate::remote::reader::install(crate::remote::open(&loc)?);
+        let remote = Remote::new(crate::remote::open(&loc)?);
         let listing = remote.bucket().list_bundles()?;
         for id in crate::remote::fetch::committed(&listing) {
-            match BundleSummary::load(std::path::Path::new(&loc.bundle_url(&id))) {
+            match remote_summary(&remote, &loc.bundle_url(&id), &id) {
                 Ok(s) => rows.push(s),
                 Err(e) => eprintln!(
                     "harness: {id}: unreadable manifest: {}",

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::exit;
 use crate::fragments::{
-    Completion, Contention, Controls, Engine, Fragment, Gates, Gpu, Host, Profile, Sampler,
+    Completion, Contention, Controls, Engine, Gates, Gpu, Host, Profile, Sampler,
     SensorsUnavailable, Weights, WeightsCache,
 };
 use crate::store_arg::{find_verified_bundle, StoreArg};
@@ -53,22 +53,14 @@ pub struct ShowRecord {
 /// Other work per top-level phase (`contention.during.phases`) in one line: each
 /// judged phase's mean cores, `!` where it was over the limit; None for bundles
 /// without per-phase figures or with no phase long enough to judge.
-fn contention_phases_line(v: Option<&Value>) -> Option<String> {
-    let phases = v?.get("during")?.get("phases")?.as_array()?;
+fn contention_phases_line(c: Option<&Contention>) -> Option<String> {
+    let phases = &c?.during.as_ref()?.phases;
     let parts: Vec<String> = phases
         .iter()
-        .filter(|p| p.get("judged").and_then(Value::as_bool) == Some(true))
+        .filter(|p| p.judged)
         .filter_map(|p| {
-            let flag = if p.get("flagged").and_then(Value::as_bool) == Some(true) {
-                "!"
-            } else {
-                ""
-            };
-            Some(format!(
-                "{} {:.2}{flag}",
-                p.get("phase")?.as_str()?,
-                p.get("other_busy_cores")?.as_f64()?
-            ))
+            let flag = if p.flagged { "!" } else { "" };
+            Some(format!("{} {:.2}{flag}", p.phase, p.other_busy_cores?))
         })
         .collect();
     (!parts.is_empty()).then(|| {
@@ -82,56 +74,48 @@ fn contention_phases_line(v: Option<&Value>) -> Option<String> {
 /// The `contention` fragment in one line: `quiet` or `FLAGGED: why`, then what the
 /// run saw while the engine ran (`during`, absent from bundles sealed before it
 /// was recorded).
-fn contention_line(v: Option<&Value>) -> String {
-    let Some(c) = v.filter(|c| c.is_object()) else {
+fn contention_line(c: Option<&Contention>) -> String {
+    let Some(c) = c else {
         return "-".into();
     };
-    let detail = c.get("detail").and_then(Value::as_str).unwrap_or("?");
-    let head = if c.get("flagged").and_then(Value::as_bool) == Some(true) {
+    let detail = c.detail.as_deref().unwrap_or("?");
+    let head = if c.flagged == Some(true) {
         format!("FLAGGED: {detail}")
     } else {
         detail.to_string()
     };
-    match c
-        .get("during")
-        .and_then(|d| d.get("detail"))
-        .and_then(Value::as_str)
-    {
-        Some(d) => format!("{head} | during the run: {d}"),
+    match &c.during {
+        Some(d) => format!("{head} | during the run: {}", d.detail),
         None => format!("{head} | during the run: not recorded"),
     }
 }
 
 /// The sampler's own cost in one line: a tick's work (median, p99) and each timed
 /// part's p99; None for bundles sealed before the sampler reported it.
-fn sampler_cost_line(v: Option<&Value>) -> Option<String> {
-    let ms = |c: &Value, k: &str| c.get(k).and_then(Value::as_f64).map(|us| us / 1e3);
-    let tick = v?.get("tick_cost_us")?;
+fn sampler_cost_line(v: Option<&Sampler>) -> Option<String> {
+    let v = v?;
+    let tick = v.tick_cost_us.as_ref()?;
     let mut line = format!(
         "sampler work per tick: median {:.2} ms, p99 {:.2} ms",
-        ms(tick, "median_us")?,
-        ms(tick, "p99_us")?
+        tick.median_us / 1e3,
+        tick.p99_us / 1e3
     );
     // Which parts ran off the tick: the bundle says; older bundles ran only the
     // page-cache pass on a thread of its own.
-    let off_tick: Vec<&str> = match v?.get("off_tick_parts").and_then(Value::as_array) {
-        Some(a) => a.iter().filter_map(Value::as_str).collect(),
+    let off_tick: Vec<&str> = match &v.off_tick_parts {
+        Some(a) => a.iter().map(String::as_str).collect(),
         None => vec!["pagecache"],
     };
-    if let Some(parts) = v?.get("tick_cost_parts_us").and_then(Value::as_object) {
+    if let Some(parts) = &v.tick_cost_parts_us {
         let p: Vec<String> = parts
             .iter()
-            .filter_map(|(k, c)| {
+            .map(|(k, c)| {
                 let off = if off_tick.contains(&k.as_str()) {
                     ", own thread"
                 } else {
                     ""
                 };
-                Some(format!(
-                    "{k} p99 {:.2} ms (x{}{off})",
-                    ms(c, "p99_us")?,
-                    c.get("ticks")?
-                ))
+                format!("{k} p99 {:.2} ms (x{}{off})", c.p99_us / 1e3, c.ticks)
             })
             .collect();
         if !p.is_empty() {
@@ -252,10 +236,10 @@ pub fn summary_text(s: &BundleSummary) -> String {
         &mut o,
         format!(
             "contention {}",
-            contention_line(m.fragment(Contention::KEY))
+            contention_line(s.fragment::<Contention>().as_ref())
         ),
     );
-    if let Some(line) = contention_phases_line(m.fragment(Contention::KEY)) {
+    if let Some(line) = contention_phases_line(s.fragment::<Contention>().as_ref()) {
         put(&mut o, format!("           {line}"));
     }
     let c = &m.cadence;
@@ -276,7 +260,7 @@ pub fn summary_text(s: &BundleSummary) -> String {
             )
         ),
     );
-    if let Some(line) = sampler_cost_line(m.fragment(Sampler::KEY)) {
+    if let Some(line) = sampler_cost_line(s.fragment::<Sampler>().as_ref()) {
         put(&mut o, format!("         {line}"));
     }
     if let Some(su) = s.fragment::<SensorsUnavailable>() {
@@ -372,6 +356,10 @@ mod tests {
 
     #[test]
     fn the_sampler_cost_line_names_each_part() {
+        let sampler_cost_line = |v: Option<&Value>| {
+            let typed = v.map(|v| serde_json::from_value::<Sampler>(v.clone()).unwrap());
+            sampler_cost_line(typed.as_ref())
+        };
         let v = serde_json::json!({
             "tick_cost_us": {"median_us": 480.0, "p99_us": 2500.0},
             "tick_cost_parts_us": {
@@ -441,6 +429,10 @@ mod tests {
 
     #[test]
     fn the_contention_line_says_start_and_during() {
+        let typed =
+            |v: Option<&Value>| v.map(|v| serde_json::from_value::<Contention>(v.clone()).unwrap());
+        let contention_line = |v: Option<&Value>| contention_line(typed(v).as_ref());
+        let contention_phases_line = |v: Option<&Value>| contention_phases_line(typed(v).as_ref());
         let q = serde_json::json!({"flagged": false, "detail": "quiet",
             "during": {"detail": "quiet: 0.02 cores of other work, mean over 12.0 s"}});
         assert_eq!(

@@ -12,7 +12,8 @@ use sha2::{Digest, Sha256};
 use std::io::BufReader;
 use std::path::Path;
 
-use y4m::{Y4mError, Y4mReader};
+use evidence::error::Y4mReadError;
+use y4m::Y4mReader;
 
 /// A frame whose mean luma is below this is near-black, in code values (0-255).
 ///
@@ -150,7 +151,7 @@ pub fn check_frames_dir(frames_dir: &Path, expect: Expect) -> Completion {
 pub fn check_stream<R: std::io::BufRead>(input: R, expect: Expect) -> Completion {
     let mut reasons = Vec::new();
     let mut frames: Vec<FrameStats> = Vec::new();
-    let result: Result<(), Y4mError> = (|| {
+    let result: Result<(), Y4mReadError> = (|| {
         let mut reader = Y4mReader::new(input)?;
         let h = reader.header().clone();
         if let Some((w, hh)) = expect.size {

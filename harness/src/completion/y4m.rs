@@ -8,6 +8,8 @@
 
 use std::io::{BufRead, Read};
 
+use evidence::error::Y4mReadError;
+
 /// Chroma subsampling of a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Chroma {
@@ -50,25 +52,6 @@ impl Header {
     }
 }
 
-/// A stream that is not the YUV4MPEG2 this reader accepts.
-#[derive(Debug, thiserror::Error)]
-pub enum Y4mError {
-    /// Reading failed.
-    #[error("reading the video failed: {0}")]
-    Io(#[from] std::io::Error),
-    /// The header line is malformed.
-    #[error("header: {0}")]
-    Header(String),
-    /// A frame is malformed or cut short.
-    #[error("frame {index}: {why}")]
-    Frame {
-        /// 0-based frame index.
-        index: u32,
-        /// What was wrong.
-        why: String,
-    },
-}
-
 /// Longest header or frame line accepted, in bytes.
 const MAX_LINE: usize = 4096;
 /// Largest frame side accepted, in pixels (keeps a corrupt header from allocating wildly).
@@ -93,8 +76,8 @@ fn read_line<R: BufRead>(input: &mut R) -> std::io::Result<Option<Vec<u8>>> {
     Ok(Some(line))
 }
 
-fn parse_header(line: &[u8]) -> Result<Header, Y4mError> {
-    let bad = |s: String| Y4mError::Header(s);
+fn parse_header(line: &[u8]) -> Result<Header, Y4mReadError> {
+    let bad = |s: String| Y4mReadError::Header(s);
     if line.last() != Some(&b'\n') {
         return Err(bad(format!("no newline within the first {MAX_LINE} bytes")));
     }
@@ -157,8 +140,9 @@ fn parse_header(line: &[u8]) -> Result<Header, Y4mError> {
 
 impl<R: BufRead> Y4mReader<R> {
     /// Read the header of `input`.
-    pub fn new(mut input: R) -> Result<Self, Y4mError> {
-        let line = read_line(&mut input)?.ok_or_else(|| Y4mError::Header("empty file".into()))?;
+    pub fn new(mut input: R) -> Result<Self, Y4mReadError> {
+        let line =
+            read_line(&mut input)?.ok_or_else(|| Y4mReadError::Header("empty file".into()))?;
         let header = parse_header(&line)?;
         Ok(Y4mReader {
             input,
@@ -174,9 +158,9 @@ impl<R: BufRead> Y4mReader<R> {
 
     /// Read the next frame's planes (Y, then U, then V) into `buf`, resized to
     /// [`Header::frame_bytes`]. `Ok(false)` at a clean end of stream.
-    pub fn next_frame(&mut self, buf: &mut Vec<u8>) -> Result<bool, Y4mError> {
+    pub fn next_frame(&mut self, buf: &mut Vec<u8>) -> Result<bool, Y4mReadError> {
         let index = self.next_index;
-        let bad = |why: String| Y4mError::Frame { index, why };
+        let bad = |why: String| Y4mReadError::Frame { index, why };
         let Some(line) = read_line(&mut self.input)? else {
             return Ok(false);
         };

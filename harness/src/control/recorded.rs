@@ -48,7 +48,7 @@ pub fn for_run(store: &Store, gpu: Option<&Gpu>, why_none: Option<&str>) -> Cont
     from_record(
         stored.as_ref(),
         facts::boot_id().as_deref(),
-        &gpu.facts()["uuid"],
+        &serde_json::json!(gpu.uuid()),
     )
 }
 

@@ -66,6 +66,24 @@ pub struct ControlResult {
 pub const INSTRUMENT_ERROR: &str = "instrument-error";
 
 impl ControlResult {
+    /// The result as the `controls` fragment's record holds it (`figures` only
+    /// when there are any).
+    pub fn verdicted(&self) -> crate::fragments::Verdicted {
+        let mut rest = serde_json::Map::new();
+        if !self.figures.is_empty() {
+            rest.insert(
+                "figures".into(),
+                serde_json::Value::Object(self.figures.clone()),
+            );
+        }
+        crate::fragments::Verdicted {
+            name: Some(self.name.clone()),
+            verdict: Some(self.verdict.clone()),
+            detail: Some(self.detail.clone()),
+            rest,
+        }
+    }
+
     /// A result with no figures.
     pub fn new(name: &str, verdict: &str, detail: String) -> ControlResult {
         ControlResult {

@@ -92,14 +92,6 @@ pub fn read_rgb8(path: &Path) -> Result<Rgb8, ImageError> {
         file: path.to_path_buf(),
         detail,
     };
-    // A bundle of an S3 store is read from the bucket, checked against its
-    // manifest (crate::remote::reader); one on disk is streamed from the file.
-    if let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) {
-        if crate::remote::reader::for_dir(dir).is_some() {
-            let bytes = crate::bundle::files::read(dir, name).map_err(|e| err(e.to_string()))?;
-            return decode_rgb8(path, std::io::Cursor::new(bytes));
-        }
-    }
     let file = std::fs::File::open(path).map_err(|e| err(format!("cannot open: {e}")))?;
     decode_rgb8(path, BufReader::new(file))
 }

@@ -2,8 +2,7 @@
 //! tokio runtime drives `object_store`'s futures) for listing, reading whole
 //! small objects, hashing an object as it streams, and conditional creation
 //! (the harness never overwrites or deletes an object, except `harness sync`
-//! repairing a bundle that does not verify at its destination). The same settings
-//! configure polars' own cloud reader ([`Bucket::polars_options`]).
+//! repairing a bundle that does not verify at its destination).
 
 use std::collections::BTreeMap;
 
@@ -59,7 +58,6 @@ pub struct Bucket {
     loc: S3Location,
     store: AmazonS3,
     rt: tokio::runtime::Runtime,
-    settings: credentials::Settings,
     /// The user and password of the endpoint URL (`AWS_ENDPOINT_URL`), kept
     /// out of every message ([`crate::redact`]).
     secrets: Vec<String>,
@@ -115,7 +113,6 @@ impl Bucket {
             loc: loc.clone(),
             store,
             rt,
-            settings,
             secrets,
         })
     }
@@ -123,12 +120,6 @@ impl Bucket {
     /// The store location.
     pub fn location(&self) -> &S3Location {
         &self.loc
-    }
-
-    /// Polars' cloud options with the same settings (for `scan_parquet` of
-    /// `s3://` paths).
-    pub fn polars_options(&self) -> polars::io::cloud::CloudOptions {
-        polars::io::cloud::CloudOptions::default().with_aws(self.settings.pairs.iter().cloned())
     }
 
     fn req(&self, op: &'static str, key: &ObjectPath, source: object_store::Error) -> RemoteError {

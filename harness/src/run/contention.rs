@@ -24,9 +24,9 @@
 //! the end, but an orphan's CPU never reaches `RUSAGE_CHILDREN`): an engine that
 //! forks workers should wait for them.
 
-use serde::Serialize;
+use crate::fragments::Contention;
 
-use super::gates::{parse_cpu_line, CONTENTION_LOAD_PER_CORE};
+use super::gate_checks::{parse_cpu_line, CONTENTION_LOAD_PER_CORE};
 use crate::sampler::system::rusage_cpu_seconds;
 
 /// Windows shorter than this are recorded but not judged, seconds: `/proc/stat`
@@ -115,22 +115,8 @@ impl TickOthers {
     }
 }
 
-/// Other work inside one top-level phase.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PhaseDuring {
-    /// The phase name.
-    pub phase: String,
-    /// Seconds from its open to its close (or to the end of the engine).
-    pub seconds: f64,
-    /// Sampler rows inside it.
-    pub ticks: usize,
-    /// Mean cores of other work over those rows.
-    pub other_busy_cores: Option<f64>,
-    /// Whether it was long enough ([`MIN_WINDOW_S`], [`MIN_PHASE_TICKS`]) to judge.
-    pub judged: bool,
-    /// Whether other work exceeded the limit inside it.
-    pub flagged: bool,
-}
+/// Other work inside one top-level phase: the `contention` fragment's record.
+pub use crate::fragments::PhaseDuring;
 
 /// Judge each top-level phase `(name, open_ns, close_ns)` (a phase still open
 /// ends at `end_ns`) by the rows of `values` whose tick ends inside it.
@@ -198,32 +184,9 @@ pub fn with_phases(mut d: During, phases: Vec<PhaseDuring>) -> During {
     d
 }
 
-/// Other work's CPU over the engine's lifetime (the manifest's `contention.during`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct During {
-    /// Seconds between the two marks.
-    pub window_s: f64,
-    /// Cores busy across the whole host, mean over the window.
-    pub host_busy_cores: Option<f64>,
-    /// Cores the engine and its descendants used, mean over the window.
-    pub engine_cores: Option<f64>,
-    /// Cores the harness itself used (sampler, readers, journal), mean.
-    pub harness_cores: Option<f64>,
-    /// `host_busy_cores - engine_cores - harness_cores`, floored at 0 (the
-    /// counters tick at different granularities), cores.
-    pub other_busy_cores: Option<f64>,
-    /// Other work above this many cores flags the run: the start gate's limit.
-    pub limit_cores: f64,
-    /// Whether the window was long enough and every counter readable.
-    pub judged: bool,
-    /// Whether other work exceeded the limit, over the lifetime or inside a
-    /// top-level phase.
-    pub flagged: bool,
-    /// One line for people.
-    pub detail: String,
-    /// Each top-level phase's own judgement (empty when the engine marked none).
-    pub phases: Vec<PhaseDuring>,
-}
+/// Other work's CPU over the engine's lifetime (the manifest's `contention.during`):
+/// the `contention` fragment's record.
+pub use crate::fragments::During;
 
 /// Judge the window between `start` (before the engine was spawned) and `end`
 /// (after it was reaped) on a host of `cores` cores.
@@ -288,13 +251,13 @@ pub fn during(start: &CpuMark, end: &CpuMark, cores: usize) -> During {
 
 /// The `contention` fragment completed with `during`: `flagged` becomes "at start
 /// or during the run" and `detail` names every reason.
-pub fn with_during(start_fragment: &serde_json::Value, d: &During) -> serde_json::Value {
+pub fn with_during(start_fragment: &Contention, d: &During) -> Contention {
     let mut c = start_fragment.clone();
-    let at_start = c["flagged"].as_bool().unwrap_or(false);
-    let start_detail = c["detail"].as_str().unwrap_or("").to_string();
-    c["during"] = serde_json::to_value(d).unwrap_or(serde_json::Value::Null);
-    c["flagged"] = serde_json::Value::Bool(at_start || d.flagged);
-    c["detail"] = serde_json::Value::String(match (at_start, d.flagged) {
+    let at_start = c.flagged.unwrap_or(false);
+    let start_detail = c.detail.clone().unwrap_or_default();
+    c.during = Some(d.clone());
+    c.flagged = Some(at_start || d.flagged);
+    c.detail = Some(match (at_start, d.flagged) {
         (_, false) => start_detail,
         (false, true) => d.detail.clone(),
         (true, true) => format!("{start_detail}; {}", d.detail),
@@ -476,6 +439,10 @@ mod tests {
             1,
         );
         assert!(d_busy.flagged && !d_quiet.flagged);
+        let with_during = |start: &serde_json::Value, d: &During| {
+            let start: Contention = serde_json::from_value(start.clone()).unwrap();
+            serde_json::to_value(with_during(&start, d)).unwrap()
+        };
         let c = with_during(&quiet, &d_quiet);
         assert_eq!(c["flagged"], false);
         assert_eq!(c["detail"], "quiet");

@@ -8,18 +8,9 @@
 //! than the engine is one of these. Each is killed, reaped and named in the
 //! bundle (`escaped` fragment), and its own children, reparented in turn, too.
 
-use serde::Serialize;
-
-/// One process that had left the engine's process group.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Escaped {
-    /// Its pid.
-    pub pid: i32,
-    /// Its command name (`/proc/PID/comm`).
-    pub comm: String,
-    /// Its session id when found (differs from the engine's after `setsid`).
-    pub session: i32,
-}
+/// One process that had left the engine's process group (the `escaped`
+/// fragment's record of it).
+pub use crate::fragments::EscapedProcess as Escaped;
 
 /// Make this process the reaper of its orphaned descendants. False when the
 /// kernel refuses (then escaped processes go to init and are not seen).

@@ -14,7 +14,7 @@ pub mod config;
 pub mod contention;
 pub mod escaped;
 pub mod facts;
-pub mod gates;
+pub mod gate_checks;
 pub mod input;
 pub mod markers;
 pub mod pinned;
@@ -25,7 +25,7 @@ pub mod spawn;
 pub mod streams;
 mod supervise;
 
-use crate::fragments::{self as frag, Fragment};
+use crate::fragments as frag;
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -43,8 +43,8 @@ use evidence::store::{Staging, Store};
 use crate::classify::{self, Facts, Intervention};
 use crate::completion::{self, Completion, Expect};
 use crate::exit::{self, Refusal};
-use crate::gate::{Gate, Verdict};
-use crate::sampler::{Sampler, SamplerConfig, SamplerReport, Target};
+use crate::gate_verdict::{Gate, Verdict};
+use crate::sampler::{Sampler, SamplerConfig, SamplerResults, Target};
 use crate::weights::Weights;
 use config::{Engine, RunConfig};
 use markers::Live;
@@ -217,7 +217,7 @@ fn open(
     s.record(&frag::Profile(config.profile.clone()))?;
     s.record(&frag::Levers(config.levers.clone()))?;
     if let Some(schedule) = &config.schedule {
-        s.fragment(frag::Schedule::KEY, schedule.clone())?;
+        s.record_verbatim::<frag::Schedule>(schedule.clone())?;
     }
     let sampler_config = SamplerConfig {
         cadence_ms: config.cadence_ms,
@@ -225,7 +225,7 @@ fn open(
         limits: None,
         weights: Vec::new(),
     };
-    s.fragment(frag::Sampler::KEY, sampler_config.fragment())?;
+    s.record(&sampler_config.fragment())?;
     let rung_copy = match &config.rung {
         Some((path, rung)) => Some(record_rung(&s, path, rung, &staging)?),
         None => None,
@@ -405,7 +405,7 @@ struct Ended {
     /// The engine's exit status.
     status: ExitStatus,
     /// The sampler's report (ticks, cost, the watchdog's trip).
-    report: SamplerReport,
+    report: SamplerResults,
     /// What the harness did to end the engine (the watchdog's trip included).
     intervention: Option<Intervention>,
     /// The marker state at the end.
@@ -453,14 +453,15 @@ fn stop_engine(
             escaped.len(),
             names.join(", ")
         );
-        let fragment = serde_json::json!({
-            "killed": escaped,
-            "detail": "descendants of the engine outside its process group (setsid or setpgid), alive after it ended; killed and reaped by the harness (a child subreaper)",
-        });
-        if let Err(e) = journal.append(&Record::Fragment {
-            key: frag::Escaped::KEY.into(),
-            value: fragment,
-        }) {
+        let fragment = frag::Escaped {
+            killed: Some(escaped),
+            detail: Some("descendants of the engine outside its process group (setsid or setpgid), alive after it ended; killed and reaped by the harness (a child subreaper)".into()),
+            rest: serde_json::Map::new(),
+        };
+        if let Err(e) = frag::journal_record(&fragment)
+            .map_err(anyhow::Error::from)
+            .and_then(|r| Ok(journal.append(&r)?))
+        {
             eprintln!("harness: could not journal the escaped processes: {e}");
         }
     }
@@ -509,14 +510,15 @@ fn check_pinned(ready: &Ready, journal: &SharedJournal) {
     for c in &changed {
         eprintln!("harness: changed while the engine ran: {c}");
     }
-    let fragment = serde_json::json!({
-        "changed": changed,
-        "detail": "inputs pinned before the engine started (program, interpreter, file arguments, python distributions) differ after it ended",
-    });
-    if let Err(e) = journal.append(&Record::Fragment {
-        key: frag::ExecCheck::KEY.into(),
-        value: fragment,
-    }) {
+    let fragment = frag::ExecCheck {
+        changed: Some(changed.into_iter().map(serde_json::Value::String).collect()),
+        detail: Some("inputs pinned before the engine started (program, interpreter, file arguments, python distributions) differ after it ended".into()),
+        rest: serde_json::Map::new(),
+    };
+    if let Err(e) = frag::journal_record(&fragment)
+        .map_err(anyhow::Error::from)
+        .and_then(|r| Ok(journal.append(&r)?))
+    {
         eprintln!("harness: could not journal the changed inputs: {e}");
     }
 }
@@ -560,10 +562,10 @@ fn record_measurements(
 ) -> anyhow::Result<()> {
     let mut engine = ready.engine_fragment.clone();
     if let Some((name, version)) = &ended.live.engine {
-        engine["version"] = serde_json::json!(version);
-        engine["name"] = serde_json::json!(name);
+        engine.version = Some(version.clone());
+        engine.name = Some(name.clone());
     }
-    s.fragment(frag::Engine::KEY, engine)?;
+    s.record(&engine)?;
     s.record(&ready.limits.fragment(ended.report.trip.as_ref()))?;
     s.record(&ended.report.reasons.fragment())?;
     let mut sf = SamplerConfig {
@@ -573,8 +575,8 @@ fn record_measurements(
         weights: vec![],
     }
     .fragment();
-    sampler_results(&mut sf, &ended.report);
-    s.fragment(frag::Sampler::KEY, sf)?;
+    ended.report.record_into(&mut sf);
+    s.record(&sf)?;
     let (cpu_start, cpu_end) = &ended.cpu;
     let during = contention::during(cpu_start, cpu_end, facts::cores());
     // ...and inside each top-level phase the engine marked.
@@ -591,18 +593,7 @@ fn record_measurements(
     if during.flagged {
         eprintln!("harness: contention FLAGGED: {}", during.detail);
     }
-    s.fragment(
-        frag::Contention::KEY,
-        contention::with_during(&ready.contention, &during),
-    )
-}
-
-/// Add the sampler's own results to its fragment.
-fn sampler_results(f: &mut serde_json::Value, r: &SamplerReport) {
-    f["ticks"] = serde_json::json!(r.ticks);
-    f["missed_ticks"] = serde_json::json!(r.missed_ticks);
-    f["tick_cost_us"] = serde_json::to_value(&r.cost).unwrap_or_default();
-    f["tick_cost_parts_us"] = serde_json::to_value(&r.parts).unwrap_or_default();
+    s.record(&contention::with_during(&ready.contention, &during))
 }
 
 /// Write the closing fragments, seal, print the phase table and the bundle;
@@ -620,7 +611,7 @@ fn conclude(
     code: u8,
 ) -> anyhow::Result<(u8, PathBuf)> {
     s.record(&completion.fragment())?;
-    s.fragment(frag::Exit::KEY, serde_json::to_value(&exit)?)?;
+    s.record(&exit.fragment())?;
     s.record(&facts::run_fragment(start, Some(monotonic_ns()), argv, cwd))?;
     s.journal.clone().finish().context("closing the journal")?;
     let sealed = match evidence::seal::seal(staging.dir(), store) {
@@ -646,12 +637,7 @@ fn conclude(
     let mut out = std::io::stdout().lock();
     // A closed stdout must not turn a sealed run into a failure.
     let _ = write!(out, "{table}");
-    let _ = writeln!(
-        out,
-        "exit: {} ({})",
-        serde_json::to_value(exit.reason)?.as_str().unwrap_or("?"),
-        exit.detail
-    );
+    let _ = writeln!(out, "exit: {} ({})", exit.reason.as_str(), exit.detail);
     let _ = writeln!(
         out,
         "completion: {}{}",

@@ -99,7 +99,7 @@ fn shebang(program: &Path) -> Option<(String, PathBuf)> {
     let first = words.next()?;
     if Path::new(first).file_name()? == "env" {
         let name = words.find(|w| !w.starts_with('-'))?;
-        let p = crate::run::gates::resolve_program(Path::new(name))?;
+        let p = crate::run::gate_checks::resolve_program(Path::new(name))?;
         return Some((name.to_string(), p));
     }
     Some((first.to_string(), PathBuf::from(first)))
@@ -250,7 +250,7 @@ impl Pinned {
         self.python.as_ref()?;
         let program = self.files.first()?;
         if is_python(Path::new(&program.named)) || is_python(&program.resolved) {
-            return crate::run::gates::resolve_program(Path::new(&program.named));
+            return crate::run::gate_checks::resolve_program(Path::new(&program.named));
         }
         self.files
             .iter()

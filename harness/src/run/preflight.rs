@@ -7,7 +7,7 @@
 //! state, the engine's command line, the watchdog's limits, contention, headroom,
 //! then the watchdog's positive control (H1) and the GPU control.
 
-use crate::fragments::{self as frag, Fragment};
+use crate::fragments as frag;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,9 +17,9 @@ use evidence::store::{Staging, Store};
 
 use crate::control::watchdog::{self as watchdog_control, ControlKind};
 use crate::exit::Refusal;
-use crate::gate::{Gate, Verdict};
+use crate::gate_verdict::{Gate, Verdict};
 use crate::run::config::{Engine, RunConfig};
-use crate::run::gates::{self, CopiedBinary};
+use crate::run::gate_checks::{self, CopiedBinary};
 use crate::run::session::Session;
 use crate::run::signals::Signals;
 use crate::run::{facts, spawn};
@@ -42,10 +42,10 @@ pub(super) struct Ready {
     pub(super) gpu_reason: Option<String>,
     /// The `engine` fragment as recorded before the start (completed with the
     /// engine's name and version once it ends).
-    pub(super) engine_fragment: serde_json::Value,
+    pub(super) engine_fragment: frag::Engine,
     /// The `contention` fragment as judged before the start (completed with
     /// `during` once the engine is reaped).
-    pub(super) contention: serde_json::Value,
+    pub(super) contention: frag::Contention,
     /// What an `--exec` engine's run depends on, pinned before the start and
     /// checked again after the end (`run/pinned.rs`); None for `--engine`.
     pub(super) pinned: Option<crate::run::pinned::Pinned>,
@@ -110,19 +110,19 @@ pub(super) fn preflight(
     let weights = step!(weights(s, config, store, &copied, signals));
     step!(weights_cache(s, config, weights.as_ref(), signals));
     let command = engine_command(config, staging, rung_copy, weights.as_ref())?;
-    let mut engine_fragment = serde_json::json!({
-        "store_path": if exec { None } else { Some(&copied.store_path) },
-        "source_path": copied.source,
-        "sha256": copied.sha256,
-        "version": null,
-        "args": command,
-        "exec": exec,
-    });
-    if let Some(p) = &pinned {
-        engine_fragment["run_path"] = serde_json::json!(copied.store_path);
-        engine_fragment["pinned"] = serde_json::to_value(p)?;
-    }
-    s.fragment(frag::Engine::KEY, engine_fragment.clone())?;
+    let engine_fragment = frag::Engine {
+        sha256: Some(copied.sha256.clone()),
+        version: None,
+        name: None,
+        store_path: (!exec).then(|| copied.store_path.clone()),
+        source_path: Some(copied.source.clone()),
+        args: Some(command.clone()),
+        exec: Some(exec),
+        run_path: pinned.as_ref().map(|_| copied.store_path.clone()),
+        pinned: pinned.as_ref().map(serde_json::to_value).transpose()?,
+        rest: serde_json::Map::new(),
+    };
+    s.record(&engine_fragment)?;
     let (limits, unified_gpu) = watchdog_limits(s, config, gpu.as_deref())?;
     let contention = step!(contention(s, gpu.as_deref(), signals));
     step!(headroom(
@@ -164,7 +164,7 @@ fn lease(s: &mut Session, config: &RunConfig, signals: &Signals) -> Step<()> {
     let lease_required = config.rung.as_ref().is_some_and(|(_, r)| r.require.lease);
     step!(pass(
         s,
-        gates::lease(lease_required, config.lease_id.as_deref()),
+        gate_checks::lease(lease_required, config.lease_id.as_deref()),
         signals
     ));
     match config
@@ -175,7 +175,7 @@ fn lease(s: &mut Session, config: &RunConfig, signals: &Signals) -> Step<()> {
     {
         Some(id) => s.record(&frag::Lease { id: id.to_string() })?,
         // No lease: the fragment is null.
-        None => s.fragment(frag::Lease::KEY, serde_json::Value::Null)?,
+        None => s.record_null::<frag::Lease>()?,
     }
     Ok(Ok(()))
 }
@@ -192,16 +192,14 @@ fn device(
         Ok(g) => (Some(Arc::new(g)), None),
         Err(why) => (None, Some(why)),
     };
-    s.fragment(
-        frag::Gpu::KEY,
-        gpu.as_ref()
-            .map(|g| g.facts())
-            .unwrap_or(serde_json::Value::Null),
-    )?;
+    match &gpu {
+        Some(g) => s.record(&g.facts())?,
+        None => s.record_null::<frag::Gpu>()?,
+    }
     if let Some((file, r)) = &config.rung {
         match (r.device, &gpu, &gpu_reason) {
             (evidence::rung::Device::Cuda, None, Some(why)) => {
-                return refuse(s, "device", gates::no_gpu_for_cuda(file, why));
+                return refuse(s, "device", gate_checks::no_gpu_for_cuda(file, why));
             }
             (evidence::rung::Device::Cuda, Some(g), _) => {
                 step!(pass(
@@ -235,11 +233,11 @@ fn engine_binary(
         )),
         // The engine of this repository: copied into the store (H5).
         Engine::Render { binary } => {
-            gates::copy_engine(binary, &store.bin_dir()).map(|c| (c, None))
+            gate_checks::copy_engine(binary, &store.bin_dir()).map(|c| (c, None))
         }
         // Any other engine runs in place, as the user would run it, pinned.
-        Engine::Exec { program, args } => match gates::resolve_program(program) {
-            None => Err(gates::why_unresolved(program)),
+        Engine::Exec { program, args } => match gate_checks::resolve_program(program) {
+            None => Err(gate_checks::why_unresolved(program)),
             Some(path) => crate::run::pinned::pin(program, &path, args).map(|p| {
                 let c = CopiedBinary {
                     source: p.files[0].resolved.clone(),
@@ -323,12 +321,12 @@ fn weights(
                 ),
                 signals
             ));
-            s.fragment(frag::Weights::KEY, w.fragment())?;
+            s.record(&w.fragment())?;
             Ok(Ok(Some(w)))
         }
         Some(Err(e)) => refuse(s, "weights", e.to_string()),
         None => {
-            s.fragment(frag::Weights::KEY, serde_json::Value::Null)?;
+            s.record_null::<frag::Weights>()?;
             Ok(Ok(None))
         }
     }
@@ -347,7 +345,7 @@ fn weights_cache(
             Ok(p) => {
                 // The figures as numbers too: rank pairs weight-reading metrics
                 // only between runs that started in about the same cache state.
-                s.fragment(frag::WeightsCache::KEY, serde_json::to_value(&p)?)?;
+                s.record(&p.fragment())?;
                 step!(pass(s, p.gate(), signals));
             }
             Err(e) if policy == WeightsCache::AsIs => {
@@ -441,13 +439,13 @@ fn watchdog_limits(
 
 /// Contention at the start: recorded and flagged, never refused. Returns the
 /// `contention` fragment.
-fn contention(s: &mut Session, gpu: Option<&Gpu>, signals: &Signals) -> Step<serde_json::Value> {
+fn contention(s: &mut Session, gpu: Option<&Gpu>, signals: &Signals) -> Step<frag::Contention> {
     let load1 = crate::sampler::system::load1().ok();
-    let busy = gates::busy_cores(Duration::from_millis(gates::CONTENTION_WINDOW_MS));
-    let c = gates::contention(busy, load1, facts::cores(), gpu, std::process::id());
-    let flagged = c["flagged"].as_bool().unwrap_or(false);
-    let detail = c["detail"].as_str().unwrap_or("").to_string();
-    s.fragment(frag::Contention::KEY, c.clone())?;
+    let busy = gate_checks::busy_cores(Duration::from_millis(gate_checks::CONTENTION_WINDOW_MS));
+    let c = gate_checks::contention(busy, load1, facts::cores(), gpu, std::process::id());
+    let flagged = c.flagged.unwrap_or(false);
+    let detail = c.detail.clone().unwrap_or_default();
+    s.record(&c)?;
     step!(pass(
         s,
         Gate::new(
@@ -464,8 +462,9 @@ fn contention(s: &mut Session, gpu: Option<&Gpu>, signals: &Signals) -> Step<ser
     Ok(Ok(c))
 }
 
-/// Headroom: a render's projected peak (the engine's `plan`) fits in MemAvailable
-/// above the `floor` (bytes); an `--exec` engine has no plan, so only the floor
+/// Headroom: a render's projected peak (the engine's memory projection, `engine
+/// plan`) fits in MemAvailable above the `floor` (bytes); an `--exec` engine has
+/// no projection, so only the floor
 /// itself is checked.
 fn headroom(
     s: &mut Session,
@@ -486,8 +485,12 @@ fn headroom(
                     .unwrap_or_default(),
             ];
             pa.extend(lever_args(config));
-            match gates::engine_plan(&copied.store_path, &pa) {
-                Ok(p) => pass(s, gates::headroom(&p, avail, floor, unified_gpu), signals),
+            match gate_checks::engine_projection(&copied.store_path, &pa) {
+                Ok(p) => pass(
+                    s,
+                    gate_checks::headroom(&p, avail, floor, unified_gpu),
+                    signals,
+                ),
                 Err(why) => refuse(s, "headroom", format!("no projection to check: {why}")),
             }
         }

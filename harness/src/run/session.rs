@@ -11,7 +11,7 @@ use evidence::journal::{Record, SharedJournal};
 
 use crate::control::watchdog::ControlResult;
 use crate::exit::Refusal;
-use crate::gate::{Gate, Verdict};
+use crate::gate_verdict::{Gate, Verdict};
 use crate::run::contention;
 use crate::sampler::{Reasons, SampleSink};
 
@@ -57,10 +57,10 @@ impl SampleSink for JournalSink {
         }
     }
     fn unavailable(&mut self, reasons: &Reasons) {
-        self.append(&Record::Fragment {
-            key: frag::SensorsUnavailable::KEY.into(),
-            value: serde_json::to_value(reasons.fragment()).unwrap_or_default(),
-        });
+        match frag::journal_record(&reasons.fragment()) {
+            Ok(r) => self.append(&r),
+            Err(e) => eprintln!("harness: cannot encode the unavailable sensors: {e}"),
+        }
     }
 }
 
@@ -75,19 +75,29 @@ pub(super) struct Session {
 }
 
 impl Session {
-    /// Journal fragment `key`.
-    pub(super) fn fragment(&self, key: &str, value: serde_json::Value) -> anyhow::Result<()> {
+    /// Journal `record`, fragment `F`'s.
+    fn append<F: Fragment>(&self, record: Record) -> anyhow::Result<()> {
         self.journal
-            .append(&Record::Fragment {
-                key: key.into(),
-                value,
-            })
-            .with_context(|| format!("writing the '{key}' fragment to the journal"))
+            .append(&record)
+            .with_context(|| format!("writing the '{}' fragment to the journal", F::KEY))
     }
 
     /// Journal fragment `f` under its key.
     pub(super) fn record<F: Fragment>(&self, f: &F) -> anyhow::Result<()> {
-        self.fragment(F::KEY, serde_json::to_value(f)?)
+        self.append::<F>(frag::journal_record(f)?)
+    }
+
+    /// Journal fragment `F` as null: the run has none.
+    pub(super) fn record_null<F: Fragment>(&self) -> anyhow::Result<()> {
+        self.append::<F>(frag::null_record::<F>())
+    }
+
+    /// Journal fragment `F` as it was given (see [`frag::verbatim_record`]).
+    pub(super) fn record_verbatim<F: Fragment>(
+        &self,
+        value: serde_json::Value,
+    ) -> anyhow::Result<()> {
+        self.append::<F>(frag::verbatim_record::<F>(value))
     }
 
     /// Record `g`; a refusal becomes the error that ends preflight.
@@ -99,11 +109,13 @@ impl Session {
         eprintln!(
             "harness: gate {:<16} {:<14} {}",
             g.name,
-            serde_json::to_value(g.verdict)?.as_str().unwrap_or("?"),
+            g.verdict.as_str(),
             g.detail
         );
         self.gates.push(g);
-        self.fragment(frag::Gates::KEY, serde_json::to_value(&self.gates)?)?;
+        self.record(&frag::Gates(
+            self.gates.iter().map(Gate::verdicted).collect(),
+        ))?;
         Ok(refusal.map_or(Ok(()), Err))
     }
 
@@ -114,6 +126,8 @@ impl Session {
             c.name, c.verdict, c.detail
         );
         self.controls.push(c);
-        self.fragment(frag::Controls::KEY, serde_json::to_value(&self.controls)?)
+        self.record(&frag::Controls(
+            self.controls.iter().map(ControlResult::verdicted).collect(),
+        ))
     }
 }

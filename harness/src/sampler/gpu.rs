@@ -89,9 +89,14 @@ impl Gpu {
         )
     }
 
+    /// The GPU's UUID (`GPU-...`), when NVML answers.
+    pub fn uuid(&self) -> Option<String> {
+        self.device().ok().and_then(|d| d.uuid().ok())
+    }
+
     /// The `gpu` manifest fragment: name, uuid, driver, CUDA version, unified
     /// memory, index. Fields NVML cannot answer are null.
-    pub fn facts(&self) -> serde_json::Value {
+    pub fn facts(&self) -> crate::fragments::Gpu {
         let dev = self.device().ok();
         let cuda = self.nvml.sys_cuda_driver_version().ok().map(|v| {
             format!(
@@ -100,14 +105,15 @@ impl Gpu {
                 nvml_wrapper::cuda_driver_version_minor(v)
             )
         });
-        serde_json::json!({
-            "name": dev.as_ref().and_then(|d| d.name().ok()),
-            "uuid": dev.as_ref().and_then(|d| d.uuid().ok()),
-            "driver": self.nvml.sys_driver_version().ok(),
-            "cuda": cuda,
-            "unified_memory": self.unified_memory(),
-            "index": self.index,
-        })
+        crate::fragments::Gpu {
+            name: dev.as_ref().and_then(|d| d.name().ok()),
+            uuid: dev.as_ref().and_then(|d| d.uuid().ok()),
+            driver: self.nvml.sys_driver_version().ok(),
+            cuda,
+            unified_memory: Some(self.unified_memory()),
+            index: Some(self.index),
+            rest: serde_json::Map::new(),
+        }
     }
 
     /// The compute processes on the GPU now.
@@ -340,7 +346,7 @@ mod tests {
         // On a machine without the NVIDIA driver this is the only possible answer;
         // on the GPU machine it opens GPU 0.
         match Gpu::open(0) {
-            Ok(g) => assert_eq!(g.facts()["index"], 0),
+            Ok(g) => assert_eq!(g.facts().index, Some(0)),
             Err(why) => assert!(
                 why.starts_with("NVML") || why.starts_with("no GPU"),
                 "{why}"

@@ -136,15 +136,21 @@ impl SamplerConfig {
     }
 
     /// The `sampler` manifest fragment (settings; the achieved cadence is derived
-    /// from the samples at seal).
-    pub fn fragment(&self) -> serde_json::Value {
-        serde_json::json!({
-            "cadence_ms": self.cadence_ms,
-            "slow_every": self.slow_every(),
-            "pagecache_every": self.slow_every(),
-            "off_tick_parts": OFF_TICK_PARTS,
-            "observer": if self.observer { "on" } else { "off" },
-        })
+    /// from the samples at seal, and [`SamplerResults::record_into`] adds what
+    /// the sampler achieved once it stopped).
+    pub fn fragment(&self) -> crate::fragments::Sampler {
+        crate::fragments::Sampler {
+            cadence_ms: Some(self.cadence_ms),
+            slow_every: Some(self.slow_every()),
+            pagecache_every: Some(self.slow_every()),
+            off_tick_parts: Some(OFF_TICK_PARTS.iter().map(|p| p.to_string()).collect()),
+            observer: Some(if self.observer { "on" } else { "off" }.to_string()),
+            ticks: None,
+            missed_ticks: None,
+            tick_cost_us: None,
+            tick_cost_parts_us: None,
+            rest: serde_json::Map::new(),
+        }
     }
 }
 
@@ -157,20 +163,8 @@ pub struct Target {
     pub pgid: i32,
 }
 
-/// Per-tick work cost, microseconds.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct CostStats {
-    /// Ticks measured.
-    pub ticks: u64,
-    /// Median work per tick, microseconds.
-    pub median_us: f64,
-    /// 99th percentile, microseconds.
-    pub p99_us: f64,
-    /// Mean, microseconds.
-    pub mean_us: f64,
-    /// Largest, microseconds.
-    pub max_us: f64,
-}
+/// Per-tick work cost, microseconds: the `sampler` fragment's record.
+pub use crate::fragments::CostStats;
 
 impl CostStats {
     /// Statistics of `costs_ns`.
@@ -193,7 +187,7 @@ impl CostStats {
 
 /// What the sampler reports when stopped.
 #[derive(Debug, Clone)]
-pub struct SamplerReport {
+pub struct SamplerResults {
     /// Ticks fired.
     pub ticks: u64,
     /// Deadlines skipped because a tick overran.
@@ -213,6 +207,21 @@ pub struct SamplerReport {
     pub parts: BTreeMap<&'static str, CostStats>,
 }
 
+impl SamplerResults {
+    /// Add what the sampler achieved to its fragment `f`.
+    pub fn record_into(&self, f: &mut crate::fragments::Sampler) {
+        f.ticks = Some(self.ticks);
+        f.missed_ticks = Some(self.missed_ticks);
+        f.tick_cost_us = Some(self.cost.clone());
+        f.tick_cost_parts_us = Some(
+            self.parts
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        );
+    }
+}
+
 /// The timed parts that run on threads of their own ([`periodic`]), so that their
 /// cost is not part of a tick's. Recorded in the `sampler` fragment as
 /// `off_tick_parts`: bundles without it read `gpu_slow` on the tick; bundles
@@ -223,7 +232,7 @@ pub const OFF_TICK_PARTS: [&str; 3] = ["gpu_slow", "pagecache", "gpm"];
 pub struct Sampler {
     stop: Arc<AtomicBool>,
     trip: Arc<Mutex<Option<Trip>>>,
-    handle: JoinHandle<SamplerReport>,
+    handle: JoinHandle<SamplerResults>,
 }
 
 impl Sampler {
@@ -260,14 +269,14 @@ impl Sampler {
     }
 
     /// Stop after the current tick and return the report.
-    pub fn stop(self) -> SamplerReport {
+    pub fn stop(self) -> SamplerResults {
         self.stop.store(true, Ordering::Relaxed);
         match self.handle.join() {
             Ok(r) => r,
             Err(_) => {
                 let mut reasons = Reasons::default();
                 reasons.note("*", "the sampler thread panicked");
-                SamplerReport {
+                SamplerResults {
                     ticks: 0,
                     missed_ticks: 0,
                     reasons,
@@ -308,7 +317,7 @@ pub struct TickReader<'g> {
     last_engine_gpu: Option<f64>,
     /// Reasons for unavailable columns.
     pub reasons: Reasons,
-    /// Nanoseconds spent in each timed part (see [`SamplerReport::parts`]).
+    /// Nanoseconds spent in each timed part (see [`SamplerResults::parts`]).
     pub part_costs: BTreeMap<&'static str, Vec<u64>>,
 }
 
@@ -334,7 +343,7 @@ impl TickReader<'_> {
         self.tree.is_some() || self.gpu.is_some() || self.residency.is_some()
     }
 
-    /// Statistics of each timed part so far (see [`SamplerReport::parts`]); the
+    /// Statistics of each timed part so far (see [`SamplerResults::parts`]); the
     /// slow GPU reads and the page-cache passes are timed on their own threads.
     pub fn part_cost_stats(&self) -> BTreeMap<&'static str, CostStats> {
         let mut out: BTreeMap<&'static str, CostStats> = self
@@ -552,7 +561,7 @@ fn run_loop(
     mut sink: Box<dyn SampleSink>,
     stop: &AtomicBool,
     trip_slot: &Mutex<Option<Trip>>,
-) -> SamplerReport {
+) -> SamplerResults {
     let mut reader = TickReader::new(&config, target, gpu, gpu_absent_reason);
     let mut ticker = Ticker::new(config.cadence_ms * 1_000_000);
     let mut costs = Vec::new();
@@ -585,7 +594,7 @@ fn run_loop(
         sink.unavailable(&reader.reasons);
     }
     let parts = reader.part_cost_stats();
-    SamplerReport {
+    SamplerResults {
         ticks,
         missed_ticks: ticker.missed(),
         reasons: reader.reasons,
@@ -622,7 +631,7 @@ mod tests {
         assert_eq!(c(10).slow_every(), 100);
         assert_eq!(c(300).slow_every(), 3);
         assert_eq!(c(5000).slow_every(), 1);
-        assert_eq!(c(100).fragment()["observer"], "on");
+        assert_eq!(c(100).fragment().observer.as_deref(), Some("on"));
     }
 
     #[test]

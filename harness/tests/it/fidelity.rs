@@ -9,6 +9,7 @@ use harness::formats::markdown::markdown;
 use harness::levers_spec::LeverSpec;
 use harness::rank::verdict::Verdict;
 use harness::rank::{rank, Ranking};
+use harness::test_kit::levers::{LeverToml, SpecToml};
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -16,81 +17,31 @@ use std::sync::OnceLock;
 /// and `faithful` change numerics and save 50% of load.dit: `lossy`'s frames are
 /// far from its baseline's (about 20 dB), `faithful`'s one sample in 384 off by 2
 /// (about 68 dB); `steady` is preserving and identical.
-const SPEC: &str = r##"
-schema = 1
-reference_rung = "2"
-prior_rank_source = "planted for the test"
-
-[[lever]]
-id = "tidy"
-seed_issue = "#1"
-title = "preserving, with one planted differing sample"
-arms = ["off", "on"]
-baseline = "off"
-treatment = "on"
-applies_to = ["cpu"]
-metric = { kind = "phase-wall", phase = "load.dit" }
-numerics = "preserving"
-[lever.hypothesis]
-direction = "decrease"
-min_effect = 0.10
-statement = "s"
-refutation = "r"
-next_hypothesis = "n"
-
-[[lever]]
-id = "lossy"
-seed_issue = "#2"
-title = "changing, large saving, poor fidelity"
-arms = ["f32", "bf16"]
-baseline = "f32"
-treatment = "bf16"
-applies_to = ["cpu"]
-metric = { kind = "phase-wall", phase = "load.dit" }
-numerics = "changing"
-fidelity = { min_psnr_db = 40.0 }
-[lever.hypothesis]
-direction = "decrease"
-min_effect = 0.10
-statement = "s"
-refutation = "r"
-next_hypothesis = "n"
-
-[[lever]]
-id = "faithful"
-seed_issue = "#3"
-title = "changing, large saving, good fidelity"
-arms = ["host", "device"]
-baseline = "host"
-treatment = "device"
-applies_to = ["cpu"]
-metric = { kind = "phase-wall", phase = "load.dit" }
-numerics = "changing"
-fidelity = { min_psnr_db = 40.0, floor_margin_db = 3.0 }
-[lever.hypothesis]
-direction = "decrease"
-min_effect = 0.10
-statement = "s"
-refutation = "r"
-next_hypothesis = "n"
-
-[[lever]]
-id = "steady"
-seed_issue = "#4"
-title = "preserving and identical"
-arms = ["a", "b"]
-baseline = "a"
-treatment = "b"
-applies_to = ["cpu"]
-metric = { kind = "phase-wall", phase = "load.dit" }
-numerics = "preserving"
-[lever.hypothesis]
-direction = "decrease"
-min_effect = 0.10
-statement = "s"
-refutation = "r"
-next_hypothesis = "n"
-"##;
+fn spec_toml() -> String {
+    SpecToml::new()
+        .lever(
+            LeverToml::phase_wall("tidy", "off", "on", "load.dit")
+                .title("preserving, with one planted differing sample"),
+        )
+        .lever(
+            LeverToml::phase_wall("lossy", "f32", "bf16", "load.dit")
+                .seed_issue("#2")
+                .title("changing, large saving, poor fidelity")
+                .changing("min_psnr_db = 40.0"),
+        )
+        .lever(
+            LeverToml::phase_wall("faithful", "host", "device", "load.dit")
+                .seed_issue("#3")
+                .title("changing, large saving, good fidelity")
+                .changing("min_psnr_db = 40.0, floor_margin_db = 3.0"),
+        )
+        .lever(
+            LeverToml::phase_wall("steady", "a", "b", "load.dit")
+                .seed_issue("#4")
+                .title("preserving and identical"),
+        )
+        .toml()
+}
 
 const W: u32 = 16;
 const H: u32 = 8;
@@ -169,7 +120,7 @@ fn world() -> &'static World {
         let dirs = store_bundle_dirs(store.root()).unwrap();
         let loaded = load_dirs(&dirs);
         assert!(loaded.unreadable.is_empty(), "{:?}", loaded.unreadable);
-        let spec = LeverSpec::parse(SPEC, Path::new("fidelity-spec.toml")).unwrap();
+        let spec = LeverSpec::parse(&spec_toml(), Path::new("fidelity-spec.toml")).unwrap();
         World {
             ranking: rank(
                 &spec,

@@ -10,86 +10,40 @@ use harness::formats::markdown::markdown;
 use harness::levers_spec::LeverSpec;
 use harness::rank::verdict::Verdict;
 use harness::rank::{rank, FitOutcome, Ranking};
+use harness::test_kit::levers::{LeverToml, SpecToml};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 /// A spec of four planted levers: `fast` moves load.dit, `null` conditioning,
 /// `opposite` decode.video, `half` artifacts.frames (its treatment never runs).
-pub(crate) const SPEC: &str = r##"
-schema = 1
-reference_rung = "2"
-prior_rank_source = "planted for the test"
-
-[[lever]]
-id = "fast"
-seed_issue = "#1"
-title = "planted 30% saving of load.dit"
-arms = ["slow", "quick"]
-baseline = "slow"
-treatment = "quick"
-applies_to = ["cpu"]
-prior_rank = 2
-metric = { kind = "phase-wall", phase = "load.dit" }
-numerics = "preserving"
-[lever.hypothesis]
-direction = "decrease"
-min_effect = 0.10
-statement = "s"
-refutation = "r"
-next_hypothesis = "fast: look at the reader"
-
-[[lever]]
-id = "null"
-seed_issue = "#2"
-title = "no effect"
-arms = ["off", "on"]
-baseline = "off"
-treatment = "on"
-applies_to = ["cpu"]
-prior_rank = 1
-metric = { kind = "phase-wall", phase = "conditioning" }
-numerics = "preserving"
-[lever.hypothesis]
-direction = "decrease"
-min_effect = 0.10
-statement = "s"
-refutation = "r"
-next_hypothesis = "null: the encoder is not the bound"
-
-[[lever]]
-id = "opposite"
-seed_issue = "#3"
-title = "planted 25% slowdown of decode.video"
-arms = ["host", "device"]
-baseline = "host"
-treatment = "device"
-applies_to = ["cpu"]
-metric = { kind = "phase-wall", phase = "decode.video" }
-numerics = "preserving"
-[lever.hypothesis]
-direction = "decrease"
-min_effect = 0.10
-statement = "s"
-refutation = "r"
-next_hypothesis = "opposite: decode is bound by layout conversion"
-
-[[lever]]
-id = "half"
-seed_issue = "#4"
-title = "treatment arm never ran"
-arms = ["a", "b"]
-baseline = "a"
-treatment = "b"
-applies_to = ["cpu"]
-metric = { kind = "phase-wall", phase = "artifacts.frames" }
-numerics = "preserving"
-[lever.hypothesis]
-direction = "decrease"
-min_effect = 0.10
-statement = "s"
-refutation = "r"
-next_hypothesis = "n"
-"##;
+pub(crate) fn spec_toml() -> String {
+    SpecToml::new()
+        .lever(
+            LeverToml::phase_wall("fast", "slow", "quick", "load.dit")
+                .title("planted 30% saving of load.dit")
+                .prior_rank(2)
+                .next_hypothesis("fast: look at the reader"),
+        )
+        .lever(
+            LeverToml::phase_wall("null", "off", "on", "conditioning")
+                .seed_issue("#2")
+                .title("no effect")
+                .prior_rank(1)
+                .next_hypothesis("null: the encoder is not the bound"),
+        )
+        .lever(
+            LeverToml::phase_wall("opposite", "host", "device", "decode.video")
+                .seed_issue("#3")
+                .title("planted 25% slowdown of decode.video")
+                .next_hypothesis("opposite: decode is bound by layout conversion"),
+        )
+        .lever(
+            LeverToml::phase_wall("half", "a", "b", "artifacts.frames")
+                .seed_issue("#4")
+                .title("treatment arm never ran"),
+        )
+        .toml()
+}
 
 const ROUNDS: u32 = 6;
 const RUNGS: [(&str, (u64, u64, u64)); 2] = [("0", (64, 64, 9)), ("2", (256, 128, 25))];
@@ -102,7 +56,7 @@ pub(crate) struct World {
     pub(crate) store_root: PathBuf,
     /// The contended run's bundle id.
     pub(crate) contended_id: String,
-    /// [`SPEC`], parsed.
+    /// [`spec_toml`], parsed.
     pub(crate) spec: LeverSpec,
 }
 
@@ -170,12 +124,12 @@ pub(crate) fn world() -> &'static World {
             dirs: store_bundle_dirs(store.root()).unwrap(),
             store_root: store.root().to_path_buf(),
             contended_id,
-            spec: LeverSpec::parse(SPEC, Path::new("test-spec.toml")).unwrap(),
+            spec: LeverSpec::parse(&spec_toml(), Path::new("test-spec.toml")).unwrap(),
         }
     })
 }
 
-/// The ranking of `dirs` against [`SPEC`].
+/// The ranking of `dirs` against [`spec_toml`].
 pub(crate) fn ranking(dirs: &[PathBuf]) -> Ranking {
     let w = world();
     let loaded = load_dirs(dirs);
@@ -334,7 +288,7 @@ fn the_binaries_write_the_report_and_diff_two_bundles() {
     let w = world();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("harness-rank-e2e-report/levers.md");
     let spec = Path::new(env!("CARGO_TARGET_TMPDIR")).join("harness-rank-e2e-spec.toml");
-    std::fs::write(&spec, SPEC).unwrap();
+    std::fs::write(&spec, spec_toml()).unwrap();
     let st = std::process::Command::new(env!("CARGO_BIN_EXE_harness"))
         .args(["rank", "--store"])
         .arg(&w.store_root)
@@ -389,28 +343,16 @@ fn the_binaries_write_the_report_and_diff_two_bundles() {
 
 /// One lever, `probe`: a planted 15% saving of load.dit, judged against a 10%
 /// minimum.
-const PROBE_SPEC: &str = r##"
-schema = 1
-reference_rung = "2"
-prior_rank_source = "planted for the test"
-
-[[lever]]
-id = "probe"
-seed_issue = "#34"
-title = "planted 15% saving of load.dit"
-arms = ["old", "new"]
-baseline = "old"
-treatment = "new"
-applies_to = ["cpu"]
-metric = { kind = "phase-wall", phase = "load.dit" }
-numerics = "preserving"
-[lever.hypothesis]
-direction = "decrease"
-min_effect = 0.10
-statement = "s"
-refutation = "r"
-next_hypothesis = "probe: next"
-"##;
+fn probe_spec() -> String {
+    SpecToml::new()
+        .lever(
+            LeverToml::phase_wall("probe", "old", "new", "load.dit")
+                .seed_issue("#34")
+                .title("planted 15% saving of load.dit")
+                .next_hypothesis("probe: next"),
+        )
+        .toml()
+}
 
 /// A 4-round campaign of `probe` at rung 2 (load.dit 20 s against 17 s, +-1%
 /// noise, device open 0.5 s), and with `plant` its first treatment run slow as
@@ -444,7 +386,7 @@ fn probe_campaign(name: &str, plant: bool) -> (Ranking, Option<String>) {
             }
         }
     }
-    let spec = LeverSpec::parse(PROBE_SPEC, Path::new("probe-spec.toml")).unwrap();
+    let spec = LeverSpec::parse(&probe_spec(), Path::new("probe-spec.toml")).unwrap();
     let loaded = load_dirs(&store_bundle_dirs(store.root()).unwrap());
     assert!(loaded.unreadable.is_empty(), "{:?}", loaded.unreadable);
     let r = rank(

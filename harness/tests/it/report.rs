@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use harness::formats::forest::rows;
 
-use crate::rank::{ranking, world, SPEC};
+use crate::rank::{ranking, spec_toml, world};
 use crate::support::bins::{harness, run};
 use crate::support::browser::{chromium, console_lines, headless};
 use crate::support::dirs::{fresh_dir, vacant_dir};
@@ -42,7 +42,7 @@ fn attr_values<'a>(html: &'a str, name: &str) -> Vec<&'a str> {
 
 fn spec_file() -> PathBuf {
     let spec = fresh_dir("report-spec").join("spec.toml");
-    std::fs::write(&spec, SPEC).expect("write the spec");
+    std::fs::write(&spec, spec_toml()).expect("write the spec");
     spec
 }
 

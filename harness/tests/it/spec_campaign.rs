@@ -189,8 +189,8 @@ fn every_stage_command_is_a_campaign_the_harness_schedules() {
 
 /// Whether some `.rs` file under `dir` named `module.rs` (or `module/mod.rs`)
 /// defines `fn name(`: a module of this test binary (`harness/tests/it/run.rs`
-/// for `run::...`) or a unit-test module of the crate (`harness/src/run/gates.rs`
-/// for `gates::tests::...`).
+/// for `run::...`) or a unit-test module of the crate (`harness/src/run/gate_checks.rs`
+/// for `gate_checks::tests::...`).
 fn defines(dir: &Path, module: &str, name: &str) -> bool {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return false;

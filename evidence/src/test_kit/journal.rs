@@ -4,11 +4,11 @@
 
 use std::path::Path;
 
-use evidence::journal::{Record, SharedJournal, Stream};
-use evidence::marker::Marker;
-use evidence::sample::Sample;
-use evidence::seal::Sealed;
-use evidence::store::{Staging, Store};
+use crate::journal::{Record, SharedJournal, Stream};
+use crate::marker::Marker;
+use crate::sample::Sample;
+use crate::seal::Sealed;
+use crate::store::{Staging, Store};
 
 /// A journal being written; every append panics on an error (tests only).
 pub struct SynthJournal {
@@ -92,6 +92,6 @@ impl SynthJournal {
             .dir()
             .to_path_buf();
         self.journal.finish().expect("close the journal");
-        evidence::seal::seal(&staging, store).expect("seal the bundle")
+        crate::seal::seal(&staging, store).expect("seal the bundle")
     }
 }

@@ -12,7 +12,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::gate::{Gate, Verdict};
+use crate::fragments::Contention;
+use crate::gate_verdict::{Gate, Verdict};
 use crate::sampler::gpu::Gpu;
 
 /// Load above this many runnable tasks per core flags the run as contended.
@@ -184,7 +185,7 @@ pub fn contention(
     cores: usize,
     gpu: Option<&Gpu>,
     own_pid: u32,
-) -> serde_json::Value {
+) -> Contention {
     let mut why = Vec::new();
     let limit = CONTENTION_LOAD_PER_CORE * cores as f64;
     match busy {
@@ -200,7 +201,7 @@ pub fn contention(
             if n > 0 {
                 why.push(format!("{n} other process(es) on the GPU"));
             }
-            Some(n)
+            Some(n as u64)
         }
         Some(Err(e)) => {
             why.push(format!("GPU processes unreadable ({e})"));
@@ -208,19 +209,26 @@ pub fn contention(
         }
         None => None,
     };
-    serde_json::json!({
-        "busy_cores_at_start": busy,
-        "window_ms": CONTENTION_WINDOW_MS,
-        "load1_at_start": load1,
-        "other_gpu_procs": others,
-        "flagged": !why.is_empty(),
-        "detail": if why.is_empty() { "quiet".to_string() } else { why.join("; ") },
-    })
+    Contention {
+        busy_cores_at_start: busy,
+        window_ms: Some(CONTENTION_WINDOW_MS),
+        load1_at_start: load1,
+        other_gpu_procs: others,
+        flagged: Some(!why.is_empty()),
+        detail: Some(if why.is_empty() {
+            "quiet".to_string()
+        } else {
+            why.join("; ")
+        }),
+        during: None,
+        rest: serde_json::Map::new(),
+    }
 }
 
-/// The engine's projection (`engine plan --json`).
+/// The engine's per-phase memory projection of one render (`engine plan
+/// --json`, whose subcommand keeps its name).
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
-pub struct Plan {
+pub struct Projection {
     /// Projected peak resident host bytes.
     pub host_peak_bytes: u64,
     /// Projected peak device bytes.
@@ -230,12 +238,12 @@ pub struct Plan {
     pub weights_bytes: u64,
 }
 
-/// Ask `engine plan` for the projection of this render.
-pub fn engine_plan(engine: &Path, plan_args: &[String]) -> Result<Plan, String> {
+/// Ask `engine plan` for the memory projection of this render.
+pub fn engine_projection(engine: &Path, render_args: &[String]) -> Result<Projection, String> {
     let mut command = Command::new(engine);
     command
         .arg("plan")
-        .args(plan_args)
+        .args(render_args)
         .arg("--json")
         .stdin(Stdio::null());
     let out = crate::text_busy::retry_while_text_busy(|| command.output())
@@ -255,8 +263,13 @@ pub fn engine_plan(engine: &Path, plan_args: &[String]) -> Result<Plan, String> 
 
 /// The `headroom` gate: the projected peak against MemAvailable minus the floor. On
 /// a unified-memory GPU the device peak comes out of the same memory and is added.
-pub fn headroom(plan: &Plan, mem_available: u64, floor: u64, unified: bool) -> Gate {
-    let need = plan.host_peak_bytes + if unified { plan.device_peak_bytes } else { 0 };
+pub fn headroom(projection: &Projection, mem_available: u64, floor: u64, unified: bool) -> Gate {
+    let need = projection.host_peak_bytes
+        + if unified {
+            projection.device_peak_bytes
+        } else {
+            0
+        };
     let room = mem_available.saturating_sub(floor);
     let what = if unified {
         "projected host + device peak"
@@ -290,7 +303,7 @@ mod tests {
 
     #[test]
     fn headroom_compares_peak_with_available_minus_floor() {
-        let p = Plan {
+        let p = Projection {
             host_peak_bytes: 600,
             device_peak_bytes: 300,
             weights_bytes: 0,
@@ -305,6 +318,9 @@ mod tests {
 
     #[test]
     fn contention_flags_busy_cores_not_the_lagging_load_average() {
+        let contention = |busy, load1, cores, gpu: Option<&Gpu>, pid| {
+            serde_json::to_value(contention(busy, load1, cores, gpu, pid)).unwrap()
+        };
         let c = contention(Some(3.0), Some(0.2), 4, None, 1);
         assert_eq!(c["flagged"], true);
         assert!(c["detail"]

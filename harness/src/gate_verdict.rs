@@ -1,5 +1,5 @@
 //! One entry of a run's `gates` fragment: a gate's name, verdict and what it
-//! found. `run::gates` holds the gates themselves; `weights_cache` reports its own
+//! found. `run::gate_checks` holds the gates themselves; `weights_cache` reports its own
 //! gate in this form too.
 
 use serde::Serialize;
@@ -27,7 +27,28 @@ pub struct Gate {
     pub detail: String,
 }
 
+impl Verdict {
+    /// The verdict as the manifest writes it (`pass`, `refuse`, `not-applicable`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Pass => "pass",
+            Verdict::Refuse => "refuse",
+            Verdict::NotApplicable => "not-applicable",
+        }
+    }
+}
+
 impl Gate {
+    /// The entry as the `gates` fragment's record holds it.
+    pub fn verdicted(&self) -> crate::fragments::Verdicted {
+        crate::fragments::Verdicted {
+            name: Some(self.name.clone()),
+            verdict: Some(self.verdict.as_str().to_string()),
+            detail: Some(self.detail.clone()),
+            rest: serde_json::Map::new(),
+        }
+    }
+
     /// A gate entry.
     pub fn new(name: &str, verdict: Verdict, detail: impl Into<String>) -> Gate {
         Gate {

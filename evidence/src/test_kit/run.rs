@@ -1,19 +1,19 @@
-//! Shared helpers for the evidence integration tests and the seal benchmark:
-//! a seeded generator of realistic runs (fragments, samples, markers, output,
-//! frames in time order) and per-test directories under the build directory.
-#![allow(dead_code)]
+//! A seeded generator of realistic runs (fragments, samples, markers, output,
+//! frames in time order) for the evidence crate's tests and its seal benchmark,
+//! and per-test directories under the build directory.
 
 use std::path::{Path, PathBuf};
 
-use evidence::journal::{FrameRow, Record, SharedJournal, Stream};
-use evidence::marker::{Attrs, Marker};
-use evidence::sample::{ColumnType, Sample, SAMPLE_COLUMNS};
+use crate::journal::{FrameRow, Record, SharedJournal, Stream};
+use crate::marker::{Attrs, Marker};
+use crate::sample::{ColumnType, Sample, SAMPLE_COLUMNS};
 use serde_json::json;
 
 /// splitmix64: small, seeded, good enough for test data.
 pub struct Rng(pub u64);
 
 impl Rng {
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
@@ -25,24 +25,22 @@ impl Rng {
     pub fn f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
+    /// Uniform in `0..n` (`0..1` for `n` 0).
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n.max(1)
     }
 }
 
-/// A fresh, empty directory for one test, under the build directory (never /tmp).
+/// A fresh, empty directory for one test, under the build directory (never
+/// /tmp): [`super::scratch`] under `evidence-tests/`.
 pub fn test_dir(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("evidence-tests")
-        .join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("create test dir");
-    d
+    super::scratch(&format!("evidence-tests/{name}"))
 }
 
 /// The shape of a synthetic run.
 #[derive(Clone, Copy, Debug)]
 pub struct RunShape {
+    /// The seed of every random choice.
     pub seed: u64,
     /// Engine wall in nanoseconds.
     pub wall_ns: u64,
