@@ -34,7 +34,7 @@ fn main() {
     println!(
         "GPU: {}",
         gpu.as_ref()
-            .map(|g| g.facts().to_string())
+            .map(|g| serde_json::to_string(&g.facts()).unwrap_or_default())
             .unwrap_or_else(|| format!("none ({})", why.clone().unwrap_or_default()))
     );
 

@@ -7,9 +7,10 @@
 //! * [`fuzz`]: property fuzzing of the journal, marker, manifest and rung parsers.
 //! * [`layout`]: no two modules of `evidence/src` depend on each other.
 //! * [`pyarrow`]: pyarrow reads every table of a sealed bundle.
+//!
 //! The seeded run generator and per-test directories they share are the test
-//! kit's (`evidence::test_kit::run`, the `test-kit` feature)
-//!   (the seal benchmark uses it too).
+//! kit's (`evidence::test_kit::run`, the `test-kit` feature; the seal benchmark
+//! uses it too).
 
 mod bundle;
 mod durability;

@@ -899,8 +899,12 @@ pub fn check_forward(
     // The same forward with its padding attended: a padding value of 1e-30
     // gives the same key bias in f32 ((1 - 1e-30) * MASK_BIAS == MASK_BIAS)
     // but is not 0, so the text is not cut to its real prefix. The padded keys
-    // weigh exactly 0 either way, so the outputs must agree to the last bits;
-    // a cut that dropped a real token moves them by far more than 1e-6.
+    // weigh exactly 0 either way; what may differ is the order of the f32
+    // softmax sums (the hd128 kernel splits the keys over its warps, so fewer
+    // keys regroup them): a few bf16 ulps on some values. Measured on the H200
+    // (2026-12-05): 0 at hd64, 6.3e-5 at hd128. A cut that dropped a real
+    // token of 96 moves a block's output by that token's share of the
+    // cross-attention, expected well above 1e-4 (not yet tried on a GPU).
     if let Ok((cut, _)) = &got {
         let soft: Vec<f32> = mask.iter().map(|m| m.max(1e-30)).collect();
         let name = format!(
@@ -911,7 +915,7 @@ pub fn check_forward(
             .forward(&lat, sigma, &text, &soft, Geometry { grid, fps }, true)
             .map(|r| r.0)
             .map_err(|e| CudaError::Invalid(e.to_string()));
-        out.push(sdpa_check(name, full, cut, 1e-6));
+        out.push(sdpa_check(name, full, cut, 1e-4));
     }
     dit.set_attention(AttentionArm::Mma)?;
     Ok(())
