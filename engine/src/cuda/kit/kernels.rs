@@ -415,29 +415,8 @@ impl Kernels {
         eps: f32,
         rope: Option<&RopeArgs>,
     ) -> Result<(), CudaError> {
-        let r = rope.copied().unwrap_or(RopeArgs {
-            freqs: NULL,
-            nfreq: 0,
-            grid: (1, 1, 1),
-            scale: [0.0; 3],
-            base: [1.0; 3],
-        });
-        let p = Params::default()
-            .ptr(x)
-            .ptr(y)
-            .ptr(w)
-            .int(d)
-            .f32(eps)
-            .ptr(r.freqs)
-            .int(r.nfreq)
-            .int(r.grid.1)
-            .int(r.grid.2)
-            .f32(r.scale[0])
-            .f32(r.scale[1])
-            .f32(r.scale[2])
-            .f32(r.base[0])
-            .f32(r.base[1])
-            .f32(r.base[2]);
+        let p = Params::default().ptr(x).ptr(y).ptr(w).int(d).f32(eps);
+        let p = rope_params(p, rope);
         self.launch_rows("qk_norm_rope", rows, 0, s, p)
     }
 
@@ -470,13 +449,6 @@ impl Kernels {
                 )));
             }
         }
-        let r = rope.copied().unwrap_or(RopeArgs {
-            freqs: NULL,
-            nfreq: 0,
-            grid: (1, 1, 1),
-            scale: [0.0; 3],
-            base: [1.0; 3],
-        });
         let p = Params::default()
             .ptr(q.0)
             .ptr(q.1)
@@ -485,17 +457,8 @@ impl Kernels {
             .ptr(k.1)
             .int(k.2)
             .int(d)
-            .f32(eps)
-            .ptr(r.freqs)
-            .int(r.nfreq)
-            .int(r.grid.1)
-            .int(r.grid.2)
-            .f32(r.scale[0])
-            .f32(r.scale[1])
-            .f32(r.scale[2])
-            .f32(r.base[0])
-            .f32(r.base[1])
-            .f32(r.base[2]);
+            .f32(eps);
+        let p = rope_params(p, rope);
         let rows = q.2.max(k.2).max(1) as u32;
         self.launch("qk_norm_rope_pair", (rows, 2, 1), ROW_THREADS, 0, s, p)
     }
@@ -774,6 +737,29 @@ pub fn kernel_names(src: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// The RoPE tail of the q/k norm kernels' parameters (`freqs`, `nfreq`, the
+/// grid's height and width, three scales, three bases), appended to `p`; without
+/// `rope`, a null table the kernels read as "no rotation".
+fn rope_params(p: Params, rope: Option<&RopeArgs>) -> Params {
+    let r = rope.copied().unwrap_or(RopeArgs {
+        freqs: NULL,
+        nfreq: 0,
+        grid: (1, 1, 1),
+        scale: [0.0; 3],
+        base: [1.0; 3],
+    });
+    p.ptr(r.freqs)
+        .int(r.nfreq)
+        .int(r.grid.1)
+        .int(r.grid.2)
+        .f32(r.scale[0])
+        .f32(r.scale[1])
+        .f32(r.scale[2])
+        .f32(r.base[0])
+        .f32(r.base[1])
+        .f32(r.base[2])
 }
 
 #[cfg(test)]
