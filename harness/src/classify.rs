@@ -274,5 +274,17 @@ mod tests {
             serde_json::to_value(Reason::EngineFailed).unwrap(),
             "engine-failed"
         );
+        // as_str (the fragment's and the log's spelling) and serde agree on every reason.
+        for r in [
+            Reason::Completed,
+            Reason::EngineFailed,
+            Reason::Killed,
+            Reason::Watchdog,
+            Reason::Timeout,
+            Reason::Interrupted,
+            Reason::GateRefused,
+        ] {
+            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str(), "{r:?}");
+        }
     }
 }
