@@ -48,7 +48,8 @@ struct Line {
     spans: Vec<(i64, i64)>,
 }
 
-/// One GPM window of a bundle's samples: bounds (ns) and two of its figures.
+/// One GPM window of a bundle's samples: bounds (ns) and its activity figures,
+/// each in percent (0..100) and `None` where the GPU did not report it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpmFigure {
     /// CLOCK_MONOTONIC ns at the window's first GPM sample.
@@ -59,6 +60,11 @@ pub struct GpmFigure {
     pub tensor_pct: Option<f64>,
     /// SM activity, percent (`gpm_sm_active_pct`).
     pub sm_pct: Option<f64>,
+    /// SM occupancy (resident warps against the maximum), percent
+    /// (`gpm_sm_occupancy_pct`).
+    pub occupancy_pct: Option<f64>,
+    /// DRAM bandwidth used against the peak, percent (`gpm_dram_bw_pct`).
+    pub dram_pct: Option<f64>,
 }
 
 /// The GPM windows in a bundle's `samples.parquet` batches: the rows whose
@@ -80,6 +86,8 @@ pub fn gpm_figures(batches: &[RecordBatch]) -> Vec<GpmFigure> {
                     end_ns: e,
                     tensor_pct: f(scol::GPM_TENSOR_ACTIVE_PCT, i),
                     sm_pct: f(scol::GPM_SM_ACTIVE_PCT, i),
+                    occupancy_pct: f(scol::GPM_SM_OCCUPANCY_PCT, i),
+                    dram_pct: f(scol::GPM_DRAM_BW_PCT, i),
                 });
             }
         }

@@ -110,6 +110,53 @@ pub enum Metric {
         /// The phase name.
         phase: String,
     },
+    /// Fraction 0..1: the median of a GPM activity counter over the GPM windows
+    /// wholly inside an instance of the phase (`specs/bundle.md`, "GPM windows"),
+    /// the percentage divided by 100. What NVML's busy share cannot tell apart: a
+    /// GPU 100% "busy" whose tensor pipes idle half the time.
+    GpmActivity {
+        /// The phase name (`denoise`).
+        phase: String,
+        /// Which counter.
+        counter: GpmCounter,
+    },
+}
+
+/// One of NVML's GPM activity counters as the sampler records them
+/// (`evidence::sample::column`), each a percentage per window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpmCounter {
+    /// Tensor-pipe activity (`gpm_tensor_active_pct`).
+    Tensor,
+    /// SM activity: time an SM had a warp assigned (`gpm_sm_active_pct`).
+    Sm,
+    /// SM occupancy: resident warps against the maximum (`gpm_sm_occupancy_pct`).
+    SmOccupancy,
+    /// DRAM bandwidth used against the peak (`gpm_dram_bw_pct`).
+    Dram,
+}
+
+impl GpmCounter {
+    /// The spelling the spec and labels use (`tensor`, `sm-occupancy`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpmCounter::Tensor => "tensor",
+            GpmCounter::Sm => "sm",
+            GpmCounter::SmOccupancy => "sm-occupancy",
+            GpmCounter::Dram => "dram",
+        }
+    }
+
+    /// This counter's percentage in one GPM window, when the GPU reported it.
+    pub fn pick(self, w: &evidence::phase_table::GpmFigure) -> Option<f64> {
+        match self {
+            GpmCounter::Tensor => w.tensor_pct,
+            GpmCounter::Sm => w.sm_pct,
+            GpmCounter::SmOccupancy => w.occupancy_pct,
+            GpmCounter::Dram => w.dram_pct,
+        }
+    }
 }
 
 /// The unit a metric is measured in.
@@ -134,9 +181,9 @@ impl Metric {
     /// resident once touched either way).
     pub fn reads_weights(&self) -> bool {
         match self {
-            Metric::PhaseWall { phase } | Metric::GpuBusyShare { phase } => {
-                phase.starts_with("load.")
-            }
+            Metric::PhaseWall { phase }
+            | Metric::GpuBusyShare { phase }
+            | Metric::GpmActivity { phase, .. } => phase.starts_with("load."),
             Metric::RenderWall | Metric::WeightsCached { .. } | Metric::UnifiedPeak { .. } => true,
             Metric::PeakRss { .. } | Metric::DevicePeak { .. } => false,
         }
@@ -146,7 +193,7 @@ impl Metric {
     pub fn unit(&self) -> Unit {
         match self {
             Metric::PhaseWall { .. } | Metric::RenderWall => Unit::Seconds,
-            Metric::GpuBusyShare { .. } => Unit::Share,
+            Metric::GpuBusyShare { .. } | Metric::GpmActivity { .. } => Unit::Share,
             _ => Unit::Bytes,
         }
     }
@@ -165,13 +212,18 @@ impl Metric {
             Metric::WeightsCached { phase } => with("weights_cached", phase),
             Metric::UnifiedPeak { phase } => with("unified_peak", phase),
             Metric::GpuBusyShare { phase } => format!("gpu_busy({phase})"),
+            Metric::GpmActivity { phase, counter } => {
+                format!("gpm_{}({phase})", counter.as_str().replace('-', "_"))
+            }
         }
     }
 
     /// The phase the metric is restricted to, if any.
     pub fn phase(&self) -> Option<&str> {
         match self {
-            Metric::PhaseWall { phase } | Metric::GpuBusyShare { phase } => Some(phase),
+            Metric::PhaseWall { phase }
+            | Metric::GpuBusyShare { phase }
+            | Metric::GpmActivity { phase, .. } => Some(phase),
             Metric::RenderWall => None,
             Metric::PeakRss { phase }
             | Metric::DevicePeak { phase }
@@ -263,6 +315,12 @@ pub struct Lever {
     pub prior_rank: Option<u32>,
     /// What the lever is measured by.
     pub metric: Metric,
+    /// A second metric read off the same pairs and reported beside the first
+    /// (`second_metric = { kind = "gpm-activity", phase = "denoise", counter =
+    /// "tensor" }`): described with its paired effect, never judged (the
+    /// hypothesis is about `metric`). It says why a saving happened, or did not.
+    #[serde(default)]
+    pub second_metric: Option<Metric>,
     /// Whether the arms compute the same frames.
     pub numerics: Numerics,
     /// The fidelity rule: required for a `changing` lever, refused for a
@@ -424,6 +482,24 @@ impl LeverSpec {
                         at("metric.phase"),
                         "a phase name of [A-Za-z0-9_.-]",
                         format!("{p:?}"),
+                    ));
+                }
+            }
+            if let Some(m) = &l.second_metric {
+                if let Some(p) = m.phase() {
+                    if !evidence::marker::valid_name(p) {
+                        return Err(bad(
+                            at("second_metric.phase"),
+                            "a phase name of [A-Za-z0-9_.-]",
+                            format!("{p:?}"),
+                        ));
+                    }
+                }
+                if m == &l.metric {
+                    return Err(bad(
+                        at("second_metric"),
+                        "a metric other than `metric`",
+                        format!("{:?}", m.label()),
                     ));
                 }
             }
@@ -694,6 +770,56 @@ next_hypothesis = "n"
     }
 
     #[test]
+    fn a_second_metric_parses_typed_and_is_checked() {
+        let with = |m: &str| {
+            GOOD.replacen(
+                "metric = { kind = \"phase-wall\", phase = \"load.dit\" }",
+                &format!("metric = {{ kind = \"phase-wall\", phase = \"load.dit\" }}\nsecond_metric = {m}"),
+                1,
+            )
+        };
+        let s = p(&with(
+            "{ kind = \"gpm-activity\", phase = \"denoise\", counter = \"sm-occupancy\" }",
+        ))
+        .unwrap();
+        let m = s.lever("staging").unwrap().second_metric.clone().unwrap();
+        assert_eq!(
+            m,
+            Metric::GpmActivity {
+                phase: "denoise".into(),
+                counter: GpmCounter::SmOccupancy
+            }
+        );
+        assert_eq!(m.unit(), Unit::Share);
+        assert_eq!(m.label(), "gpm_sm_occupancy(denoise)");
+        assert!(!m.reads_weights());
+        assert_eq!(s.lever("widen-f32").unwrap().second_metric, None);
+        let e = err(&with(
+            "{ kind = \"gpm-activity\", phase = \"denoise\", counter = \"tensors\" }",
+        ));
+        assert!(e.contains("tensors") && e.contains("sm-occupancy"), "{e}");
+        let e = err(&with("{ kind = \"gpm-activity\", phase = \"denoise\" }"));
+        assert!(e.contains("counter"), "{e}");
+        let e = err(&with(
+            "{ kind = \"gpm-activity\", phase = \"de noise\", counter = \"sm\" }",
+        ));
+        assert!(e.contains("lever \"staging\".second_metric.phase"), "{e}");
+        let e = err(&with("{ kind = \"phase-wall\", phase = \"load.dit\" }"));
+        assert!(
+            e.contains("lever \"staging\".second_metric") && e.contains("other than"),
+            "{e}"
+        );
+        for c in [
+            GpmCounter::Tensor,
+            GpmCounter::Sm,
+            GpmCounter::SmOccupancy,
+            GpmCounter::Dram,
+        ] {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
+        }
+    }
+
+    #[test]
     fn select_resolves_all_lists_and_rejects_unknown() {
         let s = p(GOOD).unwrap();
         let all: Vec<&str> = s
@@ -761,5 +887,14 @@ next_hypothesis = "n"
             .map(|l| l.id.as_str())
             .collect();
         assert_eq!(changing, ["conditioning", "vae", "attention"]);
+        // Attention's saving is explained (or not) by the tensor pipes in denoise.
+        let a = s.lever("attention").expect("the attention lever");
+        assert_eq!(
+            a.second_metric,
+            Some(Metric::GpmActivity {
+                phase: "denoise".into(),
+                counter: GpmCounter::Tensor
+            })
+        );
     }
 }

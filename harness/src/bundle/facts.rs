@@ -172,12 +172,28 @@ pub struct Bundle {
     pub samples_by_phase: BTreeMap<String, SamplePeaks>,
     /// The frames it keeps, for fidelity.
     pub frames: FrameFacts,
+    /// The GPM windows of its samples (`gpm_window_start_ns` .. `gpm_window_end_ns`
+    /// with their activity percentages), in sample order; empty for a bundle sealed
+    /// before the GPM columns or sampled where the GPU or driver has no GPM.
+    #[serde(skip)]
+    pub gpm: Vec<evidence::phase_table::GpmFigure>,
 }
 
 impl Bundle {
     /// The short id people read: the first 12 characters.
     pub fn short_id(&self) -> &str {
         crate::short_id::short(&self.id)
+    }
+
+    /// Every instance of the phase named `name` (at any depth) as
+    /// `[open_ns, close_ns]`, CLOCK_MONOTONIC nanoseconds; a phase still open at
+    /// the end spans its open instant only.
+    pub fn phase_spans(&self, name: &str) -> Vec<(i64, i64)> {
+        self.phases
+            .iter()
+            .filter(|p| p.name == name)
+            .map(|p| (p.open_ns, p.close_ns.unwrap_or(p.open_ns)))
+            .collect()
     }
 
     /// Sample peaks over every sample, or over the samples whose innermost phase is
@@ -305,6 +321,7 @@ pub(crate) mod tests {
                 ph("denoise.step", 1, 8_000_000_000, 5.0, 1500),
             ],
             samples_by_phase: samples,
+            gpm: Vec::new(),
             cache_share_at_start: None,
             frames: FrameFacts::default(),
         }

@@ -222,6 +222,7 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Bund
         incomplete: incompleteness(m),
         phases: Vec::new(),
         samples_by_phase: BTreeMap::new(),
+        gpm: Vec::new(),
         cache_share_at_start: cache_at_start_of(m).map(|c| c.share),
         frames: frame_facts(m, dir),
     })

@@ -13,9 +13,10 @@
 use polars::prelude::*;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use evidence::parquet_tables::columns::{frames, phases, samples};
+use evidence::phase_table::GpmFigure;
 use evidence::sample::column;
 
 use crate::bundle::facts::{Bundle, Exclusion, PhaseRow, SamplePeaks};
@@ -56,26 +57,42 @@ pub fn load_dirs(dirs: &[PathBuf]) -> Loaded {
                 b.phases = phases.remove(&key).unwrap_or_default();
                 b.samples_by_phase = samples.remove(&key).unwrap_or_default();
                 b.frames.frame_sha256 = frames.remove(&key).unwrap_or_default();
-                loaded.bundles.push(b);
+                match gpm_windows(&d) {
+                    Ok(w) => {
+                        b.gpm = w;
+                        loaded.bundles.push(b);
+                    }
+                    Err(e) => loaded.unreadable.push(Exclusion {
+                        id: b.id.clone(),
+                        reason: format!("unreadable: {e}"),
+                    }),
+                }
             }
         }
         _ => {
             for (d, mut b) in ok {
                 let one = [(d.clone(), b.clone())];
-                match (phases_scan(&one), samples_scan(&one), frames_scan(&one)) {
-                    (Ok(mut p), Ok(mut s), Ok(mut f)) => {
+                match (
+                    phases_scan(&one),
+                    samples_scan(&one),
+                    frames_scan(&one),
+                    gpm_windows(&d),
+                ) {
+                    (Ok(mut p), Ok(mut s), Ok(mut f), Ok(w)) => {
                         let key = d.display().to_string();
                         b.phases = p.remove(&key).unwrap_or_default();
                         b.samples_by_phase = s.remove(&key).unwrap_or_default();
                         b.frames.frame_sha256 = f.remove(&key).unwrap_or_default();
+                        b.gpm = w;
                         loaded.bundles.push(b);
                     }
-                    (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
-                        loaded.unreadable.push(Exclusion {
-                            id: b.id.clone(),
-                            reason: format!("unreadable: {e}"),
-                        })
-                    }
+                    (Err(e), _, _, _)
+                    | (_, Err(e), _, _)
+                    | (_, _, Err(e), _)
+                    | (_, _, _, Err(e)) => loaded.unreadable.push(Exclusion {
+                        id: b.id.clone(),
+                        reason: format!("unreadable: {e}"),
+                    }),
                 }
             }
         }
@@ -245,6 +262,19 @@ fn frames_scan(
         out.entry(key).or_default().insert(i, h.to_string());
     }
     Ok(out)
+}
+
+/// The GPM windows of the bundle at `dir` ([`evidence::phase_table::gpm_figures`]).
+/// Read with Arrow, one bundle at a time, not in the polars scan: a store mixes
+/// `samples.parquet` layouts from before and after the GPM columns, and the Arrow
+/// reader knows both (`parquet_tables::read_table_as`).
+fn gpm_windows(dir: &Path) -> Result<Vec<GpmFigure>, BundleError> {
+    const FILE: &str = evidence::bundle_files::SAMPLES;
+    let batches = crate::bundle::tables::read(dir, FILE).map_err(|e| BundleError::Parquet {
+        file: dir.join(FILE),
+        message: e.to_string(),
+    })?;
+    Ok(evidence::phase_table::gpm_figures(&batches))
 }
 
 /// The `peak_host_bytes` close attribute of a phase row's `attrs_json`

@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::bundle::facts::{Bundle, PhaseRow};
-use crate::levers_spec::Unit;
+use crate::levers_spec::{GpmCounter, Unit};
 
 /// The manifest fields compared, with a label: `(path, label)`; a path starts at a
 /// fragment's key ([`Fragment::KEY`]) or a computed section's.
@@ -303,21 +303,11 @@ pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
 
 /// Each top-level phase's median GPM tensor-pipe and SM activity in one
 /// bundle, shares 0..1 over the windows wholly inside the phase's instances
-/// (`specs/bundle.md`, "GPM windows"): `(phase, tensor, sm)`. Empty for a
-/// bundle without GPM windows (or whose samples cannot be read: the bundle
-/// verified when it was loaded, so that is only a store changed since).
+/// (`specs/bundle.md`, "GPM windows"; [`crate::rank::metric::gpm_share`], the
+/// same figure rank reads for a `gpm-activity` metric): `(phase, tensor, sm)`.
+/// Empty for a bundle without GPM windows.
 fn gpm_by_phase(b: &Bundle) -> Vec<(String, Option<f64>, Option<f64>)> {
-    // The bundle's directory (the one its frames are read from; empty for a
-    // bundle built in memory).
-    let dir = &b.frames.dir;
-    if dir.as_os_str().is_empty() {
-        return Vec::new();
-    }
-    let Ok(batches) = crate::bundle::tables::read(dir, evidence::bundle_files::SAMPLES) else {
-        return Vec::new();
-    };
-    let windows = evidence::phase_table::gpm_figures(&batches);
-    if windows.is_empty() {
+    if b.gpm.is_empty() {
         return Vec::new();
     }
     let mut names: Vec<&str> = Vec::new();
@@ -329,16 +319,12 @@ fn gpm_by_phase(b: &Bundle) -> Vec<(String, Option<f64>, Option<f64>)> {
     names
         .into_iter()
         .map(|n| {
-            let spans: Vec<(i64, i64)> = b
-                .phases
-                .iter()
-                .filter(|p| p.name == n)
-                .map(|p| (p.open_ns, p.close_ns.unwrap_or(p.open_ns)))
-                .collect();
-            let share = |pick: fn(&evidence::phase_table::GpmFigure) -> Option<f64>| {
-                evidence::phase_table::inside_median(&spans, &windows, pick).map(|v| v / 100.0)
-            };
-            (n.to_string(), share(|w| w.tensor_pct), share(|w| w.sm_pct))
+            let share = |c| crate::rank::metric::gpm_share(b, n, c);
+            (
+                n.to_string(),
+                share(GpmCounter::Tensor),
+                share(GpmCounter::Sm),
+            )
         })
         .collect()
 }

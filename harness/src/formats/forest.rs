@@ -795,6 +795,7 @@ pub(crate) mod tests {
             ),
             flagged: Vec::new(),
             without_flagged: None,
+            second: None,
         }
     }
 

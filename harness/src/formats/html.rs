@@ -12,7 +12,8 @@ use std::fmt::Write;
 
 use crate::formats::forest::{inline_svg, xml_escape};
 use crate::formats::ranking_text::{
-    fixed, flagged_lines, method_lines, pair_flags, rank_cells, sensitive_why, value,
+    fixed, flagged_lines, method_lines, pair_flags, rank_cells, second_rows, sensitive_why, value,
+    SECOND_HEAD,
 };
 use crate::levers_spec::Unit;
 use crate::rank::fit::FLAT_EXPONENT;
@@ -78,6 +79,7 @@ fn write_page(o: &mut String, r: &Ranking, art: &Artifacts, store: &str) -> std:
     writeln!(o, r#"<div class="figure">{}</div>"#, inline_svg(r))?;
     write_verdicts(o, r)?;
     write_other_rungs(o, r)?;
+    write_second(o, r)?;
     write_flagged(o, r)?;
     write_fit(o, r)?;
     write_pairs(o, r, art)?;
@@ -143,6 +145,7 @@ fn write_header(o: &mut String, r: &Ranking, store: &str) -> std::fmt::Result {
             ("forest", "Forest plot"),
             ("verdicts", "Verdicts"),
             ("other-rungs", "Other rungs"),
+            ("second", "Second metrics"),
             ("fit", "Phase scaling"),
             ("pairs", "Pairs"),
             ("excluded", "Excluded"),
@@ -305,6 +308,29 @@ fn write_other_rungs(o: &mut String, r: &Ranking) -> std::fmt::Result {
         )?;
         row_cells(o, l, x)?;
         writeln!(o, "</tr>")?;
+    }
+    writeln!(o, "</table></div>")
+}
+
+fn write_second(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    writeln!(o, r#"<h2 id="second">Second metrics</h2>"#)?;
+    let rows = second_rows(r);
+    if rows.is_empty() {
+        return writeln!(o, "<p>None: no lever names a second metric.</p>");
+    }
+    writeln!(
+        o,
+        "<p>Read off the same pairs as each lever's metric; described, not judged (the verdict is the first metric's).</p>"
+    )?;
+    writeln!(o, "<div class=\"scroll\"><table class=\"second\">")?;
+    let head: String = SECOND_HEAD
+        .iter()
+        .map(|h| format!("<th>{}</th>", e(h)))
+        .collect();
+    writeln!(o, "<tr>{head}</tr>")?;
+    for row in rows {
+        let cells: String = row.iter().map(|c| format!("<td>{}</td>", e(c))).collect();
+        writeln!(o, "<tr>{cells}</tr>")?;
     }
     writeln!(o, "</table></div>")
 }

@@ -10,7 +10,8 @@ use std::fmt::Write;
 
 use crate::escape::{md_cell, md_code, md_code_cell};
 use crate::formats::ranking_text::{
-    fixed, flagged_lines, method_lines, pair_flags, rank_cells, sensitive_why, value,
+    fixed, flagged_lines, method_lines, pair_flags, rank_cells, second_rows, sensitive_why, value,
+    SECOND_HEAD,
 };
 use crate::levers_spec::Numerics;
 use crate::rank::fidelity::{self, db};
@@ -43,6 +44,7 @@ fn write_all(o: &mut String, r: &Ranking, forest: Option<&str>) -> std::fmt::Res
     }
     write_verdicts(o, r)?;
     write_other_rungs(o, r)?;
+    write_second(o, r)?;
     write_flagged(o, r)?;
     write_fidelity(o, r)?;
     write_fit(o, r)?;
@@ -189,6 +191,30 @@ fn write_other_rungs(o: &mut String, r: &Ranking) -> std::fmt::Result {
             write!(o, "| {} | {} ", md_cell(&x.rung), x.voxels)?;
             row(o, l, x, false)?;
         }
+    }
+    Ok(())
+}
+
+/// The levers' second metrics over the same pairs, described and not judged;
+/// nothing when no lever names one.
+fn write_second(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    let rows = second_rows(r);
+    if rows.is_empty() {
+        return Ok(());
+    }
+    writeln!(o)?;
+    writeln!(o, "## Second metrics")?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "Read off the same pairs as each lever's metric; described, not judged (the verdict is the first metric's)."
+    )?;
+    writeln!(o)?;
+    writeln!(o, "| {} |", SECOND_HEAD.join(" | "))?;
+    writeln!(o, "|---|---|---|---:|---:|---:|---|---|---|")?;
+    for row in rows {
+        let cells: Vec<String> = row.iter().map(|c| md_cell(c)).collect();
+        writeln!(o, "| {} |", cells.join(" | "))?;
     }
     Ok(())
 }

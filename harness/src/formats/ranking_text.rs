@@ -31,6 +31,70 @@ pub fn value(x: f64, unit: Unit) -> String {
     }
 }
 
+/// The second-metrics table's header cells ([`second_rows`]).
+pub const SECOND_HEAD: [&str; 9] = [
+    "lever",
+    "rung",
+    "second metric",
+    "pairs",
+    "baseline median",
+    "treatment median",
+    "ratio [95%]",
+    "lower / higher (sign p)",
+    "left out",
+];
+
+/// One row per lever and rung whose lever names a second metric, reference rung
+/// first then the others, cells as [`SECOND_HEAD`] names them: the pairs with
+/// both values of the first metric's pairs, the arms' medians, the ratio with its
+/// interval, the sign counts, and the pairs left out with why (`—` for none).
+/// Empty when no lever names a second metric.
+pub fn second_rows(r: &Ranking) -> Vec<[String; 9]> {
+    let mut out = Vec::new();
+    for l in &r.levers {
+        for x in std::iter::once(&l.reference).chain(&l.other_rungs) {
+            let Some(s) = &x.second else { continue };
+            let pairs = format!("{} of {}", s.pairs.len(), x.rounds.len());
+            let left_out = if s.missing.is_empty() {
+                "—".to_string()
+            } else {
+                s.missing.join("; ")
+            };
+            let row = match &s.effect {
+                Ok(e) => [
+                    l.id.clone(),
+                    x.rung.clone(),
+                    s.metric.clone(),
+                    pairs,
+                    value(e.baseline_median, s.unit),
+                    value(e.treatment_median, s.unit),
+                    format!(
+                        "{} [{}, {}]",
+                        fixed(e.ratio, 3),
+                        fixed(e.ratio_ci.lo, 3),
+                        fixed(e.ratio_ci.hi, 3)
+                    ),
+                    format!("{} / {} (p {})", e.lower, e.higher, fixed(e.sign_p, 3)),
+                    left_out,
+                ],
+                Err(why) => [
+                    l.id.clone(),
+                    x.rung.clone(),
+                    s.metric.clone(),
+                    pairs,
+                    "—".to_string(),
+                    "—".to_string(),
+                    "—".to_string(),
+                    "—".to_string(),
+                    why.clone(),
+                ],
+            };
+            out.push(row);
+        }
+    }
+    out
+}
+
 /// How pairs, effects, intervals and verdicts are formed, one sentence per item
 /// (the report's Method list; `harness report` prints the same).
 pub fn method_lines(r: &Ranking) -> Vec<String> {
@@ -51,6 +115,7 @@ pub fn method_lines(r: &Ranking) -> Vec<String> {
         format!("Verdict: confirmed when the saving's whole interval is at or above the minimum effect; refuted when it is wholly below; otherwise, or with fewer than {MIN_PAIRS} pairs, insufficient."),
         format!("Fidelity: a numerics-changing lever stays confirmed only when the lower end of its median PSNR's {:.0}% bootstrap interval is at or above its threshold (the measured floor minus the rule's margin, else min_psnr_db); refuted-fidelity when the whole interval is below; insufficient when it straddles or fewer than {MIN_PAIRS} pairs have comparable frames. A numerics-preserving lever whose frames differ in any pair is flagged; its verdict is unchanged.", CONFIDENCE * 100.0),
         "Sign: pairs where the treatment is lower / higher, with the exact two-sided sign-test p-value.".to_string(),
+        "Second metrics: a lever's second_metric is read off the same pairs as its first and given the same effect, interval and sign test (its own bootstrap seed), described and never judged: the verdict is the first metric's.".to_string(),
         format!(
             "Flagged runs (specs/outliers.md): per lever arm and rung, a paired run is an outlier when its value is more than {:.0}% above or below its arm's median (with {MOD_Z_MIN_RUNS} or more runs in the arm, also a modified Z-score above {MOD_Z_MAX}), and first-init when its device-open seconds exceed its arm's median by more than {FIRST_INIT_FACTOR}x and {FIRST_INIT_MIN_EXCESS_S} s; arms of fewer than 3 runs flag nothing. The verdict is given with and without the pairs of flagged runs; where the two differ it is sensitive, naming the runs.",
             100.0 * RATIO_MAX

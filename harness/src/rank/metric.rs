@@ -2,7 +2,7 @@
 //! phase rows and sample peaks it reads, and why a bundle has none.
 
 use crate::bundle::facts::{Bundle, PhaseRow};
-use crate::levers_spec::Metric;
+use crate::levers_spec::{GpmCounter, Metric};
 
 /// The value of `metric` for bundle `b`, or why it has none.
 pub fn value(b: &Bundle, metric: &Metric) -> Result<f64, String> {
@@ -68,7 +68,28 @@ pub fn value(b: &Bundle, metric: &Metric) -> Result<f64, String> {
                 Ok(p.gpu_busy_samples as f64 / p.gpu_util_samples as f64)
             }
         }
+        Metric::GpmActivity { phase, counter } => {
+            need_phase(&Some(phase.clone()))?;
+            gpm_share(b, phase, *counter).ok_or_else(|| {
+                if b.gpm.is_empty() {
+                    "no GPM window recorded (a GPU or driver without GPM, or a bundle sealed before it)".to_string()
+                } else {
+                    format!(
+                        "no GPM window with a {} figure wholly inside {phase}",
+                        counter.as_str()
+                    )
+                }
+            })
+        }
     }
+}
+
+/// The median share (0..1) of `counter` over the GPM windows of `b` wholly inside
+/// an instance of the phase named `phase`; `None` when no window with that figure
+/// is inside one (a phase shorter than a window has none).
+pub fn gpm_share(b: &Bundle, phase: &str, counter: GpmCounter) -> Option<f64> {
+    evidence::phase_table::inside_median(&b.phase_spans(phase), &b.gpm, |w| counter.pick(w))
+        .map(|pct| pct / 100.0)
 }
 
 #[cfg(test)]
@@ -119,6 +140,67 @@ mod tests {
             phase: Some("load.dit".into())
         })
         .is_err());
+    }
+
+    /// A GPM window `[s, e]` seconds with the four counters in percent.
+    fn window(s: f64, e: f64, pct: [f64; 4]) -> evidence::phase_table::GpmFigure {
+        evidence::phase_table::GpmFigure {
+            start_ns: (s * 1e9) as i64,
+            end_ns: (e * 1e9) as i64,
+            tensor_pct: Some(pct[0]),
+            sm_pct: Some(pct[1]),
+            occupancy_pct: Some(pct[2]),
+            dram_pct: Some(pct[3]),
+        }
+    }
+
+    #[test]
+    fn gpm_activity_is_the_median_of_the_windows_inside_the_phase() {
+        let mut b = sample_bundle("abc");
+        let m = |b: &Bundle, phase: &str, counter| {
+            value(
+                b,
+                &Metric::GpmActivity {
+                    phase: phase.into(),
+                    counter,
+                },
+            )
+        };
+        // No window at all: the reason says GPM is absent, not that the phase is.
+        let e = m(&b, "denoise", GpmCounter::Tensor).unwrap_err();
+        assert!(e.contains("no GPM window recorded"), "{e}");
+        let denoise = b.phase_spans("denoise")[0];
+        let (o, c) = (denoise.0 as f64 / 1e9, denoise.1 as f64 / 1e9);
+        assert!(c - o > 2.0, "the sample bundle's denoise spans seconds");
+        b.gpm = vec![
+            // Straddles the open: outside.
+            window(o - 0.1, o + 0.1, [99.0, 99.0, 99.0, 99.0]),
+            window(o + 0.2, o + 0.4, [60.0, 90.0, 20.0, 10.0]),
+            window(o + 0.4, o + 0.6, [50.0, 80.0, 18.0, 14.0]),
+            window(o + 0.6, o + 0.8, [70.0, 85.0, 22.0, 12.0]),
+            // Inside load.dit only.
+            window(1.1, 1.3, [1.0, 1.0, 1.0, 1.0]),
+        ];
+        let near = |got: Result<f64, String>, want: f64| {
+            let g = got.unwrap();
+            assert!((g - want).abs() < 1e-12, "{g} != {want}");
+        };
+        near(m(&b, "denoise", GpmCounter::Tensor), 0.60);
+        near(m(&b, "denoise", GpmCounter::Sm), 0.85);
+        near(m(&b, "denoise", GpmCounter::SmOccupancy), 0.20);
+        near(m(&b, "denoise", GpmCounter::Dram), 0.12);
+        // A figure the GPU did not report is not a zero.
+        for w in &mut b.gpm {
+            w.dram_pct = None;
+        }
+        let e = m(&b, "denoise", GpmCounter::Dram).unwrap_err();
+        assert!(
+            e.contains("no GPM window with a dram figure wholly inside denoise"),
+            "{e}"
+        );
+        assert!(m(&b, "vae", GpmCounter::Tensor)
+            .unwrap_err()
+            .contains("vae"));
     }
 
     #[test]

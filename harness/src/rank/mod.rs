@@ -10,7 +10,8 @@
 //! runs far from their arm's median (or first-initialization ones), and the
 //! verdict is given with and without their pairs (`sensitive` where the two
 //! differ, `specs/outliers.md`); [`fit`] fits
-//! each phase as fixed + per-voxel cost. [`rank`] ties them together.
+//! each phase as fixed + per-voxel cost; [`second`] describes a lever's second
+//! metric over the same pairs. [`rank`] ties them together.
 //!
 //! Promise: the same set of bundles gives the same [`Ranking`] (and the same report
 //! bytes) in any order: bundles are sorted by id, maps are ordered, the bootstrap is
@@ -23,6 +24,7 @@ pub mod metric;
 pub mod outliers;
 pub mod pairing;
 pub mod pixels;
+pub mod second;
 pub mod stats;
 pub mod verdict;
 
@@ -65,6 +67,9 @@ pub struct RungResult {
     /// The judgement without the pairs of flagged runs; `None` when no run is
     /// flagged.
     pub without_flagged: Option<WithoutFlagged>,
+    /// The lever's second metric over the same pairs, described and not judged
+    /// ([`second`]); `None` when the lever names none.
+    pub second: Option<second::SecondResult>,
 }
 
 /// A lever at a rung judged without the pairs that hold a flagged run.
@@ -420,6 +425,7 @@ fn rung_result(l: &Lever, rung: &str, lr: Option<&LeverRungPairs>, ctx: &Context
         fidelity,
         flagged,
         without_flagged,
+        second: second::second(l, rung, &lr.rounds, ctx.by_id),
     }
 }
 

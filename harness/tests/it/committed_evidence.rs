@@ -265,3 +265,54 @@ fn the_spread_the_outlier_threshold_is_argued_from_reproduces() {
         "the threshold must clear the ordinary spread"
     );
 }
+
+/// The attention lever's second metric is read off the committed rung-3 pairs
+/// (campaign a2a96dffb7d7 sampled GPM on its card): three pairs, every one with
+/// the tensor pipes busier under cudnn, and the report's section shows it. Reading
+/// no GPM windows at load (`bundle::scan::gpm_windows`), or dividing the percent
+/// by anything but 100, turns it red.
+#[test]
+fn the_attention_levers_tensor_share_is_read_off_its_rung_3_pairs() {
+    let out = Command::new(HARNESS)
+        .current_dir(repo())
+        .args(["rank", "--store", "reports/evidence", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let l = v["levers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["id"] == "attention")
+        .expect("the attention lever");
+    let r3 = l["other_rungs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rung"] == "3")
+        .expect("attention at rung 3");
+    let s = &r3["second"];
+    assert_eq!(s["metric"], "gpm_tensor(denoise)");
+    let e = &s["effect"]["Ok"];
+    assert_eq!(e["n"], 3, "{s}");
+    assert_eq!(e["higher"], 3, "{s}");
+    let (b, t) = (
+        e["baseline_median"].as_f64().unwrap(),
+        e["treatment_median"].as_f64().unwrap(),
+    );
+    assert!(
+        (0.5..0.8).contains(&b) && (0.6..0.95).contains(&t) && t > b,
+        "{b} {t}"
+    );
+    let md = std::fs::read_to_string(repo().join("reports/levers.md")).unwrap();
+    assert!(
+        md.contains("## Second metrics")
+            && md.contains("| attention | 3 | gpm_tensor(denoise) | 3 of 3 |"),
+        "reports/levers.md lacks the second metric's row"
+    );
+}
