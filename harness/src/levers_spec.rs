@@ -871,12 +871,12 @@ next_hypothesis = "n"
             ["staging", "release-pages", "host-threads", "observer"]
         );
         // The instrument judged like a lever: a confirmed increase is an observer
-        // costing more than the 1% goal.
+        // costing more than the 3% decision threshold (the README's goal is 1%).
         let o = s.lever("observer").expect("the observer lever");
         assert_eq!((o.baseline.as_str(), o.treatment.as_str()), ("off", "on"));
         assert_eq!(o.metric, Metric::RenderWall);
         assert_eq!(o.hypothesis.direction, Direction::Increase);
-        assert_eq!(o.hypothesis.min_effect, 0.01);
+        assert_eq!(o.hypothesis.min_effect, 0.03);
         // The levers whose arms compute differently: T5 in bf16 on the device vs
         // f32 on the host, the VAE decoded by the device's kernels vs the host's,
         // and the self-attention in cuDNN's kernel vs the engine's own.

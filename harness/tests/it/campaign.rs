@@ -159,7 +159,21 @@ fn a_warm_up_is_sealed_first_marked_never_repeated_and_never_paired() {
             .is_some_and(|u| !u.contains(&warm[0]["id"])),
         "{r}"
     );
-    assert_eq!(r["used"].as_array().map(Vec::len), Some(4), "{}", r["used"]);
+    // Rank honestly drops a run taken while other work kept the host busy (the
+    // contention gate: the test suite runs beside it on two cores); only where none
+    // was dropped must both pairs be used, and never the warm-up.
+    let contended = r["excluded"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["reason"].as_str().is_some_and(|w| w.starts_with("contended")))
+        .count();
+    let used = r["used"].as_array().map_or(0, Vec::len);
+    if contended == 0 {
+        assert_eq!(used, 4, "{}", r["used"]);
+    } else {
+        assert!(used % 2 == 0 && used <= 4, "{}", r["used"]);
+    }
 }
 
 #[test]
@@ -307,7 +321,7 @@ fn an_observer_campaign_records_the_lever_and_rank_ranks_it() {
         .and_then(|l| l.iter().find(|l| l["id"] == "observer"))
         .unwrap_or_else(|| panic!("rank has no observer lever: {r}"));
     assert_eq!(lever["direction"], "increase");
-    assert_eq!(lever["min_effect"], 0.01);
+    assert_eq!(lever["min_effect"], 0.03);
     // Rank honestly drops a run taken while other work kept the host busy (the
     // contention gate); only where none was dropped must all three pairs be there.
     let ids: Vec<String> = std::fs::read_dir(store.join("bundles"))
