@@ -686,7 +686,7 @@ fn slurm_submit(
         plan.id
     );
     println!(
-        "slurm: script {}, task output {}/slurm-{job}_<round>.out",
+        "slurm: script {}, each task's output {}/slurm-{job}_<round>.out on its node",
         script.display(),
         dir.display()
     );

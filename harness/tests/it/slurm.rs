@@ -202,6 +202,18 @@ fn an_array_runs_a_round_per_task_into_the_bucket_and_rank_pairs_within_the_host
     got.sort();
     assert_eq!(got, want, "task output in {}", dir.display());
 
+    // Each task's output, in the campaign's directory on its node (this one).
+    for round in [1, 2] {
+        let out = std::fs::read_to_string(dir.join(format!("slurm-{job}_{round}.out")))
+            .unwrap_or_else(|e| panic!("task {job}_{round}'s output: {e}"));
+        assert!(
+            out.contains(&format!(
+                "campaign: slurm task slurm:{job}_{round} on {}: round {round} of campaign {id}: 2 position(s), 0 already sealed",
+                harness::run::facts::hostname().unwrap_or_default()
+            )),
+            "{out}"
+        );
+    }
     // Four bundles in the bucket, one per position, each under its task's lease.
     let ms = manifests(&srv, "fleet");
     assert_eq!(ms.len(), 4, "{ms:?}");

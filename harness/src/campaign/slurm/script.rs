@@ -6,9 +6,12 @@
 //! The script is a pure function of its [`ArrayJob`]: the `#SBATCH` lines (the
 //! job's name `harness-<campaign id>`, which `--status` finds it by; the array of
 //! rounds; one node, one task, the node exclusive, since a measurement must own
-//! its machine; the output files in the campaign's directory; and `--partition`,
-//! `--gres`, `--time` as given), `cd` to the submitting directory and `exec` of
-//! the task's command line, every word single-quoted. No credential is ever
+//! its machine; and `--partition`, `--gres`, `--time` as given), then the task's
+//! output sent to `slurm-<job>_<round>.out` in the campaign's directory *on the
+//! node that runs it* (made there first: Slurm's own `--output` would need the
+//! directory to exist on every node before the task starts, and a node's local
+//! store is its own disk), `cd` to the submitting directory and `exec` of the
+//! task's command line, every word single-quoted. No credential is ever
 //! written into it: the task inherits the submitting shell's environment
 //! (sbatch's `--export=ALL`, its default), `AWS_*` and `HARNESS_*` included.
 
@@ -40,7 +43,7 @@ pub struct ArrayJob<'a> {
     pub rounds: &'a [u32],
     /// The options passed through.
     pub options: &'a SlurmOptions,
-    /// The campaign's directory (the task output files go there).
+    /// The campaign's directory (each task's output goes there, on its node).
     pub dir: &'a Path,
     /// The directory the task starts in (the submitting one: relative rung and
     /// spec paths resolve there).
@@ -113,7 +116,7 @@ pub fn script(job: &ArrayJob) -> Result<String, SlurmError> {
     let _ = writeln!(o, "#SBATCH --nodes=1");
     let _ = writeln!(o, "#SBATCH --ntasks=1");
     let _ = writeln!(o, "#SBATCH --exclusive");
-    let _ = writeln!(o, "#SBATCH --output={dir}/slurm-%A_%a.out");
+    let _ = writeln!(o, "#SBATCH --output=/dev/null");
     for (name, v) in [
         ("partition", &job.options.partition),
         ("gres", &job.options.gres),
@@ -124,6 +127,12 @@ pub fn script(job: &ArrayJob) -> Result<String, SlurmError> {
         }
     }
     let _ = writeln!(o, "set -euo pipefail");
+    let _ = writeln!(o, "mkdir -p {}", shell_quote(&dir));
+    let _ = writeln!(
+        o,
+        "exec >>{}\"/slurm-${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}.out\" 2>&1",
+        shell_quote(&dir)
+    );
     let _ = writeln!(o, "cd {}", shell_quote(&job.workdir.display().to_string()));
     let words: Vec<String> = job.command.iter().map(|w| shell_quote(w)).collect();
     let _ = writeln!(o, "exec {}", words.join(" "));
@@ -177,7 +186,9 @@ mod tests {
             "#SBATCH --job-name=harness-0123abcd0123abcd",
             "#SBATCH --array=1-2,4",
             "#SBATCH --exclusive",
-            "#SBATCH --output=/s/campaigns/0123abcd0123abcd/slurm-%A_%a.out",
+            "#SBATCH --output=/dev/null",
+            "mkdir -p '/s/campaigns/0123abcd0123abcd'",
+            "exec >>'/s/campaigns/0123abcd0123abcd'\"/slurm-${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}.out\" 2>&1",
             "#SBATCH --partition=h100",
             "#SBATCH --gres=gpu:1",
             "#SBATCH --time=02:00:00",
