@@ -534,5 +534,43 @@ mod tests {
         assert!(page.contains("<svg class=\"forest\""));
         assert!(page.contains("No fit: missing runs."));
         assert_eq!(page.matches("<g class=\"row\"").count(), 6);
+        // One host everywhere: no Hosts section, no link to one.
+        assert!(!page.contains("id=\"hosts\"") && !page.contains("href=\"#hosts\""));
+    }
+
+    /// Two hosts that disagree (host a saves 50%, b nothing): the verdict cell
+    /// names it with I², the Hosts section has a row per host with its own
+    /// verdict and the figure, and the forest plot a host row per host.
+    #[test]
+    fn the_page_shows_each_host_where_two_hosts_contributed() {
+        let mut r = sample_ranking();
+        r.levers = vec![crate::rank::tests::two_hosts(0.5, 1.0)];
+        let page = html(&r, &Artifacts::default(), "s3://b/p");
+        assert!(page.contains(r##"<a href="#hosts">Hosts</a>"##), "nav");
+        assert!(page.contains(r#"<h2 id="hosts">Hosts</h2>"#));
+        assert!(
+            page.contains(
+                r#"<td class="verdict v-disagree">hosts-disagree (2 hosts, I² 100.0%)</td>"#
+            ),
+            "{page}"
+        );
+        let rows: Vec<&str> = page
+            .lines()
+            .filter(|l| l.starts_with(r#"<tr class="host">"#))
+            .collect();
+        assert_eq!(rows.len(), 2, "{page}");
+        assert!(
+            rows[0].contains("<code>a</code>") && rows[0].contains("v-confirmed"),
+            "{}",
+            rows[0]
+        );
+        assert!(
+            rows[1].contains("<code>b</code>") && rows[1].contains("v-refuted"),
+            "{}",
+            rows[1]
+        );
+        assert!(page.contains("the hosts disagree (p &lt; 0.05): no pooled effect or verdict."));
+        assert_eq!(page.matches(r#"<g class="host-row""#).count(), 2);
+        assert!(page.contains("<li>Hosts (specs/hosts.md): a pair is formed within one host"));
     }
 }

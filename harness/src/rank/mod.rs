@@ -485,7 +485,7 @@ fn missing_pairs(l: &Lever, rung: &str, lr: &LeverRungPairs) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::bundle::facts::tests::sample_bundle;
     use crate::rank::pairing::tests::spec;
@@ -501,7 +501,7 @@ mod tests {
 
     /// A campaign run of the test spec's `staging` lever on `host`, round `round`,
     /// with `load_s` seconds of `load.dit`.
-    fn on_host(host: &str, round: u32, arm: &str, load_s: f64) -> Bundle {
+    pub(crate) fn on_host(host: &str, round: u32, arm: &str, load_s: f64) -> Bundle {
         let mut b = sample_bundle(&format!("{host}-{round}-{arm}"));
         b.host = format!("{host}|cpu|gpu");
         b.schedule = Some(crate::bundle::facts::Schedule {
@@ -520,7 +520,7 @@ mod tests {
 
     /// Three rounds on each of two hosts: host `a` with the treatment's load.dit
     /// at `a_ratio` of the baseline's, `b` at `b_ratio`, each with +-1% noise.
-    fn two_hosts(a_ratio: f64, b_ratio: f64) -> LeverResult {
+    pub(crate) fn two_hosts(a_ratio: f64, b_ratio: f64) -> LeverResult {
         let mut bundles = Vec::new();
         for (host, ratio) in [("a", a_ratio), ("b", b_ratio)] {
             for (round, noise) in [(1, 1.0), (2, 1.01), (3, 0.99)] {
