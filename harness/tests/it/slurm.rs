@@ -4,8 +4,10 @@
 //! 2-round rung-0 campaign (the CPU arm, `rungs/0.toml`) as an sbatch array,
 //! one task per round, every run published to the bucket under the task's lease;
 //! `--status` reports the array; `rank` over the bucket pairs within the host;
-//! a task killed mid-run leaves a staging directory `recover` seals, and the
-//! resubmission runs only that round, duplicating no sealed position.
+//! one task cancelled and one killed mid-run leave incomplete bundles (the
+//! second through `recover`), and the resubmission runs only the positions not
+//! sealed, duplicating none; the Slurm lease satisfies a rung's
+//! `require.lease`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -31,12 +33,23 @@ fn go(c: &mut Command) -> (i32, String, String) {
     (code, so, se)
 }
 
-/// `harness campaign` of host-threads at rung 0, 2 rounds, ABBA, into the
-/// bucket's `prefix`, scheduled by Slurm, with `extra` flags.
+/// `harness campaign` of host-threads at rung 0 (`rungs/0.toml`), 2 rounds,
+/// ABBA, into the bucket's `prefix`, scheduled by Slurm, with `extra` flags.
 fn campaign(srv: &Server, cl: &Cluster, prefix: &str, extra: &[&str]) -> (i32, String, String) {
+    campaign_of(srv, cl, "0", prefix, extra)
+}
+
+/// [`campaign`] of the rung files `rungs`.
+fn campaign_of(
+    srv: &Server,
+    cl: &Cluster,
+    rungs: &str,
+    prefix: &str,
+    extra: &[&str],
+) -> (i32, String, String) {
     go(srv
         .harness("node")
-        .args(["campaign", "--rungs", "0", "--levers", "host-threads"])
+        .args(["campaign", "--rungs", rungs, "--levers", "host-threads"])
         .args([
             "--repeat",
             "2",
@@ -340,7 +353,9 @@ fn running_mid_run(cl: &Cluster, job: u64, not: Option<&str>, store: &std::path:
 /// killed with SIGKILL, every process at once, as a node losing power (the run
 /// leaves its staging directory; `harness recover` on the node seals it
 /// `harness-killed` and publishes it). The resubmission asks for the rounds not
-/// complete and ends with every position sealed complete exactly once.
+/// complete and ends with every position sealed complete exactly once. The rung
+/// is rung 0 requiring a lease: refused without Slurm, every run passes the
+/// lease gate with its task's `slurm:<job>_<round>`.
 #[test]
 fn a_killed_task_is_recovered_and_the_resubmission_completes_without_duplicates() {
     let Some(srv) = Server::start("slurm-kill") else {
@@ -350,12 +365,36 @@ fn a_killed_task_is_recovered_and_the_resubmission_completes_without_duplicates(
         return;
     };
     let prefix = "fleet-kill";
-    // Its own campaign (seed 2), so that the other test's array, named by its
-    // campaign id, never shows in this one's status.
+    // Rung 0 as a fleet's rungs are: it requires a lease ([require] lease =
+    // true), which no run here has but the Slurm task's. Without Slurm the
+    // first run is refused by the lease gate.
+    let rung = srv.dir.join("0.toml");
+    let text = std::fs::read_to_string(crate::support::bins::repo().join("rungs/0.toml")).unwrap();
+    assert!(text.contains("lease = false"));
+    std::fs::write(&rung, text.replace("lease = false", "lease = true")).unwrap();
+    let rung = rung.display().to_string();
+    let (code, so, se) = go(srv
+        .harness("local-node")
+        .args([
+            "campaign",
+            "--rungs",
+            &rung,
+            "--levers",
+            "host-threads",
+            "--repeat",
+            "1",
+        ])
+        .args(["--store", &srv.url("no-lease"), "--engine"])
+        .arg(engine())
+        .env_remove("HARNESS_LEASE_ID"));
+    assert_eq!(code, 3, "{so}\n{se}");
+    assert!(so.contains("refused by gate 'lease'"), "{so}");
+    // Its own campaign (that rung, seed 2), so that the other test's array,
+    // named by its campaign id, never shows in this one's status.
     let campaign = |srv: &Server, cl: &Cluster, prefix: &str, extra: &[&str]| {
         let mut with_seed = vec!["--seed", "2"];
         with_seed.extend_from_slice(extra);
-        campaign(srv, cl, prefix, &with_seed)
+        campaign_of(srv, cl, &rung, prefix, &with_seed)
     };
     let (code, so, se) = campaign(&srv, &cl, prefix, &[]);
     assert_eq!(code, 0, "{so}\n{se}");
@@ -472,6 +511,24 @@ fn a_killed_task_is_recovered_and_the_resubmission_completes_without_duplicates(
         "every position sealed once"
     );
     assert_eq!(ms.len(), 6, "4 complete and the 2 dead runs' bundles");
+    // Every complete run passed the rung's lease requirement with its task's lease.
+    for m in ms.iter().filter(|m| m["complete"] == true) {
+        let lease = m["gates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["name"] == "lease")
+            .unwrap();
+        assert_eq!(lease["verdict"], "pass", "{lease}");
+        assert!(
+            m["lease"]["id"]
+                .as_str()
+                .is_some_and(|l| l.starts_with(&format!("slurm:{again}_"))
+                    || l.starts_with(&format!("slurm:{job}_"))),
+            "{}",
+            m["lease"]
+        );
+    }
 
     let (code, so, _) = campaign(&srv, &cl, prefix, &["--status"]);
     assert_eq!(code, 0, "{so}");
