@@ -64,7 +64,13 @@ install() {
   return 1
 }
 
-pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1" 2>/dev/null)" 2>/dev/null; }
+# A daemon is alive when its pid file names a process that is not a zombie (in a
+# container without an init that reaps, a stopped daemon stays a zombie).
+pid_alive() {
+  local p
+  p=$(cat "$1" 2>/dev/null) && [ -n "$p" ] && kill -0 "$p" 2>/dev/null \
+    && ! grep -q '^[0-9]* (.*) Z ' "/proc/$p/stat" 2>/dev/null
+}
 
 write_conf() {
   local host cpus mem
