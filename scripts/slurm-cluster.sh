@@ -16,10 +16,10 @@
 #                                      (by their pid files, nothing else)
 #   scripts/slurm-cluster.sh conf      print the slurm.conf path (exit 1 when absent)
 #
-# One node, not two: two slurmd on one host need a Slurm built with
-# --enable-multiple-slurmd, which Debian's is not (`slurmd -N` is refused), and two
-# nodes on one machine would run two benchmark tasks side by side anyway, each
-# flagged as contended. The partition is `harness`; every job is exclusive on it.
+# One node, not two: two slurmd on one host are supported only by a Slurm built with
+# --enable-multiple-slurmd (whether Debian's is was not established here), and two
+# nodes on one machine would run two benchmark tasks side by side, each measuring
+# under the other's load (rank excludes runs flagged as contended). The partition is `harness`; every job is exclusive on it.
 # Where the cluster cannot be installed or started, `install` and `start` exit 1
 # saying why loudly; `just test` then sets HARNESS_NO_SLURM=1 and the Slurm tests
 # report NOT RUN (without it, they fail).
