@@ -19,10 +19,14 @@ rung N *ARGS:
 # Run every test in the workspace (sets up target/pyenv and Chromium for the tests).
 # The S3 store's tests start s3s-fs (scripts/s3-server.sh installs it from crates.io);
 # where it cannot be installed, HARNESS_NO_S3_SERVER=1 makes those tests say NOT RUN.
+# The fleet tests (slurm::) submit to a one-node Slurm on loopback that
+# scripts/slurm-cluster.sh installs (Debian's slurm-wlm and munge), starts before the
+# tests and stops after them; where it cannot, HARNESS_NO_SLURM=1 makes them say NOT RUN.
 test:
     ./scripts/pyenv.sh
     ./scripts/s3-server.sh install || echo "just test: s3s-fs not installed: the S3 tests will say NOT RUN" >&2
-    ./scripts/chromium.sh || export HARNESS_NO_CHROMIUM=1; [ -x target/tools/s3s-fs/bin/s3s-fs ] || export HARNESS_NO_S3_SERVER=1; HARNESS_TEST_PYTHON="$PWD/target/pyenv/bin/python" cargo test --workspace
+    ./scripts/slurm-cluster.sh install || echo "just test: Slurm not installed: the Slurm tests will say NOT RUN" >&2
+    ./scripts/chromium.sh || export HARNESS_NO_CHROMIUM=1; [ -x target/tools/s3s-fs/bin/s3s-fs ] || export HARNESS_NO_S3_SERVER=1; if slurm_env=$(./scripts/slurm-cluster.sh start); then eval "$slurm_env"; trap './scripts/slurm-cluster.sh stop' EXIT; else export HARNESS_NO_SLURM=1; fi; HARNESS_TEST_PYTHON="$PWD/target/pyenv/bin/python" cargo test --workspace
 
 # Regenerate the lever table and its forest plot from the committed evidence.
 rank *ARGS:

@@ -28,11 +28,18 @@
 //! * [`budget`]: `--budget-s`: the walls learned so far and the deadline.
 //! * [`execute`]: running the positions through a [`execute::Runner`].
 //! * [`runner`]: the real runner, each position a child `harness run`.
+//! * [`sealed`]: the bundles a campaign already sealed, in the local store and
+//!   in the bucket.
+//! * [`slurm`]: the rounds as a Slurm job array across a fleet (`--scheduler
+//!   slurm`): the script, the client commands, each task, `--status`.
 //!
 //! `harness campaign`'s arguments and entry point are [`crate::cmd::campaign`].
-//! Dependencies run one way: the command -> runner -> execute -> budget -> plan.
+//! Dependencies run one way: the command -> slurm, runner, sealed -> execute ->
+//! budget -> plan.
 
 pub mod budget;
 pub mod execute;
 pub mod plan;
 pub mod runner;
+pub mod sealed;
+pub mod slurm;

@@ -274,6 +274,35 @@ pub fn done_positions(plan: &Plan, bundles: &[Bundle]) -> BTreeSet<u32> {
     done
 }
 
+/// The part of `plan` that one Slurm array task runs: the entries of `round`
+/// (with their positions, so the `schedule` fragments are the whole campaign's),
+/// and for round 1 also the warm-ups that precede it. The campaign id, seed and
+/// order stay the plan's.
+pub fn round_only(plan: &Plan, round: u32) -> Plan {
+    Plan {
+        entries: plan
+            .entries
+            .iter()
+            .filter(|e| e.round == round || (round == 1 && e.warmup))
+            .cloned()
+            .collect(),
+        ..plan.clone()
+    }
+}
+
+/// The rounds of `plan` with a position not in `done`, ascending (a warm-up
+/// counts for round 1, whose task runs it): the array indices a Slurm submission
+/// asks for.
+pub fn rounds_todo(plan: &Plan, done: &BTreeSet<u32>) -> Vec<u32> {
+    let rounds: BTreeSet<u32> = plan
+        .entries
+        .iter()
+        .filter(|e| !done.contains(&e.position))
+        .map(|e| if e.warmup { 1 } else { e.round })
+        .collect();
+    rounds.into_iter().collect()
+}
+
 /// A warning per lever whose metric reads the weights when the campaign leaves the
 /// page cache as it finds it: each run then inherits what the previous one left
 /// (the rung-3 host-threads campaign 7f0605dedf9a8064 paired a warm baseline with a
@@ -529,6 +558,38 @@ pub(crate) mod tests {
             .collect();
         assert_eq!(firsts.len(), 2);
         assert_ne!(a.id, all_plan(Order::Abba, 7).id);
+    }
+
+    /// One array task per round: each round's entries keep their positions and
+    /// the warm-ups go with round 1; the rounds still to run are those with a
+    /// position not sealed. Mutation that turns this red: a round's task also
+    /// running the next round's entries (the `e.round == round` filter dropped).
+    #[test]
+    fn a_round_is_one_tasks_share_and_only_unsealed_rounds_are_asked_for() {
+        let p = with_warmups(all_plan(Order::Abba, 1), &rungs(), Some(1));
+        let r2 = round_only(&p, 2);
+        assert_eq!(r2.id, p.id);
+        assert!(!r2.entries.is_empty() && r2.entries.iter().all(|e| e.round == 2 && !e.warmup));
+        for e in &r2.entries {
+            assert_eq!(&p.entries[e.position as usize], e, "positions kept");
+        }
+        let r1 = round_only(&p, 1);
+        assert_eq!(r1.entries.iter().filter(|e| e.warmup).count(), 2);
+        let all: usize = (1..=p.repeat)
+            .map(|r| round_only(&p, r).entries.len())
+            .sum();
+        assert_eq!(all, p.entries.len(), "every position in exactly one task");
+        assert_eq!(rounds_todo(&p, &BTreeSet::new()), [1, 2, 3, 4, 5]);
+        // Everything of rounds 1, 3 and 4 sealed, one position of 2 and 5 not.
+        let mut done: BTreeSet<u32> = p.entries.iter().map(|e| e.position).collect();
+        done.remove(&r2.entries[1].position);
+        done.remove(&round_only(&p, 5).entries[0].position);
+        assert_eq!(rounds_todo(&p, &done), [2, 5]);
+        // A warm-up not sealed is round 1's.
+        let warm = p.entries.iter().find(|e| e.warmup).unwrap().position;
+        let mut done: BTreeSet<u32> = p.entries.iter().map(|e| e.position).collect();
+        done.remove(&warm);
+        assert_eq!(rounds_todo(&p, &done), [1]);
     }
 
     pub(crate) fn sealed(p: &Plan, e: &Entry, id: &str, complete: bool) -> Bundle {

@@ -3,21 +3,39 @@
 //! [`crate::campaign`]). Exit 0 when every position ran complete; 1 when a run was
 //! incomplete or the campaign stopped (interrupted, or the budget); 3 when a gate
 //! refused a run; 2 for bad arguments, spec, rung files or engine.
+//!
+//! With `--scheduler slurm` ([`crate::campaign::slurm`]) it submits the rounds
+//! not yet sealed as an sbatch array (exit 0 once submitted, or when nothing is
+//! left; 2 when sbatch is missing or refuses), with `--status` reports the
+//! array's tasks and the bucket's positions (0 when every position is sealed, 1
+//! when not), and inside an array task (`--slurm-task`, which the script passes)
+//! runs its round as above.
 
 use anyhow::Context;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use crate::bundle::facts::Bundle;
-use crate::bundle::{files, manifest};
 use crate::campaign::budget::{Budget, WallHistory};
 use crate::campaign::execute::{execute, CampaignOutcome};
 use crate::campaign::plan::{self, Order, Plan, RungRef, Skip};
 use crate::campaign::runner::ChildRunner;
+use crate::campaign::sealed;
+use crate::campaign::slurm::commands::{self as slurm_cmd, Accounting};
+use crate::campaign::slurm::script::{self as slurm_script, ArrayJob, SlurmOptions};
+use crate::campaign::slurm::task::ArrayTask;
+use crate::campaign::slurm::{status as slurm_status, SlurmError};
 use crate::exit::{self, UsageError};
 use crate::levers_spec::{DeviceKind, Lever, LeverSpec, DEFAULT_SPEC};
-use crate::verification::local::{partition, VerifyCache};
 use crate::weights_cache::Policy as WeightsCache;
+
+/// Where a campaign's rounds run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scheduler {
+    /// On this machine, one position after another.
+    Local,
+    /// As a Slurm job array, one task per round, on whichever nodes Slurm gives.
+    Slurm,
+}
 
 /// `harness campaign`: interleave every selected lever's arms over rounds.
 #[derive(Debug, clap::Args)]
@@ -75,6 +93,37 @@ pub struct CampaignArgs {
     /// neither starts. Rerun to resume.
     #[arg(long, value_name = "SECONDS")]
     pub budget_s: Option<f64>,
+    /// Where the rounds run: local (here, one after another) or slurm (an sbatch
+    /// array written into `<local store>/campaigns/<id>/` and submitted, one task
+    /// per round not yet sealed; each task runs its round on its node and
+    /// publishes every run to the `--store s3://...` bucket, which it needs;
+    /// rerun the same command to resubmit what is missing).
+    #[arg(long, value_enum, default_value = "local")]
+    pub scheduler: Scheduler,
+    /// `--scheduler slurm`: the partition (`#SBATCH --partition`).
+    #[arg(long, value_name = "NAME")]
+    pub partition: Option<String>,
+    /// `--scheduler slurm`: generic resources per task (`#SBATCH --gres`, e.g.
+    /// `gpu:1`).
+    #[arg(long, value_name = "GRES")]
+    pub gres: Option<String>,
+    /// `--scheduler slurm`: the time limit per task (`#SBATCH --time`, Slurm's
+    /// formats: minutes, `HH:MM:SS`, `D-HH:MM`).
+    #[arg(long, value_name = "TIME")]
+    pub time: Option<String>,
+    /// `--scheduler slurm`: print each round's array tasks (squeue, sacct) and
+    /// its positions sealed in the bucket; submit nothing. Exit 0 when every
+    /// position is sealed, 1 when not.
+    #[arg(long)]
+    pub status: bool,
+    /// Run as one task of the array this command submitted: the round from
+    /// `SLURM_ARRAY_TASK_ID`, the lease from the job and task ids.
+    #[arg(long, hide = true)]
+    pub slurm_task: bool,
+    /// With `--slurm-task`: the campaign id the array was submitted for (a node
+    /// whose engine or rung files differ computes another id and refuses).
+    #[arg(long, hide = true, value_name = "ID")]
+    pub expect_campaign: Option<String>,
     /// Extra `harness run` flags for every run, after `--`
     /// (e.g. `-- --cadence-ms 50 --timeout 600`).
     #[arg(last = true, value_name = "RUN_FLAGS")]
@@ -245,23 +294,6 @@ fn schedule(args: &CampaignArgs) -> anyhow::Result<(Plan, Vec<RungRef>, Vec<Leve
     Ok((plan, rungs, levers, engine))
 }
 
-/// The manifest facts of every bundle already sealed in the store at `root`
-/// (none when the store cannot be listed yet).
-fn sealed_bundles(root: &Path) -> Vec<Bundle> {
-    let Ok(dirs) = files::store_bundle_dirs(root) else {
-        return Vec::new();
-    };
-    // A position counts as sealed only by a bundle that verifies; one that does
-    // not is named here and its position runs again.
-    let (ok, bad) = partition(&dirs, &mut VerifyCache::in_process());
-    for b in &bad {
-        eprintln!("harness campaign: not counted: {}: {}", b.id, b.reason);
-    }
-    ok.iter()
-        .filter_map(|d| manifest::read_facts(d).ok())
-        .collect()
-}
-
 /// Print the plan: its header, skips and warnings, every position (done or todo,
 /// with its expected wall under a budget), and what the budget is expected to fit.
 fn print_plan(
@@ -341,10 +373,15 @@ fn child_runner(
     args: &CampaignArgs,
     root: PathBuf,
     remote: Option<&crate::remote::S3Location>,
+    lease: Option<String>,
 ) -> anyhow::Result<ChildRunner> {
     let harness = std::env::current_exe().context("locating the harness binary")?;
     let signals = crate::run::signals::Signals::install().context("installing signal handlers")?;
     let mut extra = Vec::new();
+    if let Some(l) = lease {
+        extra.push("--lease-id".to_string());
+        extra.push(l);
+    }
     if args.weights_cache != WeightsCache::AsIs {
         extra.push("--weights-cache".to_string());
         extra.push(args.weights_cache.as_str().to_string());
@@ -388,7 +425,17 @@ fn report_outcome(out: &CampaignOutcome) -> u8 {
 /// Run `harness campaign`; returns the exit code.
 pub fn run(args: &CampaignArgs) -> anyhow::Result<u8> {
     let t0 = evidence::clock::monotonic_ns();
+    check_scheduler_flags(args)?;
     let (plan, rungs, levers, engine) = schedule(args)?;
+    if args.scheduler == Scheduler::Slurm {
+        return if args.status {
+            slurm_report(args, &plan)
+        } else if args.slurm_task {
+            slurm_task(args, &plan, &rungs)
+        } else {
+            slurm_submit(args, &plan, &engine, &levers)
+        };
+    }
     if let Some(b) = args.budget_s {
         if !(b.is_finite() && b > 0.0) {
             return Err(UsageError(format!(
@@ -404,7 +451,7 @@ pub fn run(args: &CampaignArgs) -> anyhow::Result<u8> {
         Some(_) => crate::remote::local_store()?.root().to_path_buf(),
         None => crate::store_arg::read_root(args.store.as_deref())?,
     };
-    let sealed = sealed_bundles(&root);
+    let sealed = sealed::local(&root).bundles;
     let done = plan::done_positions(&plan, &sealed);
     // Always learned, for the progress lines; without --budget-s the deadline is
     // infinitely far and nothing is refused.
@@ -417,7 +464,7 @@ pub fn run(args: &CampaignArgs) -> anyhow::Result<u8> {
     if args.dry_run {
         return Ok(exit::OK);
     }
-    let mut runner = child_runner(args, root, remote.as_ref())?;
+    let mut runner = child_runner(args, root, remote.as_ref(), None)?;
     let out = execute(
         &plan,
         &rungs,
@@ -436,6 +483,306 @@ pub fn run(args: &CampaignArgs) -> anyhow::Result<u8> {
         },
     )?;
     Ok(report_outcome(&out))
+}
+
+/// The Slurm flags only with `--scheduler slurm`; there, no `--lease-id` among
+/// the run flags (the Slurm job is each run's lease) and no `--budget-s` (the
+/// task's `--time` bounds it).
+fn check_scheduler_flags(args: &CampaignArgs) -> anyhow::Result<()> {
+    let slurm_only = [
+        ("--partition", args.partition.is_some()),
+        ("--gres", args.gres.is_some()),
+        ("--time", args.time.is_some()),
+        ("--status", args.status),
+        ("--slurm-task", args.slurm_task),
+        ("--expect-campaign", args.expect_campaign.is_some()),
+    ];
+    if args.scheduler == Scheduler::Local {
+        if let Some((flag, _)) = slurm_only.iter().find(|(_, given)| *given) {
+            return Err(UsageError(format!("{flag}: only with --scheduler slurm")).into());
+        }
+        return Ok(());
+    }
+    if args
+        .run_flags
+        .iter()
+        .any(|f| f == "--lease-id" || f.starts_with("--lease-id="))
+    {
+        return Err(UsageError(
+            "--scheduler slurm: each run's lease is its Slurm job and array index \
+             (slurm:<job>_<round>); remove --lease-id from the run flags"
+                .into(),
+        )
+        .into());
+    }
+    if args.budget_s.is_some() {
+        return Err(UsageError(
+            "--budget-s: with --scheduler slurm give each task a --time instead".into(),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// The bucket a Slurm campaign publishes to (every node's runs must land in one
+/// place a reviewer reads).
+fn slurm_bucket(args: &CampaignArgs) -> anyhow::Result<crate::remote::S3Location> {
+    crate::remote::location_of(args.store.as_deref())?.ok_or_else(|| {
+        UsageError(
+            "--scheduler slurm: --store (or HARNESS_STORE) must be an s3://bucket/prefix: \
+             every node publishes its runs there, and the array resumes from it"
+                .into(),
+        )
+        .into()
+    })
+}
+
+/// A Slurm error as an exit code: a file not written is the harness's failure
+/// (4), anything else (no sbatch, sbatch refusing, a bad option) an input one (2).
+fn slurm_error(e: SlurmError) -> anyhow::Error {
+    match e {
+        SlurmError::Write { .. } => anyhow::Error::new(e),
+        other => UsageError(other.to_string()).into(),
+    }
+}
+
+/// The positions of `plan` sealed complete in the local store or the bucket, and
+/// every bundle found there.
+fn sealed_everywhere(
+    plan: &Plan,
+    loc: &crate::remote::S3Location,
+) -> anyhow::Result<(BTreeSet<u32>, sealed::Found)> {
+    let local = crate::remote::local_store()?;
+    let found = sealed::everywhere(local.root(), Some(loc))?;
+    Ok((plan::done_positions(plan, &found.bundles), found))
+}
+
+/// The command line of one array task: this campaign's arguments as given, with
+/// the store, `--scheduler slurm --slurm-task` and the campaign id to expect.
+fn task_command(
+    args: &CampaignArgs,
+    plan: &Plan,
+    loc: &crate::remote::S3Location,
+) -> anyhow::Result<Vec<String>> {
+    let harness = std::env::current_exe().context("locating the harness binary")?;
+    let engine = std::fs::canonicalize(&args.engine)
+        .map_err(|e| UsageError(format!("--engine {}: {e}", args.engine.display())))?;
+    let mut c = vec![
+        harness.display().to_string(),
+        "campaign".into(),
+        "--rungs".into(),
+        args.rungs.clone(),
+        "--levers".into(),
+        args.levers.clone(),
+        "--repeat".into(),
+        args.repeat.to_string(),
+        "--seed".into(),
+        args.seed.to_string(),
+        "--order".into(),
+        args.order.as_str().into(),
+        "--engine".into(),
+        engine.display().to_string(),
+        "--weights-cache".into(),
+        args.weights_cache.as_str().into(),
+        "--spec".into(),
+        args.spec.display().to_string(),
+        "--store".into(),
+        loc.to_string(),
+    ];
+    if let Some(w) = args.warmup {
+        c.extend(["--warmup".into(), w.to_string()]);
+    }
+    c.extend([
+        "--scheduler".into(),
+        "slurm".into(),
+        "--slurm-task".into(),
+        "--expect-campaign".into(),
+        plan.id.clone(),
+    ]);
+    if !args.run_flags.is_empty() {
+        c.push("--".into());
+        c.extend(args.run_flags.iter().cloned());
+    }
+    Ok(c)
+}
+
+/// Submit the rounds of `plan` not yet sealed as an sbatch array.
+fn slurm_submit(
+    args: &CampaignArgs,
+    plan: &Plan,
+    engine: &str,
+    levers: &[Lever],
+) -> anyhow::Result<u8> {
+    let loc = slurm_bucket(args)?;
+    let (done, sealed) = sealed_everywhere(plan, &loc)?;
+    let budget = Budget::new(
+        evidence::clock::monotonic_ns(),
+        f64::INFINITY,
+        WallHistory::from_bundles(plan, &sealed.bundles),
+    );
+    print_plan(args, plan, engine, levers, &done, &budget);
+    let rounds = plan::rounds_todo(plan, &done);
+    if rounds.is_empty() {
+        println!(
+            "slurm: nothing to submit: every position of campaign {} is sealed",
+            plan.id
+        );
+        return Ok(exit::OK);
+    }
+    let options = SlurmOptions {
+        partition: args.partition.clone(),
+        gres: args.gres.clone(),
+        time: args.time.clone(),
+    };
+    let local = crate::remote::local_store()?;
+    let dir = local.root().join("campaigns").join(&plan.id);
+    let workdir = std::env::current_dir().context("the current directory")?;
+    let command = task_command(args, plan, &loc)?;
+    let text = slurm_script::script(&ArrayJob {
+        campaign: &plan.id,
+        rounds: &rounds,
+        options: &options,
+        dir: &dir,
+        workdir: &workdir,
+        command: &command,
+    })
+    .map_err(slurm_error)?;
+    if args.dry_run {
+        println!(
+            "slurm: would submit rounds {} as:",
+            slurm_script::array_spec(&rounds)
+        );
+        print!("{text}");
+        return Ok(exit::OK);
+    }
+    let write = |file: &Path, r: std::io::Result<()>| {
+        r.map_err(|source| {
+            slurm_error(SlurmError::Write {
+                file: file.to_path_buf(),
+                source,
+            })
+        })
+    };
+    write(&dir, std::fs::create_dir_all(&dir))?;
+    let script = dir.join(slurm_script::SCRIPT_FILE);
+    write(&script, std::fs::write(&script, &text))?;
+    let job = slurm_cmd::sbatch(&script).map_err(slurm_error)?;
+    let log = dir.join("submissions.txt");
+    let line = format!(
+        "job {job} rounds {} submitted at unix {} from {}\n",
+        slurm_script::array_spec(&rounds),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        crate::run::facts::hostname().unwrap_or_default()
+    );
+    write(&log, append(&log, &line))?;
+    println!(
+        "slurm: submitted job {job}: array {} (one task per round: {} round(s), {} position(s) \
+         not sealed) of campaign {}, each run published to {loc}",
+        slurm_script::array_spec(&rounds),
+        rounds.len(),
+        plan.entries.len() - done.len(),
+        plan.id
+    );
+    println!(
+        "slurm: script {}, each task's output {}/slurm-{job}_<round>.out on its node",
+        script.display(),
+        dir.display()
+    );
+    println!("slurm: status: the same command with --status; rerun it to resubmit what is missing");
+    Ok(exit::OK)
+}
+
+/// Append `line` to `file` (created if missing).
+fn append(file: &Path, line: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)?
+        .write_all(line.as_bytes())
+}
+
+/// One array task: its round of `plan`, every position already sealed skipped,
+/// each run under the task's lease, published to the bucket.
+fn slurm_task(args: &CampaignArgs, plan: &Plan, rungs: &[RungRef]) -> anyhow::Result<u8> {
+    let task = ArrayTask::from_env().map_err(slurm_error)?;
+    if let Some(want) = &args.expect_campaign {
+        if want != &plan.id {
+            return Err(UsageError(format!(
+                "array task {}: this node computes campaign {} but the array was submitted \
+                 for {want}: the engine binary, rung files or spec differ here from the \
+                 submitting machine's",
+                task.lease_id(),
+                plan.id
+            ))
+            .into());
+        }
+    }
+    if task.round > plan.repeat {
+        return Err(UsageError(format!(
+            "array task {}: round {} is past the campaign's {} round(s)",
+            task.lease_id(),
+            task.round,
+            plan.repeat
+        ))
+        .into());
+    }
+    let loc = slurm_bucket(args)?;
+    let (done, _) = sealed_everywhere(plan, &loc)?;
+    let mine = plan::round_only(plan, task.round);
+    let already = mine
+        .entries
+        .iter()
+        .filter(|e| done.contains(&e.position))
+        .count();
+    eprintln!(
+        "campaign: slurm task {} on {}: round {} of campaign {}: {} position(s), {already} already sealed",
+        task.lease_id(),
+        crate::run::facts::hostname().unwrap_or_default(),
+        task.round,
+        plan.id,
+        mine.entries.len()
+    );
+    let root = crate::remote::local_store()?.root().to_path_buf();
+    let mut runner = child_runner(args, root, Some(&loc), Some(task.lease_id()))?;
+    let out = execute(&mine, rungs, &done, &mut runner, None, |e, what| {
+        eprintln!(
+            "campaign: position {} ({}, rung {}, {}={}): {what}",
+            e.position,
+            e.round_label(),
+            e.rung,
+            e.lever,
+            e.arm
+        );
+    })?;
+    Ok(report_outcome(&out))
+}
+
+/// `--status`: each round's tasks and sealed positions.
+fn slurm_report(args: &CampaignArgs, plan: &Plan) -> anyhow::Result<u8> {
+    let loc = slurm_bucket(args)?;
+    let (done, found) = sealed_everywhere(plan, &loc)?;
+    let name = slurm_script::job_name(&plan.id);
+    let mut tasks = slurm_cmd::squeue(&name).map_err(slurm_error)?;
+    let note = match slurm_cmd::sacct(&name).map_err(slurm_error)? {
+        Accounting::Rows(rows) => {
+            tasks.extend(rows);
+            None
+        }
+        Accounting::Disabled(said) => Some(format!(
+            "{said} (no accounting on this cluster: finished tasks are shown while \
+             slurmctld remembers them, MinJobAge; the bucket says what they sealed)"
+        )),
+    };
+    let rounds = slurm_status::rounds(plan, &done, &found.unfinished, &tasks);
+    print!("{}", slurm_status::render(plan, &rounds, note.as_deref()));
+    Ok(if rounds.iter().all(|r| r.sealed == r.positions) {
+        exit::OK
+    } else {
+        exit::NEGATIVE
+    })
 }
 
 #[cfg(test)]

@@ -8,7 +8,12 @@
 //! Rows: the levers in the ranking's order, each lever's reference rung first and
 //! then its other rungs as [`Ranking::levers`] lists them: exactly the rows of the
 //! markdown report's ranking and other-rungs tables. A row with no estimate (no
-//! pairs, one arm missing, n/a) says so in the plot area and draws no interval.
+//! pairs, one arm missing, n/a, hosts that disagree) says so in the plot area and
+//! draws no interval. Where a lever's pairs at a rung ran on two or more hosts
+//! ([`RungResult::hosts`]), one host row per host follows its row: the host's
+//! own saving and interval, drawn thinner, and its saving judged alone; the
+//! row's verdict cell carries `I²`. A plot without such rows is what it was
+//! before hosts were blocked, byte for byte.
 //!
 //! Fidelity: [`RungResult::fidelity`] is one more entry of `RIGHT_COLUMNS`, between
 //! the interval and the verdict ([`crate::rank::fidelity::cell`]: `identical`,
@@ -20,7 +25,8 @@
 //! the same on every run (`harness rank --check` compares them).
 //!
 //! Hooks for tests and the browser check: every row is a `<g class="row">` with
-//! `data-lever`, `data-rung` and `data-verdict`; its interval is a `<line
+//! `data-lever`, `data-rung` and `data-verdict` (a host row is a `<g
+//! class="host-row">` with `data-host` too); its interval is a `<line
 //! class="ci">` drawn from the low end (`x1`) to the high end (`x2`), with `data-lo`
 //! and `data-hi`; its point a `<path class="est">` placed by `transform`; its
 //! minimum effect a `<line class="min">`.
@@ -30,6 +36,7 @@ use std::path::{Path, PathBuf};
 
 use crate::formats::glyphs::text_width;
 use crate::formats::ranking_text::{fixed, value};
+use crate::rank::hosts::{self, HostEffect};
 use crate::rank::stats::CONFIDENCE;
 use crate::rank::verdict::{pct, Verdict, MIN_PAIRS};
 use crate::rank::{LeverResult, Ranking, RungResult};
@@ -86,12 +93,24 @@ pub struct ForestRow<'a> {
     pub reference: bool,
     /// Whether this is the lever's first row (its name is printed there).
     pub first_of_lever: bool,
+    /// The host this row shows, for a host row under its lever and rung.
+    pub host: Option<&'a HostEffect>,
 }
 
 impl ForestRow<'_> {
-    /// The saving's point estimate and interval, when there is an estimate.
+    /// The saving's point estimate and interval, when there is an estimate (the
+    /// host's own for a host row).
     pub fn saving(&self) -> Option<(f64, f64, f64)> {
-        self.at.saving_fraction.map(|(s, ci)| (s, ci.lo, ci.hi))
+        match self.host {
+            Some(h) => h.saving_fraction,
+            None => self.at.saving_fraction,
+        }
+        .map(|(s, ci)| (s, ci.lo, ci.hi))
+    }
+
+    /// The verdict this row is drawn by: the host's own for a host row.
+    fn verdict(&self) -> &Verdict {
+        self.host.map_or(&self.at.verdict, |h| &h.verdict)
     }
 }
 
@@ -99,19 +118,25 @@ impl ForestRow<'_> {
 pub fn rows(r: &Ranking) -> Vec<ForestRow<'_>> {
     let mut out = Vec::new();
     for l in &r.levers {
-        out.push(ForestRow {
-            lever: l,
-            at: &l.reference,
-            reference: true,
-            first_of_lever: true,
-        });
-        for x in &l.other_rungs {
-            out.push(ForestRow {
+        for (i, x) in std::iter::once(&l.reference)
+            .chain(&l.other_rungs)
+            .enumerate()
+        {
+            let row = ForestRow {
                 lever: l,
                 at: x,
-                reference: false,
-                first_of_lever: false,
-            });
+                reference: i == 0,
+                first_of_lever: i == 0,
+                host: None,
+            };
+            out.push(row);
+            for h in x.hosts.iter().flat_map(|b| &b.hosts) {
+                out.push(ForestRow {
+                    first_of_lever: false,
+                    host: Some(h),
+                    ..row
+                });
+            }
         }
     }
     out
@@ -176,7 +201,9 @@ fn lever_cell(r: &ForestRow) -> String {
 }
 
 fn rung_cell(r: &ForestRow) -> String {
-    if r.reference {
+    if let Some(h) = r.host {
+        format!("· host {}", h.label)
+    } else if r.reference {
         format!("{} (reference)", r.at.rung)
     } else {
         r.at.rung.clone()
@@ -191,14 +218,14 @@ fn saving_cell(r: &ForestRow) -> String {
 }
 
 fn abs_cell(r: &ForestRow) -> String {
-    match &r.at.effect {
+    match r.host.map_or(&r.at.effect, |h| &h.effect) {
         Some(e) => value(e.saving, r.lever.unit),
         None => "—".into(),
     }
 }
 
 fn pairs_cell(r: &ForestRow) -> String {
-    r.at.rounds.len().to_string()
+    r.host.map_or(r.at.rounds.len(), |h| h.pairs).to_string()
 }
 
 fn min_cell(r: &ForestRow) -> String {
@@ -206,11 +233,18 @@ fn min_cell(r: &ForestRow) -> String {
 }
 
 fn fidelity_cell(r: &ForestRow) -> String {
-    crate::rank::fidelity::cell(&r.at.fidelity)
+    match r.host {
+        Some(_) => String::new(),
+        None => crate::rank::fidelity::cell(&r.at.fidelity),
+    }
 }
 
 fn verdict_cell(r: &ForestRow) -> String {
-    r.at.verdict.name().to_string()
+    match (r.host, &r.at.hosts) {
+        (Some(h), _) => format!("{} (this host alone)", h.verdict.name()),
+        (None, Some(b)) => format!("{} ({})", r.at.verdict.name(), hosts::short_figure(b)),
+        (None, None) => r.at.verdict.name().to_string(),
+    }
 }
 
 /// How a verdict is drawn: colour (Okabe-Ito, distinguishable with the common
@@ -223,7 +257,7 @@ struct Style {
     meaning: String,
 }
 
-fn styles() -> [Style; 6] {
+fn styles() -> [Style; 7] {
     [
         Style {
             name: "confirmed",
@@ -261,19 +295,30 @@ fn styles() -> [Style; 6] {
             marker: "M-6,-2H-2V-6H2V-2H6V2H2V6H-2V2H-6Z",
             meaning: "the verdict differs without the flagged runs".into(),
         },
+        Style {
+            name: "hosts-disagree",
+            colour: "#000000",
+            marker: "M-5,-6L0,-1L5,-6L6,-5L1,0L6,5L5,6L0,1L-5,6L-6,5L-1,0L-6,-5Z",
+            meaning: "the hosts' effects differ: no pooled verdict (host rows below)".into(),
+        },
     ]
 }
 
-fn style_of(v: &Verdict) -> Style {
-    let i = match v {
+/// The index in [`styles`] of a verdict's style.
+fn style_index(v: &Verdict) -> usize {
+    match v {
         Verdict::Confirmed => 0,
         Verdict::Refuted { .. } => 1,
         Verdict::Insufficient { .. } => 2,
         Verdict::NotApplicable { .. } => 3,
         Verdict::RefutedFidelity { .. } => 4,
         Verdict::Sensitive { .. } => 5,
-    };
-    styles()[i].clone()
+        Verdict::HostsDisagree { .. } => 6,
+    }
+}
+
+fn style_of(v: &Verdict) -> Style {
+    styles()[style_index(v)].clone()
 }
 
 /// `s` with the five XML special characters escaped (text and attribute values).
@@ -453,7 +498,7 @@ fn write_svg(o: &mut String, r: &Ranking, standalone: bool) -> std::fmt::Result 
         c(PAD),
         xml_escape(&r.reference_rung)
     )?;
-    write_legend(o, width)?;
+    write_legend(o, width, &rows)?;
     write_header(o, &left, &right, &scale, right_x0)?;
     write_grid(o, &scale, rows_end)?;
     for (i, row) in rows.iter().enumerate() {
@@ -472,15 +517,21 @@ fn write_svg(o: &mut String, r: &Ranking, standalone: bool) -> std::fmt::Result 
     writeln!(o, "</svg>")
 }
 
-/// The legend: each verdict's marker, name and meaning, then the minimum-effect
-/// tick, wrapped to the picture's width.
-fn write_legend(o: &mut String, width: f64) -> std::fmt::Result {
+/// The legend: each verdict's marker, name and meaning (`hosts-disagree` only
+/// where a row has it), then the minimum-effect tick and, where there are host
+/// rows, what a host row is; wrapped to the picture's width.
+fn write_legend(o: &mut String, width: f64, rows: &[ForestRow]) -> std::fmt::Result {
     writeln!(o, r#"<g class="legend">"#)?;
     let mut x = PAD;
     let mut y = 70.0;
+    let disagree = style_index(&Verdict::HostsDisagree { why: String::new() });
+    let used = |i: usize| i != disagree || rows.iter().any(|r| style_index(r.verdict()) == i);
+    let host_rows = rows.iter().any(|r| r.host.is_some());
     let items: Vec<(String, String, String)> = styles()
         .iter()
-        .map(|s| {
+        .enumerate()
+        .filter(|(i, _)| used(*i))
+        .map(|(_, s)| {
             (
                 format!(
                     r#"<path d="{}" fill="{}" transform="translate({{X}},{{Y}})"/>"#,
@@ -495,6 +546,14 @@ fn write_legend(o: &mut String, width: f64) -> std::fmt::Result {
             "minimum effect".to_string(),
             "the lever's hypothesised saving".to_string(),
         )))
+        .chain(host_rows.then(|| {
+            (
+                r##"<line x1="{XL}" y1="{Y}" x2="{XR}" y2="{Y}" stroke="#444444" stroke-width="1"/>"##
+                    .to_string(),
+                "· host".to_string(),
+                "one host's pairs alone, under its lever's row".to_string(),
+            )
+        }))
         .collect();
     for (mark, name, meaning) in items {
         let text = format!("{name}: {meaning}");
@@ -504,6 +563,8 @@ fn write_legend(o: &mut String, width: f64) -> std::fmt::Result {
             y += 20.0;
         }
         let mark = mark
+            .replace("{XL}", &c(x))
+            .replace("{XR}", &c(x + 12.0))
             .replace("{X}", &c(x + 6.0))
             .replace("{Y0}", &c(y - 7.0))
             .replace("{Y1}", &c(y + 7.0))
@@ -593,25 +654,37 @@ fn write_row(
     right_x0: f64,
     width: f64,
 ) -> std::fmt::Result {
-    let style = style_of(&row.at.verdict);
+    let style = style_of(row.verdict());
     let mid = y + ROW_H / 2.0;
     let text_y = c(mid + 4.0);
     let summary = format!(
-        "{} at rung {}: saving {}, minimum effect {}, {} pair(s), {}",
+        "{} at rung {}{}: saving {}, minimum effect {}, {} pair(s), {}",
         row.lever.id,
         row.at.rung,
+        row.host
+            .map_or(String::new(), |h| format!(" on host {}", h.label)),
         saving_cell(row),
         pct(row.lever.min_effect),
-        row.at.rounds.len(),
-        row.at.verdict.name()
+        pairs_cell(row),
+        verdict_cell(row)
     );
-    writeln!(
-        o,
-        r#"<g class="row" data-lever="{}" data-rung="{}" data-verdict="{}">"#,
-        xml_escape(&row.lever.id),
-        xml_escape(&row.at.rung),
-        style.name
-    )?;
+    match row.host {
+        Some(h) => writeln!(
+            o,
+            r#"<g class="host-row" data-lever="{}" data-rung="{}" data-host="{}" data-verdict="{}">"#,
+            xml_escape(&row.lever.id),
+            xml_escape(&row.at.rung),
+            xml_escape(&h.label),
+            style.name
+        )?,
+        None => writeln!(
+            o,
+            r#"<g class="row" data-lever="{}" data-rung="{}" data-verdict="{}">"#,
+            xml_escape(&row.lever.id),
+            xml_escape(&row.at.rung),
+            style.name
+        )?,
+    }
     writeln!(o, "<title>{}</title>", xml_escape(&summary))?;
     if row.first_of_lever {
         writeln!(
@@ -655,11 +728,12 @@ fn write_row(
             let (xs, _) = scale.x(s);
             writeln!(
                 o,
-                r#"<line class="ci" x1="{}" y1="{m}" x2="{}" y2="{m}" data-lo="{}" data-hi="{}" stroke="{col}" stroke-width="2.5"/>"#,
+                r#"<line class="ci" x1="{}" y1="{m}" x2="{}" y2="{m}" data-lo="{}" data-hi="{}" stroke="{col}" stroke-width="{}"/>"#,
                 c(xlo),
                 c(xhi),
                 fixed(lo, 4),
                 fixed(hi, 4),
+                if row.host.is_some() { "1.2" } else { "2.5" },
                 m = c(mid),
                 col = style.colour
             )?;
@@ -796,6 +870,7 @@ pub(crate) mod tests {
             flagged: Vec::new(),
             without_flagged: None,
             second: None,
+            hosts: None,
         }
     }
 

@@ -1,7 +1,9 @@
 //! The report's page (`index.html`): one self-contained HTML file, its CSS
 //! inline, the forest plot inline as SVG, no script and no URL outside the
 //! report's own directory. Sections: the ranking at the reference rung, the
-//! forest plot, the verdicts, the other rungs, the phase-scaling fit (or what is
+//! forest plot, the verdicts, the other rungs, the hosts (each host's own effect
+//! and the heterogeneity figure, where a lever's pairs ran on two or more hosts),
+//! the phase-scaling fit (or what is
 //! missing for one), every pair with links to both bundles' timelines and their
 //! diff, every excluded bundle with its reason, every bundle used, the method.
 //!
@@ -12,8 +14,8 @@ use std::fmt::Write;
 
 use crate::formats::forest::{inline_svg, xml_escape};
 use crate::formats::ranking_text::{
-    fixed, flagged_lines, method_lines, pair_flags, rank_cells, second_rows, sensitive_why, value,
-    SECOND_HEAD,
+    fixed, flagged_lines, host_lines, method_lines, multi_host, pair_flags, rank_cells,
+    second_rows, sensitive_why, value, verdict_text, SECOND_HEAD,
 };
 use crate::levers_spec::Unit;
 use crate::rank::fit::FLAT_EXPONENT;
@@ -44,6 +46,8 @@ tr:nth-child(even) td{background:#fafafa}
 .v-refuted{color:#b84f00}
 .v-insufficient{color:#005f96}
 .v-sensitive{color:#9a4d00}
+.v-disagree{color:#000}
+tr.host td{color:#444}
 .flagged{color:#9a4d00}
 .v-na{color:#666}
 .figure{overflow-x:auto;border:1px solid #e4e4e4;padding:4px;background:#fff}
@@ -80,6 +84,7 @@ fn write_page(o: &mut String, r: &Ranking, art: &Artifacts, store: &str) -> std:
     write_verdicts(o, r)?;
     write_other_rungs(o, r)?;
     write_second(o, r)?;
+    write_hosts(o, r)?;
     write_flagged(o, r)?;
     write_fit(o, r)?;
     write_pairs(o, r, art)?;
@@ -114,14 +119,17 @@ fn verdict_class(v: &Verdict) -> &'static str {
         Verdict::NotApplicable { .. } => "v-na",
         Verdict::RefutedFidelity { .. } => "v-refuted",
         Verdict::Sensitive { .. } => "v-sensitive",
+        Verdict::HostsDisagree { .. } => "v-disagree",
     }
 }
 
-fn verdict_cell(v: &Verdict) -> String {
+/// A result's verdict cell, with the hosts and `I²` where two or more hosts
+/// contributed pairs.
+fn verdict_cell(x: &RungResult) -> String {
     format!(
         r#"<td class="verdict {}">{}</td>"#,
-        verdict_class(v),
-        e(&v.label())
+        verdict_class(&x.verdict),
+        e(&verdict_text(x))
     )
 }
 
@@ -137,23 +145,26 @@ fn write_header(o: &mut String, r: &Ranking, store: &str) -> std::fmt::Result {
         e(&r.input_digest)
     )?;
     writeln!(o, "<p>Regenerate: <code>{}</code></p>", e(&r.command))?;
+    let hosts = multi_host(r);
     writeln!(
         o,
         "<nav>{}</nav>",
         [
-            ("ranking", "Ranking"),
-            ("forest", "Forest plot"),
-            ("verdicts", "Verdicts"),
-            ("other-rungs", "Other rungs"),
-            ("second", "Second metrics"),
-            ("fit", "Phase scaling"),
-            ("pairs", "Pairs"),
-            ("excluded", "Excluded"),
-            ("used", "Used"),
-            ("method", "Method"),
+            ("ranking", "Ranking", true),
+            ("forest", "Forest plot", true),
+            ("verdicts", "Verdicts", true),
+            ("other-rungs", "Other rungs", true),
+            ("second", "Second metrics", true),
+            ("hosts", "Hosts", hosts),
+            ("fit", "Phase scaling", true),
+            ("pairs", "Pairs", true),
+            ("excluded", "Excluded", true),
+            ("used", "Used", true),
+            ("method", "Method", true),
         ]
         .iter()
-        .map(|(id, t)| format!(r##"<a href="#{id}">{t}</a>"##))
+        .filter(|(_, _, shown)| *shown)
+        .map(|(id, t, _)| format!(r##"<a href="#{id}">{t}</a>"##))
         .collect::<Vec<_>>()
         .join("")
     )
@@ -224,7 +235,7 @@ fn row_cells(o: &mut String, l: &LeverResult, x: &RungResult) -> std::fmt::Resul
         o,
         r#"<td class="num">{}</td>{}<td>{}</td>"#,
         pct(l.min_effect),
-        verdict_cell(&x.verdict),
+        verdict_cell(x),
         e(&crate::rank::fidelity::cell(&x.fidelity))
     )
 }
@@ -253,6 +264,7 @@ fn write_verdicts(o: &mut String, r: &Ranking) -> std::fmt::Result {
                 "the saving clears its minimum but the frames fail the fidelity rule: {why}."
             ),
             (Verdict::Sensitive { .. }, _) => format!("{}.", sensitive_why(&l.reference)),
+            (Verdict::HostsDisagree { why }, _) => format!("{why}."),
             _ => String::new(),
         };
         writeln!(
@@ -265,6 +277,64 @@ fn write_verdicts(o: &mut String, r: &Ranking) -> std::fmt::Result {
             e(&v.label()),
             e(&why)
         )?;
+    }
+    writeln!(o, "</ul>")
+}
+
+/// Where a lever's pairs at a rung ran on two or more hosts: one row per host
+/// (its own effect and its saving judged alone), then the heterogeneity figure
+/// and what rank did with it; nothing when every lever's pairs ran on one host.
+fn write_hosts(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    let lines = host_lines(r);
+    if lines.is_empty() {
+        return Ok(());
+    }
+    writeln!(o, r#"<h2 id="hosts">Hosts</h2>"#)?;
+    writeln!(
+        o,
+        "<p>Pairs are formed within one host. Where two or more hosts contributed a lever's pairs at a rung: each host's effect from its own pairs, then whether the hosts agree (specs/hosts.md); only then are the pairs pooled.</p>"
+    )?;
+    writeln!(o, "<div class=\"scroll\"><table class=\"hosts\">")?;
+    writeln!(o, "<tr><th>lever</th><th>rung</th><th>host</th><th>pairs</th><th>baseline median</th><th>saving [95%]</th><th>ratio [95%]</th><th>verdict (this host alone)</th></tr>")?;
+    for l in &r.levers {
+        for x in std::iter::once(&l.reference).chain(&l.other_rungs) {
+            let Some(b) = &x.hosts else { continue };
+            for h in &b.hosts {
+                write!(
+                    o,
+                    r#"<tr class="host"><td>{}</td><td>{}</td><td><code>{}</code></td><td class="num">{}</td>"#,
+                    e(&l.id),
+                    e(&x.rung),
+                    e(&h.label),
+                    h.pairs
+                )?;
+                match (&h.effect, h.saving_fraction) {
+                    (Some(ef), Some((s, ci))) => write!(
+                        o,
+                        r#"<td class="num">{}</td><td class="num">{}<br><small>[{}, {}]</small></td><td class="num">{}<br><small>[{}, {}]</small></td>"#,
+                        e(&value(ef.baseline_median, l.unit)),
+                        pct(s),
+                        pct(ci.lo),
+                        pct(ci.hi),
+                        fixed(ef.ratio, 3),
+                        fixed(ef.ratio_ci.lo, 3),
+                        fixed(ef.ratio_ci.hi, 3)
+                    )?,
+                    _ => write!(o, "<td>—</td><td>—</td><td>—</td>")?,
+                }
+                writeln!(
+                    o,
+                    r#"<td class="verdict {}">{}</td></tr>"#,
+                    verdict_class(&h.verdict),
+                    e(&h.verdict.label())
+                )?;
+            }
+        }
+    }
+    writeln!(o, "</table></div>")?;
+    writeln!(o, "<ul>")?;
+    for line in lines {
+        writeln!(o, "<li>{}</li>", e(&line))?;
     }
     writeln!(o, "</ul>")
 }
@@ -489,5 +559,43 @@ mod tests {
         assert!(page.contains("<svg class=\"forest\""));
         assert!(page.contains("No fit: missing runs."));
         assert_eq!(page.matches("<g class=\"row\"").count(), 6);
+        // One host everywhere: no Hosts section, no link to one.
+        assert!(!page.contains("id=\"hosts\"") && !page.contains("href=\"#hosts\""));
+    }
+
+    /// Two hosts that disagree (host a saves 50%, b nothing): the verdict cell
+    /// names it with I², the Hosts section has a row per host with its own
+    /// verdict and the figure, and the forest plot a host row per host.
+    #[test]
+    fn the_page_shows_each_host_where_two_hosts_contributed() {
+        let mut r = sample_ranking();
+        r.levers = vec![crate::rank::tests::two_hosts(0.5, 1.0)];
+        let page = html(&r, &Artifacts::default(), "s3://b/p");
+        assert!(page.contains(r##"<a href="#hosts">Hosts</a>"##), "nav");
+        assert!(page.contains(r#"<h2 id="hosts">Hosts</h2>"#));
+        assert!(
+            page.contains(
+                r#"<td class="verdict v-disagree">hosts-disagree (2 hosts, I² 100.0%)</td>"#
+            ),
+            "{page}"
+        );
+        let rows: Vec<&str> = page
+            .lines()
+            .filter(|l| l.starts_with(r#"<tr class="host">"#))
+            .collect();
+        assert_eq!(rows.len(), 2, "{page}");
+        assert!(
+            rows[0].contains("<code>a</code>") && rows[0].contains("v-confirmed"),
+            "{}",
+            rows[0]
+        );
+        assert!(
+            rows[1].contains("<code>b</code>") && rows[1].contains("v-refuted"),
+            "{}",
+            rows[1]
+        );
+        assert!(page.contains("the hosts disagree (p &lt; 0.05): no pooled effect or verdict."));
+        assert_eq!(page.matches(r#"<g class="host-row""#).count(), 2);
+        assert!(page.contains("<li>Hosts (specs/hosts.md): a pair is formed within one host"));
     }
 }

@@ -10,8 +10,8 @@ use std::fmt::Write;
 
 use crate::escape::{md_cell, md_code, md_code_cell};
 use crate::formats::ranking_text::{
-    fixed, flagged_lines, method_lines, pair_flags, rank_cells, second_rows, sensitive_why, value,
-    SECOND_HEAD,
+    fixed, flagged_lines, host_lines, method_lines, pair_flags, rank_cells, second_rows,
+    sensitive_why, value, verdict_text, SECOND_HEAD,
 };
 use crate::levers_spec::Numerics;
 use crate::rank::fidelity::{self, db};
@@ -45,6 +45,7 @@ fn write_all(o: &mut String, r: &Ranking, forest: Option<&str>) -> std::fmt::Res
     write_verdicts(o, r)?;
     write_other_rungs(o, r)?;
     write_second(o, r)?;
+    write_hosts(o, r)?;
     write_flagged(o, r)?;
     write_fidelity(o, r)?;
     write_fit(o, r)?;
@@ -162,6 +163,7 @@ fn write_verdicts(o: &mut String, r: &Ranking) -> std::fmt::Result {
             Verdict::Sensitive { .. } => {
                 write!(o, " — {}.", md_cell(&sensitive_why(&l.reference)))?
             }
+            Verdict::HostsDisagree { why } => write!(o, " — {}.", md_cell(why))?,
         }
         writeln!(o)?;
     }
@@ -215,6 +217,64 @@ fn write_second(o: &mut String, r: &Ranking) -> std::fmt::Result {
     for row in rows {
         let cells: Vec<String> = row.iter().map(|c| md_cell(c)).collect();
         writeln!(o, "| {} |", cells.join(" | "))?;
+    }
+    Ok(())
+}
+
+/// Where a lever's pairs at a rung ran on two or more hosts: each host's own
+/// effect and verdict, and the heterogeneity figure with what rank did with it;
+/// nothing when every lever's pairs ran on one host.
+fn write_hosts(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    let lines = host_lines(r);
+    if lines.is_empty() {
+        return Ok(());
+    }
+    writeln!(o)?;
+    writeln!(o, "## Hosts")?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "Pairs are formed within one host. Where two or more hosts contributed a lever's pairs at a rung: each host's effect from its own pairs (its saving judged alone against the hypothesis), then whether the hosts agree (specs/hosts.md); only then are the pairs pooled."
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "| lever | rung | host | pairs | baseline median | saving | ratio | verdict (this host alone) |"
+    )?;
+    writeln!(o, "|---|---|---|---:|---:|---|---|---|")?;
+    for l in &r.levers {
+        for x in std::iter::once(&l.reference).chain(&l.other_rungs) {
+            let Some(b) = &x.hosts else { continue };
+            for h in &b.hosts {
+                write!(
+                    o,
+                    "| {} | {} | {} | {} | ",
+                    md_cell(&l.id),
+                    md_cell(&x.rung),
+                    md_code_cell(&h.label),
+                    h.pairs
+                )?;
+                match (&h.effect, h.saving_fraction) {
+                    (Some(e), Some((s, ci))) => write!(
+                        o,
+                        "{} | {} [{}, {}] | {} [{}, {}] ",
+                        value(e.baseline_median, l.unit),
+                        pct(s),
+                        pct(ci.lo),
+                        pct(ci.hi),
+                        fixed(e.ratio, 3),
+                        fixed(e.ratio_ci.lo, 3),
+                        fixed(e.ratio_ci.hi, 3)
+                    )?,
+                    _ => write!(o, "— | — | — ")?,
+                }
+                writeln!(o, "| {} |", md_cell(&h.verdict.label()))?;
+            }
+        }
+    }
+    writeln!(o)?;
+    for line in lines {
+        writeln!(o, "- {}", md_cell(&line))?;
     }
     Ok(())
 }
@@ -544,7 +604,7 @@ fn row(o: &mut String, l: &LeverResult, x: &RungResult, with_rank: bool) -> std:
         o,
         "| {} | {} | {} |",
         pct(l.min_effect),
-        md_cell(&x.verdict.label()),
+        md_cell(&verdict_text(x)),
         fidelity::cell(&x.fidelity)
     )
 }

@@ -5,6 +5,8 @@
 //! to 1, and `-0` is never printed.
 
 use crate::levers_spec::Unit;
+use crate::rank::heterogeneity::ALPHA;
+use crate::rank::hosts::{self, Agreement};
 use crate::rank::outliers::{
     FIRST_INIT_FACTOR, FIRST_INIT_MIN_EXCESS_S, MOD_Z_MAX, MOD_Z_MIN_RUNS, RATIO_MAX,
 };
@@ -96,9 +98,11 @@ pub fn second_rows(r: &Ranking) -> Vec<[String; 9]> {
 }
 
 /// How pairs, effects, intervals and verdicts are formed, one sentence per item
-/// (the report's Method list; `harness report` prints the same).
+/// (the report's Method list; `harness report` prints the same). The sentence on
+/// hosts is there only when some lever's pairs at a rung ran on two or more hosts
+/// (a single-host ranking reads as it always did).
 pub fn method_lines(r: &Ranking) -> Vec<String> {
-    vec![
+    let mut lines = vec![
         "Pairs: same campaign, round, rung, engine sha256, host, weights digest, profile and arm of every other lever; complete, uncontended runs only.".to_string(),
         format!(
             "Cache state: for a metric that reads the weights (a load phase, render wall, page-cache or unified footprint) the two runs of a pair must have started with shares of the weights in the page cache at most {:.0} points apart; other pairs are excluded, naming both shares.",
@@ -120,7 +124,67 @@ pub fn method_lines(r: &Ranking) -> Vec<String> {
             "Flagged runs (specs/outliers.md): per lever arm and rung, a paired run is an outlier when its value is more than {:.0}% above or below its arm's median (with {MOD_Z_MIN_RUNS} or more runs in the arm, also a modified Z-score above {MOD_Z_MAX}), and first-init when its device-open seconds exceed its arm's median by more than {FIRST_INIT_FACTOR}x and {FIRST_INIT_MIN_EXCESS_S} s; arms of fewer than 3 runs flag nothing. The verdict is given with and without the pairs of flagged runs; where the two differ it is sensitive, naming the runs.",
             100.0 * RATIO_MAX
         ),
-    ]
+    ];
+    if multi_host(r) {
+        lines.push(format!(
+            "Hosts (specs/hosts.md): a pair is formed within one host; where a lever's pairs at a rung ran on two or more hosts, each host's effect is estimated from its own pairs, and the pairs are pooled only when the hosts agree: the one-way F test of the hosts' mean log ratios against the within-host spread pooled over every host (Q = (k - 1) F, I² = max(0, (Q - (k - 1)) / Q)) gives p >= {}; below that the verdict is hosts-disagree and nothing is pooled; with no host holding two pairs the agreement cannot be judged and the verdict is insufficient.",
+            fixed(ALPHA, 2)
+        ));
+    }
+    lines
+}
+
+/// Whether some lever at some rung has pairs from two or more hosts.
+pub fn multi_host(r: &Ranking) -> bool {
+    r.levers
+        .iter()
+        .flat_map(|l| std::iter::once(&l.reference).chain(&l.other_rungs))
+        .any(|x| x.hosts.is_some())
+}
+
+/// A result's verdict as a table cell: its label, followed where two or more hosts
+/// contributed pairs by the hosts and `I²`, `confirmed (2 hosts, I² 0.0%)`.
+pub fn verdict_text(x: &RungResult) -> String {
+    match &x.hosts {
+        Some(b) => format!("{} ({})", x.verdict.label(), hosts::short_figure(b)),
+        None => x.verdict.label(),
+    }
+}
+
+/// One line per lever and rung whose pairs ran on two or more hosts: the
+/// heterogeneity figure and what rank did with it.
+pub fn host_lines(r: &Ranking) -> Vec<String> {
+    let mut out = Vec::new();
+    for l in &r.levers {
+        for x in std::iter::once(&l.reference).chain(&l.other_rungs) {
+            let Some(b) = &x.hosts else { continue };
+            let what = match &b.agreement {
+                Agreement::Agree => format!(
+                    "the hosts agree (p >= {}): pooled over {} pair(s), verdict {}",
+                    fixed(ALPHA, 2),
+                    x.rounds.len(),
+                    x.verdict.label()
+                ),
+                Agreement::Disagree => format!(
+                    "the hosts disagree (p < {}): no pooled effect or verdict",
+                    fixed(ALPHA, 2)
+                ),
+                Agreement::Untestable { why } => {
+                    format!("agreement not testable: missing {why}; verdict insufficient")
+                }
+            };
+            out.push(format!(
+                "{} at rung {}: {} hosts, {} pair(s); {}; {}.",
+                l.id,
+                x.rung,
+                b.hosts.len(),
+                x.rounds.len(),
+                hosts::figure(&b.heterogeneity),
+                what
+            ));
+        }
+    }
+    out
 }
 
 /// What a pair's flagged runs are, `baseline 0123456789ab: outlier: ...`, `; `

@@ -9,7 +9,9 @@
 //! the hypothesis and fidelity rule in `specs/levers.toml`; [`outliers`] names the
 //! runs far from their arm's median (or first-initialization ones), and the
 //! verdict is given with and without their pairs (`sensitive` where the two
-//! differ, `specs/outliers.md`); [`fit`] fits
+//! differ, `specs/outliers.md`); [`hosts`] blocks the pairs by host where two or
+//! more hosts contributed, estimates each host's effect and pools only when
+//! [`heterogeneity`] finds no disagreement (`specs/hosts.md`); [`fit`] fits
 //! each phase as fixed + per-voxel cost; [`second`] describes a lever's second
 //! metric over the same pairs. [`rank`] ties them together.
 //!
@@ -20,6 +22,8 @@
 pub mod bootstrap;
 pub mod fidelity;
 pub mod fit;
+pub mod heterogeneity;
+pub mod hosts;
 pub mod metric;
 pub mod outliers;
 pub mod pairing;
@@ -36,6 +40,7 @@ use crate::bundle::facts::{Bundle, Exclusion};
 use crate::levers_spec::{Direction, Lever, LeverSpec, Numerics, Unit};
 use fidelity::{Floor, RungFidelity};
 use fit::{NoFit, ScalingFit};
+use hosts::{Agreement, HostBlocks};
 use outliers::RunFlag;
 use pairing::{LeverRungPairs, PairedRound};
 use stats::{Interval, PairedEffect};
@@ -52,7 +57,8 @@ pub struct RungResult {
     pub baseline_runs: usize,
     /// Usable treatment runs.
     pub treatment_runs: usize,
-    /// The paired effect, when at least one pair exists and its values are defined.
+    /// The paired effect, when at least one pair exists and its values are
+    /// defined, and the hosts do not disagree (pooled over every host's pairs).
     pub effect: Option<PairedEffect>,
     /// Fractional saving in the hypothesised direction, and its interval.
     pub saving_fraction: Option<(f64, Interval)>,
@@ -70,6 +76,9 @@ pub struct RungResult {
     /// The lever's second metric over the same pairs, described and not judged
     /// ([`second`]); `None` when the lever names none.
     pub second: Option<second::SecondResult>,
+    /// The pairs blocked by host, each host's effect and whether the hosts agree;
+    /// `None` when every pair ran on one host.
+    pub hosts: Option<HostBlocks>,
 }
 
 /// A lever at a rung judged without the pairs that hold a flagged run.
@@ -367,12 +376,27 @@ fn rung_result(l: &Lever, rung: &str, lr: Option<&LeverRungPairs>, ctx: &Context
         verdict::judge(&l.hypothesis, computed.as_ref().map_err(String::as_str)),
         fidelity.rule.as_ref(),
     );
-    let flagged = outliers::flag(
-        &lr.rounds,
-        (&l.baseline, &l.treatment),
-        l.metric.unit() == Unit::Seconds,
-        ctx.by_id,
-    );
+    let hosts = hosts::blocks(l, rung, &lr.rounds);
+    // A run is far from its arm's median on its own host: one host slower than
+    // another is what the host blocks judge, not an outlier.
+    let mut by_host: BTreeMap<&str, Vec<PairedRound>> = BTreeMap::new();
+    for r in &lr.rounds {
+        by_host
+            .entry(r.cell.host.as_str())
+            .or_default()
+            .push(r.clone());
+    }
+    let flagged: Vec<RunFlag> = by_host
+        .values()
+        .flat_map(|rounds| {
+            outliers::flag(
+                rounds,
+                (&l.baseline, &l.treatment),
+                l.metric.unit() == Unit::Seconds,
+                ctx.by_id,
+            )
+        })
+        .collect();
     let mut runs: Vec<String> = flagged.iter().map(|f| f.id.clone()).collect();
     runs.sort();
     runs.dedup();
@@ -410,7 +434,21 @@ fn rung_result(l: &Lever, rung: &str, lr: Option<&LeverRungPairs>, ctx: &Context
         without_flagged.as_ref().map(|w| w.verdict.clone()),
         &runs,
     );
-    let effect = computed.ok();
+    let mut effect = computed.ok();
+    // Pooled only when the hosts agree (module [`hosts`]).
+    let verdict = match hosts.as_ref() {
+        Some(b) if b.agreement == Agreement::Disagree => {
+            effect = None;
+            hosts::disagreement(b)
+        }
+        Some(HostBlocks {
+            agreement: Agreement::Untestable { why },
+            ..
+        }) => Verdict::Insufficient {
+            missing: why.clone(),
+        },
+        _ => verdict,
+    };
     RungResult {
         rung: rung.to_string(),
         voxels: lr.voxels,
@@ -426,6 +464,7 @@ fn rung_result(l: &Lever, rung: &str, lr: Option<&LeverRungPairs>, ctx: &Context
         flagged,
         without_flagged,
         second: second::second(l, rung, &lr.rounds, ctx.by_id),
+        hosts,
     }
 }
 
@@ -452,7 +491,7 @@ fn missing_pairs(l: &Lever, rung: &str, lr: &LeverRungPairs) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::bundle::facts::tests::sample_bundle;
     use crate::rank::pairing::tests::spec;
@@ -464,6 +503,105 @@ mod tests {
         b.device = device.map(str::to_string);
         let r = rank(&spec(), &[b], &[], &[], "t");
         r.levers[0].reference.verdict.clone()
+    }
+
+    /// A campaign run of the test spec's `staging` lever on `host`, round `round`,
+    /// with `load_s` seconds of `load.dit`.
+    pub(crate) fn on_host(host: &str, round: u32, arm: &str, load_s: f64) -> Bundle {
+        let mut b = sample_bundle(&format!("{host}-{round}-{arm}"));
+        b.host = format!("{host}|cpu|gpu");
+        b.schedule = Some(crate::bundle::facts::Schedule {
+            campaign: "camp".into(),
+            round,
+            position: 0,
+            arm: arm.into(),
+            lever: "staging".into(),
+            seed: 1,
+            warmup: false,
+        });
+        b.levers.insert("staging".into(), arm.into());
+        b.phases[0].duration_s = Some(load_s);
+        b
+    }
+
+    /// Three rounds on each of two hosts: host `a` with the treatment's load.dit
+    /// at `a_ratio` of the baseline's, `b` at `b_ratio`, each with +-1% noise.
+    pub(crate) fn two_hosts(a_ratio: f64, b_ratio: f64) -> LeverResult {
+        let mut bundles = Vec::new();
+        for (host, ratio) in [("a", a_ratio), ("b", b_ratio)] {
+            for (round, noise) in [(1, 1.0), (2, 1.01), (3, 0.99)] {
+                bundles.push(on_host(host, round, "serial", 10.0));
+                bundles.push(on_host(host, round, "batched", 10.0 * ratio * noise));
+            }
+        }
+        let r = rank(&spec(), &bundles, &[], &[], "t");
+        r.levers[0].clone()
+    }
+
+    /// Issue 38: host `a` saves 50%, host `b` nothing. Pooled, the six pairs
+    /// would give a saving near 29% whose interval straddles the 30% minimum; the
+    /// hosts are judged apart instead, and rank says they disagree. Mutation that
+    /// turns this red: pooling regardless of the agreement (the `Disagree` arm
+    /// in `rung_result` falling through to the pooled verdict: `insufficient`,
+    /// tried).
+    #[test]
+    fn hosts_whose_effects_disagree_get_no_pooled_verdict() {
+        let l = two_hosts(0.5, 1.0);
+        let x = &l.reference;
+        let b = x.hosts.as_ref().expect("two hosts are blocked");
+        assert_eq!(b.agreement, Agreement::Disagree);
+        let Verdict::HostsDisagree { why } = &x.verdict else {
+            panic!("want hosts-disagree, got {:?}", x.verdict);
+        };
+        assert!(
+            why.contains("a 50.0% [") && why.contains("b 0.0% ["),
+            "{why}"
+        );
+        assert_eq!(x.verdict.name(), "hosts-disagree");
+        assert_eq!((x.effect.as_ref(), x.saving_fraction), (None, None));
+        let per_host: Vec<(&str, &str)> = b
+            .hosts
+            .iter()
+            .map(|h| (h.label.as_str(), h.verdict.name()))
+            .collect();
+        assert_eq!(per_host, [("a", "confirmed"), ("b", "refuted")]);
+        assert!(b.heterogeneity.i2.is_some_and(|i2| i2 > 0.99));
+        assert_eq!(x.rounds.len(), 6, "every pair kept, each within its host");
+        assert!(x.rounds.iter().all(|r| r.cell.host.starts_with(
+            if r.baseline_id.starts_with('a') {
+                "a|"
+            } else {
+                "b|"
+            }
+        )));
+        // Unranked: there is no pooled estimate to rank by.
+        assert_eq!(l.measured_rank, None);
+    }
+
+    /// Both hosts save 50% with their own noise: the hosts agree, the six pairs
+    /// are pooled and judged as one effect, and the figure says so.
+    #[test]
+    fn hosts_that_agree_are_pooled() {
+        let l = two_hosts(0.5, 0.5);
+        let x = &l.reference;
+        let b = x.hosts.as_ref().expect("two hosts are blocked");
+        assert_eq!(b.agreement, Agreement::Agree);
+        assert_eq!(x.verdict, Verdict::Confirmed);
+        let e = x.effect.as_ref().expect("a pooled effect");
+        assert_eq!(e.n, 6);
+        assert!((e.ratio - 0.5).abs() < 0.01, "{}", e.ratio);
+        assert_eq!(b.heterogeneity.i2, Some(0.0));
+        assert!(b.heterogeneity.p.is_some_and(|p| p > 0.9), "{b:?}");
+        assert_eq!(l.measured_rank, Some(1));
+        // The same pairs on one host rank exactly as before hosts were blocked.
+        let mut one = Vec::new();
+        for (round, noise) in [(1, 1.0), (2, 1.01), (3, 0.99)] {
+            one.push(on_host("a", round, "serial", 10.0));
+            one.push(on_host("a", round, "batched", 5.0 * noise));
+        }
+        let r = rank(&spec(), &one, &[], &[], "t");
+        assert_eq!(r.levers[0].reference.hosts, None);
+        assert_eq!(r.levers[0].reference.verdict, Verdict::Confirmed);
     }
 
     #[test]

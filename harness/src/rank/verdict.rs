@@ -66,11 +66,19 @@ pub enum Verdict {
         /// The verdict without the pairs of flagged runs.
         without_flagged: Box<Verdict>,
     },
+    /// The pairs come from two or more hosts whose effects differ beyond their
+    /// pairs' spread ([`crate::rank::hosts`], `specs/hosts.md`): no pooled effect
+    /// or verdict is given, only each host's.
+    #[serde(rename = "hosts-disagree")]
+    HostsDisagree {
+        /// The heterogeneity figure and each host's saving, in words.
+        why: String,
+    },
 }
 
 impl Verdict {
     /// The verdict's name: `confirmed`, `refuted`, `refuted-fidelity`,
-    /// `insufficient` or `n/a`.
+    /// `insufficient`, `n/a`, `sensitive` or `hosts-disagree`.
     pub fn name(&self) -> &'static str {
         match self {
             Verdict::Confirmed => "confirmed",
@@ -79,6 +87,7 @@ impl Verdict {
             Verdict::Insufficient { .. } => "insufficient",
             Verdict::NotApplicable { .. } => "n/a",
             Verdict::Sensitive { .. } => "sensitive",
+            Verdict::HostsDisagree { .. } => "hosts-disagree",
         }
     }
 

@@ -55,6 +55,9 @@ pub struct Render {
     /// The `device_open_s` attribute of `load.dit`'s close (a CUDA load's device
     /// open, seconds); none by default.
     pub device_open_s: Option<f64>,
+    /// The `run.hostname` recorded (`testhost` by default): the first part of the
+    /// host key rank pairs within.
+    pub hostname: String,
 }
 
 /// A complete, uncontended render of `rung` with the given phase durations laid out
@@ -100,6 +103,7 @@ pub fn render(
         engine: "e".repeat(64),
         images: Vec::new(),
         device_open_s: None,
+        hostname: "testhost".into(),
     }
 }
 
@@ -126,7 +130,7 @@ pub fn seal(store: &Store, r: &Render) -> String {
     let (w, h, f) = r.dims;
     frag(
         "run",
-        json!({"start_ns": T0, "end_ns": ns(end), "argv": ["harness", "run"], "boot_id": "b", "hostname": "testhost", "harness_version": "0", "cwd": "/"}),
+        json!({"start_ns": T0, "end_ns": ns(end), "argv": ["harness", "run"], "boot_id": "b", "hostname": r.hostname, "harness_version": "0", "cwd": "/"}),
     );
     frag(
         "rung",

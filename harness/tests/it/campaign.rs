@@ -166,7 +166,11 @@ fn a_warm_up_is_sealed_first_marked_never_repeated_and_never_paired() {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|e| e["reason"].as_str().is_some_and(|w| w.starts_with("contended")))
+        .filter(|e| {
+            e["reason"]
+                .as_str()
+                .is_some_and(|w| w.starts_with("contended"))
+        })
         .count();
     let used = r["used"].as_array().map_or(0, Vec::len);
     if contended == 0 {

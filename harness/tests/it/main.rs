@@ -30,6 +30,9 @@
 //!   loopback): publish, read back, concurrent publishers, a killed upload
 //!   recovered, tampering caught, rank identical to rank on disk
 //!   (`HARNESS_NO_S3_SERVER`).
+//! * [`slurm`]: campaigns across a fleet: `--scheduler slurm` against a real
+//!   one-node Slurm and the S3 server: the array, its status, a killed task
+//!   recovered and resubmitted, rank within the host (`HARNESS_NO_SLURM`).
 //! * [`spec_campaign`]: the campaign spec (`specs/device-residency.md`) stays
 //!   executable.
 
@@ -50,6 +53,7 @@ mod report;
 mod run;
 mod rung0;
 mod s3;
+mod slurm;
 mod spec_campaign;
 mod surfaces;
 mod watchdog;

@@ -487,3 +487,129 @@ fn a_planted_slow_first_run_is_named_and_makes_the_verdict_sensitive() {
         "{pair_rows:?}"
     );
 }
+
+/// A store of one lever, `probe` (load.dit, 10% minimum), measured on two synthetic
+/// hosts, three rounds each, each arm with +-2% noise: on `alpha` the treatment's
+/// load.dit is `alpha` of the baseline's, on `beta` `beta` of it. Ranked by the
+/// binary into `<dir>/levers.md` (and its forest plot); returns the markdown and
+/// the SVG.
+fn two_host_store(name: &str, alpha: f64, beta: f64) -> (String, String) {
+    let store = fresh_store(name);
+    let mut noise = Noise::new(38);
+    let mut position = 0;
+    for (host, ratio) in [("alpha", alpha), ("beta", beta)] {
+        for round in 1..=3 {
+            for (arm, f) in [("old", 1.0), ("new", ratio)] {
+                let mut n = |x: f64| x * (1.0 + 0.02 * noise.next());
+                let mut r = render("2", RUNGS[1].1, n(20.0) * f, 8.0, 16.0, 6.0, 5.0);
+                r.hostname = host.into();
+                r.schedule = Some(("f1ee7".into(), round, position, "probe".into(), arm.into()));
+                position += 1;
+                seal(&store, &r);
+            }
+        }
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("harness-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = dir.join("spec.toml");
+    std::fs::write(&spec, probe_spec()).unwrap();
+    let out = dir.join("levers.md");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_harness"))
+        .args(["rank", "--store"])
+        .arg(store.root())
+        .arg("--spec")
+        .arg(&spec)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    (
+        std::fs::read_to_string(&out).unwrap(),
+        std::fs::read_to_string(dir.join("levers-forest.svg")).unwrap(),
+    )
+}
+
+/// Issue 38's must-show, end to end through `harness rank`: two synthetic hosts
+/// whose effects disagree (alpha saves 40%, beta nothing) get `hosts-disagree`
+/// and no pooled saving, with each host's row and the heterogeneity figure in
+/// levers.md and the forest plot; two hosts that agree (both save 40%) are pooled
+/// and confirmed, the figure beside the verdict. Red when the disagreement falls
+/// through to the pooled verdict (`rank::rung_result`'s `Disagree` arm): the
+/// pooled six pairs then read `insufficient` with a saving of 22.0% [7.3%,
+/// 34.2%], an average of two hosts that measured 39% and nothing (tried).
+#[test]
+fn two_hosts_that_disagree_are_reported_and_two_that_agree_are_pooled() {
+    let (md, svg) = two_host_store("rank-hosts-disagree", 0.6, 1.0);
+    // Markdown cells escape `<` (escape::md_cell), so `p < 0.05` reads `p &lt; 0.05`.
+    let row = md
+        .lines()
+        .find(|l| l.contains("| probe | old→new |"))
+        .unwrap_or_else(|| panic!("no ranking row: {md}"));
+    assert!(
+        row.contains("| 6 | — | — | — | — | 10.0% | hosts-disagree (2 hosts, I² "),
+        "{row}"
+    );
+    assert!(md.contains("## Hosts"), "{md}");
+    let host_rows: Vec<&str> = md
+        .lines()
+        .filter(|l| l.starts_with("| probe | 2 | `"))
+        .collect();
+    assert_eq!(host_rows.len(), 2, "{md}");
+    assert!(
+        host_rows[0].starts_with("| probe | 2 | `alpha` | 3 |")
+            && host_rows[0].ends_with("| confirmed |"),
+        "{}",
+        host_rows[0]
+    );
+    assert!(
+        host_rows[1].starts_with("| probe | 2 | `beta` | 3 |")
+            && host_rows[1].ends_with("| refuted |"),
+        "{}",
+        host_rows[1]
+    );
+    assert!(
+        md.contains("- probe at rung 2: 2 hosts, 6 pair(s); I² ")
+            && md.contains("the hosts disagree (p &lt; 0.05): no pooled effect or verdict."),
+        "{md}"
+    );
+    assert!(
+        md.contains("**hosts-disagree** — the hosts' savings differ beyond their pairs' spread"),
+        "{md}"
+    );
+    assert!(
+        md.contains("- Hosts (specs/hosts.md): a pair is formed within one host"),
+        "{md}"
+    );
+    assert_eq!(svg.matches(r#"<g class="host-row""#).count(), 2, "{svg}");
+    assert!(
+        svg.contains(r#"data-host="alpha" data-verdict="confirmed""#),
+        "{svg}"
+    );
+    assert!(
+        svg.contains(r#"data-host="beta" data-verdict="refuted""#),
+        "{svg}"
+    );
+    assert!(
+        svg.contains(r#"data-lever="probe" data-rung="2" data-verdict="hosts-disagree""#),
+        "{svg}"
+    );
+
+    let (md, svg) = two_host_store("rank-hosts-agree", 0.6, 0.6);
+    let row = md
+        .lines()
+        .find(|l| l.contains("| probe | old→new |"))
+        .unwrap_or_else(|| panic!("no ranking row: {md}"));
+    assert!(row.starts_with("| 1 |"), "ranked: {row}");
+    // The same planted effect with independent noise: some spread, not enough.
+    assert!(row.contains("| confirmed (2 hosts, I² "), "{row}");
+    assert!(
+        md.contains("the hosts agree (p >= 0.05): pooled over 6 pair(s), verdict confirmed."),
+        "{md}"
+    );
+    assert_eq!(svg.matches(r#"<g class="host-row""#).count(), 2);
+    assert!(
+        !svg.contains("hosts-disagree"),
+        "no such verdict, no such legend entry"
+    );
+}

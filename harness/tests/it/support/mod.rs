@@ -11,6 +11,8 @@
 //!   sensor, sealed (the surfaces tests).
 //! * [`s3`]: a real S3-protocol server (s3s-fs, `scripts/s3-server.sh`) on
 //!   the loopback interface, and `harness` pointed at one of its buckets.
+//! * [`slurm`]: a real one-node Slurm (`scripts/slurm-cluster.sh`) on loopback,
+//!   its tasks listed and waited for.
 
 pub mod bins;
 pub mod browser;
@@ -18,3 +20,4 @@ pub mod dirs;
 pub use harness::test_kit::{journal, ranked};
 pub mod render;
 pub mod s3;
+pub mod slurm;
