@@ -58,6 +58,10 @@ pub const CONDITIONING: &str = "conditioning";
 pub const VAE: &str = "vae";
 /// Lever id: which kernel runs the CUDA arm's DiT self-attention.
 pub const ATTENTION: &str = "attention";
+/// Lever id: which kernel runs the CUDA arm's DiT cross-attention to the text.
+pub const CROSS_ATTENTION: &str = "cross-attention";
+/// Lever id: which kernel runs the CUDA arm's DiT q/k RMS norm and RoPE.
+pub const QK_NORM: &str = "qk-norm";
 
 static REGISTRY: &[LeverDef] = &[
     LeverDef {
@@ -144,8 +148,32 @@ static REGISTRY: &[LeverDef] = &[
         doc: "mma runs the DiT's self-attention in the engine's own flash kernel (bf16 \
               mma.sync, online softmax in registers); cudnn runs it in cuDNN's fused \
               SDPA-forward operation (cuDNN 9.13+, loaded at run time; an error, not a \
-              fallback, where it is missing). The text-masked cross-attention runs in the \
-              engine's kernel on both arms",
+              fallback, where it is missing). The cross-attention to the text is the \
+              cross-attention lever's",
+    },
+    // Not yet measured on a device (UNMEASURED): the default stays the baseline.
+    LeverDef {
+        id: CROSS_ATTENTION,
+        arms: &["mma", "cudnn"],
+        default: "mma",
+        baseline: "mma",
+        applies_to: Applies::Cuda,
+        doc: "mma runs the DiT's cross-attention to the text in the engine's own flash kernel, \
+              adding the text mask's key bias; cudnn runs it in cuDNN's fused SDPA-forward \
+              operation over the attended text tokens without a bias (cuDNN 9.13+, an error \
+              where it is missing); a text whose kept tokens carry a mask (not real tokens \
+              followed by padding) stays on the engine's kernel on both arms",
+    },
+    LeverDef {
+        id: QK_NORM,
+        arms: &["block", "warp"],
+        default: "block",
+        baseline: "block",
+        applies_to: Applies::Cuda,
+        doc: "block runs each DiT block's q/k RMS norm (+ RoPE) one 256-thread block per row \
+              with 4-byte loads; warp runs it one warp per row with 16-byte loads and the sum \
+              of squares as a warp reduction (the same expressions, the sum in another order: \
+              a value may differ in its last bit)",
     },
 ];
 
@@ -154,7 +182,7 @@ static REGISTRY: &[LeverDef] = &[
 /// other lever's default is its best measured arm, never its baseline).
 /// (Empty since `attention`'s campaigns of 2026-12-04; a new lever whose
 /// treatment has never run on a device belongs here.)
-pub const UNMEASURED: &[&str] = &[];
+pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM];
 
 /// Every lever the engine knows, in a stable order.
 pub fn registry() -> &'static [LeverDef] {
@@ -302,6 +330,24 @@ impl LeverSet {
             AttentionArm::Mma
         } else {
             AttentionArm::Cudnn
+        }
+    }
+
+    /// The forward's kernel arms: `attention`, `cross-attention` and `qk-norm`.
+    pub fn forward_arms(&self) -> crate::cuda::models::dit::ForwardArms {
+        use crate::cuda::models::dit::{CrossArm, ForwardArms, QkNormArm};
+        ForwardArms {
+            attention: self.attention(),
+            cross: if self.arm(CROSS_ATTENTION) == "cudnn" {
+                CrossArm::Cudnn
+            } else {
+                CrossArm::Mma
+            },
+            qk_norm: if self.arm(QK_NORM) == "warp" {
+                QkNormArm::Warp
+            } else {
+                QkNormArm::Block
+            },
         }
     }
 
@@ -454,6 +500,55 @@ mod tests {
         assert!(entry.contains("baseline = \"mma\""), "{entry}");
         assert!(entry.contains("treatment = \"cudnn\""), "{entry}");
         assert!(entry.contains("numerics = \"changing\""), "{entry}");
+    }
+
+    /// Red on: either new lever's arm not reaching `forward_arms` (e.g. the
+    /// `cudnn` test inverted), a default that is not the baseline while the
+    /// lever is unmeasured, or a spec entry whose arms disagree.
+    #[test]
+    fn unmeasured_forward_levers_map_to_their_arms_and_match_the_spec() {
+        use crate::cuda::models::dit::{AttentionArm, CrossArm, ForwardArms, QkNormArm};
+        for (id, arms) in [
+            (CROSS_ATTENTION, ["mma", "cudnn"]),
+            (QK_NORM, ["block", "warp"]),
+        ] {
+            let l = lever(id).unwrap();
+            assert_eq!(l.arms, arms, "{id}");
+            assert_eq!((l.default, l.baseline), (arms[0], arms[0]), "{id}");
+            assert!(UNMEASURED.contains(&id), "{id}");
+            assert_eq!(l.applies_to, Applies::Cuda);
+            let spec = include_str!("../../specs/levers.toml");
+            let at = spec.find(&format!("id = \"{id}\"")).unwrap();
+            let entry = &spec[at..at + spec[at..].find("[lever.hypothesis]").unwrap()];
+            let want = format!("arms = [\"{}\", \"{}\"]", arms[0], arms[1]);
+            assert!(entry.contains(&want), "{entry}");
+            assert!(
+                entry.contains(&format!("treatment = \"{}\"", arms[1])),
+                "{entry}"
+            );
+        }
+        let d = LeverSet::resolve(Profile::Default, []).unwrap();
+        assert_eq!(
+            d.forward_arms(),
+            ForwardArms {
+                attention: AttentionArm::Cudnn,
+                cross: CrossArm::Mma,
+                qk_norm: QkNormArm::Block,
+            }
+        );
+        let t = LeverSet::resolve(
+            Profile::Baseline,
+            [("cross-attention", "cudnn"), ("qk-norm", "warp")],
+        )
+        .unwrap();
+        let a = t.forward_arms();
+        assert_eq!(
+            (a.attention, a.cross, a.qk_norm),
+            (AttentionArm::Mma, CrossArm::Cudnn, QkNormArm::Warp)
+        );
+        assert!(a.needs_cudnn());
+        assert!(!ForwardArms::OWN.needs_cudnn());
+        assert_eq!((a.cross.name(), a.qk_norm.name()), ("cudnn", "warp"));
     }
 
     #[test]

@@ -475,28 +475,25 @@ fn load_cuda_dit(
     drop(src);
     let opts = req.levers.staging();
     let dispatch = Dispatch::from_graph_lever(req.levers.denoise_graph());
-    let attention = req.levers.attention();
+    let arms = req.levers.forward_arms();
     let geo = Geometry { grid, fps };
-    let (den, r) = open_cuda_denoiser(
-        &tensors,
-        &req.preset.dit,
-        &opts,
-        &cond,
-        geo,
-        dispatch,
-        attention,
-    )
-    .with_context(|| {
-        format!(
-            "the CUDA arm's transformer (attention={}; `--lever attention=mma` runs the \
-             engine's own kernel without cuDNN)",
-            attention.name()
-        )
-    })?;
+    let (den, r) = open_cuda_denoiser(&tensors, &req.preset.dit, &opts, &cond, geo, dispatch, arms)
+        .with_context(|| {
+            format!(
+                "the CUDA arm's transformer (attention={}, cross-attention={}, qk-norm={}; \
+             `--lever attention=mma --lever cross-attention=mma` runs the engine's own \
+             kernels without cuDNN)",
+                arms.attention.name(),
+                arms.cross.name(),
+                arms.qk_norm.name()
+            )
+        })?;
     rec.attach_device(den.mem());
     let mut a = staging_attrs(&opts, &r.staging, tensors.len(), r.device_open_s);
     a.insert("dispatch".into(), Value::from(dispatch.name()));
-    a.insert("attention".into(), Value::from(attention.name()));
+    a.insert("attention".into(), Value::from(arms.attention.name()));
+    a.insert("cross_attention".into(), Value::from(arms.cross.name()));
+    a.insert("qk_norm".into(), Value::from(arms.qk_norm.name()));
     if let Some(v) = den.cudnn_version() {
         a.insert("cudnn_version".into(), Value::from(v));
     }

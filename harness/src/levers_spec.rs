@@ -879,14 +879,24 @@ next_hypothesis = "n"
         assert_eq!(o.hypothesis.min_effect, 0.03);
         // The levers whose arms compute differently: T5 in bf16 on the device vs
         // f32 on the host, the VAE decoded by the device's kernels vs the host's,
-        // and the self-attention in cuDNN's kernel vs the engine's own.
+        // the self-attention and the cross-attention in cuDNN's kernel vs the
+        // engine's own, and the q/k norm's sum of squares in another order.
         let changing: Vec<&str> = s
             .levers
             .iter()
             .filter(|l| l.numerics == Numerics::Changing)
             .map(|l| l.id.as_str())
             .collect();
-        assert_eq!(changing, ["conditioning", "vae", "attention"]);
+        assert_eq!(
+            changing,
+            [
+                "conditioning",
+                "vae",
+                "attention",
+                "cross-attention",
+                "qk-norm"
+            ]
+        );
         // Attention's saving is explained (or not) by the tensor pipes in denoise.
         let a = s.lever("attention").expect("the attention lever");
         assert_eq!(

@@ -80,7 +80,7 @@ use crate::cuda::kit::context::Gpu;
 use crate::cuda::kit::memory::{download, upload, DeviceBuffer, MemTracker, ALIGN};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::{
-    AttentionArm, DeviceDit, DitDims, Geometry, TextSlot, Timestep, Workspace, LATENT_CHANNELS,
+    DeviceDit, DitDims, ForwardArms, Geometry, TextSlot, Timestep, Workspace, LATENT_CHANNELS,
 };
 use crate::cuda::staging::{self, OpenReport, StagingOptions};
 use crate::cuda::{CudaError, DriverContext};
@@ -187,8 +187,9 @@ pub struct CudaDenoiser {
 /// Open GPU 0, stage the transformer's tensors (`tensors`: the extents of the
 /// validated checkpoint, possibly over several files) with `staging`, bind them
 /// and upload the conditioning. The geometry (latent grid and fps) fixes the
-/// workspace; `dispatch` is the `denoise-graph` lever's arm and `attention`
-/// the `attention` lever's (cuDNN is loaded here for `cudnn`).
+/// workspace; `dispatch` is the `denoise-graph` lever's arm and `arms`
+/// the forward's kernel arms (levers `attention`, `cross-attention`, `qk-norm`;
+/// cuDNN is loaded here when one of them runs on it).
 pub fn open_cuda_denoiser(
     tensors: &[Extent],
     cfg: &DitConfig,
@@ -196,7 +197,7 @@ pub fn open_cuda_denoiser(
     cond: &Conditioning,
     geo: Geometry,
     dispatch: Dispatch,
-    attention: AttentionArm,
+    arms: ForwardArms,
 ) -> Result<(CudaDenoiser, OpenReport), CudaError> {
     let dims = DitDims::from_config(cfg)?;
     let t0 = Instant::now();
@@ -210,7 +211,7 @@ pub fn open_cuda_denoiser(
         dims,
         Arc::new(w),
     )?;
-    dit.set_attention(attention)?;
+    dit.set_arms(arms)?;
     let den = CudaDenoiser::new(kit, dit, cond, geo, dispatch)?;
     Ok((
         den,
@@ -708,7 +709,7 @@ mod tests {
                     fps: 25.0,
                 },
                 Dispatch::Graph,
-                AttentionArm::Mma,
+                ForwardArms::OWN,
             )
             .map(|_| ())
         })

@@ -35,7 +35,8 @@ use crate::cuda::kit::memory::{align_up, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::{
-    AttentionArm, DeviceDit, DitDims, Geometry, TextSlot, LATENT_CHANNELS,
+    AttentionArm, CrossArm, DeviceDit, DitDims, ForwardArms, Geometry, QkNormArm, TextSlot,
+    LATENT_CHANNELS,
 };
 use crate::cuda::staging::{
     self, pinned_copy_gbps, DeviceWeights, Staged, StagingMethod, StagingOptions,
@@ -490,7 +491,39 @@ fn bench_forward(
                 dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
             })?;
             let prof = profile::forward_profile(kit, &dit, (lat_p, vel_p), geo, &slot, 3)?;
-            dit.set_attention(AttentionArm::Mma)?;
+            // The arms not yet measured in a render (`cross-attention = cudnn`,
+            // `qk-norm = warp`) on top of the cudnn self-attention: the whole
+            // forward and its parts, beside the cudnn arm alone.
+            let arms = ForwardArms {
+                attention: AttentionArm::Cudnn,
+                cross: CrossArm::Cudnn,
+                qk_norm: QkNormArm::Warp,
+            };
+            let newer = dit.set_arms(arms).and_then(|_| {
+                let ms = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
+                    dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
+                })?;
+                let p = profile::forward_profile(kit, &dit, (lat_p, vel_p), geo, &slot, 3)?;
+                Ok((ms, p))
+            });
+            dit.set_arms(ForwardArms::OWN)?;
+            let label = format!("{name} attention=cudnn cross-attention=cudnn qk-norm=warp");
+            match newer {
+                Ok((ms, p)) => {
+                    for r in profile::profile_rows(&label, &dims, (n, l), &p, ms) {
+                        push(rows, r);
+                    }
+                    push(
+                        rows,
+                        format!(
+                            "forward  {label}: {ms:.1} ms vs attention=cudnn alone {with:.1} ms \
+                             ({:+.1}%)",
+                            (ms / with - 1.0) * 100.0
+                        ),
+                    );
+                }
+                Err(e) => push(rows, format!("forward  {label} unavailable: {e}")),
+            }
             for r in profile::profile_rows(
                 &format!("{name} attention=cudnn"),
                 &dims,

@@ -46,6 +46,13 @@ const ROW_THREADS: u32 = 256;
 /// [`ROW_THREADS`]).
 const QKN_MAX_D: usize = 2 * 8 * ROW_THREADS as usize;
 
+/// Rows per block of `qk_norm_rope_warp` (`QKW_WARPS` in elementwise.cu).
+const QKW_WARPS: u32 = 4;
+
+/// The widest row `qk_norm_rope_warp` holds in registers: `QKW_CHUNKS` (16)
+/// chunks of 8 channels a lane.
+const QKW_MAX_D: usize = 8 * 32 * 16;
+
 /// Which attention kernel to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttnKernel {
@@ -463,6 +470,55 @@ impl Kernels {
         self.launch("qk_norm_rope_pair", (rows, 2, 1), ROW_THREADS, 0, s, p)
     }
 
+    /// [`Kernels::qk_norm_rope_pair`] one warp per row with 16-byte loads
+    /// (`qk_norm_rope_warp` in `kernels/elementwise.cu`; the `qk-norm = warp`
+    /// arm): the same expressions, the sum of squares in another order, so a
+    /// value may differ from the pair kernel's in its last bit. Needs d a
+    /// multiple of 8 and at most 4096, and 16-byte aligned tensors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qk_norm_rope_warp(
+        &self,
+        s: &CudaStream,
+        q: (CUdeviceptr, CUdeviceptr, usize),
+        k: (CUdeviceptr, CUdeviceptr, usize),
+        d: usize,
+        eps: f32,
+        rope: Option<&RopeArgs>,
+    ) -> Result<(), CudaError> {
+        if d % 8 != 0 || d > QKW_MAX_D {
+            return Err(CudaError::Invalid(format!(
+                "qk_norm_rope_warp: width {d} must be a multiple of 8 and <= {QKW_MAX_D}"
+            )));
+        }
+        if [q.0, q.1, k.0, k.1].iter().any(|p| p % 16 != 0) {
+            return Err(CudaError::Invalid(
+                "qk_norm_rope_warp: q, k and their norm weights must be 16-byte aligned".into(),
+            ));
+        }
+        if let Some(r) = rope {
+            let tokens = r.grid.0 * r.grid.1 * r.grid.2;
+            if q.2 != tokens || k.2 != tokens {
+                return Err(CudaError::Invalid(format!(
+                    "qk_norm_rope_warp: RoPE over grid {:?} ({tokens} tokens) given {} and {} rows",
+                    r.grid, q.2, k.2
+                )));
+            }
+        }
+        let p = Params::default()
+            .ptr(q.0)
+            .ptr(q.1)
+            .int(q.2)
+            .ptr(k.0)
+            .ptr(k.1)
+            .int(k.2)
+            .int(d)
+            .f32(eps);
+        let p = rope_params(p, rope);
+        let rows = q.2.max(k.2).max(1);
+        let blocks = rows.div_ceil(QKW_WARPS as usize) as u32;
+        self.launch("qk_norm_rope_warp", (blocks, 2, 1), 32 * QKW_WARPS, 0, s, p)
+    }
+
     /// The fused row step of the forward (see `residual_norm` in
     /// `kernels/elementwise.cu`): with `y` given, x (f32 [rows, d]) += y (bf16) *
     /// gate (gate_tab + gate_emb, or 1 when gate_tab is NULL); then h (bf16) =
@@ -774,6 +830,7 @@ mod tests {
             "cast_bf16_to_f32",
             "qk_norm_rope",
             "qk_norm_rope_pair",
+            "qk_norm_rope_warp",
             "silu_bf16",
             "guided_euler",
             "fill_uniform_bf16",

@@ -393,6 +393,10 @@ pub struct TextSlot {
     buf: DeviceBuffer,
     /// Text tokens.
     pub l: usize,
+    /// Whether a kept token is masked (the mask was not real tokens followed by
+    /// padding): the key bias then matters, and the cross-attention runs on the
+    /// kernel that adds it.
+    pub masked: bool,
     caption: usize,
 }
 
@@ -420,7 +424,13 @@ impl TextSlot {
         let l = attended_tokens(mask);
         let (text, mask) = (&text[..l * c], &mask[..l]);
         let buf = DeviceBuffer::alloc(gpu, Self::bytes_for(dims, l), "the text conditioning")?;
-        let slot = TextSlot { buf, l, caption: c };
+        let masked = mask.iter().any(|m| *m != 1.0);
+        let slot = TextSlot {
+            buf,
+            l,
+            masked,
+            caption: c,
+        };
         let bias: Vec<f32> = mask.iter().map(|m| (1.0 - m) * MASK_BIAS).collect();
         upload(gpu, slot.text(), text)?;
         upload(gpu, slot.kbias(), &bias)?;
@@ -469,12 +479,80 @@ pub struct DeviceDit {
     norm_eps: f32,
     freqs: DeviceBuffer,
     ws: Option<Workspace>,
-    /// The engine's own attention kernel: the text-masked cross-attention
-    /// always, and the self-attention on the `mma` arm.
+    /// The engine's own attention kernel: the self-attention on the `mma` arm
+    /// of `attention`, the cross-attention on the `mma` arm of
+    /// `cross-attention` and for a text whose kept tokens carry a mask.
     pub attn: AttnKernel,
-    /// cuDNN's fused attention for the self-attention on the `cudnn` arm
-    /// ([`DeviceDit::set_attention`]); `None` on the `mma` arm.
+    /// The kernel arms the forward runs ([`DeviceDit::set_arms`]).
+    arms: ForwardArms,
+    /// cuDNN's fused attention, loaded while an arm of `arms` runs on it.
     sdpa: Option<Sdpa>,
+}
+
+/// Which kernel runs the cross-attention to the text (lever `cross-attention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrossArm {
+    /// The engine's own flash kernel with the text's key bias.
+    Mma,
+    /// cuDNN's fused SDPA-forward operation over the attended text tokens
+    /// (no bias: [`TextSlot::masked`] is false); a text whose kept tokens
+    /// carry a mask still runs on the engine's kernel, which adds the bias.
+    Cudnn,
+}
+
+impl CrossArm {
+    /// The lever arm's name (`mma`, `cudnn`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CrossArm::Mma => "mma",
+            CrossArm::Cudnn => "cudnn",
+        }
+    }
+}
+
+/// Which kernel runs the blocks' q/k RMS norm and RoPE (lever `qk-norm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNormArm {
+    /// One block of 256 threads per row, 4-byte loads
+    /// ([`Kernels::qk_norm_rope_pair`]).
+    Block,
+    /// One warp per row, 16-byte loads ([`Kernels::qk_norm_rope_warp`]).
+    Warp,
+}
+
+impl QkNormArm {
+    /// The lever arm's name (`block`, `warp`).
+    pub fn name(self) -> &'static str {
+        match self {
+            QkNormArm::Block => "block",
+            QkNormArm::Warp => "warp",
+        }
+    }
+}
+
+/// The forward's kernel arms: one per lever that picks a kernel of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardArms {
+    /// The self-attention (lever `attention`).
+    pub attention: AttentionArm,
+    /// The cross-attention (lever `cross-attention`).
+    pub cross: CrossArm,
+    /// The q/k norm (lever `qk-norm`).
+    pub qk_norm: QkNormArm,
+}
+
+impl ForwardArms {
+    /// Every kernel the engine's own: the arms a machine without cuDNN runs.
+    pub const OWN: ForwardArms = ForwardArms {
+        attention: AttentionArm::Mma,
+        cross: CrossArm::Mma,
+        qk_norm: QkNormArm::Block,
+    };
+
+    /// Whether an arm runs on cuDNN (which must then load).
+    pub fn needs_cudnn(&self) -> bool {
+        self.attention == AttentionArm::Cudnn || self.cross == CrossArm::Cudnn
+    }
 }
 
 /// Which kernel runs the self-attention (lever `attention`).
@@ -529,28 +607,42 @@ impl DeviceDit {
             norm_eps: dims.config().norm_eps as f32,
             freqs,
             ws: None,
+            arms: ForwardArms::OWN,
             sdpa: None,
         })
     }
 
-    /// Run the self-attention on `arm`. `Cudnn` loads cuDNN and checks its
+    /// Run the forward on `arms`. An arm on cuDNN loads it and checks its
     /// version here (an error names what is missing; nothing falls back
-    /// silently, so a run's `attention` lever says what ran).
-    pub fn set_attention(&mut self, arm: AttentionArm) -> Result<(), CudaError> {
-        self.sdpa = match arm {
-            AttentionArm::Mma => None,
-            AttentionArm::Cudnn => Some(Sdpa::open(&self.gpu)?),
-        };
+    /// silently, so a run's levers say what ran); with no arm on cuDNN it is
+    /// released.
+    pub fn set_arms(&mut self, arms: ForwardArms) -> Result<(), CudaError> {
+        if !arms.needs_cudnn() {
+            self.sdpa = None;
+        } else if self.sdpa.is_none() {
+            self.sdpa = Some(Sdpa::open(&self.gpu)?);
+        }
+        self.arms = arms;
         Ok(())
+    }
+
+    /// Run the self-attention on `arm`, the other arms unchanged
+    /// ([`DeviceDit::set_arms`]).
+    pub fn set_attention(&mut self, arm: AttentionArm) -> Result<(), CudaError> {
+        self.set_arms(ForwardArms {
+            attention: arm,
+            ..self.arms
+        })
+    }
+
+    /// The arms the forward runs.
+    pub fn arms(&self) -> ForwardArms {
+        self.arms
     }
 
     /// The arm the self-attention runs on.
     pub fn attention(&self) -> AttentionArm {
-        if self.sdpa.is_some() {
-            AttentionArm::Cudnn
-        } else {
-            AttentionArm::Mma
-        }
+        self.arms.attention
     }
 
     /// The loaded cuDNN's version on the `cudnn` arm.
@@ -791,7 +883,7 @@ impl DeviceDit {
                 Some(nx) => self.block_input(nx, ws),
                 None => output_norm,
             };
-            self.enqueue_block(b, ws, l, text.kbias(), &rope, next, probe)?;
+            self.enqueue_block(b, ws, (l, text.kbias(), text.masked), &rope, next, probe)?;
         }
         lin(ws.h, &w.proj_out, ws.out_bf, n, Epilogue::Bias)?;
         k.map(s, Map::Bf16ToF32, ws.out_bf, out, n * lc)?;
@@ -813,7 +905,8 @@ impl DeviceDit {
     /// One transformer block on the compute stream: `ws.h` holds the block's
     /// modulated input norm (written by the step before); the block adds its
     /// self-attention (gated), cross-attention to the projected text
-    /// (`ws.text_p`, `l` tokens, `kbias` per token) and feed-forward (gated)
+    /// (`ws.text_p`, `l` tokens, `kbias` per token, `masked` when a kept token
+    /// carries a mask: [`TextSlot::masked`]) and feed-forward (gated)
     /// to the f32 residual stream `ws.x`, and leaves in `ws.h` the input of
     /// whatever comes `next` (the next block's norm or the output norm).
     /// `probe(class)` after each operation (see [`DeviceDit::enqueue_profiled`]).
@@ -822,8 +915,7 @@ impl DeviceDit {
         &self,
         b: &BlockWeights,
         ws: &Workspace,
-        l: usize,
-        kbias: CUdeviceptr,
+        (l, kbias, masked): (usize, CUdeviceptr, bool),
         rope: &RopeArgs,
         next: NextInput,
         probe: Option<&dyn Fn(&'static str) -> Result<(), CudaError>>,
@@ -858,28 +950,33 @@ impl DeviceDit {
         lin(ws.h, &a1.to_k, ws.k, n, Epilogue::Bias)?;
         lin(ws.h, &a1.to_v, ws.v, n, Epilogue::Bias)?;
         mark("gemm q|k|v")?;
-        k.qk_norm_rope_pair(
-            s,
-            (ws.q, a1.norm_q, n),
-            (ws.k, a1.norm_k, n),
-            d,
-            QK_NORM_EPS,
-            Some(rope),
-        )?;
+        let qk_norm = |q: (CUdeviceptr, CUdeviceptr, usize),
+                       kk: (CUdeviceptr, CUdeviceptr, usize),
+                       rope: Option<&RopeArgs>| match self.arms.qk_norm {
+            QkNormArm::Block => k.qk_norm_rope_pair(s, q, kk, d, QK_NORM_EPS, rope),
+            QkNormArm::Warp => k.qk_norm_rope_warp(s, q, kk, d, QK_NORM_EPS, rope),
+        };
+        // cuDNN's fused attention over nk key rows (no bias), when loaded.
+        let fused = |kv: (CUdeviceptr, CUdeviceptr), nk: usize| -> Result<(), CudaError> {
+            let sdpa = self
+                .sdpa
+                .as_ref()
+                .ok_or_else(|| CudaError::Invalid("an arm on cuDNN without cuDNN loaded".into()))?;
+            let shape = SdpaShape {
+                heads,
+                hd,
+                nq: n,
+                nk,
+                ld: [d; 4],
+                scale_bits: (1.0 / (hd as f32).sqrt()).to_bits(),
+            };
+            sdpa.enqueue(&self.gpu, &shape, ws.q, kv.0, kv.1, ws.ao)
+        };
+        qk_norm((ws.q, a1.norm_q, n), (ws.k, a1.norm_k, n), Some(rope))?;
         mark("q/k norm + rope")?;
-        match &self.sdpa {
-            Some(sdpa) => {
-                let shape = SdpaShape {
-                    heads,
-                    hd,
-                    nq: n,
-                    nk: n,
-                    ld: [d; 4],
-                    scale_bits: (1.0 / (hd as f32).sqrt()).to_bits(),
-                };
-                sdpa.enqueue(&self.gpu, &shape, ws.q, ws.k, ws.v, ws.ao)?;
-            }
-            None => attend((ws.k, ws.v), n, NULL)?,
+        match self.arms.attention {
+            AttentionArm::Cudnn => fused((ws.k, ws.v), n)?,
+            AttentionArm::Mma => attend((ws.k, ws.v), n, NULL)?,
         }
         mark("self-attention")?;
         lin(ws.ao, &a1.to_out, ws.y, n, Epilogue::Bias)?;
@@ -905,16 +1002,14 @@ impl DeviceDit {
         lin(ws.text_p, &a2.to_k, ws.ck, l, Epilogue::Bias)?;
         lin(ws.text_p, &a2.to_v, ws.cv, l, Epilogue::Bias)?;
         mark("gemm k|v (text)")?;
-        k.qk_norm_rope_pair(
-            s,
-            (ws.q, a2.norm_q, n),
-            (ws.ck, a2.norm_k, l),
-            d,
-            QK_NORM_EPS,
-            None,
-        )?;
+        qk_norm((ws.q, a2.norm_q, n), (ws.ck, a2.norm_k, l), None)?;
         mark("q/k norm (cross)")?;
-        attend((ws.ck, ws.cv), l, kbias)?;
+        // The mma arm adds the key bias even where it is all zero, as before
+        // the lever existed (its frames stay bit for bit what they were).
+        match (self.arms.cross, masked) {
+            (CrossArm::Cudnn, false) => fused((ws.ck, ws.cv), l)?,
+            (CrossArm::Cudnn, true) | (CrossArm::Mma, _) => attend((ws.ck, ws.cv), l, kbias)?,
+        }
         mark("cross-attention")?;
         lin(ws.ao, &a2.to_out, ws.y, n, Epilogue::Bias)?;
         mark("gemm out")?;

@@ -72,6 +72,102 @@ extern "C" __global__ void qk_norm_rope(const bf16* x, bf16* y, const bf16* __re
     }
 }
 
+// The `qk-norm = warp` arm of the forward's q/k norm: what `qk_norm_rope_pair`
+// computes, one warp per row instead of one block. A lane holds its chunks of
+// 8 channels (16-byte loads and stores; chunk c = lane + 32 j, channels
+// [8c, 8c + 8)) in registers between the sum of squares and the write, and the
+// sum is a warp reduction: no shared memory and no barrier, so a block of
+// QKW_WARPS warps works on QKW_WARPS rows at once and the memory system sees
+// 16-byte requests, where the block kernel issues 4-byte ones and waits on two
+// barriers per row (1.3-1.9 TB/s on the H200 in s23-dev2). The sum of squares
+// is taken in another order than the block kernel's, so the two differ in the
+// last bit of a few values (a lever arm, `numerics = "changing"`); every other
+// expression is the same. blockIdx.y = 0: `xq`/`wq`, rows_q rows; 1: `xk`/`wk`,
+// rows_k rows, in place. Needs D a multiple of 8 and at most 8 * 32 * QKW_CHUNKS
+// = 4096, rows 16-byte aligned (the DiT's widths are multiples of 64).
+#define QKW_WARPS 4
+#define QKW_CHUNKS 16
+__device__ __forceinline__ void unpack8(const uint4 v, float* f) {
+    f[0] = bf2f((bf16)(v.x & 0xffffu));
+    f[1] = bf2f((bf16)(v.x >> 16));
+    f[2] = bf2f((bf16)(v.y & 0xffffu));
+    f[3] = bf2f((bf16)(v.y >> 16));
+    f[4] = bf2f((bf16)(v.z & 0xffffu));
+    f[5] = bf2f((bf16)(v.z >> 16));
+    f[6] = bf2f((bf16)(v.w & 0xffffu));
+    f[7] = bf2f((bf16)(v.w >> 16));
+}
+extern "C" __global__ void __launch_bounds__(QKW_WARPS * 32) qk_norm_rope_warp(
+    bf16* xq, const bf16* __restrict__ wq, int rows_q, bf16* xk, const bf16* __restrict__ wk, int rows_k,
+    int D, float eps, const float* __restrict__ freqs, int nfreq, int gh, int gw,
+    float scale_f, float scale_h, float scale_w, float base_f, float base_h, float base_w) {
+    const int lane = threadIdx.x & 31;
+    const long long t = (long long)blockIdx.x * QKW_WARPS + (threadIdx.x >> 5);
+    const bool is_k = blockIdx.y == 1;
+    if (t >= (is_k ? rows_k : rows_q)) return;  // whole warp: no barrier below
+    bf16* x = is_k ? xk : xq;
+    const bf16* __restrict__ w = is_k ? wk : wq;
+    uint4* xr = (uint4*)(x + t * D);
+    const uint4* wr = (const uint4*)w;
+    const int chunks = D / 8;
+    uint4 v[QKW_CHUNKS];
+#pragma unroll
+    for (int j = 0; j < QKW_CHUNKS; ++j) {
+        const int c = lane + 32 * j;
+        v[j] = c < chunks ? xr[c] : make_uint4(0u, 0u, 0u, 0u);
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < QKW_CHUNKS; ++j) {
+        float f[8];
+        unpack8(v[j], f);  // zero past the row: adds nothing
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) ss += f[e] * f[e] + f[e + 1] * f[e + 1];
+    }
+    const float r = rsqrtf(warp_sum(ss) / (float)D + eps);
+    float pos[3];
+    {
+        const long long hw = (long long)gh * gw;
+        const int f = (int)(t / hw);
+        const int h = (int)((t / gw) % gh);
+        const int wq_ = (int)(t % gw);
+        pos[0] = ((float)f * scale_f) / base_f * 2.0f - 1.0f;
+        pos[1] = ((float)h * scale_h) / base_h * 2.0f - 1.0f;
+        pos[2] = ((float)wq_ * scale_w) / base_w * 2.0f - 1.0f;
+    }
+    const int pad_pairs = (D - 6 * nfreq) / 2;
+#pragma unroll
+    for (int j = 0; j < QKW_CHUNKS; ++j) {
+        const int c = lane + 32 * j;
+        if (c >= chunks) continue;
+        float f[8], g[8];
+        unpack8(v[j], f);
+        unpack8(wr[c], g);
+        unsigned int o[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int p = 4 * c + e;
+            float a = f[2 * e] * r * g[2 * e];
+            float b = f[2 * e + 1] * r * g[2 * e + 1];
+            a = bf2f(f2bf(a));
+            b = bf2f(f2bf(b));
+            if (freqs != 0 && p >= pad_pairs) {
+                const int idx = p - pad_pairs;
+                const int k = idx / 3, axis = idx - 3 * (idx / 3);
+                const float ang = freqs[k] * pos[axis];
+                float s, co;
+                sincosf(ang, &s, &co);
+                const float na = a * co - b * s;
+                const float nb = b * co + a * s;
+                a = na;
+                b = nb;
+            }
+            o[e] = pack_bf16x2(a, b);
+        }
+        xr[c] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+}
+
 // The forward's q/k norm: `qk_norm_rope` over two tensors in one launch
 // (blockIdx.y = 0: `xq`/`wq`, rows_q rows; 1: `xk`/`wk`, rows_k rows), in place,
 // with each thread's pairs held in registers between the sum of squares and the
