@@ -439,7 +439,7 @@ fn plan(
         width: r.width as usize,
         guidance: r.uses_guidance(),
         threads: set.host_threads(cores()),
-        chunk_latent_frames: pipeline::DECODE_CHUNK_LATENT_FRAMES,
+        chunk_latent_frames: crate::cpu::decode::DECODE_CHUNK_LATENT_FRAMES,
         device,
     };
     let proj = plan::project(&p, &g, &set);

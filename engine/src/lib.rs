@@ -16,8 +16,10 @@
 
 #![deny(missing_docs)]
 
+pub mod arms;
 pub mod cli;
 pub mod conditioning;
+pub mod cpu;
 pub mod cuda;
 pub mod denoise;
 pub mod frames;

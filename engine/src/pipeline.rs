@@ -45,16 +45,17 @@ use evidence::marker::{attr, Attrs};
 use evidence::rung::{Device, Rung};
 use serde_json::Value;
 
-use crate::conditioning::{encode_device, encode_host, ConditioningError, Encoded, PIPELINE_KEYS};
+use crate::arms::{ChunkEnd, Decoded, Decoder, TextEncoder};
+use crate::conditioning::{ConditioningError, Encoded, PIPELINE_KEYS};
+use crate::cpu::decode::HostVae;
+use crate::cpu::denoise::CpuDenoiser;
+use crate::cpu::text::HostT5;
 use crate::cuda::denoise::{open_cuda_denoiser, Dispatch};
 use crate::cuda::models::dit::Geometry;
 use crate::cuda::models::t5::{open_device_t5, DeviceT5};
-use crate::cuda::models::vae::{
-    self as cuda_vae, open_device_vae, ChunkReport, DecodeOptions, DeviceVae,
-    DEVICE_CHUNK_LATENT_FRAMES, RENDER_CONV_PATH,
-};
+use crate::cuda::models::vae::{self as cuda_vae, open_device_vae, DeviceVae, RENDER_CONV_PATH};
 use crate::cuda::staging::{StagingOptions, StagingReport};
-use crate::denoise::{Conditioning, CpuDenoiser, Denoiser, TextCond};
+use crate::denoise::{Conditioning, Denoiser, TextCond};
 use crate::frames::png::write_png;
 use crate::frames::y4m::Y4mWriter;
 use crate::frames::{frames_from_pixels, Frame};
@@ -80,9 +81,6 @@ use crate::weights::{TensorSpec, VarBuilder};
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct BadInput(pub String);
-
-/// Latent frames decoded per temporal chunk.
-pub const DECODE_CHUNK_LATENT_FRAMES: usize = 1;
 
 /// Everything a render needs, validated by the caller.
 #[derive(Debug, Clone)]
@@ -128,7 +126,7 @@ fn load_options(levers: &LeverSet) -> LoadOptions {
 
 /// The stored bytes a model keeps beside its f32 copies under
 /// `widen-f32 = double` (empty under `single`); the file mappings are gone.
-pub struct Retained(#[allow(dead_code)] Vec<Vec<u8>>);
+pub struct Retained(Vec<Vec<u8>>);
 
 /// Open and validate one component's weights.
 fn open_component(
@@ -222,8 +220,7 @@ fn condition(
     let layout = Layout::resolve(&req.weights).map_err(|e| BadInput(format!("weights: {e}")))?;
     enum Text {
         Embeds(TextCond, Option<TextCond>),
-        Model(Box<(T5Encoder, PromptTokenizer, Retained)>),
-        Device(Box<(DeviceT5, PromptTokenizer)>),
+        Model(Box<dyn TextEncoder>, Box<PromptTokenizer>),
     }
     let (text, a) = match &req.prompt_embeds {
         Some(file) => {
@@ -264,14 +261,17 @@ fn condition(
                 let prompts = if guidance { 2 } else { 1 };
                 let (t5, mut a) = load_cuda_t5(src, req, prompts, rec)?;
                 a.insert("source".into(), Value::from("t5"));
-                (Text::Device(Box::new((t5, tok))), a)
+                (Text::Model(Box::new(t5), Box::new(tok)), a)
             } else {
                 let model = T5Encoder::load(&VarBuilder::new(&src), &p.t5)
                     .map_err(|e| BadInput(e.to_string()))?;
                 let (mut a, kept) = finish_load(src, &req.levers);
                 a.insert("source".into(), Value::from("t5"));
                 a.insert("arm".into(), Value::from("cpu"));
-                (Text::Model(Box::new((model, tok, kept))), a)
+                (
+                    Text::Model(Box::new(HostT5::new(model, kept.0)), Box::new(tok)),
+                    a,
+                )
             }
         }
     };
@@ -288,22 +288,21 @@ fn condition(
     }
     let out = match text {
         Text::Embeds(c, u) => (c, if guidance { u } else { None }),
-        Text::Device(m) => {
-            let (mut t5, tok) = *m;
-            let (e, ms) = encode_device(&mut t5, &tok, &prompts, PIPELINE_KEYS)
+        Text::Model(mut enc, tok) => {
+            let (e, ms) = enc
+                .encode(&tok, &prompts, PIPELINE_KEYS)
                 .map_err(conditioning_error)?;
+            let arm = enc.arm();
             // Freed inside `conditioning`, before `load.dit`.
-            drop(t5);
-            done.insert("arm".into(), Value::from("cuda"));
+            drop(enc);
+            // The device arm names itself here; the host arm's `arm` is on its load.
+            if arm != "cpu" {
+                done.insert("arm".into(), Value::from(arm));
+            }
             done.insert("keys".into(), Value::from(PIPELINE_KEYS.name()));
-            done.insert(attr::DEVICE_MS.into(), Value::from(ms));
-            prompt_and_negative(e, guidance)?
-        }
-        Text::Model(m) => {
-            let (model, tok, _kept) = *m;
-            let e = encode_host(&model, &tok, &prompts, PIPELINE_KEYS, 0)
-                .map_err(conditioning_error)?;
-            done.insert("keys".into(), Value::from(PIPELINE_KEYS.name()));
+            if let Some(ms) = ms {
+                done.insert(attr::DEVICE_MS.into(), Value::from(ms));
+            }
             prompt_and_negative(e, guidance)?
         }
     };
@@ -424,20 +423,19 @@ fn load_and_decode(
         &|n| n.starts_with("encoder."),
         opts,
     )?;
-    Ok(
-        if req.device == Device::Cuda && req.levers.vae_on_device() {
-            let (dv, a) = load_cuda_vae(src, req, rec)?;
-            ph.finish(a);
-            decode_cuda(dv, latents, req, grid, rec)?
-        } else {
-            let model = VaeDecoder::load(&VarBuilder::new(&src), &p.vae)
-                .map_err(|e| BadInput(e.to_string()))?;
-            let (mut a, kept) = finish_load(src, &req.levers);
-            a.insert("arm".into(), Value::from("cpu"));
-            ph.finish(a);
-            decode_host(model, kept, latents, req, grid, rec)?
-        },
-    )
+    let dec: Box<dyn Decoder> = if req.device == Device::Cuda && req.levers.vae_on_device() {
+        let (dv, a) = load_cuda_vae(src, req, rec)?;
+        ph.finish(a);
+        Box::new(dv)
+    } else {
+        let model = VaeDecoder::load(&VarBuilder::new(&src), &p.vae)
+            .map_err(|e| BadInput(e.to_string()))?;
+        let (mut a, kept) = finish_load(src, &req.levers);
+        a.insert("arm".into(), Value::from("cpu"));
+        ph.finish(a);
+        Box::new(HostVae::new(model, kept.0))
+    };
+    decode_video(dec, latents, req, grid, rec)
 }
 
 /// The CPU arm's DiT: the transformer widened to f32 on the host, and the
@@ -609,59 +607,42 @@ fn prepare_latents(
     Ok((z, timestep))
 }
 
-/// What `decode.video` hands to `artifacts.frames`.
-enum Decoded {
-    /// The CPU arm's f32 clip `[3, F, H, W]`, converted there.
-    Pixels(Tensor),
-    /// The device's RGB8 frames, converted on the device.
-    Frames(Vec<Frame>),
-}
-
-/// `decode.video` on the host: one `decode.video.chunk` per temporal chunk.
-fn decode_host(
-    model: VaeDecoder,
-    kept: Retained,
+/// `decode.video` on the arm `dec` runs: one `decode.video.chunk` per
+/// temporal chunk (each closed as the decoder reports its end, with the
+/// chunk's `device_ms` and frames where the arm counts them); chunk 0 also
+/// covers preparing the latents, the last one freeing the decoder.
+fn decode_video(
+    dec: Box<dyn Decoder>,
     latents: Tensor,
     req: &RenderRequest,
     grid: (usize, usize, usize),
     rec: &Recorder,
 ) -> anyhow::Result<Decoded> {
-    let lf = grid.0;
-    let chunks = lf.div_ceil(DECODE_CHUNK_LATENT_FRAMES);
-    let dec = rec.phase(
-        "decode.video",
-        attrs! {"chunk_latent_frames" => DECODE_CHUNK_LATENT_FRAMES, "chunks" => chunks, "arm" => "cpu"},
-    );
-    // The decoder reports the end of each chunk. Chunk 0 opens now and also
-    // covers preparing the latents; each report closes its chunk and opens
-    // the next; the last chunk also covers freeing the decoder.
+    let chunk = dec.chunk_latent_frames();
+    let chunks = grid.0.div_ceil(chunk);
+    let mut open = attrs! {"chunk_latent_frames" => chunk, "chunks" => chunks, "arm" => dec.arm()};
+    open.extend(dec.open_attrs());
+    let ph = rec.phase("decode.video", open);
     let mut open_chunk = Some(rec.phase("decode.video.chunk", attrs! {"chunk" => 0}));
-    let (z, timestep) = prepare_latents(
-        latents,
-        model.latents_mean(),
-        model.latents_std(),
-        req,
-        grid,
-    )?;
-    let mut on_chunk = |i: usize| {
-        if i + 1 < chunks {
+    let (mean, std) = dec.latent_stats();
+    let (z, timestep) = prepare_latents(latents, mean, std, req, grid)?;
+    let mut last: Option<ChunkEnd> = None;
+    let mut on_chunk = |end: ChunkEnd| {
+        if end.index + 1 < end.chunks {
             if let Some(c) = open_chunk.take() {
-                c.finish(Attrs::new());
+                c.finish(end.attrs());
             }
-            open_chunk = Some(rec.phase("decode.video.chunk", attrs! {"chunk" => i + 1}));
+            open_chunk = Some(rec.phase("decode.video.chunk", attrs! {"chunk" => end.index + 1}));
+        } else {
+            last = Some(end);
         }
     };
-    let px = model
-        .decode_chunked(&z, timestep, DECODE_CHUNK_LATENT_FRAMES, &mut on_chunk)
-        .context("VAE decode")?;
-    drop(model);
-    drop(kept);
-    drop(z);
+    let (out, a) = dec.decode_clip(z, timestep, &mut on_chunk)?;
     if let Some(c) = open_chunk.take() {
-        c.finish(Attrs::new());
+        c.finish(last.map(|e| e.attrs()).unwrap_or_default());
     }
-    dec.finish(attrs! {"frames" => px.shape().get(1).copied().unwrap_or(0)});
-    Ok(Decoded::Pixels(px))
+    ph.finish(a);
+    Ok(out)
 }
 
 /// The CUDA arm's VAE: the decoder's tensors (and the latent statistics) of
@@ -694,59 +675,6 @@ fn load_cuda_vae(
         a.insert("conv_fallback".into(), Value::from(e.as_str()));
     }
     Ok((dv, a))
-}
-
-/// `decode.video` on the device: one `decode.video.chunk` per device chunk
-/// (`device_ms` from CUDA events on its close), RGB8 frames copied back per chunk.
-fn decode_cuda(
-    mut dv: DeviceVae,
-    latents: Tensor,
-    req: &RenderRequest,
-    grid: (usize, usize, usize),
-    rec: &Recorder,
-) -> anyhow::Result<Decoded> {
-    let chunk = DEVICE_CHUNK_LATENT_FRAMES;
-    let chunks = grid.0.div_ceil(chunk);
-    let dec = rec.phase(
-        "decode.video",
-        attrs! {"chunk_latent_frames" => chunk, "chunks" => chunks, "arm" => "cuda", "conv" => dv.path.name()},
-    );
-    let mut open_chunk = Some(rec.phase("decode.video.chunk", attrs! {"chunk" => 0}));
-    let (z, timestep) = prepare_latents(latents, dv.latents_mean(), dv.latents_std(), req, grid)?;
-    let mut last: Option<ChunkReport> = None;
-    let mut on_chunk = |r: &ChunkReport| {
-        if r.index + 1 < r.chunks {
-            if let Some(c) = open_chunk.take() {
-                c.finish(attrs! {attr::DEVICE_MS => r.device_ms, "frames" => r.frames});
-            }
-            open_chunk = Some(rec.phase("decode.video.chunk", attrs! {"chunk" => r.index + 1}));
-        } else {
-            last = Some(*r);
-        }
-    };
-    let out = dv
-        .decode(&z, timestep, &DecodeOptions::render(chunk), &mut on_chunk)
-        .context("VAE decode on the device")?;
-    // The last chunk also covers freeing the decoder and its device memory.
-    drop(dv);
-    drop(z);
-    if let Some(c) = open_chunk.take() {
-        let mut a = Attrs::new();
-        if let Some(r) = last {
-            a.insert(attr::DEVICE_MS.into(), Value::from(r.device_ms));
-            a.insert("frames".into(), Value::from(r.frames));
-        }
-        c.finish(a);
-    }
-    let frames = out
-        .frames
-        .ok_or_else(|| anyhow!("the device VAE returned no frames"))?;
-    dec.finish(attrs! {
-        "frames" => frames.len(),
-        attr::DEVICE_MS => out.device_ms,
-        "workspace_bytes" => out.workspace_bytes,
-    });
-    Ok(Decoded::Frames(frames))
 }
 
 /// Write `video.y4m`, `first.png`, `middle.png` (frame `(F-1)/2`), `last.png`, and

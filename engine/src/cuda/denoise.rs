@@ -184,6 +184,14 @@ pub struct CudaDenoiser {
     _rig: DeviceKit,
 }
 
+/// The CUDA arm's errors inside the denoise boundary's error (`?` in the
+/// arm's [`Denoiser`] methods), shown as they are.
+impl From<CudaError> for DenoiseError {
+    fn from(e: CudaError) -> DenoiseError {
+        DenoiseError::Device(e.into())
+    }
+}
+
 /// Open GPU 0, stage the transformer's tensors (`tensors`: the extents of the
 /// validated checkpoint, possibly over several files) with `staging`, bind them
 /// and upload the conditioning. The geometry (latent grid and fps) fixes the

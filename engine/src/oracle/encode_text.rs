@@ -18,7 +18,9 @@ use anyhow::Context;
 use evidence::rung::Device;
 
 use super::TensorFile;
-use crate::conditioning::{encode_device, encode_host, Encoded, KeyRule};
+use crate::conditioning::{Encoded, KeyRule};
+use crate::cpu::text::encode_host;
+use crate::cuda::models::t5::encode_device;
 use crate::cuda::models::t5::open_device_t5;
 use crate::cuda::staging::{StagingMethod, StagingOptions};
 use crate::models::t5::{self, T5Encoder};

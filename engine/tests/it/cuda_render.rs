@@ -459,7 +459,7 @@ fn rung0_on_the_device_matches_the_cpu_arm_within_the_argued_tolerance() {
     assert_eq!(
         (cpu_chunks, gpu_chunks),
         (
-            2usize.div_ceil(engine::pipeline::DECODE_CHUNK_LATENT_FRAMES),
+            2usize.div_ceil(engine::cpu::decode::DECODE_CHUNK_LATENT_FRAMES),
             2usize.div_ceil(engine::cuda::models::vae::DEVICE_CHUNK_LATENT_FRAMES)
         ),
         "decode chunks (cpu, device) against each arm's chunk size"

@@ -240,7 +240,8 @@ fn whole_tiny_pipeline_matches_the_reference() {
 /// the conditioning past 1e-4 or the frames by several levels.
 #[test]
 fn whole_tiny_render_from_the_prompt_matches_the_reference() {
-    use engine::conditioning::{encode_host, PIPELINE_KEYS};
+    use engine::conditioning::PIPELINE_KEYS;
+    use engine::cpu::text::encode_host;
     use engine::text::tokenizer::PromptTokenizer;
     use engine::weights::layout::{Component, Layout};
     use engine::weights::safetensors::LoadOptions;

@@ -29,6 +29,8 @@ use std::time::Instant;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::CudaStream;
 
+use crate::arms::TextEncoder;
+use crate::conditioning::{tokenize, ConditioningError, Encoded, KeyRule};
 use crate::cuda::kit::context::{Gpu, Timer};
 use crate::cuda::kit::gemm::{Epilogue, Gemm};
 use crate::cuda::kit::kernels::{Kernels, Params, NULL};
@@ -39,6 +41,7 @@ use crate::cuda::CudaError;
 use crate::models::t5::{tensor_specs, Keys, T5Config, EMBED_ALIAS};
 use crate::ops::t5::relative_position_bucket;
 use crate::tensor::Tensor;
+use crate::text::tokenizer::PromptTokenizer;
 use crate::weights::safetensors::Extent;
 
 /// Head dims the attention kernel is built for (the tiny preset's 16, T5-XXL's 64).
@@ -666,6 +669,74 @@ pub fn loaded_bytes() -> u64 {
 /// Device bytes a forward adds over `prompts` prompts of `l` tokens: its workspace.
 pub fn run_bytes(cfg: &T5Config, prompts: usize, l: usize) -> u64 {
     Workspace::bytes_for(cfg, prompts, l) as u64
+}
+
+/// Encode `prompts` on the device with `rule`, as one batch (every prompt has
+/// the tokenizer's fixed length). Returns them and the forward's device
+/// milliseconds.
+pub fn encode_device(
+    t5: &mut DeviceT5,
+    tok: &PromptTokenizer,
+    prompts: &[&str],
+    rule: KeyRule,
+) -> Result<(Vec<Encoded>, f64), ConditioningError> {
+    let toks = tokenize(tok, prompts)?;
+    let mut out = Vec::with_capacity(toks.len());
+    let mut ms = 0.0;
+    // One batch per length (the tokenizer pads to one length, so one batch).
+    let mut lengths: Vec<usize> = toks.iter().map(|t| t.ids.len()).collect();
+    lengths.sort_unstable();
+    lengths.dedup();
+    let mut states: Vec<Option<Tensor>> = vec![None; toks.len()];
+    for l in lengths {
+        let members: Vec<usize> = (0..toks.len())
+            .filter(|i| toks[*i].ids.len() == l)
+            .collect();
+        let batch: Vec<(&[u32], Keys)> = members
+            .iter()
+            .map(|i| (toks[*i].ids.as_slice(), rule.keys(&toks[*i].mask)))
+            .collect();
+        let (ys, t) = t5
+            .encode(&batch, false)
+            .map_err(|e| ConditioningError::Device(e.into()))?;
+        ms += t;
+        for (i, y) in members.into_iter().zip(ys) {
+            states[i] = Some(y);
+        }
+    }
+    for (t, s) in toks.into_iter().zip(states) {
+        let states = s.ok_or_else(|| {
+            ConditioningError::Device(
+                CudaError::Invalid(
+                    "the device text encoder returned fewer states than prompts".into(),
+                )
+                .into(),
+            )
+        })?;
+        out.push(Encoded {
+            ids: t.ids,
+            mask: t.mask,
+            states,
+            blocks: Vec::new(),
+        });
+    }
+    Ok((out, ms))
+}
+
+impl TextEncoder for DeviceT5 {
+    fn arm(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn encode(
+        &mut self,
+        tok: &PromptTokenizer,
+        prompts: &[&str],
+        rule: KeyRule,
+    ) -> Result<(Vec<Encoded>, Option<f64>), ConditioningError> {
+        let (e, ms) = encode_device(self, tok, prompts, rule)?;
+        Ok((e, Some(ms)))
+    }
 }
 
 #[cfg(test)]

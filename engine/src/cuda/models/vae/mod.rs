@@ -44,6 +44,11 @@ use crate::cuda::kit::memory::{download, DeviceBuffer};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::staging::{self, DeviceWeights, StagingOptions, StagingReport};
 use crate::cuda::{CudaError, DriverContext};
+use anyhow::Context;
+use evidence::attrs;
+use evidence::marker::{attr, Attrs};
+
+use crate::arms::{ChunkEnd, Decoded, Decoder};
 use crate::frames::Frame;
 use crate::models::vae::{decoder_tensor_specs, VaeConfig};
 use crate::tensor::Tensor;
@@ -456,6 +461,59 @@ pub fn open_device_vae(
 /// The device allocator's tracker of a device VAE (for `peak_device_bytes`).
 pub fn mem(v: &DeviceVae) -> Arc<crate::cuda::kit::memory::MemTracker> {
     v.kit.gpu.mem.clone()
+}
+
+/// The CUDA arm's decoder behind [`Decoder`]: chunks of
+/// [`DEVICE_CHUNK_LATENT_FRAMES`] latent frames ([`DecodeOptions::render`]),
+/// RGB8 frames copied back per chunk, each chunk's device milliseconds from
+/// CUDA events.
+impl Decoder for DeviceVae {
+    fn arm(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn latent_stats(&self) -> (&[f32], &[f32]) {
+        (self.latents_mean(), self.latents_std())
+    }
+
+    fn chunk_latent_frames(&self) -> usize {
+        DEVICE_CHUNK_LATENT_FRAMES
+    }
+
+    fn open_attrs(&self) -> Attrs {
+        attrs! {"conv" => self.path.name()}
+    }
+
+    fn decode_clip(
+        mut self: Box<Self>,
+        z: Tensor,
+        timestep: f32,
+        on_chunk: &mut dyn FnMut(ChunkEnd),
+    ) -> anyhow::Result<(Decoded, Attrs)> {
+        let opts = DecodeOptions::render(DEVICE_CHUNK_LATENT_FRAMES);
+        let mut report = |r: &ChunkReport| {
+            on_chunk(ChunkEnd {
+                index: r.index,
+                chunks: r.chunks,
+                device_ms: Some(r.device_ms),
+                frames: Some(r.frames),
+            })
+        };
+        let out = DeviceVae::decode(&mut self, &z, timestep, &opts, &mut report)
+            .context("VAE decode on the device")?;
+        // Freeing the decoder and its device memory is the last chunk's work.
+        drop(self);
+        drop(z);
+        let frames = out
+            .frames
+            .ok_or_else(|| anyhow::anyhow!("the device VAE returned no frames"))?;
+        let a = attrs! {
+            "frames" => frames.len(),
+            attr::DEVICE_MS => out.device_ms,
+            "workspace_bytes" => out.workspace_bytes,
+        };
+        Ok((Decoded::Frames(frames), a))
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,98 @@
+//! The render's three arms behind traits: the text encoder ([`TextEncoder`]),
+//! the denoise loop ([`crate::denoise::Denoiser`]) and the video decoder
+//! ([`Decoder`]). [`crate::pipeline`] drives these, never an arm's own type:
+//! the CPU reference arm implements them in [`crate::cpu`], the CUDA arm in
+//! `cuda` (`DeviceT5`, `CudaDenoiser`, `DeviceVae`), and the levers pick which
+//! one a render loads.
+
+use evidence::marker::Attrs;
+
+use crate::conditioning::{ConditioningError, Encoded, KeyRule};
+use crate::frames::Frame;
+use crate::tensor::Tensor;
+use crate::text::tokenizer::PromptTokenizer;
+
+/// A loaded text encoder: prompts in, encoder states out.
+pub trait TextEncoder {
+    /// `cpu` or `cuda`.
+    fn arm(&self) -> &'static str;
+
+    /// Tokenize `prompts` with `tok` and encode them with `rule`: one
+    /// [`Encoded`] per prompt, in order, and on a device the forwards' device
+    /// milliseconds (CUDA events).
+    fn encode(
+        &mut self,
+        tok: &PromptTokenizer,
+        prompts: &[&str],
+        rule: KeyRule,
+    ) -> Result<(Vec<Encoded>, Option<f64>), ConditioningError>;
+}
+
+/// What a decoder hands to `artifacts.frames`.
+pub enum Decoded {
+    /// An f32 clip `[3, F, H, W]` in [-1, 1], converted to 8-bit frames by the
+    /// pipeline (the CPU arm).
+    Pixels(Tensor),
+    /// RGB8 frames, converted where they were decoded (the CUDA arm).
+    Frames(Vec<Frame>),
+}
+
+/// The end of one temporal chunk of a decode, as the decoder reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChunkEnd {
+    /// The chunk (0-based).
+    pub index: usize,
+    /// Chunks in the decode.
+    pub chunks: usize,
+    /// The chunk's device milliseconds (CUDA events), on a device.
+    pub device_ms: Option<f64>,
+    /// Frames the chunk produced, where the decoder counts them per chunk.
+    pub frames: Option<usize>,
+}
+
+impl ChunkEnd {
+    /// The attributes of the chunk's `decode.video.chunk` close.
+    pub fn attrs(&self) -> Attrs {
+        let mut a = Attrs::new();
+        if let Some(ms) = self.device_ms {
+            a.insert(
+                evidence::marker::attr::DEVICE_MS.into(),
+                serde_json::Value::from(ms),
+            );
+        }
+        if let Some(f) = self.frames {
+            a.insert("frames".into(), serde_json::Value::from(f));
+        }
+        a
+    }
+}
+
+/// A loaded video VAE decoder.
+pub trait Decoder {
+    /// `cpu` or `cuda`.
+    fn arm(&self) -> &'static str;
+
+    /// The per-channel latent mean and standard deviation its checkpoint
+    /// carries (the pipeline denormalizes the latents with them).
+    fn latent_stats(&self) -> (&[f32], &[f32]);
+
+    /// Latent frames per temporal chunk.
+    fn chunk_latent_frames(&self) -> usize;
+
+    /// What the `decode.video` open says besides the chunking and the arm
+    /// (the CUDA arm's convolution path).
+    fn open_attrs(&self) -> Attrs {
+        Attrs::new()
+    }
+
+    /// Decode `z` (`[C, f, h, w]`, denormalized) at `timestep`, calling
+    /// `on_chunk` as each temporal chunk ends, in order. Consumes the decoder:
+    /// its memory is freed before this returns, inside the phase. Returns the
+    /// clip and what the `decode.video` close says of it.
+    fn decode_clip(
+        self: Box<Self>,
+        z: Tensor,
+        timestep: f32,
+        on_chunk: &mut dyn FnMut(ChunkEnd),
+    ) -> anyhow::Result<(Decoded, Attrs)>;
+}
