@@ -6,15 +6,13 @@
 //! `cargo run -p engine --example golden_inputs -- DIR`, then on a machine with
 //! PyTorch: `python3 engine/tests/goldens/make_goldens.py DIR OUT`.
 
-#[path = "../tests/it/golden_case.rs"]
-mod golden_case;
-
 use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use engine::presets;
 use engine::tensor::Tensor;
+use engine::test_kit::golden_case;
 use safetensors::{Dtype, View};
 
 struct F32(Vec<usize>, Vec<u8>);

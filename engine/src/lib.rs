@@ -35,5 +35,7 @@ pub mod presets;
 pub mod rng;
 pub mod schedule;
 pub mod tensor;
+#[cfg(feature = "test-kit")]
+pub mod test_kit;
 pub mod text;
 pub mod weights;

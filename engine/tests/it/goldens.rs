@@ -94,10 +94,10 @@ fn check(g: &Goldens, name: &str, got: &[f32], shape: &[usize]) -> f32 {
 #[test]
 fn transformer_one_step_matches_the_reference() {
     let g = Goldens::load();
-    let p = crate::golden_case::tiny();
-    let src = crate::golden_case::source(&dit::tensor_specs(&p.dit));
+    let p = engine::test_kit::golden_case::tiny();
+    let src = engine::test_kit::golden_case::source(&dit::tensor_specs(&p.dit));
     let m = Transformer::load(&VarBuilder::new(&src), &p.dit).unwrap();
-    let c = crate::golden_case::dit_case();
+    let c = engine::test_kit::golden_case::dit_case();
     let rope = engine::ops::rope::ltx_rope(c.grid, c.fps, 8, 32, p.dit.inner_dim());
     check(&g, "dbg_dit_rope_cos", &rope.cos, &[24, 64]);
     check(&g, "dbg_dit_rope_sin", &rope.sin, &[24, 64]);
@@ -110,10 +110,10 @@ fn transformer_one_step_matches_the_reference() {
 #[test]
 fn t5_encoder_matches_the_reference() {
     let g = Goldens::load();
-    let p = crate::golden_case::tiny();
-    let src = crate::golden_case::source(&t5::tensor_specs(&p.t5));
+    let p = engine::test_kit::golden_case::tiny();
+    let src = engine::test_kit::golden_case::source(&t5::tensor_specs(&p.t5));
     let m = T5Encoder::load(&VarBuilder::new(&src), &p.t5).unwrap();
-    let (ids, mask) = crate::golden_case::t5_case();
+    let (ids, mask) = engine::test_kit::golden_case::t5_case();
     let y = m.forward(&ids, Keys::Masked(&mask)).unwrap();
     check(&g, "t5_out", y.data(), &[12, 64]);
     // Called as the reference pipeline calls it: token ids alone.
@@ -135,28 +135,30 @@ fn t5_encoder_matches_the_reference() {
 #[test]
 fn vae_decoders_match_the_reference() {
     let g = Goldens::load();
-    let p = crate::golden_case::tiny();
-    let src = crate::golden_case::source(&vae::tensor_specs(&p.vae));
+    let p = engine::test_kit::golden_case::tiny();
+    let src = engine::test_kit::golden_case::source(&vae::tensor_specs(&p.vae));
     let d = VaeDecoder::load(&VarBuilder::new(&src), &p.vae).unwrap();
-    let (z, t) = crate::golden_case::vae_case();
+    let (z, t) = engine::test_kit::golden_case::vae_case();
     let y = d.decode(&z, t).unwrap();
     check(&g, "vae_out", y.data(), &[3, 17, 64, 64]);
     // Chunked decoding is exact, so it meets the same golden.
     let y2 = d.decode_chunked(&z, t, 1, &mut |_| {}).unwrap();
     assert_eq!(y, y2);
 
-    let cfg = crate::golden_case::vae090_tiny();
-    let src = crate::golden_case::source(&vae::tensor_specs(&cfg));
+    let cfg = engine::test_kit::golden_case::vae090_tiny();
+    let src = engine::test_kit::golden_case::source(&vae::tensor_specs(&cfg));
     let d = VaeDecoder::load(&VarBuilder::new(&src), &cfg).unwrap();
-    let y = d.decode(&crate::golden_case::vae090_case(), 0.0).unwrap();
+    let y = d
+        .decode(&engine::test_kit::golden_case::vae090_case(), 0.0)
+        .unwrap();
     check(&g, "vae090_out", y.data(), &[3, 9, 32, 32]);
 }
 
 #[test]
 fn sigma_schedules_match_the_reference() {
     let g = Goldens::load();
-    let cfg = crate::golden_case::tiny().scheduler;
-    for &(steps, tokens) in crate::golden_case::SCHEDULES {
+    let cfg = engine::test_kit::golden_case::tiny().scheduler;
+    for &(steps, tokens) in engine::test_kit::golden_case::SCHEDULES {
         let got = schedule::sigmas(&cfg, steps, tokens).unwrap();
         let (_, want) = g.get(&format!("sched_{steps}_{tokens}"));
         assert_eq!(got.len(), want.len());
@@ -176,11 +178,11 @@ fn sigma_schedules_match_the_reference() {
 #[test]
 fn whole_tiny_pipeline_matches_the_reference() {
     let g = Goldens::load();
-    let p = crate::golden_case::tiny();
-    let c = crate::golden_case::pipe_case();
-    let dsrc = crate::golden_case::source(&dit::tensor_specs(&p.dit));
+    let p = engine::test_kit::golden_case::tiny();
+    let c = engine::test_kit::golden_case::pipe_case();
+    let dsrc = engine::test_kit::golden_case::source(&dit::tensor_specs(&p.dit));
     let dit_m = Transformer::load(&VarBuilder::new(&dsrc), &p.dit).unwrap();
-    let vsrc = crate::golden_case::source(&vae::tensor_specs(&p.vae));
+    let vsrc = engine::test_kit::golden_case::source(&vae::tensor_specs(&p.vae));
     let vae_m = VaeDecoder::load(&VarBuilder::new(&vsrc), &p.vae).unwrap();
     let grid = ((c.frames - 1) / 8 + 1, c.height / 32, c.width / 32);
     let n = grid.0 * grid.1 * grid.2;
@@ -247,8 +249,8 @@ fn whole_tiny_render_from_the_prompt_matches_the_reference() {
     use engine::weights::safetensors::LoadOptions;
 
     let g = Goldens::load();
-    let rc = crate::golden_case::render_case();
-    let p = crate::golden_case::tiny();
+    let rc = engine::test_kit::golden_case::render_case();
+    let p = engine::test_kit::golden_case::tiny();
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_engine"));
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("goldens-render");
     let _ = std::fs::remove_dir_all(&dir);

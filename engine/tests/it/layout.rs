@@ -203,3 +203,42 @@ fn no_two_modules_of_the_engine_depend_on_each_other() {
     let c = circles(&g);
     assert!(c.is_empty(), "module circles in engine/src: {c:?}");
 }
+
+/// The lines of `text` that include another file by a path attribute.
+fn path_includes(text: &str) -> Vec<String> {
+    // Built so that this file's own source does not match itself.
+    let needle = format!("#[{}", "path");
+    text.lines()
+        .filter(|l| l.trim_start().starts_with(&needle))
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
+/// No file of the engine (library, tests, examples, benches) pulls another in
+/// with a path attribute: what targets share lives in `src/test_kit/` behind
+/// the `test-kit` feature. Red on: a path attribute anywhere, as
+/// `examples/golden_inputs.rs` had for `tests/it/golden_case.rs`.
+#[test]
+fn no_file_includes_another_by_path() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut bad = Vec::new();
+    for dir in ["src", "tests", "examples", "benches"] {
+        let d = root.join(dir);
+        if !d.exists() {
+            continue;
+        }
+        for f in rust_files(&d) {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for l in path_includes(&text) {
+                bad.push(format!("{}: {l}", f.display()));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "path includes:\n{}", bad.join("\n"));
+    let planted = format!("//! doc\n#[{}= \"../x.rs\"]\nmod x;\n", "path ");
+    assert_eq!(
+        path_includes(&planted).len(),
+        1,
+        "the scan sees a planted one"
+    );
+}

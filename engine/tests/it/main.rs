@@ -8,8 +8,6 @@
 //! reads the process's peak RSS runs itself in a child process.
 
 mod common;
-mod golden_case;
-
 mod cuda_render;
 mod device_rungs;
 mod fuzz_safetensors;

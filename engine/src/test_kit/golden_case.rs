@@ -1,14 +1,13 @@
 //! The golden cases: tiny weights and inputs regenerated deterministically
-//! from fixed seeds. Shared (through `#[path]`) by `examples/golden_inputs.rs`,
-//! which writes them for the reference implementation, and `goldens.rs`,
-//! which compares the engine against what the reference produced from them.
-#![allow(dead_code)]
+//! from fixed seeds. Shared by `examples/golden_inputs.rs`, which writes them
+//! for the reference implementation, and `tests/it/goldens.rs`, which compares
+//! the engine against what the reference produced from them.
 
-use engine::models::{dit, init, t5, vae};
-use engine::presets::{preset, Preset, VaeConfig};
-use engine::rng::Gaussian;
-use engine::tensor::Tensor;
-use engine::weights::{MapSource, TensorSpec};
+use crate::models::{dit, init, t5, vae};
+use crate::presets::{preset, Preset, VaeConfig};
+use crate::rng::Gaussian;
+use crate::tensor::Tensor;
+use crate::weights::{MapSource, TensorSpec};
 
 /// Seed of every golden weight tensor.
 pub const WEIGHT_SEED: u64 = 20_241_130;
@@ -23,7 +22,7 @@ pub fn tiny() -> Preset {
 /// A tiny VAE in the 0.9.0 layout (no timestep conditioning, channel-changing
 /// resnets, plain depth-to-space).
 pub fn vae090_tiny() -> VaeConfig {
-    let mut c = engine::presets::vae_090();
+    let mut c = crate::presets::vae_090();
     c.block_out_channels = vec![8, 16, 32, 32];
     c.layers_per_block = vec![1, 1, 1, 1, 1];
     c.decoder_block_out_channels = vec![8, 16, 32, 32];
@@ -54,11 +53,17 @@ fn normal(name: &str, shape: &[usize]) -> Tensor {
 
 /// One transformer forward.
 pub struct DitCase {
+    /// Latent tokens `[tokens, 128]`, (f, h, w) raster order.
     pub latents: Tensor,
+    /// The noise level.
     pub sigma: f32,
+    /// Text encoder states `[L, caption_channels]`.
     pub text: Tensor,
+    /// `L` values: 1 for a real token, 0 for padding.
     pub mask: Vec<f32>,
+    /// Latent grid (frames, height, width).
     pub grid: (usize, usize, usize),
+    /// Frames per second (RoPE's time scale).
     pub fps: f32,
 }
 
@@ -103,16 +108,27 @@ pub fn vae090_case() -> Tensor {
 pub struct PipeCase {
     /// Initial latents [128, F', H', W'] (channel-first, as the reference draws them).
     pub noise: Tensor,
+    /// Prompt embeddings `[L, caption_channels]`.
     pub prompt: Tensor,
+    /// The prompt's mask (1 real, 0 padding).
     pub prompt_mask: Vec<f32>,
+    /// Negative-prompt embeddings `[L, caption_channels]`.
     pub negative: Tensor,
+    /// The negative prompt's mask.
     pub negative_mask: Vec<f32>,
+    /// Frame width, pixels.
     pub width: usize,
+    /// Frame height, pixels.
     pub height: usize,
+    /// Frames.
     pub frames: usize,
+    /// Denoise steps.
     pub steps: usize,
+    /// Guidance scale.
     pub guidance: f32,
+    /// Frames per second.
     pub fps: f32,
+    /// The VAE's decode timestep.
     pub decode_timestep: f32,
 }
 
@@ -155,14 +171,23 @@ pub const SCHEDULES: &[(usize, usize)] = &[
 /// `engine synth-weights --preset tiny` writes, against diffusers'
 /// `LTXPipeline.from_pretrained` on that same directory, from the same noise.
 pub struct RenderCase {
+    /// Frame width, pixels.
     pub width: usize,
+    /// Frame height, pixels.
     pub height: usize,
+    /// Frames.
     pub frames: usize,
+    /// Denoise steps.
     pub steps: usize,
+    /// Guidance scale.
     pub guidance: f64,
+    /// The render's seed (noise streams).
     pub seed: u64,
+    /// Frames per second.
     pub fps: f64,
+    /// The prompt.
     pub prompt: &'static str,
+    /// The negative prompt.
     pub negative: &'static str,
 }
 
