@@ -274,6 +274,12 @@ for f in sorted(glob.glob(os.path.join(out, "ref-*-*.json"))):
     rung = os.path.basename(f).split("-")[1]
     if r["mode"] == "vae":
         print(f"ref rung {rung} vae decode median {r['decode_ms_median']:.1f} ms (n={len(r['decode_ms'])}), torch {r['torch']} diffusers {r['diffusers']}")
+        # The engine's decode against it, same card, same call (its decode.video
+        # also brings the frames to the host; the reference's does not).
+        for wall, ewall, ph in rows.get(rung, []):
+            if "decode.video" in ph:
+                d = ph["decode.video"] * 1e3
+                print(f"  engine default: decode.video {d:.1f} ms / ref vae decode {r['decode_ms_median']:.1f} ms = {d / r['decode_ms_median']:.3f}x (frames to host included)")
     else:
         call = r["call_ms_median"] / 1e3; load = r["load_ms"] / 1e3
         cold = r.get("warm_up_ms", 0) / 1e3

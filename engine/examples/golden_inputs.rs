@@ -143,10 +143,10 @@ fn main() -> Result<()> {
         )?,
     );
     write_tensors(&dir.join("inputs.safetensors"), &inputs)?;
-    let report = engine::weights::synth::synthesize(
+    let report = engine::synth_weights::synthesize(
         &p,
         &dir.join("render_weights"),
-        &engine::weights::synth::SynthOptions::default(),
+        &engine::synth_weights::SynthOptions::default(),
     )?;
 
     let (_, vt) = golden_case::vae_case();

@@ -16,7 +16,7 @@ use crate::phase::Recorder;
 use crate::pipeline::{self, BadInput, RenderRequest};
 use crate::plan::{self, Geometry};
 use crate::presets;
-use crate::weights::synth::{self, SynthOptions};
+use crate::synth_weights::{self as synth, SynthOptions};
 
 /// Success.
 pub const EXIT_OK: i32 = 0;
@@ -124,6 +124,21 @@ pub struct RenderArgs {
     pub prompt_embeds: Option<PathBuf>,
 }
 
+/// A part of `selftest-cuda` that can run alone (`--only`): the command
+/// line's names for the checks' sections, which live inside the crate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SelftestSection {
+    /// Staging, the DiT's kernels, GEMMs, attention and forwards (and their benchmarks).
+    Dit,
+    /// The T5 encoder's kernels and forwards (and its benchmark).
+    T5,
+    /// The `denoise-graph` lever: graph vs eager loops (with --bench the loop
+    /// benchmark only).
+    Graph,
+    /// The video VAE decoder's primitives and whole decodes (and its benchmark).
+    Vae,
+}
+
 /// Every command.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -170,7 +185,7 @@ pub enum Command {
         scratch: PathBuf,
         /// Run one section only (its checks, and with --bench its benchmark).
         #[arg(long, value_enum)]
-        only: Option<crate::cuda::selftest::Section>,
+        only: Option<SelftestSection>,
     },
     /// Tokenize and encode a prompt set with one arm's text encoder, as the
     /// render conditions, and write ids, masks and hidden states to a
@@ -284,12 +299,18 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
 fn selftest_cuda(
     bench: bool,
     scratch: PathBuf,
-    only: Option<crate::cuda::selftest::Section>,
+    only: Option<SelftestSection>,
 ) -> anyhow::Result<i32> {
+    use crate::cuda::selftest::Section;
     let opts = crate::cuda::selftest::SelftestOptions {
         scratch,
         bench,
-        only,
+        only: only.map(|s| match s {
+            SelftestSection::Dit => Section::Dit,
+            SelftestSection::T5 => Section::T5,
+            SelftestSection::Graph => Section::Graph,
+            SelftestSection::Vae => Section::Vae,
+        }),
     };
     let all_passed = crate::cuda::selftest::run(&opts)?;
     Ok(if all_passed { EXIT_OK } else { EXIT_FAILED })

@@ -1,17 +1,18 @@
 //! The LTX-Video render engine.
 //!
-//! A CPU reference arm and a device-resident CUDA arm behind one backend
-//! trait, loading checkpoints in the layouts users have, emitting the phase markers
-//! of the marker protocol (`specs/markers.md`), with optimisation levers switchable
-//! per run.
+//! A CPU reference arm ([`cpu`]) and a device-resident CUDA arm ([`cuda`])
+//! behind the three traits of [`arms`] (text encoder, denoiser, decoder) that
+//! [`pipeline`] drives, loading checkpoints in the layouts users have, emitting
+//! the phase markers of the marker protocol (`specs/markers.md`), with
+//! optimisation levers switchable per run.
 //!
 //! The numeric core: [`presets`] (model configs), [`models`] (layouts and
 //! forwards of the transformer, T5 and the VAE decoder), [`ops`] (the CPU
 //! kernels they are built from), [`schedule`] (sigmas, Euler, guidance, latent
 //! scaling) and [`rng`] (the seeded Gaussian generator).
 //!
-//! Around it: [`weights`] (safetensors loading, layouts, synthetic weights,
-//! digest, page-cache residency), [`text`] (tokenizer, prompt embeddings),
+//! Around it: [`weights`] (safetensors loading, layouts, digest, page-cache
+//! residency), [`synth_weights`] (a preset's synthetic checkpoint), [`text`] (tokenizer, prompt embeddings),
 //! [`levers`], [`frames`] (y4m and PNG output).
 
 #![deny(missing_docs)]
@@ -34,6 +35,7 @@ pub mod plan;
 pub mod presets;
 pub mod rng;
 pub mod schedule;
+pub mod synth_weights;
 pub mod tensor;
 #[cfg(feature = "test-kit")]
 pub mod test_kit;

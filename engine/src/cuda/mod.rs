@@ -19,18 +19,19 @@
 //! 4. [`denoise`]: the device-resident denoise loop behind
 //!    [`crate::denoise::Denoiser`] (eager or graph-replayed); [`burn`]: the
 //!    known GEMM load of the GPU-utilization control.
-//! 5. Checks and benchmarks, imported by nothing but the command line:
-//!    [`selftest`] (`engine selftest-cuda`: every device model and kernel
-//!    against the CPU arm), [`bench`](mod@bench) (the device benchmarks) and [`fixtures`]
-//!    (seeded inputs and synthetic weight files both use).
+//! 5. Checks and benchmarks, imported by nothing but the command line and
+//!    crate-private (not part of the library's surface): `selftest`
+//!    (`engine selftest-cuda`: every device model and kernel against the CPU
+//!    arm), `bench` (the device benchmarks) and `fixtures` (seeded inputs and
+//!    synthetic weight files both use).
 
-pub mod bench;
+pub(crate) mod bench;
 pub mod burn;
 pub mod denoise;
-pub mod fixtures;
+pub(crate) mod fixtures;
 pub mod kit;
 pub mod models;
-pub mod selftest;
+pub(crate) mod selftest;
 pub mod staging;
 
 use cudarc::cublaslt::result::CublasError;

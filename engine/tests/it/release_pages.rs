@@ -5,11 +5,11 @@
 use std::path::{Path, PathBuf};
 
 use engine::presets::preset;
+use engine::synth_weights::{self as synth, component_specs, SynthOptions};
 use engine::weights::layout::{Component, Layout};
 use engine::weights::residency::{file_residency, warm_file, Residency};
 use engine::weights::safetensors::LoadOptions;
 use engine::weights::safetensors::Widen;
-use engine::weights::synth::{self, component_specs, SynthOptions};
 use engine::weights::TensorSource;
 
 fn residency_of(files: &[PathBuf]) -> Residency {

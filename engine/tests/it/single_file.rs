@@ -7,10 +7,10 @@ use std::path::PathBuf;
 
 use engine::models::{dit, vae};
 use engine::presets::preset;
+use engine::synth_weights::{self as synth, header_bytes, unit_bytes, FilePlan, SynthOptions};
 use engine::weights::layout::{Component, Layout, NameMap, VaeVersion};
 use engine::weights::safetensors::LoadOptions;
 use engine::weights::spec::TensorSpec;
-use engine::weights::synth::{self, header_bytes, unit_bytes, FilePlan, SynthOptions};
 use engine::weights::TensorSource;
 
 /// Test-side inverse of the reference conversion: diffusers name -> original.

@@ -7,10 +7,10 @@
 use std::path::PathBuf;
 
 use engine::hostmem;
+use engine::synth_weights::{header_bytes, unit_bytes, FilePlan};
 use engine::weights::safetensors::Widen;
 use engine::weights::safetensors::{LoadOptions, SafetensorsSource};
 use engine::weights::spec::{DType, TensorSpec};
-use engine::weights::synth::{header_bytes, unit_bytes, FilePlan};
 use engine::weights::TensorSource;
 
 /// Eight bf16 tensors of 2^21 elements: 32 MiB stored, 64 MiB as f32.

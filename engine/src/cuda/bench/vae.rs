@@ -2,8 +2,7 @@
 //! the ltxv-2b decoder at 768x512x121 (latent 16x16x24, timestep
 //! conditioning on) with weights generated on the device, every conv path and
 //! a few chunk sizes, the median device time of a few decodes after a
-//! warm-up against PyTorch's (the reference figure and the target below), the
-//! device peak; and
+//! warm-up, the device peak; and
 //! the heaviest convolution shapes alone, per path; and the wall time to the
 //! host's frames with the f32 download and the host's conversion against the
 //! device's RGB8 frames.
@@ -27,11 +26,10 @@ use crate::models::vae::decoder_read_specs;
 use crate::models::vae::VaeConfig;
 use crate::tensor::Tensor;
 
-/// PyTorch's decode time at 768x512x121 on the H200, ms: the reference figure
-/// of `reports/device-notes.md` the bench prints its ratio against.
-pub const PYTORCH_MS: f64 = 234.0;
-/// The bench's target for the same decode, ms.
-pub const TARGET_MS: f64 = 180.0;
+/// PyTorch's figure for the same decode is not a constant here: a comparison is
+/// made on the same card in the same call, so `scripts/bench-gpu.sh`'s `ref:`
+/// step times diffusers' `vae.decode` beside this bench, and its `table` step
+/// prints the ratio.
 /// Latent grid of 768x512 at 121 frames.
 pub const LATENT_768X512X121: (usize, usize, usize) = (16, 16, 24);
 
@@ -126,10 +124,9 @@ pub fn bench_vae(kit: &DeviceKit) -> Result<Vec<String>, CudaError> {
             push(
                 &mut rows,
                 format!(
-                    "vae      ltxv-2b decode 768x512x121 {:<10} chunk {chunk:>2}: {m:>7.1} ms ({:.0} TFLOP/s conv)  PyTorch {PYTORCH_MS} ms, target <= {TARGET_MS}: {}; peak device {:.2} GiB (decode buffers {:.2} GiB)",
+                    "vae      ltxv-2b decode 768x512x121 {:<10} chunk {chunk:>2}: {m:>7.1} ms ({:.0} TFLOP/s conv) (PyTorch: the ref step of the same call); peak device {:.2} GiB (decode buffers {:.2} GiB)",
                     path.name(),
                     flops / m / 1e9,
-                    if m <= TARGET_MS { "MET" } else { "MISSED" },
                     gpu.mem.peak() as f64 / (1u64 << 30) as f64,
                     warm.workspace_bytes as f64 / (1u64 << 30) as f64,
                 ),

@@ -263,6 +263,7 @@ impl Kernels {
     /// Compile (or read from the cache) and load every module on `gpu`.
     pub fn load(gpu: &Gpu) -> Result<Kernels, CudaError> {
         let cache = nvrtc::cache_dir();
+        let arch = nvrtc::arch(gpu.capability)?;
         let mut modules = Vec::new();
         let mut funcs = HashMap::new();
         let mut report = LoadReport {
@@ -270,7 +271,7 @@ impl Kernels {
         };
         for (name, src) in nvrtc::MODULES {
             let t0 = Instant::now();
-            let (cubin, origin) = nvrtc::compile_cached(name, src, cache.as_deref())?;
+            let (cubin, origin) = nvrtc::compile_cached(name, src, &arch, cache.as_deref())?;
             report
                 .modules
                 .push((name.to_string(), origin, t0.elapsed().as_secs_f64() * 1e3));

@@ -2,7 +2,8 @@
 //! cached on disk.
 //!
 //! Each module (`kernels/*.cu`, with `kernels/common.cuh` pasted in place of its
-//! include) is compiled for `sm_90` straight to a CUBIN, so the driver loads
+//! include) is compiled for the device's own architecture ([`arch`]: `sm_90`
+//! on an H100 or H200) straight to a CUBIN, so the driver loads
 //! machine code and runs no PTX JIT at start. The cache key is the sha256 of the
 //! source, the options and the NVRTC version; the cache lives in
 //! `<cache dir>/cuda-kernels/<module>-<key>.cubin` (see [`cache_dir`]). A damaged
@@ -36,13 +37,33 @@ pub const MODULES: &[(&str, &str)] = &[
     ("vae", VAE_CU),
 ];
 
-/// The target architecture (the H200 is compute capability 9.0).
+/// The architecture of the project's GPU machines (H100 and H200: compute
+/// capability 9.0): what the compile check without a GPU builds for. A render
+/// compiles for the device it runs on ([`arch`]).
 pub const ARCH: &str = "sm_90";
 
-/// Compiler options, part of the cache key.
-pub fn options() -> Vec<String> {
+/// The oldest compute capability the kernels run on: 8.0 (bf16 `mma.sync`,
+/// `cvt.rn.bf16x2.f32`, `cp.async`).
+pub const MIN_CAPABILITY: (i32, i32) = (8, 0);
+
+/// The NVRTC architecture for a device of compute capability `cap` (major,
+/// minor): `sm_<major><minor>`; a device older than [`MIN_CAPABILITY`] is
+/// [`CudaError::NotAvailable`], naming both.
+pub fn arch(cap: (i32, i32)) -> Result<String, CudaError> {
+    if cap < MIN_CAPABILITY || cap.1 < 0 {
+        return Err(CudaError::NotAvailable(format!(
+            "the engine's kernels need compute capability {}.{} or later (bf16 mma.sync); \
+             this GPU has {}.{}",
+            MIN_CAPABILITY.0, MIN_CAPABILITY.1, cap.0, cap.1
+        )));
+    }
+    Ok(format!("sm_{}{}", cap.0, cap.1))
+}
+
+/// Compiler options for architecture `arch` (e.g. `sm_90`), part of the cache key.
+pub fn options(arch: &str) -> Vec<String> {
     vec![
-        format!("--gpu-architecture={ARCH}"),
+        format!("--gpu-architecture={arch}"),
         "-std=c++17".into(),
         "--fmad=true".into(),
         "-lineinfo".into(),
@@ -104,14 +125,15 @@ pub enum Origin {
 }
 
 /// Compile `name` (source `src` without the common header pasted) to a CUBIN for
-/// [`ARCH`], using the cache under `cache` when given.
+/// `arch` ([`arch`]), using the cache under `cache` when given.
 pub fn compile_cached(
     name: &str,
     src: &str,
+    arch: &str,
     cache: Option<&Path>,
 ) -> Result<(Vec<u8>, Origin), CudaError> {
     let full = full_source(src);
-    let opts = options();
+    let opts = options(arch);
     let version = nvrtc_version()?;
     let key = cache_key(&full, &opts, version);
     let path = cache.map(|d| d.join("cuda-kernels").join(format!("{name}-{key}.cubin")));
@@ -227,13 +249,28 @@ mod tests {
 
     #[test]
     fn cache_key_changes_with_source_options_and_version() {
-        let o = options();
+        let o = options(ARCH);
         let k = cache_key("a", &o, (13, 0));
         assert_eq!(k.len(), 24);
         assert_ne!(k, cache_key("b", &o, (13, 0)));
         assert_ne!(k, cache_key("a", &o[1..], (13, 0)));
         assert_ne!(k, cache_key("a", &o, (13, 1)));
         assert_eq!(k, cache_key("a", &o, (13, 0)));
+    }
+
+    /// Red on: a hard-coded architecture (the device's capability ignored), a
+    /// pre-Ampere device accepted, or the minor version dropped.
+    #[test]
+    fn the_architecture_is_the_devices_and_old_devices_are_refused() {
+        assert_eq!(arch((9, 0)).unwrap(), "sm_90");
+        assert_eq!(arch((8, 9)).unwrap(), "sm_89");
+        assert_eq!(arch((10, 0)).unwrap(), "sm_100");
+        let e = arch((7, 5)).unwrap_err().to_string();
+        assert!(e.contains("8.0") && e.contains("7.5"), "{e}");
+        assert_ne!(
+            cache_key("a", &options("sm_90"), (13, 0)),
+            cache_key("a", &options("sm_89"), (13, 0))
+        );
     }
 
     #[test]
@@ -257,7 +294,7 @@ mod tests {
         }
         for (name, src) in MODULES {
             let cubin =
-                compile(name, &full_source(src), &options()).unwrap_or_else(|e| panic!("{e}"));
+                compile(name, &full_source(src), &options(ARCH)).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(&cubin[..4], b"\x7fELF", "{name}");
         }
     }

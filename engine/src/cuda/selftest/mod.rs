@@ -108,7 +108,7 @@ pub struct SelftestOptions {
 }
 
 /// A part of the selftest that can run alone (`--only`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Section {
     /// Staging, the DiT's kernels, GEMMs, attention and forwards (and their benchmarks).
     Dit,

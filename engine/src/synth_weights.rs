@@ -19,7 +19,7 @@
 //! than [`SynthOptions::shard_bytes`] is split into
 //! `<stem>-0000i-of-0000n.safetensors` shards with a
 //! `<stem>.safetensors.index.json`, as the releases are. `DIGEST` is written
-//! last (see [`super::digest`]).
+//! last (see [`crate::weights::digest`]).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -30,12 +30,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use super::digest::{self, FileDigest};
-use super::layout::Component;
-use super::spec::{DType, TensorSpec};
 use crate::models::{dit, init, t5, vae};
 use crate::presets::Preset;
 use crate::text::synth_tokenizer::synth_tokenizer_json;
+use crate::weights::digest::{self, FileDigest};
+use crate::weights::layout::Component;
+use crate::weights::spec::{DType, TensorSpec};
 
 /// The seed of every synthetic weight (stream names are the tensor names).
 pub const SYNTH_SEED: u64 = 0;
