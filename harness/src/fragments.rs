@@ -374,6 +374,35 @@ pub struct WeightsCache {
     /// Seconds spent evicting or reading.
     #[serde(default, deserialize_with = "lenient")]
     pub seconds: Option<f64>,
+    /// A cold start's disk measurement: bytes read from the weights past the
+    /// page cache (`O_DIRECT`).
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub disk_read_bytes: Option<u64>,
+    /// Its wall seconds, first request to the last reader's end.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub disk_read_s: Option<f64>,
+    /// Its readers, each on its own range.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub disk_readers: Option<u64>,
+    /// Why a cold start has no disk figure.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub disk_read_note: Option<String>,
 }
 
 /// `contention`: other work on the host at start, during the run and per phase.

@@ -127,16 +127,72 @@ fn sampler_cost_line(v: Option<&Sampler>) -> Option<String> {
 
 /// The weights' page-cache state at engine start in one line: the resident share
 /// and the policy (from the `weights_cache` fragment, or the `weights-cache` gate of
-/// bundles sealed before it).
+/// bundles sealed before it), and after a cold start the disk's own read rate
+/// (or why there is none).
 fn cache_line(fragment: Option<&WeightsCache>, gates: Option<&Gates>) -> String {
     let Some(c) = crate::bundle::manifest::cache_at_start(fragment, gates) else {
         return "weights' page-cache state at start not recorded".into();
     };
-    format!(
+    let mut line = format!(
         "{:.1}% of the weights in the page cache at engine start ({})",
         100.0 * c.share,
         c.policy.as_deref().unwrap_or("?")
-    )
+    );
+    if let Some(gbps) = fragment.and_then(disk_gbps) {
+        line.push_str(&format!(
+            "; the disk read {gbps:.2} GB/s cold (O_DIRECT, {} readers, {:.3} GiB)",
+            dash(fragment.and_then(|f| f.disk_readers).map(|r| r.to_string())),
+            fragment.and_then(|f| f.disk_read_bytes).unwrap_or(0) as f64 / (1u64 << 30) as f64
+        ));
+    } else if let Some(why) = fragment.and_then(|f| f.disk_read_note.as_deref()) {
+        line.push_str(&format!("; disk rate not measured: {why}"));
+    }
+    line
+}
+
+/// A cold start's disk read rate, GB/s (10^9 bytes a second).
+fn disk_gbps(f: &WeightsCache) -> Option<f64> {
+    match (f.disk_read_bytes, f.disk_read_s) {
+        (Some(b), Some(s)) if s > 0.0 => Some(b as f64 / s / 1e9),
+        _ => None,
+    }
+}
+
+/// The engine's staging rate of each top-level load phase (its `staging_gbps`
+/// close attribute, GB/s) in one line, and after a cold start the disk's rate
+/// beside them with each load's share of it: what the device could have read
+/// against what it did. `None` when no load phase says a rate.
+fn staging_line(phases: &[Value], fragment: Option<&WeightsCache>) -> Option<String> {
+    use evidence::parquet_tables::columns::phases as col;
+    let disk = fragment.and_then(disk_gbps);
+    let parts: Vec<String> = phases
+        .iter()
+        .filter(|r| r[col::DEPTH].as_i64() == Some(0))
+        .filter_map(|r| {
+            let name = r[col::NAME].as_str()?;
+            if !name.starts_with("load.") {
+                return None;
+            }
+            let attrs: Value = serde_json::from_str(r[col::ATTRS_JSON].as_str()?).ok()?;
+            let gbps = attrs["staging_gbps"].as_f64()?;
+            Some(match disk {
+                Some(d) if d > 0.0 => {
+                    format!(
+                        "{name} {gbps:.2} GB/s ({:.0}% of the disk's)",
+                        100.0 * gbps / d
+                    )
+                }
+                _ => format!("{name} {gbps:.2} GB/s"),
+            })
+        })
+        .collect();
+    if parts.is_empty() {
+        return None;
+    }
+    Some(match disk {
+        Some(d) => format!("{}; the disk read {d:.2} GB/s cold", parts.join(", ")),
+        None => parts.join(", "),
+    })
 }
 
 /// The summary text (everything above the phase table).
@@ -327,6 +383,10 @@ pub fn run(args: ShowArgs) -> anyhow::Result<u8> {
     }
     let s = BundleSummary::load(&dir)?;
     print!("{}", summary_text(&s));
+    let phases = crate::bundle::tables::rows(&dir, evidence::bundle_files::PHASES)?;
+    if let Some(line) = staging_line(&phases, s.fragment::<WeightsCache>().as_ref()) {
+        println!("{}", crate::escape::terminal(&format!("staging  {line}")));
+    }
     println!();
     let table = crate::bundle::tables::phase_table_text(&dir)
         .with_context(|| format!("reading the phase table of {}", dir.display()))?;
@@ -425,6 +485,51 @@ mod tests {
             cache_line(None, None),
             "weights' page-cache state at start not recorded"
         );
+        // A cold start says the disk's rate, or why it has none.
+        let cold: WeightsCache = serde_json::from_value(serde_json::json!({"policy": "cold",
+            "total_bytes": 1000u64, "resident_before_bytes": 1000u64, "resident_after_bytes": 0u64,
+            "seconds": 0.1, "disk_read_bytes": 2_000_000_000u64, "disk_read_s": 0.8,
+            "disk_readers": 4u64}))
+        .unwrap();
+        assert_eq!(
+            cache_line(Some(&cold), None),
+            "0.0% of the weights in the page cache at engine start (cold); the disk read 2.50 \
+             GB/s cold (O_DIRECT, 4 readers, 1.863 GiB)"
+        );
+        let refused: WeightsCache = serde_json::from_value(serde_json::json!({"policy": "cold",
+            "total_bytes": 1000u64, "resident_before_bytes": 0u64, "resident_after_bytes": 0u64,
+            "seconds": 0.1, "disk_read_note": "w.safetensors: open with O_DIRECT: Invalid argument"}))
+        .unwrap();
+        assert!(cache_line(Some(&refused), None).ends_with(
+            "; disk rate not measured: w.safetensors: open with O_DIRECT: Invalid argument"
+        ));
+    }
+
+    /// Red on: the disk's rate left out, a nested load phase counted, or the
+    /// share computed against the wrong side.
+    #[test]
+    fn the_staging_line_puts_each_load_beside_the_disk() {
+        let row = |name: &str, depth: i64, attrs: &str| serde_json::json!({"name": name, "depth": depth, "attrs_json": attrs});
+        let phases = vec![
+            row("load.text_encoder", 0, r#"{"staging_gbps": 1.25}"#),
+            row("conditioning", 0, r#"{"staging_gbps": 99.0}"#),
+            row("load.dit", 0, r#"{"staging_gbps": 2.0, "arm": "cuda"}"#),
+            row("load.dit.inner", 1, r#"{"staging_gbps": 7.0}"#),
+            row("load.vae", 0, r#"{"arm": "cpu"}"#),
+        ];
+        let cold: WeightsCache = serde_json::from_value(serde_json::json!({"policy": "cold",
+            "disk_read_bytes": 2_500_000_000u64, "disk_read_s": 1.0, "disk_readers": 4u64}))
+        .unwrap();
+        assert_eq!(
+            staging_line(&phases, Some(&cold)).unwrap(),
+            "load.text_encoder 1.25 GB/s (50% of the disk's), load.dit 2.00 GB/s (80% of the \
+             disk's); the disk read 2.50 GB/s cold"
+        );
+        assert_eq!(
+            staging_line(&phases, None).unwrap(),
+            "load.text_encoder 1.25 GB/s, load.dit 2.00 GB/s"
+        );
+        assert_eq!(staging_line(&phases[1..2], Some(&cold)), None);
     }
 
     #[test]
