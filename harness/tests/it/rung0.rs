@@ -129,8 +129,9 @@ fn rung0_renders_under_the_harness_into_a_complete_verified_bundle() {
 
 /// `--weights-cache cold`: the harness evicts the weight files before the engine
 /// starts, measures that they left (at most 2% resident) and records it; the render
-/// still completes. Mutation: make `evict` a no-op and the gate refuses (the files
-/// were just synthesized and read, so they are resident).
+/// still completes, and the disk's cold rate (or why it has none) is recorded.
+/// Mutation: make `evict` a no-op and the gate refuses (the files were just
+/// synthesized and read, so they are resident).
 #[test]
 fn a_cold_start_is_reached_measured_and_recorded() {
     let store = vacant_dir("rung0-cold");
@@ -177,5 +178,13 @@ fn a_cold_start_is_reached_measured_and_recorded() {
         let total = f["total_bytes"].as_u64().unwrap_or(0);
         let after = f["resident_after_bytes"].as_u64().unwrap_or(u64::MAX);
         assert!(total > 0 && after * 50 <= total, "{f}");
+        // The disk's own rate, or why there is none (rung 0's tiny weights may
+        // hold no whole 8 MiB request), and never a warmed cache: the gate above.
+        assert!(
+            f["disk_read_bytes"].as_u64().is_some_and(|b| b > 0)
+                || f["disk_read_note"].as_str().is_some_and(|n| !n.is_empty()),
+            "{f}"
+        );
+        assert!(detail.contains("disk"), "{detail}");
     }
 }
