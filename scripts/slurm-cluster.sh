@@ -16,10 +16,11 @@
 #                                      (by their pid files, nothing else)
 #   scripts/slurm-cluster.sh conf      print the slurm.conf path (exit 1 when absent)
 #
-# One node, not two: two slurmd on one host are supported only by a Slurm built with
-# --enable-multiple-slurmd (whether Debian's is was not established here), and two
-# nodes on one machine would run two benchmark tasks side by side, each measuring
-# under the other's load (rank excludes runs flagged as contended). The partition is `harness`; every job is exclusive on it.
+# One node, not two. Debian's slurm-wlm 22.05.8 does run two slurmd on one host
+# (tried 2026-12-05: two NodeName entries on 127.0.0.1, each with its own Port,
+# `slurmd -N n1` and `slurmd -N n2`; an exclusive 2-task array put one task on
+# each), but two nodes on one machine run two benchmark tasks side by side, each
+# measuring under the other's load (rank excludes runs flagged as contended). The partition is `harness`; every job is exclusive on it.
 # Where the cluster cannot be installed or started, `install` and `start` exit 1
 # saying why loudly; `just test` then sets HARNESS_NO_SLURM=1 and the Slurm tests
 # report NOT RUN (without it, they fail).
