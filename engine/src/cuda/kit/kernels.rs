@@ -448,25 +448,7 @@ impl Kernels {
                 "qk_norm_rope_pair: width {d} must be even and <= {QKN_MAX_D}"
             )));
         }
-        if let Some(r) = rope {
-            let tokens = r.grid.0 * r.grid.1 * r.grid.2;
-            if q.2 != tokens || k.2 != tokens {
-                return Err(CudaError::Invalid(format!(
-                    "qk_norm_rope_pair: RoPE over grid {:?} ({tokens} tokens) given {} and {} rows",
-                    r.grid, q.2, k.2
-                )));
-            }
-        }
-        let p = Params::default()
-            .ptr(q.0)
-            .ptr(q.1)
-            .int(q.2)
-            .ptr(k.0)
-            .ptr(k.1)
-            .int(k.2)
-            .int(d)
-            .f32(eps);
-        let p = rope_params(p, rope);
+        let p = qk_pair_params("qk_norm_rope_pair", q, k, d, eps, rope)?;
         let rows = q.2.max(k.2).max(1) as u32;
         self.launch("qk_norm_rope_pair", (rows, 2, 1), ROW_THREADS, 0, s, p)
     }
@@ -496,25 +478,7 @@ impl Kernels {
                 "qk_norm_rope_warp: q, k and their norm weights must be 16-byte aligned".into(),
             ));
         }
-        if let Some(r) = rope {
-            let tokens = r.grid.0 * r.grid.1 * r.grid.2;
-            if q.2 != tokens || k.2 != tokens {
-                return Err(CudaError::Invalid(format!(
-                    "qk_norm_rope_warp: RoPE over grid {:?} ({tokens} tokens) given {} and {} rows",
-                    r.grid, q.2, k.2
-                )));
-            }
-        }
-        let p = Params::default()
-            .ptr(q.0)
-            .ptr(q.1)
-            .int(q.2)
-            .ptr(k.0)
-            .ptr(k.1)
-            .int(k.2)
-            .int(d)
-            .f32(eps);
-        let p = rope_params(p, rope);
+        let p = qk_pair_params("qk_norm_rope_warp", q, k, d, eps, rope)?;
         let rows = q.2.max(k.2).max(1);
         let blocks = rows.div_ceil(QKW_WARPS as usize) as u32;
         self.launch("qk_norm_rope_warp", (blocks, 2, 1), 32 * QKW_WARPS, 0, s, p)
@@ -794,6 +758,38 @@ pub fn kernel_names(src: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// The parameters of the two-tensor q/k norm kernels (`kernel` names the one
+/// an error is about): q and k (pointer, norm weight, rows), the width, epsilon
+/// and the RoPE tail; with `rope`, both tensors must have the grid's rows.
+fn qk_pair_params(
+    kernel: &str,
+    q: (CUdeviceptr, CUdeviceptr, usize),
+    k: (CUdeviceptr, CUdeviceptr, usize),
+    d: usize,
+    eps: f32,
+    rope: Option<&RopeArgs>,
+) -> Result<Params, CudaError> {
+    if let Some(r) = rope {
+        let tokens = r.grid.0 * r.grid.1 * r.grid.2;
+        if q.2 != tokens || k.2 != tokens {
+            return Err(CudaError::Invalid(format!(
+                "{kernel}: RoPE over grid {:?} ({tokens} tokens) given {} and {} rows",
+                r.grid, q.2, k.2
+            )));
+        }
+    }
+    let p = Params::default()
+        .ptr(q.0)
+        .ptr(q.1)
+        .int(q.2)
+        .ptr(k.0)
+        .ptr(k.1)
+        .int(k.2)
+        .int(d)
+        .f32(eps);
+    Ok(rope_params(p, rope))
 }
 
 /// The RoPE tail of the q/k norm kernels' parameters (`freqs`, `nfreq`, the

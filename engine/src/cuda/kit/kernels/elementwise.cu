@@ -14,6 +14,37 @@ extern "C" __global__ void cast_bf16_to_f32(const bf16* __restrict__ x, float* _
         y[i] = bf2f(x[i]);
 }
 
+// RoPE's position of token `t` of a (gf, gh, gw) raster grid on each axis
+// (f, h, w): 2 * (index * scale / base) - 1. Shared by the q/k norm kernels.
+__device__ __forceinline__ void rope_position(long long t, int gh, int gw, float scale_f, float scale_h,
+                                              float scale_w, float base_f, float base_h, float base_w,
+                                              float* pos) {
+    const long long hw = (long long)gh * gw;
+    const int f = (int)(t / hw);
+    const int h = (int)((t / gw) % gh);
+    const int wq = (int)(t % gw);
+    pos[0] = ((float)f * scale_f) / base_f * 2.0f - 1.0f;
+    pos[1] = ((float)h * scale_h) / base_h * 2.0f - 1.0f;
+    pos[2] = ((float)wq * scale_w) / base_w * 2.0f - 1.0f;
+}
+
+// RoPE on pair `p` (channels 2p, 2p+1) in place, when `freqs` is given and the
+// pair is past the unrotated padding: frequency k = idx / 3 on axis idx % 3.
+__device__ __forceinline__ void rope_pair(const float* __restrict__ freqs, int p, int pad_pairs,
+                                          const float* pos, float& a, float& b) {
+    if (freqs != 0 && p >= pad_pairs) {
+        const int idx = p - pad_pairs;
+        const int k = idx / 3, axis = idx - 3 * (idx / 3);
+        const float ang = freqs[k] * pos[axis];
+        float s, c;
+        sincosf(ang, &s, &c);
+        const float na = a * c - b * s;
+        const float nb = b * c + a * s;
+        a = na;
+        b = nb;
+    }
+}
+
 // Weighted RMS norm over the full row (all heads together), then, when `freqs`
 // is not null, LTX interleaved RoPE. Row `t` is token t of a (gf, gh, gw) grid in
 // raster order. The first `pad = D - 6*nfreq` channels are not rotated; pair p
@@ -40,15 +71,7 @@ extern "C" __global__ void qk_norm_rope(const bf16* x, bf16* y, const bf16* __re
     }
     const float r = rsqrtf(block_sum(ss, scratch) / (float)D + eps);
     float pos[3];
-    {
-        const long long hw = (long long)gh * gw;
-        const int f = (int)(t / hw);
-        const int h = (int)((t / gw) % gh);
-        const int wq = (int)(t % gw);
-        pos[0] = ((float)f * scale_f) / base_f * 2.0f - 1.0f;
-        pos[1] = ((float)h * scale_h) / base_h * 2.0f - 1.0f;
-        pos[2] = ((float)wq * scale_w) / base_w * 2.0f - 1.0f;
-    }
+    rope_position(t, gh, gw, scale_f, scale_h, scale_w, base_f, base_h, base_w, pos);
     const int pad_pairs = (D - 6 * nfreq) / 2;
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
         unsigned int v = xr[p];
@@ -57,17 +80,7 @@ extern "C" __global__ void qk_norm_rope(const bf16* x, bf16* y, const bf16* __re
         // The norm output is rounded to bf16 before RoPE, as a bf16 model does.
         a = bf2f(f2bf(a));
         b = bf2f(f2bf(b));
-        if (freqs != 0 && p >= pad_pairs) {
-            const int idx = p - pad_pairs;
-            const int k = idx / 3, axis = idx - 3 * (idx / 3);
-            const float ang = freqs[k] * pos[axis];
-            float s, c;
-            sincosf(ang, &s, &c);
-            const float na = a * c - b * s;
-            const float nb = b * c + a * s;
-            a = na;
-            b = nb;
-        }
+        rope_pair(freqs, p, pad_pairs, pos, a, b);
         yr[p] = pack_bf16x2(a, b);
     }
 }
@@ -126,15 +139,7 @@ extern "C" __global__ void __launch_bounds__(QKW_WARPS * 32) qk_norm_rope_warp(
     }
     const float r = rsqrtf(warp_sum(ss) / (float)D + eps);
     float pos[3];
-    {
-        const long long hw = (long long)gh * gw;
-        const int f = (int)(t / hw);
-        const int h = (int)((t / gw) % gh);
-        const int wq_ = (int)(t % gw);
-        pos[0] = ((float)f * scale_f) / base_f * 2.0f - 1.0f;
-        pos[1] = ((float)h * scale_h) / base_h * 2.0f - 1.0f;
-        pos[2] = ((float)wq_ * scale_w) / base_w * 2.0f - 1.0f;
-    }
+    rope_position(t, gh, gw, scale_f, scale_h, scale_w, base_f, base_h, base_w, pos);
     const int pad_pairs = (D - 6 * nfreq) / 2;
 #pragma unroll
     for (int j = 0; j < QKW_CHUNKS; ++j) {
@@ -151,17 +156,7 @@ extern "C" __global__ void __launch_bounds__(QKW_WARPS * 32) qk_norm_rope_warp(
             float b = f[2 * e + 1] * r * g[2 * e + 1];
             a = bf2f(f2bf(a));
             b = bf2f(f2bf(b));
-            if (freqs != 0 && p >= pad_pairs) {
-                const int idx = p - pad_pairs;
-                const int k = idx / 3, axis = idx - 3 * (idx / 3);
-                const float ang = freqs[k] * pos[axis];
-                float s, co;
-                sincosf(ang, &s, &co);
-                const float na = a * co - b * s;
-                const float nb = b * co + a * s;
-                a = na;
-                b = nb;
-            }
+            rope_pair(freqs, p, pad_pairs, pos, a, b);
             o[e] = pack_bf16x2(a, b);
         }
         xr[c] = make_uint4(o[0], o[1], o[2], o[3]);
@@ -208,15 +203,7 @@ extern "C" __global__ void __launch_bounds__(QKN_THREADS) qk_norm_rope_pair(
     }
     const float r = rsqrtf(block_sum(ss, scratch) / (float)D + eps);
     float pos[3];
-    {
-        const long long hw = (long long)gh * gw;
-        const int f = (int)(t / hw);
-        const int h = (int)((t / gw) % gh);
-        const int wq_ = (int)(t % gw);
-        pos[0] = ((float)f * scale_f) / base_f * 2.0f - 1.0f;
-        pos[1] = ((float)h * scale_h) / base_h * 2.0f - 1.0f;
-        pos[2] = ((float)wq_ * scale_w) / base_w * 2.0f - 1.0f;
-    }
+    rope_position(t, gh, gw, scale_f, scale_h, scale_w, base_f, base_h, base_w, pos);
     const int pad_pairs = (D - 6 * nfreq) / 2;
 #pragma unroll
     for (int j = 0; j < QKN_PPT; ++j) {
@@ -226,17 +213,7 @@ extern "C" __global__ void __launch_bounds__(QKN_THREADS) qk_norm_rope_pair(
         float b = bf2f((bf16)(v[j] >> 16)) * r * bf2f(w[2 * p + 1]);
         a = bf2f(f2bf(a));
         b = bf2f(f2bf(b));
-        if (freqs != 0 && p >= pad_pairs) {
-            const int idx = p - pad_pairs;
-            const int k = idx / 3, axis = idx - 3 * (idx / 3);
-            const float ang = freqs[k] * pos[axis];
-            float s, c;
-            sincosf(ang, &s, &c);
-            const float na = a * c - b * s;
-            const float nb = b * c + a * s;
-            a = na;
-            b = nb;
-        }
+        rope_pair(freqs, p, pad_pairs, pos, a, b);
         xr[p] = pack_bf16x2(a, b);
     }
 }
