@@ -522,6 +522,17 @@ mod tests {
     fn a_cold_start_measures_the_disk_and_stays_cold() {
         // 2 files of 40 MiB: the whole-request fallback reads 40 MiB of one.
         let paths = weights("disk", 40);
+        // Whether this file system takes O_DIRECT at all: where it does, the
+        // measurement must be made (a reader that always gave up would pass
+        // the Err branch below otherwise).
+        let direct_ok = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&paths[0])
+                .is_ok()
+        };
         let cold = prepare(&paths, Policy::Cold).unwrap();
         let g = cold.gate();
         let frag = cold.fragment();
@@ -537,6 +548,7 @@ mod tests {
                 assert!(frag.disk_read_note.is_none());
             }
             Err(why) => {
+                assert!(!direct_ok, "O_DIRECT opens here, yet no figure: {why}");
                 // tmpfs and some overlay mounts refuse O_DIRECT: said, not hidden.
                 assert!(why.contains("O_DIRECT"), "{why}");
                 assert!(g.detail.contains("disk rate not measured"), "{}", g.detail);
