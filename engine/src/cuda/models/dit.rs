@@ -640,10 +640,6 @@ impl DeviceDit {
         self.arms
     }
 
-    /// The arm the self-attention runs on.
-    pub fn attention(&self) -> AttentionArm {
-        self.arms.attention
-    }
 
     /// The loaded cuDNN's version on the `cudnn` arm.
     pub fn cudnn_version(&self) -> Option<usize> {
