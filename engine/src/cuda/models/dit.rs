@@ -640,7 +640,6 @@ impl DeviceDit {
         self.arms
     }
 
-
     /// The loaded cuDNN's version on the `cudnn` arm.
     pub fn cudnn_version(&self) -> Option<usize> {
         self.sdpa.as_ref().map(|s| s.version)
