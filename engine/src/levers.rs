@@ -62,6 +62,8 @@ pub const ATTENTION: &str = "attention";
 pub const CROSS_ATTENTION: &str = "cross-attention";
 /// Lever id: which kernel runs the CUDA arm's DiT q/k RMS norm and RoPE.
 pub const QK_NORM: &str = "qk-norm";
+/// Lever id: the number format of the CUDA arm's DiT block Linears.
+pub const PRECISION: &str = "precision";
 
 static REGISTRY: &[LeverDef] = &[
     LeverDef {
@@ -175,6 +177,18 @@ static REGISTRY: &[LeverDef] = &[
               of squares as a warp reduction (the same expressions, the sum in another order: \
               a value may differ in its last bit)",
     },
+    LeverDef {
+        id: PRECISION,
+        arms: &["bf16", "fp8"],
+        default: "bf16",
+        baseline: "bf16",
+        applies_to: Applies::Cuda,
+        doc: "bf16 runs the DiT blocks' ten Linears as bf16 GEMMs; fp8 quantizes each weight \
+              to e4m3 per output channel once on the device and each input per token before \
+              its GEMM, and runs cuBLASLt's FP8 GEMM with outer-vector scales and f32 \
+              accumulation (compute capability 8.9+ and cuBLAS 12.9+, an error where either \
+              is missing); the e4m3 weights sit beside the bf16 ones",
+    },
 ];
 
 /// Levers whose treatment arm has not yet been measured on a device: their
@@ -182,7 +196,7 @@ static REGISTRY: &[LeverDef] = &[
 /// other lever's default is its best measured arm, never its baseline).
 /// (Empty since `attention`'s campaigns of 2026-12-04; a new lever whose
 /// treatment has never run on a device belongs here.)
-pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM];
+pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION];
 
 /// Every lever the engine knows, in a stable order.
 pub fn registry() -> &'static [LeverDef] {
@@ -333,8 +347,10 @@ impl LeverSet {
         }
     }
 
-    /// The forward's kernel arms: `attention`, `cross-attention` and `qk-norm`.
+    /// The forward's kernel arms: `attention`, `cross-attention`, `qk-norm` and
+    /// `precision`.
     pub fn forward_arms(&self) -> crate::cuda::models::dit::ForwardArms {
+        use crate::cuda::models::dit::Precision;
         use crate::cuda::models::dit::{CrossArm, ForwardArms, QkNormArm};
         ForwardArms {
             attention: self.attention(),
@@ -347,6 +363,11 @@ impl LeverSet {
                 QkNormArm::Warp
             } else {
                 QkNormArm::Block
+            },
+            precision: if self.arm(PRECISION) == "fp8" {
+                Precision::Fp8
+            } else {
+                Precision::Bf16
             },
         }
     }
@@ -507,10 +528,12 @@ mod tests {
     /// lever is unmeasured, or a spec entry whose arms disagree.
     #[test]
     fn unmeasured_forward_levers_map_to_their_arms_and_match_the_spec() {
+        use crate::cuda::models::dit::Precision;
         use crate::cuda::models::dit::{AttentionArm, CrossArm, ForwardArms, QkNormArm};
         for (id, arms) in [
             (CROSS_ATTENTION, ["mma", "cudnn"]),
             (QK_NORM, ["block", "warp"]),
+            (PRECISION, ["bf16", "fp8"]),
         ] {
             let l = lever(id).unwrap();
             assert_eq!(l.arms, arms, "{id}");
@@ -534,17 +557,27 @@ mod tests {
                 attention: AttentionArm::Cudnn,
                 cross: CrossArm::Mma,
                 qk_norm: QkNormArm::Block,
+                precision: Precision::Bf16,
             }
         );
         let t = LeverSet::resolve(
             Profile::Baseline,
-            [("cross-attention", "cudnn"), ("qk-norm", "warp")],
+            [
+                ("cross-attention", "cudnn"),
+                ("qk-norm", "warp"),
+                ("precision", "fp8"),
+            ],
         )
         .unwrap();
         let a = t.forward_arms();
         assert_eq!(
-            (a.attention, a.cross, a.qk_norm),
-            (AttentionArm::Mma, CrossArm::Cudnn, QkNormArm::Warp)
+            (a.attention, a.cross, a.qk_norm, a.precision),
+            (
+                AttentionArm::Mma,
+                CrossArm::Cudnn,
+                QkNormArm::Warp,
+                Precision::Fp8
+            )
         );
         assert!(a.needs_cudnn());
         assert!(!ForwardArms::OWN.needs_cudnn());

@@ -13,7 +13,8 @@
 //!
 //! Around it: [`weights`] (safetensors loading, layouts, digest, page-cache
 //! residency), [`synth_weights`] (a preset's synthetic checkpoint), [`text`] (tokenizer, prompt embeddings),
-//! [`levers`], [`frames`] (y4m and PNG output).
+//! [`levers`], [`frames`] (y4m and PNG output), [`fp8`] (the e4m3 row-scaled
+//! quantization the CUDA arm's `precision = fp8` is checked against).
 
 #![deny(missing_docs)]
 
@@ -23,6 +24,7 @@ pub mod conditioning;
 pub mod cpu;
 pub mod cuda;
 pub mod denoise;
+pub mod fp8;
 pub mod frames;
 pub mod hostmem;
 pub mod levers;

@@ -478,12 +478,13 @@ fn load_cuda_dit(
     let (den, r) = open_cuda_denoiser(&tensors, &req.preset.dit, &opts, &cond, geo, dispatch, arms)
         .with_context(|| {
             format!(
-                "the CUDA arm's transformer (attention={}, cross-attention={}, qk-norm={}; \
-             `--lever attention=mma --lever cross-attention=mma` runs the engine's own \
-             kernels without cuDNN)",
+                "the CUDA arm's transformer (attention={}, cross-attention={}, qk-norm={}, \
+             precision={}; `--lever attention=mma --lever cross-attention=mma` runs the \
+             engine's own kernels without cuDNN, `--lever precision=bf16` without FP8)",
                 arms.attention.name(),
                 arms.cross.name(),
-                arms.qk_norm.name()
+                arms.qk_norm.name(),
+                arms.precision.name()
             )
         })?;
     rec.attach_device(den.mem());
@@ -492,6 +493,7 @@ fn load_cuda_dit(
     a.insert("attention".into(), Value::from(arms.attention.name()));
     a.insert("cross_attention".into(), Value::from(arms.cross.name()));
     a.insert("qk_norm".into(), Value::from(arms.qk_norm.name()));
+    a.insert("precision".into(), Value::from(arms.precision.name()));
     if let Some(v) = den.cudnn_version() {
         a.insert("cudnn_version".into(), Value::from(v));
     }

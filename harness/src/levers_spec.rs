@@ -880,7 +880,8 @@ next_hypothesis = "n"
         // The levers whose arms compute differently: T5 in bf16 on the device vs
         // f32 on the host, the VAE decoded by the device's kernels vs the host's,
         // the self-attention and the cross-attention in cuDNN's kernel vs the
-        // engine's own, and the q/k norm's sum of squares in another order.
+        // engine's own, the q/k norm's sum of squares in another order, and the
+        // blocks' Linears in e4m3.
         let changing: Vec<&str> = s
             .levers
             .iter()
@@ -894,7 +895,8 @@ next_hypothesis = "n"
                 "vae",
                 "attention",
                 "cross-attention",
-                "qk-norm"
+                "qk-norm",
+                "precision"
             ]
         );
         // Attention's saving is explained (or not) by the tensor pipes in denoise.

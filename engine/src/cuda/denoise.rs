@@ -196,8 +196,9 @@ impl From<CudaError> for DenoiseError {
 /// validated checkpoint, possibly over several files) with `staging`, bind them
 /// and upload the conditioning. The geometry (latent grid and fps) fixes the
 /// workspace; `dispatch` is the `denoise-graph` lever's arm and `arms`
-/// the forward's kernel arms (levers `attention`, `cross-attention`, `qk-norm`;
-/// cuDNN is loaded here when one of them runs on it).
+/// the forward's kernel arms (levers `attention`, `cross-attention`, `qk-norm`,
+/// `precision`; cuDNN is loaded here when one of them runs on it, the e4m3
+/// weights quantized here when `precision` is fp8).
 pub fn open_cuda_denoiser(
     tensors: &[Extent],
     cfg: &DitConfig,

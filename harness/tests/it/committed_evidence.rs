@@ -127,7 +127,7 @@ fn a_stale_or_missing_forest_plot_is_caught_naming_the_file() {
 /// Levers whose device campaign has not been run yet: `cross-attention` and
 /// `qk-norm` (added 2026-12-05 when no device time was left; the engine keeps
 /// them in `levers::UNMEASURED`, so their default is the baseline).
-const OWED: &[&str] = &["cross-attention", "qk-norm"];
+const OWED: &[&str] = &["cross-attention", "qk-norm", "precision"];
 
 /// Levers whose device campaign ran at rung 2 (and 1) but not yet at rung 3:
 /// held to three pairs at rung 2, and exempt at rung 3 only while they have no

@@ -34,6 +34,7 @@ use crate::cuda::kit::kernels::{AttnKernel, NULL};
 use crate::cuda::kit::memory::{align_up, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::kit::DeviceKit;
+use crate::cuda::models::dit::Precision;
 use crate::cuda::models::dit::{
     AttentionArm, CrossArm, DeviceDit, DitDims, ForwardArms, Geometry, QkNormArm, TextSlot,
     LATENT_CHANNELS,
@@ -498,6 +499,7 @@ fn bench_forward(
                 attention: AttentionArm::Cudnn,
                 cross: CrossArm::Cudnn,
                 qk_norm: QkNormArm::Warp,
+                precision: Precision::Bf16,
             };
             let newer = dit.set_arms(arms).and_then(|_| {
                 let ms = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
@@ -548,6 +550,38 @@ fn bench_forward(
             rows,
             format!("forward  {name} attention=cudnn unavailable: {e}"),
         ),
+    }
+    // `precision = fp8` on the engine's own kernels (attn as `best`): the whole
+    // forward and its parts beside the bf16 forward on the same kernels.
+    let fp8 = ForwardArms {
+        precision: Precision::Fp8,
+        ..ForwardArms::OWN
+    };
+    let r = dit.set_arms(fp8).and_then(|_| {
+        let ms = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
+            dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
+        })?;
+        let p = profile::forward_profile(kit, &dit, (lat_p, vel_p), geo, &slot, 3)?;
+        Ok((ms, p, dit.fp8_bytes(n, l)))
+    });
+    dit.set_arms(ForwardArms::OWN)?;
+    let label = format!("{name} precision=fp8");
+    match r {
+        Ok((ms, p, bytes)) => {
+            for r in profile::profile_rows(&label, &dims, (n, l), &p, ms) {
+                push(rows, r);
+            }
+            push(
+                rows,
+                format!(
+                    "forward  {label}: {ms:.1} ms vs bf16 {best:.1} ms ({:+.1}%); \
+                     {:.2} GiB more device memory",
+                    (ms / best - 1.0) * 100.0,
+                    bytes as f64 / (1u64 << 30) as f64
+                ),
+            );
+        }
+        Err(e) => push(rows, format!("forward  {label} unavailable: {e}")),
     }
     let sa_layer = sa / layers;
     push(rows, format!(

@@ -11,6 +11,12 @@
 //! Row-major to cuBLASLt's column-major: Yᵀ (n × m, ld n) = op(A)·op(B) with
 //! A = W read as a k × n column-major matrix and transposed, B = X read as a
 //! k × m column-major matrix, not transposed.
+//!
+//! [`Gemm::linear_fp8`] is the same product on e4m3 operands quantized row by
+//! row ([`crate::fp8`]): cuBLASLt's outer-vector scaling (cuBLAS 12.9+ on
+//! Hopper) multiplies output column `o` by the weight row's scale and output row
+//! `t` by the token's scale inside the GEMM, accumulating in f32. The layout is
+//! the one FP8 GEMMs require on Hopper anyway: A transposed, B not ("TN").
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -39,6 +45,15 @@ pub enum Epilogue {
     BiasGelu,
 }
 
+/// The operands' element type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Operands {
+    /// bf16 x and w.
+    Bf16,
+    /// e4m3 x and w, each with one f32 scale per row.
+    Fp8RowScaled,
+}
+
 /// One cached problem: descriptors and the chosen algorithm.
 struct Plan {
     desc: ltsys::cublasLtMatmulDesc_t,
@@ -46,6 +61,10 @@ struct Plan {
     b: ltsys::cublasLtMatrixLayout_t,
     c: ltsys::cublasLtMatrixLayout_t,
     algo: ltsys::cublasLtMatmulAlgo_t,
+    /// Whether the epilogue asked for is the one the plan runs: false when an
+    /// FP8 plan asked for [`Epilogue::BiasGelu`] got no algorithm with it and
+    /// runs [`Epilogue::Bias`], leaving the GELU to the caller.
+    fused: bool,
 }
 
 impl Drop for Plan {
@@ -60,7 +79,7 @@ impl Drop for Plan {
     }
 }
 
-type Key = (usize, usize, usize, Epilogue);
+type Key = (usize, usize, usize, Epilogue, Operands);
 
 /// A cuBLASLt handle, its workspace and the plan cache.
 pub struct Gemm {
@@ -121,25 +140,53 @@ impl Gemm {
 
     fn plan(
         &self,
-        m: usize,
-        n: usize,
-        k: usize,
+        (m, n, k): (usize, usize, usize),
         ep: Epilogue,
+        ops: Operands,
+        bias_probe: CUdeviceptr,
+    ) -> Result<Plan, CudaError> {
+        match (ops, ep) {
+            // An FP8 GELU epilogue may not exist for outer-vector scales: then the
+            // plan runs the bias epilogue and the caller the GELU.
+            (Operands::Fp8RowScaled, Epilogue::BiasGelu) => {
+                match self.plan_exactly((m, n, k), ep, ops, bias_probe) {
+                    Ok(p) => Ok(p),
+                    Err(_) => {
+                        let mut p =
+                            self.plan_exactly((m, n, k), Epilogue::Bias, ops, bias_probe)?;
+                        p.fused = false;
+                        Ok(p)
+                    }
+                }
+            }
+            _ => self.plan_exactly((m, n, k), ep, ops, bias_probe),
+        }
+    }
+
+    fn plan_exactly(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        ep: Epilogue,
+        ops: Operands,
         bias_probe: CUdeviceptr,
     ) -> Result<Plan, CudaError> {
         let bf16 = ltsys::cudaDataType::CUDA_R_16BF;
+        let input = match ops {
+            Operands::Bf16 => bf16,
+            Operands::Fp8RowScaled => ltsys::cudaDataType::CUDA_R_8F_E4M3,
+        };
         let desc = lt::create_matmul_desc(
             ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             ltsys::cudaDataType::CUDA_R_32F,
         )
         .ctx("creating a matmul descriptor")?;
-        let mk = |rows: usize, cols: usize, ld: usize| {
-            lt::create_matrix_layout(bf16, rows as u64, cols as u64, ld as i64)
+        let mk = |ty, rows: usize, cols: usize, ld: usize| {
+            lt::create_matrix_layout(ty, rows as u64, cols as u64, ld as i64)
                 .ctx("creating a matrix layout")
         };
-        let a = mk(k, n, k)?;
-        let b = mk(k, m, k)?;
-        let c = mk(n, m, n)?;
+        let a = mk(input, k, n, k)?;
+        let b = mk(input, k, m, k)?;
+        let c = mk(bf16, n, m, n)?;
         let mut plan = Plan {
             desc,
             a,
@@ -147,6 +194,7 @@ impl Gemm {
             c,
             // SAFETY: a plain C struct of integers, overwritten below.
             algo: unsafe { std::mem::zeroed() },
+            fused: true,
         };
         set_desc(
             desc,
@@ -175,6 +223,31 @@ impl Gemm {
                 &bias_probe,
             )?;
         }
+        if ops == Operands::Fp8RowScaled {
+            // One f32 per row of op(A) (the weight's output channels) and per
+            // column of op(B) (the tokens); the bias stays bf16 like the output;
+            // fast accumulation off (cuBLASLt's default, said here): the f32
+            // partial sums are kept at full precision.
+            let outer =
+                ltsys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                    as i32;
+            for attr in [
+                ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+            ] {
+                set_desc(desc, attr, &outer)?;
+            }
+            set_desc(
+                desc,
+                ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                &(bf16 as i32),
+            )?;
+            set_desc(
+                desc,
+                ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                &0i8,
+            )?;
+        }
         let pref = lt::create_matmul_pref().ctx("creating matmul preferences")?;
         let ws = WORKSPACE_BYTES as u64;
         // SAFETY: the attribute is a u64 byte count.
@@ -190,7 +263,7 @@ impl Gemm {
         // SAFETY: all descriptors are live.
         let heur = r.and_then(|_| {
             unsafe { lt::get_matmul_algo_heuristic(self.handle, desc, a, b, c, c, pref) }.ctx(
-                format!("choosing an algorithm for m={m} n={n} k={k} {ep:?}"),
+                format!("choosing an algorithm for m={m} n={n} k={k} {ep:?} {ops:?}"),
             )
         });
         // SAFETY: created above, destroyed once.
@@ -217,6 +290,68 @@ impl Gemm {
         k: usize,
         ep: Epilogue,
     ) -> Result<(), CudaError> {
+        self.enqueue(stream, (x, w, None), bias, y, (m, n, k), ep, Operands::Bf16)
+            .map(|_| ())
+    }
+
+    /// Enqueue the FP8 Linear `y[t, o] = sx[t] · sw[o] · Σ_i x[t, i] · w[o, i]
+    /// (+ bias[o]) (→ GELU)` on `stream`: `x` = (e4m3 codes [m, k], f32 scales
+    /// \[m\]), `w` = (e4m3 codes [n, k], f32 scales \[n\]) as
+    /// [`crate::fp8::RowScaled`] lays them out, bias bf16 \[n\], y bf16 [m, n];
+    /// f32 accumulation. Codes, bias and y 16-byte aligned, k a multiple of 16.
+    ///
+    /// Returns whether the GELU of [`Epilogue::BiasGelu`] was applied: false
+    /// when cuBLASLt has no FP8 algorithm with that epilogue, and then `y`
+    /// holds the biased product and the caller applies the GELU.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_fp8(
+        &self,
+        stream: &CudaStream,
+        x: (CUdeviceptr, CUdeviceptr),
+        w: (CUdeviceptr, CUdeviceptr),
+        bias: CUdeviceptr,
+        y: CUdeviceptr,
+        m: usize,
+        n: usize,
+        k: usize,
+        ep: Epilogue,
+    ) -> Result<bool, CudaError> {
+        if k % 16 != 0 {
+            return Err(CudaError::Invalid(format!(
+                "an FP8 GEMM needs k a multiple of 16 (m={m} n={n} k={k})"
+            )));
+        }
+        for (what, ptr) in [("x scales", x.1), ("w scales", w.1)] {
+            if ptr == 0 || ptr % 4 != 0 {
+                return Err(CudaError::Invalid(format!(
+                    "FP8 GEMM {what} at {ptr:#x} is null or not 4-byte aligned"
+                )));
+            }
+        }
+        self.enqueue(
+            stream,
+            (x.0, w.0, Some((x.1, w.1))),
+            bias,
+            y,
+            (m, n, k),
+            ep,
+            Operands::Fp8RowScaled,
+        )
+    }
+
+    /// Plan (once) and enqueue one product; `scales` = (x's, w's) for FP8.
+    /// Returns whether the epilogue asked for ran whole (see [`Plan::fused`]).
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue(
+        &self,
+        stream: &CudaStream,
+        (x, w, scales): (CUdeviceptr, CUdeviceptr, Option<(CUdeviceptr, CUdeviceptr)>),
+        bias: CUdeviceptr,
+        y: CUdeviceptr,
+        (m, n, k): (usize, usize, usize),
+        ep: Epilogue,
+        ops: Operands,
+    ) -> Result<bool, CudaError> {
         if m == 0 || n == 0 || k == 0 {
             return Err(CudaError::Invalid(format!(
                 "GEMM with an empty dimension (m={m} n={n} k={k})"
@@ -237,10 +372,12 @@ impl Gemm {
         let mut plans = self.plans.lock().map_err(|_| {
             CudaError::Invalid("the GEMM plan cache was poisoned by a panic".into())
         })?;
-        let key = (m, n, k, ep);
+        let key = (m, n, k, ep, ops);
         let plan = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(self.plan(m, n, k, ep, bias)?),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(self.plan((m, n, k), ep, ops, bias)?)
+            }
         };
         if ep != Epilogue::None {
             set_desc(
@@ -249,10 +386,23 @@ impl Gemm {
                 &bias,
             )?;
         }
+        if let Some((sx, sw)) = scales {
+            // A is the weight, B the activations (see the module doc).
+            set_desc(
+                plan.desc,
+                ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                &sw,
+            )?;
+            set_desc(
+                plan.desc,
+                ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                &sx,
+            )?;
+        }
         let alpha = 1.0f32;
         let beta = 0.0f32;
-        // SAFETY: descriptors match the operands' shapes; the pointers name device
-        // ranges of the documented sizes; the workspace is ours.
+        // SAFETY: descriptors match the operands' shapes and types; the pointers
+        // name device ranges of the documented sizes; the workspace is ours.
         unsafe {
             lt::matmul(
                 self.handle,
@@ -273,7 +423,8 @@ impl Gemm {
                 stream.cu_stream() as ltsys::cudaStream_t,
             )
         }
-        .ctx(format!("running a GEMM m={m} n={n} k={k} {ep:?}"))
+        .ctx(format!("running a GEMM m={m} n={n} k={k} {ep:?} {ops:?}"))?;
+        Ok(plan.fused)
     }
 }
 

@@ -484,6 +484,52 @@ impl Kernels {
         self.launch("qk_norm_rope_warp", (blocks, 2, 1), 32 * QKW_WARPS, 0, s, p)
     }
 
+    /// Row-scaled e4m3 quantization (`quantize_rows_e4m3` in `kernels/fp8.cu`):
+    /// each of `rows` bf16 rows of `cols` at `x` becomes `cols` e4m3 codes at `q`
+    /// (row-major) and one f32 scale at `scales` (`amax / 448`, or 1 for a row
+    /// of zeros), bit for bit [`crate::fp8::RowScaled::quantize`] of the same
+    /// values. Needs `cols` a multiple of 16 and 16-byte aligned `x` and `q`;
+    /// a device of compute capability 8.9 or later.
+    pub fn quantize_rows_e4m3(
+        &self,
+        s: &CudaStream,
+        x: CUdeviceptr,
+        rows: usize,
+        cols: usize,
+        q: CUdeviceptr,
+        scales: CUdeviceptr,
+    ) -> Result<(), CudaError> {
+        if cols == 0 || cols % 16 != 0 || cols > i32::MAX as usize {
+            return Err(CudaError::Invalid(format!(
+                "quantize_rows_e4m3: width {cols} must be a positive multiple of 16"
+            )));
+        }
+        if x % 16 != 0 || q % 16 != 0 || scales % 4 != 0 {
+            return Err(CudaError::Invalid(
+                "quantize_rows_e4m3: x and q must be 16-byte aligned, scales 4-byte".into(),
+            ));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let p = Params::default().ptr(x).int(cols).ptr(q).ptr(scales);
+        self.launch_rows("quantize_rows_e4m3", rows, 0, s, p)
+    }
+
+    /// `y = bf16(gelu_tanh(x))` over `n` bf16 elements (`gelu_tanh_bf16` in
+    /// `kernels/fp8.cu`; may run in place): the GELU of an FP8 GEMM whose
+    /// epilogue could not fuse it.
+    pub fn gelu_tanh_bf16(
+        &self,
+        s: &CudaStream,
+        x: CUdeviceptr,
+        y: CUdeviceptr,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let p = Params::default().ptr(x).ptr(y).n(n);
+        self.launch_ew("gelu_tanh_bf16", n, s, p)
+    }
+
     /// The fused row step of the forward (see `residual_norm` in
     /// `kernels/elementwise.cu`): with `y` given, x (f32 [rows, d]) += y (bf16) *
     /// gate (gate_tab + gate_emb, or 1 when gate_tab is NULL); then h (bf16) =
@@ -839,6 +885,10 @@ mod tests {
         want.sort();
         got.sort();
         assert_eq!(got, want);
+        assert_eq!(
+            kernel_names(nvrtc::FP8_CU),
+            ["quantize_rows_e4m3", "gelu_tanh_bf16"]
+        );
         let a = kernel_names(nvrtc::ATTENTION_CU);
         assert_eq!(
             a,

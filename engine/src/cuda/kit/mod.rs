@@ -1,10 +1,12 @@
 //! The device kit: the GPU ([`context`]), memory ([`memory`]), run-time
-//! compiled kernels ([`nvrtc`], [`kernels`]), cuBLASLt GEMMs ([`gemm`]), cuDNN's fused attention ([`sdpa`]), the
+//! compiled kernels ([`nvrtc`], [`kernels`]), cuBLASLt GEMMs ([`gemm`]), e4m3 weights and
+//! activations for FP8 GEMMs ([`fp8`]), cuDNN's fused attention ([`sdpa`]), the
 //! device bytes held ([`tracker`]) and the host's bf16 conversions ([`bf16`]). Everything in `cuda/` is built on it;
 //! it imports nothing else of `cuda/` but [`super::CudaError`].
 
 pub mod bf16;
 pub mod context;
+pub mod fp8;
 pub mod gemm;
 pub mod kernels;
 pub mod memory;

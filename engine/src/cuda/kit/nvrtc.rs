@@ -28,6 +28,8 @@ pub const ATTENTION_CU: &str = include_str!("kernels/attention.cu");
 pub const T5_CU: &str = include_str!("kernels/t5.cu");
 /// The video VAE decoder's kernels.
 pub const VAE_CU: &str = include_str!("kernels/vae.cu");
+/// The `precision = fp8` arm's kernels (row-scaled e4m3 quantization, GELU).
+pub const FP8_CU: &str = include_str!("kernels/fp8.cu");
 
 /// Every kernel module: (name, source).
 pub const MODULES: &[(&str, &str)] = &[
@@ -35,6 +37,7 @@ pub const MODULES: &[(&str, &str)] = &[
     ("attention", ATTENTION_CU),
     ("t5", T5_CU),
     ("vae", VAE_CU),
+    ("fp8", FP8_CU),
 ];
 
 /// The architecture of the project's GPU machines (H100 and H200: compute

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUdeviceptr;
 
 use crate::cuda::kit::context::{Gpu, Timer};
+use crate::cuda::kit::fp8::{Fp8Linears, Fp8Rows, LinearRef, Q8};
 use crate::cuda::kit::gemm::{Epilogue, Gemm};
 use crate::cuda::kit::kernels::{AttnKernel, Kernels, Map, RopeArgs, RowMode, NULL};
 use crate::cuda::kit::memory::{align_up, download, upload, Arena, DeviceBuffer};
@@ -168,6 +169,89 @@ struct BlockWeights {
     ff_net_0_proj: Lin,
     /// `ff.net.2` (4D -> D).
     ff_net_2: Lin,
+}
+
+impl BlockWeights {
+    /// The block's ten Linears in [`BlockQ8`]'s order ([`slot`]).
+    fn linears(&self) -> [&Lin; BLOCK_LINEARS] {
+        [
+            &self.attn1.to_q,
+            &self.attn1.to_k,
+            &self.attn1.to_v,
+            &self.attn1.to_out,
+            &self.attn2.to_q,
+            &self.attn2.to_k,
+            &self.attn2.to_v,
+            &self.attn2.to_out,
+            &self.ff_net_0_proj,
+            &self.ff_net_2,
+        ]
+    }
+}
+
+/// Linears of a block: q, k, v and out of each attention, the feed-forward's two.
+const BLOCK_LINEARS: usize = 10;
+
+/// A block's e4m3 weights in [`BlockWeights::linears`]' order.
+type BlockQ8 = [Q8; BLOCK_LINEARS];
+
+/// Positions in [`BlockQ8`].
+mod slot {
+    pub const SELF_Q: usize = 0;
+    pub const SELF_K: usize = 1;
+    pub const SELF_V: usize = 2;
+    pub const SELF_OUT: usize = 3;
+    pub const CROSS_Q: usize = 4;
+    pub const CROSS_K: usize = 5;
+    pub const CROSS_V: usize = 6;
+    pub const CROSS_OUT: usize = 7;
+    pub const FF_UP: usize = 8;
+    pub const FF_DOWN: usize = 9;
+}
+
+/// Which number format the blocks' Linears compute in (lever `precision`).
+///
+/// Which Linears: the ten of each block, which hold all but a fraction of a
+/// percent of the forward's GEMM FLOPs. The input and output projections, the
+/// timestep MLP and the caption projection stay bf16: GEMMs of one or at most a
+/// few hundred rows, or 128 columns, where FP8 saves nothing and costs a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// bf16 operands, f32 accumulation (cuBLASLt).
+    Bf16,
+    /// e4m3 operands scaled per output channel (quantized once on the device)
+    /// and per token (before each GEMM), f32 accumulation, bf16 output
+    /// (cuBLASLt's outer-vector scaling; [`crate::fp8`] is the definition).
+    Fp8,
+}
+
+impl Precision {
+    /// The lever arm's name (`bf16`, `fp8`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Bf16 => "bf16",
+            Precision::Fp8 => "fp8",
+        }
+    }
+}
+
+/// The `precision = fp8` arm's device state: the blocks' e4m3 weights, and
+/// where block inputs (`tokens × ≤ 4 · width`) and the projected text are
+/// quantized (allocated with the workspace).
+struct Fp8State {
+    weights: Fp8Linears,
+    acts: Option<(Fp8Rows, Fp8Rows)>,
+}
+
+impl Fp8State {
+    /// Block `i`'s e4m3 weights.
+    fn block(&self, i: usize) -> Result<BlockQ8, CudaError> {
+        self.weights
+            .q
+            .get(i * BLOCK_LINEARS..(i + 1) * BLOCK_LINEARS)
+            .and_then(|q| BlockQ8::try_from(q).ok())
+            .ok_or_else(|| CudaError::Invalid(format!("no FP8 weights for block {i}")))
+    }
 }
 
 /// The transformer's weights, named after the checkpoint's keys.
@@ -487,6 +571,16 @@ pub struct DeviceDit {
     arms: ForwardArms,
     /// cuDNN's fused attention, loaded while an arm of `arms` runs on it.
     sdpa: Option<Sdpa>,
+    /// The e4m3 block weights and activation buffers while `arms.precision`
+    /// is fp8.
+    fp8: Option<Fp8State>,
+}
+
+/// A block Linear's input: bf16 rows, or their e4m3 codes and per-row scales.
+#[derive(Debug, Clone, Copy)]
+enum LinIn {
+    Bf16(CUdeviceptr),
+    Fp8(CUdeviceptr, CUdeviceptr),
 }
 
 /// Which kernel runs the cross-attention to the text (lever `cross-attention`).
@@ -539,6 +633,8 @@ pub struct ForwardArms {
     pub cross: CrossArm,
     /// The q/k norm (lever `qk-norm`).
     pub qk_norm: QkNormArm,
+    /// The number format of the blocks' Linears (lever `precision`).
+    pub precision: Precision,
 }
 
 impl ForwardArms {
@@ -547,6 +643,7 @@ impl ForwardArms {
         attention: AttentionArm::Mma,
         cross: CrossArm::Mma,
         qk_norm: QkNormArm::Block,
+        precision: Precision::Bf16,
     };
 
     /// Whether an arm runs on cuDNN (which must then load).
@@ -609,6 +706,7 @@ impl DeviceDit {
             ws: None,
             arms: ForwardArms::OWN,
             sdpa: None,
+            fp8: None,
         })
     }
 
@@ -616,14 +714,67 @@ impl DeviceDit {
     /// version here (an error names what is missing; nothing falls back
     /// silently, so a run's levers say what ran); with no arm on cuDNN it is
     /// released.
+    ///
+    /// `precision = fp8` quantizes every block Linear's weight on the device
+    /// here (once, on the device), and the activation buffers come
+    /// with the workspace; `bf16` frees both.
     pub fn set_arms(&mut self, arms: ForwardArms) -> Result<(), CudaError> {
         if !arms.needs_cudnn() {
             self.sdpa = None;
         } else if self.sdpa.is_none() {
             self.sdpa = Some(Sdpa::open(&self.gpu)?);
         }
+        match arms.precision {
+            Precision::Bf16 => self.fp8 = None,
+            Precision::Fp8 if self.fp8.is_none() => {
+                let weights =
+                    Fp8Linears::quantize(&self.gpu, &self.kernels, &self.block_linears())?;
+                let mut st = Fp8State {
+                    weights,
+                    acts: None,
+                };
+                if let Some((n, l)) = self.ws.as_ref().map(|w| (w.n, w.l)) {
+                    st.acts = Some(self.fp8_acts(n, l)?);
+                }
+                self.fp8 = Some(st);
+            }
+            Precision::Fp8 => {}
+        }
         self.arms = arms;
         Ok(())
+    }
+
+    /// Every block's Linears, block by block in [`BlockWeights::linears`]' order.
+    fn block_linears(&self) -> Vec<LinearRef> {
+        self.w
+            .blocks
+            .iter()
+            .flat_map(|b| b.linears())
+            .map(|l| LinearRef {
+                w: l.w,
+                out: l.out,
+                inp: l.inp,
+            })
+            .collect()
+    }
+
+    /// The FP8 arm's buffers for `n` tokens and `l` text tokens: block inputs
+    /// (up to the feed-forward's `4 · width`) and the projected text.
+    fn fp8_acts(&self, n: usize, l: usize) -> Result<(Fp8Rows, Fp8Rows), CudaError> {
+        let d = self.dims.dim();
+        Ok((
+            Fp8Rows::new(&self.gpu, n, 4 * d, "the FP8 block inputs")?,
+            Fp8Rows::new(&self.gpu, l, d, "the FP8 text")?,
+        ))
+    }
+
+    /// Device bytes the `precision = fp8` arm adds for a forward of `n` tokens
+    /// and `l` text tokens: the e4m3 block weights and the activation buffers.
+    pub fn fp8_bytes(&self, n: usize, l: usize) -> usize {
+        let d = self.dims.dim();
+        Fp8Linears::bytes_for(&self.block_linears())
+            + Fp8Rows::bytes_for(n, 4 * d)
+            + Fp8Rows::bytes_for(l, d)
     }
 
     /// Run the self-attention on `arm`, the other arms unchanged
@@ -680,7 +831,16 @@ impl DeviceDit {
         let fits = matches!(&self.ws, Some(w) if w.n == n && w.l == l);
         if !fits {
             self.ws = None;
+            if let Some(st) = self.fp8.as_mut() {
+                st.acts = None;
+            }
             self.ws = Some(Workspace::new(&self.gpu, &self.dims, n, l)?);
+        }
+        if self.fp8.as_ref().is_some_and(|st| st.acts.is_none()) {
+            let acts = self.fp8_acts(n, l)?;
+            if let Some(st) = self.fp8.as_mut() {
+                st.acts = Some(acts);
+            }
         }
         self.ws
             .as_ref()
@@ -832,6 +992,21 @@ impl DeviceDit {
             l,
             Epilogue::Bias,
         )?;
+        // The FP8 arm's state, and the projected text quantized once for every
+        // block's cross-attention keys and values.
+        let fp8 = match self.arms.precision {
+            Precision::Bf16 => None,
+            Precision::Fp8 => {
+                let st = self.fp8.as_ref().ok_or_else(|| {
+                    CudaError::Invalid("precision = fp8 without its e4m3 weights".into())
+                })?;
+                let (acts, text_q) = st.acts.as_ref().ok_or_else(|| {
+                    CudaError::Invalid("precision = fp8 without its buffers".into())
+                })?;
+                text_q.quantize(&self.gpu, k, ws.text_p, l, d)?;
+                Some((st, acts, text_q))
+            }
+        };
         let rope = RopeArgs {
             freqs: self.freqs.ptr(),
             nfreq: d / 6,
@@ -878,7 +1053,19 @@ impl DeviceDit {
                 Some(nx) => self.block_input(nx, ws),
                 None => output_norm,
             };
-            self.enqueue_block(b, ws, (l, text.kbias(), text.masked), &rope, next, probe)?;
+            let q8 = match fp8 {
+                Some((st, acts, text_q)) => Some((st.block(bi)?, acts, text_q)),
+                None => None,
+            };
+            self.enqueue_block(
+                b,
+                q8,
+                ws,
+                (l, text.kbias(), text.masked),
+                &rope,
+                next,
+                probe,
+            )?;
         }
         lin(ws.h, &w.proj_out, ws.out_bf, n, Epilogue::Bias)?;
         k.map(s, Map::Bf16ToF32, ws.out_bf, out, n * lc)?;
@@ -909,6 +1096,7 @@ impl DeviceDit {
     fn enqueue_block(
         &self,
         b: &BlockWeights,
+        fp8: Option<(BlockQ8, &Fp8Rows, &Fp8Rows)>,
         ws: &Workspace,
         (l, kbias, masked): (usize, CUdeviceptr, bool),
         rope: &RopeArgs,
@@ -919,9 +1107,28 @@ impl DeviceDit {
         let (s, k) = (&self.gpu.compute, &self.kernels);
         let (n, d) = (ws.n, self.dims.dim());
         let (heads, hd) = (self.dims.heads, self.dims.head_dim);
-        let lin = |x: CUdeviceptr, lw: &Lin, y: CUdeviceptr, m: usize, ep: Epilogue| {
-            self.gemm.linear(s, x, lw.w, lw.b, y, m, lw.out, lw.inp, ep)
+        // A block Linear's input as its arm reads it: bf16 as it is, or (fp8)
+        // quantized per token into the FP8 buffers (`cols` wide).
+        let input = |x: CUdeviceptr, rows: usize, cols: usize| -> Result<LinIn, CudaError> {
+            match fp8 {
+                None => Ok(LinIn::Bf16(x)),
+                Some((_, acts, _)) => {
+                    let (c, sc) = acts.quantize(&self.gpu, k, x, rows, cols)?;
+                    Ok(LinIn::Fp8(c, sc))
+                }
+            }
         };
+        let text_in = match fp8 {
+            None => LinIn::Bf16(ws.text_p),
+            Some((_, _, t)) => {
+                let (c, sc) = t.operand();
+                LinIn::Fp8(c, sc)
+            }
+        };
+        let lin = |x: LinIn, lw: &Lin, q: Option<Q8>, y: CUdeviceptr, m: usize, ep: Epilogue| {
+            self.block_linear(x, lw, q, y, m, ep)
+        };
+        let q8 = |i: usize| fp8.map(|(q, _, _)| q[i]);
         let attend = |kv: (CUdeviceptr, CUdeviceptr), nk: usize, kbias: CUdeviceptr| {
             k.attention(
                 s,
@@ -941,9 +1148,10 @@ impl DeviceDit {
         let table = |i: usize| (row(d, b.scale_shift_table, i), row(d, ws.temb, i));
         // Self-attention on the modulated RMS norm (in ws.h).
         let a1 = &b.attn1;
-        lin(ws.h, &a1.to_q, ws.q, n, Epilogue::Bias)?;
-        lin(ws.h, &a1.to_k, ws.k, n, Epilogue::Bias)?;
-        lin(ws.h, &a1.to_v, ws.v, n, Epilogue::Bias)?;
+        let h = input(ws.h, n, d)?;
+        lin(h, &a1.to_q, q8(slot::SELF_Q), ws.q, n, Epilogue::Bias)?;
+        lin(h, &a1.to_k, q8(slot::SELF_K), ws.k, n, Epilogue::Bias)?;
+        lin(h, &a1.to_v, q8(slot::SELF_V), ws.v, n, Epilogue::Bias)?;
         mark("gemm q|k|v")?;
         let qk_norm = |q: (CUdeviceptr, CUdeviceptr, usize),
                        kk: (CUdeviceptr, CUdeviceptr, usize),
@@ -974,7 +1182,8 @@ impl DeviceDit {
             AttentionArm::Mma => attend((ws.k, ws.v), n, NULL)?,
         }
         mark("self-attention")?;
-        lin(ws.ao, &a1.to_out, ws.y, n, Epilogue::Bias)?;
+        let ao = input(ws.ao, n, d)?;
+        lin(ao, &a1.to_out, q8(slot::SELF_OUT), ws.y, n, Epilogue::Bias)?;
         mark("gemm out")?;
         // Gated residual; cross-attention reads x unnormalised and unmodulated.
         k.residual_norm(
@@ -992,10 +1201,12 @@ impl DeviceDit {
         )?;
         mark("residual + norm")?;
         let a2 = &b.attn2;
-        lin(ws.h, &a2.to_q, ws.q, n, Epilogue::Bias)?;
+        let h = input(ws.h, n, d)?;
+        lin(h, &a2.to_q, q8(slot::CROSS_Q), ws.q, n, Epilogue::Bias)?;
         mark("gemm q (cross)")?;
-        lin(ws.text_p, &a2.to_k, ws.ck, l, Epilogue::Bias)?;
-        lin(ws.text_p, &a2.to_v, ws.cv, l, Epilogue::Bias)?;
+        let (tk, tv) = (q8(slot::CROSS_K), q8(slot::CROSS_V));
+        lin(text_in, &a2.to_k, tk, ws.ck, l, Epilogue::Bias)?;
+        lin(text_in, &a2.to_v, tv, ws.cv, l, Epilogue::Bias)?;
         mark("gemm k|v (text)")?;
         qk_norm((ws.q, a2.norm_q, n), (ws.ck, a2.norm_k, l), None)?;
         mark("q/k norm (cross)")?;
@@ -1006,7 +1217,8 @@ impl DeviceDit {
             (CrossArm::Cudnn, true) | (CrossArm::Mma, _) => attend((ws.ck, ws.cv), l, kbias)?,
         }
         mark("cross-attention")?;
-        lin(ws.ao, &a2.to_out, ws.y, n, Epilogue::Bias)?;
+        let ao = input(ws.ao, n, d)?;
+        lin(ao, &a2.to_out, q8(slot::CROSS_OUT), ws.y, n, Epilogue::Bias)?;
         mark("gemm out")?;
         // Plain residual, then the feed-forward's modulated RMS norm.
         k.residual_norm(
@@ -1023,9 +1235,12 @@ impl DeviceDit {
             ws.h,
         )?;
         mark("residual + norm")?;
-        lin(ws.h, &b.ff_net_0_proj, ws.ff, n, Epilogue::BiasGelu)?;
+        let h = input(ws.h, n, d)?;
+        let up = q8(slot::FF_UP);
+        lin(h, &b.ff_net_0_proj, up, ws.ff, n, Epilogue::BiasGelu)?;
         mark("gemm ff up + gelu")?;
-        lin(ws.ff, &b.ff_net_2, ws.y, n, Epilogue::Bias)?;
+        let f = input(ws.ff, n, 4 * d)?;
+        lin(f, &b.ff_net_2, q8(slot::FF_DOWN), ws.y, n, Epilogue::Bias)?;
         mark("gemm ff down")?;
         // The gated residual, then what comes next reads its input.
         k.residual_norm(
@@ -1042,6 +1257,37 @@ impl DeviceDit {
             ws.h,
         )?;
         mark("residual + norm")
+    }
+
+    /// One block Linear on the arm its input says: the bf16 GEMM, or the FP8
+    /// GEMM against the weight's e4m3 copy `q` (then a GELU epilogue cuBLASLt
+    /// could not fuse runs as its own pass).
+    fn block_linear(
+        &self,
+        x: LinIn,
+        lw: &Lin,
+        q: Option<Q8>,
+        y: CUdeviceptr,
+        m: usize,
+        ep: Epilogue,
+    ) -> Result<(), CudaError> {
+        let s = &self.gpu.compute;
+        match (x, q) {
+            (LinIn::Bf16(x), _) => self.gemm.linear(s, x, lw.w, lw.b, y, m, lw.out, lw.inp, ep),
+            (LinIn::Fp8(codes, scales), Some(q)) => {
+                let w = (q.codes, q.scales);
+                let fused =
+                    self.gemm
+                        .linear_fp8(s, (codes, scales), w, lw.b, y, m, lw.out, lw.inp, ep)?;
+                if !fused && ep == Epilogue::BiasGelu {
+                    self.kernels.gelu_tanh_bf16(s, y, y, m * lw.out)?;
+                }
+                Ok(())
+            }
+            (LinIn::Fp8(..), None) => Err(CudaError::Invalid(
+                "an FP8 input to a Linear without an FP8 weight".into(),
+            )),
+        }
     }
 
     /// A whole forward from host data (for checks): latents f32 [n, 128], text

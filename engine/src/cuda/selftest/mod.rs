@@ -19,6 +19,10 @@
 //!   stream kept in f32: expected ~5e-3 to 1e-2; tolerance 2e-2 (runs 1-4 of
 //!   `reports/device-notes.md` measured below the expectation).
 //! - staging: byte-identical (tolerance 0).
+//! - the `precision = fp8` arm: its quantizer bit-exact against the host's
+//!   definition, its GEMMs against exact products of the same e4m3 operands,
+//!   its forwards as a sanity gate (argued at `dit::check_fp8` and
+//!   `dit::check_forward`).
 
 //!
 //! Layout: [`dit`] (staging, kernels, GEMMs, attention, forwards), [`t5`], [`vae`],
@@ -36,7 +40,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use self::dit::{
-    check_attention, check_attention_long, check_forward, check_gemms, check_kernels,
+    check_attention, check_attention_long, check_forward, check_fp8, check_gemms, check_kernels,
     check_sharded_staging, check_staging,
 };
 use crate::cuda::fixtures::{rel_err, write_synth_safetensors, Rng};
@@ -151,6 +155,7 @@ fn run_dit_sections(
     // 2. Kernels, GEMMs, attention.
     check_kernels(kit, rng, checks)?;
     check_gemms(kit, rng, checks)?;
+    check_fp8(kit, rng, checks)?;
     check_attention(kit, rng, checks)?;
     check_attention_long(kit, checks)?;
     report(checks, from);

@@ -1,0 +1,167 @@
+//! FP8 (e4m3) on the device: e4m3 copies of Linear weights, quantized per output
+//! channel once, and the buffers a Linear's input is quantized into per row
+//! before an FP8 GEMM ([`super::gemm::Gemm::linear_fp8`]). [`crate::fp8`] is the
+//! definition both follow (the quantize kernel matches it bit for bit).
+//!
+//! Memory: an e4m3 copy adds one byte per weight element beside the bf16 weight
+//! it was quantized from (which stays where staging put it), plus 4 bytes of
+//! scale per output channel.
+
+use cudarc::driver::sys::CUdeviceptr;
+
+use super::context::Gpu;
+use super::kernels::Kernels;
+use super::memory::{align_up, Arena, DeviceBuffer};
+use crate::cuda::CudaError;
+
+/// The oldest compute capability with FP8 tensor cores and the e4m3 conversion
+/// the quantize kernel uses (Ada, 8.9; Hopper is 9.0).
+pub const MIN_CAPABILITY: (i32, i32) = (8, 9);
+
+/// A bf16 Linear weight on the device: `[out, inp]` row-major at `w`.
+#[derive(Debug, Clone, Copy)]
+pub struct LinearRef {
+    /// Device address of the bf16 weight.
+    pub w: CUdeviceptr,
+    /// Output channels (rows).
+    pub out: usize,
+    /// Input width (columns); a multiple of 16 for an FP8 GEMM.
+    pub inp: usize,
+}
+
+/// An e4m3 weight: codes `[out, inp]` and one f32 scale per output channel.
+#[derive(Debug, Clone, Copy)]
+pub struct Q8 {
+    /// Device address of the e4m3 codes (16-byte aligned).
+    pub codes: CUdeviceptr,
+    /// Device address of the f32 scales.
+    pub scales: CUdeviceptr,
+}
+
+/// The e4m3 copies of a list of Linears, in two arenas (codes, scales).
+pub struct Fp8Linears {
+    _codes: Arena,
+    _scales: Arena,
+    /// One copy per Linear, in the order given.
+    pub q: Vec<Q8>,
+}
+
+/// Refuse a device without FP8 tensor cores, naming it.
+pub fn require_fp8(gpu: &Gpu) -> Result<(), CudaError> {
+    if gpu.capability < MIN_CAPABILITY {
+        return Err(CudaError::NotAvailable(format!(
+            "FP8 needs compute capability {}.{} or later (FP8 tensor cores); this GPU ({}) \
+             has {}.{}",
+            MIN_CAPABILITY.0, MIN_CAPABILITY.1, gpu.name, gpu.capability.0, gpu.capability.1
+        )));
+    }
+    Ok(())
+}
+
+impl Fp8Linears {
+    /// Device bytes of the e4m3 copies of `linears` (codes and scales, aligned).
+    pub fn bytes_for(linears: &[LinearRef]) -> usize {
+        linears
+            .iter()
+            .map(|l| align_up(l.out * l.inp) + align_up(l.out * 4))
+            .sum()
+    }
+
+    /// Quantize every Linear's bf16 weight on the device, row by row
+    /// ([`Kernels::quantize_rows_e4m3`]), and wait for it. Refuses a device
+    /// older than [`MIN_CAPABILITY`] and a Linear whose input width is not a
+    /// multiple of 16 (cuBLASLt's FP8 rule), naming the width.
+    pub fn quantize(
+        gpu: &Gpu,
+        kernels: &Kernels,
+        linears: &[LinearRef],
+    ) -> Result<Fp8Linears, CudaError> {
+        require_fp8(gpu)?;
+        if let Some(l) = linears.iter().find(|l| l.inp == 0 || l.inp % 16 != 0) {
+            return Err(CudaError::Invalid(format!(
+                "FP8: a Linear of input width {} (needs a positive multiple of 16)",
+                l.inp
+            )));
+        }
+        let (code_bytes, scale_bytes) = linears.iter().fold((0, 0), |(c, s), l| {
+            (c + align_up(l.out * l.inp), s + align_up(l.out * 4))
+        });
+        let mut codes = Arena::new(gpu, code_bytes, "FP8 weights")?;
+        let mut scales = Arena::new(gpu, scale_bytes, "FP8 weight scales")?;
+        let mut q = Vec::with_capacity(linears.len());
+        for l in linears {
+            let w = Q8 {
+                codes: codes.take(l.out * l.inp)?,
+                scales: scales.take(l.out * 4)?,
+            };
+            kernels.quantize_rows_e4m3(&gpu.compute, l.w, l.out, l.inp, w.codes, w.scales)?;
+            q.push(w);
+        }
+        gpu.sync_compute()?;
+        Ok(Fp8Linears {
+            _codes: codes,
+            _scales: scales,
+            q,
+        })
+    }
+}
+
+/// Where up to `rows` rows of up to `cols` bf16 values are quantized: their
+/// e4m3 codes and one f32 scale per row.
+pub struct Fp8Rows {
+    /// Rows it holds.
+    pub rows: usize,
+    /// Widest row it holds, elements.
+    pub cols: usize,
+    codes: DeviceBuffer,
+    scales: DeviceBuffer,
+}
+
+impl Fp8Rows {
+    /// Device bytes of a buffer of `rows` rows of `cols`.
+    pub fn bytes_for(rows: usize, cols: usize) -> usize {
+        align_up(rows * cols) + align_up(rows * 4)
+    }
+
+    /// A buffer for `rows` rows of up to `cols`; `what` names it in errors.
+    pub fn new(gpu: &Gpu, rows: usize, cols: usize, what: &str) -> Result<Fp8Rows, CudaError> {
+        Ok(Fp8Rows {
+            rows,
+            cols,
+            codes: DeviceBuffer::alloc(gpu, rows * cols, what)?,
+            scales: DeviceBuffer::alloc(gpu, rows * 4, what)?,
+        })
+    }
+
+    /// Quantize `rows` bf16 rows of `cols` at `x` into this buffer on `gpu`'s
+    /// compute stream; returns (codes, scales) for [`super::gemm::Gemm::linear_fp8`].
+    pub fn quantize(
+        &self,
+        gpu: &Gpu,
+        kernels: &Kernels,
+        x: CUdeviceptr,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(CUdeviceptr, CUdeviceptr), CudaError> {
+        if rows > self.rows || cols > self.cols {
+            return Err(CudaError::Invalid(format!(
+                "FP8 rows: {rows} rows of {cols} do not fit a buffer of {} rows of {}",
+                self.rows, self.cols
+            )));
+        }
+        kernels.quantize_rows_e4m3(
+            &gpu.compute,
+            x,
+            rows,
+            cols,
+            self.codes.ptr(),
+            self.scales.ptr(),
+        )?;
+        Ok(self.operand())
+    }
+
+    /// (codes, scales) as the last [`Fp8Rows::quantize`] left them.
+    pub fn operand(&self) -> (CUdeviceptr, CUdeviceptr) {
+        (self.codes.ptr(), self.scales.ptr())
+    }
+}

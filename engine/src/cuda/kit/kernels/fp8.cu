@@ -1,0 +1,91 @@
+// FP8 (e4m3) kernels of the `precision = fp8` arm: row-scaled quantization of
+// bf16 matrices (weights at staging, activations before each FP8 GEMM) and the
+// tanh-GELU the GEMM cannot fuse when cuBLASLt offers no FP8 GELU epilogue.
+// The host's definition is engine/src/fp8.rs; the quantizer matches it bit for
+// bit (the device check compares every code and scale).
+#include "common.cuh"
+
+// Largest of the non-negative v over a block of up to 1024 threads; `scratch`
+// holds 32 floats.
+// NaN is ignored (fmaxf), as the host's f32::max ignores it. Call from all
+// threads: contains __syncthreads.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float r = lane < nwarps ? scratch[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, o));
+    return r;
+}
+
+// Two f32 -> two e4m3 codes, round to nearest even, saturating to +-448 (PTX
+// cvt.rn.satfinite.e4m3x2.f32, sm_89+): `lo` in the lower byte.
+__device__ __forceinline__ unsigned int e4m3x2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    __trap();  // the fp8 arm refuses a device before compute capability 8.9
+    return 0;
+#endif
+}
+
+// The e4m3 codes of the 8 bf16 values in `v` times `inv`, element 0 in the
+// lowest byte.
+__device__ __forceinline__ uint2 e4m3x8(uint4 v, float inv) {
+    const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+    unsigned int c[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float lo = __uint_as_float(w[j] << 16) * inv;
+        const float hi = __uint_as_float(w[j] & 0xffff0000u) * inv;
+        c[j] = e4m3x2(lo, hi);
+    }
+    return make_uint2(c[0] | (c[1] << 16), c[2] | (c[3] << 16));
+}
+
+// One block per row of `cols` bf16 values (cols a multiple of 8, rows 16-byte
+// aligned): amax = max |x| over the row; inv = 448 / amax and scale = amax /
+// 448 (both 1 when amax is 0 or not finite); q = e4m3(x * inv) row-major
+// [rows, cols] and scales[row] = scale.
+extern "C" __global__ void quantize_rows_e4m3(const bf16* __restrict__ x, int cols,
+                                              unsigned char* __restrict__ q,
+                                              float* __restrict__ scales) {
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    const uint4* xr = reinterpret_cast<const uint4*>(x + row * cols);
+    const int nv = cols / 8;
+    float m = 0.0f;
+    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+        const uint4 v = xr[i];
+        const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            m = fmaxf(m, fabsf(__uint_as_float(w[j] << 16)));
+            m = fmaxf(m, fabsf(__uint_as_float(w[j] & 0xffff0000u)));
+        }
+    }
+    m = block_max(m, scratch);
+    float inv = 1.0f, scale = 1.0f;
+    if (m > 0.0f && m <= 3.4028234663852886e38f) {
+        inv = 448.0f / m;
+        scale = m / 448.0f;
+    }
+    if (threadIdx.x == 0) scales[row] = scale;
+    uint2* qr = reinterpret_cast<uint2*>(q + row * cols);
+    for (int i = threadIdx.x; i < nv; i += blockDim.x) qr[i] = e4m3x8(xr[i], inv);
+}
+
+// y = bf16(gelu_tanh(x)) over n bf16 elements (may run in place).
+extern "C" __global__ void gelu_tanh_bf16(const bf16* x, bf16* y, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const float v = bf2f(x[i]);
+        const float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+        y[i] = f2bf(0.5f * v * (1.0f + tanhf(u)));
+    }
+}
