@@ -81,6 +81,14 @@ impl Drop for Plan {
 
 type Key = (usize, usize, usize, Epilogue, Operands);
 
+/// The first call's pointers a plan is built with: the bias, and (x's, w's)
+/// scale vectors of an FP8 product.
+#[derive(Debug, Clone, Copy)]
+struct Probes {
+    bias: CUdeviceptr,
+    scales: Option<(CUdeviceptr, CUdeviceptr)>,
+}
+
 /// A cuBLASLt handle, its workspace and the plan cache.
 pub struct Gemm {
     handle: ltsys::cublasLtHandle_t,
@@ -143,23 +151,22 @@ impl Gemm {
         (m, n, k): (usize, usize, usize),
         ep: Epilogue,
         ops: Operands,
-        bias_probe: CUdeviceptr,
+        probes: Probes,
     ) -> Result<Plan, CudaError> {
         match (ops, ep) {
             // An FP8 GELU epilogue may not exist for outer-vector scales: then the
             // plan runs the bias epilogue and the caller the GELU.
             (Operands::Fp8RowScaled, Epilogue::BiasGelu) => {
-                match self.plan_exactly((m, n, k), ep, ops, bias_probe) {
+                match self.plan_exactly((m, n, k), ep, ops, probes) {
                     Ok(p) => Ok(p),
                     Err(_) => {
-                        let mut p =
-                            self.plan_exactly((m, n, k), Epilogue::Bias, ops, bias_probe)?;
+                        let mut p = self.plan_exactly((m, n, k), Epilogue::Bias, ops, probes)?;
                         p.fused = false;
                         Ok(p)
                     }
                 }
             }
-            _ => self.plan_exactly((m, n, k), ep, ops, bias_probe),
+            _ => self.plan_exactly((m, n, k), ep, ops, probes),
         }
     }
 
@@ -168,8 +175,9 @@ impl Gemm {
         (m, n, k): (usize, usize, usize),
         ep: Epilogue,
         ops: Operands,
-        bias_probe: CUdeviceptr,
+        probes: Probes,
     ) -> Result<Plan, CudaError> {
+        let bias_probe = probes.bias;
         let bf16 = ltsys::cudaDataType::CUDA_R_16BF;
         let input = match ops {
             Operands::Bf16 => bf16,
@@ -247,6 +255,20 @@ impl Gemm {
                 ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
                 &0i8,
             )?;
+            // The first call's scale vectors, so that the heuristic sees the
+            // problem whole (each call sets its own before the product).
+            if let Some((sx, sw)) = probes.scales {
+                set_desc(
+                    desc,
+                    ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                    &sw,
+                )?;
+                set_desc(
+                    desc,
+                    ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                    &sx,
+                )?;
+            }
         }
         let pref = lt::create_matmul_pref().ctx("creating matmul preferences")?;
         let ws = WORKSPACE_BYTES as u64;
@@ -376,7 +398,7 @@ impl Gemm {
         let plan = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(self.plan((m, n, k), ep, ops, bias)?)
+                v.insert(self.plan((m, n, k), ep, ops, Probes { bias, scales })?)
             }
         };
         if ep != Epilogue::None {
