@@ -49,6 +49,8 @@
 //! RoPE table, one text slot per prompt, the forward's workspace for `N` tokens
 //! and `L` text tokens, and the denoise loop's latents and two velocities
 //! ([`crate::cuda::denoise::loaded_bytes`], [`crate::cuda::denoise::loop_bytes`]),
+//! with `precision = fp8` the blocks' e4m3 weights and the buffers their inputs
+//! are quantized into ([`crate::cuda::models::dit::DeviceDit::fp8_bytes_for`]),
 //! all of it already in `load.dit`, which readies the loop (the warm-up
 //! forwards run there); the projection is that sum, so it
 //! matches the measured peak to the byte up to the arena's alignment slack. On
@@ -76,7 +78,7 @@ use serde::Serialize;
 use evidence::rung::Device;
 
 use crate::cuda::denoise::{loaded_bytes, loop_bytes};
-use crate::cuda::models::dit::DitDims;
+use crate::cuda::models::dit::{DeviceDit, DitDims, Precision};
 use crate::cuda::staging::StagingMethod;
 use crate::levers::LeverSet;
 use crate::models::{dit, t5, vae};
@@ -263,7 +265,11 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
         let (loaded, looping) = DitDims::from_config(&p.dit)
             .map(|d| {
                 let l = p.max_text_tokens;
-                (loaded_bytes(&d, l, prompts), loop_bytes(&d, n, l))
+                let fp8 = match levers.forward_arms().precision {
+                    Precision::Fp8 => DeviceDit::fp8_bytes_for(&d, n, l) as u64,
+                    Precision::Bf16 => 0,
+                };
+                (loaded_bytes(&d, l, prompts) + fp8, loop_bytes(&d, n, l))
             })
             .unwrap_or((0, 0));
         // The loop is readied inside load.dit (workspace, loop buffer, warm-up).
@@ -394,6 +400,17 @@ mod tests {
         // Serial allocates each tensor exactly.
         let b = project(&p, &g1, &serial);
         assert_eq!(b.device_peak_bytes, stored + run);
+        // precision = fp8 adds the blocks' e4m3 copies and their input buffers
+        // (red on: the fp8 bytes left out of the projection).
+        let fp8 = LeverSet::resolve(
+            Profile::Default,
+            [("staging", "serial"), host_t5, ("precision", "fp8")],
+        )
+        .unwrap();
+        assert_eq!(
+            project(&p, &g1, &fp8).device_peak_bytes,
+            stored + run + DeviceDit::fp8_bytes_for(&d, n, 128) as u64
+        );
         // Guidance adds one text slot; the CPU arm projects no device bytes.
         let g2 = Geometry {
             guidance: true,

@@ -771,8 +771,18 @@ impl DeviceDit {
     /// Device bytes the `precision = fp8` arm adds for a forward of `n` tokens
     /// and `l` text tokens: the e4m3 block weights and the activation buffers.
     pub fn fp8_bytes(&self, n: usize, l: usize) -> usize {
-        let d = self.dims.dim();
-        Fp8Linears::bytes_for(&self.block_linears())
+        Self::fp8_bytes_for(&self.dims, n, l)
+    }
+
+    /// [`DeviceDit::fp8_bytes`] of a model of `dims`, before it is loaded (the
+    /// memory plan's figure).
+    pub fn fp8_bytes_for(dims: &DitDims, n: usize, l: usize) -> usize {
+        let d = dims.dim();
+        let shapes = [(d, d); 8].into_iter().chain([(4 * d, d), (d, 4 * d)]);
+        let block: Vec<LinearRef> = shapes
+            .map(|(out, inp)| LinearRef { w: 0, out, inp })
+            .collect();
+        dims.layers * Fp8Linears::bytes_for(&block)
             + Fp8Rows::bytes_for(n, 4 * d)
             + Fp8Rows::bytes_for(l, d)
     }
@@ -1387,6 +1397,36 @@ mod tests {
         let mut c = crate::presets::dit_2b();
         c.patch_size = 2;
         assert!(DitDims::from_config(&c).is_err());
+    }
+
+    /// Red on: a Linear left out of the count, or the e4m3 copy counted at two
+    /// bytes an element (the 13B model's copy is half its 26 GB of bf16 blocks).
+    #[test]
+    fn fp8_bytes_count_every_block_linear_at_a_byte_an_element() {
+        let d13 = DitDims::LTXV_13B;
+        let per_block = 16 * d13.dim() * d13.dim();
+        let got = DeviceDit::fp8_bytes_for(&d13, 0, 0);
+        let codes = d13.layers * per_block;
+        let scales = d13.layers * (8 * d13.dim() + 4 * d13.dim() + d13.dim()) * 4;
+        assert!(got >= codes + scales, "{got} < {}", codes + scales);
+        assert!(got <= codes + scales + d13.layers * 10 * 2 * 256, "{got}");
+        let blocks_bf16: usize = d13
+            .tensor_specs()
+            .iter()
+            .filter(|t| t.name.starts_with("transformer_blocks.") && t.shape.len() == 2)
+            .filter(|t| t.name.contains(".to_") || t.name.contains(".ff."))
+            .map(|t| t.nbytes())
+            .sum();
+        assert_eq!(2 * codes, blocks_bf16);
+        let n = 6144;
+        let l = 128;
+        assert_eq!(
+            DeviceDit::fp8_bytes_for(&d13, n, l) - got,
+            crate::cuda::kit::memory::align_up(n * 4 * d13.dim())
+                + crate::cuda::kit::memory::align_up(n * 4)
+                + crate::cuda::kit::memory::align_up(l * d13.dim())
+                + crate::cuda::kit::memory::align_up(l * 4)
+        );
     }
 
     #[test]
