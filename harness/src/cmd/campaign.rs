@@ -757,9 +757,10 @@ fn slurm_task(args: &CampaignArgs, plan: &Plan, rungs: &[RungRef]) -> anyhow::Re
         .filter(|e| done.contains(&e.position))
         .count();
     eprintln!(
-        "campaign: slurm task {} on {}: round {} of campaign {}: {} position(s), {already} already sealed",
+        "campaign: slurm task {} on {} (node {}): round {} of campaign {}: {} position(s), {already} already sealed",
         task.lease_id(),
         crate::run::facts::hostname().unwrap_or_default(),
+        task.node.as_deref().unwrap_or("?"),
         task.round,
         plan.id,
         mine.entries.len()
