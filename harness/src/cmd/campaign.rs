@@ -793,10 +793,11 @@ fn slurm_report(args: &CampaignArgs, plan: &Plan) -> anyhow::Result<u8> {
         }
         Accounting::Disabled(said) => Some(format!(
             "{said} (no accounting on this cluster: finished tasks are shown while \
-             slurmctld remembers them, MinJobAge; the bucket says what they sealed)"
+             slurmctld remembers them, MinJobAge, and after that from the leases their \
+             runs recorded; the bucket says what they sealed)"
         )),
     };
-    let rounds = slurm_status::rounds(plan, &done, &found.unfinished, &tasks);
+    let rounds = slurm_status::rounds(plan, &done, &found.unfinished, &tasks, &found.leases);
     print!("{}", slurm_status::render(plan, &rounds, note.as_deref()));
     Ok(if rounds.iter().all(|r| r.sealed == r.positions) {
         exit::OK
