@@ -19,7 +19,7 @@ rung N *ARGS:
 # Run every test in the workspace (sets up target/pyenv and Chromium for the tests).
 # The S3 store's tests start s3s-fs (scripts/s3-server.sh installs it from crates.io);
 # where it cannot be installed, HARNESS_NO_S3_SERVER=1 makes those tests say NOT RUN.
-# The fleet tests (slurm::) submit to a one-node Slurm on loopback that
+# The fleet tests (slurm::) submit to a two-node Slurm on loopback that
 # scripts/slurm-cluster.sh installs (Debian's slurm-wlm and munge), starts before the
 # tests and stops after them; where it cannot, HARNESS_NO_SLURM=1 makes them say NOT RUN.
 test:

@@ -250,6 +250,14 @@ pub struct StoreFragment {
 pub struct Lease {
     /// The lease id as given.
     pub id: String,
+    /// The Slurm node the run ran on (`SLURMD_NODENAME`; absent outside Slurm
+    /// and in bundles sealed before it was recorded).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    pub node: Option<String>,
 }
 
 /// `gpu`: the GPU's facts as NVML reported them (null without a GPU).

@@ -28,6 +28,18 @@ pub struct Unfinished {
     pub position: u32,
 }
 
+/// The lease a bundle of a campaign ran under, as its manifest's `lease` and
+/// `schedule` say (complete or not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leased {
+    /// Its campaign id.
+    pub campaign: String,
+    /// The lease id (`slurm:<job>_<round>` for a Slurm task's run).
+    pub lease: String,
+    /// The Slurm node it ran on, where the run recorded one.
+    pub node: Option<String>,
+}
+
 /// What a campaign finds sealed.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Found {
@@ -35,12 +47,24 @@ pub struct Found {
     pub bundles: Vec<Bundle>,
     /// Every bundle sealed incomplete that names a campaign position.
     pub unfinished: Vec<Unfinished>,
+    /// The lease of every bundle that names a campaign position and a lease.
+    pub leases: Vec<Leased>,
 }
 
 impl Found {
     /// Add one manifest's findings: its facts (when they read) and, when it is not
     /// complete, its schedule position.
     fn add(&mut self, id: &str, m: &Value, facts: Result<Bundle, String>, shown: &str) {
+        if let (Ok(Some(s)), Ok(Some(l))) = (
+            fragments::read::<Schedule>(m),
+            fragments::read::<fragments::Lease>(m),
+        ) {
+            self.leases.push(Leased {
+                campaign: s.campaign,
+                lease: l.id,
+                node: l.node,
+            });
+        }
         if m["complete"] == Value::Bool(false) {
             if let Ok(Some(s)) = fragments::read::<Schedule>(m) {
                 self.unfinished.push(Unfinished {
@@ -126,6 +150,7 @@ pub fn everywhere(root: &Path, loc: Option<&S3Location>) -> anyhow::Result<Found
         let b = in_bucket(l)?;
         all.bundles.extend(b.bundles);
         all.unfinished.extend(b.unfinished);
+        all.leases.extend(b.leases);
     }
     Ok(all)
 }

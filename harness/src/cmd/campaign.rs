@@ -111,6 +111,13 @@ pub struct CampaignArgs {
     /// formats: minutes, `HH:MM:SS`, `D-HH:MM`).
     #[arg(long, value_name = "TIME")]
     pub time: Option<String>,
+    /// `--scheduler slurm`: at most N of the array's tasks running at once
+    /// (sbatch's array throttle, `--array=...%N`), e.g. to cap how many nodes
+    /// or GPUs the campaign takes from a shared partition; N >= 1. Default: no
+    /// cap, as many as Slurm gives nodes for. It throttles one submission's
+    /// array: a resubmission while an earlier array still runs is its own.
+    #[arg(long, value_name = "N")]
+    pub max_parallel: Option<u32>,
     /// `--scheduler slurm`: print each round's array tasks (squeue, sacct) and
     /// its positions sealed in the bucket; submit nothing. Exit 0 when every
     /// position is sealed, 1 when not.
@@ -493,6 +500,7 @@ fn check_scheduler_flags(args: &CampaignArgs) -> anyhow::Result<()> {
         ("--partition", args.partition.is_some()),
         ("--gres", args.gres.is_some()),
         ("--time", args.time.is_some()),
+        ("--max-parallel", args.max_parallel.is_some()),
         ("--status", args.status),
         ("--slurm-task", args.slurm_task),
         ("--expect-campaign", args.expect_campaign.is_some()),
@@ -518,6 +526,12 @@ fn check_scheduler_flags(args: &CampaignArgs) -> anyhow::Result<()> {
     if args.budget_s.is_some() {
         return Err(UsageError(
             "--budget-s: with --scheduler slurm give each task a --time instead".into(),
+        )
+        .into());
+    }
+    if args.max_parallel == Some(0) {
+        return Err(UsageError(
+            "--max-parallel 0: expected at least 1 array task running at a time".into(),
         )
         .into());
     }
@@ -645,6 +659,7 @@ fn slurm_submit(
         dir: &dir,
         workdir: &workdir,
         command: &command,
+        max_parallel: args.max_parallel,
     })
     .map_err(slurm_error)?;
     if args.dry_run {
@@ -669,8 +684,10 @@ fn slurm_submit(
     let job = slurm_cmd::sbatch(&script).map_err(slurm_error)?;
     let log = dir.join("submissions.txt");
     let line = format!(
-        "job {job} rounds {} submitted at unix {} from {}\n",
+        "job {job} rounds {}{} submitted at unix {} from {}\n",
         slurm_script::array_spec(&rounds),
+        args.max_parallel
+            .map_or(String::new(), |n| format!(" at most {n} at once")),
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -679,10 +696,12 @@ fn slurm_submit(
     write(&log, append(&log, &line))?;
     println!(
         "slurm: submitted job {job}: array {} (one task per round: {} round(s), {} position(s) \
-         not sealed) of campaign {}, each run published to {loc}",
+         not sealed{}) of campaign {}, each run published to {loc}",
         slurm_script::array_spec(&rounds),
         rounds.len(),
         plan.entries.len() - done.len(),
+        args.max_parallel
+            .map_or(String::new(), |n| format!("; at most {n} task(s) at once")),
         plan.id
     );
     println!(
@@ -738,9 +757,10 @@ fn slurm_task(args: &CampaignArgs, plan: &Plan, rungs: &[RungRef]) -> anyhow::Re
         .filter(|e| done.contains(&e.position))
         .count();
     eprintln!(
-        "campaign: slurm task {} on {}: round {} of campaign {}: {} position(s), {already} already sealed",
+        "campaign: slurm task {} on {} (node {}): round {} of campaign {}: {} position(s), {already} already sealed",
         task.lease_id(),
         crate::run::facts::hostname().unwrap_or_default(),
+        task.node.as_deref().unwrap_or("?"),
         task.round,
         plan.id,
         mine.entries.len()
@@ -773,10 +793,11 @@ fn slurm_report(args: &CampaignArgs, plan: &Plan) -> anyhow::Result<u8> {
         }
         Accounting::Disabled(said) => Some(format!(
             "{said} (no accounting on this cluster: finished tasks are shown while \
-             slurmctld remembers them, MinJobAge; the bucket says what they sealed)"
+             slurmctld remembers them, MinJobAge, and after that from the leases their \
+             runs recorded; the bucket says what they sealed)"
         )),
     };
-    let rounds = slurm_status::rounds(plan, &done, &found.unfinished, &tasks);
+    let rounds = slurm_status::rounds(plan, &done, &found.unfinished, &tasks, &found.leases);
     print!("{}", slurm_status::render(plan, &rounds, note.as_deref()));
     Ok(if rounds.iter().all(|r| r.sealed == r.positions) {
         exit::OK

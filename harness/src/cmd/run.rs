@@ -210,6 +210,7 @@ impl RunArgs {
             unified_budget,
             timeout_s: self.timeout,
             lease_id: self.lease_id.clone(),
+            lease_node: crate::campaign::slurm::task::node_from_env(),
             observer,
             weights_cache: self.weights_cache,
         })

@@ -48,6 +48,8 @@ pub struct RunConfig {
     pub timeout_s: Option<f64>,
     /// Lease id.
     pub lease_id: Option<String>,
+    /// The Slurm node the run is on (`SLURMD_NODENAME`), recorded with the lease.
+    pub lease_node: Option<String>,
     /// Observer on.
     pub observer: bool,
     /// The weights' page-cache state at engine start.

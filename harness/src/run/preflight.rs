@@ -159,7 +159,7 @@ pub(super) fn preflight(
 }
 
 /// H3: a rung that requires a lease refuses without one; the `lease` fragment
-/// records the id either way.
+/// records the id either way, and the Slurm node the run is on where Slurm says.
 fn lease(s: &mut Session, config: &RunConfig, signals: &Signals) -> Step<()> {
     let lease_required = config.rung.as_ref().is_some_and(|(_, r)| r.require.lease);
     step!(pass(
@@ -173,7 +173,10 @@ fn lease(s: &mut Session, config: &RunConfig, signals: &Signals) -> Step<()> {
         .map(str::trim)
         .filter(|x| !x.is_empty())
     {
-        Some(id) => s.record(&frag::Lease { id: id.to_string() })?,
+        Some(id) => s.record(&frag::Lease {
+            id: id.to_string(),
+            node: config.lease_node.clone(),
+        })?,
         // No lease: the fragment is null.
         None => s.record_null::<frag::Lease>()?,
     }

@@ -561,10 +561,30 @@ fn refused_runs_leave_a_bundle_recording_the_refusal() {
     let out = harness(&s)
         .args(["--rung", r.to_str().unwrap(), "--engine", ENGINE])
         .env("HARNESS_LEASE_ID", "lease-42")
+        .env_remove("SLURMD_NODENAME")
         .output()
         .unwrap();
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
     assert_eq!(manifest(&out)["lease"]["id"], "lease-42");
+    // Outside Slurm the lease names no node (the field is absent, as in the
+    // bundles sealed before it was recorded); under Slurm it names slurmd's.
+    assert_eq!(
+        manifest(&out)["lease"].get("node"),
+        None,
+        "{}",
+        manifest(&out)["lease"]
+    );
+    let out = harness(&s)
+        .args(["--rung", r.to_str().unwrap(), "--engine", ENGINE])
+        .env("HARNESS_LEASE_ID", "slurm:7_1")
+        .env("SLURMD_NODENAME", "gpu07")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert_eq!(
+        manifest(&out)["lease"],
+        serde_json::json!({"id": "slurm:7_1", "node": "gpu07"})
+    );
     // A missing engine binary.
     let out = harness(&s)
         .args([

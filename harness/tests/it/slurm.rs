@@ -1,13 +1,22 @@
-//! Campaigns across a fleet (issue 38) against a real Slurm (a one-node cluster
+//! Campaigns across a fleet (issue 38) against a real Slurm (a two-node cluster
 //! on loopback, [`crate::support::slurm`]) and a real S3 server
 //! ([`crate::support::s3`]): `harness campaign --scheduler slurm` submits a
 //! 2-round rung-0 campaign (the CPU arm, `rungs/0.toml`) as an sbatch array,
-//! one task per round, every run published to the bucket under the task's lease;
-//! `--status` reports the array; `rank` over the bucket pairs within the host;
-//! one task cancelled and one killed mid-run leave incomplete bundles (the
-//! second through `recover`), and the resubmission runs only the positions not
-//! sealed, duplicating none; the Slurm lease satisfies a rung's
-//! `require.lease`.
+//! one task per round, every run published to the bucket under the task's lease
+//! with the node it ran on; `--status` reports the array; `rank` over the bucket
+//! pairs within the host; one task cancelled and one killed mid-run leave
+//! incomplete bundles (the second through `recover`), and the resubmission runs
+//! only the positions not sealed, duplicating none; the Slurm lease satisfies a
+//! rung's `require.lease`.
+//!
+//! The two nodes are two slurmd on this one machine: two tasks side by side
+//! would each be measured under the other's load (the contention gate flags
+//! such runs and rank excludes them). The tests that measure submit with
+//! `--max-parallel 1`, so that their rounds run one after another whatever the
+//! node count, and check that no two runs overlapped; the tests take the
+//! cluster one at a time. An unthrottled array spreads over both nodes, and its
+//! runs record which (where the cluster came up with one node, that assertion
+//! says NOT RUN).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -22,6 +31,10 @@ use crate::support::slurm::Cluster;
 
 /// How long one array is given (2 rung-0 runs per task, on a busy 2-core box).
 const JOB_LIMIT: Duration = Duration::from_secs(600);
+
+/// One task at a time: no run is measured under another's load, whatever the
+/// node count.
+const ONE_AT_A_TIME: [&str; 2] = ["--max-parallel", "1"];
 
 /// `(code, stdout, stderr)`, asserting the secret appears in neither.
 fn go(c: &mut Command) -> (i32, String, String) {
@@ -138,6 +151,69 @@ fn rank(srv: &Server, prefix: &str) -> (Value, Option<Value>) {
     (r, at0)
 }
 
+/// The runs of `ms` ran one after another: sorted by start, each starts after
+/// the one before ended (the run fragment's monotonic clock, one boot), and at
+/// least `min` of them say when.
+fn assert_one_after_another(ms: &[Value], min: usize) {
+    let mut spans: Vec<(u64, u64, String)> = ms
+        .iter()
+        .filter_map(|m| {
+            Some((
+                m["run"]["start_ns"].as_u64()?,
+                m["run"]["end_ns"].as_u64()?,
+                format!("{} ({})", m["_id"], m["lease"]),
+            ))
+        })
+        .collect();
+    assert!(
+        spans.len() >= min,
+        "{} of {} runs timed",
+        spans.len(),
+        ms.len()
+    );
+    let boots: std::collections::BTreeSet<&str> = ms
+        .iter()
+        .filter_map(|m| m["run"]["boot_id"].as_str())
+        .collect();
+    assert_eq!(boots.len(), 1, "one machine, one boot: {boots:?}");
+    spans.sort();
+    for w in spans.windows(2) {
+        assert!(
+            w[1].0 >= w[0].1,
+            "run {} started {:.1} s before run {} ended: two tasks ran side by side",
+            w[1].2,
+            (w[0].1 - w[1].0) as f64 / 1e9,
+            w[0].2
+        );
+    }
+}
+
+/// Each manifest of `ms` records the node its task ran on, as squeue gives it
+/// for the task its lease names (`tasks`: `(JOB_TASK, state, node)`); the node of
+/// each round.
+fn nodes_recorded(ms: &[Value], tasks: &[(String, String, String)]) -> BTreeMap<u64, String> {
+    let mut out = BTreeMap::new();
+    for m in ms {
+        let lease = m["lease"]["id"].as_str().unwrap();
+        let task = lease.strip_prefix("slurm:").unwrap();
+        let slurm_node = tasks
+            .iter()
+            .find(|(t, _, _)| t == task)
+            .map(|(_, _, n)| n.as_str())
+            .unwrap_or_else(|| panic!("no task {task} in {tasks:?}"));
+        assert!(!slurm_node.is_empty(), "{tasks:?}");
+        assert_eq!(
+            m["lease"]["node"].as_str(),
+            Some(slurm_node),
+            "the lease records the node squeue names: {}",
+            m["lease"]
+        );
+        let round = m["schedule"]["round"].as_u64().unwrap();
+        out.insert(round, slurm_node.to_string());
+    }
+    out
+}
+
 /// Pairs at rung 0 are formed within one host and no host blocks appear; a run
 /// flagged as contended (this box is shared with the rest of the suite) costs
 /// at most its round's pair.
@@ -177,10 +253,13 @@ fn an_array_runs_a_round_per_task_into_the_bucket_and_rank_pairs_within_the_host
     let Some(cl) = Cluster::start("slurm-array") else {
         return;
     };
-    let (code, so, se) = campaign(&srv, &cl, "fleet", &[]);
+    let (code, so, se) = campaign(&srv, &cl, "fleet", &ONE_AT_A_TIME);
     assert_eq!(code, 0, "{so}\n{se}");
     assert!(
-        so.contains(": array 1-2 (one task per round: 2 round(s), 4 position(s)"),
+        so.contains(
+            ": array 1-2 (one task per round: 2 round(s), 4 position(s) not sealed; \
+             at most 1 task(s) at once)"
+        ),
         "{so}"
     );
     let job = job_of(&so);
@@ -197,7 +276,7 @@ fn an_array_runs_a_round_per_task_into_the_bucket_and_rank_pairs_within_the_host
     let script = std::fs::read_to_string(dir.join("slurm.sbatch")).unwrap();
     for line in [
         format!("#SBATCH --job-name=harness-{id}"),
-        "#SBATCH --array=1-2".to_string(),
+        "#SBATCH --array=1-2%1".to_string(),
         "#SBATCH --partition=harness".to_string(),
         "#SBATCH --time=20".to_string(),
         "#SBATCH --exclusive".to_string(),
@@ -214,14 +293,21 @@ fn an_array_runs_a_round_per_task_into_the_bucket_and_rank_pairs_within_the_host
     let mut got = tasks.clone();
     got.sort();
     assert_eq!(got, want, "task output in {}", dir.display());
+    let on = cl.tasks_on(job);
 
-    // Each task's output, in the campaign's directory on its node (this one).
+    // Each task's output, in the campaign's directory on its node (this
+    // machine: both nodes are on it).
     for round in [1, 2] {
         let out = std::fs::read_to_string(dir.join(format!("slurm-{job}_{round}.out")))
             .unwrap_or_else(|e| panic!("task {job}_{round}'s output: {e}"));
+        let node = &on
+            .iter()
+            .find(|(t, _, _)| *t == format!("{job}_{round}"))
+            .unwrap()
+            .2;
         assert!(
             out.contains(&format!(
-                "campaign: slurm task slurm:{job}_{round} on {}: round {round} of campaign {id}: 2 position(s), 0 already sealed",
+                "campaign: slurm task slurm:{job}_{round} on {} (node {node}): round {round} of campaign {id}: 2 position(s), 0 already sealed",
                 harness::run::facts::hostname().unwrap_or_default()
             )),
             "{out}"
@@ -246,6 +332,10 @@ fn an_array_runs_a_round_per_task_into_the_bucket_and_rank_pairs_within_the_host
             .unwrap();
         assert_eq!(lease["verdict"], "pass", "{lease}");
     }
+    // Each run records its task's node; the throttle kept the two tasks (on
+    // one node or two) from running side by side.
+    let nodes = nodes_recorded(&ms, &on);
+    assert_one_after_another(&ms, 4);
 
     let (r, at0) = rank(&srv, "fleet");
     assert_paired_within_the_host(&r, at0.as_ref(), 2);
@@ -267,6 +357,7 @@ fn an_array_runs_a_round_per_task_into_the_bucket_and_rank_pairs_within_the_host
         assert!(
             line.contains(&format!("{job}_{round}"))
                 && line.contains("COMPLETED")
+                && line.contains(&format!(" {} ", nodes[&round]))
                 && line.contains("2/2"),
             "{line}"
         );
@@ -278,12 +369,98 @@ fn an_array_runs_a_round_per_task_into_the_bucket_and_rank_pairs_within_the_host
     );
 
     // Submitted again: nothing is left, nothing is submitted.
-    let (code, so, _) = campaign(&srv, &cl, "fleet", &[]);
+    let (code, so, _) = campaign(&srv, &cl, "fleet", &ONE_AT_A_TIME);
     assert_eq!(code, 0, "{so}");
     assert!(
         so.contains("slurm: nothing to submit: every position of campaign"),
         "{so}"
     );
+}
+
+/// Without `--max-parallel` the array is not throttled: on the two-node cluster
+/// (nothing else on it, each task exclusive on its node) the two rounds' tasks
+/// start together, one on each node, and each run's lease records its task's
+/// node, which `--status` shows. Where the cluster came up with one node, the
+/// spreading is NOT RUN (said on stderr) and the rest still holds.
+#[test]
+fn an_unthrottled_array_spreads_over_the_nodes_and_each_run_records_its_node() {
+    let Some(srv) = Server::start("slurm-spread") else {
+        return;
+    };
+    let Some(cl) = Cluster::start("slurm-spread") else {
+        return;
+    };
+    let nodes = cl.nodes();
+    assert!(!nodes.is_empty(), "sinfo names no node");
+    let prefix = "fleet-spread";
+    // Its own campaign (seed 3): neither other test's array shows in its status.
+    let (code, so, se) = campaign(&srv, &cl, prefix, &["--seed", "3"]);
+    assert_eq!(code, 0, "{so}\n{se}");
+    assert!(
+        so.contains(": array 1-2 (one task per round: 2 round(s), 4 position(s) not sealed)"),
+        "{so}"
+    );
+    let id = so
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("campaign "))
+        .and_then(|l| l.split(' ').next())
+        .unwrap()
+        .to_string();
+    let script = std::fs::read_to_string(
+        srv.dir
+            .join("node/store/campaigns")
+            .join(&id)
+            .join("slurm.sbatch"),
+    )
+    .unwrap();
+    assert!(
+        script.lines().any(|l| l == "#SBATCH --array=1-2"),
+        "unthrottled: {script}"
+    );
+    let job = job_of(&so);
+    let mut tasks = cl.wait(job, JOB_LIMIT);
+    tasks.sort();
+    assert_eq!(
+        tasks,
+        vec![
+            (format!("{job}_1"), "COMPLETED".to_string()),
+            (format!("{job}_2"), "COMPLETED".to_string())
+        ]
+    );
+    let ms = manifests(&srv, prefix);
+    assert_eq!(complete_by_position(&ms).len(), 4, "{ms:?}");
+    let by_round = nodes_recorded(&ms, &cl.tasks_on(job));
+    for n in by_round.values() {
+        assert!(nodes.contains(n), "{n} is not a node of {nodes:?}");
+    }
+    let used: std::collections::BTreeSet<&String> = by_round.values().collect();
+    if nodes.len() >= 2 {
+        assert_eq!(
+            used.len(),
+            2,
+            "two idle nodes, two exclusive tasks: one on each ({by_round:?})"
+        );
+    } else {
+        eprintln!(
+            "\n*** NOT RUN slurm-spread: the array spreading over two nodes: the cluster has \
+             one node ({nodes:?}; scripts/slurm-cluster.sh fell back to one, or \
+             HARNESS_SLURM_NODES=1) ***\n"
+        );
+    }
+    // --status shows each round's node.
+    let (code, so, _) = campaign(&srv, &cl, prefix, &["--seed", "3", "--status"]);
+    assert_eq!(code, 0, "{so}");
+    for (round, node) in &by_round {
+        let line = so
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{round}  ")))
+            .unwrap_or_else(|| panic!("no round {round}: {so}"));
+        assert!(
+            line.contains(&format!("{job}_{round}")) && line.contains(&format!(" {node} ")),
+            "{line}"
+        );
+    }
 }
 
 /// The staging directories of the local store at `store`.
@@ -390,9 +567,10 @@ fn a_killed_task_is_recovered_and_the_resubmission_completes_without_duplicates(
     assert_eq!(code, 3, "{so}\n{se}");
     assert!(so.contains("refused by gate 'lease'"), "{so}");
     // Its own campaign (that rung, seed 2), so that the other test's array,
-    // named by its campaign id, never shows in this one's status.
+    // named by its campaign id, never shows in this one's status; one task at a
+    // time.
     let campaign = |srv: &Server, cl: &Cluster, prefix: &str, extra: &[&str]| {
-        let mut with_seed = vec!["--seed", "2"];
+        let mut with_seed = vec!["--seed", "2", ONE_AT_A_TIME[0], ONE_AT_A_TIME[1]];
         with_seed.extend_from_slice(extra);
         campaign_of(srv, cl, &rung, prefix, &with_seed)
     };
@@ -489,7 +667,8 @@ fn a_killed_task_is_recovered_and_the_resubmission_completes_without_duplicates(
     assert_eq!(code, 0, "{so}\n{se}");
     assert!(
         so.contains(&format!(
-            ": array 1-2 (one task per round: 2 round(s), {} position(s) not sealed)",
+            ": array 1-2 (one task per round: 2 round(s), {} position(s) not sealed; \
+             at most 1 task(s) at once)",
             4 - sealed_before
         )),
         "{so}"
@@ -511,6 +690,8 @@ fn a_killed_task_is_recovered_and_the_resubmission_completes_without_duplicates(
         "every position sealed once"
     );
     assert_eq!(ms.len(), 6, "4 complete and the 2 dead runs' bundles");
+    // No two of the six ran side by side (the killed run's end may be unknown).
+    assert_one_after_another(&ms, 5);
     // Every complete run passed the rung's lease requirement with its task's lease.
     for m in ms.iter().filter(|m| m["complete"] == true) {
         let lease = m["gates"]
@@ -572,7 +753,7 @@ fn a_killed_task_is_recovered_and_the_resubmission_completes_without_duplicates(
 
 /// No cluster needed: where sbatch is not on PATH, the submission says what it
 /// expected; a directory store is refused for a fleet; Slurm's flags need
-/// `--scheduler slurm`.
+/// `--scheduler slurm`; `--max-parallel` is at least 1.
 #[test]
 fn without_sbatch_or_a_bucket_the_campaign_says_what_it_expected() {
     let Some(srv) = Server::start("slurm-errors") else {
@@ -635,4 +816,24 @@ fn without_sbatch_or_a_bucket_the_campaign_says_what_it_expected() {
     let (code, _, se) = go(&mut c);
     assert_eq!(code, 2);
     assert!(se.contains("remove --lease-id from the run flags"), "{se}");
+    // --max-parallel: Slurm's, and at least 1.
+    let mut c = srv.harness("n");
+    base(&mut c);
+    c.args(["--store", &srv.url("x"), "--max-parallel", "2"]);
+    let (code, _, se) = go(&mut c);
+    assert_eq!(code, 2);
+    assert!(
+        se.contains("--max-parallel: only with --scheduler slurm"),
+        "{se}"
+    );
+    let mut c = srv.harness("n");
+    base(&mut c);
+    c.args(["--store", &srv.url("x"), "--scheduler", "slurm"])
+        .args(["--max-parallel", "0"]);
+    let (code, _, se) = go(&mut c);
+    assert_eq!(code, 2);
+    assert!(
+        se.contains("--max-parallel 0: expected at least 1 array task running at a time"),
+        "{se}"
+    );
 }

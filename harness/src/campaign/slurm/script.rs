@@ -5,8 +5,9 @@
 //!
 //! The script is a pure function of its [`ArrayJob`]: the `#SBATCH` lines (the
 //! job's name `harness-<campaign id>`, which `--status` finds it by; the array of
-//! rounds; one node, one task, the node exclusive, since a measurement must own
-//! its machine; and `--partition`, `--gres`, `--time` as given), then the task's
+//! rounds, with `%N` where at most N tasks may run at once (`--max-parallel`);
+//! one node, one task, the node exclusive, since a measurement must own its
+//! machine; and `--partition`, `--gres`, `--time` as given), then the task's
 //! output sent to `slurm-<job>_<round>.out` in the campaign's directory *on the
 //! node that runs it* (made there first: Slurm's own `--output` would need the
 //! directory to exist on every node before the task starts, and a node's local
@@ -50,6 +51,9 @@ pub struct ArrayJob<'a> {
     pub workdir: &'a Path,
     /// The task's command line, program first.
     pub command: &'a [String],
+    /// At most this many of its tasks running at once (sbatch's array
+    /// throttle, `--array=...%N`); `None`: as many as Slurm gives nodes for.
+    pub max_parallel: Option<u32>,
 }
 
 /// The job name of campaign `id`'s arrays: `harness-<id>`.
@@ -84,6 +88,21 @@ pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// The `--array` value of `rounds`, throttled to `max_parallel` tasks at once
+/// (`1-3,5%2`); a throttle of 0 is refused (no task would ever start).
+pub fn array_value(rounds: &[u32], max_parallel: Option<u32>) -> Result<String, SlurmError> {
+    let spec = array_spec(rounds);
+    match max_parallel {
+        None => Ok(spec),
+        Some(0) => Err(SlurmError::Option {
+            option: "max-parallel",
+            value: "0".into(),
+            why: "expected at least 1 array task at a time",
+        }),
+        Some(n) => Ok(format!("{spec}%{n}")),
+    }
+}
+
 /// A value for an `#SBATCH` line: printable ASCII without spaces (sbatch reads
 /// the line up to the first space; a newline would start another line).
 fn option_value(option: &'static str, value: &str) -> Result<String, SlurmError> {
@@ -112,7 +131,11 @@ pub fn script(job: &ArrayJob) -> Result<String, SlurmError> {
         "# each run published to the bucket; written by `harness campaign --scheduler slurm`."
     );
     let _ = writeln!(o, "#SBATCH --job-name={}", job_name(job.campaign));
-    let _ = writeln!(o, "#SBATCH --array={}", array_spec(job.rounds));
+    let _ = writeln!(
+        o,
+        "#SBATCH --array={}",
+        array_value(job.rounds, job.max_parallel)?
+    );
     let _ = writeln!(o, "#SBATCH --nodes=1");
     let _ = writeln!(o, "#SBATCH --ntasks=1");
     let _ = writeln!(o, "#SBATCH --exclusive");
@@ -180,6 +203,7 @@ mod tests {
             dir: Path::new("/s/campaigns/0123abcd0123abcd"),
             workdir: Path::new("/repo"),
             command: &cmd,
+            max_parallel: None,
         };
         let s = script(&job).unwrap();
         for line in [
@@ -205,6 +229,37 @@ mod tests {
         })
         .unwrap();
         assert!(!bare.contains("--partition") && !bare.contains("--gres"));
+        // Without --max-parallel the array is not throttled; with it, `%N`.
+        assert!(!s.contains('%'), "{s}");
+        let one = script(&ArrayJob {
+            max_parallel: Some(1),
+            ..job.clone()
+        })
+        .unwrap();
+        assert!(one.lines().any(|l| l == "#SBATCH --array=1-2,4%1"), "{one}");
+        assert_eq!(
+            one.lines()
+                .filter(|l| l.starts_with("#SBATCH --array"))
+                .count(),
+            1
+        );
+        let three = script(&ArrayJob {
+            max_parallel: Some(3),
+            rounds: &[7],
+            ..job.clone()
+        })
+        .unwrap();
+        assert!(three.lines().any(|l| l == "#SBATCH --array=7%3"), "{three}");
+        let e = script(&ArrayJob {
+            max_parallel: Some(0),
+            ..job.clone()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("--max-parallel \"0\"") && e.contains("at least 1"),
+            "{e}"
+        );
         let bad = SlurmOptions {
             partition: Some("a\n#SBATCH --uid=0".into()),
             ..Default::default()
