@@ -12,6 +12,7 @@
 //! numbers in serde_json's shortest round-trip form. The bundle id is the sha256
 //! (lowercase hex) of the exact bytes of `manifest.json`.
 
+use crate::fragments::{read_lenient, Fragment};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -379,6 +380,12 @@ impl Manifest {
     /// A fragment by key, when present and not null.
     pub fn fragment(&self, key: &str) -> Option<&Value> {
         self.fragments.get(key).filter(|v| !v.is_null())
+    }
+
+    /// The fragment `F` as its record, for display: `None` when absent, null or
+    /// not an `F` ([`read_lenient`]).
+    pub fn record<F: Fragment>(&self) -> Option<F> {
+        read_lenient(&self.fragments)
     }
 
     /// The `exit` fragment, typed leniently.

@@ -13,11 +13,11 @@ use std::path::Path;
 use crate::bundle::error::{FileError, ManifestError};
 use crate::bundle::facts::{Bundle, FrameFacts};
 use crate::bundle::files;
-use crate::fragments::{
+use evidence::error::BundleError;
+use evidence::fragments::{
     self, Completion, Contention, Engine, ExecCheck, Exit, Fragment, Gates, Gpu, Host, Levers,
     Profile, Run, Rung, Schedule, Weights, WeightsCache,
 };
-use evidence::error::BundleError;
 
 /// `manifest.json` of the bundle at `dir` as JSON.
 pub fn read_json(dir: &Path) -> Result<Value, ManifestError> {

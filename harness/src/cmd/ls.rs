@@ -1,7 +1,7 @@
 //! `harness ls`: one line per bundle in the store.
 
-use crate::fragments::{Levers, Run, Rung};
 use clap::Args;
+use evidence::fragments::{Levers, Run, Rung};
 use serde::Serialize;
 
 use crate::bundle::error::{FileError, ManifestError};

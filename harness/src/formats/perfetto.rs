@@ -17,7 +17,7 @@
 //! [`Timeline::origin_ns`]); `metadata.origin_ns` holds that origin in the bundle's
 //! CLOCK_MONOTONIC nanoseconds, so `t_ns = origin_ns + ts * 1000`.
 
-use crate::fragments::{Engine, Levers, Profile, Rung};
+use evidence::fragments::{Engine, Levers, Profile, Rung};
 use serde_json::{json, Map, Value};
 
 use super::Format;

@@ -12,7 +12,7 @@
 //!
 //! Text is drawn with DejaVu Sans embedded in the binary (no system fonts).
 
-use crate::fragments::{Completion, Engine, Levers, Profile, Rung, RungGeometry};
+use evidence::fragments::{Completion, Engine, Levers, Profile, Rung, RungGeometry};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
