@@ -77,7 +77,7 @@ impl BundleSummary {
         let r = self
             .manifest
             .exit()
-            .map(|e| e.reason)
+            .and_then(|e| e.reason)
             .unwrap_or_else(|| "-".into());
         if self.manifest.complete {
             r

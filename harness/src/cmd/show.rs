@@ -252,7 +252,7 @@ pub fn summary_text(s: &BundleSummary) -> String {
                 &mut o,
                 format!(
                     "exit     {} (code {}, signal {}){}",
-                    e.reason,
+                    e.reason.as_deref().unwrap_or_default(),
                     e.code.map_or("-".into(), |c| c.to_string()),
                     e.signal.map_or("-".into(), |c| c.to_string()),
                     e.detail.map(|d| format!(": {d}")).unwrap_or_default()

@@ -110,7 +110,7 @@ pub fn trace_value(t: &Timeline) -> Value {
     }
     if let Some(e) = t.manifest.exit() {
         events.push(json!({
-            "ph": "i", "s": "p", "cat": "run", "name": format!("exit: {}", e.reason),
+            "ph": "i", "s": "p", "cat": "run", "name": format!("exit: {}", e.reason.as_deref().unwrap_or_default()),
             "pid": PID, "tid": PHASES_TID, "ts": us(t, t.end_ns()),
             "args": {"code": e.code, "signal": e.signal, "detail": e.detail},
         }));
