@@ -47,9 +47,8 @@ fn keys_named_by_string(rel: &str, text: &str) -> Vec<String> {
         if line.contains("// not a manifest") {
             continue;
         }
-        let seen = format!("{rel}:{n}: {line}");
-        for key in evidence::fragments::KEYS {
-            for access in [
+        let named = evidence::fragments::KEYS.iter().any(|key| {
+            [
                 format!("fragment(\"{key}\""),
                 format!("get(\"{key}\")"),
                 format!("[\"{key}\"]"),
@@ -62,11 +61,12 @@ fn keys_named_by_string(rel: &str, text: &str) -> Vec<String> {
                 format!("contains_key(\"{key}\")"),
                 format!("\"{key}\" =>"),
                 format!("== \"{key}\""),
-            ] {
-                if line.contains(&access) && !bad.last().is_some_and(|b| b == &seen) {
-                    bad.push(seen.clone());
-                }
-            }
+            ]
+            .iter()
+            .any(|access| line.contains(access))
+        });
+        if named {
+            bad.push(format!("{rel}:{n}: {line}"));
         }
     }
     // Fragment calls whose key is on the next line.
