@@ -14,6 +14,8 @@
 //! * [`store`]: the durable store, its gate, staging directories and atomic publish.
 //! * [`error`]: the typed errors of the bundle machinery.
 //! * [`manifest`]: `manifest.json` (typed sections, canonical JSON, the bundle id).
+//! * [`fragments`]: the manifest's fragments, one typed record each (`KEY` and
+//!   fields with units), shared by the harness's writers and every reader.
 //! * [`phases`]: the phase tree from markers, coverage, containment, exclusivity.
 //! * [`bundle_files`]: the names of a bundle's files.
 //! * [`parquet_tables`]: the Parquet tables' schemas, fixed writer settings and
@@ -34,6 +36,7 @@
 pub mod bundle_files;
 pub mod clock;
 pub mod error;
+pub mod fragments;
 pub mod journal;
 pub mod manifest;
 pub mod marker;

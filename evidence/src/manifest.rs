@@ -3,15 +3,17 @@
 //!
 //! The manifest is one JSON object. Its keys are the fragments the harness wrote
 //! to the journal (`run`, `rung`, `exit`, ... see `specs/bundle.md`; a later
-//! fragment with the same key replaces an earlier one) plus the sections computed
-//! at seal, which are typed here: `schema`, `cadence`, `phases`, `markers`,
-//! `journal`, `files`, `video`, `complete`.
+//! fragment with the same key replaces an earlier one; each has its record in
+//! [`crate::fragments`]) plus the sections computed at seal, which are typed
+//! here: `schema`, `cadence`, `phases`, `markers`, `journal`, `files`, `video`,
+//! `complete`.
 //!
 //! Canonical form: keys sorted by their UTF-8 bytes at every level, no whitespace,
 //! strings escaped as serde_json escapes them, integers as plain decimals, other
 //! numbers in serde_json's shortest round-trip form. The bundle id is the sha256
 //! (lowercase hex) of the exact bytes of `manifest.json`.
 
+use crate::fragments::{read_lenient, Exit, Fragment, Run};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -376,61 +378,21 @@ impl Manifest {
         })
     }
 
-    /// A fragment by key, when present and not null.
-    pub fn fragment(&self, key: &str) -> Option<&Value> {
-        self.fragments.get(key).filter(|v| !v.is_null())
+    /// The fragment `F` as its record, for display: `None` when absent, null or
+    /// not an `F` ([`read_lenient`]).
+    pub fn record<F: Fragment>(&self) -> Option<F> {
+        read_lenient(&self.fragments)
     }
 
-    /// The `exit` fragment, typed leniently.
-    pub fn exit(&self) -> Option<ExitInfo> {
-        self.fragment("exit")
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
+    /// The `exit` fragment ([`Exit`]), when it reads and names a reason.
+    pub fn exit(&self) -> Option<Exit> {
+        self.record::<Exit>().filter(|e| e.reason.is_some())
     }
 
-    /// The `run` fragment, typed leniently.
-    pub fn run(&self) -> Option<RunInfo> {
-        self.fragment("run")
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
+    /// The `run` fragment ([`Run`]), read leniently.
+    pub fn run(&self) -> Option<Run> {
+        self.record()
     }
-}
-
-/// The `exit` fragment (`specs/bundle.md`, "manifest.json").
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ExitInfo {
-    /// completed, engine-failed, killed, watchdog, timeout, interrupted,
-    /// gate-refused, host-lost or harness-killed.
-    pub reason: String,
-    /// The engine's exit code, if it exited.
-    #[serde(default)]
-    pub code: Option<i64>,
-    /// The signal that ended the engine, if any.
-    #[serde(default)]
-    pub signal: Option<i64>,
-    /// Words.
-    #[serde(default)]
-    pub detail: Option<String>,
-}
-
-/// The parts of the `run` fragment the bundle tools read (`specs/bundle.md`,
-/// "manifest.json").
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct RunInfo {
-    /// CLOCK_MONOTONIC ns when the run started.
-    #[serde(default)]
-    pub start_ns: Option<u64>,
-    /// CLOCK_MONOTONIC ns when the run ended.
-    #[serde(default)]
-    pub end_ns: Option<u64>,
-    /// `/proc/sys/kernel/random/boot_id` of the boot the run ran in.
-    #[serde(default)]
-    pub boot_id: Option<String>,
-    /// The host's name.
-    #[serde(default)]
-    pub hostname: Option<String>,
-    /// Wall-clock start, ns since the Unix epoch (optional; `harness ls` shows it
-    /// as the date when present).
-    #[serde(default)]
-    pub start_unix_ns: Option<u64>,
 }
 
 #[cfg(test)]

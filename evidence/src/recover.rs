@@ -10,9 +10,10 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde::Deserialize;
 
 use crate::error::{SealError, StoreError};
+use crate::fragments::{Exit, Fragment, Run};
 use crate::journal::Record;
 use crate::seal::{finish_staging, read_staging_journal, recovered_exit, seal_contents, Sealed};
 use crate::store::{try_lock_staging, Store, SEALED_FILE};
@@ -112,35 +113,25 @@ pub fn recover_one(store: &Store, staging: &Path, this_boot: Option<&str>) -> Ou
         Ok(c) => c,
         Err(e) => return failed(e),
     };
-    let mut exit: Option<Value> = None;
+    // The last `exit` written (any value, null too: the run wrote one) and its
+    // reason; the last `run`'s boot id. Both read leniently, as the seal does.
+    let mut exit: Option<Option<String>> = None;
     let mut boot: Option<String> = None;
     for r in &contents.records {
         if let Record::Fragment { key, value } = r {
-            match key.as_str() {
-                "exit" => exit = Some(value.clone()),
-                "run" => {
-                    boot = value
-                        .get("boot_id")
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
-                }
-                _ => {}
+            if key == Exit::KEY {
+                exit = Some(Exit::deserialize(value).ok().and_then(|e| e.reason));
+            } else if key == Run::KEY {
+                boot = Run::deserialize(value).ok().and_then(|r| r.boot_id);
             }
         }
     }
     let (extra, reason) = match exit {
-        Some(e) => {
-            let reason = e
-                .get("reason")
-                .and_then(Value::as_str)
-                .unwrap_or("unknown")
-                .to_string();
-            (Vec::new(), reason)
-        }
+        Some(reason) => (Vec::new(), reason.unwrap_or_else(|| "unknown".into())),
         None => {
             let (reason, detail) = exit_for(boot.as_deref(), this_boot);
             (
-                vec![("exit".to_string(), recovered_exit(reason, detail))],
+                vec![(Exit::KEY.to_string(), recovered_exit(reason, detail))],
                 reason.to_string(),
             )
         }

@@ -22,6 +22,9 @@ use sha2::{Digest, Sha256};
 
 use crate::bundle_files::{self, FRAME_IMAGES, LOG, MANIFEST, VIDEO};
 use crate::error::{io_at, IoAt, SealError};
+use crate::fragments::{
+    read_lenient, Exit, Fragment, Run, Sampler, SensorsUnavailable, StoreFragment,
+};
 use crate::journal::{read_journal, FrameRow, JournalContents, Record};
 use crate::manifest::{
     canonical_json, sha256_hex, Cadence, FileEntry, JournalSummary, Manifest, MarkersSummary,
@@ -486,12 +489,14 @@ fn gather<'a>(c: &'a JournalContents, inputs: &SealInputs) -> Gathered<'a> {
     if inputs.volatile_override {
         let mut st = g
             .fragments
-            .get("store")
+            .get(StoreFragment::KEY)
             .and_then(Value::as_object)
             .cloned()
             .unwrap_or_default();
+        // Set on whatever the harness wrote, every other field kept as it was.
         st.insert("volatile_override".into(), Value::Bool(true));
-        g.fragments.insert("store".into(), Value::Object(st));
+        g.fragments
+            .insert(StoreFragment::KEY.into(), Value::Object(st));
     }
     // Samples in time order (stable: ties keep arrival order).
     g.samples.sort_by_key(|s| s.t_ns);
@@ -538,11 +543,7 @@ fn mark_never_reported(fragments: &mut BTreeMap<String, Value>, samples: &[Sampl
     if samples.is_empty() {
         return;
     }
-    let mut su = fragments
-        .get("sensors_unavailable")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
+    let SensorsUnavailable(mut su) = read_lenient(fragments).unwrap_or_default();
     let before = su.len();
     for (i, col) in SAMPLE_COLUMNS.iter().enumerate() {
         let any = samples.iter().any(|s| {
@@ -556,8 +557,11 @@ fn mark_never_reported(fragments: &mut BTreeMap<String, Value>, samples: &[Sampl
             su.insert(col.name.to_string(), Value::from(NEVER_REPORTED));
         }
     }
-    if su.len() != before || fragments.contains_key("sensors_unavailable") {
-        fragments.insert("sensors_unavailable".into(), Value::Object(su));
+    if su.len() != before || fragments.contains_key(SensorsUnavailable::KEY) {
+        fragments.insert(
+            SensorsUnavailable::KEY.into(),
+            Value::Object(su.into_iter().collect()),
+        );
     }
 }
 
@@ -598,9 +602,8 @@ pub fn build_bundle(c: &JournalContents, inputs: &SealInputs) -> Result<BuiltBun
             clock: None,
         })
         .collect();
-    let run = fragments.get("run");
-    let run_ns = |k: &str| run.and_then(|r| r.get(k)).and_then(Value::as_u64);
-    let (run_start, run_end) = (run_ns("start_ns"), run_ns("end_ns"));
+    let (run_start, run_end) =
+        read_lenient::<Run>(&fragments).map_or((None, None), |r| (r.start_ns, r.end_ns));
     let mut lines = lines;
     check_marker_clock(&mut lines, run_start);
     // Phases are built from the markers that parsed and whose time is believable.
@@ -622,10 +625,9 @@ pub fn build_bundle(c: &JournalContents, inputs: &SealInputs) -> Result<BuiltBun
     let phases_summary = tree.summary((run_start, run_end));
     let markers_summary = markers_summary(&lines);
     mark_never_reported(&mut fragments, &samples);
-    let expected_ms = fragments
-        .get("sampler")
-        .and_then(|s| s.get("cadence_ms"))
-        .and_then(Value::as_f64);
+    let expected_ms = read_lenient::<Sampler>(&fragments)
+        .and_then(|s| s.cadence_ms)
+        .and_then(|ms| ms.as_f64());
     let cadence = cadence(&samples, expected_ms);
 
     let mut files = Files::default();
@@ -661,10 +663,9 @@ pub fn build_bundle(c: &JournalContents, inputs: &SealInputs) -> Result<BuiltBun
     }
 
     let complete = c.bytes_dropped == 0
-        && fragments
-            .get("exit")
-            .and_then(|e| e.get("reason"))
-            .and_then(Value::as_str)
+        && read_lenient::<Exit>(&fragments)
+            .and_then(|e| e.reason)
+            .as_deref()
             == Some("completed");
     let manifest = Manifest {
         schema: SCHEMA_VERSION,

@@ -37,6 +37,7 @@ use sha2::{Digest, Sha256};
 
 use crate::bundle_files::{self, LOG, MANIFEST};
 use crate::error::VerifyError;
+use crate::fragments::{Rung, RungGeometry};
 use crate::manifest::{hex, sha256_hex, Manifest};
 use crate::parquet_tables;
 
@@ -313,9 +314,13 @@ fn verify_source(id: &str, src: &Source, sizes: &BTreeMap<String, u64>) -> Vec<V
     errors
 }
 
-/// A `rung.config` dimension of manifest `m`, when the rung records it.
-fn rung_dim(m: &Manifest, key: &str) -> Option<u64> {
-    m.fragment("rung")?.get("config")?.get(key)?.as_u64()
+/// The geometry of manifest `m`'s rung (`rung.config`): every dimension absent
+/// when the bundle has no rung, the rung no config, or the config lacks it.
+fn rung_geometry(m: &Manifest) -> RungGeometry {
+    m.record::<Rung>()
+        .and_then(|r| r.config)
+        .map(|c| RungGeometry::of(&c))
+        .unwrap_or_default()
 }
 
 /// The width and height in the IHDR chunk of the PNG `name` (its first 24
@@ -340,11 +345,12 @@ fn png_size(src: &Source, name: &str) -> Result<(u64, u64), String> {
 /// failure names the file and both sizes.
 fn check_geometry(src: &Source, m: &Manifest) -> Vec<VerifyError> {
     let mut errors = Vec::new();
-    let (w, h, f) = (
-        rung_dim(m, "width"),
-        rung_dim(m, "height"),
-        rung_dim(m, "frames"),
-    );
+    let RungGeometry {
+        width: w,
+        height: h,
+        frames: f,
+        ..
+    } = rung_geometry(m);
     if let (Some(w), Some(h)) = (w, h) {
         for name in bundle_files::FRAME_IMAGES {
             if !m.files.contains_key(*name) {

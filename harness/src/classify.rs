@@ -91,8 +91,8 @@ pub struct Exit {
 
 impl Exit {
     /// The `exit` fragment's record.
-    pub fn fragment(&self) -> crate::fragments::Exit {
-        crate::fragments::Exit {
+    pub fn fragment(&self) -> evidence::fragments::Exit {
+        evidence::fragments::Exit {
             reason: Some(self.reason.as_str().to_string()),
             code: self.code,
             signal: self.signal,

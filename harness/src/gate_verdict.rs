@@ -40,8 +40,8 @@ impl Verdict {
 
 impl Gate {
     /// The entry as the `gates` fragment's record holds it.
-    pub fn verdicted(&self) -> crate::fragments::Verdicted {
-        crate::fragments::Verdicted {
+    pub fn verdicted(&self) -> evidence::fragments::Verdicted {
+        evidence::fragments::Verdicted {
             name: Some(self.name.clone()),
             verdict: Some(self.verdict.as_str().to_string()),
             detail: Some(self.detail.clone()),

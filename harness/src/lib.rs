@@ -25,6 +25,9 @@
 //!   polars): the one path every command opens a bundle by.
 //! * [`store_arg`]: the `--store` option and the one bundle-id resolver.
 //! * [`summary`]: the manifest fields `ls` and `show` print.
+//! * [`evidence::fragments`]: the manifest's fragments, one typed record each,
+//!   which `run` writes and every reader reads (in the evidence crate, below the
+//!   seal, whose readers use them too).
 //! * [`sampler`]: the fixed-cadence sampler thread and its readers (procfs, NVML,
 //!   page cache).
 //! * [`control`] also holds the memory watchdog's (H1) positive control; its
@@ -57,7 +60,6 @@ pub mod diff;
 pub mod escape;
 pub mod exit;
 pub mod formats;
-pub mod fragments;
 pub mod gate_verdict;
 pub mod harness_levers;
 pub mod levers_spec;

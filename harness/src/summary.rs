@@ -5,7 +5,7 @@ use std::time::UNIX_EPOCH;
 
 use evidence::manifest::Manifest;
 
-use crate::fragments::{self, Contention, Fragment, Levers, Run, Rung, Verdicted};
+use evidence::fragments::{Contention, Fragment, Levers, Run, Rung, Verdicted};
 
 /// A bundle's manifest and where it is.
 pub struct BundleSummary {
@@ -58,7 +58,7 @@ impl BundleSummary {
 
     /// The fragment `F` of the manifest, if present and readable.
     pub fn fragment<F: Fragment>(&self) -> Option<F> {
-        fragments::of(&self.manifest)
+        self.manifest.record()
     }
 
     /// `rung.name`, or `-`.
@@ -77,7 +77,7 @@ impl BundleSummary {
         let r = self
             .manifest
             .exit()
-            .map(|e| e.reason)
+            .and_then(|e| e.reason)
             .unwrap_or_else(|| "-".into());
         if self.manifest.complete {
             r

@@ -8,7 +8,7 @@
 
 use evidence::parquet_tables::columns::{markers, phases, samples};
 
-use crate::fragments::{self, Fragment, SensorsUnavailable};
+use evidence::fragments::{Fragment, SensorsUnavailable};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -313,7 +313,7 @@ impl Timeline {
 
     /// The manifest's fragment `F`, if present and readable.
     pub fn fragment<F: Fragment>(&self) -> Option<F> {
-        fragments::of(&self.manifest)
+        self.manifest.record()
     }
 
     /// Why a sampler column has no values, from `sensors_unavailable`, if recorded.

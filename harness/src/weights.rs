@@ -44,7 +44,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WeightsError + '_ {
 }
 
 /// One weight file (the `weights` fragment's record of it).
-pub use crate::fragments::WeightFile;
+pub use evidence::fragments::WeightFile;
 
 /// The weights a run uses.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,8 +68,8 @@ impl Weights {
     }
 
     /// The `weights` manifest fragment.
-    pub fn fragment(&self) -> crate::fragments::Weights {
-        crate::fragments::Weights {
+    pub fn fragment(&self) -> evidence::fragments::Weights {
+        evidence::fragments::Weights {
             digest: Some(self.digest.clone()),
             digest_source: Some(self.digest_source.to_string()),
             dir: Some(self.dir.clone()),

@@ -128,8 +128,8 @@ impl Prepared {
     /// The `weights_cache` fragment: the figures as numbers (rank pairs
     /// weight-reading metrics only between runs that started in about the same
     /// cache state).
-    pub fn fragment(&self) -> crate::fragments::WeightsCache {
-        crate::fragments::WeightsCache {
+    pub fn fragment(&self) -> evidence::fragments::WeightsCache {
+        evidence::fragments::WeightsCache {
             policy: Some(self.policy.as_str().to_string()),
             total_bytes: Some(self.total_bytes),
             resident_before_bytes: Some(self.resident_before_bytes),

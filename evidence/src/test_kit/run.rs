@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::fragments::{Exit, Fragment, Levers, Run, Rung, Sampler, SensorsUnavailable};
 use crate::journal::{FrameRow, Record, SharedJournal, Stream};
 use crate::marker::{Attrs, Marker};
 use crate::sample::{ColumnType, Sample, SAMPLE_COLUMNS};
@@ -367,31 +368,31 @@ fn around_fragments(shape: &RunShape, t0: u64, start: u64, ev: Timed) -> Vec<Rec
     ev.sort_by_key(|e| (e.0, e.1));
     let mut out = Vec::with_capacity(ev.len() + 10);
     let run = |end: Option<u64>| Record::Fragment {
-        key: "run".into(),
+        key: Run::KEY.into(),
         value: json!({"start_ns": start, "end_ns": end, "argv": ["harness", "run", "--rung", "rungs/0.toml"],
                       "boot_id": shape.boot_id, "hostname": "testhost", "harness_version": "0.1.0", "cwd": "/work"}),
     };
     out.push(run(None));
     out.push(Record::Fragment {
-        key: "rung".into(),
+        key: Rung::KEY.into(),
         value: json!({"name": "0", "path": "rungs/0.toml", "sha256": "ab".repeat(32), "config": {"steps": shape.steps}}),
     });
     out.push(Record::Fragment {
-        key: "levers".into(),
+        key: Levers::KEY.into(),
         value: json!({"staging": "batched", "widen-f32": "single"}),
     });
     out.push(Record::Fragment {
-        key: "sampler".into(),
+        key: Sampler::KEY.into(),
         value: json!({"cadence_ms": shape.cadence_ns as f64 / 1e6, "slow_every": 10, "pagecache_every": 10, "observer": "on"}),
     });
     out.push(Record::Fragment {
-        key: "sensors_unavailable".into(),
+        key: SensorsUnavailable::KEY.into(),
         value: json!({"gpu_mem_used_bytes": "nvml memory_info: NOT_SUPPORTED on unified memory"}),
     });
     out.extend(ev.into_iter().map(|e| e.2));
     if shape.completes {
         out.push(Record::Fragment {
-            key: "exit".into(),
+            key: Exit::KEY.into(),
             value: json!({"reason": "completed", "code": 0, "signal": null, "detail": "engine exited 0"}),
         });
         out.push(run(Some(t0 + w + 50_000_000)));

@@ -345,7 +345,7 @@ fn recover_seals_dead_runs_on_disk_with_their_exit_reason() {
                     &std::fs::read_to_string(sealed.path.join(MANIFEST)).unwrap(),
                 )
                 .unwrap();
-                assert_eq!(m.exit().unwrap().reason, *reason);
+                assert_eq!(m.exit().unwrap().reason.as_ref(), Some(reason));
                 reasons.insert(name, (reason.clone(), m));
             }
             Outcome::Busy { staging } => assert_eq!(staging, live.dir()),

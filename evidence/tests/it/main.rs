@@ -5,7 +5,8 @@
 //!   concurrency, recover, on recorded journals.
 //! * [`durability`]: the journal's flush and fdatasync cadence, seen from outside.
 //! * [`fuzz`]: property fuzzing of the journal, marker, manifest and rung parsers.
-//! * [`layout`]: no two modules of `evidence/src` depend on each other.
+//! * [`layout`]: no two modules of `evidence/src` depend on each other, and none
+//!   names a manifest fragment's key by string.
 //! * [`pyarrow`]: pyarrow reads every table of a sealed bundle.
 //!
 //! The seeded run generator and per-test directories they share are the test

@@ -20,7 +20,7 @@ pub struct Exclusion {
 }
 
 /// The `schedule` manifest fragment of a campaign run.
-pub use crate::fragments::Schedule;
+pub use evidence::fragments::Schedule;
 
 /// One row of `phases.parquet` (the columns rank uses).
 #[derive(Debug, Clone, PartialEq, Serialize)]

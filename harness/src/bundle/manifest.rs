@@ -13,11 +13,11 @@ use std::path::Path;
 use crate::bundle::error::{FileError, ManifestError};
 use crate::bundle::facts::{Bundle, FrameFacts};
 use crate::bundle::files;
-use crate::fragments::{
+use evidence::error::BundleError;
+use evidence::fragments::{
     self, Completion, Contention, Engine, ExecCheck, Exit, Fragment, Gates, Gpu, Host, Levers,
     Profile, Run, Rung, Schedule, Weights, WeightsCache,
 };
-use evidence::error::BundleError;
 
 /// `manifest.json` of the bundle at `dir` as JSON.
 pub fn read_json(dir: &Path) -> Result<Value, ManifestError> {
@@ -69,6 +69,12 @@ pub fn read_facts(dir: &Path) -> Result<Bundle, BundleError> {
 /// section's, then the fields below it.
 fn get<'a>(m: &'a Value, path: &[&str]) -> Option<&'a Value> {
     path.iter().try_fold(m, |v, k| v.get(k))
+}
+
+/// Fragment `F` of manifest `m` as its record: `None` when absent, null or not
+/// an `F` (whose fields read leniently: a mistyped one is absent).
+fn record<F: Fragment>(m: &Value) -> Option<F> {
+    fragments::read(m).ok().flatten()
 }
 
 /// `path` as errors name it (`rung.config.width`).
@@ -182,18 +188,19 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Bund
             })
         }
     };
+    // The hostname and the GPU's name as strings alone (their records read any
+    // scalar as text): the host key rank groups by has always taken only strings.
     let host = [
         opt_string(&[Run::KEY, "hostname"]).unwrap_or_else(|| "?".into()),
-        opt_string(&[Host::KEY, "cpu_model"]).unwrap_or_else(|| "?".into()),
+        record::<Host>(m)
+            .and_then(|h| h.cpu_model)
+            .unwrap_or_else(|| "?".into()),
         opt_string(&[Gpu::KEY, "name"]).unwrap_or_else(|| "no-gpu".into()),
     ]
     .join("|");
-    let contended = match get(m, &[Contention::KEY, "flagged"]).and_then(Value::as_bool) {
-        Some(true) => Some(
-            opt_string(&[Contention::KEY, "detail"]).unwrap_or_else(|| "flagged at start".into()),
-        ),
-        _ => None,
-    };
+    let contended = record::<Contention>(m)
+        .filter(|c| c.flagged == Some(true))
+        .map(|c| c.detail.unwrap_or_else(|| "flagged at start".into()));
     Ok(Bundle {
         id,
         rung: if no_rung {
@@ -206,7 +213,7 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Bund
             .get("device")
             .and_then(Value::as_str)
             .map(str::to_string),
-        profile: opt_string(&[Profile::KEY]).unwrap_or_else(|| "default".into()),
+        profile: record::<Profile>(m).map_or_else(|| "default".into(), |p| p.0),
         engine_sha256: string(&[Engine::KEY, "sha256"])?,
         host,
         // An --exec run reads no weights the harness knows of: no fragment.
@@ -216,7 +223,7 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Bund
         },
         levers,
         schedule,
-        start_unix_ns: get(m, &[Run::KEY, "start_unix_ns"]).and_then(Value::as_u64),
+        start_unix_ns: record::<Run>(m).and_then(|r| r.start_unix_ns),
         run_wall_s: get(m, &["phases", "run_wall_s"]).and_then(Value::as_f64),
         contended,
         incomplete: incompleteness(m),
@@ -259,9 +266,7 @@ fn frame_facts(m: &Value, dir: &Path) -> FrameFacts {
                     .collect()
             })
             .unwrap_or_default(),
-        rung_sha256: get(m, &[Rung::KEY, "sha256"])
-            .and_then(Value::as_str)
-            .map(str::to_string),
+        rung_sha256: record::<Rung>(m).and_then(|r| r.sha256),
     }
 }
 
@@ -318,12 +323,13 @@ pub fn cache_at_start(cache: Option<&WeightsCache>, gates: Option<&Gates>) -> Op
 /// completion verdict other than `pass`. `None` when none of these holds.
 fn incompleteness(m: &Value) -> Option<String> {
     let mut why = Vec::new();
-    let reason = get(m, &[Exit::KEY, "reason"]).and_then(Value::as_str);
-    match reason {
+    let exit = record::<Exit>(m);
+    match exit.as_ref().and_then(|e| e.reason.as_deref()) {
         Some("completed") => {}
         Some(r) => {
-            let detail = get(m, &[Exit::KEY, "detail"])
-                .and_then(Value::as_str)
+            let detail = exit
+                .as_ref()
+                .and_then(|e| e.detail.as_deref())
                 .unwrap_or("");
             why.push(format!(
                 "exit {r}{}",
@@ -336,11 +342,13 @@ fn incompleteness(m: &Value) -> Option<String> {
         }
         None => why.push("no exit recorded".to_string()),
     }
-    match get(m, &[Completion::KEY, "verdict"]).and_then(Value::as_str) {
+    let completion = record::<Completion>(m);
+    match completion.as_ref().and_then(|c| c.verdict.as_deref()) {
         Some("pass") => {}
         Some(v) => {
-            let reasons: Vec<&str> = get(m, &[Completion::KEY, "reasons"])
-                .and_then(Value::as_array)
+            let reasons: Vec<&str> = completion
+                .as_ref()
+                .and_then(|c| c.reasons.as_ref())
                 .map(|a| a.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
             why.push(format!(
@@ -370,8 +378,8 @@ fn incompleteness(m: &Value) -> Option<String> {
                 .unwrap_or("no detail")
         ));
     }
-    if let Some(changed) = get(m, &[ExecCheck::KEY, "changed"])
-        .and_then(Value::as_array)
+    if let Some(changed) = record::<ExecCheck>(m)
+        .and_then(|x| x.changed)
         .filter(|c| !c.is_empty())
     {
         why.push(format!(

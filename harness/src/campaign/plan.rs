@@ -105,8 +105,8 @@ pub struct Plan {
 
 impl Plan {
     /// The `schedule` manifest fragment of `e`.
-    pub fn fragment(&self, e: &Entry) -> crate::fragments::Schedule {
-        crate::fragments::Schedule {
+    pub fn fragment(&self, e: &Entry) -> evidence::fragments::Schedule {
+        evidence::fragments::Schedule {
             campaign: self.id.clone(),
             round: e.round,
             position: e.position,

@@ -7,7 +7,7 @@
 //! outcome is read from the sealed bundle's manifest, never from the exit code
 //! alone; a refusal (exit 3) is reported with the gate the child named.
 
-use crate::fragments::{self, Completion, Exit};
+use evidence::fragments::{self, Completion, Exit};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

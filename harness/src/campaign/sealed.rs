@@ -10,10 +10,10 @@ use serde_json::Value;
 
 use crate::bundle::facts::Bundle;
 use crate::bundle::{files, manifest};
-use crate::fragments::{self, Schedule};
 use crate::remote::reader::Remote;
 use crate::remote::S3Location;
 use crate::verification::local::{partition, VerifyCache};
+use evidence::fragments::{self, Schedule};
 
 /// A sealed bundle that is not complete, as its manifest's `schedule` names it
 /// (read from the manifest alone: a run stopped before its engine started has

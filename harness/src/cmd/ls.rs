@@ -1,7 +1,7 @@
 //! `harness ls`: one line per bundle in the store.
 
-use crate::fragments::{Levers, Run, Rung};
 use clap::Args;
+use evidence::fragments::{Levers, Run, Rung};
 use serde::Serialize;
 
 use crate::bundle::error::{FileError, ManifestError};
@@ -58,7 +58,7 @@ impl LsRow {
             id: s.id.clone(),
             rung: s.fragment::<Rung>().and_then(|r| r.name),
             levers: s.fragment::<Levers>().map(|l| l.0).unwrap_or_default(),
-            exit: m.exit().map(|e| e.reason),
+            exit: m.exit().and_then(|e| e.reason),
             complete: m.complete,
             contended: s.contended(),
             run_wall_s: m.phases.run_wall_s,

@@ -8,12 +8,12 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::exit;
-use crate::fragments::{
+use crate::store_arg::{find_verified_bundle, StoreArg};
+use crate::summary::{dash, verdicts, BundleSummary};
+use evidence::fragments::{
     Completion, Contention, Controls, Engine, Gates, Gpu, Host, Profile, Sampler,
     SensorsUnavailable, Weights, WeightsCache,
 };
-use crate::store_arg::{find_verified_bundle, StoreArg};
-use crate::summary::{dash, verdicts, BundleSummary};
 
 /// Print a bundle's manifest summary and phase table.
 #[derive(Debug, Args)]
@@ -252,7 +252,7 @@ pub fn summary_text(s: &BundleSummary) -> String {
                 &mut o,
                 format!(
                     "exit     {} (code {}, signal {}){}",
-                    e.reason,
+                    e.reason.as_deref().unwrap_or_default(),
                     e.code.map_or("-".into(), |c| c.to_string()),
                     e.signal.map_or("-".into(), |c| c.to_string()),
                     e.detail.map(|d| format!(": {d}")).unwrap_or_default()

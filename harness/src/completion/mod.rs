@@ -80,8 +80,8 @@ pub struct Completion {
 
 impl Completion {
     /// The `completion` manifest fragment.
-    pub fn fragment(&self) -> crate::fragments::Completion {
-        crate::fragments::Completion {
+    pub fn fragment(&self) -> evidence::fragments::Completion {
+        evidence::fragments::Completion {
             verdict: serde_json::to_value(&self.verdict)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_string)),

@@ -68,7 +68,7 @@ pub const INSTRUMENT_ERROR: &str = "instrument-error";
 impl ControlResult {
     /// The result as the `controls` fragment's record holds it (`figures` only
     /// when there are any).
-    pub fn verdicted(&self) -> crate::fragments::Verdicted {
+    pub fn verdicted(&self) -> evidence::fragments::Verdicted {
         let mut rest = serde_json::Map::new();
         if !self.figures.is_empty() {
             rest.insert(
@@ -76,7 +76,7 @@ impl ControlResult {
                 serde_json::Value::Object(self.figures.clone()),
             );
         }
-        crate::fragments::Verdicted {
+        evidence::fragments::Verdicted {
             name: Some(self.name.clone()),
             verdict: Some(self.verdict.clone()),
             detail: Some(self.detail.clone()),

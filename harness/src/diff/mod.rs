@@ -11,7 +11,7 @@
 
 pub mod markdown;
 
-use crate::fragments::{
+use evidence::fragments::{
     Completion, Contention, Controls, Engine, Exit, Fragment, Gates, Gpu, Host, Lease, Levers,
     Profile, Run, Rung, Sampler, Schedule, Verdicted, Watchdog, Weights, WeightsCache,
 };

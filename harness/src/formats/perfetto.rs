@@ -17,7 +17,7 @@
 //! [`Timeline::origin_ns`]); `metadata.origin_ns` holds that origin in the bundle's
 //! CLOCK_MONOTONIC nanoseconds, so `t_ns = origin_ns + ts * 1000`.
 
-use crate::fragments::{Engine, Levers, Profile, Rung};
+use evidence::fragments::{Engine, Levers, Profile, Rung};
 use serde_json::{json, Map, Value};
 
 use super::Format;
@@ -110,7 +110,7 @@ pub fn trace_value(t: &Timeline) -> Value {
     }
     if let Some(e) = t.manifest.exit() {
         events.push(json!({
-            "ph": "i", "s": "p", "cat": "run", "name": format!("exit: {}", e.reason),
+            "ph": "i", "s": "p", "cat": "run", "name": format!("exit: {}", e.reason.as_deref().unwrap_or_default()),
             "pid": PID, "tid": PHASES_TID, "ts": us(t, t.end_ns()),
             "args": {"code": e.code, "signal": e.signal, "detail": e.detail},
         }));

@@ -12,7 +12,7 @@
 //!
 //! Text is drawn with DejaVu Sans embedded in the binary (no system fonts).
 
-use crate::fragments::{Completion, Engine, Levers, Profile, Rung, RungGeometry};
+use evidence::fragments::{Completion, Engine, Levers, Profile, Rung, RungGeometry};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -139,7 +139,7 @@ pub fn title_lines(t: &Timeline) -> (String, String) {
     let exit = match t.manifest.exit() {
         Some(e) => format!(
             "exit {}{}",
-            e.reason,
+            e.reason.as_deref().unwrap_or_default(),
             e.code.map(|c| format!(" (code {c})")).unwrap_or_default()
         ),
         None => "exit not recorded".into(),

@@ -24,7 +24,7 @@
 //! the end, but an orphan's CPU never reaches `RUSAGE_CHILDREN`): an engine that
 //! forks workers should wait for them.
 
-use crate::fragments::Contention;
+use evidence::fragments::Contention;
 
 use super::gate_checks::{parse_cpu_line, CONTENTION_LOAD_PER_CORE};
 use crate::sampler::system::rusage_cpu_seconds;
@@ -116,7 +116,7 @@ impl TickOthers {
 }
 
 /// Other work inside one top-level phase: the `contention` fragment's record.
-pub use crate::fragments::PhaseDuring;
+pub use evidence::fragments::PhaseDuring;
 
 /// Judge each top-level phase `(name, open_ns, close_ns)` (a phase still open
 /// ends at `end_ns`) by the rows of `values` whose tick ends inside it.
@@ -186,7 +186,7 @@ pub fn with_phases(mut d: During, phases: Vec<PhaseDuring>) -> During {
 
 /// Other work's CPU over the engine's lifetime (the manifest's `contention.during`):
 /// the `contention` fragment's record.
-pub use crate::fragments::During;
+pub use evidence::fragments::During;
 
 /// Judge the window between `start` (before the engine was spawned) and `end`
 /// (after it was reaped) on a host of `cores` cores.

@@ -10,7 +10,7 @@
 
 /// One process that had left the engine's process group (the `escaped`
 /// fragment's record of it).
-pub use crate::fragments::EscapedProcess as Escaped;
+pub use evidence::fragments::EscapedProcess as Escaped;
 
 /// Make this process the reaper of its orphaned descendants. False when the
 /// kernel refuses (then escaped processes go to init and are not seen).

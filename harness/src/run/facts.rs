@@ -1,6 +1,6 @@
 //! Facts about the host and the run, for the `host` and `run` manifest fragments.
 
-use crate::fragments as frag;
+use evidence::fragments as frag;
 use std::path::Path;
 
 fn read_trim(path: &str) -> Option<String> {

@@ -12,9 +12,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::fragments::Contention;
 use crate::gate_verdict::{Gate, Verdict};
 use crate::sampler::gpu::Gpu;
+use evidence::fragments::Contention;
 
 /// Load above this many runnable tasks per core flags the run as contended.
 ///

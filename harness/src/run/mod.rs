@@ -25,7 +25,7 @@ pub mod spawn;
 pub mod streams;
 mod supervise;
 
-use crate::fragments as frag;
+use evidence::fragments as frag;
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};

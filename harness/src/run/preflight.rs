@@ -7,7 +7,7 @@
 //! state, the engine's command line, the watchdog's limits, contention, headroom,
 //! then the watchdog's positive control (H1) and the GPU control.
 
-use crate::fragments as frag;
+use evidence::fragments as frag;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! gates and controls, each printed as it is recorded) and the sink the sampler
 //! hands its rows to.
 
-use crate::fragments::{self as frag, Fragment};
+use evidence::fragments::{self as frag, Fragment};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;

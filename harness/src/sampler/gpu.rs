@@ -96,7 +96,7 @@ impl Gpu {
 
     /// The `gpu` manifest fragment: name, uuid, driver, CUDA version, unified
     /// memory, index. Fields NVML cannot answer are null.
-    pub fn facts(&self) -> crate::fragments::Gpu {
+    pub fn facts(&self) -> evidence::fragments::Gpu {
         let dev = self.device().ok();
         let cuda = self.nvml.sys_cuda_driver_version().ok().map(|v| {
             format!(
@@ -105,7 +105,7 @@ impl Gpu {
                 nvml_wrapper::cuda_driver_version_minor(v)
             )
         });
-        crate::fragments::Gpu {
+        evidence::fragments::Gpu {
             name: dev.as_ref().and_then(|d| d.name().ok()),
             uuid: dev.as_ref().and_then(|d| d.uuid().ok()),
             driver: self.nvml.sys_driver_version().ok(),

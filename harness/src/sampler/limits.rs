@@ -67,8 +67,8 @@ impl Limits {
     }
 
     /// The `watchdog` manifest fragment.
-    pub fn fragment(&self, trip: Option<&Trip>) -> crate::fragments::Watchdog {
-        crate::fragments::Watchdog {
+    pub fn fragment(&self, trip: Option<&Trip>) -> evidence::fragments::Watchdog {
+        evidence::fragments::Watchdog {
             mem_floor_bytes: self.mem_floor_bytes,
             unified_budget_bytes: self.unified_budget_bytes,
             tripped: trip.and_then(|t| serde_json::to_value(t).ok()),

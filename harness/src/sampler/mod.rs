@@ -87,8 +87,8 @@ impl Reasons {
     }
 
     /// The `sensors_unavailable` fragment.
-    pub fn fragment(&self) -> crate::fragments::SensorsUnavailable {
-        crate::fragments::SensorsUnavailable(
+    pub fn fragment(&self) -> evidence::fragments::SensorsUnavailable {
+        evidence::fragments::SensorsUnavailable(
             self.map
                 .iter()
                 .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
@@ -138,9 +138,9 @@ impl SamplerConfig {
     /// The `sampler` manifest fragment (settings; the achieved cadence is derived
     /// from the samples at seal, and [`SamplerResults::record_into`] adds what
     /// the sampler achieved once it stopped).
-    pub fn fragment(&self) -> crate::fragments::Sampler {
-        crate::fragments::Sampler {
-            cadence_ms: Some(self.cadence_ms),
+    pub fn fragment(&self) -> evidence::fragments::Sampler {
+        evidence::fragments::Sampler {
+            cadence_ms: Some(self.cadence_ms.into()),
             slow_every: Some(self.slow_every()),
             pagecache_every: Some(self.slow_every()),
             off_tick_parts: Some(OFF_TICK_PARTS.iter().map(|p| p.to_string()).collect()),
@@ -163,27 +163,9 @@ pub struct Target {
     pub pgid: i32,
 }
 
-/// Per-tick work cost, microseconds: the `sampler` fragment's record.
-pub use crate::fragments::CostStats;
-
-impl CostStats {
-    /// Statistics of `costs_ns`.
-    pub fn of(costs_ns: &mut [u64]) -> Self {
-        if costs_ns.is_empty() {
-            return CostStats::default();
-        }
-        costs_ns.sort_unstable();
-        let n = costs_ns.len();
-        let q = |p: f64| costs_ns[((n - 1) as f64 * p).round() as usize] as f64 / 1e3;
-        CostStats {
-            ticks: n as u64,
-            median_us: q(0.5),
-            p99_us: q(0.99),
-            mean_us: costs_ns.iter().sum::<u64>() as f64 / n as f64 / 1e3,
-            max_us: costs_ns[n - 1] as f64 / 1e3,
-        }
-    }
-}
+/// Per-tick work cost, microseconds: the `sampler` fragment's record
+/// (from costs in nanoseconds: [`CostStats::of`]).
+pub use evidence::fragments::CostStats;
 
 /// What the sampler reports when stopped.
 #[derive(Debug, Clone)]
@@ -209,7 +191,7 @@ pub struct SamplerResults {
 
 impl SamplerResults {
     /// Add what the sampler achieved to its fragment `f`.
-    pub fn record_into(&self, f: &mut crate::fragments::Sampler) {
+    pub fn record_into(&self, f: &mut evidence::fragments::Sampler) {
         f.ticks = Some(self.ticks);
         f.missed_ticks = Some(self.missed_ticks);
         f.tick_cost_us = Some(self.cost.clone());

@@ -1,29 +1,38 @@
-//! The manifest's fragments, one typed record each: `harness run` journals them
-//! ([`Fragment::KEY`] names the manifest key), the seal copies them into
-//! `manifest.json`, and every reader takes them back through [`read`] or
-//! [`read_lenient`] as the same record. A renamed field is a compile error on
-//! both sides, never a reader that silently finds nothing.
+//! The manifest's fragments, one typed record each, shared by the writers and
+//! every reader: `harness run` journals them ([`Fragment::KEY`] names the
+//! manifest key), the seal copies them into `manifest.json` (and reads the few it
+//! needs: `run`'s clock, `sampler`'s cadence, `exit`'s reason,
+//! `sensors_unavailable`, `store`), [`crate::verify`] and [`crate::recover`] read
+//! them, and every harness reader takes them back through [`read`],
+//! [`read_lenient`] or [`crate::manifest::Manifest::record`] as the same record. A renamed field is
+//! a compile error on both sides, never a reader that silently finds nothing.
 //!
-//! Units are in the field names (`_ns`, `_bytes`, `_s`, `_ms`, `_us`). Fields a
-//! reader must tolerate missing (bundles sealed before the field existed, runs
-//! that never reached the step that writes it) are `Option`s. Parts of a fragment
-//! that only one writer produces and no reader interprets stay JSON in `rest`.
+//! The records live here, below the seal, so that this crate's own readers use
+//! them too; the harness imports them as `evidence::fragments`.
+//!
+//! Units are in the field names (`_ns` nanoseconds, `_bytes` bytes, `_s`
+//! seconds, `_ms` milliseconds, `_us` microseconds, `_cores` cores) or said in
+//! the field's doc. Fields a reader must tolerate missing (bundles sealed before
+//! the field existed, runs that never reached the step that writes it) are
+//! `Option`s, and most are read leniently: a value of the wrong type reads as
+//! absent, as a reader of untrusted JSON treats it. Parts of a fragment that only
+//! one writer produces and no reader interprets stay JSON in `rest`.
 //!
 //! Writers journal a record with [`journal_record`] (or [`null_record`] for a
 //! fragment the run has none of); the key of every record is declared once, in
 //! the `fragment_keys!` list at the end of this file, which also gives [`KEYS`].
 //!
 //! The computed sections (`phases`, `markers`, `files`, `complete`, ...) are
-//! [`evidence::manifest::Manifest`]'s own.
+//! [`crate::manifest::Manifest`]'s own.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use evidence::journal::Record;
+use crate::journal::Record;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
-use serde_json::{Map, Value};
+use serde_json::{Map, Number, Value};
 
 /// A manifest fragment: a record stored under one key of `manifest.json`.
 pub trait Fragment: Serialize + DeserializeOwned {
@@ -59,7 +68,7 @@ pub fn verbatim_record<F: Fragment>(value: Value) -> Record {
 }
 
 /// The fragment `F` of `manifest` (a whole manifest as JSON, or the fragments of
-/// [`evidence::manifest::Manifest`]): `Ok(None)` when absent or null, an error when
+/// a [`crate::manifest::Manifest`]): `Ok(None)` when absent or null, an error when
 /// present but not an `F`.
 pub fn read<F: Fragment>(manifest: &Value) -> Result<Option<F>, serde_json::Error> {
     match manifest.get(F::KEY) {
@@ -77,16 +86,19 @@ pub fn read_lenient<F: Fragment>(fragments: &BTreeMap<String, Value>) -> Option<
     }
 }
 
-/// The fragment `F` of a typed manifest, for display ([`read_lenient`]).
-pub fn of<F: Fragment>(m: &evidence::manifest::Manifest) -> Option<F> {
-    read_lenient(&m.fragments)
-}
-
 /// A field read leniently: a value of the wrong type reads as absent, as a reader
 /// of untrusted JSON treats it.
 fn lenient<'de, D: Deserializer<'de>, T: DeserializeOwned>(d: D) -> Result<Option<T>, D::Error> {
     let v = Value::deserialize(d)?;
     Ok(serde_json::from_value(v).ok())
+}
+
+/// A field read leniently that has a default: a value of the wrong type reads as
+/// the default.
+fn lenient_or_default<'de, D: Deserializer<'de>, T: DeserializeOwned + Default>(
+    d: D,
+) -> Result<T, D::Error> {
+    Ok(lenient(d)?.unwrap_or_default())
 }
 
 /// A field that reads any JSON scalar as text (`"3"` for `3`), absent for null.
@@ -153,7 +165,7 @@ pub struct Rung {
     /// sha256 of the rung file's bytes, hex.
     #[serde(default, deserialize_with = "lenient")]
     pub sha256: Option<String>,
-    /// The rung as JSON ([`evidence::rung::Rung`]); [`RungGeometry`] reads the parts
+    /// The rung as JSON ([`crate::rung::Rung`]); [`RungGeometry`] reads the parts
     /// rank and the timeline use.
     #[serde(default)]
     pub config: Option<Value>,
@@ -201,8 +213,9 @@ pub struct Run {
     /// CLOCK_MONOTONIC at the end, nanoseconds; null until the run ends.
     #[serde(default, deserialize_with = "lenient")]
     pub end_ns: Option<u64>,
-    /// The harness's command line.
-    #[serde(default)]
+    /// The harness's command line (empty when absent or mistyped, so that the
+    /// rest of the record still reads).
+    #[serde(default, deserialize_with = "lenient_or_default")]
     pub argv: Vec<String>,
     /// `/proc/sys/kernel/random/boot_id`.
     #[serde(default, deserialize_with = "lenient")]
@@ -335,7 +348,7 @@ pub struct Engine {
 /// `weights`: the weights the engine read (null for an `--exec` engine).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Weights {
-    /// `sha256:<hex>` over the files ([`evidence::weights_digest`]).
+    /// `sha256:<hex>` over the files ([`crate::weights_digest`]).
     #[serde(default, deserialize_with = "lenient")]
     pub digest: Option<String>,
     /// Where the digest came from (`DIGEST file` or `computed`).
@@ -513,9 +526,10 @@ impl SensorsUnavailable {
 /// `sampler`: its settings, and after the run what it achieved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sampler {
-    /// Interval between ticks, milliseconds.
+    /// Interval between ticks, milliseconds: whole milliseconds as `harness run`
+    /// writes it, any number as a reader takes it (the seal's expected cadence).
     #[serde(default, deserialize_with = "lenient")]
-    pub cadence_ms: Option<u64>,
+    pub cadence_ms: Option<Number>,
     /// Ticks between the slow reads (the process tree's rescan).
     #[serde(
         default,
@@ -588,6 +602,26 @@ pub struct CostStats {
     pub mean_us: f64,
     /// Largest, microseconds.
     pub max_us: f64,
+}
+
+impl CostStats {
+    /// The statistics of `costs_ns` (each a piece of work's cost, nanoseconds;
+    /// sorted in place), in microseconds; all zero when there are none.
+    pub fn of(costs_ns: &mut [u64]) -> Self {
+        if costs_ns.is_empty() {
+            return CostStats::default();
+        }
+        costs_ns.sort_unstable();
+        let n = costs_ns.len();
+        let q = |p: f64| costs_ns[((n - 1) as f64 * p).round() as usize] as f64 / 1e3;
+        CostStats {
+            ticks: n as u64,
+            median_us: q(0.5),
+            p99_us: q(0.99),
+            mean_us: costs_ns.iter().sum::<u64>() as f64 / n as f64 / 1e3,
+            max_us: costs_ns[n - 1] as f64 / 1e3,
+        }
+    }
 }
 
 /// `watchdog`: its limits and its trip.
@@ -681,7 +715,7 @@ pub struct ExecCheck {
 }
 
 /// `escaped`: descendants of the engine that left its process group, killed and
-/// named ([`crate::run::escaped`]); written only when there were any.
+/// named (the harness's `run::escaped`); written only when there were any.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Escaped {
     /// Every process killed.
@@ -767,6 +801,32 @@ mod tests {
         assert_eq!(read::<Profile>(&m).unwrap(), None);
         let bad = json!({"schedule": {"round": "two"}});
         assert!(read::<Schedule>(&bad).is_err());
+    }
+
+    #[test]
+    fn a_mistyped_argv_leaves_the_run_readable_and_cadence_keeps_its_number() {
+        // The seal and recover take `run`'s clock and boot id from any object.
+        let m = json!({"run": {"argv": "harness run", "start_ns": 5, "boot_id": "b"}});
+        let run = read::<Run>(&m).unwrap().unwrap();
+        assert_eq!((run.start_ns, run.argv.len()), (Some(5), 0));
+        assert_eq!(run.boot_id.as_deref(), Some("b"));
+        // Whole milliseconds as `harness run` writes them; fractions as older
+        // journals hold them; a string reads as absent.
+        for (v, ms) in [
+            (json!(100), Some(100.0)),
+            (json!(2.5), Some(2.5)),
+            (json!("x"), None),
+        ] {
+            let s = read::<Sampler>(&json!({"sampler": {"cadence_ms": v}}))
+                .unwrap()
+                .unwrap();
+            assert_eq!(s.cadence_ms.and_then(|n| n.as_f64()), ms);
+        }
+        let written = Sampler::deserialize(json!({"cadence_ms": 100})).unwrap();
+        assert_eq!(
+            serde_json::to_value(&written).unwrap()["cadence_ms"],
+            json!(100)
+        );
     }
 
     #[test]
