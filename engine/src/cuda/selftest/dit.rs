@@ -804,6 +804,30 @@ fn sdpa_once(
 
 /// A check of a cuDNN result, or a failed check naming why there is none (no
 /// cuDNN, or no engine for the shape: the `cudnn` arm is then unusable here).
+/// A forward's check against the CPU arm's `cpu` at `tol`, with the device
+/// milliseconds and the CPU arm's seconds in its note (an error is a failed row
+/// naming it, as [`sdpa_check`]).
+fn forward_check(
+    name: String,
+    got: &Result<(Vec<f32>, f64), CudaError>,
+    cpu: &[f32],
+    cpu_s: f64,
+    tol: f64,
+) -> Check {
+    let mut c = sdpa_check(
+        name,
+        got.as_ref()
+            .map(|r| r.0.clone())
+            .map_err(|e| CudaError::Invalid(e.to_string())),
+        cpu,
+        tol,
+    );
+    if let Ok((_, ms)) = got {
+        c.note = format!("device {ms:.2} ms, CPU arm {cpu_s:.1} s");
+    }
+    c
+}
+
 fn sdpa_check(
     name: String,
     got: Result<Vec<f32>, CudaError>,
@@ -1151,21 +1175,11 @@ pub fn check_forward(
     // flash kernel, as a render runs it.
     dit.attn = AttnKernel::best_for(dims.head_dim);
     let name = format!("forward {label} attention=cudnn grid={grid:?} l={l} vs the CPU arm");
+    let geo = Geometry { grid, fps };
     let got = dit
         .set_attention(AttentionArm::Cudnn)
-        .and_then(|_| dit.forward(&lat, sigma, &text, &mask, Geometry { grid, fps }, true));
-    let mut c = sdpa_check(
-        name,
-        got.as_ref()
-            .map(|r| r.0.clone())
-            .map_err(|e| CudaError::Invalid(e.to_string())),
-        &cpu,
-        2e-2,
-    );
-    if let Ok((_, ms)) = &got {
-        c.note = format!("device {ms:.2} ms, CPU arm {cpu_s:.1} s");
-    }
-    out.push(c);
+        .and_then(|_| dit.forward(&lat, sigma, &text, &mask, geo, true));
+    out.push(forward_check(name, &got, &cpu, cpu_s, 2e-2));
     // The same forward with its padding attended: a padding value of 1e-30
     // gives the same key bias in f32 ((1 - 1e-30) * MASK_BIAS == MASK_BIAS)
     // but is not 0, so the text is not cut to its real prefix. The padded keys
@@ -1182,7 +1196,7 @@ pub fn check_forward(
             crate::cuda::models::dit::attended_tokens(&mask)
         );
         let full = dit
-            .forward(&lat, sigma, &text, &soft, Geometry { grid, fps }, true)
+            .forward(&lat, sigma, &text, &soft, geo, true)
             .map(|r| r.0)
             .map_err(|e| CudaError::Invalid(e.to_string()));
         out.push(sdpa_check(name, full, cut, 1e-4));
@@ -1203,19 +1217,8 @@ pub fn check_forward(
     );
     let got = dit
         .set_arms(arms)
-        .and_then(|_| dit.forward(&lat, sigma, &text, &mask, Geometry { grid, fps }, true));
-    let mut c = sdpa_check(
-        name,
-        got.as_ref()
-            .map(|r| r.0.clone())
-            .map_err(|e| CudaError::Invalid(e.to_string())),
-        &cpu,
-        2e-2,
-    );
-    if let Ok((_, ms)) = &got {
-        c.note = format!("device {ms:.2} ms, CPU arm {cpu_s:.1} s");
-    }
-    out.push(c);
+        .and_then(|_| dit.forward(&lat, sigma, &text, &mask, geo, true));
+    out.push(forward_check(name, &got, &cpu, cpu_s, 2e-2));
     // `precision = fp8` on the engine's own kernels, against the CPU arm (f32
     // weights) and beside the bf16 forward. Not a fidelity verdict (the
     // campaign judges that against the measured floor): a gate that the arm
@@ -1232,19 +1235,11 @@ pub fn check_forward(
         let name = format!("forward {label} precision=fp8 grid={grid:?} l={l} vs the CPU arm");
         let got = dit
             .set_arms(fp8)
-            .and_then(|_| dit.forward(&lat, sigma, &text, &mask, Geometry { grid, fps }, true));
-        let mut c = sdpa_check(
-            name,
-            got.as_ref()
-                .map(|r| r.0.clone())
-                .map_err(|e| CudaError::Invalid(e.to_string())),
-            &cpu,
-            0.15,
-        );
+            .and_then(|_| dit.forward(&lat, sigma, &text, &mask, geo, true));
+        let mut c = forward_check(name, &got, &cpu, cpu_s, 0.15);
         if let Ok((v, ms)) = &got {
             dit.set_arms(ForwardArms::OWN)?;
-            let (bf, bf_ms) =
-                dit.forward(&lat, sigma, &text, &mask, Geometry { grid, fps }, true)?;
+            let (bf, bf_ms) = dit.forward(&lat, sigma, &text, &mask, geo, true)?;
             let (rel_bf16, _) = crate::cuda::fixtures::rel_err(&bf, &cpu);
             let (rel_fp8_bf16, _) = crate::cuda::fixtures::rel_err(v, &bf);
             c.note = format!(
