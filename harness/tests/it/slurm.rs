@@ -91,6 +91,18 @@ fn campaign_of(
 }
 
 /// The job id of a `slurm: submitted job J: ...` line.
+/// Wait for array `job` (two tasks, one per round) and require both COMPLETED;
+/// `what` says which array in the failure.
+fn wait_both_completed(cl: &Cluster, job: u64, what: &str) {
+    let mut got = cl.wait(job, JOB_LIMIT);
+    got.sort();
+    let want = vec![
+        (format!("{job}_1"), "COMPLETED".to_string()),
+        (format!("{job}_2"), "COMPLETED".to_string()),
+    ];
+    assert_eq!(got, want, "{what}");
+}
+
 fn job_of(so: &str) -> u64 {
     so.lines()
         .find_map(|l| l.strip_prefix("slurm: submitted job "))
@@ -285,14 +297,7 @@ fn an_array_runs_a_round_per_task_into_the_bucket_and_rank_pairs_within_the_host
     }
     assert!(script.contains("'--slurm-task' '--expect-campaign' '") && !script.contains(SECRET));
 
-    let tasks = cl.wait(job, JOB_LIMIT);
-    let want = vec![
-        (format!("{job}_1"), "COMPLETED".to_string()),
-        (format!("{job}_2"), "COMPLETED".to_string()),
-    ];
-    let mut got = tasks.clone();
-    got.sort();
-    assert_eq!(got, want, "task output in {}", dir.display());
+    wait_both_completed(&cl, job, &format!("task output in {}", dir.display()));
     let on = cl.tasks_on(job);
 
     // Each task's output, in the campaign's directory on its node (this
@@ -419,15 +424,7 @@ fn an_unthrottled_array_spreads_over_the_nodes_and_each_run_records_its_node() {
         "unthrottled: {script}"
     );
     let job = job_of(&so);
-    let mut tasks = cl.wait(job, JOB_LIMIT);
-    tasks.sort();
-    assert_eq!(
-        tasks,
-        vec![
-            (format!("{job}_1"), "COMPLETED".to_string()),
-            (format!("{job}_2"), "COMPLETED".to_string())
-        ]
-    );
+    wait_both_completed(&cl, job, "the unthrottled array");
     let ms = manifests(&srv, prefix);
     assert_eq!(complete_by_position(&ms).len(), 4, "{ms:?}");
     let by_round = nodes_recorded(&ms, &cl.tasks_on(job));
@@ -674,15 +671,7 @@ fn a_killed_task_is_recovered_and_the_resubmission_completes_without_duplicates(
         "{so}"
     );
     let again = job_of(&so);
-    let mut tasks = cl.wait(again, JOB_LIMIT);
-    tasks.sort();
-    assert_eq!(
-        tasks,
-        vec![
-            (format!("{again}_1"), "COMPLETED".to_string()),
-            (format!("{again}_2"), "COMPLETED".to_string())
-        ]
-    );
+    wait_both_completed(&cl, again, "the resubmitted array");
     let ms = manifests(&srv, prefix);
     assert_eq!(
         complete_by_position(&ms),
