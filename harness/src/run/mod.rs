@@ -88,28 +88,16 @@ pub fn run(config: &RunConfig) -> anyhow::Result<u8> {
     };
     let ready = match ready {
         Ok(r) => r,
-        Err(Stopped::Refused(r)) => {
-            eprintln!("harness: {r}");
-            return finish(
-                s,
-                classify::refused(&r.gate, &r.why),
-                Completion::not_checked("the engine never started"),
-                exit::REFUSED,
-            );
-        }
-        Err(Stopped::Interrupted(sig)) => {
-            let e = classify::Exit {
-                reason: classify::Reason::Interrupted,
-                code: None,
-                signal: None,
-                detail: format!("harness received {sig} before the engine started"),
-                open_phases: vec![],
-            };
+        Err(stop) => {
+            if let Stopped::Refused(r) = &stop {
+                eprintln!("harness: {r}");
+            }
+            let (e, code) = stop.exit(signals.take());
             return finish(
                 s,
                 e,
                 Completion::not_checked("the engine never started"),
-                exit::NEGATIVE,
+                code,
             );
         }
     };

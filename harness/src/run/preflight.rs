@@ -59,6 +59,40 @@ pub(super) enum Stopped {
     Interrupted(&'static str),
 }
 
+impl Stopped {
+    /// What ended the run before its engine started, given the signal (if any)
+    /// that arrived meanwhile: a gate's refusal while a SIGTERM or SIGINT came in
+    /// is an interruption, since the signal reaches the gate's own child
+    /// processes too (Slurm's `scancel` signals the whole job step: the weights
+    /// gate's `synth-weights` then dies of it and the gate refuses). The gate's
+    /// verdict stays in the manifest's `gates`; the exit names both.
+    pub(super) fn exit(self, late: Option<&'static str>) -> (crate::classify::Exit, u8) {
+        use crate::classify::{refused, Exit, Reason};
+        let interrupted = |detail: String| Exit {
+            reason: Reason::Interrupted,
+            code: None,
+            signal: None,
+            detail,
+            open_phases: vec![],
+        };
+        match (self, late) {
+            (Stopped::Refused(r), None) => (refused(&r.gate, &r.why), crate::exit::REFUSED),
+            (Stopped::Refused(r), Some(sig)) => (
+                interrupted(format!(
+                    "harness received {sig} before the engine started (gate '{}' refused \
+                     meanwhile: {})",
+                    r.gate, r.why
+                )),
+                crate::exit::NEGATIVE,
+            ),
+            (Stopped::Interrupted(sig), _) => (
+                interrupted(format!("harness received {sig} before the engine started")),
+                crate::exit::NEGATIVE,
+            ),
+        }
+    }
+}
+
 /// A preflight step's result: its value, or why the run stops before the engine;
 /// `Err` when the harness itself failed.
 type Step<T> = anyhow::Result<Result<T, Stopped>>;
@@ -571,4 +605,39 @@ pub(super) fn lever_args(config: &RunConfig) -> Vec<String> {
     a.push("--profile".into());
     a.push(config.profile.clone());
     a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Red on: a refusal with a signal in flight classified as `gate-refused`
+    /// (the Slurm kill test's cancelled run then reads as refused).
+    #[test]
+    fn a_refusal_while_a_signal_arrived_is_an_interruption() {
+        use crate::classify::Reason;
+        let r = || {
+            Stopped::Refused(Refusal {
+                gate: "weights".into(),
+                why: "`synth-weights` failed with signal: 15 (SIGTERM)".into(),
+            })
+        };
+        let (e, code) = r().exit(None);
+        assert_eq!(
+            (e.reason, code),
+            (Reason::GateRefused, crate::exit::REFUSED)
+        );
+        let (e, code) = r().exit(Some("SIGTERM"));
+        assert_eq!(
+            (e.reason, code),
+            (Reason::Interrupted, crate::exit::NEGATIVE)
+        );
+        assert!(
+            e.detail.contains("SIGTERM") && e.detail.contains("gate 'weights' refused"),
+            "{}",
+            e.detail
+        );
+        let (e, _) = Stopped::Interrupted("SIGINT").exit(None);
+        assert_eq!(e.reason, Reason::Interrupted);
+    }
 }
