@@ -166,6 +166,20 @@ pub fn circles(g: &Graph) -> Vec<Vec<String>> {
     t.out
 }
 
+/// The lines of `text` outside `#[cfg(test)]` modules and comments, numbered
+/// from 1 and trimmed: what the layout tests read as code (everything after
+/// the first `#[cfg(test)]` line counts as test code).
+pub fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    let mut in_test = false;
+    text.lines().enumerate().filter_map(move |(i, raw)| {
+        if raw.starts_with("#[cfg(test)]") {
+            in_test = true;
+        }
+        let line = raw.trim();
+        (!in_test && !line.starts_with("//")).then_some((i + 1, line))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

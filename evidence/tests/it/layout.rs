@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 
-use evidence::module_graph::{circles, module_graph, rust_files};
+use evidence::module_graph::{circles, code_lines, module_graph, rust_files};
 
 fn src() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")
@@ -23,18 +23,6 @@ fn no_two_modules_of_evidence_depend_on_each_other() {
     assert!(g.len() > 10, "only {} modules found", g.len());
     let c = circles(&g);
     assert!(c.is_empty(), "module circles in evidence/src: {c:?}");
-}
-
-/// The lines of `text` outside `#[cfg(test)]` modules and comments.
-fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
-    let mut in_test = false;
-    text.lines().enumerate().filter_map(move |(i, raw)| {
-        if raw.starts_with("#[cfg(test)]") {
-            in_test = true;
-        }
-        let line = raw.trim();
-        (!in_test && !line.starts_with("//")).then_some((i + 1, line))
-    })
 }
 
 /// The places in `text` (a file named `rel`) that name a fragment key by string:

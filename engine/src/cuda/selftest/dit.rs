@@ -419,21 +419,25 @@ fn check_step_kernels(
     Ok(())
 }
 
+/// The GEMM shapes both GEMM checks run, (m, n, k, epilogue): the forward's
+/// (q|k|v|out, the feed-forward's up and down, the timestep's one row, the
+/// text's 77, the output projection's 128 columns) and small odd ones.
+const GEMM_SHAPES: [(usize, usize, usize, Epilogue); 8] = [
+    (300, 2048, 2048, Epilogue::Bias),
+    (300, 8192, 2048, Epilogue::BiasGelu),
+    (300, 2048, 8192, Epilogue::Bias),
+    (1, 12288, 2048, Epilogue::Bias),
+    (77, 4096, 4096, Epilogue::BiasGelu),
+    (300, 128, 4096, Epilogue::Bias),
+    (129, 64, 64, Epilogue::None),
+    (64, 4096, 128, Epilogue::BiasGelu),
+];
+
 /// cuBLASLt GEMMs of the forward's shapes, fused epilogues, against the CPU
 /// arm's `Linear` (and its tanh-GELU).
 pub fn check_gemms(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result<(), CudaError> {
     let (g, s) = (&kit.gemm, &kit.gpu.compute);
-    let shapes = [
-        (300usize, 2048usize, 2048usize, Epilogue::Bias),
-        (300, 8192, 2048, Epilogue::BiasGelu),
-        (300, 2048, 8192, Epilogue::Bias),
-        (1, 12288, 2048, Epilogue::Bias),
-        (77, 4096, 4096, Epilogue::BiasGelu),
-        (300, 128, 4096, Epilogue::Bias),
-        (129, 64, 64, Epilogue::None),
-        (64, 4096, 128, Epilogue::BiasGelu),
-    ];
-    for (m, n, kk, ep) in shapes {
+    for (m, n, kk, ep) in GEMM_SHAPES {
         let x = rb(&rng.normal(m * kk, 1.0));
         let w = rb(&rng
             .uniform(n * kk, -1.0, 1.0)
@@ -541,14 +545,7 @@ pub fn check_fp8(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result
         c.note = format!("{differ} codes differ");
         out.push(c);
     }
-    let shapes = [
-        (300usize, 2048usize, 2048usize, Epilogue::Bias),
-        (300, 8192, 2048, Epilogue::BiasGelu),
-        (300, 2048, 8192, Epilogue::Bias),
-        (77, 4096, 4096, Epilogue::Bias),
-        (129, 64, 64, Epilogue::None),
-    ];
-    for (m, n, kk, ep) in shapes {
+    for (m, n, kk, ep) in GEMM_SHAPES {
         let x = spread(rng, m, kk);
         let w = rb(&rng
             .uniform(n * kk, -1.0, 1.0)
