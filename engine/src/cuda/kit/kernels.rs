@@ -516,20 +516,6 @@ impl Kernels {
         self.launch_rows("quantize_rows_e4m3", rows, 0, s, p)
     }
 
-    /// `y = bf16(gelu_tanh(x))` over `n` bf16 elements (`gelu_tanh_bf16` in
-    /// `kernels/fp8.cu`; may run in place): the GELU of an FP8 GEMM whose
-    /// epilogue could not fuse it.
-    pub fn gelu_tanh_bf16(
-        &self,
-        s: &CudaStream,
-        x: CUdeviceptr,
-        y: CUdeviceptr,
-        n: usize,
-    ) -> Result<(), CudaError> {
-        let p = Params::default().ptr(x).ptr(y).n(n);
-        self.launch_ew("gelu_tanh_bf16", n, s, p)
-    }
-
     /// The fused row step of the forward (see `residual_norm` in
     /// `kernels/elementwise.cu`): with `y` given, x (f32 [rows, d]) += y (bf16) *
     /// gate (gate_tab + gate_emb, or 1 when gate_tab is NULL); then h (bf16) =
@@ -714,6 +700,9 @@ pub enum Map {
     Bf16ToF32,
     /// `x * sigmoid(x)` on bf16.
     SiluBf16,
+    /// `bf16(gelu_tanh(x))` on bf16 (`kernels/fp8.cu`; may run in place): the
+    /// GELU of an FP8 GEMM whose epilogue could not fuse it.
+    GeluTanhBf16,
 }
 
 impl Map {
@@ -722,6 +711,7 @@ impl Map {
             Map::F32ToBf16 => "cast_f32_to_bf16",
             Map::Bf16ToF32 => "cast_bf16_to_f32",
             Map::SiluBf16 => "silu_bf16",
+            Map::GeluTanhBf16 => "gelu_tanh_bf16",
         }
     }
 }
@@ -889,6 +879,20 @@ mod tests {
             kernel_names(nvrtc::FP8_CU),
             ["quantize_rows_e4m3", "gelu_tanh_bf16"]
         );
+        // Every Map names a kernel some module declares (the funcs map is
+        // global, so a Map may launch from any module).
+        let all: Vec<String> = nvrtc::MODULES
+            .iter()
+            .flat_map(|(name, src)| module_kernels(name, src))
+            .collect();
+        for m in [
+            Map::F32ToBf16,
+            Map::Bf16ToF32,
+            Map::SiluBf16,
+            Map::GeluTanhBf16,
+        ] {
+            assert!(all.iter().any(|k| k == m.kernel()), "{m:?}");
+        }
         let a = kernel_names(nvrtc::ATTENTION_CU);
         assert_eq!(
             a,

@@ -1290,7 +1290,7 @@ impl DeviceDit {
                     self.gemm
                         .linear_fp8(s, (codes, scales), w, lw.b, y, m, lw.out, lw.inp, ep)?;
                 if !fused && ep == Epilogue::BiasGelu {
-                    self.kernels.gelu_tanh_bf16(s, y, y, m * lw.out)?;
+                    self.kernels.map(s, Map::GeluTanhBf16, y, y, m * lw.out)?;
                 }
                 Ok(())
             }

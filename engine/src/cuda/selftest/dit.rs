@@ -433,17 +433,22 @@ const GEMM_SHAPES: [(usize, usize, usize, Epilogue); 8] = [
     (64, 4096, 128, Epilogue::BiasGelu),
 ];
 
+/// A random bf16 weight `[n, k]`, uniform in ±1/√k (outputs of order one).
+fn gemm_weight(rng: &mut Rng, n: usize, k: usize) -> Vec<f32> {
+    rb(&rng
+        .uniform(n * k, -1.0, 1.0)
+        .iter()
+        .map(|v| v / (k as f32).sqrt())
+        .collect::<Vec<_>>())
+}
+
 /// cuBLASLt GEMMs of the forward's shapes, fused epilogues, against the CPU
 /// arm's `Linear` (and its tanh-GELU).
 pub fn check_gemms(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result<(), CudaError> {
     let (g, s) = (&kit.gemm, &kit.gpu.compute);
     for (m, n, kk, ep) in GEMM_SHAPES {
         let x = rb(&rng.normal(m * kk, 1.0));
-        let w = rb(&rng
-            .uniform(n * kk, -1.0, 1.0)
-            .iter()
-            .map(|v| v / (kk as f32).sqrt())
-            .collect::<Vec<_>>());
+        let w = gemm_weight(rng, n, kk);
         let b = rb(&rng.uniform(n, -0.5, 0.5));
         let (xd, wd, bd) = (kit.bf16(&x)?, kit.bf16(&w)?, kit.bf16(&b)?);
         let yd = kit.poisoned(m * n * 2)?;
@@ -547,11 +552,7 @@ pub fn check_fp8(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result
     }
     for (m, n, kk, ep) in GEMM_SHAPES {
         let x = spread(rng, m, kk);
-        let w = rb(&rng
-            .uniform(n * kk, -1.0, 1.0)
-            .iter()
-            .map(|v| v / (kk as f32).sqrt())
-            .collect::<Vec<_>>());
+        let w = gemm_weight(rng, n, kk);
         let b = rb(&rng.uniform(n, -0.5, 0.5));
         let bad = |e: crate::fp8::ShapeError| CudaError::Invalid(format!("fp8 check: {e}"));
         let (qx, qw) = (
@@ -579,7 +580,8 @@ pub fn check_fp8(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result
             ep,
         )?;
         if ep == Epilogue::BiasGelu && !fused {
-            kit.kernels.gelu_tanh_bf16(s, yd.ptr(), yd.ptr(), m * n)?;
+            kit.kernels
+                .map(s, Map::GeluTanhBf16, yd.ptr(), yd.ptr(), m * n)?;
         }
         let y = kit.read_bf16(yd.ptr(), m * n)?;
         let bias = (ep != Epilogue::None).then_some(&b[..]);
