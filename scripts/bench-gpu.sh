@@ -7,9 +7,11 @@
 #
 # BIN_DIR holds `engine` and `harness` (target/debug here: the dev profile is
 # optimized). Steps:
-#   selftest[:SECTION]    engine selftest-cuda --bench: every device check against the
+#   selftest[:SECTION[:bench]]
+#                         engine selftest-cuda --bench: every device check against the
 #                         CPU arm, then the staging/forward/denoise/graph/T5/VAE benches;
-#                         with SECTION (t5, vae, graph, ...) that section's checks alone
+#                         with SECTION (t5, vae, graph, ...) that section's checks alone,
+#                         and with `:bench` after it that section's benchmarks too
 #   synth:PRESET          synthesize the preset's weights (in the background; a step
 #                         that needs them waits), unless already there
 #   run:RUNG:PROFILE[:K=V,K=V[:CACHE]]
@@ -35,8 +37,10 @@
 #                         own noise (scripts/render_oracle.py: two geometries, with and
 #                         without guidance; own conditioning on both arms, diffusers'
 #                         embeddings, diffusers bf16 against f32)
-#   exec:RUNG             diffusers' LTXPipeline (examples/diffusers_ltx.py) under
-#                         `harness run --exec` at the rung, from the engine's noise, then
+#   exec:RUNG[:DTYPE]     diffusers' LTXPipeline (examples/diffusers_ltx.py) under
+#                         `harness run --exec` at the rung, from the engine's noise (with
+#                         DTYPE, bf16 or f32: `--dtype DTYPE` and `--lever precision=DTYPE`,
+#                         the bundles rank pairs into the measured fidelity floor), then
 #                         `harness diff` of the last run:RUNG bundle and this one
 #                         (DIFFUSERS_ARGS: extra arguments, e.g. `--device cpu`)
 #   table                 the summary: engine phases of every rung-2/3 bundle beside
@@ -108,7 +112,7 @@ for step in "$@"; do
   case $kind in
     selftest)
       if [ -n "$a" ]; then
-        timeout "$(cap 280)" "$E" selftest-cuda --only "$a" --scratch "$WORK/selftest" \
+        timeout "$(cap 280)" "$E" selftest-cuda --only "$a" ${b:+--bench} --scratch "$WORK/selftest" \
           > "$OUT/selftest-$a.log" 2>&1
         note "selftest $a rc=$?; $(grep -E 'passed, .* failed' "$OUT/selftest-$a.log" | tail -1)"
       else
@@ -143,10 +147,10 @@ for step in "$@"; do
       # engine's bundle of the last run:A step: the ratios come from the two bundles.
       p=$(preset_of "$a"); need "$p"; w=$(weights_of "$p")
       export PYTHONPATH=${REF_SITE:+$REF_SITE:}${PYTHONPATH:-} PYTHONUNBUFFERED=1
-      name="exec-$a-diffusers"
+      name="exec-$a-diffusers${b:+-$b}"
       timeout -s TERM -k 20 "$(cap 480)" "$H" run --rung "rungs/$a.toml" --store "$store" \
-        --weights "$w" --cadence-ms 100 --exec -- "$PY" examples/diffusers_ltx.py \
-        --rung "rungs/$a.toml" --weights "$w" --engine-noise "$E" ${DIFFUSERS_ARGS:-} \
+        --weights "$w" --cadence-ms 100 ${b:+--lever "precision=$b"} --exec -- "$PY" examples/diffusers_ltx.py \
+        --rung "rungs/$a.toml" --weights "$w" --engine-noise "$E" ${b:+--dtype "$b"} ${DIFFUSERS_ARGS:-} \
         > "$OUT/$name.out" 2> "$OUT/$name.err" < /dev/null
       note "$name rc=$?"
       ref=$(sed -n 's/^path: //p' "$OUT/$name.out" | tail -1)
