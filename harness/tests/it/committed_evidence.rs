@@ -124,10 +124,11 @@ fn a_stale_or_missing_forest_plot_is_caught_naming_the_file() {
     );
 }
 
-/// Levers whose device campaign has not been run yet: `cross-attention` and
-/// `qk-norm` (added 2026-12-05 when no device time was left; the engine keeps
-/// them in `levers::UNMEASURED`, so their default is the baseline).
-const OWED: &[&str] = &["cross-attention", "qk-norm", "precision"];
+/// Levers whose device campaign is not complete yet: `cross-attention` and
+/// `qk-norm` (added 2026-12-05; campaign 336fccd2c847 of 2026-12-06 ran out of
+/// its call's time after 2 and 1 pairs at rung 2). The engine keeps them in
+/// `levers::UNMEASURED`, so their default is the baseline.
+const OWED: &[&str] = &["cross-attention", "qk-norm"];
 
 /// Levers whose device campaign ran at rung 2 (and 1) but not yet at rung 3:
 /// held to three pairs at rung 2, and exempt at rung 3 only while they have no
@@ -168,9 +169,10 @@ fn every_lever_that_applies_at_rungs_2_and_3_has_three_pairs() {
             continue;
         }
         if OWED.contains(&id) {
+            let n = reference["effect"]["n"].as_u64().unwrap_or(0);
             assert!(
-                reference["effect"].is_null(),
-                "{id} is owed but has pairs at rung 2: remove it from OWED"
+                n < 3,
+                "{id} is owed but has {n} pairs at rung 2: remove it from OWED"
             );
             continue;
         }
@@ -198,12 +200,10 @@ fn every_lever_that_applies_at_rungs_2_and_3_has_three_pairs() {
         }
     }
     // conditioning, vae, staging, release-pages, host-threads, denoise-graph,
-    // observer and attention at both (attention's rung-3 pairs: campaign
-    // a2a96dffb7d7, 2026-12-05).
-    assert_eq!(
-        checked, 16,
-        "eight levers checked at rung 2, eight at rung 3"
-    );
+    // observer, attention and precision at both (attention's rung-3 pairs:
+    // campaign a2a96dffb7d7, 2026-12-05; precision's: 74b914bdf3c7 and
+    // 073a02fc750a, 2026-12-06).
+    assert_eq!(checked, 18, "nine levers checked at rung 2, nine at rung 3");
 }
 
 /// The spread `specs/outliers.md` argues its 20% threshold from, recomputed from
