@@ -111,7 +111,9 @@ for step in "$@"; do
   IFS=: read -r kind a b c d <<< "$step"
   case $kind in
     selftest)
-      if [ -n "$a" ]; then
+      if [ -n "$b" ] && [ "$b" != bench ]; then
+        note "selftest $a: unknown option '$b' (want selftest:SECTION or selftest:SECTION:bench)"
+      elif [ -n "$a" ]; then
         timeout "$(cap 280)" "$E" selftest-cuda --only "$a" ${b:+--bench} --scratch "$WORK/selftest" \
           > "$OUT/selftest-$a.log" 2>&1
         note "selftest $a rc=$?; $(grep -E 'passed, .* failed' "$OUT/selftest-$a.log" | tail -1)"
@@ -145,6 +147,7 @@ for step in "$@"; do
       # diffusers' LTXPipeline (examples/diffusers_ltx.py) under `harness run --exec`
       # at rung A, from the engine's noise streams, then `harness diff` against the
       # engine's bundle of the last run:A step: the ratios come from the two bundles.
+      case ${b:-} in ""|bf16|f32) ;; *) note "exec $a: unknown dtype '$b' (want bf16 or f32)"; continue ;; esac
       p=$(preset_of "$a"); need "$p"; w=$(weights_of "$p")
       export PYTHONPATH=${REF_SITE:+$REF_SITE:}${PYTHONPATH:-} PYTHONUNBUFFERED=1
       name="exec-$a-diffusers${b:+-$b}"

@@ -191,11 +191,12 @@ static REGISTRY: &[LeverDef] = &[
     },
 ];
 
-/// Levers whose treatment arm has not yet been measured on a device: their
-/// default stays the baseline until a campaign ranks the treatment (every
-/// other lever's default is its best measured arm, never its baseline).
-/// (Empty since `attention`'s campaigns of 2026-12-04; a new lever whose
-/// treatment has never run on a device belongs here.)
+/// Levers whose default has not yet been decided from device evidence: it stays
+/// the baseline until a complete campaign ranks the treatment (every other
+/// lever's default is its best measured arm, never its baseline). A new lever
+/// whose treatment has never run on a device belongs here; `precision` stays
+/// while its fp8 arm, confirmed faster at rungs 2 and 3 on 2026-12-06, costs
+/// +12 GiB at 13B and has no fidelity floor measured at rung 3.
 pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION];
 
 /// Every lever the engine knows, in a stable order.

@@ -124,11 +124,12 @@ fn a_stale_or_missing_forest_plot_is_caught_naming_the_file() {
     );
 }
 
-/// Levers whose device campaign is not complete yet: `cross-attention` and
-/// `qk-norm` (added 2026-12-05; campaign 336fccd2c847 of 2026-12-06 ran out of
-/// its call's time after 2 and 1 pairs at rung 2). The engine keeps them in
-/// `levers::UNMEASURED`, so their default is the baseline.
-const OWED: &[&str] = &["cross-attention", "qk-norm"];
+/// Levers whose device campaign is not complete yet, with the rung-2 pairs they
+/// have: `cross-attention` and `qk-norm` (added 2026-12-05; campaign 336fccd2c847
+/// of 2026-12-06 ran out of its call's time after 2 and 1 pairs). The engine keeps
+/// them in `levers::UNMEASURED`, so their default is the baseline. The count is
+/// exact: a pair lost from the store, or new pairs landing, turns the test red.
+const OWED: &[(&str, u64)] = &[("cross-attention", 2), ("qk-norm", 1)];
 
 /// Levers whose device campaign ran at rung 2 (and 1) but not yet at rung 3:
 /// held to three pairs at rung 2, and exempt at rung 3 only while they have no
@@ -142,8 +143,8 @@ const OWED_AT_RUNG3: &[&str] = &[];
 /// a rung-3 pair (or a campaign) turns this red even if someone regenerates
 /// `reports/levers.md` from the thinner store.
 ///
-/// [`OWED`] levers have no device campaign yet and are exempt, but only while
-/// they have no pairs at all: once their bundles land, the exemption must go.
+/// [`OWED`] levers have no complete device campaign yet and are exempt, but only
+/// with exactly the pairs they are listed with: once 3 land, the exemption must go.
 #[test]
 fn every_lever_that_applies_at_rungs_2_and_3_has_three_pairs() {
     let out = Command::new(HARNESS)
@@ -168,11 +169,12 @@ fn every_lever_that_applies_at_rungs_2_and_3_has_three_pairs() {
         if reference["verdict"]["verdict"] == "notapplicable" {
             continue;
         }
-        if OWED.contains(&id) {
+        if let Some(&(_, owed_n)) = OWED.iter().find(|(o, _)| *o == id) {
             let n = reference["effect"]["n"].as_u64().unwrap_or(0);
-            assert!(
-                n < 3,
-                "{id} is owed but has {n} pairs at rung 2: remove it from OWED"
+            assert_eq!(
+                n, owed_n,
+                "{id} is owed with {owed_n} pairs at rung 2 but has {n}: update OWED, \
+                 or remove it once it has 3"
             );
             continue;
         }
