@@ -49,11 +49,21 @@
 //! RoPE table, one text slot per prompt, the forward's workspace for `N` tokens
 //! and `L` text tokens, and the denoise loop's latents and two velocities
 //! ([`crate::cuda::denoise::loaded_bytes`], [`crate::cuda::denoise::loop_bytes`]),
-//! with `precision = fp8` the blocks' e4m3 weights and the buffers their inputs
-//! are quantized into ([`crate::cuda::models::dit::DeviceDit::fp8_bytes_for`]),
 //! all of it already in `load.dit`, which readies the loop (the warm-up
 //! forwards run there); the projection is that sum, so it
-//! matches the measured peak to the byte up to the arena's alignment slack. On
+//! matches the measured peak to the byte up to the arena's alignment slack.
+//! With `precision = fp8` the DiT loads fp8-resident
+//! ([`crate::cuda::models::dit::DeviceDit::load_fp8_resident`]): the staged
+//! weights lose the block Linears' bf16 weights
+//! ([`crate::cuda::models::dit::DitDims::block_linear_weights`]) and gain their
+//! e4m3 codes and scales
+//! ([`crate::cuda::models::dit::DeviceDit::fp8_weight_bytes_for`]), the loop
+//! the buffers block inputs are quantized into
+//! ([`crate::cuda::models::dit::DeviceDit::fp8_act_bytes_for`]); while staging,
+//! the cuBLASLt workspace and the bounce buffer the bf16 weights pass through
+//! ([`crate::cuda::models::dit::DeviceDit::fp8_bounce_bytes_for`], freed before
+//! the loop is readied) sit beside the weights, so `load.dit` holds the larger
+//! of (workspace + bounce) and what the readied loop holds. On
 //! the host, `load.dit` holds what staging reads through (the registered
 //! reader pins the whole mapped file: `S_dit`; the serial method one tensor's
 //! pageable copy) plus the CUDA runtime's own host memory (`CUDA_HOST_BYTES`, an
@@ -71,7 +81,7 @@
 //!
 //! With `vae = device` the VAE's phases move too (see `project_device_vae`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use serde::Serialize;
 
@@ -259,22 +269,53 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
             "denoise".into(),
             BASE_BYTES + CUDA_HOST_BYTES + 4 * 128 * n as u64,
         );
-        let staged = staged_bytes(&specs);
         // A config the device arm refuses fails the render at load; project
         // the weights alone then.
-        let (loaded, looping) = DitDims::from_config(&p.dit)
+        let dims = DitDims::from_config(&p.dit).ok();
+        let fp8 = levers.forward_arms().precision == Precision::Fp8;
+        // precision = fp8 loads fp8-resident: the block Linears' weights never
+        // stay in bf16, only their e4m3 copies do.
+        let resident: Vec<TensorSpec> = match (&dims, fp8) {
+            (Some(d), true) => {
+                let moving: HashSet<String> = d
+                    .block_linear_weights()
+                    .into_iter()
+                    .map(|(n, _, _)| n)
+                    .collect();
+                specs
+                    .iter()
+                    .filter(|t| !moving.contains(&t.name))
+                    .cloned()
+                    .collect()
+            }
+            _ => specs.clone(),
+        };
+        let staged = staged_bytes(&resident);
+        let (loaded, looping, fp8_weights, fp8_acts, bounce) = dims
             .map(|d| {
                 let l = p.max_text_tokens;
-                let fp8 = match levers.forward_arms().precision {
-                    Precision::Fp8 => DeviceDit::fp8_bytes_for(&d, n, l) as u64,
-                    Precision::Bf16 => 0,
+                let (w, a, b) = if fp8 {
+                    (
+                        DeviceDit::fp8_weight_bytes_for(&d) as u64,
+                        DeviceDit::fp8_act_bytes_for(&d, n, l) as u64,
+                        DeviceDit::fp8_bounce_bytes_for(&d) as u64,
+                    )
+                } else {
+                    (0, 0, 0)
                 };
-                (loaded_bytes(&d, l, prompts) + fp8, loop_bytes(&d, n, l))
+                (loaded_bytes(&d, l, prompts), loop_bytes(&d, n, l), w, a, b)
             })
-            .unwrap_or((0, 0));
-        // The loop is readied inside load.dit (workspace, loop buffer, warm-up).
-        device_phases.insert("load.dit".into(), staged + loaded + looping);
-        device_phases.insert("denoise".into(), staged + loaded + looping);
+            .unwrap_or((0, 0, 0, 0, 0));
+        // Staging holds the cuBLASLt workspace (opened before it) and, on fp8,
+        // the bounce buffer, freed before the RoPE table, the text slots and
+        // the loop (readied inside load.dit: workspace, loop buffer, warm-up).
+        let staging_peak = crate::cuda::kit::gemm::WORKSPACE_BYTES as u64 + bounce;
+        let ready = loaded + looping + fp8_acts;
+        device_phases.insert(
+            "load.dit".into(),
+            staged + fp8_weights + staging_peak.max(ready),
+        );
+        device_phases.insert("denoise".into(), staged + fp8_weights + ready);
         if levers.vae_on_device() {
             project_device_vae(p, g, method, &mut phases, &mut device_phases);
         }
@@ -400,17 +441,39 @@ mod tests {
         // Serial allocates each tensor exactly.
         let b = project(&p, &g1, &serial);
         assert_eq!(b.device_peak_bytes, stored + run);
-        // precision = fp8 adds the blocks' e4m3 copies and their input buffers
-        // (red on: the fp8 bytes left out of the projection).
+        // precision = fp8 loads fp8-resident: the block Linears' bf16 weights
+        // leave the staged bytes, their e4m3 codes and scales and the input
+        // buffers come in, and while staging the bounce buffer sits beside the
+        // cuBLASLt workspace (red on: the bf16 block weights still counted, the
+        // fp8 bytes or the bounce left out).
         let fp8 = LeverSet::resolve(
             Profile::Default,
             [("staging", "serial"), host_t5, ("precision", "fp8")],
         )
         .unwrap();
+        let blocks_bf16: u64 = dit::tensor_specs(&p.dit)
+            .iter()
+            .filter(|t| t.name.starts_with("transformer_blocks.") && t.shape.len() == 2)
+            .filter(|t| t.name.contains(".to_") || t.name.contains(".ff."))
+            .map(|t| t.nbytes() as u64)
+            .sum();
+        assert_eq!(blocks_bf16, 28 * 16 * 2048 * 2048 * 2);
+        let codes = DeviceDit::fp8_weight_bytes_for(&d) as u64;
+        assert_eq!(codes, 28 * (16 * 2048 * 2048 + 13 * 2048 * 4));
+        let acts = DeviceDit::fp8_act_bytes_for(&d, n, 128) as u64;
+        let bounce = DeviceDit::fp8_bounce_bytes_for(&d) as u64;
+        assert_eq!(bounce, 1 << 30);
+        let f = project(&p, &g1, &fp8);
+        let weights = stored - blocks_bf16 + codes;
+        assert_eq!(f.device_phases["denoise"], weights + run + acts);
+        let ws = crate::cuda::kit::gemm::WORKSPACE_BYTES as u64;
         assert_eq!(
-            project(&p, &g1, &fp8).device_peak_bytes,
-            stored + run + DeviceDit::fp8_bytes_for(&d, n, 128) as u64
+            f.device_phases["load.dit"],
+            weights + (ws + bounce).max(run + acts)
         );
+        // At 640 tokens the bounce outweighs the readied loop: load.dit peaks.
+        assert_eq!(f.device_peak_bytes, weights + ws + bounce);
+        assert!(f.device_peak_bytes < b.device_peak_bytes);
         // Guidance adds one text slot; the CPU arm projects no device bytes.
         let g2 = Geometry {
             guidance: true,
@@ -429,6 +492,47 @@ mod tests {
         assert!(cpu.device_phases.is_empty());
         // On the device the host no longer holds the f32 transformer.
         assert!(a.phases["denoise"] < cpu.phases["denoise"] / 4);
+    }
+
+    /// Issue 36: at 13B and 6144 tokens the fp8 arm holds less than the bf16
+    /// arm by the bf16 block Linears less their e4m3 copies and the input
+    /// buffers (it held 12.10 GiB more while the bf16 copies stayed). Red on:
+    /// the bf16 block weights counted on fp8.
+    #[test]
+    fn the_fp8_arm_projects_its_block_linears_halved_at_13b() {
+        let p = preset("ltxv-13b").unwrap();
+        let d = DitDims::LTXV_13B;
+        let arm = |precision| {
+            LeverSet::resolve(
+                Profile::Default,
+                [("conditioning", "host"), ("precision", precision)],
+            )
+            .unwrap()
+        };
+        let g3 = Geometry {
+            frames: 121,
+            height: 512,
+            width: 768,
+            guidance: true,
+            device: Device::Cuda,
+            ..g()
+        };
+        let n = 16 * 16 * 24;
+        let (bf, f8) = (
+            project(&p, &g3, &arm("bf16")),
+            project(&p, &g3, &arm("fp8")),
+        );
+        let blocks_bf16 = 48 * 16 * 4096 * 4096 * 2u64;
+        let codes = DeviceDit::fp8_weight_bytes_for(&d) as u64;
+        assert_eq!(codes, 48 * (16 * 4096 * 4096 + 13 * 4096 * 4));
+        let acts = DeviceDit::fp8_act_bytes_for(&d, n, 128) as u64;
+        // The batched arena aligns each tensor: the 480 weights that leave it
+        // are multiples of 256 bytes, so exactly their bytes leave.
+        assert_eq!(
+            bf.device_phases["denoise"] - f8.device_phases["denoise"],
+            blocks_bf16 - codes - acts
+        );
+        assert!(f8.device_peak_bytes < bf.device_peak_bytes - (11u64 << 30));
     }
 
     #[test]

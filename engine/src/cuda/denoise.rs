@@ -80,7 +80,8 @@ use crate::cuda::kit::context::Gpu;
 use crate::cuda::kit::memory::{download, upload, DeviceBuffer, MemTracker, ALIGN};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::{
-    DeviceDit, DitDims, ForwardArms, Geometry, TextSlot, Timestep, Workspace, LATENT_CHANNELS,
+    DeviceDit, DitDims, ForwardArms, Geometry, Precision, TextSlot, Timestep, Workspace,
+    FP8_BOUNCE_BOUND, LATENT_CHANNELS,
 };
 use crate::cuda::staging::{self, OpenReport, StagingOptions};
 use crate::cuda::{CudaError, DriverContext};
@@ -197,8 +198,15 @@ impl From<CudaError> for DenoiseError {
 /// and upload the conditioning. The geometry (latent grid and fps) fixes the
 /// workspace; `dispatch` is the `denoise-graph` lever's arm and `arms`
 /// the forward's kernel arms (levers `attention`, `cross-attention`, `qk-norm`,
-/// `precision`; cuDNN is loaded here when one of them runs on it, the e4m3
-/// weights quantized here when `precision` is fp8).
+/// `precision`; cuDNN is loaded here when one of them runs on it).
+///
+/// With `precision = fp8` the DiT is loaded fp8-resident
+/// ([`DeviceDit::load_fp8_resident`]): the block Linears' weights are quantized
+/// to e4m3 window by window as they are staged, through a bounce buffer of at
+/// most [`FP8_BOUNCE_BOUND`] freed before this returns, and never stay in
+/// bf16, so their device memory halves instead of growing by the e4m3 copies.
+/// The staging report still counts every byte copied (all of them bf16, as on
+/// the bf16 arm). Such a denoiser runs fp8 only.
 pub fn open_cuda_denoiser(
     tensors: &[Extent],
     cfg: &DitConfig,
@@ -212,14 +220,22 @@ pub fn open_cuda_denoiser(
     let t0 = Instant::now();
     let kit = DeviceKit::open()?;
     let device_open_s = t0.elapsed().as_secs_f64();
-    let (w, report) = staging::stage(&kit.gpu, tensors, staging)?;
-    let mut dit = DeviceDit::new(
-        kit.gpu.clone(),
-        kit.kernels.clone(),
-        kit.gemm.clone(),
-        dims,
-        Arc::new(w),
-    )?;
+    let (mut dit, report) = match arms.precision {
+        Precision::Fp8 => {
+            DeviceDit::load_fp8_resident(&kit, dims, tensors, staging, FP8_BOUNCE_BOUND)?
+        }
+        Precision::Bf16 => {
+            let (w, report) = staging::stage(&kit.gpu, tensors, staging)?;
+            let dit = DeviceDit::new(
+                kit.gpu.clone(),
+                kit.kernels.clone(),
+                kit.gemm.clone(),
+                dims,
+                Arc::new(w),
+            )?;
+            (dit, report)
+        }
+    };
     dit.set_arms(arms)?;
     let den = CudaDenoiser::new(kit, dit, cond, geo, dispatch)?;
     Ok((

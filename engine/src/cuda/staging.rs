@@ -24,6 +24,12 @@
 //! (`posix_fadvise(DONTNEED)`) range by range once its bytes are out of it.
 //! Both arms place the same bytes under the same names: [`DeviceWeights::download`]
 //! reads any tensor back for the byte comparison.
+//!
+//! [`stage_split`] stages a model some of whose tensors only pass through on
+//! their way to another form (the DiT's block Linears on `precision = fp8`,
+//! quantized to e4m3): those go window by window through one bounded bounce
+//! buffer instead of the resident arena, with the same readers and the same
+//! bytes over the wire.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -134,6 +140,8 @@ pub struct Staged {
 enum Storage {
     Arena(#[allow(dead_code)] DeviceBuffer),
     PerTensor(#[allow(dead_code)] Vec<DeviceBuffer>),
+    /// A view of memory someone else holds ([`stage_split`]'s bounce).
+    Borrowed,
 }
 
 /// A model's weights on the device, by checkpoint name.
@@ -228,8 +236,14 @@ pub struct StagingReport {
     pub files: usize,
     /// Host-to-device copies issued.
     pub copies: usize,
-    /// Device allocations made.
+    /// Device allocations made (a split staging's bounce buffer included).
     pub allocations: usize,
+    /// Windows the tensors went in: 1 for [`stage`], one per refill of the
+    /// bounce buffer for [`stage_split`].
+    pub windows: usize,
+    /// Bytes of [`stage_split`]'s bounce buffer (held during the staging only;
+    /// 0 for [`stage`]).
+    pub bounce_bytes: u64,
 }
 
 impl StagingReport {
@@ -375,6 +389,46 @@ fn release(f: &File, offset: u64, len: u64) {
     }
 }
 
+/// Where the tensors of several files came from: the one file, or the folder
+/// of the first (for errors).
+fn origin_of(files: &[(PathBuf, std::ops::Range<usize>)]) -> PathBuf {
+    match files {
+        [(one, _)] => one.clone(),
+        _ => files
+            .first()
+            .and_then(|(p, _)| p.parent())
+            .map(Path::to_path_buf)
+            .unwrap_or_default(),
+    }
+}
+
+/// The batched method's copies of `tensors` (file order), file by file with
+/// `opts.reader` (the pinned ring where the driver refuses a registration):
+/// tensor `j` lands at `base + offs[j]` (an arena's address and offsets in it,
+/// or 0 and absolute device addresses). Returns the copies queued; all of them
+/// have completed on return.
+fn copy_batched(
+    gpu: &Gpu,
+    tensors: &[Extent],
+    offs: &[usize],
+    base: CUdeviceptr,
+    opts: &StagingOptions,
+) -> Result<usize, CudaError> {
+    let mut copies = 0;
+    for (path, r) in &by_file(tensors) {
+        let (ts, os) = (&tensors[r.clone()], &offs[r.clone()]);
+        let registered = match opts.reader {
+            Reader::Registered => stage_registered(gpu, path, ts, os, base, opts)?,
+            Reader::PinnedRing => None,
+        };
+        copies += match registered {
+            Some(n) => n,
+            None => stage_ring(gpu, path, ts, os, base, opts)?,
+        };
+    }
+    Ok(copies)
+}
+
 /// Stage `tensors` (extents of one model, possibly over several files, from
 /// [`SafetensorsSource::extents`]) onto `gpu` with `opts`.
 pub fn stage(
@@ -384,19 +438,16 @@ pub fn stage(
 ) -> Result<(DeviceWeights, StagingReport), CudaError> {
     gpu.bind()?;
     let files = by_file(tensors);
-    let origin = match files.as_slice() {
-        [(one, _)] => one.clone(),
-        _ => files
-            .first()
-            .and_then(|(p, _)| p.parent())
-            .map(Path::to_path_buf)
-            .unwrap_or_default(),
-    };
+    let origin = origin_of(&files);
     let t0 = Instant::now();
     let ev0 = gpu.event()?;
     ev0.record(&gpu.copy).ctx("recording the staging start")?;
     let (storage, ptrs, copies, allocations) = match opts.method {
-        StagingMethod::Serial => stage_serial(gpu, tensors, &files, opts)?,
+        StagingMethod::Serial => {
+            let (bufs, ptrs) = copy_serial(gpu, tensors, &|_| None, opts)?;
+            let n = bufs.len();
+            (Storage::PerTensor(bufs), ptrs, n, n)
+        }
         StagingMethod::Batched => {
             let (offs, total) = arena_layout(tensors);
             let arena = DeviceBuffer::alloc(
@@ -404,18 +455,7 @@ pub fn stage(
                 total,
                 &format!("the weights arena of {}", origin.display()),
             )?;
-            let mut copies = 0;
-            for (path, r) in &files {
-                let (ts, os) = (&tensors[r.clone()], &offs[r.clone()]);
-                let registered = match opts.reader {
-                    Reader::Registered => stage_registered(gpu, path, ts, os, arena.ptr(), opts)?,
-                    Reader::PinnedRing => None,
-                };
-                copies += match registered {
-                    Some(n) => n,
-                    None => stage_ring(gpu, path, ts, os, arena.ptr(), opts)?,
-                };
-            }
+            let copies = copy_batched(gpu, tensors, &offs, arena.ptr(), opts)?;
             let ptrs = offs.iter().map(|o| arena.ptr() + *o as u64).collect();
             (Storage::Arena(arena), ptrs, copies, 1)
         }
@@ -427,15 +467,7 @@ pub fn stage(
     let mut map = HashMap::with_capacity(tensors.len());
     let mut bytes = 0u64;
     for (t, ptr) in tensors.iter().zip(ptrs) {
-        map.insert(
-            t.name.clone(),
-            Staged {
-                ptr,
-                bytes: t.bytes,
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-            },
-        );
+        map.insert(t.name.clone(), staged(t, ptr));
         bytes += t.bytes as u64;
     }
     let report = StagingReport {
@@ -446,6 +478,8 @@ pub fn stage(
         files: files.len(),
         copies,
         allocations,
+        windows: 1,
+        bounce_bytes: 0,
     };
     Ok((
         DeviceWeights {
@@ -458,26 +492,264 @@ pub fn stage(
     ))
 }
 
-/// The seed's pattern, per tensor: a pageable host copy, its own device
-/// allocation, a synchronous copy and a full synchronize. Returns the storage,
-/// each tensor's device address, the copies and the allocations.
-fn stage_serial(
+fn staged(t: &Extent, ptr: CUdeviceptr) -> Staged {
+    Staged {
+        ptr,
+        bytes: t.bytes,
+        dtype: t.dtype,
+        shape: t.shape.clone(),
+    }
+}
+
+/// The windows of a split staging ([`stage_split`]): consecutive ranges of
+/// `tensors` (in file order) that together cover every index once, in order.
+/// A window holds transient tensors (`transient[i]`) whose bounce layout
+/// ([`arena_layout`] of the window's transient tensors alone) is at most
+/// `bound` bytes, or exactly one transient tensor larger than `bound`; the
+/// kept tensors between them ride in whichever window is open when they come.
+/// Each window is one contiguous range of its files: staged window by window,
+/// the files are read once.
+pub fn plan_windows(
+    tensors: &[Extent],
+    transient: &[bool],
+    bound: usize,
+) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut used, mut held) = (0usize, 0usize, 0usize);
+    for (i, t) in tensors.iter().enumerate() {
+        if !transient.get(i).copied().unwrap_or(false) {
+            continue;
+        }
+        let next = align_up(used) + t.bytes;
+        if held > 0 && next > bound {
+            out.push(start..i);
+            (start, used, held) = (i, t.bytes, 1);
+        } else {
+            (used, held) = (next, held + 1);
+        }
+    }
+    if start < tensors.len() {
+        out.push(start..tensors.len());
+    }
+    out
+}
+
+/// Bytes of the one bounce buffer a split staging allocates for transient
+/// tensors of `bytes` each with windows planned under `bound`: the larger of
+/// `bound` and the largest tensor (aligned), but never more than all of them
+/// laid out together; 0 when there are none. Every window of [`plan_windows`]
+/// fits it, whatever the file order.
+pub fn bounce_capacity(bytes: impl IntoIterator<Item = usize>, bound: usize) -> usize {
+    let (mut largest, mut all) = (0usize, 0usize);
+    for b in bytes {
+        largest = largest.max(align_up(b));
+        all += align_up(b);
+    }
+    bound.max(largest).min(all)
+}
+
+/// Stage `tensors` as [`stage`] does, except the ones `transient` marks: those
+/// are never resident. The tensors go window by window ([`plan_windows`] under
+/// `bound`, in file order, so every file is read once): each window's kept
+/// tensors land where [`stage`] would put them (one arena for the batched
+/// method, one allocation each for the serial one), its transient tensors in
+/// ONE bounce buffer of [`bounce_capacity`] bytes allocated for the whole run;
+/// then `consume` gets them (a view of the bounce, valid during the call only:
+/// it must be done reading them, on every stream, when it returns) and the
+/// next window refills the bounce. The bounce is freed before this returns.
+///
+/// Returns the kept tensors and the report of the whole run: `bytes` and
+/// `copies` count every tensor, transient ones included (what goes over the
+/// wire is unchanged: only where it stays differs); `seconds` and `device_ms`
+/// leave out the time inside `consume`; `allocations` counts the bounce.
+pub fn stage_split(
     gpu: &Gpu,
     tensors: &[Extent],
-    files: &[(PathBuf, std::ops::Range<usize>)],
     opts: &StagingOptions,
-) -> Result<(Storage, Vec<CUdeviceptr>, usize, usize), CudaError> {
+    transient: &[bool],
+    bound: usize,
+    consume: &mut dyn FnMut(&DeviceWeights) -> Result<(), CudaError>,
+) -> Result<(DeviceWeights, StagingReport), CudaError> {
+    if transient.len() != tensors.len() {
+        return Err(CudaError::Invalid(format!(
+            "split staging: {} transient flags for {} tensors",
+            transient.len(),
+            tensors.len()
+        )));
+    }
+    gpu.bind()?;
+    let files = by_file(tensors);
+    let origin = origin_of(&files);
+    let t0 = Instant::now();
+    let kept: Vec<usize> = (0..tensors.len()).filter(|i| !transient[*i]).collect();
+    let cap = bounce_capacity(
+        tensors
+            .iter()
+            .zip(transient)
+            .filter(|(_, t)| **t)
+            .map(|(e, _)| e.bytes),
+        bound,
+    );
+    // Where each kept tensor goes in the arena (batched), by tensor index.
+    let mut home: Vec<Option<usize>> = vec![None; tensors.len()];
+    let arena = match opts.method {
+        StagingMethod::Batched => {
+            let ext: Vec<Extent> = kept.iter().map(|i| tensors[*i].clone()).collect();
+            let (offs, total) = arena_layout(&ext);
+            for (i, o) in kept.iter().zip(offs) {
+                home[*i] = Some(o);
+            }
+            Some(DeviceBuffer::alloc(
+                gpu,
+                total,
+                &format!("the weights arena of {}", origin.display()),
+            )?)
+        }
+        StagingMethod::Serial => None,
+    };
+    let bounce = match cap {
+        0 => None,
+        _ => Some(DeviceBuffer::alloc(
+            gpu,
+            cap,
+            &format!("the staging bounce buffer of {}", origin.display()),
+        )?),
+    };
+    let mut ptrs: Vec<CUdeviceptr> = vec![0; tensors.len()];
+    let mut bufs = Vec::new();
+    let (mut copies, mut device_ms, mut consume_s, mut windows) = (0usize, 0.0f64, 0.0f64, 0);
+    for w in plan_windows(tensors, transient, bound) {
+        let ts = &tensors[w.clone()];
+        let moving: Vec<Extent> = w
+            .clone()
+            .filter(|i| transient[*i])
+            .map(|i| tensors[i].clone())
+            .collect();
+        let (boffs, _) = arena_layout(&moving);
+        let bounce_at = |k: usize| bounce.as_ref().map(|b| b.ptr() + boffs[k] as u64);
+        // Each tensor's device address (absolute), or None: allocate it (serial).
+        let mut dst: Vec<Option<CUdeviceptr>> = Vec::with_capacity(ts.len());
+        let mut k = 0;
+        for i in w.clone() {
+            dst.push(if transient[i] {
+                k += 1;
+                Some(bounce_at(k - 1).ok_or_else(|| {
+                    CudaError::Invalid("split staging: a transient tensor without a bounce".into())
+                })?)
+            } else {
+                match (&arena, home[i]) {
+                    (Some(a), Some(o)) => Some(a.ptr() + o as u64),
+                    _ => None,
+                }
+            });
+        }
+        let ev0 = gpu.event()?;
+        ev0.record(&gpu.copy)
+            .ctx("recording a staging window's start")?;
+        let placed = match opts.method {
+            StagingMethod::Batched => {
+                let offs: Vec<usize> = dst.iter().map(|d| d.unwrap_or(0) as usize).collect();
+                copies += copy_batched(gpu, ts, &offs, 0, opts)?;
+                dst.iter().map(|d| d.unwrap_or(0)).collect::<Vec<_>>()
+            }
+            StagingMethod::Serial => {
+                let (b, p) = copy_serial(gpu, ts, &|j| dst[j], opts)?;
+                copies += ts.len();
+                bufs.extend(b);
+                p
+            }
+        };
+        let ev1 = gpu.event()?;
+        ev1.record(&gpu.copy)
+            .ctx("recording a staging window's end")?;
+        ev1.synchronize().ctx("waiting for a staging window")?;
+        device_ms += ev0.elapsed_ms(&ev1).ctx("reading the staging events")? as f64;
+        let mut view = HashMap::with_capacity(moving.len());
+        for (i, p) in w.clone().zip(&placed) {
+            ptrs[i] = *p;
+            if transient[i] {
+                view.insert(tensors[i].name.clone(), staged(&tensors[i], *p));
+            }
+        }
+        let view = DeviceWeights {
+            _storage: Storage::Borrowed,
+            tensors: view,
+            file: origin.clone(),
+            bytes: moving.iter().map(|t| t.bytes as u64).sum(),
+        };
+        let tc = Instant::now();
+        consume(&view)?;
+        consume_s += tc.elapsed().as_secs_f64();
+        windows += 1;
+    }
+    drop(bounce);
+    let mut map = HashMap::with_capacity(kept.len());
+    let mut bytes = 0u64;
+    for i in &kept {
+        map.insert(tensors[*i].name.clone(), staged(&tensors[*i], ptrs[*i]));
+        bytes += tensors[*i].bytes as u64;
+    }
+    let allocations = match &arena {
+        Some(_) => 1,
+        None => bufs.len(),
+    } + usize::from(cap > 0);
+    let report = StagingReport {
+        method: opts.method,
+        bytes: tensors.iter().map(|t| t.bytes as u64).sum(),
+        seconds: (t0.elapsed().as_secs_f64() - consume_s).max(0.0),
+        device_ms,
+        files: files.len(),
+        copies,
+        allocations,
+        windows,
+        bounce_bytes: cap as u64,
+    };
+    let storage = match arena {
+        Some(a) => Storage::Arena(a),
+        None => Storage::PerTensor(bufs),
+    };
+    Ok((
+        DeviceWeights {
+            _storage: storage,
+            tensors: map,
+            file: origin,
+            bytes,
+        },
+        report,
+    ))
+}
+
+/// The seed's pattern, per tensor of `tensors` (file order): a pageable host
+/// copy, a synchronous copy and a full synchronize, into `dst(j)` for tensor
+/// `j` where it names an address, else into the tensor's own new allocation.
+/// Returns the allocations made and each tensor's device address.
+fn copy_serial(
+    gpu: &Gpu,
+    tensors: &[Extent],
+    dst: &dyn Fn(usize) -> Option<CUdeviceptr>,
+    opts: &StagingOptions,
+) -> Result<(Vec<DeviceBuffer>, Vec<CUdeviceptr>), CudaError> {
     let mut bufs = Vec::with_capacity(tensors.len());
     let mut ptrs = Vec::with_capacity(tensors.len());
-    for (path, r) in files {
+    for (path, r) in &by_file(tensors) {
         let f = File::open(path).map_err(|source| io(path, source))?;
-        for t in &tensors[r.clone()] {
+        for j in r.clone() {
+            let t = &tensors[j];
             let mut host = vec![0u8; t.bytes];
             f.read_exact_at(&mut host, t.offset)
                 .map_err(|source| io(path, source))?;
-            let buf = DeviceBuffer::alloc(gpu, t.bytes, &format!("tensor '{}'", t.name))?;
-            // SAFETY: `buf` holds t.bytes bytes; `host` is alive for the call.
-            unsafe { dres::memcpy_htod_sync(buf.ptr(), &host) }
+            let to = match dst(j) {
+                Some(p) => p,
+                None => {
+                    let buf = DeviceBuffer::alloc(gpu, t.bytes, &format!("tensor '{}'", t.name))?;
+                    let p = buf.ptr();
+                    bufs.push(buf);
+                    p
+                }
+            };
+            // SAFETY: `to` holds t.bytes bytes (its own allocation, or a slot the
+            // caller sized for it); `host` is alive for the call.
+            unsafe { dres::memcpy_htod_sync(to, &host) }
                 .ctx(format!("copying tensor '{}'", t.name))?;
             gpu.ctx
                 .synchronize()
@@ -485,12 +757,10 @@ fn stage_serial(
             if opts.release_pages {
                 release(&f, t.offset, t.bytes as u64);
             }
-            ptrs.push(buf.ptr());
-            bufs.push(buf);
+            ptrs.push(to);
         }
     }
-    let n = bufs.len();
-    Ok((Storage::PerTensor(bufs), ptrs, n, n))
+    Ok((bufs, ptrs))
 }
 
 /// Chunk size of the registered reader (the sweep of run 3 in
@@ -905,6 +1175,82 @@ mod tests {
                 1000 + 6 + 4096 + 1
             );
         }
+    }
+
+    /// Tensors of odd sizes in one file, every third one transient.
+    fn split_case() -> (Vec<Extent>, Vec<bool>) {
+        let sizes = [
+            3000usize, 130, 7000, 512, 4096, 9000, 77, 2500, 2600, 1, 6000, 300, 4097,
+        ];
+        let mut off = 64u64;
+        let t: Vec<Extent> = sizes
+            .iter()
+            .map(|b| {
+                let e = ext("m", off, *b);
+                off += *b as u64 + 8;
+                e
+            })
+            .collect();
+        let transient = (0..t.len()).map(|i| i % 3 != 1).collect();
+        (t, transient)
+    }
+
+    /// Red on: a window closed one tensor late (its layout over the bound), a
+    /// tensor in no window or in two, windows out of order.
+    #[test]
+    fn windows_cover_every_tensor_once_within_the_bound() {
+        let (t, tr) = split_case();
+        let moving: Vec<usize> = (0..t.len()).filter(|i| tr[*i]).collect();
+        let sizes: Vec<usize> = moving.iter().map(|i| t[*i].bytes).collect();
+        assert_eq!(sizes, [3000, 7000, 512, 9000, 77, 2600, 1, 300, 4097]);
+        for bound in [1usize, 4096, 7300, 10_000, 16_384, 1 << 30] {
+            let w = plan_windows(&t, &tr, bound);
+            let cap = bounce_capacity(sizes.iter().copied(), bound);
+            // Consecutive, from 0 to the end: each tensor in exactly one window.
+            assert_eq!(w.first().map(|r| r.start), Some(0), "{bound}");
+            assert_eq!(w.last().map(|r| r.end), Some(t.len()), "{bound}");
+            for pair in w.windows(2) {
+                assert_eq!(pair[0].end, pair[1].start, "{bound}: {w:?}");
+            }
+            for r in &w {
+                let mv: Vec<Extent> = r.clone().filter(|i| tr[*i]).map(|i| t[i].clone()).collect();
+                let layout = arena_layout(&mv).1;
+                assert!(
+                    !mv.is_empty(),
+                    "{bound}: a window with nothing to move {r:?}"
+                );
+                assert!(
+                    layout <= bound || mv.len() == 1,
+                    "{bound}: window {r:?} lays out {layout} bytes"
+                );
+                assert!(layout <= cap, "{bound}: {layout} > bounce {cap}");
+                // Greedy: the next window's first tensor did not fit this one.
+                if r.end < t.len() {
+                    let mut more = mv.clone();
+                    more.push(t[r.end].clone());
+                    assert!(tr[r.end] && arena_layout(&more).1 > bound, "{bound}: {r:?}");
+                }
+            }
+        }
+        // Values: under 7300 bytes, 3000 (then 3072 + 7000 is over), 7000
+        // (7168 + 512 is over), 512 (512 + 9000), 9000 alone (over the bound
+        // by itself), then 77 + 2600 + 1 + 300 (laid out: 3628), then 4097. The
+        // kept tensors (1, 4, 7, 10) ride in the window open when they come.
+        let w = plan_windows(&t, &tr, 7300);
+        assert_eq!(w, [0..2, 2..3, 3..5, 5..6, 6..12, 12..13]);
+        // The bounce: the largest tensor aligned (9216) is over the bound.
+        assert_eq!(bounce_capacity(sizes.iter().copied(), 7300), 9216);
+        // One window when everything fits; the bounce is then all of them
+        // aligned (3072 + 7168 + 512 + 9216 + 256 + 2816 + 256 + 512 + 4352).
+        let all = plan_windows(&t, &tr, 1 << 30);
+        assert_eq!((all.len(), all[0].clone()), (1, 0..13));
+        assert_eq!(bounce_capacity(sizes.iter().copied(), 1 << 30), 28_160);
+        assert_eq!(bounce_capacity([], 1 << 30), 0);
+        // Nothing transient: one window of everything, no bounce.
+        let none = vec![false; t.len()];
+        let kept = plan_windows(&t, &none, 100);
+        assert_eq!((kept.len(), kept[0].clone()), (1, 0..13));
+        assert!(plan_windows(&[], &[], 100).is_empty());
     }
 
     #[test]

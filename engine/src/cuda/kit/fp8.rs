@@ -3,15 +3,17 @@
 //! before an FP8 GEMM ([`super::gemm::Gemm::linear_fp8`]). [`crate::fp8`] is the
 //! definition both follow (the quantize kernel matches it bit for bit).
 //!
-//! Memory: an e4m3 copy adds one byte per weight element beside the bf16 weight
-//! it was quantized from (which stays where staging put it), plus 4 bytes of
-//! scale per output channel.
+//! Memory: an e4m3 copy is one byte per weight element plus 4 bytes of scale
+//! per output channel. [`Fp8Linears::quantize`] adds it beside the bf16 weight it
+//! was quantized from (which stays where staging put it); [`Fp8Linears::alloc`]
+//! and [`Fp8Linears::quantize_one`] fill it from bf16 weights that are passing
+//! through (a bounce buffer), so the bf16 copies need not stay resident.
 
 use cudarc::driver::sys::CUdeviceptr;
 
 use super::context::Gpu;
 use super::kernels::Kernels;
-use super::memory::{align_up, Arena, DeviceBuffer};
+use super::memory::{align_up, download, Arena, DeviceBuffer};
 use crate::cuda::CudaError;
 
 /// The oldest compute capability with FP8 tensor cores and the e4m3 conversion
@@ -44,6 +46,8 @@ pub struct Fp8Linears {
     _scales: Arena,
     /// One copy per Linear, in the order given.
     pub q: Vec<Q8>,
+    /// (output channels, input width) of each Linear, in the same order.
+    shapes: Vec<(usize, usize)>,
 }
 
 /// Refuse a device without FP8 tensor cores, naming it.
@@ -76,33 +80,93 @@ impl Fp8Linears {
         kernels: &Kernels,
         linears: &[LinearRef],
     ) -> Result<Fp8Linears, CudaError> {
+        let shapes: Vec<(usize, usize)> = linears.iter().map(|l| (l.out, l.inp)).collect();
+        let q = Fp8Linears::alloc(gpu, &shapes)?;
+        for (i, l) in linears.iter().enumerate() {
+            q.quantize_one(gpu, kernels, i, l.w)?;
+        }
+        gpu.sync_compute()?;
+        Ok(q)
+    }
+
+    /// Room for the e4m3 copies of Linears of `shapes` ((output channels, input
+    /// width) each, in order), nothing written yet: [`Fp8Linears::quantize_one`]
+    /// fills each. The slots are laid out as [`Fp8Linears::quantize`] lays
+    /// them out, and take [`Fp8Linears::bytes_for`] bytes. Refuses what
+    /// [`Fp8Linears::quantize`] refuses, before allocating anything.
+    pub fn alloc(gpu: &Gpu, shapes: &[(usize, usize)]) -> Result<Fp8Linears, CudaError> {
         require_fp8(gpu)?;
-        if let Some(l) = linears.iter().find(|l| l.inp == 0 || l.inp % 16 != 0) {
+        if let Some((_, inp)) = shapes.iter().find(|(_, i)| *i == 0 || i % 16 != 0) {
             return Err(CudaError::Invalid(format!(
-                "FP8: a Linear of input width {} (needs a positive multiple of 16)",
-                l.inp
+                "FP8: a Linear of input width {inp} (needs a positive multiple of 16)"
             )));
         }
-        let (code_bytes, scale_bytes) = linears.iter().fold((0, 0), |(c, s), l| {
-            (c + align_up(l.out * l.inp), s + align_up(l.out * 4))
+        let (code_bytes, scale_bytes) = shapes.iter().fold((0, 0), |(c, s), (out, inp)| {
+            (c + align_up(out * inp), s + align_up(out * 4))
         });
         let mut codes = Arena::new(gpu, code_bytes, "FP8 weights")?;
         let mut scales = Arena::new(gpu, scale_bytes, "FP8 weight scales")?;
-        let mut q = Vec::with_capacity(linears.len());
-        for l in linears {
-            let w = Q8 {
-                codes: codes.take(l.out * l.inp)?,
-                scales: scales.take(l.out * 4)?,
-            };
-            kernels.quantize_rows_e4m3(&gpu.compute, l.w, l.out, l.inp, w.codes, w.scales)?;
-            q.push(w);
+        let mut q = Vec::with_capacity(shapes.len());
+        for (out, inp) in shapes {
+            q.push(Q8 {
+                codes: codes.take(out * inp)?,
+                scales: scales.take(out * 4)?,
+            });
         }
-        gpu.sync_compute()?;
         Ok(Fp8Linears {
             _codes: codes,
             _scales: scales,
             q,
+            shapes: shapes.to_vec(),
         })
+    }
+
+    /// Enqueue the quantization of Linear `i`'s bf16 weight at `w` (`[out,
+    /// inp]` row-major, 16-byte aligned) into its slot, on `gpu`'s compute
+    /// stream; the caller keeps `w` alive until that stream has run it.
+    pub fn quantize_one(
+        &self,
+        gpu: &Gpu,
+        kernels: &Kernels,
+        i: usize,
+        w: CUdeviceptr,
+    ) -> Result<(), CudaError> {
+        let (q, (out, inp)) = self.q.get(i).zip(self.shapes.get(i)).ok_or_else(|| {
+            CudaError::Invalid(format!(
+                "FP8: no Linear {i} among {} slots",
+                self.shapes.len()
+            ))
+        })?;
+        kernels.quantize_rows_e4m3(&gpu.compute, w, *out, *inp, q.codes, q.scales)
+    }
+
+    /// (output channels, input width) of Linear `i`.
+    pub fn shape(&self, i: usize) -> Option<(usize, usize)> {
+        self.shapes.get(i).copied()
+    }
+
+    /// The Linears held.
+    pub fn len(&self) -> usize {
+        self.q.len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.q.is_empty()
+    }
+
+    /// Linear `i`'s e4m3 codes (`out x inp` bytes) and f32 scales (as their
+    /// `out x 4` bytes), read back after the compute stream is done (for checks).
+    pub fn download(&self, gpu: &Gpu, i: usize) -> Result<(Vec<u8>, Vec<u8>), CudaError> {
+        let (q, (out, inp)) = self
+            .q
+            .get(i)
+            .zip(self.shapes.get(i))
+            .ok_or_else(|| CudaError::Invalid(format!("FP8: no Linear {i}")))?;
+        Ok((
+            download::<u8>(gpu, q.codes, out * inp)?,
+            download::<u8>(gpu, q.scales, out * 4)?,
+        ))
     }
 }
 

@@ -1,8 +1,11 @@
 //! The LTX-Video transformer (DiT) forward on the device, end to end.
 //!
-//! Weights stay where staging put them ([`DeviceWeights`], bf16); activations
+//! Weights stay where staging put them ([`DeviceWeights`], bf16; on an
+//! fp8-resident load the block Linears' weights only as e4m3 copies:
+//! [`DeviceDit::load_fp8_resident`]); activations
 //! live in one preallocated [`Workspace`] sized for (tokens, text length); the
-//! residual stream is f32, every GEMM operand bf16 with fp32 accumulation. A
+//! residual stream is f32, every GEMM operand bf16 (the blocks' Linears e4m3 on
+//! `precision = fp8`) with fp32 accumulation. A
 //! forward enqueues only kernels and GEMMs on the compute stream: inputs are
 //! uploaded before it starts, the output downloaded after it ends, and the
 //! timestep embedding is computed on the device (its scalar rides in the kernel
@@ -14,6 +17,7 @@
 //! `LTXVideoTransformer3DModel`): names in [`DitDims::tensor_specs`] are the
 //! checkpoint's.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUdeviceptr;
@@ -24,11 +28,13 @@ use crate::cuda::kit::gemm::{Epilogue, Gemm};
 use crate::cuda::kit::kernels::{AttnKernel, Kernels, Map, RopeArgs, RowMode, NULL};
 use crate::cuda::kit::memory::{align_up, download, upload, Arena, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
-use crate::cuda::staging::DeviceWeights;
+use crate::cuda::kit::DeviceKit;
+use crate::cuda::staging::{self, DeviceWeights, StagingOptions, StagingReport};
 use crate::cuda::CudaError;
 use crate::models::dit::{DitConfig, MASK_BIAS, OUT_NORM_EPS, QK_NORM_EPS, ROPE_COMPRESSION};
 use crate::ops::rope::{rope_freqs, ROPE_BASE};
-use crate::weights::TensorSpec;
+use crate::weights::safetensors::Extent;
+use crate::weights::{DType, TensorSpec, WeightError};
 
 /// Latent channels in and out of the DiT.
 pub const LATENT_CHANNELS: usize = 128;
@@ -121,6 +127,24 @@ impl DitDims {
         crate::models::dit::tensor_specs(&self.config())
     }
 
+    /// Every block's Linear weights (not their biases): (checkpoint name,
+    /// output channels, input width), block by block, each block's in
+    /// [`BLOCK_LINEAR_KEYS`]' order. These are what `precision = fp8` computes
+    /// from in e4m3 (the order of [`DeviceDit`]'s e4m3 slots), and what an
+    /// fp8-resident load ([`DeviceDit::load_fp8_resident`]) keeps off the
+    /// device in bf16. 2 bytes an element each in the checkpoint.
+    pub fn block_linear_weights(&self) -> Vec<(String, usize, usize)> {
+        let d = self.dim();
+        (0..self.layers)
+            .flat_map(|b| {
+                BLOCK_LINEAR_KEYS.iter().enumerate().map(move |(i, k)| {
+                    let (out, inp) = block_linear_shape(i, d);
+                    (format!("transformer_blocks.{b}.{k}.weight"), out, inp)
+                })
+            })
+            .collect()
+    }
+
     /// FLOPs of one forward over `n` tokens and `l` text tokens:
     /// (linear layers, self-attention, cross-attention).
     pub fn forward_flops(&self, n: usize, l: usize) -> (f64, f64, f64) {
@@ -192,6 +216,33 @@ impl BlockWeights {
 /// Linears of a block: q, k, v and out of each attention, the feed-forward's two.
 const BLOCK_LINEARS: usize = 10;
 
+/// The checkpoint keys of a block's Linears (under `transformer_blocks.{i}.`,
+/// each with a `.weight` and a `.bias`), in the order of a block's e4m3
+/// weights (the forward's slots).
+pub const BLOCK_LINEAR_KEYS: [&str; BLOCK_LINEARS] = [
+    "attn1.to_q",
+    "attn1.to_k",
+    "attn1.to_v",
+    "attn1.to_out.0",
+    "attn2.to_q",
+    "attn2.to_k",
+    "attn2.to_v",
+    "attn2.to_out.0",
+    "ff.net.0.proj",
+    "ff.net.2",
+];
+
+/// (output channels, input width) of the block Linear in slot `i` of a model
+/// of width `d`: the attentions' are `d x d`, the feed-forward's up
+/// projection `4d x d` and its down projection `d x 4d`.
+fn block_linear_shape(i: usize, d: usize) -> (usize, usize) {
+    match i {
+        slot::FF_UP => (4 * d, d),
+        slot::FF_DOWN => (d, 4 * d),
+        _ => (d, d),
+    }
+}
+
 /// A block's e4m3 weights in [`BlockWeights::linears`]' order.
 type BlockQ8 = [Q8; BLOCK_LINEARS];
 
@@ -222,6 +273,16 @@ pub enum Precision {
     /// e4m3 operands scaled per output channel (quantized once on the device)
     /// and per token (before each GEMM), f32 accumulation, bf16 output
     /// (cuBLASLt's outer-vector scaling; [`crate::fp8`] is the definition).
+    ///
+    /// Device memory: a render loads the DiT fp8-resident
+    /// ([`DeviceDit::load_fp8_resident`]): the block Linears' weights are
+    /// resident only as e4m3 codes (one byte an element) and f32 scales (4
+    /// bytes a row), never in bf16, so their share of the weights halves (at
+    /// 13B, ~24.0 GiB of bf16 become ~12.0 GiB); during the load a bounce buffer
+    /// of at most [`FP8_BOUNCE_BOUND`] (or one Linear, if larger) holds the bf16
+    /// bytes passing through. The bytes read and copied are unchanged (bf16).
+    /// A DiT staged in bf16 and switched to fp8 by [`DeviceDit::set_arms`]
+    /// (the checks and benchmarks) keeps both copies.
     Fp8,
 }
 
@@ -295,27 +356,62 @@ fn lin(w: &DeviceWeights, name: &str, out: usize, inp: usize) -> Result<Lin, Cud
     })
 }
 
-fn resolve(w: &DeviceWeights, dims: &DitDims) -> Result<DitWeights, CudaError> {
+/// The model's weights in `w`, checked against `dims`. With `bf16_blocks`
+/// false the blocks' Linear weights ([`DitDims::block_linear_weights`]) are
+/// not looked up (they were never staged: an fp8-resident load) and their
+/// addresses are [`NULL`]; their biases still are.
+fn resolve(w: &DeviceWeights, dims: &DitDims, bf16_blocks: bool) -> Result<DitWeights, CudaError> {
     let d = dims.dim();
-    let attn = |b: &str, a: &str| -> Result<AttentionWeights, CudaError> {
-        Ok(AttentionWeights {
-            norm_q: w.get(&format!("{b}.{a}.norm_q.weight"), &[d])?.ptr,
-            norm_k: w.get(&format!("{b}.{a}.norm_k.weight"), &[d])?.ptr,
-            to_q: lin(w, &format!("{b}.{a}.to_q"), d, d)?,
-            to_k: lin(w, &format!("{b}.{a}.to_k"), d, d)?,
-            to_v: lin(w, &format!("{b}.{a}.to_v"), d, d)?,
-            to_out: lin(w, &format!("{b}.{a}.to_out.0"), d, d)?,
-        })
+    let norms = |b: &str, a: &str| -> Result<(CUdeviceptr, CUdeviceptr), CudaError> {
+        Ok((
+            w.get(&format!("{b}.{a}.norm_q.weight"), &[d])?.ptr,
+            w.get(&format!("{b}.{a}.norm_k.weight"), &[d])?.ptr,
+        ))
     };
     let mut blocks = Vec::with_capacity(dims.layers);
     for i in 0..dims.layers {
         let b = format!("transformer_blocks.{i}");
+        let mut lins = [Lin {
+            w: NULL,
+            b: NULL,
+            out: 0,
+            inp: 0,
+        }; BLOCK_LINEARS];
+        for (j, key) in BLOCK_LINEAR_KEYS.iter().enumerate() {
+            let (out, inp) = block_linear_shape(j, d);
+            let name = format!("{b}.{key}");
+            lins[j] = if bf16_blocks {
+                lin(w, &name, out, inp)?
+            } else {
+                Lin {
+                    w: NULL,
+                    b: w.get(&format!("{name}.bias"), &[out])?.ptr,
+                    out,
+                    inp,
+                }
+            };
+        }
+        let (n1, n2) = (norms(&b, "attn1")?, norms(&b, "attn2")?);
         blocks.push(BlockWeights {
             scale_shift_table: w.get(&format!("{b}.scale_shift_table"), &[6, d])?.ptr,
-            attn1: attn(&b, "attn1")?,
-            attn2: attn(&b, "attn2")?,
-            ff_net_0_proj: lin(w, &format!("{b}.ff.net.0.proj"), 4 * d, d)?,
-            ff_net_2: lin(w, &format!("{b}.ff.net.2"), d, 4 * d)?,
+            attn1: AttentionWeights {
+                norm_q: n1.0,
+                norm_k: n1.1,
+                to_q: lins[slot::SELF_Q],
+                to_k: lins[slot::SELF_K],
+                to_v: lins[slot::SELF_V],
+                to_out: lins[slot::SELF_OUT],
+            },
+            attn2: AttentionWeights {
+                norm_q: n2.0,
+                norm_k: n2.1,
+                to_q: lins[slot::CROSS_Q],
+                to_k: lins[slot::CROSS_K],
+                to_v: lins[slot::CROSS_V],
+                to_out: lins[slot::CROSS_OUT],
+            },
+            ff_net_0_proj: lins[slot::FF_UP],
+            ff_net_2: lins[slot::FF_DOWN],
         });
     }
     Ok(DitWeights {
@@ -339,6 +435,52 @@ fn resolve(w: &DeviceWeights, dims: &DitDims) -> Result<DitWeights, CudaError> {
         proj_out: lin(w, "proj_out", LATENT_CHANNELS, d)?,
         blocks,
     })
+}
+
+/// A flag per tensor of `tensors`: whether it is one of the block Linear
+/// weights `want` ((name, output channels, input width), as
+/// [`DitDims::block_linear_weights`] lists them). An error names a weight of
+/// `want` that `tensors` lacks, or holds in another shape or not in bf16 (the
+/// quantize kernel reads bf16).
+fn transient_flags(
+    tensors: &[Extent],
+    want: &[(String, usize, usize)],
+) -> Result<Vec<bool>, CudaError> {
+    let at: HashMap<&str, usize> = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.as_str(), i))
+        .collect();
+    let mut flags = vec![false; tensors.len()];
+    for (name, out, inp) in want {
+        let expected = vec![*out, *inp];
+        let i = *at.get(name.as_str()).ok_or_else(|| {
+            CudaError::Weights(WeightError::Missing {
+                name: name.clone(),
+                file: tensors.first().map(|t| t.file.clone()).unwrap_or_default(),
+                expected: expected.clone(),
+            })
+        })?;
+        let t = &tensors[i];
+        if t.shape != expected {
+            return Err(CudaError::Weights(WeightError::Shape {
+                name: name.clone(),
+                file: t.file.clone(),
+                expected,
+                found: t.shape.clone(),
+            }));
+        }
+        if t.dtype != DType::BF16 {
+            return Err(CudaError::Weights(WeightError::DType {
+                name: name.clone(),
+                file: t.file.clone(),
+                expected: "BF16 (the e4m3 weights are quantized from bf16)".into(),
+                found: t.dtype.safetensors_name().into(),
+            }));
+        }
+        flags[i] = true;
+    }
+    Ok(flags)
 }
 
 /// Activation buffers of one (tokens, text length).
@@ -551,6 +693,11 @@ pub struct Geometry {
     pub fps: f32,
 }
 
+/// The bound of the bounce buffer an fp8-resident load stages the block
+/// Linears' bf16 weights through, bytes: 1 GiB (two 13B blocks, eight 2B
+/// blocks a window). A Linear larger than it alone sets the buffer's size.
+pub const FP8_BOUNCE_BOUND: usize = 1 << 30;
+
 /// The device DiT: resolved weights, kernels, GEMM plans and a workspace.
 pub struct DeviceDit {
     gpu: Arc<Gpu>,
@@ -574,6 +721,9 @@ pub struct DeviceDit {
     /// The e4m3 block weights and activation buffers while `arms.precision`
     /// is fp8.
     fp8: Option<Fp8State>,
+    /// Whether the blocks' Linear weights are resident in bf16 (false for an
+    /// fp8-resident load: the bf16 arm cannot run, their addresses are NULL).
+    bf16_blocks: bool,
 }
 
 /// A block Linear's input: bf16 rows, or their e4m3 codes and per-row scales.
@@ -673,7 +823,9 @@ impl AttentionArm {
 
 impl DeviceDit {
     /// Bind `weights` (checked against `dims`: every tensor present, bf16, of the
-    /// expected shape) and upload the RoPE frequency table.
+    /// expected shape) and upload the RoPE frequency table. Every arm can run
+    /// on it ([`DeviceDit::set_arms`]; `precision = fp8` quantizes a second,
+    /// e4m3 copy of the block Linears beside the bf16 one).
     pub fn new(
         gpu: Arc<Gpu>,
         kernels: Arc<Kernels>,
@@ -681,18 +833,68 @@ impl DeviceDit {
         dims: DitDims,
         weights: Arc<DeviceWeights>,
     ) -> Result<DeviceDit, CudaError> {
+        Self::build(gpu, kernels, gemm, dims, weights, None)
+    }
+
+    /// Bind `weights`, which hold every tensor but the block Linears' weights
+    /// ([`DitDims::block_linear_weights`]), and `fp8`, their e4m3 copies in
+    /// that order; the DiT runs `precision = fp8` from the start and cannot
+    /// run bf16 (there is nothing to run it on: [`DeviceDit::set_arms`]
+    /// refuses). Checked: `fp8` holds one Linear per block weight, of its shape.
+    pub fn with_fp8_weights(
+        gpu: Arc<Gpu>,
+        kernels: Arc<Kernels>,
+        gemm: Arc<Gemm>,
+        dims: DitDims,
+        weights: Arc<DeviceWeights>,
+        fp8: Fp8Linears,
+    ) -> Result<DeviceDit, CudaError> {
+        let want = dims.block_linear_weights();
+        if fp8.len() != want.len() {
+            return Err(CudaError::Invalid(format!(
+                "{} e4m3 Linears for a DiT of {} block Linears",
+                fp8.len(),
+                want.len()
+            )));
+        }
+        if let Some((i, (name, out, inp))) = want
+            .iter()
+            .enumerate()
+            .find(|(i, (_, out, inp))| fp8.shape(*i) != Some((*out, *inp)))
+        {
+            return Err(CudaError::Invalid(format!(
+                "e4m3 Linear {i} is {:?}, '{name}' is [{out}, {inp}]",
+                fp8.shape(i)
+            )));
+        }
+        Self::build(gpu, kernels, gemm, dims, weights, Some(fp8))
+    }
+
+    fn build(
+        gpu: Arc<Gpu>,
+        kernels: Arc<Kernels>,
+        gemm: Arc<Gemm>,
+        dims: DitDims,
+        weights: Arc<DeviceWeights>,
+        fp8: Option<Fp8Linears>,
+    ) -> Result<DeviceDit, CudaError> {
         if dims.dim() % 8 != 0 {
             return Err(CudaError::Invalid(format!(
                 "DiT width {} is not a multiple of 8",
                 dims.dim()
             )));
         }
-        let w = resolve(&weights, &dims)?;
+        let bf16_blocks = fp8.is_none();
+        let w = resolve(&weights, &dims, bf16_blocks)?;
         let f = rope_freqs(dims.dim());
         let freqs = DeviceBuffer::alloc(&gpu, Self::rope_bytes(&dims), "the RoPE frequency table")?;
         if !f.is_empty() {
             upload(&gpu, freqs.ptr(), &f)?;
         }
+        let precision = match fp8 {
+            Some(_) => Precision::Fp8,
+            None => Precision::Bf16,
+        };
         Ok(DeviceDit {
             attn: AttnKernel::best_for(dims.head_dim),
             gpu,
@@ -704,10 +906,79 @@ impl DeviceDit {
             norm_eps: dims.config().norm_eps as f32,
             freqs,
             ws: None,
-            arms: ForwardArms::OWN,
+            arms: ForwardArms {
+                precision,
+                ..ForwardArms::OWN
+            },
             sdpa: None,
-            fp8: None,
+            fp8: fp8.map(|weights| Fp8State {
+                weights,
+                acts: None,
+            }),
+            bf16_blocks,
         })
+    }
+
+    /// Stage the DiT of `dims` from `tensors` (the validated checkpoint's
+    /// extents) fp8-resident, for `precision = fp8`: every tensor but the
+    /// block Linears' weights goes into the resident arena as
+    /// [`crate::cuda::staging::stage`] puts it; the block Linears' bf16 weights
+    /// go window by window through one bounce buffer of at most `bound` bytes
+    /// (or one Linear, if larger: [`crate::cuda::staging::stage_split`]), each
+    /// window quantized there by the same kernel the bf16-staged path runs
+    /// ([`Fp8Linears::quantize_one`]; the e4m3 codes and scales are bit for
+    /// bit that path's) before the next refills it. The bytes read and copied
+    /// are unchanged (bf16, all of them in the report); what stays resident
+    /// for those weights halves. Refuses, before reading anything, a device
+    /// without FP8 and a checkpoint that lacks a block weight or holds one of
+    /// another shape or type.
+    pub fn load_fp8_resident(
+        kit: &DeviceKit,
+        dims: DitDims,
+        tensors: &[Extent],
+        opts: &StagingOptions,
+        bound: usize,
+    ) -> Result<(DeviceDit, StagingReport), CudaError> {
+        let want = dims.block_linear_weights();
+        let shapes: Vec<(usize, usize)> = want.iter().map(|(_, o, i)| (*o, *i)).collect();
+        let transient = transient_flags(tensors, &want)?;
+        let slot_of: HashMap<&str, usize> = want
+            .iter()
+            .enumerate()
+            .map(|(i, (n, _, _))| (n.as_str(), i))
+            .collect();
+        let q = Fp8Linears::alloc(&kit.gpu, &shapes)?;
+        let mut done = vec![false; want.len()];
+        let mut quantize = |view: &DeviceWeights| -> Result<(), CudaError> {
+            for name in view.names() {
+                let i = *slot_of.get(name).ok_or_else(|| {
+                    CudaError::Invalid(format!("'{name}' passed through but is no block Linear"))
+                })?;
+                let (out, inp) = shapes[i];
+                let t = view.get(name, &[out, inp])?;
+                q.quantize_one(&kit.gpu, &kit.kernels, i, t.ptr)?;
+                done[i] = true;
+            }
+            // The bounce is refilled next: the quantize passes must be done.
+            kit.gpu.sync_compute()
+        };
+        let (resident, report) =
+            staging::stage_split(&kit.gpu, tensors, opts, &transient, bound, &mut quantize)?;
+        if let Some(i) = done.iter().position(|d| !d) {
+            return Err(CudaError::Invalid(format!(
+                "'{}' was never quantized",
+                want[i].0
+            )));
+        }
+        let dit = Self::with_fp8_weights(
+            kit.gpu.clone(),
+            kit.kernels.clone(),
+            kit.gemm.clone(),
+            dims,
+            Arc::new(resident),
+            q,
+        )?;
+        Ok((dit, report))
     }
 
     /// Run the forward on `arms`. An arm on cuDNN loads it and checks its
@@ -715,10 +986,22 @@ impl DeviceDit {
     /// silently, so a run's levers say what ran); with no arm on cuDNN it is
     /// released.
     ///
-    /// `precision = fp8` quantizes every block Linear's weight on the device
-    /// here (once, on the device), and the activation buffers come
-    /// with the workspace; `bf16` frees both.
+    /// On a DiT staged in bf16 ([`DeviceDit::new`]), `precision = fp8`
+    /// quantizes every block Linear's weight on the device here (once) into
+    /// e4m3 copies kept beside the bf16 weights, and the activation buffers
+    /// come with the workspace; `bf16` frees both. On an fp8-resident DiT
+    /// ([`DeviceDit::load_fp8_resident`]) the e4m3 weights are already there
+    /// and `bf16` is refused with [`CudaError::Invalid`] (its bf16 block
+    /// weights were never staged), changing nothing.
     pub fn set_arms(&mut self, arms: ForwardArms) -> Result<(), CudaError> {
+        if arms.precision == Precision::Bf16 && !self.bf16_blocks {
+            return Err(CudaError::Invalid(
+                "precision = bf16 on a DiT loaded for precision = fp8: its bf16 block Linear \
+                 weights were not staged (only their e4m3 copies are resident); load it again \
+                 with precision = bf16"
+                    .into(),
+            ));
+        }
         if !arms.needs_cudnn() {
             self.sdpa = None;
         } else if self.sdpa.is_none() {
@@ -727,6 +1010,11 @@ impl DeviceDit {
         match arms.precision {
             Precision::Bf16 => self.fp8 = None,
             Precision::Fp8 if self.fp8.is_none() => {
+                if !self.bf16_blocks {
+                    return Err(CudaError::Invalid(
+                        "precision = fp8 without e4m3 or bf16 block weights".into(),
+                    ));
+                }
                 let weights =
                     Fp8Linears::quantize(&self.gpu, &self.kernels, &self.block_linears())?;
                 let mut st = Fp8State {
@@ -742,6 +1030,18 @@ impl DeviceDit {
         }
         self.arms = arms;
         Ok(())
+    }
+
+    /// Whether the blocks' Linear weights are resident in bf16 (false after
+    /// [`DeviceDit::load_fp8_resident`]).
+    pub fn has_bf16_blocks(&self) -> bool {
+        self.bf16_blocks
+    }
+
+    /// The blocks' e4m3 weights while `precision = fp8` (in
+    /// [`DitDims::block_linear_weights`]' order).
+    pub fn fp8_linears(&self) -> Option<&Fp8Linears> {
+        self.fp8.as_ref().map(|st| &st.weights)
     }
 
     /// Every block's Linears, block by block in [`BlockWeights::linears`]' order.
@@ -768,23 +1068,49 @@ impl DeviceDit {
         ))
     }
 
-    /// Device bytes the `precision = fp8` arm adds for a forward of `n` tokens
-    /// and `l` text tokens: the e4m3 block weights and the activation buffers.
+    /// Device bytes the `precision = fp8` arm adds, on a DiT staged in bf16,
+    /// for a forward of `n` tokens and `l` text tokens: the e4m3 block weights
+    /// and the activation buffers.
     pub fn fp8_bytes(&self, n: usize, l: usize) -> usize {
         Self::fp8_bytes_for(&self.dims, n, l)
     }
 
-    /// [`DeviceDit::fp8_bytes`] of a model of `dims`, before it is loaded (the
-    /// memory plan's figure).
+    /// [`DeviceDit::fp8_bytes`] of a model of `dims`, before it is loaded:
+    /// [`DeviceDit::fp8_weight_bytes_for`] + [`DeviceDit::fp8_act_bytes_for`].
     pub fn fp8_bytes_for(dims: &DitDims, n: usize, l: usize) -> usize {
+        Self::fp8_weight_bytes_for(dims) + Self::fp8_act_bytes_for(dims, n, l)
+    }
+
+    /// Device bytes of the blocks' e4m3 weights of a model of `dims`: codes
+    /// (one byte an element) and f32 scales (one a row), each aligned.
+    pub fn fp8_weight_bytes_for(dims: &DitDims) -> usize {
         let d = dims.dim();
-        let shapes = [(d, d); 8].into_iter().chain([(4 * d, d), (d, 4 * d)]);
-        let block: Vec<LinearRef> = shapes
+        let block: Vec<LinearRef> = (0..BLOCK_LINEARS)
+            .map(|i| block_linear_shape(i, d))
             .map(|(out, inp)| LinearRef { w: 0, out, inp })
             .collect();
         dims.layers * Fp8Linears::bytes_for(&block)
-            + Fp8Rows::bytes_for(n, 4 * d)
-            + Fp8Rows::bytes_for(l, d)
+    }
+
+    /// Device bytes of the `precision = fp8` arm's activation buffers for `n`
+    /// tokens and `l` text tokens: block inputs up to `4 · width` wide and the
+    /// projected text, codes and scales (allocated with the workspace).
+    pub fn fp8_act_bytes_for(dims: &DitDims, n: usize, l: usize) -> usize {
+        let d = dims.dim();
+        Fp8Rows::bytes_for(n, 4 * d) + Fp8Rows::bytes_for(l, d)
+    }
+
+    /// Device bytes of the bounce buffer [`DeviceDit::load_fp8_resident`]
+    /// holds during the load of a model of `dims` under [`FP8_BOUNCE_BOUND`]
+    /// (freed before it returns): [`crate::cuda::staging::bounce_capacity`] of
+    /// the block Linears' bf16 weights.
+    pub fn fp8_bounce_bytes_for(dims: &DitDims) -> usize {
+        staging::bounce_capacity(
+            dims.block_linear_weights()
+                .iter()
+                .map(|(_, out, inp)| out * inp * 2),
+            FP8_BOUNCE_BOUND,
+        )
     }
 
     /// Run the self-attention on `arm`, the other arms unchanged
@@ -816,7 +1142,8 @@ impl DeviceDit {
         &self.dims
     }
 
-    /// The staged weights.
+    /// The staged weights (after [`DeviceDit::load_fp8_resident`], every
+    /// tensor but the block Linears' weights).
     pub fn weights(&self) -> &Arc<DeviceWeights> {
         &self.weights
     }
@@ -1283,6 +1610,9 @@ impl DeviceDit {
     ) -> Result<(), CudaError> {
         let s = &self.gpu.compute;
         match (x, q) {
+            (LinIn::Bf16(_), _) if lw.w == NULL => Err(CudaError::Invalid(
+                "a bf16 block Linear whose bf16 weight was not staged (an fp8-resident DiT)".into(),
+            )),
             (LinIn::Bf16(x), _) => self.gemm.linear(s, x, lw.w, lw.b, y, m, lw.out, lw.inp, ep),
             (LinIn::Fp8(codes, scales), Some(q)) => {
                 let w = (q.codes, q.scales);
@@ -1426,6 +1756,174 @@ mod tests {
                 + crate::cuda::kit::memory::align_up(n * 4)
                 + crate::cuda::kit::memory::align_up(l * d13.dim())
                 + crate::cuda::kit::memory::align_up(l * 4)
+        );
+    }
+
+    /// An odd model: 5 heads of 48 (width 240), 3 blocks.
+    fn odd() -> DitDims {
+        DitDims {
+            layers: 3,
+            heads: 5,
+            head_dim: 48,
+            caption_channels: 96,
+        }
+    }
+
+    /// Red on: a bias, a norm or a table listed as a block weight, a Linear
+    /// left out, the feed-forward's shapes swapped, keys out of slot order.
+    #[test]
+    fn block_linear_weights_are_the_blocks_ten_linears_in_slot_order() {
+        let dims = odd();
+        let w = dims.block_linear_weights();
+        assert_eq!(w.len(), 30);
+        let first: Vec<(&str, usize, usize)> = w[..10]
+            .iter()
+            .map(|(n, o, i)| (n.as_str(), *o, *i))
+            .collect();
+        assert_eq!(
+            first,
+            [
+                ("transformer_blocks.0.attn1.to_q.weight", 240, 240),
+                ("transformer_blocks.0.attn1.to_k.weight", 240, 240),
+                ("transformer_blocks.0.attn1.to_v.weight", 240, 240),
+                ("transformer_blocks.0.attn1.to_out.0.weight", 240, 240),
+                ("transformer_blocks.0.attn2.to_q.weight", 240, 240),
+                ("transformer_blocks.0.attn2.to_k.weight", 240, 240),
+                ("transformer_blocks.0.attn2.to_v.weight", 240, 240),
+                ("transformer_blocks.0.attn2.to_out.0.weight", 240, 240),
+                ("transformer_blocks.0.ff.net.0.proj.weight", 960, 240),
+                ("transformer_blocks.0.ff.net.2.weight", 240, 960),
+            ]
+        );
+        assert_eq!(w[29].0, "transformer_blocks.2.ff.net.2.weight");
+        assert_eq!(w[20].0, "transformer_blocks.2.attn1.to_q.weight");
+        // The slots the forward reads each Linear's e4m3 copy from.
+        for (i, key) in [
+            (slot::SELF_Q, "attn1.to_q"),
+            (slot::SELF_K, "attn1.to_k"),
+            (slot::SELF_V, "attn1.to_v"),
+            (slot::SELF_OUT, "attn1.to_out.0"),
+            (slot::CROSS_Q, "attn2.to_q"),
+            (slot::CROSS_K, "attn2.to_k"),
+            (slot::CROSS_V, "attn2.to_v"),
+            (slot::CROSS_OUT, "attn2.to_out.0"),
+            (slot::FF_UP, "ff.net.0.proj"),
+            (slot::FF_DOWN, "ff.net.2"),
+        ] {
+            assert_eq!(BLOCK_LINEAR_KEYS[i], key);
+        }
+        // Exactly the checkpoint's 2-D block Linear weights, at their shapes.
+        let specs = dims.tensor_specs();
+        let mut theirs: Vec<(String, Vec<usize>)> = specs
+            .iter()
+            .filter(|t| t.name.starts_with("transformer_blocks.") && t.shape.len() == 2)
+            .filter(|t| !t.name.ends_with("scale_shift_table"))
+            .map(|t| (t.name.clone(), t.shape.clone()))
+            .collect();
+        let mut mine: Vec<(String, Vec<usize>)> = w
+            .iter()
+            .map(|(n, o, i)| (n.clone(), vec![*o, *i]))
+            .collect();
+        theirs.sort();
+        mine.sort();
+        assert_eq!(mine, theirs);
+        let bytes: usize = w.iter().map(|(_, o, i)| o * i * 2).sum();
+        assert_eq!(bytes, 3 * 16 * 240 * 240 * 2);
+    }
+
+    fn extents(specs: &[TensorSpec]) -> Vec<Extent> {
+        let mut off = 0u64;
+        specs
+            .iter()
+            .map(|t| {
+                let e = Extent {
+                    name: t.name.clone(),
+                    file: std::path::PathBuf::from("odd.safetensors"),
+                    dtype: DType::BF16,
+                    shape: t.shape.clone(),
+                    offset: off,
+                    bytes: t.nbytes(),
+                };
+                off += t.nbytes() as u64;
+                e
+            })
+            .collect()
+    }
+
+    /// Red on: a block weight not flagged (it would stay resident in bf16), a
+    /// bias flagged, a missing, misshapen or non-bf16 weight let through.
+    #[test]
+    fn transient_flags_mark_exactly_the_block_weights_and_refuse_bad_ones() {
+        let dims = odd();
+        let want = dims.block_linear_weights();
+        let ext = extents(&dims.tensor_specs());
+        let flags = transient_flags(&ext, &want).unwrap();
+        let flagged: Vec<&str> = ext
+            .iter()
+            .zip(&flags)
+            .filter(|(_, f)| **f)
+            .map(|(e, _)| e.name.as_str())
+            .collect();
+        assert_eq!(flagged.len(), 30);
+        let mut names: Vec<&str> = want.iter().map(|(n, _, _)| n.as_str()).collect();
+        names.sort();
+        let mut got = flagged.clone();
+        got.sort();
+        assert_eq!(got, names);
+        let moved: usize = ext
+            .iter()
+            .zip(&flags)
+            .filter(|(_, f)| **f)
+            .map(|(e, _)| e.bytes)
+            .sum();
+        let all: usize = ext.iter().map(|e| e.bytes).sum();
+        assert_eq!(moved, 3 * 16 * 240 * 240 * 2);
+        assert!(all - moved > 0 && flagged.iter().all(|n| n.ends_with(".weight")));
+        let name = "transformer_blocks.1.ff.net.0.proj.weight";
+        let at = ext.iter().position(|e| e.name == name).unwrap();
+        let mut gone = ext.clone();
+        gone.remove(at);
+        let e = transient_flags(&gone, &want).unwrap_err().to_string();
+        assert!(e.contains(name), "{e}");
+        let mut bent = ext.clone();
+        bent[at].shape = vec![240, 960];
+        let e = transient_flags(&bent, &want).unwrap_err();
+        assert!(
+            matches!(e, CudaError::Weights(WeightError::Shape { .. })),
+            "{e}"
+        );
+        let mut f32s = ext.clone();
+        f32s[at].dtype = DType::F32;
+        let e = transient_flags(&f32s, &want).unwrap_err();
+        assert!(
+            matches!(e, CudaError::Weights(WeightError::DType { .. })),
+            "{e}"
+        );
+    }
+
+    /// Red on: the bounce sized to all the block weights (24 GiB at 13B) or
+    /// below one Linear.
+    #[test]
+    fn the_fp8_bounce_is_bounded_by_a_gib_or_the_whole_model() {
+        assert_eq!(DeviceDit::fp8_bounce_bytes_for(&DitDims::LTXV_13B), 1 << 30);
+        assert_eq!(DeviceDit::fp8_bounce_bytes_for(&DitDims::LTXV_2B), 1 << 30);
+        // Smaller than the bound: all of it (aligned), 3 x 16 x 240² x 2.
+        assert_eq!(
+            DeviceDit::fp8_bounce_bytes_for(&odd()),
+            3 * 16 * 240 * 240 * 2
+        );
+        // One 13B block's Linears are 512 MiB: two blocks a window.
+        let block: usize = DitDims::LTXV_13B.block_linear_weights()[..10]
+            .iter()
+            .map(|(_, o, i)| o * i * 2)
+            .sum();
+        assert_eq!(block, 512 << 20);
+        // Codes are multiples of 256 here; the scales are not: nine rows of
+        // 240 (960 bytes, aligned to 1024) and the up projection's 960 rows
+        // (3840 bytes, already aligned).
+        assert_eq!(
+            DeviceDit::fp8_weight_bytes_for(&odd()),
+            3 * (16 * 240 * 240 + 9 * 1024 + 3840)
         );
     }
 

@@ -11,7 +11,7 @@ use cudarc::driver::sys::CUdeviceptr;
 use super::Check;
 use crate::cuda::fixtures::{synth_source, write_synth_safetensors, Rng};
 use crate::cuda::kit::bf16::{narrow, rb, widen};
-use crate::cuda::kit::fp8::MIN_CAPABILITY as FP8_CAPABILITY;
+use crate::cuda::kit::fp8::{Fp8Linears, MIN_CAPABILITY as FP8_CAPABILITY};
 use crate::cuda::kit::gemm::Epilogue;
 use crate::cuda::kit::kernels::{AttnKernel, Map, RopeArgs, RowMode, NULL};
 use crate::cuda::kit::memory::{download, upload, DeviceBuffer};
@@ -608,6 +608,206 @@ pub fn check_fp8(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result
         }
         out.push(c);
     }
+    Ok(())
+}
+
+/// The fp8-resident load ([`DeviceDit::load_fp8_resident`], what a render on
+/// `precision = fp8` runs) against the kept path (bf16 staged, e4m3 quantized
+/// from it by [`DeviceDit::set_arms`], both kept), both from the synthetic
+/// weights in `file` (a model of `dims`). The resident load goes through a
+/// bounce bound far below the model's block weights (many windows, and
+/// feed-forward Linears larger than the bound alone), with each reader:
+/// - every block Linear's e4m3 codes and scales byte-identical to the kept
+///   path's (the same kernel on the same bf16 bits), on the registered reader,
+///   the pinned ring and the serial method, and every resident tensor
+///   byte-identical to the kept path's copy (tolerance 0);
+/// - the resident DiT's forward bit for bit the kept path's fp8 forward on the
+///   same input, outputs and workspace poisoned first (tolerance 0);
+/// - the device bytes the resident DiT holds (the allocator's tracker) below
+///   the kept path's by the bf16 block weights, up to 512 bytes of arena
+///   alignment (one 64 x 64 weight of the tiny model is 8 KiB: a weight left
+///   resident shows), and the load's peak no higher than what it keeps plus
+///   its bounce;
+/// - `set_arms(precision = bf16)` refused with an error naming the missing
+///   bf16 weights, the arms unchanged and the next forward as before.
+pub fn check_fp8_resident(
+    kit: &DeviceKit,
+    rng: &mut Rng,
+    file: &Path,
+    dims: DitDims,
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    if kit.gpu.capability < FP8_CAPABILITY {
+        out.push(Check {
+            name: "fp8 resident: not run".into(),
+            rel: 0.0,
+            max_abs: 0.0,
+            tol: 0.0,
+            pass: true,
+            note: format!(
+                "compute capability {}.{} < {}.{}: the fp8 arm refuses this device",
+                kit.gpu.capability.0, kit.gpu.capability.1, FP8_CAPABILITY.0, FP8_CAPABILITY.1
+            ),
+        });
+        return Ok(());
+    }
+    let row = |name: String, bad: usize, pass: bool, note: String| Check {
+        name,
+        rel: bad as f64,
+        max_abs: 0.0,
+        tol: 0.0,
+        pass,
+        note,
+    };
+    let tensors = staging::file_extents(file)?;
+    let mem = kit.gpu.mem.clone();
+    let fp8 = ForwardArms {
+        precision: Precision::Fp8,
+        ..ForwardArms::OWN
+    };
+    let blocks = dims.block_linear_weights();
+    let block_bf16: u64 = blocks.iter().map(|(_, o, i)| (o * i * 2) as u64).sum();
+    // Two d x d weights fit, the third and the 4d x d ones do not.
+    let d = dims.dim();
+    let bound = 2 * d * d * 2 + d * 2;
+    // The kept path.
+    let registered = StagingOptions::new(StagingMethod::Batched);
+    let at = mem.current();
+    let (w, _) = staging::stage(&kit.gpu, &tensors, &registered)?;
+    let mut kept = DeviceDit::new(
+        kit.gpu.clone(),
+        kit.kernels.clone(),
+        kit.gemm.clone(),
+        dims,
+        Arc::new(w),
+    )?;
+    kept.set_arms(fp8)?;
+    let kept_bytes = mem.current().saturating_sub(at);
+    // The resident load, the allocator's peak restarted at what is held now.
+    let at = mem.current();
+    mem.reset_peak();
+    let (mut res, report) = DeviceDit::load_fp8_resident(kit, dims, &tensors, &registered, bound)?;
+    let (res_bytes, res_peak) = (
+        mem.current().saturating_sub(at),
+        mem.peak().saturating_sub(at),
+    );
+    // (a) The e4m3 weights of every reader, and the resident tensors.
+    let mut ring = StagingOptions::new(StagingMethod::Batched);
+    ring.reader = staging::Reader::PinnedRing;
+    ring.chunk_bytes = 1 << 20;
+    let (by_ring, _) = DeviceDit::load_fp8_resident(kit, dims, &tensors, &ring, bound)?;
+    let serial = StagingOptions::new(StagingMethod::Serial);
+    let (by_serial, _) = DeviceDit::load_fp8_resident(kit, dims, &tensors, &serial, bound)?;
+    fn q(dit: &DeviceDit) -> Result<&Fp8Linears, CudaError> {
+        dit.fp8_linears()
+            .ok_or_else(|| CudaError::Invalid("a DiT on fp8 without e4m3 weights".into()))
+    }
+    let want = q(&kept)?;
+    let mut bad_blocks = std::collections::BTreeSet::new();
+    for dit in [&res, &by_ring, &by_serial] {
+        let got = q(dit)?;
+        if got.len() != want.len() {
+            bad_blocks.insert(usize::MAX);
+        }
+        for i in 0..want.len().min(got.len()) {
+            if got.download(&kit.gpu, i)? != want.download(&kit.gpu, i)? {
+                bad_blocks.insert(i / 10);
+            }
+        }
+    }
+    let mut resident_differ = 0usize;
+    let names: Vec<String> = res.weights().names().map(str::to_string).collect();
+    for n in &names {
+        if res.weights().download(&kit.gpu, n)? != kept.weights().download(&kit.gpu, n)? {
+            resident_differ += 1;
+        }
+    }
+    let expected_resident = tensors.len() - blocks.len();
+    out.push(row(
+        format!(
+            "fp8 resident: e4m3 codes+scales of {} Linears vs the kept path's (registered, \
+             ring, serial; bit-exact)",
+            want.len()
+        ),
+        bad_blocks.len() + resident_differ,
+        bad_blocks.is_empty()
+            && resident_differ == 0
+            && names.len() == expected_resident
+            && !res.has_bf16_blocks(),
+        format!(
+            "{} blocks differ; {resident_differ} of {} resident tensors differ (want {}); \
+             {} windows through a {} B bounce (bound {bound} B); {} B copied in {} copies",
+            bad_blocks.len(),
+            names.len(),
+            expected_resident,
+            report.windows,
+            report.bounce_bytes,
+            report.bytes,
+            report.copies
+        ),
+    ));
+    // (b) The forwards, outputs and workspace poisoned first.
+    let grid = (2, 2, 3);
+    let n = grid.0 * grid.1 * grid.2;
+    let l = 32;
+    let geo = Geometry { grid, fps: 25.0 };
+    let lat = rng.normal(n * LATENT_CHANNELS, 1.0);
+    let text = rng.normal(l * dims.caption_channels, 1.0);
+    let mask: Vec<f32> = (0..l)
+        .map(|j| if j < l * 3 / 4 { 1.0 } else { 0.0 })
+        .collect();
+    let (want_v, _) = kept.forward(&lat, 0.7, &text, &mask, geo, true)?;
+    let (got_v, ms) = res.forward(&lat, 0.7, &text, &mask, geo, true)?;
+    let bits = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count()
+    };
+    let differ = bits(&got_v, &want_v);
+    let mut c = Check::new(
+        "fp8 resident: forward vs the kept path's fp8 forward (bit-exact)",
+        &got_v,
+        &want_v,
+        0.0,
+    );
+    c.pass &= differ == 0;
+    c.note = format!(
+        "{differ} of {} f32 values differ; device {ms:.2} ms",
+        got_v.len()
+    );
+    out.push(c);
+    // (c) Device memory.
+    let saved = kept_bytes.saturating_sub(res_bytes);
+    out.push(row(
+        "fp8 resident: device bytes below the kept path's by the bf16 block weights".into(),
+        usize::from(saved + 512 < block_bf16),
+        saved + 512 >= block_bf16 && res_peak <= res_bytes + report.bounce_bytes,
+        format!(
+            "kept {kept_bytes} B, resident {res_bytes} B: {saved} B less (bf16 block weights \
+             {block_bf16} B); load peak {res_peak} B with a {} B bounce",
+            report.bounce_bytes
+        ),
+    ));
+    // (d) The bf16 arm refused, nothing changed.
+    let refused = res.set_arms(ForwardArms::OWN);
+    let still = res.arms().precision == Precision::Fp8;
+    let (again, _) = res.forward(&lat, 0.7, &text, &mask, geo, true)?;
+    let again_differ = bits(&again, &got_v);
+    let (pass, note) = match &refused {
+        Err(CudaError::Invalid(m)) => (
+            m.contains("not staged") && still && again_differ == 0,
+            format!("refused: {m}; then {again_differ} values differ from the first forward"),
+        ),
+        Err(e) => (false, format!("refused with another error: {e}")),
+        Ok(()) => (false, "accepted".into()),
+    };
+    out.push(row(
+        "fp8 resident: set_arms(precision = bf16) refused".into(),
+        usize::from(!pass),
+        pass,
+        note,
+    ));
     Ok(())
 }
 

@@ -22,7 +22,8 @@
 //! - the `precision = fp8` arm: its quantizer bit-exact against the host's
 //!   definition, its GEMMs against exact products of the same e4m3 operands,
 //!   its forwards as a sanity gate (argued at `dit::check_fp8` and
-//!   `dit::check_forward`).
+//!   `dit::check_forward`); its fp8-resident load bit for bit the kept path
+//!   (`dit::check_fp8_resident`).
 
 //!
 //! Layout: [`dit`] (staging, kernels, GEMMs, attention, forwards), [`t5`], [`vae`],
@@ -40,8 +41,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use self::dit::{
-    check_attention, check_attention_long, check_forward, check_fp8, check_gemms, check_kernels,
-    check_sharded_staging, check_staging,
+    check_attention, check_attention_long, check_forward, check_fp8, check_fp8_resident,
+    check_gemms, check_kernels, check_sharded_staging, check_staging,
 };
 use crate::cuda::fixtures::{rel_err, write_synth_safetensors, Rng};
 use crate::cuda::kit::DeviceKit;
@@ -162,6 +163,8 @@ fn run_dit_sections(
     from = checks.len();
     // 3. Whole forwards: tiny (2 blocks), one ltxv-2b block, one ltxv-13b block.
     check_forward(kit, rng, "tiny", tiny, tiny_w, 11, (2, 2, 3), 32, checks)?;
+    // The fp8 arm's resident load of the same tiny weights against the kept path.
+    check_fp8_resident(kit, rng, &tiny_file, tiny, checks)?;
     for (label, dims, seed) in [
         ("ltxv-2b x1 block", DitDims::LTXV_2B.with_layers(1), 21u64),
         ("ltxv-13b x1 block", DitDims::LTXV_13B.with_layers(1), 31u64),
