@@ -150,6 +150,12 @@ pub struct Bundle {
     pub weights_digest: String,
     /// `levers`: the arms the harness passed.
     pub levers: BTreeMap<String, String>,
+    /// The arms the run reports it ran, whether passed or defaulted: every engine
+    /// lever's arm from the hello's `levers` attribute (the engine resolves its profile
+    /// and the passed arms before it says hello) and the observer's from
+    /// `sampler.observer`; empty for a bundle that records neither. See
+    /// [`Bundle::assignment`].
+    pub arms: BTreeMap<String, String>,
     /// `schedule`, for campaign runs.
     pub schedule: Option<Schedule>,
     /// `run.start_unix_ns`: when the harness started the run, in nanoseconds since the
@@ -180,6 +186,16 @@ pub struct Bundle {
 }
 
 impl Bundle {
+    /// The lever assignment the run ran under: [`Bundle::arms`] with the passed
+    /// [`Bundle::levers`] over them. Two runs with equal assignments ran the same
+    /// arms, whether an arm was passed or was the profile's default (a campaign's
+    /// `attention=cudnn` arm and a plain run of a profile whose default is `cudnn`).
+    pub fn assignment(&self) -> BTreeMap<String, String> {
+        let mut a = self.arms.clone();
+        a.extend(self.levers.iter().map(|(k, v)| (k.clone(), v.clone())));
+        a
+    }
+
     /// The short id people read: the first 12 characters.
     pub fn short_id(&self) -> &str {
         crate::short_id::short(&self.id)
@@ -309,6 +325,7 @@ pub(crate) mod tests {
             host: "h".into(),
             weights_digest: "w".into(),
             levers: BTreeMap::new(),
+            arms: BTreeMap::new(),
             schedule: None,
             start_unix_ns: None,
             run_wall_s: None,

@@ -221,6 +221,7 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Bund
             None | Some(Value::Null) => "-".into(),
             Some(_) => string(&[Weights::KEY, "digest"])?,
         },
+        arms: reported_arms(m),
         levers,
         schedule,
         start_unix_ns: record::<Run>(m).and_then(|r| r.start_unix_ns),
@@ -268,6 +269,24 @@ fn frame_facts(m: &Value, dir: &Path) -> FrameFacts {
             .unwrap_or_default(),
         rung_sha256: record::<Rung>(m).and_then(|r| r.sha256),
     }
+}
+
+/// The arms a run reports it ran ([`Bundle::arms`]): the engine hello's `levers`
+/// attribute (string arms only; another value is not an arm and is skipped) and the
+/// observer's arm from `sampler.observer`.
+fn reported_arms(m: &Value) -> BTreeMap<String, String> {
+    let mut arms: BTreeMap<String, String> = get(m, &["markers", "hello", "attrs", "levers"])
+        .and_then(Value::as_object)
+        .map(|o| {
+            o.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(o) = get(m, &["sampler", "observer"]).and_then(Value::as_str) {
+        arms.insert(crate::harness_levers::OBSERVER.to_string(), o.to_string());
+    }
+    arms
 }
 
 /// The weights' page-cache state at engine start, as a manifest records it.
@@ -425,6 +444,30 @@ mod tests {
             Path::new("b/manifest.json"),
             Path::new("store/bundles/deadbeef"),
         )
+    }
+
+    /// The engine's resolved arms and the observer's make the run's assignment; a
+    /// passed arm stands over the reported one, and a non-string arm is skipped.
+    #[test]
+    fn the_assignment_is_the_reported_arms_with_the_passed_ones_over_them() {
+        let mut m = manifest();
+        assert!(
+            facts(&m).unwrap().arms.is_empty(),
+            "nothing reported, no arms"
+        );
+        m["markers"] = json!({"hello": {"attrs": {"levers": {
+            "attention": "cudnn", "staging": "serial", "vae": 3
+        }}}});
+        m["sampler"] = json!({"observer": "off"});
+        let b = facts(&m).unwrap();
+        assert_eq!(b.arms["attention"], "cudnn");
+        assert_eq!(b.arms["observer"], "off");
+        assert!(!b.arms.contains_key("vae"), "{:?}", b.arms);
+        let a = b.assignment();
+        // Passed `staging=batched` over the reported `serial`.
+        assert_eq!(a["staging"], "batched");
+        assert_eq!(a["attention"], "cudnn");
+        assert_eq!(a.len(), 3, "{a:?}");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::formats::ranking_text::{
     second_rows, sensitive_why, value, verdict_text, SECOND_HEAD,
 };
 use crate::levers_spec::Unit;
-use crate::rank::fit::FLAT_EXPONENT;
+use crate::rank::fit::{ScalingFit, FLAT_EXPONENT};
 use crate::rank::stats::CONFIDENCE;
 use crate::rank::verdict::{pct, Verdict, MIN_PAIRS};
 use crate::rank::{FitOutcome, LeverResult, Ranking, RungResult};
@@ -410,12 +410,20 @@ fn write_fit(o: &mut String, r: &Ranking) -> std::fmt::Result {
         o,
         r#"<h2 id="fit">Phase scaling (fixed + per-voxel, least squares)</h2>"#
     )?;
-    let f = match &r.fit {
+    let fits = match &r.fit {
         FitOutcome::Missing(m) => {
             return writeln!(o, "<p>No fit: missing {}.</p>", e(&m.missing));
         }
         FitOutcome::Fit(f) => f,
     };
+    for f in fits {
+        write_one_fit(o, f)?;
+    }
+    Ok(())
+}
+
+/// One model's fit: its group and the phase table.
+fn write_one_fit(o: &mut String, f: &ScalingFit) -> std::fmt::Result {
     let rungs: Vec<String> = f
         .rungs
         .iter()
@@ -433,11 +441,11 @@ fn write_fit(o: &mut String, r: &Ranking) -> std::fmt::Result {
         fixed(FLAT_EXPONENT, 2)
     )?;
     writeln!(o, "<div class=\"scroll\"><table class=\"fit\">")?;
-    writeln!(o, "<tr><th>phase</th><th>points</th><th>fixed</th><th>per Mvoxel</th><th>R²</th><th>exponent</th><th>mean at largest rung</th><th>share of wall</th><th>scales</th></tr>")?;
+    writeln!(o, "<tr><th>phase</th><th>points</th><th>fixed</th><th>per Mvoxel</th><th>R²</th><th>exponent</th><th>mean at largest rung</th><th>share of wall</th><th>scales</th><th>left out (outlier at its rung)</th></tr>")?;
     for p in &f.phases {
         writeln!(
             o,
-            r#"<tr><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td>{}</td></tr>"#,
+            r#"<tr><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td>{}</td><td>{}</td></tr>"#,
             e(&p.phase),
             p.points,
             value(p.fixed_s, Unit::Seconds),
@@ -446,7 +454,16 @@ fn write_fit(o: &mut String, r: &Ranking) -> std::fmt::Result {
             p.exponent.map_or("n/a".into(), |x| fixed(x, 3)),
             value(p.mean_at_max_s, Unit::Seconds),
             pct(p.share_of_wall_at_max),
-            if p.does_not_scale { "<b>no</b>" } else { "yes" }
+            if p.does_not_scale { "<b>no</b>" } else { "yes" },
+            if p.left_out.is_empty() {
+                "—".to_string()
+            } else {
+                p.left_out
+                    .iter()
+                    .map(|id| format!("<code>{}</code>", e(short(id))))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
         )?;
     }
     writeln!(o, "</table></div>")

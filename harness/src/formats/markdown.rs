@@ -15,7 +15,7 @@ use crate::formats::ranking_text::{
 };
 use crate::levers_spec::Numerics;
 use crate::rank::fidelity::{self, db};
-use crate::rank::fit::FLAT_EXPONENT;
+use crate::rank::fit::{ScalingFit, FLAT_EXPONENT, MIN_POINTS};
 use crate::rank::stats::CONFIDENCE;
 use crate::rank::verdict::{pct, Verdict, MIN_PAIRS};
 use crate::rank::{FitOutcome, LeverResult, Ranking, RungResult};
@@ -438,64 +438,86 @@ fn write_fit(o: &mut String, r: &Ranking) -> std::fmt::Result {
     writeln!(o)?;
     match &r.fit {
         FitOutcome::Missing(m) => writeln!(o, "No fit: missing {}.", m.missing)?,
-        FitOutcome::Fit(f) => {
-            let rungs: Vec<String> = f
-                .rungs
-                .iter()
-                .map(|(v, n)| format!("rung {} ({v} voxels)", md_cell(n)))
-                .collect();
+        FitOutcome::Fit(fits) => {
             writeln!(
                 o,
-                "Group: engine `{}`, host {}, weights {}, config {}; {}; {} bundle(s). A phase does not scale when its scaling exponent (0 = constant, 1 = proportional to voxels) is below {}.",
-                short(&f.engine_sha256),
-                md_code(&f.host),
-                md_code(&f.model),
-                md_code(&f.config),
-                rungs.join(", "),
-                f.bundle_ids.len(),
-                fixed(FLAT_EXPONENT, 2)
+                "One fit per model (weights and device): of its groups of one engine, host, lever assignment as run (passed or default) and cache state, the largest with {MIN_POINTS} or more runs at two or more rungs. At each rung, a phase's value more than 20% and 0.05 s from that rung's median is left out of the phase's fit and named (specs/outliers.md)."
             )?;
-            writeln!(o)?;
-            writeln!(
-                o,
-                "| phase | points | fixed | per Mvoxel | R² | exponent | mean at largest rung | share of wall | scales |"
-            )?;
-            writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---|")?;
-            for p in &f.phases {
-                writeln!(
-                    o,
-                    "| {} | {} | {} s | {} s | {} | {} | {} s | {} | {} |",
-                    md_cell(&p.phase),
-                    p.points,
-                    fixed(p.fixed_s, 3),
-                    fixed(p.per_mvoxel_s, 3),
-                    fixed(p.r2, 3),
-                    p.exponent.map_or("n/a".into(), |e| fixed(e, 3)),
-                    fixed(p.mean_at_max_s, 3),
-                    pct(p.share_of_wall_at_max),
-                    if p.does_not_scale { "**no**" } else { "yes" }
-                )?;
-            }
-            let flat: Vec<String> = f
-                .phases
-                .iter()
-                .filter(|p| p.does_not_scale)
-                .map(|p| {
-                    format!(
-                        "{} ({} s fixed, {} of wall at the largest rung)",
-                        md_code(&p.phase),
-                        fixed(p.fixed_s, 3),
-                        pct(p.share_of_wall_at_max)
-                    )
-                })
-                .collect();
-            writeln!(o)?;
-            if flat.is_empty() {
-                writeln!(o, "Phases that do not scale: none.")?;
-            } else {
-                writeln!(o, "Phases that do not scale: {}.", flat.join("; "))?;
+            for f in fits.iter() {
+                writeln!(o)?;
+                write_one_fit(o, f)?;
             }
         }
+    }
+    Ok(())
+}
+
+/// One model's fit: its group, the phase table and the phases that do not scale.
+fn write_one_fit(o: &mut String, f: &ScalingFit) -> std::fmt::Result {
+    let rungs: Vec<String> = f
+        .rungs
+        .iter()
+        .map(|(v, n)| format!("rung {} ({v} voxels)", md_cell(n)))
+        .collect();
+    writeln!(
+        o,
+        "Group: engine `{}`, host {}, weights {}, config {}; {}; {} bundle(s). A phase does not scale when its scaling exponent (0 = constant, 1 = proportional to voxels) is below {}.",
+        short(&f.engine_sha256),
+        md_code(&f.host),
+        md_code(&f.model),
+        md_code(&f.config),
+        rungs.join(", "),
+        f.bundle_ids.len(),
+        fixed(FLAT_EXPONENT, 2)
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "| phase | points | fixed | per Mvoxel | R² | exponent | mean at largest rung | share of wall | scales | left out (outlier at its rung) |"
+    )?;
+    writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---|---|")?;
+    for p in &f.phases {
+        writeln!(
+            o,
+            "| {} | {} | {} s | {} s | {} | {} | {} s | {} | {} | {} |",
+            md_cell(&p.phase),
+            p.points,
+            fixed(p.fixed_s, 3),
+            fixed(p.per_mvoxel_s, 3),
+            fixed(p.r2, 3),
+            p.exponent.map_or("n/a".into(), |e| fixed(e, 3)),
+            fixed(p.mean_at_max_s, 3),
+            pct(p.share_of_wall_at_max),
+            if p.does_not_scale { "**no**" } else { "yes" },
+            if p.left_out.is_empty() {
+                "—".to_string()
+            } else {
+                p.left_out
+                    .iter()
+                    .map(|id| format!("`{}`", short(id)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        )?;
+    }
+    let flat: Vec<String> = f
+        .phases
+        .iter()
+        .filter(|p| p.does_not_scale)
+        .map(|p| {
+            format!(
+                "{} ({} s fixed, {} of wall at the largest rung)",
+                md_code(&p.phase),
+                fixed(p.fixed_s, 3),
+                pct(p.share_of_wall_at_max)
+            )
+        })
+        .collect();
+    writeln!(o)?;
+    if flat.is_empty() {
+        writeln!(o, "Phases that do not scale: none.")?;
+    } else {
+        writeln!(o, "Phases that do not scale: {}.", flat.join("; "))?;
     }
     Ok(())
 }

@@ -9,19 +9,31 @@
 //! `ln(fit(v_max) / fit(v_min)) / ln(v_max / v_min)` is below [`FLAT_EXPONENT`]
 //! (0 = constant, 1 = proportional to voxels).
 //!
-//! Which bundles: complete, uncontended ones (campaign or not), in the group that has
-//! the most bundles among the groups with at least [`MIN_POINTS`] runs at two or more
-//! distinct voxel counts; a group is one engine sha256, host, weights digest and
-//! device, profile, lever assignment and page-cache state at start (warm, cold,
-//! partial or unrecorded: a load phase read from disk is not the same line as one
-//! read from memory), so lever arms never mix into one fit, and neither do models: rung 2
-//! (ltxv-2b) and rung 3 (ltxv-13b) differ in voxels *and* in work per voxel, and a
-//! line through them would credit the model's size to the resolution.
+//! Which bundles: complete, uncontended ones (campaign or not). A group is one engine
+//! sha256, host, weights digest and device, profile, lever assignment and page-cache
+//! state at start (warm, cold, partial or unrecorded: a load phase read from disk is
+//! not the same line as one read from memory), so lever arms never mix into one fit,
+//! and neither do models: rung 2 (ltxv-2b) and rung 3 (ltxv-13b) differ in voxels
+//! *and* in work per voxel, and a line through them would credit the model's size to
+//! the resolution. The lever assignment is the one the run ran under
+//! ([`Bundle::assignment`]: the arms the engine and the sampler reported, with the
+//! passed ones over them), so a campaign arm that equals the profile's default joins
+//! the plain runs of that profile. One fit is made per model (weights digest and
+//! device): of that model's groups with at least [`MIN_POINTS`] runs at two or more
+//! distinct voxel counts, the one with the most bundles.
+//!
+//! Outliers: at each rung, a phase's value more than 20% (and 0.05 s) from that
+//! rung's median is left out of that phase's fit and named (the rank's own rule,
+//! `specs/outliers.md`; a rung with fewer than 3 points flags nothing). A machine's
+//! first run reads a cold page cache or pays the first CUDA initialization, and one
+//! such point at a rung of three would otherwise make a constant phase look as if
+//! it grew with the resolution.
 
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::bundle::facts::Bundle;
+use crate::rank::outliers::{outlier_indices, MIN_ABS_S};
 use crate::rank::pairing::CACHE_SHARE_MAX_GAP;
 
 /// Scaling exponent below which a phase is named as not scaling.
@@ -32,8 +44,11 @@ pub const FLAT_EXPONENT: f64 = 0.1;
 pub struct PhaseFit {
     /// Phase name.
     pub phase: String,
-    /// Data points (one per bundle holding the phase).
+    /// Data points fitted (one per bundle holding the phase, outliers left out).
     pub points: usize,
+    /// Bundles whose value of this phase was an outlier at its rung (the rank's rule,
+    /// [`crate::rank::outliers::outlier_indices`]) and was left out of the fit, by id.
+    pub left_out: Vec<String>,
     /// Fixed cost, seconds.
     pub fixed_s: f64,
     /// Cost per million output voxels, seconds.
@@ -41,7 +56,7 @@ pub struct PhaseFit {
     /// Coefficient of determination of the fit (1 when every point lies on it; 0 when
     /// the durations do not vary).
     pub r2: f64,
-    /// Mean measured wall at the largest rung, seconds.
+    /// Mean measured wall at the largest rung over the points fitted, seconds.
     pub mean_at_max_s: f64,
     /// Share of the render wall at the largest rung (mean over its bundles).
     pub share_of_wall_at_max: f64,
@@ -86,7 +101,7 @@ pub const MIN_POINTS: usize = 3;
 
 fn group_key(b: &Bundle) -> GroupKey {
     let levers = b
-        .levers
+        .assignment()
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
@@ -120,34 +135,56 @@ fn cache_state(share: Option<f64>) -> &'static str {
     }
 }
 
-/// Fit every phase of the best group of `bundles` (any order).
-pub fn fit(bundles: &[Bundle]) -> Result<ScalingFit, NoFit> {
+/// Fit every phase of each model's best group of `bundles` (any order): one fit per
+/// weights digest and device, ordered by the group's smallest voxel count (then its
+/// key), or what is missing when no model has a group to fit.
+pub fn fit(bundles: &[Bundle]) -> Result<Vec<ScalingFit>, NoFit> {
     let mut groups: BTreeMap<GroupKey, Vec<&Bundle>> = BTreeMap::new();
     for b in bundles {
         if b.incomplete.is_none() && b.contended.is_none() && b.voxels > 0 {
             groups.entry(group_key(b)).or_default().push(b);
         }
     }
-    let best = groups
-        .iter()
-        .filter(|(_, v)| {
-            v.len() >= MIN_POINTS && v.iter().map(|b| b.voxels).collect::<BTreeSet<_>>().len() >= 2
-        })
-        // Most bundles; ties go to the smallest key (BTreeMap order; only a strictly
-        // larger group replaces the one held).
-        .fold(
-            None::<(&GroupKey, &Vec<&Bundle>)>,
-            |acc, (k, v)| match acc {
-                Some((_, av)) if av.len() >= v.len() => acc,
-                _ => Some((k, v)),
-            },
-        );
-    let Some((key, members)) = best else {
+    // Per model (the key's weights-and-device part), the group with most bundles;
+    // ties go to the smallest key (BTreeMap order; only a strictly larger group
+    // replaces the one held).
+    let mut best: BTreeMap<&str, (&GroupKey, &Vec<&Bundle>)> = BTreeMap::new();
+    for (k, v) in groups.iter().filter(|(_, v)| {
+        v.len() >= MIN_POINTS && v.iter().map(|b| b.voxels).collect::<BTreeSet<_>>().len() >= 2
+    }) {
+        match best.get(k.2.as_str()) {
+            Some((_, held)) if held.len() >= v.len() => {}
+            _ => {
+                best.insert(k.2.as_str(), (k, v));
+            }
+        }
+    }
+    if best.is_empty() {
         return Err(NoFit {
             missing: format!("{MIN_POINTS} or more complete, uncontended runs of one engine, host, weights, device and lever assignment at two or more rungs of different voxel counts (a line through two points fits exactly, so its R² says nothing)"),
         });
-    };
-    let mut members: Vec<&Bundle> = members.clone();
+    }
+    let mut fits: Vec<ScalingFit> = best
+        .into_values()
+        .map(|(key, members)| fit_group(key, members))
+        .collect();
+    fits.sort_by(|a, b| {
+        let lo = |f: &ScalingFit| f.rungs.first().map_or(0, |r| r.0);
+        lo(a).cmp(&lo(b)).then_with(|| {
+            (&a.model, &a.engine_sha256, &a.host, &a.config).cmp(&(
+                &b.model,
+                &b.engine_sha256,
+                &b.host,
+                &b.config,
+            ))
+        })
+    });
+    Ok(fits)
+}
+
+/// Fit every phase of one group's bundles.
+fn fit_group(key: &GroupKey, members: &[&Bundle]) -> ScalingFit {
+    let mut members: Vec<&Bundle> = members.to_vec();
     members.sort_by(|a, b| a.id.cmp(&b.id));
     let mut rungs: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
     for b in &members {
@@ -161,34 +198,57 @@ pub fn fit(bundles: &[Bundle]) -> Result<ScalingFit, NoFit> {
     }
     let mut phases = Vec::new();
     for name in names {
-        let mut xs = Vec::new();
-        let mut ys = Vec::new();
-        let (mut at_max, mut share_max, mut n_max) = (0.0, 0.0, 0usize);
+        // Each rung's points of this phase, then the outliers among them by the
+        // rank's own rule (specs/outliers.md: more than 20% and 0.05 s from the
+        // rung's median; fewer than 3 points at a rung flag nothing) left out and
+        // named, so one first run (a cold page cache, a first CUDA initialization)
+        // does not bend the line.
+        let mut by_rung: BTreeMap<u64, Vec<(&Bundle, f64)>> = BTreeMap::new();
         for b in &members {
             if let Some((s, _)) = b.phase_total_s(name) {
-                xs.push(b.voxels as f64);
-                ys.push(s);
-                if b.voxels as f64 == v_max {
-                    at_max += s;
-                    share_max += b.render_wall_s().map_or(0.0, |w| s / w);
-                    n_max += 1;
+                by_rung.entry(b.voxels).or_default().push((b, s));
+            }
+        }
+        let mut kept: Vec<(&Bundle, f64)> = Vec::new();
+        let mut left_out: Vec<String> = Vec::new();
+        for points in by_rung.values() {
+            let values: Vec<f64> = points.iter().map(|p| p.1).collect();
+            let out = outlier_indices(&values, MIN_ABS_S);
+            for (i, p) in points.iter().enumerate() {
+                if out.contains(&i) {
+                    left_out.push(p.0.id.clone());
+                } else {
+                    kept.push(*p);
                 }
             }
         }
-        if xs.len() < MIN_POINTS || distinct(&xs) < 2 || n_max == 0 {
+        let xs: Vec<f64> = kept.iter().map(|p| p.0.voxels as f64).collect();
+        let ys: Vec<f64> = kept.iter().map(|p| p.1).collect();
+        let at_max: Vec<&(&Bundle, f64)> =
+            kept.iter().filter(|p| p.0.voxels as f64 == v_max).collect();
+        if xs.len() < MIN_POINTS || distinct(&xs) < 2 || at_max.is_empty() {
             continue;
         }
+        let n_max = at_max.len() as f64;
+        let mean_at_max = at_max.iter().map(|p| p.1).sum::<f64>() / n_max;
+        let share_max = at_max
+            .iter()
+            .map(|p| p.0.render_wall_s().map_or(0.0, |w| p.1 / w))
+            .sum::<f64>()
+            / n_max;
         let (fixed, slope, r2) = least_squares(&xs, &ys);
         let (lo, hi) = (fixed + slope * v_min, fixed + slope * v_max);
         let exponent = (lo > 0.0 && hi > 0.0).then(|| (hi / lo).ln() / (v_max / v_min).ln());
+        left_out.sort();
         phases.push(PhaseFit {
             phase: name.to_string(),
             points: xs.len(),
+            left_out,
             fixed_s: fixed,
             per_mvoxel_s: slope * 1e6,
             r2,
-            mean_at_max_s: at_max / n_max as f64,
-            share_of_wall_at_max: share_max / n_max as f64,
+            mean_at_max_s: mean_at_max,
+            share_of_wall_at_max: share_max,
             exponent,
             does_not_scale: exponent.is_some_and(|e| e < FLAT_EXPONENT),
         });
@@ -198,7 +258,7 @@ pub fn fit(bundles: &[Bundle]) -> Result<ScalingFit, NoFit> {
             .total_cmp(&a.mean_at_max_s)
             .then_with(|| a.phase.cmp(&b.phase))
     });
-    Ok(ScalingFit {
+    ScalingFit {
         engine_sha256: key.0.clone(),
         host: key.1.clone(),
         model: key.2.clone(),
@@ -209,7 +269,7 @@ pub fn fit(bundles: &[Bundle]) -> Result<ScalingFit, NoFit> {
             .collect(),
         bundle_ids: members.iter().map(|b| b.id.clone()).collect(),
         phases,
-    })
+    }
 }
 
 /// The number of distinct values in `xs` (bitwise).
@@ -287,7 +347,9 @@ mod tests {
         let mut other = at("zz", 1_100_000, 0.0);
         other.levers.insert("vae".into(), "device".into());
         bundles.push(other);
-        let f = fit(&bundles).unwrap();
+        let fits = fit(&bundles).unwrap();
+        assert_eq!(fits.len(), 1);
+        let f = &fits[0];
         assert_eq!(f.bundle_ids.len(), 6);
         assert_eq!(
             f.rungs,
@@ -328,7 +390,8 @@ mod tests {
         assert!(fit(&[small.clone(), gpu]).is_err());
         // The same model at both rungs does fit, and the group names it.
         let f = fit(&[small, at("d", 1_100_000, 0.0), at("e", 1_100_000, 0.01)]).unwrap();
-        assert_eq!(f.model, "w on cpu");
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].model, "w on cpu");
     }
 
     /// Cold and warm runs are two groups: the fit takes the larger and never draws
@@ -350,8 +413,9 @@ mod tests {
             with("p1", 400_000, Some(0.5)),
         ])
         .unwrap();
-        assert_eq!(f.bundle_ids, ["w1", "w2", "w3"]);
-        assert_eq!(f.config, "default; -; cache warm");
+        assert_eq!(f.len(), 1, "one model, one fit: the warm group");
+        assert_eq!(f[0].bundle_ids, ["w1", "w2", "w3"]);
+        assert_eq!(f[0].config, "default; -; cache warm");
         assert_eq!(cache_state(Some(0.2)), "cold");
         assert_eq!(cache_state(Some(0.5)), "partial");
         assert_eq!(cache_state(None), "unrecorded");
@@ -372,7 +436,100 @@ mod tests {
             at("c", 400_000, 0.02),
         ])
         .unwrap();
-        assert!(f.phases.iter().all(|p| p.points == 3), "{:?}", f.phases);
+        assert!(
+            f[0].phases.iter().all(|p| p.points == 3),
+            "{:?}",
+            f[0].phases
+        );
+    }
+
+    /// A campaign's arm that is the profile's default ran what a plain run of that
+    /// profile ran: the engine reports the same arms, so the runs share a fit (the
+    /// committed 13B evidence: a campaign's `attention=cudnn` runs at rung 3 and
+    /// plain default runs at rung 4). The other arm does not join. Grouping by the
+    /// passed arms alone (`b.levers`) finds no fit here.
+    #[test]
+    fn a_passed_arm_equal_to_the_default_joins_the_plain_runs() {
+        let ran = |id: &str, voxels: u64, arm: &str, passed: bool| {
+            let mut b = at(id, voxels, 0.0);
+            b.arms.insert("attention".into(), arm.into());
+            b.arms.insert("observer".into(), "on".into());
+            if passed {
+                b.levers.insert("attention".into(), arm.into());
+            }
+            b
+        };
+        let bundles = [
+            ran("c1", 400_000, "cudnn", true),
+            ran("c2", 400_000, "cudnn", true),
+            ran("m1", 400_000, "mma", true),
+            ran("m2", 400_000, "mma", true),
+            ran("p1", 1_100_000, "cudnn", false),
+            ran("p2", 1_100_000, "cudnn", false),
+        ];
+        let f = fit(&bundles).unwrap();
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].bundle_ids, ["c1", "c2", "p1", "p2"]);
+        assert_eq!(
+            f[0].config,
+            "default; attention=cudnn,observer=on; cache unrecorded"
+        );
+    }
+
+    /// Each model gets its own fit (the 2B at rungs 1 and 2, the 13B at rungs 3 and
+    /// 4), smallest voxel count first; a third model without two rungs gets none.
+    #[test]
+    fn every_model_with_a_group_gets_its_own_fit() {
+        let model = |id: &str, voxels: u64, w: &str, j: f64| {
+            let mut b = at(id, voxels, j);
+            b.weights_digest = w.into();
+            b
+        };
+        let bundles = [
+            model("b1", 2_000_000, "sha256:big", 0.0),
+            model("b2", 5_000_000, "sha256:big", 0.01),
+            model("b3", 5_000_000, "sha256:big", -0.01),
+            model("s1", 400_000, "sha256:small", 0.0),
+            model("s2", 1_100_000, "sha256:small", 0.02),
+            model("s3", 400_000, "sha256:small", 0.01),
+            model("s4", 1_100_000, "sha256:small", 0.0),
+            model("o1", 400_000, "sha256:one-rung", 0.0),
+            model("o2", 400_000, "sha256:one-rung", 0.0),
+            model("o3", 400_000, "sha256:one-rung", 0.0),
+        ];
+        let f = fit(&bundles).unwrap();
+        assert_eq!(f.len(), 2, "{f:?}");
+        assert_eq!(f[0].model, "sha256:small on cpu");
+        assert_eq!(f[0].bundle_ids.len(), 4);
+        assert_eq!(f[1].model, "sha256:big on cpu");
+        assert_eq!(f[1].bundle_ids, ["b1", "b2", "b3"]);
+    }
+
+    /// The committed 13B case: one of three runs at the large rung read its text
+    /// encoder from a cold page cache (20.8 s against 1.1 s). Left in, the constant
+    /// phase would fit as growing with the voxels; left out and named, it is flat.
+    /// Mutation: keeping every point turns this red.
+    #[test]
+    fn a_slow_first_run_at_one_rung_is_left_out_and_named() {
+        let mut bundles = Vec::new();
+        for (i, j) in [-0.02, 0.01, 0.03].iter().enumerate() {
+            bundles.push(at(&format!("s{i}"), 400_000, *j));
+            bundles.push(at(&format!("l{i}"), 1_100_000, -*j));
+        }
+        // l0's host.pack read cold: 12x its rung's others.
+        if let Some(p) = bundles[1].phases.iter_mut().find(|p| p.name == "host.pack") {
+            p.duration_s = Some(20_000.0);
+            p.close_ns = Some(p.open_ns + 20_000_000_000_000);
+        }
+        let f = fit(&bundles).unwrap();
+        let pack = f[0].phases.iter().find(|p| p.phase == "host.pack").unwrap();
+        assert_eq!(pack.left_out, ["l0"]);
+        assert_eq!(pack.points, 5);
+        assert!(pack.does_not_scale, "{pack:?}");
+        assert!((pack.fixed_s - 1731.0).abs() < 1.0, "{pack:?}");
+        assert!((pack.mean_at_max_s - 1731.0).abs() < 1.0, "{pack:?}");
+        let den = f[0].phases.iter().find(|p| p.phase == "denoise").unwrap();
+        assert!(den.left_out.is_empty() && den.points == 6, "{den:?}");
     }
 
     #[test]

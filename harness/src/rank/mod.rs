@@ -123,12 +123,13 @@ pub struct LeverResult {
     pub other_rungs: Vec<RungResult>,
 }
 
-/// The phase-scaling section: a fit, or what is missing for one.
+/// The phase-scaling section: the fits, or what is missing for one.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FitOutcome {
-    /// The fit.
-    Fit(ScalingFit),
+    /// One fit per model (weights and device) that has a group to fit, the
+    /// smallest voxel count first; never empty ([`fit::fit`]).
+    Fit(Vec<ScalingFit>),
     /// No fit could be made.
     Missing(NoFit),
 }

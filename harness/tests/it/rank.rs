@@ -257,9 +257,11 @@ fn shuffling_bundle_order_changes_no_byte() {
 #[test]
 fn the_fit_names_the_constant_phase() {
     let r = ranking(&world().dirs);
-    let FitOutcome::Fit(f) = &r.fit else {
+    let FitOutcome::Fit(fits) = &r.fit else {
         panic!("{:?}", r.fit)
     };
+    assert_eq!(fits.len(), 1, "one model in this store: {fits:?}");
+    let f = &fits[0];
     let frames = f
         .phases
         .iter()
