@@ -505,9 +505,11 @@ mod tests {
         assert_eq!(f[1].bundle_ids, ["b1", "b2", "b3"]);
     }
 
-    /// The committed 13B case: one of three runs at the large rung read its text
-    /// encoder from a cold page cache (20.8 s against 1.1 s). Left in, the constant
-    /// phase would fit as growing with the voxels; left out and named, it is flat.
+    /// The committed 13B case: one of three runs at the large rung was the machine's
+    /// first and paid the first CUDA initialization inside its text-encoder load
+    /// (20.8 s against 1.1 s, every weight byte in the page cache). Left in, the
+    /// constant phase would fit as growing with the voxels; left out and named, it
+    /// is flat.
     /// Mutation: keeping every point turns this red.
     #[test]
     fn a_slow_first_run_at_one_rung_is_left_out_and_named() {
@@ -516,7 +518,7 @@ mod tests {
             bundles.push(at(&format!("s{i}"), 400_000, *j));
             bundles.push(at(&format!("l{i}"), 1_100_000, -*j));
         }
-        // l0's host.pack read cold: 12x its rung's others.
+        // l0's host.pack paid a first initialization: 12x its rung's others.
         if let Some(p) = bundles[1].phases.iter_mut().find(|p| p.name == "host.pack") {
             p.duration_s = Some(20_000.0);
             p.close_ns = Some(p.open_ns + 20_000_000_000_000);

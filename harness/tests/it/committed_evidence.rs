@@ -323,8 +323,9 @@ fn the_attention_levers_tensor_share_is_read_off_its_rung_3_pairs() {
 /// Issue 34's fit from committed evidence: the 2B model at rungs 1 and 2 and the
 /// 13B at rungs 3 and 4, each from 3 or more complete runs of one engine, host and
 /// lever assignment, with fixed and per-voxel seconds and R² for every phase; the
-/// 13B group's cold first run (8781f7afae23: its text encoder read from a cold page
-/// cache) is named and left out of the load phases it would bend, not fitted.
+/// 13B group's first run of a fresh machine (8781f7afae23: 20.8 s in its text-encoder
+/// load for the first CUDA initialization, with every weight byte in the page cache)
+/// is named and left out of the load phases it would bend, not fitted.
 #[test]
 fn the_committed_fits_cover_both_models_and_name_the_cold_first_run() {
     let out = Command::new(HARNESS)
@@ -385,7 +386,7 @@ fn the_committed_fits_cover_both_models_and_name_the_cold_first_run() {
         .collect();
     assert!(
         left.iter().any(|id| id.starts_with("8781f7afae23")),
-        "the cold first rung-4 run is left out and named: {te}"
+        "the machine's first rung-4 run is left out and named: {te}"
     );
     assert!(te["mean_at_max_s"].as_f64().unwrap() < 2.0, "{te}");
 }
