@@ -146,6 +146,10 @@ def main():
     ap.add_argument("--engine-noise", help="an engine binary whose `noise` command gives the streams")
     ap.add_argument("--decode-timestep", type=float, default=0.05)
     ap.add_argument("--decode-noise-scale", type=float, default=0.025)
+    ap.add_argument("--offload", action="store_true",
+                    help="move the text encoder to the host once the prompts are encoded and the "
+                         "transformer once the last step is done, so that f32 13B fits an 80 GB card "
+                         "(the numbers are unchanged: each model is moved after its last use)")
     a = ap.parse_args()
     if not a.out:
         sys.exit("diffusers_ltx: no output directory (--out or HARNESS_FRAMES_DIR)")
@@ -165,7 +169,8 @@ def main():
     # phase of their own inside the marked span (the versions come after them).
     m.ev("hello", protocol=1, engine="diffusers-ltx", version="0",
          attrs={"dtype": a.dtype, "rung": a.rung, "weights": a.weights,
-                "noise": "engine" if a.engine_noise else "torch"})
+                "noise": "engine" if a.engine_noise else "torch",
+                "offload": "on" if a.offload else "off"})
     m.open("load.runtime")
     import torch
 
@@ -228,6 +233,10 @@ def main():
     def encode_prompt(*args, **kw):
         m.open("conditioning", {"prompts": 2 if guidance > 1 else 1})
         r = enc(*args, **kw)
+        if a.offload and use_events:
+            # The embeddings are computed: the encoder's weights leave the card.
+            te.to("cpu")
+            torch.cuda.empty_cache()
         m.close("conditioning", {"tokens": int(r[1].shape[-1])})
         m.open("denoise", {"steps": steps, "forwards_per_step": 1})
         m.open("denoise.step", {"step": 1, "steps": steps})
@@ -272,6 +281,10 @@ def main():
         else:
             m.close("denoise", {"forwards": state["forward"], "graph": False})
             m.open("decode.video")
+            if a.offload and use_events:
+                # The last forward is done: the decode needs the card's memory.
+                tr.to("cpu")
+                torch.cuda.empty_cache()
             m.open("decode.video.chunk", {"chunk": 0})
         return {}
 

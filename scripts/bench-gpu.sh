@@ -42,7 +42,8 @@
 #                         DTYPE, bf16 or f32: `--dtype DTYPE` and `--lever precision=DTYPE`,
 #                         the bundles rank pairs into the measured fidelity floor), then
 #                         `harness diff` of the last run:RUNG bundle and this one
-#                         (DIFFUSERS_ARGS: extra arguments, e.g. `--device cpu`)
+#                         (DIFFUSERS_ARGS: extra arguments, e.g. `--device cpu`, or
+#                         `--offload` for exec:3:f32 on an 80 GB card: f32 13B + T5 + decode)
 #   table                 the summary: engine phases of every rung-2/3 bundle beside
 #                         the reference's walls, with the ratios
 #

@@ -187,16 +187,22 @@ static REGISTRY: &[LeverDef] = &[
               to e4m3 per output channel once on the device and each input per token before \
               its GEMM, and runs cuBLASLt's FP8 GEMM with outer-vector scales and f32 \
               accumulation (compute capability 8.9+ and cuBLAS 12.9+, an error where either \
-              is missing); the e4m3 weights sit beside the bf16 ones",
+              is missing); a render on fp8 keeps those weights in e4m3 only (staged through a \
+              bounded bounce buffer and quantized as they arrive: about half their bf16 \
+              bytes of device memory)",
     },
 ];
 
 /// Levers whose default has not yet been decided from device evidence: it stays
 /// the baseline until a complete campaign ranks the treatment (every other
 /// lever's default is its best measured arm, never its baseline). A new lever
-/// whose treatment has never run on a device belongs here; `precision` stays
-/// while its fp8 arm, confirmed faster at rungs 2 and 3 on 2026-12-06, costs
-/// +12 GiB at 13B and has no fidelity floor measured at rung 3.
+/// whose treatment has never run on a device belongs here. `precision` stays by
+/// decision, not for want of evidence: its fp8 arm is confirmed faster at rungs 2
+/// and 3 (2026-12-06) and now holds 11.9 GiB less at 13B, but its frames sit
+/// 36-37 dB from the bf16 arm's, and the default render is held to its fidelity
+/// against diffusers f32 (48-51 dB given diffusers' embeddings, at or above
+/// diffusers' own bf16 with its own conditioning), which fp8 would give up; fp8
+/// stays the arm a user picks with `--lever precision=fp8`.
 pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION];
 
 /// Every lever the engine knows, in a stable order.

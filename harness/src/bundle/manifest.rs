@@ -16,7 +16,7 @@ use crate::bundle::files;
 use evidence::error::BundleError;
 use evidence::fragments::{
     self, Completion, Contention, Engine, ExecCheck, Exit, Fragment, Gates, Gpu, Host, Levers,
-    Profile, Run, Rung, Schedule, Weights, WeightsCache,
+    Profile, Run, Rung, Sampler, Schedule, Weights, WeightsCache,
 };
 
 /// `manifest.json` of the bundle at `dir` as JSON.
@@ -283,8 +283,8 @@ fn reported_arms(m: &Value) -> BTreeMap<String, String> {
                 .collect()
         })
         .unwrap_or_default();
-    if let Some(o) = get(m, &["sampler", "observer"]).and_then(Value::as_str) {
-        arms.insert(crate::harness_levers::OBSERVER.to_string(), o.to_string());
+    if let Some(o) = record::<Sampler>(m).and_then(|s| s.observer) {
+        arms.insert(crate::harness_levers::OBSERVER.to_string(), o);
     }
     arms
 }

@@ -43,6 +43,22 @@ fn the_committed_lever_table_reproduces_from_the_committed_bundles() {
     );
 }
 
+/// `harness rank --store reports/evidence --json`, which must succeed, parsed.
+fn rank_json() -> serde_json::Value {
+    let out = Command::new(HARNESS)
+        .current_dir(repo())
+        .args(["rank", "--store", "reports/evidence", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// A copy of the committed table and forest plot under target/, named `stem`, whose
 /// own regenerate line and image link name the copy, so that only an edit differs.
 fn copy_report(stem: &str) -> (PathBuf, PathBuf) {
@@ -147,18 +163,7 @@ const OWED_AT_RUNG3: &[&str] = &[];
 /// with exactly the pairs they are listed with: once 3 land, the exemption must go.
 #[test]
 fn every_lever_that_applies_at_rungs_2_and_3_has_three_pairs() {
-    let out = Command::new(HARNESS)
-        .current_dir(repo())
-        .args(["rank", "--store", "reports/evidence", "--json"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = rank_json();
     let levers = v["levers"].as_array().expect("rank --json has levers");
     assert!(levers.len() >= 7, "{} levers", levers.len());
     let mut checked = 0;
@@ -216,13 +221,7 @@ fn every_lever_that_applies_at_rungs_2_and_3_has_three_pairs() {
 /// the threshold must stay above the widest ordinary deviation.
 #[test]
 fn the_spread_the_outlier_threshold_is_argued_from_reproduces() {
-    let out = Command::new(HARNESS)
-        .current_dir(repo())
-        .args(["rank", "--store", "reports/evidence", "--json"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = rank_json();
     let mut devs: Vec<f64> = Vec::new();
     for l in v["levers"].as_array().unwrap() {
         let seconds = l["unit"] == "seconds";
@@ -276,17 +275,7 @@ fn the_spread_the_outlier_threshold_is_argued_from_reproduces() {
 /// by anything but 100, turns it red.
 #[test]
 fn the_attention_levers_tensor_share_is_read_off_its_rung_3_pairs() {
-    let out = Command::new(HARNESS)
-        .current_dir(repo())
-        .args(["rank", "--store", "reports/evidence", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = rank_json();
     let l = v["levers"]
         .as_array()
         .unwrap()
@@ -328,13 +317,7 @@ fn the_attention_levers_tensor_share_is_read_off_its_rung_3_pairs() {
 /// is named and left out of the load phases it would bend, not fitted.
 #[test]
 fn the_committed_fits_cover_both_models_and_name_the_cold_first_run() {
-    let out = Command::new(HARNESS)
-        .current_dir(repo())
-        .args(["rank", "--store", "reports/evidence", "--json"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = rank_json();
     let fits = v["fit"]["fit"]
         .as_array()
         .expect("rank --json: fit.fit is a list");

@@ -474,6 +474,27 @@ pub fn check_gemms(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Resu
     Ok(())
 }
 
+/// On a device below [`FP8_CAPABILITY`], records `"{what}: not run"` (a pass that
+/// says why) and returns true: the fp8 arm refuses such a device.
+fn fp8_not_run(kit: &DeviceKit, what: &str, out: &mut Vec<Check>) -> bool {
+    let (have, need) = (kit.gpu.capability, FP8_CAPABILITY);
+    if have >= need {
+        return false;
+    }
+    out.push(Check {
+        name: format!("{what}: not run"),
+        rel: 0.0,
+        max_abs: 0.0,
+        tol: 0.0,
+        pass: true,
+        note: format!(
+            "compute capability {}.{} < {}.{}: the fp8 arm refuses this device",
+            have.0, have.1, need.0, need.1
+        ),
+    });
+    true
+}
+
 /// The `precision = fp8` arm's parts (on a device of compute capability 8.9 or
 /// later; elsewhere one row says why they did not run):
 /// - the quantize kernel against [`RowScaled::quantize`] of the same bf16
@@ -486,18 +507,7 @@ pub fn check_gemms(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Resu
 ///   of f32 math above. The token rows span four orders of magnitude, so scales
 ///   applied to the wrong axis (or not at all) show as an O(1) error.
 pub fn check_fp8(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result<(), CudaError> {
-    if kit.gpu.capability < FP8_CAPABILITY {
-        out.push(Check {
-            name: "fp8: not run".into(),
-            rel: 0.0,
-            max_abs: 0.0,
-            tol: 0.0,
-            pass: true,
-            note: format!(
-                "compute capability {}.{} < {}.{}: the fp8 arm refuses this device",
-                kit.gpu.capability.0, kit.gpu.capability.1, FP8_CAPABILITY.0, FP8_CAPABILITY.1
-            ),
-        });
+    if fp8_not_run(kit, "fp8", out) {
         return Ok(());
     }
     let (g, s) = (&kit.gemm, &kit.gpu.compute);
@@ -637,18 +647,7 @@ pub fn check_fp8_resident(
     dims: DitDims,
     out: &mut Vec<Check>,
 ) -> Result<(), CudaError> {
-    if kit.gpu.capability < FP8_CAPABILITY {
-        out.push(Check {
-            name: "fp8 resident: not run".into(),
-            rel: 0.0,
-            max_abs: 0.0,
-            tol: 0.0,
-            pass: true,
-            note: format!(
-                "compute capability {}.{} < {}.{}: the fp8 arm refuses this device",
-                kit.gpu.capability.0, kit.gpu.capability.1, FP8_CAPABILITY.0, FP8_CAPABILITY.1
-            ),
-        });
+    if fp8_not_run(kit, "fp8 resident", out) {
         return Ok(());
     }
     let row = |name: String, bad: usize, pass: bool, note: String| Check {
