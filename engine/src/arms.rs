@@ -48,6 +48,25 @@ pub struct ChunkEnd {
     pub device_ms: Option<f64>,
     /// Frames the chunk produced, where the decoder counts them per chunk.
     pub frames: Option<usize>,
+    /// Where the chunk's host time went, where the decoder splits it (the
+    /// device arm).
+    pub host: Option<ChunkHost>,
+}
+
+/// The host side of one device chunk: what the wall of a `decode.video.chunk`
+/// holds besides the device's work, so a bundle tells a host-bound decode from a
+/// device-bound one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChunkHost {
+    /// Milliseconds not spent waiting for the device: plans, launches, frame
+    /// copies to the host.
+    pub enqueue_ms: f64,
+    /// Milliseconds blocked waiting for the device.
+    pub wait_ms: f64,
+    /// cuDNN convolution plans built in the chunk (a shape's first use).
+    pub plans_built: usize,
+    /// Milliseconds those plans took (inside `enqueue_ms`).
+    pub plan_ms: f64,
 }
 
 impl ChunkEnd {
@@ -62,6 +81,12 @@ impl ChunkEnd {
         }
         if let Some(f) = self.frames {
             a.insert("frames".into(), serde_json::Value::from(f));
+        }
+        if let Some(h) = self.host {
+            a.insert("enqueue_ms".into(), serde_json::Value::from(h.enqueue_ms));
+            a.insert("wait_ms".into(), serde_json::Value::from(h.wait_ms));
+            a.insert("plans_built".into(), serde_json::Value::from(h.plans_built));
+            a.insert("plan_ms".into(), serde_json::Value::from(h.plan_ms));
         }
         a
     }
@@ -95,4 +120,45 @@ pub trait Decoder {
         timestep: f32,
         on_chunk: &mut dyn FnMut(ChunkEnd),
     ) -> anyhow::Result<(Decoded, Attrs)>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device chunk's close carries where its host time went; a host chunk
+    /// (no split) carries none of those keys, never zeros.
+    #[test]
+    fn a_chunk_close_says_where_its_host_time_went_only_when_measured() {
+        let mut end = ChunkEnd {
+            index: 3,
+            chunks: 4,
+            device_ms: Some(234.9),
+            frames: Some(41),
+            host: Some(ChunkHost {
+                enqueue_ms: 118.25,
+                wait_ms: 236.5,
+                plans_built: 7,
+                plan_ms: 3.75,
+            }),
+        };
+        let a = end.attrs();
+        assert_eq!(a["enqueue_ms"], 118.25);
+        assert_eq!(a["wait_ms"], 236.5);
+        assert_eq!(a["plans_built"], 7);
+        assert_eq!(a["plan_ms"], 3.75);
+        assert_eq!(a["frames"], 41);
+        end.host = None;
+        end.device_ms = None;
+        let a = end.attrs();
+        for k in [
+            "enqueue_ms",
+            "wait_ms",
+            "plans_built",
+            "plan_ms",
+            "device_ms",
+        ] {
+            assert!(!a.contains_key(k), "{k} without a measurement: {a:?}");
+        }
+    }
 }

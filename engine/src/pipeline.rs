@@ -33,7 +33,8 @@
 //! `denoise` close says `graph`, `load.dit`'s `graph_capture_ms`), and `vae = host|device`
 //! picks where the VAE decodes on a CUDA render (on the device: staged in
 //! `load.vae`, decoded in chunks of [`DEVICE_CHUNK_LATENT_FRAMES`](crate::cuda::models::vae::DEVICE_CHUNK_LATENT_FRAMES) latent
-//! frames, `device_ms` and `peak_device_bytes` on every `decode.video.chunk`;
+//! frames, `device_ms`, `peak_device_bytes` and the host split (`enqueue_ms`,
+//! `wait_ms`, `plans_built`, `plan_ms`) on every `decode.video.chunk`;
 //! inert on the CPU arm).
 
 use std::path::{Path, PathBuf};

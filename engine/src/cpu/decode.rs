@@ -58,6 +58,7 @@ impl Decoder for HostVae {
                 chunks,
                 device_ms: None,
                 frames: None,
+                host: None,
             })
         };
         let HostVae { model, kept } = *self;

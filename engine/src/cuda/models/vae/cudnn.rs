@@ -91,6 +91,10 @@ pub struct CudnnConv {
     workspace: Option<DeviceBuffer>,
     /// `cudnnGetVersion()` (e.g. 91300 for 9.13.0).
     pub version: usize,
+    /// Plans built since the handle opened, and the host seconds spent building
+    /// them (descriptors, the heuristic's algorithm and its workspace size): a
+    /// decode's first-use cost, read per chunk by the render's markers.
+    built: (usize, f64),
 }
 
 fn dnn(what: &str, e: CudnnError) -> CudaError {
@@ -141,6 +145,7 @@ impl CudnnConv {
                 plans: HashMap::new(),
                 workspace: None,
                 version,
+                built: (0, 0.0),
             })
         })
     }
@@ -196,6 +201,11 @@ impl CudnnConv {
         })
     }
 
+    /// Plans built since the handle opened and the host seconds they took.
+    pub fn plans_built(&self) -> (usize, f64) {
+        self.built
+    }
+
     /// The algorithms chosen so far, by shape (for reports).
     pub fn algorithms(&self) -> Vec<(Shape, String, usize)> {
         let mut v: Vec<_> = self
@@ -224,8 +234,11 @@ impl CudnnConv {
     ) -> Result<(), CudaError> {
         let shape = (ci, co, frames_in, h, wd);
         if !self.plans.contains_key(&shape) {
+            let t0 = std::time::Instant::now();
             let p = self.plan(shape)?;
             self.plans.insert(shape, p);
+            self.built.0 += 1;
+            self.built.1 += t0.elapsed().as_secs_f64();
         }
         let need = self.plans.get(&shape).map_or(0, |p| p.workspace);
         if need > self.workspace.as_ref().map_or(0, |b| b.bytes()) {

@@ -173,6 +173,9 @@ pub struct DeviceOps<'a> {
     seg_open: bool,
     /// Device milliseconds of the closed segments since the last [`DeviceOps::take_ms`].
     ms: f64,
+    /// Host seconds blocked in [`DeviceOps::end`]'s wait since the last
+    /// [`DeviceOps::take_wait_ms`].
+    waited_s: f64,
 }
 
 impl<'a> DeviceOps<'a> {
@@ -204,7 +207,14 @@ impl<'a> DeviceOps<'a> {
             seg: (gpu.event()?, gpu.event()?),
             seg_open: false,
             ms: 0.0,
+            waited_s: 0.0,
         })
+    }
+
+    /// cuDNN convolution plans built so far on this decode's handle and the host
+    /// seconds they took ([`CudnnConv::plans_built`]); `(0, 0.0)` without cuDNN.
+    pub fn plans_built(&self) -> (usize, f64) {
+        self.cudnn.as_ref().map_or((0, 0.0), |c| c.plans_built())
     }
 
     /// The values at `at` (bf16 widened to f32; synchronous, for checks).
@@ -328,7 +338,9 @@ impl<'a> DeviceOps<'a> {
             .1
             .record(&self.gpu.compute)
             .ctx("recording a VAE end event")?;
+        let t0 = std::time::Instant::now();
         self.seg.1.synchronize().ctx("waiting for the VAE")?;
+        self.waited_s += t0.elapsed().as_secs_f64();
         self.ms += self
             .seg
             .0
@@ -336,6 +348,12 @@ impl<'a> DeviceOps<'a> {
             .ctx("reading VAE event time")? as f64;
         self.seg_open = false;
         Ok(())
+    }
+
+    /// Host milliseconds blocked waiting for the device (in [`DeviceOps::end`])
+    /// since the last call.
+    pub fn take_wait_ms(&mut self) -> f64 {
+        std::mem::take(&mut self.waited_s) * 1e3
     }
 
     /// Device milliseconds of the spans ended since the last call.

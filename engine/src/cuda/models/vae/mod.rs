@@ -48,7 +48,7 @@ use anyhow::Context;
 use evidence::attrs;
 use evidence::marker::{attr, Attrs};
 
-use crate::arms::{ChunkEnd, Decoded, Decoder};
+use crate::arms::{ChunkEnd, ChunkHost, Decoded, Decoder};
 use crate::frames::Frame;
 use crate::models::vae::{decoder_tensor_specs, VaeConfig};
 use crate::tensor::Tensor;
@@ -138,6 +138,15 @@ pub struct ChunkReport {
     pub device_ms: f64,
     /// Pixel frames the chunk completed.
     pub frames: usize,
+    /// Host milliseconds of the chunk not spent waiting for the device: its
+    /// convolution plans, launches and the frame copies to the host.
+    pub enqueue_ms: f64,
+    /// Host milliseconds blocked waiting for the device (the waits before frame
+    /// copies inside the chunk and at its end).
+    pub wait_ms: f64,
+    /// cuDNN convolution plans the chunk built (first use of a shape), and the
+    /// host milliseconds they took (part of `enqueue_ms`).
+    pub plans: (usize, f64),
 }
 
 /// What a decode returned.
@@ -388,8 +397,16 @@ impl DeviceVae {
             if k > 0 {
                 ops.begin()?;
             }
+            let plans0 = ops.plans_built();
+            let _ = ops.take_wait_ms();
+            let q0 = Instant::now();
             let frames = st.push_chunk(&mut ops, &w, n, &data)?;
             ops.end()?;
+            let wall_ms = q0.elapsed().as_secs_f64() * 1e3;
+            // Waits inside the push (frames copied to the host as they come)
+            // and the chunk's own end.
+            let wait_ms = ops.take_wait_ms();
+            let plans1 = ops.plans_built();
             let ms = ops.take_ms();
             total_ms += ms;
             on_chunk(&ChunkReport {
@@ -397,6 +414,9 @@ impl DeviceVae {
                 chunks,
                 device_ms: ms,
                 frames,
+                enqueue_ms: (wall_ms - wait_ms).max(0.0),
+                wait_ms,
+                plans: (plans1.0 - plans0.0, (plans1.1 - plans0.1) * 1e3),
             });
         }
         if st.emitted() != geom.1 {
@@ -497,6 +517,12 @@ impl Decoder for DeviceVae {
                 chunks: r.chunks,
                 device_ms: Some(r.device_ms),
                 frames: Some(r.frames),
+                host: Some(ChunkHost {
+                    enqueue_ms: r.enqueue_ms,
+                    wait_ms: r.wait_ms,
+                    plans_built: r.plans.0,
+                    plan_ms: r.plans.1,
+                }),
             })
         };
         let out = DeviceVae::decode(&mut self, &z, timestep, &opts, &mut report)
