@@ -18,7 +18,7 @@ use crate::formats::ranking_text::{
     second_rows, sensitive_why, value, verdict_text, SECOND_HEAD,
 };
 use crate::levers_spec::Unit;
-use crate::rank::fit::{ScalingFit, FLAT_EXPONENT};
+use crate::rank::fit::{method_text, ScalingFit, FLAT_EXPONENT};
 use crate::rank::stats::CONFIDENCE;
 use crate::rank::verdict::{pct, Verdict, MIN_PAIRS};
 use crate::rank::{FitOutcome, LeverResult, Ranking, RungResult};
@@ -416,6 +416,7 @@ fn write_fit(o: &mut String, r: &Ranking) -> std::fmt::Result {
         }
         FitOutcome::Fit(f) => f,
     };
+    writeln!(o, "<p>{}</p>", e(&method_text()))?;
     for f in fits {
         write_one_fit(o, f)?;
     }

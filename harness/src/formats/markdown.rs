@@ -15,7 +15,7 @@ use crate::formats::ranking_text::{
 };
 use crate::levers_spec::Numerics;
 use crate::rank::fidelity::{self, db};
-use crate::rank::fit::{ScalingFit, FLAT_EXPONENT, MIN_POINTS};
+use crate::rank::fit::{method_text, ScalingFit, FLAT_EXPONENT};
 use crate::rank::stats::CONFIDENCE;
 use crate::rank::verdict::{pct, Verdict, MIN_PAIRS};
 use crate::rank::{FitOutcome, LeverResult, Ranking, RungResult};
@@ -439,10 +439,7 @@ fn write_fit(o: &mut String, r: &Ranking) -> std::fmt::Result {
     match &r.fit {
         FitOutcome::Missing(m) => writeln!(o, "No fit: missing {}.", m.missing)?,
         FitOutcome::Fit(fits) => {
-            writeln!(
-                o,
-                "One fit per model (weights and device): of its groups of one engine, host, lever assignment as run (passed or default) and cache state, the largest with {MIN_POINTS} or more runs at two or more rungs. At each rung, a phase's value more than 20% and 0.05 s from that rung's median is left out of the phase's fit and named (specs/outliers.md)."
-            )?;
+            writeln!(o, "{}", method_text())?;
             for f in fits.iter() {
                 writeln!(o)?;
                 write_one_fit(o, f)?;

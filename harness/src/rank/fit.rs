@@ -94,6 +94,13 @@ pub struct NoFit {
 
 type GroupKey = (String, String, String, String);
 
+/// How the fits were formed, in one sentence pair for the reports.
+pub fn method_text() -> String {
+    format!(
+        "One fit per model (weights and device): of its groups of one engine, host, lever assignment as run (passed or default) and cache state, the largest with {MIN_POINTS} or more runs at two or more rungs. At each rung, a phase's value more than 20% and 0.05 s from that rung's median is left out of the phase's fit and named (specs/outliers.md)."
+    )
+}
+
 /// The fewest runs a phase is fitted from: a fixed + per-voxel line has two
 /// parameters, so two points always fit it exactly (R² = 1 whatever the data);
 /// a third is the first that can disagree with the line.
