@@ -230,14 +230,22 @@ def main():
     use_events = device.startswith("cuda")
     enc = pipe.encode_prompt
 
+    def offload(phase, model):
+        # `--offload`: a model moved to the host after its last use (the numbers
+        # are unchanged), the copy marked as its own phase.
+        m.open(phase)
+        model.to("cpu")
+        torch.cuda.empty_cache()
+        m.close(phase)
+
     def encode_prompt(*args, **kw):
         m.open("conditioning", {"prompts": 2 if guidance > 1 else 1})
         r = enc(*args, **kw)
-        if a.offload and use_events:
-            # The embeddings are computed: the encoder's weights leave the card.
-            te.to("cpu")
-            torch.cuda.empty_cache()
         m.close("conditioning", {"tokens": int(r[1].shape[-1])})
+        if a.offload and use_events:
+            # The embeddings are computed: the encoder's weights leave the card,
+            # in a phase of their own so that no timed phase holds the copy.
+            offload("offload.text_encoder", te)
         m.open("denoise", {"steps": steps, "forwards_per_step": 1})
         m.open("denoise.step", {"step": 1, "steps": steps})
         return r
@@ -280,11 +288,10 @@ def main():
             m.open("denoise.step", {"step": i + 2, "steps": steps})
         else:
             m.close("denoise", {"forwards": state["forward"], "graph": False})
-            m.open("decode.video")
             if a.offload and use_events:
                 # The last forward is done: the decode needs the card's memory.
-                tr.to("cpu")
-                torch.cuda.empty_cache()
+                offload("offload.transformer", tr)
+            m.open("decode.video")
             m.open("decode.video.chunk", {"chunk": 0})
         return {}
 

@@ -13,10 +13,17 @@ come from ad-hoc shell).
     scripts/evidence-figures.py first-cached STORE (--campaign ID | ID)...
         per bundle: the share of the weight files' bytes in the page cache in the
         first sample that read it (needs pyarrow)
+    scripts/evidence-figures.py gpm-cost STORE (--all | --campaign ID | ID)...
+        what a GPM read costs (issue 33), per GPU over the bundles that sampled
+        GPM: bundles and reads (`sampler.tick_cost_parts_us.gpm`: one read per
+        window of at least 100 ms, on its own thread), the median of the bundles'
+        median reads, of their means and of their p99s, and the worst read
 
 STORE is a store directory (`reports/evidence`); an ID is a bundle id or a unique
-prefix of one; `--campaign ID` selects every bundle of that campaign (id or prefix).
+prefix of one; `--campaign ID` selects every bundle of that campaign (id or prefix);
+`--all` every bundle.
 """
+import statistics
 import json
 import math
 import os
@@ -37,6 +44,10 @@ def bundles(store, args):
     chosen, i = [], 0
     while i < len(args):
         a = args[i]
+        if a == "--all":
+            chosen += names
+            i += 1
+            continue
         if a == "--campaign":
             if i + 1 == len(args):
                 die("--campaign needs an id")
@@ -138,12 +149,34 @@ def first_cached(root, names):
         print(f"{n[:12]}  {share}")
 
 
+def gpm_cost(root, names):
+    by_gpu = {}
+    for n in names:
+        m = manifest(root, n)
+        g = ((m.get("sampler") or {}).get("tick_cost_parts_us") or {}).get("gpm")
+        if g and g.get("ticks"):
+            by_gpu.setdefault((m.get("gpu") or {}).get("name") or "?", []).append(g)
+    if not by_gpu:
+        print("no bundle records GPM reads")
+        return
+    med = statistics.median
+    for gpu, gs in sorted(by_gpu.items()):
+        print(f"{gpu}: {len(gs)} bundle(s), {sum(g['ticks'] for g in gs)} reads; "
+              f"median read {med([g['median_us'] for g in gs]) / 1e3:.2f} ms, "
+              f"median of means {med([g['mean_us'] for g in gs]) / 1e3:.2f} ms, "
+              f"median p99 {med([g['p99_us'] for g in gs]) / 1e3:.1f} ms, "
+              f"worst {max(g['max_us'] for g in gs) / 1e3:.1f} ms")
+
+
+COMMANDS = {"cadence": cadence, "first-cached": first_cached, "gpm-cost": gpm_cost}
+
+
 def main(argv):
-    if len(argv) < 3 or argv[0] not in ("cadence", "first-cached"):
+    if len(argv) < 3 or argv[0] not in COMMANDS:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
     root, names = bundles(argv[1], argv[2:])
-    (cadence if argv[0] == "cadence" else first_cached)(root, names)
+    COMMANDS[argv[0]](root, names)
 
 
 if __name__ == "__main__":

@@ -198,11 +198,12 @@ static REGISTRY: &[LeverDef] = &[
 /// lever's default is its best measured arm, never its baseline). A new lever
 /// whose treatment has never run on a device belongs here. `precision` stays by
 /// decision, not for want of evidence: its fp8 arm is confirmed faster at rungs 2
-/// and 3 (2026-12-06) and now holds 11.9 GiB less at 13B, but its frames sit
-/// 36-37 dB from the bf16 arm's, and the default render is held to its fidelity
-/// against diffusers f32 (48-51 dB given diffusers' embeddings, at or above
-/// diffusers' own bf16 with its own conditioning), which fp8 would give up; fp8
-/// stays the arm a user picks with `--lever precision=fp8`.
+/// and 3 (2026-12-06, `reports/levers.md`) and holds 11.9 GiB less at 13B, but its
+/// frames sit 36-37 dB from the bf16 arm's, and the default render's fidelity
+/// against diffusers f32 (48-51 dB given diffusers' embeddings; at or above
+/// diffusers' own bf16 with its own conditioning) was measured on bf16 only: fp8's
+/// distance from diffusers f32 is not measured yet. fp8 stays the arm a user picks
+/// with `--lever precision=fp8`.
 pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION];
 
 /// Every lever the engine knows, in a stable order.

@@ -83,7 +83,7 @@ use crate::cuda::models::dit::{
     DeviceDit, DitDims, ForwardArms, Geometry, Precision, TextSlot, Timestep, Workspace,
     FP8_BOUNCE_BOUND, LATENT_CHANNELS,
 };
-use crate::cuda::staging::{self, OpenReport, StagingOptions};
+use crate::cuda::staging::{OpenReport, StagingOptions};
 use crate::cuda::{CudaError, DriverContext};
 use crate::denoise::{Conditioning, DenoiseError, Denoiser, StepQueue, IN_FLIGHT};
 use crate::models::dit::DitConfig;
@@ -224,17 +224,7 @@ pub fn open_cuda_denoiser(
         Precision::Fp8 => {
             DeviceDit::load_fp8_resident(&kit, dims, tensors, staging, FP8_BOUNCE_BOUND)?
         }
-        Precision::Bf16 => {
-            let (w, report) = staging::stage(&kit.gpu, tensors, staging)?;
-            let dit = DeviceDit::new(
-                kit.gpu.clone(),
-                kit.kernels.clone(),
-                kit.gemm.clone(),
-                dims,
-                Arc::new(w),
-            )?;
-            (dit, report)
-        }
+        Precision::Bf16 => DeviceDit::load_bf16(&kit, dims, tensors, staging)?,
     };
     dit.set_arms(arms)?;
     let den = CudaDenoiser::new(kit, dit, cond, geo, dispatch)?;
@@ -727,7 +717,7 @@ mod tests {
             open_cuda_denoiser(
                 &[],
                 &cfg,
-                &StagingOptions::new(staging::StagingMethod::Batched),
+                &StagingOptions::new(crate::cuda::staging::StagingMethod::Batched),
                 &cond,
                 Geometry {
                     grid: (1, 2, 2),

@@ -648,9 +648,23 @@ pub fn stage_split(
             .ctx("recording a staging window's start")?;
         let placed = match opts.method {
             StagingMethod::Batched => {
-                let offs: Vec<usize> = dst.iter().map(|d| d.unwrap_or(0) as usize).collect();
+                // Batched: every tensor has a home (the arena or the bounce);
+                // one without is a bug here, never a copy to address 0.
+                let placed = dst
+                    .iter()
+                    .zip(w.clone())
+                    .map(|(d, i)| {
+                        d.ok_or_else(|| {
+                            CudaError::Invalid(format!(
+                                "split staging: tensor '{}' has no place in the arena",
+                                tensors[i].name
+                            ))
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let offs: Vec<usize> = placed.iter().map(|p| *p as usize).collect();
                 copies += copy_batched(gpu, ts, &offs, 0, opts)?;
-                dst.iter().map(|d| d.unwrap_or(0)).collect::<Vec<_>>()
+                placed
             }
             StagingMethod::Serial => {
                 let (b, p) = copy_serial(gpu, ts, &|j| dst[j], opts)?;

@@ -920,6 +920,26 @@ impl DeviceDit {
     }
 
     /// Stage the DiT of `dims` from `tensors` (the validated checkpoint's
+    /// extents) in bf16 with `opts` ([`crate::cuda::staging::stage`]) and bind
+    /// it ([`DeviceDit::new`]): every arm can run on it.
+    pub fn load_bf16(
+        kit: &DeviceKit,
+        dims: DitDims,
+        tensors: &[Extent],
+        opts: &StagingOptions,
+    ) -> Result<(DeviceDit, StagingReport), CudaError> {
+        let (w, report) = staging::stage(&kit.gpu, tensors, opts)?;
+        let dit = DeviceDit::new(
+            kit.gpu.clone(),
+            kit.kernels.clone(),
+            kit.gemm.clone(),
+            dims,
+            Arc::new(w),
+        )?;
+        Ok((dit, report))
+    }
+
+    /// Stage the DiT of `dims` from `tensors` (the validated checkpoint's
     /// extents) fp8-resident, for `precision = fp8`: every tensor but the
     /// block Linears' weights goes into the resident arena as
     /// [`crate::cuda::staging::stage`] puts it; the block Linears' bf16 weights

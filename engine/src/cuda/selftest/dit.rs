@@ -672,14 +672,7 @@ pub fn check_fp8_resident(
     // The kept path.
     let registered = StagingOptions::new(StagingMethod::Batched);
     let at = mem.current();
-    let (w, _) = staging::stage(&kit.gpu, &tensors, &registered)?;
-    let mut kept = DeviceDit::new(
-        kit.gpu.clone(),
-        kit.kernels.clone(),
-        kit.gemm.clone(),
-        dims,
-        Arc::new(w),
-    )?;
+    let (mut kept, _) = DeviceDit::load_bf16(kit, dims, &tensors, &registered)?;
     kept.set_arms(fp8)?;
     let kept_bytes = mem.current().saturating_sub(at);
     // The resident load, the allocator's peak restarted at what is held now.
