@@ -79,16 +79,35 @@ log=$OUT/steps.txt
 
 left() { echo $(( DEADLINE_S - ($(date +%s) - t0) )); }
 cap() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }
-# The device tool brings back at most 8 files of $OUT, about 64 MB in all (a 86 MB tar
-# was refused on 2026-12-01): pack only the bundles sealed by THIS call (a warm machine
-# keeps the store of earlier calls, already brought back) and split the tar into 12 MiB
-# parts, `bundles.tar.partNN`; rejoin with `cat bundles.tar.part* | tar -x`.
+# The device tool brings back at most 8 files of $OUT, 16 MiB each and 64 MiB in all (a
+# 86 MB tar was refused on 2026-12-01; on 2026-12-06 a 84 MiB pack lost its last two
+# parts, 7.5 rung-2 bundles). pack() therefore packs WHOLE bundles not yet brought back
+# ($store/brought.txt; a warm machine keeps the store of earlier calls) until PACK_MIB
+# (default 56) is reached, splits the tar into 14 MiB parts `bundles.tar.partNN` (rejoin
+# with `cat bundles.tar.part* | tar -x`), and names every bundle it had to leave behind in
+# $OUT/left-behind.txt and on stdout: a call on the still-warm machine with no steps (or
+# the `pack` step) brings them next. A rung-2 bundle of synthesized weights is ~3.5 MiB
+# (three 1.2 MB noise PNGs): about 16 of them fit one call.
 mkdir -p "$store/bundles"
-before=$(ls "$store/bundles")
-pack() {
-  local new; new=$(comm -13 <(echo "$before" | sort) <(ls "$store/bundles" | sort) | sed 's|^|bundles/|')
-  rm -f "$OUT"/bundles.tar.part*
-  [ -n "$new" ] && tar -C "$store" -cf - $new | split -b 12M -d - "$OUT/bundles.tar.part"
+touch "$store/brought.txt"
+brought_before=$(cat "$store/brought.txt")   # what earlier calls brought back
+pack() { # re-run after each step: it rewrites this call's parts from scratch
+  local budget=$(( ${PACK_MIB:-56} * 1024 * 1024 )) used=0 b sz take=() left=()
+  rm -f "$OUT"/bundles.tar.part* "$OUT/left-behind.txt"
+  for b in $(ls -tr "$store/bundles"); do
+    grep -qx "$b" <<< "$brought_before" && continue
+    sz=$(du -sb "$store/bundles/$b" | cut -f1)
+    if [ $(( used + sz )) -le "$budget" ]; then take+=("bundles/$b"); used=$(( used + sz ))
+    else left+=("$b"); fi
+  done
+  [ ${#take[@]} -gt 0 ] && tar -C "$store" -cf - "${take[@]}" | split -b 14M -d - "$OUT/bundles.tar.part"
+  { [ -n "$brought_before" ] && echo "$brought_before"
+    [ ${#take[@]} -gt 0 ] && printf '%s\n' "${take[@]#bundles/}"; } > "$store/brought.txt"
+  if [ ${#left[@]} -gt 0 ]; then
+    printf '%s\n' "${left[@]}" > "$OUT/left-behind.txt"
+    echo "PACK: ${#left[@]} bundle(s) over the ${PACK_MIB:-56} MiB pack LEFT BEHIND on the machine" \
+      "(call again at once, with the step 'pack', to bring them): ${left[*]}"
+  fi
 }
 note() { echo "$(( $(date +%s) - t0 ))s $*" | tee -a "$log"; }
 declare -A synth_pid last_bundle
@@ -235,6 +254,7 @@ for step in "$@"; do
       mkdir -p "$OUT/oracle-$a-logs" && cp "$WORK/oracle-$a"/*.log "$OUT/oracle-$a-logs/" 2>/dev/null
       note "oracle $a rc=$rc; $(grep -E '^render-oracle' "$OUT/oracle-$a.log" | tr '\n' ' ')" ;;
     table) ;;
+    pack) ;; # nothing to run: the final pack brings what an earlier call left behind
     *) note "unknown step $step"; exit 2 ;;
   esac
 done
@@ -312,6 +332,7 @@ for f in sorted(glob.glob(os.path.join(out, "ref-*-*.json"))):
                 print(f"  engine {label}: denoise median {m:.3f} s (n={len(ds)}) / ref {arm} {rd:.3f} s = {m/rd:.3f}x")
 EOF
 echo "took $(( $(date +%s) - t0 )) s"
+[ -s "$OUT/left-behind.txt" ] && echo "PACK: $(wc -l < "$OUT/left-behind.txt") bundle(s) LEFT BEHIND; call 'pack' at once: $(tr '\n' ' ' < "$OUT/left-behind.txt")"
 # PACK_LOGS=1 (the device call sets it): every log into one logs.tgz, so that the
 # bundle parts and the logs fit the device tool's 8 files.
 if [ "${PACK_LOGS:-0}" = 1 ]; then

@@ -380,22 +380,39 @@ fn drop_superseded<'a>(
     let Some(decider) = decider else {
         return by_cell;
     };
+    let paired_campaigns: std::collections::BTreeSet<String> = campaigns
+        .iter()
+        .filter(|(_, (paired, _))| *paired)
+        .map(|(id, _)| id.to_string())
+        .collect();
     let mut kept = BTreeMap::new();
     for (cell, arms) in by_cell {
         if cell.campaign == decider {
             kept.insert(cell, arms);
             continue;
         }
+        let paired = paired_campaigns.contains(&cell.campaign);
         for b in arms.0.iter().chain(arms.1.iter()) {
-            excluded.push(Exclusion {
-                id: b.id.clone(),
-                reason: format!(
+            let reason = if paired {
+                format!(
                     "superseded: campaign {} measured {lever} at rung {rung} later; \
                      the newest campaign with a pair decides (this run is campaign {}, round {})",
                     short(&decider),
                     short(&cell.campaign),
                     cell.round
-                ),
+                )
+            } else {
+                format!(
+                    "superseded: campaign {} (this run's, round {}) has no complete pair \
+                     for {lever} at rung {rung}, so campaign {}, the newest with a pair, decides",
+                    short(&cell.campaign),
+                    cell.round,
+                    short(&decider)
+                )
+            };
+            excluded.push(Exclusion {
+                id: b.id.clone(),
+                reason,
             });
         }
     }
@@ -595,13 +612,22 @@ next_hypothesis = "n"
         assert_eq!(got, [("n1", "n2")]);
         assert_eq!((lr.baseline_runs, lr.treatment_runs), (1, 1));
         let reason = |id: &str| reason_of(&p, id);
-        for id in ["o1", "o2", "o3", "o4", "l1"] {
+        for id in ["o1", "o2", "o3", "o4"] {
             assert!(
                 reason(id).starts_with("superseded: campaign new measured staging at rung 2"),
                 "{id}: {}",
                 reason(id)
             );
         }
+        // "late" ran after "new": its runs must not say "new" measured later.
+        assert!(
+            reason("l1").starts_with(
+                "superseded: campaign late (this run's, round 1) has no complete pair \
+                 for staging at rung 2, so campaign new, the newest with a pair, decides"
+            ),
+            "{}",
+            reason("l1")
+        );
         assert!(
             reason("o3").contains("campaign old, round 2"),
             "{}",
