@@ -67,6 +67,9 @@ pub struct ChunkHost {
     pub plans_built: usize,
     /// Milliseconds those plans took (inside `enqueue_ms`).
     pub plan_ms: f64,
+    /// How many of those plans ran cuDNN's algorithm heuristic; the others reused
+    /// the algorithm chosen for the same convolution at another frame count.
+    pub plans_searched: usize,
 }
 
 impl ChunkEnd {
@@ -87,6 +90,10 @@ impl ChunkEnd {
             a.insert("wait_ms".into(), serde_json::Value::from(h.wait_ms));
             a.insert("plans_built".into(), serde_json::Value::from(h.plans_built));
             a.insert("plan_ms".into(), serde_json::Value::from(h.plan_ms));
+            a.insert(
+                "plans_searched".into(),
+                serde_json::Value::from(h.plans_searched),
+            );
         }
         a
     }
@@ -140,6 +147,7 @@ mod tests {
                 wait_ms: 236.5,
                 plans_built: 7,
                 plan_ms: 3.75,
+                plans_searched: 2,
             }),
         };
         let a = end.attrs();
@@ -147,6 +155,7 @@ mod tests {
         assert_eq!(a["wait_ms"], 236.5);
         assert_eq!(a["plans_built"], 7);
         assert_eq!(a["plan_ms"], 3.75);
+        assert_eq!(a["plans_searched"], 2);
         assert_eq!(a["frames"], 41);
         end.host = None;
         end.device_ms = None;
@@ -156,6 +165,7 @@ mod tests {
             "wait_ms",
             "plans_built",
             "plan_ms",
+            "plans_searched",
             "device_ms",
         ] {
             assert!(!a.contains_key(k), "{k} without a measurement: {a:?}");

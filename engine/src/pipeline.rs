@@ -34,7 +34,7 @@
 //! picks where the VAE decodes on a CUDA render (on the device: staged in
 //! `load.vae`, decoded in chunks of [`DEVICE_CHUNK_LATENT_FRAMES`](crate::cuda::models::vae::DEVICE_CHUNK_LATENT_FRAMES) latent
 //! frames, `device_ms`, `peak_device_bytes` and the host split (`enqueue_ms`,
-//! `wait_ms`, `plans_built`, `plan_ms`) on every `decode.video.chunk`;
+//! `wait_ms`, `plans_built`, `plan_ms`, `plans_searched`) on every `decode.video.chunk`;
 //! inert on the CPU arm).
 
 use std::path::{Path, PathBuf};

@@ -88,6 +88,13 @@ type Shape = (usize, usize, usize, usize, usize);
 pub struct CudnnConv {
     handle: Arc<Cudnn>,
     plans: HashMap<Shape, Plan>,
+    /// The algorithm the heuristic chose for a convolution `(ci, co, h, w)`, reused
+    /// for the same convolution at another frame count: the streamed decode pushes
+    /// each convolution a few different frame counts, and the heuristic (about
+    /// 2.5 ms of host time a call on an H100, s29) is most of a plan's cost.
+    algos: HashMap<(usize, usize, usize, usize), cudnnConvolutionFwdAlgo_t>,
+    /// Heuristic calls made (plans that could not reuse a sibling's algorithm).
+    searched: usize,
     workspace: Option<DeviceBuffer>,
     /// `cudnnGetVersion()` (e.g. 91300 for 9.13.0).
     pub version: usize,
@@ -143,6 +150,8 @@ impl CudnnConv {
             Ok(CudnnConv {
                 handle,
                 plans: HashMap::new(),
+                algos: HashMap::new(),
+                searched: 0,
                 workspace: None,
                 version,
                 built: (0, 0.0),
@@ -150,7 +159,14 @@ impl CudnnConv {
         })
     }
 
-    fn plan(&self, s: Shape) -> Result<Plan, CudaError> {
+    /// Descriptors for shape `s`, with `known`'s algorithm when it is given and
+    /// cuDNN sizes a workspace for it at this shape, else the heuristic's choice.
+    /// Returns the plan and whether the heuristic ran.
+    fn plan(
+        &self,
+        s: Shape,
+        known: Option<cudnnConvolutionFwdAlgo_t>,
+    ) -> Result<(Plan, bool), CudaError> {
         let (ci, co, d, h, w) = s;
         let (xd, xs) = ndhwc(ci, d, h, w)?;
         let (yd, ys) = ndhwc(co, d - 2, h, w)?;
@@ -184,26 +200,45 @@ impl CudnnConv {
                 w: &wdesc,
                 y: &y,
             };
-            let algo = fwd
-                .pick_algorithm()
-                .map_err(|e| dnn("choosing an algorithm", e))?;
-            let workspace = fwd
-                .get_workspace_size(algo)
-                .map_err(|e| dnn("sizing the workspace", e))?;
-            Ok(Plan {
-                x,
-                w: wdesc,
-                conv,
-                y,
-                algo,
-                workspace,
-            })
+            // A sibling's algorithm is kept only where cuDNN sizes a workspace
+            // for it at this shape (an unsupported one answers NOT_SUPPORTED).
+            let reused = known.and_then(|a| fwd.get_workspace_size(a).ok().map(|ws| (a, ws)));
+            let searched = reused.is_none();
+            let (algo, workspace) = match reused {
+                Some(r) => r,
+                None => {
+                    let algo = fwd
+                        .pick_algorithm()
+                        .map_err(|e| dnn("choosing an algorithm", e))?;
+                    let workspace = fwd
+                        .get_workspace_size(algo)
+                        .map_err(|e| dnn("sizing the workspace", e))?;
+                    (algo, workspace)
+                }
+            };
+            Ok((
+                Plan {
+                    x,
+                    w: wdesc,
+                    conv,
+                    y,
+                    algo,
+                    workspace,
+                },
+                searched,
+            ))
         })
     }
 
     /// Plans built since the handle opened and the host seconds they took.
     pub fn plans_built(&self) -> (usize, f64) {
         self.built
+    }
+
+    /// Heuristic calls since the handle opened: plans built minus those that
+    /// reused the algorithm of the same convolution at another frame count.
+    pub fn plans_searched(&self) -> usize {
+        self.searched
     }
 
     /// The algorithms chosen so far, by shape (for reports).
@@ -235,7 +270,12 @@ impl CudnnConv {
         let shape = (ci, co, frames_in, h, wd);
         if !self.plans.contains_key(&shape) {
             let t0 = std::time::Instant::now();
-            let p = self.plan(shape)?;
+            let key = (ci, co, h, wd);
+            let (p, searched) = self.plan(shape, self.algos.get(&key).copied())?;
+            if searched {
+                self.searched += 1;
+                self.algos.insert(key, p.algo);
+            }
             self.plans.insert(shape, p);
             self.built.0 += 1;
             self.built.1 += t0.elapsed().as_secs_f64();

@@ -217,6 +217,12 @@ impl<'a> DeviceOps<'a> {
         self.cudnn.as_ref().map_or((0, 0.0), |c| c.plans_built())
     }
 
+    /// cuDNN algorithm-heuristic calls so far ([`CudnnConv::plans_searched`]); 0
+    /// without cuDNN.
+    pub fn plans_searched(&self) -> usize {
+        self.cudnn.as_ref().map_or(0, |c| c.plans_searched())
+    }
+
     /// The values at `at` (bf16 widened to f32; synchronous, for checks).
     pub fn read(&self, at: Loc, elems: usize) -> Result<Vec<f32>, CudaError> {
         let p = self.ptr(at)?;

@@ -147,6 +147,9 @@ pub struct ChunkReport {
     /// cuDNN convolution plans the chunk built (first use of a shape), and the
     /// host milliseconds they took (part of `enqueue_ms`).
     pub plans: (usize, f64),
+    /// How many of those plans ran cuDNN's algorithm heuristic (the rest reused the
+    /// algorithm of the same convolution at another frame count).
+    pub searched: usize,
 }
 
 /// What a decode returned.
@@ -398,6 +401,7 @@ impl DeviceVae {
                 ops.begin()?;
             }
             let plans0 = ops.plans_built();
+            let searched0 = ops.plans_searched();
             let _ = ops.take_wait_ms();
             let q0 = Instant::now();
             let frames = st.push_chunk(&mut ops, &w, n, &data)?;
@@ -417,6 +421,7 @@ impl DeviceVae {
                 enqueue_ms: (wall_ms - wait_ms).max(0.0),
                 wait_ms,
                 plans: (plans1.0 - plans0.0, (plans1.1 - plans0.1) * 1e3),
+                searched: ops.plans_searched() - searched0,
             });
         }
         if st.emitted() != geom.1 {
@@ -522,6 +527,7 @@ impl Decoder for DeviceVae {
                     wait_ms: r.wait_ms,
                     plans_built: r.plans.0,
                     plan_ms: r.plans.1,
+                    plans_searched: r.searched,
                 }),
             })
         };
