@@ -146,6 +146,10 @@ pub struct Bundle {
     pub engine_sha256: String,
     /// The host key: `run.hostname`, `host.cpu_model` and the GPU name, joined by `|`.
     pub host: String,
+    /// `run.boot_id`: the kernel's boot id when the run started (`?` when not
+    /// recorded). Two runs with one boot id ran in one sitting of one machine; lent
+    /// machines share a hostname, so the host key alone cannot say that.
+    pub boot_id: String,
     /// `weights.digest`.
     pub weights_digest: String,
     /// `levers`: the arms the harness passed.
@@ -323,6 +327,7 @@ pub(crate) mod tests {
             profile: "default".into(),
             engine_sha256: "e".into(),
             host: "h".into(),
+            boot_id: "b".into(),
             weights_digest: "w".into(),
             levers: BTreeMap::new(),
             arms: BTreeMap::new(),

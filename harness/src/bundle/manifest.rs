@@ -216,6 +216,7 @@ pub fn manifest_facts(m: &Value, file: &Path, dir: &Path) -> Result<Bundle, Bund
         profile: record::<Profile>(m).map_or_else(|| "default".into(), |p| p.0),
         engine_sha256: string(&[Engine::KEY, "sha256"])?,
         host,
+        boot_id: opt_string(&[Run::KEY, "boot_id"]).unwrap_or_else(|| "?".into()),
         // An --exec run reads no weights the harness knows of: no fragment.
         weights_digest: match get(m, &[Weights::KEY]) {
             None | Some(Value::Null) => "-".into(),

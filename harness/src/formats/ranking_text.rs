@@ -103,7 +103,7 @@ pub fn second_rows(r: &Ranking) -> Vec<[String; 9]> {
 /// (a single-host ranking reads as it always did).
 pub fn method_lines(r: &Ranking) -> Vec<String> {
     let mut lines = vec![
-        "Pairs: same campaign, round, rung, engine sha256, host, weights digest, profile and arm of every other lever; complete, uncontended runs only.".to_string(),
+        "Pairs: same campaign, round, rung, engine sha256, host, boot (one sitting of one machine), weights digest, profile and arm of every other lever; complete, uncontended runs only.".to_string(),
         format!(
             "Cache state: for a metric that reads the weights (a load phase, render wall, page-cache or unified footprint) the two runs of a pair must have started with shares of the weights in the page cache at most {:.0} points apart; other pairs are excluded, naming both shares.",
             100.0 * crate::rank::pairing::CACHE_SHARE_MAX_GAP

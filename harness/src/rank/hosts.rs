@@ -277,6 +277,7 @@ mod tests {
                 round: i,
                 engine_sha256: "e".into(),
                 host: host.into(),
+                boot: "b".into(),
                 weights_digest: "w".into(),
                 profile: "p".into(),
                 other_levers: String::new(),

@@ -5,8 +5,9 @@
 //! lever when it is complete, not contended, carries a
 //! `schedule` fragment naming a lever of the spec and one of its baseline or treatment
 //! arms, and has a value for the lever's metric. Two usable bundles pair when they
-//! share a cell: the same lever, rung, campaign, round, engine sha256, host, weights
-//! digest, profile, and arm of every OTHER lever. A cell with more than one run of an
+//! share a cell: the same lever, rung, campaign, round, engine sha256, host, boot
+//! (one sitting of one machine), weights digest, profile, and arm of every OTHER
+//! lever. A cell with more than one run of an
 //! arm keeps the lowest id and excludes the rest as duplicates; a cell with one arm
 //! only leaves its run unpaired. For a metric that reads the weights (a load phase,
 //! the render wall, the page-cache footprint: [`Metric::reads_weights`]) a pair whose
@@ -42,6 +43,12 @@ pub struct Cell {
     pub engine_sha256: String,
     /// Host key.
     pub host: String,
+    /// The machine's boot: a pair's two runs come from one sitting. A campaign's
+    /// id is its plan's, so the same plan run again on a fresh lent machine (same
+    /// hostname, empty store) repeats its rounds; without the boot its runs would
+    /// pair with the first sitting's (2026-12-06: campaign a78e49a44f9e paired a
+    /// run of one machine with a run of the next).
+    pub boot: String,
     /// Weights digest.
     pub weights_digest: String,
     /// Profile.
@@ -225,6 +232,7 @@ fn cell_of(b: &Bundle, lever: &Lever) -> Option<Cell> {
         round: s.round,
         engine_sha256: b.engine_sha256.clone(),
         host: b.host.clone(),
+        boot: b.boot_id.clone(),
         weights_digest: b.weights_digest.clone(),
         profile: b.profile.clone(),
         other_levers,
@@ -478,6 +486,39 @@ next_hypothesis = "n"
         b.levers.insert("staging".into(), arm.into());
         b.phases[0].duration_s = Some(load_s);
         b
+    }
+
+    /// The same campaign plan run on two lent machines (one hostname, two boots):
+    /// each sitting's runs pair only with their own sitting's. Dropping `boot`
+    /// from the cell pairs the first sitting's lone baseline with the second's
+    /// treatment (and calls the second's baseline a duplicate) and turns this red.
+    #[test]
+    fn runs_of_two_sittings_of_one_campaign_never_pair() {
+        let in_boot = |id: &str, round: u32, arm: &str, s: f64, boot: &str| {
+            let mut b = run(id, round, arm, s);
+            b.boot_id = boot.into();
+            b
+        };
+        let bundles = vec![
+            // Sitting 1 lost its round-1 treatment (a pack over the tool's limit).
+            in_boot("a1", 1, "serial", 10.0, "boot1"),
+            in_boot("b1", 1, "serial", 12.0, "boot2"),
+            in_boot("b2", 1, "batched", 11.0, "boot2"),
+        ];
+        let p = pair(&bundles, &spec());
+        let lr = &p.by_lever_rung[&("staging".to_string(), "2".to_string())];
+        let got: Vec<(&str, &str)> = lr
+            .rounds
+            .iter()
+            .map(|r| (r.baseline_id.as_str(), r.treatment_id.as_str()))
+            .collect();
+        assert_eq!(got, [("b1", "b2")]);
+        let reason = reason_of(&p, "a1");
+        assert!(
+            reason.starts_with("unpaired: round 1 of campaign camp")
+                && reason.contains("no treatment"),
+            "{reason}"
+        );
     }
 
     /// A warm-up of round 1's cell would pair by every other key; it never does,

@@ -156,6 +156,7 @@ mod tests {
                 round: i,
                 engine_sha256: "e".into(),
                 host: "h".into(),
+                boot: "b".into(),
                 weights_digest: "w".into(),
                 profile: "default".into(),
                 other_levers: String::new(),
