@@ -18,6 +18,10 @@
 #                         harness run of rungs/RUNG.toml with that profile and lever
 #                         overrides; the bundle is sealed into $WORK/store; CACHE =
 #                         as-is (default), cold or warm (--weights-cache)
+#   before:RUNG:PROFILE[:K=V,K=V[:CACHE]]
+#                         the same with the carried older engine (engine-before.zst):
+#                         list before/run steps alternately for an A/B in one sitting;
+#                         the table labels its bundles `engine-before`
 #   ref:RUNG              the PyTorch + diffusers reference at the rung's geometry, steps
 #                         and guidance (scripts/reference_ltx.py vae, then pipeline with
 #                         the arms REF_ARMS, default eager,compile: eager and
@@ -149,19 +153,26 @@ for step in "$@"; do
         synth_pid[$a]=$!
         note "synth $a started"
       fi ;;
-    run)
+    run|before)
+      # `before:` is `run:` with the carried older engine (BEFORE_ENGINE): the two
+      # binaries measured in one sitting, alternated as the steps are listed.
+      eng=$E
+      if [ "$kind" = before ]; then
+        [ -n "${BEFORE_ENGINE:-}" ] || { note "before:$a: no engine-before.zst carried"; continue; }
+        eng=$BEFORE_ENGINE
+      fi
       p=$(preset_of "$a"); need "$p"
       flags=(--profile "$b")
       [ -n "$c" ] && for kv in ${c//,/ }; do flags+=(--lever "$kv"); done
-      name="run-$a-$b${c:+-${c//[=,]/_}}"
+      name="$kind-$a-$b${c:+-${c//[=,]/_}}"
       s=$(date +%s.%N)
       [ -n "$d" ] && { flags+=(--weights-cache "$d"); name+="-$d"; }
       timeout -s TERM -k 20 "$(cap 480)" "$H" run --rung "rungs/$a.toml" "${flags[@]}" \
-        --store "$store" --engine "$E" --weights "$(weights_of "$p")" --cadence-ms 100 \
+        --store "$store" --engine "$eng" --weights "$(weights_of "$p")" --cadence-ms 100 \
         > "$OUT/$name.out" 2> "$OUT/$name.err" < /dev/null
       rc=$?
       note "$name rc=$rc wall $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $s}") s"
-      last_bundle[$a]=$(sed -n 's/^path: //p' "$OUT/$name.out" | tail -1)
+      [ "$kind" = run ] && last_bundle[$a]=$(sed -n 's/^path: //p' "$OUT/$name.out" | tail -1)
       pack ;;
     exec)
       # diffusers' LTXPipeline (examples/diffusers_ltx.py) under `harness run --exec`
@@ -281,6 +292,7 @@ try:
     ls = json.loads(subprocess.run([h, "ls", "--store", store, "--json"], capture_output=True, text=True).stdout or "[]")
 except Exception as e:
     ls = []; print("ls failed:", e)
+before_sha = next((l.split()[0] for l in open(os.path.join(out, "sha256.txt")) if l.rstrip().endswith("engine-before")), None)
 keep = ("load.text_encoder", "conditioning", "load.dit", "denoise", "load.vae", "decode.video", "artifacts.frames")
 rows = {}
 den = {}
@@ -289,6 +301,8 @@ for b in ls:
     ph = {p["name"]: p["duration_s"] for p in d["phases"] if p["depth"] == 0}
     prof = d["manifest"].get("profile")
     over = ",".join(f"{k}={v}" for k, v in sorted((b.get("levers") or {}).items()))
+    if before_sha and d["manifest"].get("engine", {}).get("sha256") == before_sha:
+        over = "engine-before" + ("," + over if over else "")  # never pooled with the current engine
     wall = b.get("run_wall_s") or 0
     print(f"{b['id'][:12]} rung {b['rung']} {prof}{'+' + over if over else ''} complete={b['complete']} exit={b['exit']} "
           f"run wall {wall:.2f} s engine wall {b.get('wall_s') or 0:.2f} s | " +

@@ -203,9 +203,10 @@ static REGISTRY: &[LeverDef] = &[
 /// against diffusers f32 (48-51 dB given diffusers' embeddings; at or above
 /// diffusers' own bf16 with its own conditioning) was measured on bf16 only: fp8's
 /// distance from diffusers f32 is not measured yet. fp8 stays the arm a user picks
-/// with `--lever precision=fp8`. `qk-norm` stays because the evidence keeps its
-/// baseline: its warp arm was refuted at rung 2 (2026-12-06, three pairs, saving
-/// -0.1% [-0.2%, 0.0%] against a 1% minimum), so its best arm is the baseline.
+/// with `--lever precision=fp8`. `cross-attention` and `qk-norm` stay because the
+/// evidence keeps their baselines: both treatments were refuted at rung 2
+/// (2026-12-06, three pairs each, against a 1% minimum: cudnn -0.3% [-0.6%, 0.1%],
+/// warp -0.1% [-0.2%, 0.0%]), so their best arms are the baselines.
 pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION];
 
 /// Every lever the engine knows, in a stable order.
