@@ -488,6 +488,15 @@ next_hypothesis = "n"
         b
     }
 
+    /// The staging lever's pairs at rung 2, as (baseline id, treatment id).
+    fn staging_pairs(p: &Pairing) -> Vec<(&str, &str)> {
+        p.by_lever_rung[&("staging".to_string(), "2".to_string())]
+            .rounds
+            .iter()
+            .map(|r| (r.baseline_id.as_str(), r.treatment_id.as_str()))
+            .collect()
+    }
+
     /// The same campaign plan run on two lent machines (one hostname, two boots):
     /// each sitting's runs pair only with their own sitting's. Dropping `boot`
     /// from the cell pairs the first sitting's lone baseline with the second's
@@ -506,12 +515,7 @@ next_hypothesis = "n"
             in_boot("b2", 1, "batched", 11.0, "boot2"),
         ];
         let p = pair(&bundles, &spec());
-        let lr = &p.by_lever_rung[&("staging".to_string(), "2".to_string())];
-        let got: Vec<(&str, &str)> = lr
-            .rounds
-            .iter()
-            .map(|r| (r.baseline_id.as_str(), r.treatment_id.as_str()))
-            .collect();
+        let got = staging_pairs(&p);
         assert_eq!(got, [("b1", "b2")]);
         let reason = reason_of(&p, "a1");
         assert!(
@@ -645,11 +649,7 @@ next_hypothesis = "n"
         ];
         let p = pair(&bundles, &spec());
         let lr = &p.by_lever_rung[&("staging".to_string(), "2".to_string())];
-        let got: Vec<(&str, &str)> = lr
-            .rounds
-            .iter()
-            .map(|r| (r.baseline_id.as_str(), r.treatment_id.as_str()))
-            .collect();
+        let got = staging_pairs(&p);
         assert_eq!(got, [("n1", "n2")]);
         assert_eq!((lr.baseline_runs, lr.treatment_runs), (1, 1));
         let reason = |id: &str| reason_of(&p, id);
