@@ -4,7 +4,9 @@
 //! ltxv-2b VAE dims with synthetic weights), then chunked against one piece on
 //! the device. Outputs are poisoned first (NaN bytes). With
 //! `ENGINE_SELFTEST_MUTATE=skip-modulation` (or `skip-upsample-residual`) the
-//! device decoder runs with that defect, and the decoder checks must go red.
+//! device decoder runs with that defect, and the decoder checks must go red;
+//! with `skip-frame-wait` the RGB8-only download reads its pinned host halves
+//! without waiting for their copies, and its check must go red.
 //!
 //! Tolerances (relative L2 error), argued before any run:
 //! - convolution, norm, bias/skip add, depth-to-space: the reference sees the
@@ -38,6 +40,13 @@
 //!   the probe red (rint: the even ties; fma: one rounding instead of three;
 //!   swapped R/B; an unwritten last frame shows the 0xAB poison); a unit
 //!   test shows on the host that each changes the probe's bytes.
+//! - the render's download (RGB8 frames only, copied into pinned host halves
+//!   with no host wait between conversions) against the checks' download
+//!   (f32 and RGB8, waited for at every conversion) of the same decode: the
+//!   same kernels write the same device bytes, only the copy differs:
+//!   bit-exact (0 differing bytes), one piece and in chunks of 1. The halves
+//!   are poisoned before each copy, so a frame read before its copy landed
+//!   differs.
 //! - RGB8 frames of a decode against `to_u8` of the same decode's f32 clip
 //!   (both downloaded): the same argument, tolerance 0, in one piece and in
 //!   chunks of 1 and 2 (the RGB8 staging re-poisoned before every chunk, so
@@ -89,7 +98,8 @@ pub fn mutation_from_env() -> Result<Mutation, CudaError> {
     let v = std::env::var("ENGINE_SELFTEST_MUTATE").unwrap_or_default();
     Mutation::parse(&v).ok_or_else(|| {
         CudaError::Invalid(format!(
-            "ENGINE_SELFTEST_MUTATE={v}: expected none, skip-modulation or skip-upsample-residual"
+            "ENGINE_SELFTEST_MUTATE={v}: expected none, skip-modulation, skip-upsample-residual \
+             or skip-frame-wait"
         ))
     })
 }
@@ -436,7 +446,7 @@ fn check_unpatchify(
         ho.pixels(hl[0], frames, h, w, &b, p, 1)?;
         let want: Vec<f32> = ho.out.clone();
         let got = with_dev(kit, &none, ConvPath::Igemm, cudnn, |ops| {
-            ops.pixel_sink(frames, geom, Download::F32)?;
+            ops.pixel_sink(frames, geom, Download::F32, Mutation::None)?;
             let l = dev_bufs(ops, &[&y, &b], &[])?;
             let bv = dvec(ops, l[1], 3 * p * p)?;
             ops.pixels(l[0], frames, h, w, &bv, p, 1)?;
@@ -517,6 +527,38 @@ fn decode(
         .frames
         .ok_or_else(|| CudaError::Invalid("no RGB8 frames came back".into()))?;
     Ok((px.into_data(), frames, o.device_ms, o.workspace_bytes))
+}
+
+/// One poisoned decode downloading the RGB8 frames only, as the render does
+/// (no host wait between conversions).
+fn decode_frames(
+    m: &mut Model,
+    path: ConvPath,
+    z: &Tensor,
+    t: f32,
+    chunk: usize,
+    mutation: Mutation,
+) -> Result<Vec<Frame>, CudaError> {
+    m.vae.set_path(path);
+    let opts = DecodeOptions {
+        chunk,
+        download: Download::Rgb8,
+        poison: true,
+        mutation,
+    };
+    let o = m.vae.decode(z, t, &opts, &mut |_| {})?;
+    if o.pixels.is_some() {
+        return Err(CudaError::Invalid(
+            "an RGB8-only decode downloaded the f32 clip".into(),
+        ));
+    }
+    o.frames
+        .ok_or_else(|| CudaError::Invalid("no RGB8 frames came back".into()))
+}
+
+/// The frames' RGB bytes end to end, in frame order.
+fn frame_bytes(frames: &[Frame]) -> Vec<u8> {
+    frames.iter().flat_map(|f| f.rgb.iter().copied()).collect()
 }
 
 /// A check that `got` equals `want` byte for byte (tolerance 0): `rel` is
@@ -787,12 +829,16 @@ pub fn check_vae(kit: &DeviceKit, scratch: &Path, out: &mut Vec<Check>) -> Resul
             )];
             // Chunked against one piece, on the device.
             let one = got;
+            let mut both_frames = vec![(latent.0, frames)];
             for chunk in [1usize, 2] {
                 let (ch, chf, _, cbytes) = decode(&mut m, path, &z, t, chunk, mutation)?;
                 exact.push((
                     format!("chunks of {chunk}"),
                     rgb8_vs_own_f32(&chf, &ch, &shape)?,
                 ));
+                if chunk == 1 {
+                    both_frames.push((chunk, chf));
+                }
                 let tol = if path == ConvPath::Cudnn {
                     DECODER_TOL
                 } else {
@@ -838,6 +884,26 @@ pub fn check_vae(kit: &DeviceKit, scratch: &Path, out: &mut Vec<Check>) -> Resul
                     .collect::<Vec<_>>()
                     .join("; "),
             });
+            // The render's download (RGB8 only, no waits) against the checks'.
+            for (chunk, want) in &both_frames {
+                let got = decode_frames(&mut m, path, &z, t, *chunk, mutation)?;
+                let sizes_ok = got.len() == want.len()
+                    && got
+                        .iter()
+                        .zip(want)
+                        .all(|(a, b)| (a.width, a.height) == (b.width, b.height));
+                let mut c = bytes_check(
+                    format!(
+                        "vae decode {label} {} rgb8-only download == both downloads, chunks of {chunk}",
+                        path.name()
+                    ),
+                    &frame_bytes(&got),
+                    &frame_bytes(want),
+                    &format!("; {} frames of {}", got.len(), want.len()),
+                );
+                c.pass &= sizes_ok;
+                out.push(c);
+            }
         }
         if let Some(r) = m.vae.cudnn_report() {
             eprintln!(

@@ -13,10 +13,10 @@ use crate::cuda::kit::gemm::{Epilogue, Gemm};
 use crate::cuda::kit::kernels::{igemm_smem, Kernels, Map, Params, NULL};
 use crate::cuda::kit::memory::{download, upload, DeviceBuffer};
 use crate::cuda::models::vae::cudnn::CudnnConv;
-use crate::cuda::models::vae::ops::{HasBias, Loc, NormOp, VaeOps, SINUSOID};
+use crate::cuda::models::vae::ops::{HasBias, Loc, Mutation, NormOp, VaeOps, SINUSOID};
 use crate::cuda::models::vae::rgb8::{rgb8_bytes, Rgb8Mutation, RGB8_POISON};
 use crate::cuda::models::vae::Download;
-use crate::cuda::staging::DeviceWeights;
+use crate::cuda::staging::{DeviceWeights, Pinned};
 use crate::cuda::{CudaError, DriverContext};
 use crate::frames::Frame;
 
@@ -114,10 +114,83 @@ struct Pixels {
     host: Option<Vec<f32>>,
     /// One slot per frame of the clip, filled as the frames come.
     frames: Option<Vec<Option<Frame>>>,
+    /// Two pinned halves the RGB8 frames are copied into without a wait
+    /// (empty unless downloading RGB8), used in turn.
+    halves: Vec<HostHalf>,
+    /// The half the next conversion's frames go to.
+    next_half: usize,
+    /// [`Mutation::SkipFrameWait`]: drain the halves without waiting.
+    skip_wait: bool,
     /// Poison the RGB8 staging before every conversion (checks): a byte the
     /// kernel skips shows as [`RGB8_POISON`], not as an earlier chunk's.
     repoison: bool,
     geom: (usize, usize, usize, usize),
+}
+
+/// One pinned host buffer of the RGB8 download: a conversion's frames are
+/// copied into it on the compute stream (no host wait), and moved into
+/// [`Frame`]s only after its event has fired, when the half comes round
+/// again or the frames are taken.
+struct HostHalf {
+    buf: Pinned,
+    done: CudaEvent,
+    /// (first frame, frames) of the copy in flight, if any.
+    pending: Option<(usize, usize)>,
+}
+
+impl HostHalf {
+    fn new(gpu: &Gpu, bytes: usize) -> Result<HostHalf, CudaError> {
+        Ok(HostHalf {
+            buf: Pinned::new(gpu, bytes)?,
+            done: gpu.event()?,
+            pending: None,
+        })
+    }
+
+    /// Waits for the copy in flight (unless `skip_wait`, the
+    /// [`Mutation::SkipFrameWait`] defect) and moves its frames of `hh` x `ww`
+    /// into `slots`; returns the host seconds blocked.
+    fn drain(
+        &mut self,
+        slots: &mut [Option<Frame>],
+        hh: usize,
+        ww: usize,
+        skip_wait: bool,
+    ) -> Result<f64, CudaError> {
+        let Some((first, frames)) = self.pending.take() else {
+            return Ok(0.0);
+        };
+        let t0 = std::time::Instant::now();
+        if !skip_wait {
+            self.done
+                .synchronize()
+                .ctx("waiting for VAE frames to reach the host")?;
+        }
+        let waited = t0.elapsed().as_secs_f64();
+        let fb = rgb8_bytes(1, hh, ww);
+        let total = slots.len();
+        let dst = slots.get_mut(first..first + frames).ok_or_else(|| {
+            CudaError::Invalid(format!("VAE frames {first}+{frames} of a clip of {total}"))
+        })?;
+        for (slot, rgb) in dst.iter_mut().zip(self.buf.as_slice().chunks_exact(fb)) {
+            *slot = Some(Frame {
+                width: ww,
+                height: hh,
+                rgb: rgb.to_vec(),
+            });
+        }
+        Ok(waited)
+    }
+}
+
+impl Drop for HostHalf {
+    fn drop(&mut self) {
+        // The pinned bytes must outlive a copy still in flight (an error
+        // path): wait for it before they are freed.
+        if self.pending.is_some() {
+            let _ = self.done.synchronize();
+        }
+    }
 }
 
 /// Device bytes of the RGB8 staging for `cap_frames` frames of a clip of
@@ -244,12 +317,16 @@ impl<'a> DeviceOps<'a> {
     /// of `geom` (channels, frames, height, width): f32, and RGB8 when the clip
     /// has three colours (converted on the device whatever `download` says,
     /// as the render does); `download` picks what is copied to the host as
-    /// the frames come (RGB8 needs three colours).
+    /// the frames come (RGB8 needs three colours). RGB8 frames go through
+    /// two pinned host halves of `cap_frames` frames each, copied without a
+    /// host wait; `mutation` [`Mutation::SkipFrameWait`] drops the wait
+    /// before a half's frames are read (a defect the checks must see).
     pub fn pixel_sink(
         &mut self,
         cap_frames: usize,
         geom: (usize, usize, usize, usize),
         download: Download,
+        mutation: Mutation,
     ) -> Result<(), CudaError> {
         let (c, f, h, w) = geom;
         let rgb8_bytes = rgb8_staging_bytes(cap_frames, geom);
@@ -276,6 +353,16 @@ impl<'a> DeviceOps<'a> {
             cap_frames,
             host: download.f32().then(|| vec![0.0f32; c * f * h * w]),
             frames: download.rgb8().then(|| vec![None; f]),
+            halves: if download.rgb8() {
+                vec![
+                    HostHalf::new(self.gpu, rgb8_bytes)?,
+                    HostHalf::new(self.gpu, rgb8_bytes)?,
+                ]
+            } else {
+                Vec::new()
+            },
+            next_half: 0,
+            skip_wait: mutation == Mutation::SkipFrameWait,
             repoison: false,
             geom,
         });
@@ -287,12 +374,19 @@ impl<'a> DeviceOps<'a> {
         self.pixels.as_mut().and_then(|p| p.host.take())
     }
 
-    /// The host frames (when downloading RGB8); an error names the first
-    /// frame that never came.
+    /// The host frames (when downloading RGB8), after waiting for the copies
+    /// still in flight; an error names the first frame that never came.
     pub fn take_frames(&mut self) -> Result<Option<Vec<Frame>>, CudaError> {
-        let Some(slots) = self.pixels.as_mut().and_then(|p| p.frames.take()) else {
+        let Some(px) = self.pixels.as_mut() else {
             return Ok(None);
         };
+        let Some(mut slots) = px.frames.take() else {
+            return Ok(None);
+        };
+        let (hh, ww) = (px.geom.2, px.geom.3);
+        for half in px.halves.iter_mut() {
+            self.waited_s += half.drain(&mut slots, hh, ww, px.skip_wait)?;
+        }
         let mut v = Vec::with_capacity(slots.len());
         for (i, s) in slots.into_iter().enumerate() {
             v.push(s.ok_or_else(|| {
@@ -660,11 +754,43 @@ impl VaeOps for DeviceOps<'_> {
                 rp,
             )?;
         }
-        let downloading = self
-            .pixels
-            .as_ref()
-            .is_some_and(|p| p.host.is_some() || p.frames.is_some());
-        if downloading {
+        if let (Some(px), Some((rp, poison))) = (self.pixels.as_mut(), rgb8) {
+            if let Some(slots) = px.frames.as_mut() {
+                // The frames go to a pinned half with no host wait: the copy
+                // follows the conversion on the compute stream (so the next
+                // conversion cannot overwrite the staging before it is read),
+                // and the host waits only when the half comes round again,
+                // two conversions later.
+                let k = px.next_half % px.halves.len().max(1);
+                let half = px.halves.get_mut(k).ok_or_else(|| {
+                    CudaError::Invalid("VAE RGB8 frames without a host buffer".into())
+                })?;
+                px.next_half = k + 1;
+                self.waited_s += half.drain(slots, hh, ww, px.skip_wait)?;
+                let n = rgb8_bytes(frames, hh, ww);
+                let have = half.buf.as_slice().len();
+                let dst = half.buf.as_mut_slice().get_mut(..n).ok_or_else(|| {
+                    CudaError::Invalid(format!(
+                        "VAE frames: {n} bytes into a host buffer of {have}"
+                    ))
+                })?;
+                if poison {
+                    // A frame read before its copy landed shows as poison.
+                    dst.fill(RGB8_POISON);
+                }
+                // SAFETY: `dst` is pinned and lives in `half`, which waits
+                // for this copy before it is reused or freed; the source is
+                // the first `n` bytes of the RGB8 staging (frames <= cap).
+                unsafe { dres::memcpy_dtoh_async(dst, rp, self.gpu.compute.cu_stream()) }
+                    .ctx("copying VAE frames to the host")?;
+                half.done
+                    .record(&self.gpu.compute)
+                    .ctx("recording a VAE frames event")?;
+                half.pending = Some((first, frames));
+            }
+        }
+        let f32_host = self.pixels.as_ref().is_some_and(|p| p.host.is_some());
+        if f32_host {
             let was_open = self.seg_open;
             self.end()?;
             if !was_open {
@@ -674,37 +800,16 @@ impl VaeOps for DeviceOps<'_> {
                 self.gpu.sync_compute()?;
             }
             let plane = hh * ww;
-            if let Some(px) = self.pixels.as_mut() {
-                // One copy per frame straight into the frame's own bytes
-                // (1.18 MB at 768x512): no f32 crosses the bus and no host
-                // buffer is copied again.
-                if let (Some(slots), Some((rp, _))) = (px.frames.as_mut(), rgb8) {
-                    let fb = rgb8_bytes(1, hh, ww);
-                    for j in 0..frames {
-                        let mut rgb = vec![0u8; fb];
-                        // SAFETY: `rgb` has room for one frame; frame j lies
-                        // inside the RGB8 staging (frames <= cap); the end()
-                        // above waited for the conversion.
-                        unsafe { dres::memcpy_dtoh_sync(&mut rgb, rp + (j * fb) as u64) }
-                            .ctx("copying VAE frames to the host")?;
-                        slots[first + j] = Some(Frame {
-                            width: ww,
-                            height: hh,
-                            rgb,
-                        });
-                    }
-                }
-                if let Some(host) = px.host.as_mut() {
-                    for j in 0..frames {
-                        for c in 0..oc {
-                            let dst = &mut host[(c * total + first + j) * plane..][..plane];
-                            let src = staging + (((j * oc + c) * plane) * 4) as u64;
-                            // SAFETY: `dst` has room for one plane; the source
-                            // plane lies inside the staging buffer (frames <= cap);
-                            // the end() above waited for the kernel.
-                            unsafe { dres::memcpy_dtoh_sync(dst, src) }
-                                .ctx("copying VAE pixels to the host")?;
-                        }
+            if let Some(host) = self.pixels.as_mut().and_then(|p| p.host.as_mut()) {
+                for j in 0..frames {
+                    for c in 0..oc {
+                        let dst = &mut host[(c * total + first + j) * plane..][..plane];
+                        let src = staging + (((j * oc + c) * plane) * 4) as u64;
+                        // SAFETY: `dst` has room for one plane; the source
+                        // plane lies inside the staging buffer (frames <= cap);
+                        // the end() above waited for the kernel.
+                        unsafe { dres::memcpy_dtoh_sync(dst, src) }
+                            .ctx("copying VAE pixels to the host")?;
                     }
                 }
             }

@@ -383,7 +383,7 @@ impl DeviceVae {
         let mut st = Stream::new(&cfg, latent, opts.chunk, opts.mutation, &mut |n, what| {
             ops.alloc(n, what)
         })?;
-        ops.pixel_sink(st.pixel_frames_cap(), geom, opts.download)?;
+        ops.pixel_sink(st.pixel_frames_cap(), geom, opts.download, opts.mutation)?;
         let workspace_bytes = kit.gpu.mem.current() - bytes0;
         if opts.poison {
             ops.poison_from(stream_from)?;

@@ -257,15 +257,20 @@ pub enum Mutation {
     SkipModulation,
     /// Upsamplers skip their residual.
     SkipUpsampleResidual,
+    /// The device's RGB8 download moves frames out of its pinned halves
+    /// without waiting for their copies (the device decoder only; the CPU
+    /// arm has no download).
+    SkipFrameWait,
 }
 
 impl Mutation {
-    /// Parse `none | skip-modulation | skip-upsample-residual`.
+    /// Parse `none | skip-modulation | skip-upsample-residual | skip-frame-wait`.
     pub fn parse(s: &str) -> Option<Mutation> {
         match s {
             "none" | "" => Some(Mutation::None),
             "skip-modulation" => Some(Mutation::SkipModulation),
             "skip-upsample-residual" => Some(Mutation::SkipUpsampleResidual),
+            "skip-frame-wait" => Some(Mutation::SkipFrameWait),
             _ => None,
         }
     }
