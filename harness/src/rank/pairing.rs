@@ -16,7 +16,10 @@
 //! shares (an `as-is` campaign's first run inherits the previous step's warm cache,
 //! the rest start cold). Where several campaigns measured a lever at a rung,
 //! the newest one with a pair decides and the others' runs are superseded (a later
-//! campaign re-measures: a fixed binary, a controlled cache state). Every bundle not
+//! campaign re-measures: a fixed binary, another machine), except the campaigns of
+//! the decider's own sitting (the same boot, host, engine, weights, profile and
+//! other arms: [`Sitting`]), whose pairs pool with its own (more pairs of one
+//! experiment, e.g. a second campaign run to narrow an interval). Every bundle not
 //! used in a pair is listed with the reason.
 //!
 //! Promise: the result depends on the set of bundles, not on their order.
@@ -66,6 +69,22 @@ pub struct Cell {
 pub const CACHE_SHARE_MAX_GAP: f64 = 0.25;
 
 type Cells<'a> = BTreeMap<Cell, (Vec<&'a Bundle>, Vec<&'a Bundle>)>;
+
+/// The part of a [`Cell`] that names one experiment in one sitting: every key but
+/// the campaign and round. Campaigns whose cells share it measure the same thing
+/// on the same machine in one boot, with the same binary and weights.
+type Sitting = (String, String, String, String, String, String);
+
+fn sitting(c: &Cell) -> Sitting {
+    (
+        c.boot.clone(),
+        c.host.clone(),
+        c.engine_sha256.clone(),
+        c.weights_digest.clone(),
+        c.profile.clone(),
+        c.other_levers.clone(),
+    )
+}
 
 /// Drop the first baseline and treatment of each cell (the runs that would pair)
 /// while `lever`'s metric reads the weights and their recorded cache shares at start
@@ -359,12 +378,15 @@ pub fn pair(bundles: &[Bundle], spec: &LeverSpec) -> Pairing {
     out
 }
 
-/// Keep only the cells of the campaign that decides a lever at a rung: the newest
+/// Keep only the cells of the campaign that decides a lever at a rung, the newest
 /// campaign (by the latest `run.start_unix_ns` of its usable runs; ties by campaign
-/// id) among those with at least one pair. Every usable run of an older campaign is
-/// excluded as superseded: a later campaign is a re-measurement (a fixed binary, a
-/// controlled cache state), and pooling it with the one it replaces would average two
-/// different experiments. With no paired campaign at all nothing is dropped.
+/// id) among those with at least one pair, and the cells of any campaign that share
+/// a [`Sitting`] with one of the decider's. Every other usable run is excluded as
+/// superseded: a campaign of another sitting is a re-measurement (a fixed binary,
+/// another machine or boot), and pooling it with the one that replaces it would
+/// average two different experiments. Within one sitting the runs are the same
+/// experiment, and each pair is still two runs of one round (the cache shares of a
+/// pair are checked before this). With no paired campaign at all nothing is dropped.
 fn drop_superseded<'a>(
     by_cell: BTreeMap<Cell, (Vec<&'a Bundle>, Vec<&'a Bundle>)>,
     lever: &str,
@@ -393,9 +415,14 @@ fn drop_superseded<'a>(
         .filter(|(_, (paired, _))| *paired)
         .map(|(id, _)| id.to_string())
         .collect();
+    let decider_sittings: std::collections::BTreeSet<Sitting> = by_cell
+        .keys()
+        .filter(|c| c.campaign == decider)
+        .map(sitting)
+        .collect();
     let mut kept = BTreeMap::new();
     for (cell, arms) in by_cell {
-        if cell.campaign == decider {
+        if cell.campaign == decider || decider_sittings.contains(&sitting(&cell)) {
             kept.insert(cell, arms);
             continue;
         }
@@ -404,7 +431,8 @@ fn drop_superseded<'a>(
             let reason = if paired {
                 format!(
                     "superseded: campaign {} measured {lever} at rung {rung} later; \
-                     the newest campaign with a pair decides (this run is campaign {}, round {})",
+                     the newest campaign with a pair (with the other campaigns of its sitting) \
+                     decides (this run is campaign {}, round {}, of another sitting)",
                     short(&decider),
                     short(&cell.campaign),
                     cell.round
@@ -632,20 +660,36 @@ next_hypothesis = "n"
         b
     }
 
+    /// [`run_in`] in another boot (another sitting of the machine).
+    fn run_in_boot(
+        camp: &str,
+        id: &str,
+        round: u32,
+        arm: &str,
+        load_s: f64,
+        t: u64,
+        boot: &str,
+    ) -> Bundle {
+        let mut b = run_in(camp, id, round, arm, load_s, t);
+        b.boot_id = boot.into();
+        b
+    }
+
     #[test]
     fn the_newest_paired_campaign_decides_and_older_ones_are_superseded() {
-        // "old" (two pairs, started at t=100..103) was re-measured by "new" (one pair,
-        // t=200..201); "late" started last but has no pair, so it cannot decide.
+        // "old" (two pairs, started at t=100..103, an earlier boot) was re-measured
+        // by "new" (one pair, t=200..201); "late" started last, in a later boot, but
+        // has no pair, so it cannot decide.
         // Mutations that turn this red: pooling every campaign (4 pairs), picking the
         // oldest campaign, or letting an unpaired campaign decide (no pairs at all).
         let bundles = vec![
-            run_in("old", "o1", 1, "serial", 10.0, 100),
-            run_in("old", "o2", 1, "batched", 5.0, 101),
-            run_in("old", "o3", 2, "serial", 10.0, 102),
-            run_in("old", "o4", 2, "batched", 5.0, 103),
+            run_in_boot("old", "o1", 1, "serial", 10.0, 100, "b-old"),
+            run_in_boot("old", "o2", 1, "batched", 5.0, 101, "b-old"),
+            run_in_boot("old", "o3", 2, "serial", 10.0, 102, "b-old"),
+            run_in_boot("old", "o4", 2, "batched", 5.0, 103, "b-old"),
             run_in("new", "n1", 1, "serial", 10.0, 201),
             run_in("new", "n2", 1, "batched", 9.0, 200),
-            run_in("late", "l1", 1, "serial", 10.0, 300),
+            run_in_boot("late", "l1", 1, "serial", 10.0, 300, "b-late"),
         ];
         let p = pair(&bundles, &spec());
         let lr = &p.by_lever_rung[&("staging".to_string(), "2".to_string())];
@@ -675,11 +719,12 @@ next_hypothesis = "n"
             reason("o3")
         );
         // Equal start times: the campaign id breaks the tie, in any input order.
+        // (Two sittings: campaigns of one sitting would pool.)
         let tie = vec![
-            run_in("a", "a1", 1, "serial", 10.0, 5),
-            run_in("a", "a2", 1, "batched", 5.0, 5),
-            run_in("b", "b1", 1, "serial", 10.0, 5),
-            run_in("b", "b2", 1, "batched", 9.0, 5),
+            run_in_boot("a", "a1", 1, "serial", 10.0, 5, "boot-a"),
+            run_in_boot("a", "a2", 1, "batched", 5.0, 5, "boot-a"),
+            run_in_boot("b", "b1", 1, "serial", 10.0, 5, "boot-b"),
+            run_in_boot("b", "b2", 1, "batched", 9.0, 5, "boot-b"),
         ];
         let mut rev = tie.clone();
         rev.reverse();
@@ -688,6 +733,45 @@ next_hypothesis = "n"
             let lr = &p.by_lever_rung[&("staging".to_string(), "2".to_string())];
             assert_eq!(lr.rounds.len(), 1);
             assert_eq!(lr.rounds[0].baseline_id, "b1");
+        }
+    }
+
+    /// Two campaigns of one sitting (same boot, host, engine, weights, profile)
+    /// pool: a second campaign run to narrow the interval adds its pairs to the
+    /// decider's. A campaign of the same boot with another engine binary, and one
+    /// of an earlier boot, are superseded. Mutations that turn this red: dropping
+    /// the sitting rule (only "b" decides: 1 pair), keying the sitting on the boot
+    /// alone (the other binary's pair pools: 4 pairs), or pooling every campaign.
+    #[test]
+    fn campaigns_of_the_deciders_sitting_pool_and_others_are_superseded() {
+        let mut other_bin = vec![
+            run_in("bin", "x1", 1, "serial", 10.0, 150),
+            run_in("bin", "x2", 1, "batched", 5.0, 151),
+        ];
+        for b in &mut other_bin {
+            b.engine_sha256 = "another-binary".into();
+        }
+        let mut bundles = vec![
+            run_in_boot("old", "o1", 1, "serial", 10.0, 50, "b-old"),
+            run_in_boot("old", "o2", 1, "batched", 5.0, 51, "b-old"),
+            run_in("a", "a1", 1, "serial", 10.0, 100),
+            run_in("a", "a2", 1, "batched", 9.0, 101),
+            run_in("a", "a3", 2, "serial", 10.0, 102),
+            run_in("a", "a4", 2, "batched", 9.5, 103),
+            run_in("b", "b1", 1, "serial", 10.0, 200),
+            run_in("b", "b2", 1, "batched", 8.0, 201),
+        ];
+        bundles.extend(other_bin);
+        let p = pair(&bundles, &spec());
+        let got = staging_pairs(&p);
+        assert_eq!(got, [("a1", "a2"), ("a3", "a4"), ("b1", "b2")]);
+        for id in ["o1", "o2", "x1", "x2"] {
+            let r = reason_of(&p, id);
+            assert!(
+                r.starts_with("superseded: campaign b measured staging at rung 2")
+                    && r.contains("of another sitting"),
+                "{id}: {r}"
+            );
         }
     }
 
