@@ -108,7 +108,7 @@ pub fn method_lines(r: &Ranking) -> Vec<String> {
             "Cache state: for a metric that reads the weights (a load phase, render wall, page-cache or unified footprint) the two runs of a pair must have started with shares of the weights in the page cache at most {:.0} points apart; other pairs are excluded, naming both shares.",
             100.0 * crate::rank::pairing::CACHE_SHARE_MAX_GAP
         ),
-        "Campaigns: where several campaigns measured a lever at a rung, the newest with a pair (latest run start) decides; the older ones' runs are listed as superseded, never pooled.".to_string(),
+        "Campaigns: where several campaigns measured a lever at a rung, the newest with a pair (latest run start) decides, pooled with the campaigns of its own sitting (same boot, host, engine, weights, profile and other arms); the runs of other sittings are listed as superseded, never pooled.".to_string(),
         "Effect: geometric mean of per-pair ratios treatment/baseline; absolute saving: mean of baseline - treatment.".to_string(),
         format!(
             "Interval: {:.0}% percentile bootstrap over pairs, {} resamples, ChaCha8 seeded with {:#018x} mixed with the lever and rung.",
