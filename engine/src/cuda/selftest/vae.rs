@@ -78,7 +78,7 @@ use crate::cuda::models::vae::ops::{Loc, Mutation, NormOp, VaeOps};
 use crate::cuda::models::vae::rgb8::{
     mismatches, rgb8_bytes, rgb8_host, Rgb8Mutation, RGB8_POISON,
 };
-use crate::cuda::models::vae::{DecodeOptions, DeviceVae, Download};
+use crate::cuda::models::vae::{DecodeOptions, DecodeOutcome, DeviceVae, Download};
 use crate::cuda::selftest::Check;
 use crate::cuda::staging::{self, DeviceWeights, StagingMethod, StagingOptions};
 use crate::cuda::CudaError;
@@ -502,6 +502,27 @@ fn model(
     })
 }
 
+/// One poisoned decode of `z` at `t` through `path`, in chunks of `chunk`
+/// latent frames, downloading what `download` says.
+fn decode_with(
+    m: &mut Model,
+    path: ConvPath,
+    z: &Tensor,
+    t: f32,
+    chunk: usize,
+    mutation: Mutation,
+    download: Download,
+) -> Result<DecodeOutcome, CudaError> {
+    m.vae.set_path(path);
+    let opts = DecodeOptions {
+        chunk,
+        download,
+        poison: true,
+        mutation,
+    };
+    m.vae.decode(z, t, &opts, &mut |_| {})
+}
+
 /// One poisoned decode with both downloads: (f32 clip, RGB8 frames, device
 /// ms, workspace bytes).
 fn decode(
@@ -512,14 +533,7 @@ fn decode(
     chunk: usize,
     mutation: Mutation,
 ) -> Result<(Vec<f32>, Vec<Frame>, f64, u64), CudaError> {
-    m.vae.set_path(path);
-    let opts = DecodeOptions {
-        chunk,
-        download: Download::Both,
-        poison: true,
-        mutation,
-    };
-    let o = m.vae.decode(z, t, &opts, &mut |_| {})?;
+    let o = decode_with(m, path, z, t, chunk, mutation, Download::Both)?;
     let px = o
         .pixels
         .ok_or_else(|| CudaError::Invalid("no pixels came back".into()))?;
@@ -539,14 +553,7 @@ fn decode_frames(
     chunk: usize,
     mutation: Mutation,
 ) -> Result<Vec<Frame>, CudaError> {
-    m.vae.set_path(path);
-    let opts = DecodeOptions {
-        chunk,
-        download: Download::Rgb8,
-        poison: true,
-        mutation,
-    };
-    let o = m.vae.decode(z, t, &opts, &mut |_| {})?;
+    let o = decode_with(m, path, z, t, chunk, mutation, Download::Rgb8)?;
     if o.pixels.is_some() {
         return Err(CudaError::Invalid(
             "an RGB8-only decode downloaded the f32 clip".into(),
