@@ -34,8 +34,11 @@
 //! picks where the VAE decodes on a CUDA render (on the device: staged in
 //! `load.vae`, decoded in chunks of [`DEVICE_CHUNK_LATENT_FRAMES`](crate::cuda::models::vae::DEVICE_CHUNK_LATENT_FRAMES) latent
 //! frames, `device_ms`, `peak_device_bytes` and the host split (`enqueue_ms`,
-//! `wait_ms`, `plans_built`, `plan_ms`, `plans_searched`) on every `decode.video.chunk`;
-//! inert on the CPU arm).
+//! `wait_ms`, `plans_built`, `plan_ms`, `plans_searched`) on every `decode.video.chunk`,
+//! and the host time outside the chunks' work (`setup_ms`, `collect_ms`, `free_ms`)
+//! on the `decode.video` close; inert on the CPU arm). Every `decode.video` close
+//! says `latents_ms`, the host milliseconds preparing the latents (denormalize,
+//! decode noise).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -628,7 +631,9 @@ fn decode_video(
     let ph = rec.phase("decode.video", open);
     let mut open_chunk = Some(rec.phase("decode.video.chunk", attrs! {"chunk" => 0}));
     let (mean, std) = dec.latent_stats();
+    let preparing = Instant::now();
     let (z, timestep) = prepare_latents(latents, mean, std, req, grid)?;
+    let latents_ms = preparing.elapsed().as_secs_f64() * 1e3;
     let mut last: Option<ChunkEnd> = None;
     let mut on_chunk = |end: ChunkEnd| {
         if end.index + 1 < end.chunks {
@@ -640,10 +645,11 @@ fn decode_video(
             last = Some(end);
         }
     };
-    let (out, a) = dec.decode_clip(z, timestep, &mut on_chunk)?;
+    let (out, mut a) = dec.decode_clip(z, timestep, &mut on_chunk)?;
     if let Some(c) = open_chunk.take() {
         c.finish(last.map(|e| e.attrs()).unwrap_or_default());
     }
+    a.insert("latents_ms".into(), serde_json::Value::from(latents_ms));
     ph.finish(a);
     Ok(out)
 }

@@ -154,6 +154,15 @@ fn rung0_renders_with_every_marker_nested_and_frames_that_look_like_video() {
         .collect();
     assert!(!chunks.is_empty());
     assert!(chunks.iter().all(|s| s.parent == Some(idx("decode.video"))));
+    // The latents' preparation is timed inside chunk 0: a finite, non-negative
+    // millisecond figure no longer than the decode's own wall.
+    let dv = &sp[idx("decode.video")];
+    let latents_ms = dv.close_attrs.get("latents_ms").and_then(|v| v.as_f64());
+    let wall_ms = (dv.close - dv.open) as f64 / 1e6;
+    assert!(
+        latents_ms.is_some_and(|ms| ms.is_finite() && ms >= 0.0 && ms <= wall_ms),
+        "decode.video close: latents_ms {latents_ms:?} against a wall of {wall_ms} ms"
+    );
     for (i, c) in chunks.iter().enumerate() {
         assert!(
             c.close_attrs

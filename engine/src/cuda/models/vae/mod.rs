@@ -163,6 +163,13 @@ pub struct DecodeOutcome {
     pub device_ms: f64,
     /// Device bytes of the decode's buffers (activations, embeddings, pixel staging).
     pub workspace_bytes: u64,
+    /// Host milliseconds before the first chunk's work: binding the weights,
+    /// allocating the stream's buffers and the pixel sink (device and pinned),
+    /// poisoning them when asked.
+    pub setup_ms: f64,
+    /// Host milliseconds after the last chunk: the frames' last copies waited
+    /// for and moved into frames, the f32 clip wrapped.
+    pub collect_ms: f64,
 }
 
 /// The decoder resident on the device.
@@ -351,6 +358,7 @@ impl DeviceVae {
         opts: &DecodeOptions,
         on_chunk: &mut dyn FnMut(&ChunkReport),
     ) -> Result<DecodeOutcome, CudaError> {
+        let entered = Instant::now();
         let s = latents.shape();
         let c = self.cfg.latent_channels;
         if s.len() != 4 || s[0] != c || s[1..].contains(&0) {
@@ -389,6 +397,7 @@ impl DeviceVae {
             ops.poison_from(stream_from)?;
         }
         // Timing starts after the allocations (host work the GPU would wait on).
+        let setup_ms = entered.elapsed().as_secs_f64() * 1e3;
         ops.begin()?;
         let chunks = st.chunks();
         let hw = latent.1 * latent.2;
@@ -431,6 +440,7 @@ impl DeviceVae {
                 geom.1
             )));
         }
+        let collecting = Instant::now();
         let frames = ops.take_frames()?;
         let pixels = match ops.take_pixels() {
             Some(v) => Some(
@@ -444,6 +454,8 @@ impl DeviceVae {
             frames,
             device_ms: total_ms,
             workspace_bytes,
+            setup_ms,
+            collect_ms: collecting.elapsed().as_secs_f64() * 1e3,
         })
     }
 }
@@ -534,8 +546,10 @@ impl Decoder for DeviceVae {
         let out = DeviceVae::decode(&mut self, &z, timestep, &opts, &mut report)
             .context("VAE decode on the device")?;
         // Freeing the decoder and its device memory is the last chunk's work.
+        let freeing = Instant::now();
         drop(self);
         drop(z);
+        let free_ms = freeing.elapsed().as_secs_f64() * 1e3;
         let frames = out
             .frames
             .ok_or_else(|| anyhow::anyhow!("the device VAE returned no frames"))?;
@@ -543,6 +557,9 @@ impl Decoder for DeviceVae {
             "frames" => frames.len(),
             attr::DEVICE_MS => out.device_ms,
             "workspace_bytes" => out.workspace_bytes,
+            "setup_ms" => out.setup_ms,
+            "collect_ms" => out.collect_ms,
+            "free_ms" => free_ms,
         };
         Ok((Decoded::Frames(frames), a))
     }
