@@ -18,7 +18,7 @@
 //! the newest one with a pair decides and the others' runs are superseded (a later
 //! campaign re-measures: a fixed binary, another machine), except the campaigns of
 //! the decider's own sitting (the same boot, host, engine, weights, profile and
-//! other arms: [`Sitting`]), whose pairs pool with its own (more pairs of one
+//! other arms), whose pairs pool with its own (more pairs of one
 //! experiment, e.g. a second campaign run to narrow an interval). Every bundle not
 //! used in a pair is listed with the reason.
 //!
