@@ -16,8 +16,10 @@
 //! through the stack (the check's tolerance argues the bound). The last layer
 //! writes f32 pixels to a staging buffer, a kernel converts them there to the
 //! render's RGB8 frames (bit-exact with [`crate::frames::to_u8`]), and the
-//! render downloads only those (a quarter of the f32 bytes); the f32 pixels
-//! can still be downloaded ([`Download`]) for the checks.
+//! render downloads only those (a quarter of the f32 bytes), through two
+//! pinned host halves copied on the compute stream, with no host wait between
+//! conversions; the f32 pixels can still be downloaded ([`Download`]) for the
+//! checks.
 //!
 //! - [`ops`]: the primitives ([`ops::VaeOps`]) and the weight walk.
 //! - [`stream`]: the chunked stream over any backend.
@@ -25,6 +27,7 @@
 //! - [`device`]: the primitives on the device (kernels, cuBLASLt, the conv path).
 //! - [`cudnn`]: the cuDNN convolution path.
 //! - [`rgb8`]: the RGB8 conversion's layout, defects and host model.
+//! - [`shapes`]: the convolutions a decode asks for, counted without a GPU.
 //! - `check` / `bench`: the selftest section and the benchmark.
 
 pub mod cudnn;
@@ -32,6 +35,7 @@ pub mod device;
 pub mod host;
 pub mod ops;
 pub mod rgb8;
+pub mod shapes;
 pub mod stream;
 
 use std::sync::Arc;
