@@ -19,6 +19,13 @@ come from ad-hoc shell).
         window of at least 100 ms, on its own thread), the median of the bundles'
         median reads, of their means and of their p99s, and the worst read
 
+    scripts/evidence-figures.py decode-parts STORE (--campaign ID | ID)...
+        per bundle: the `decode.video` phase's wall and, summed over its
+        `decode.video.chunk` closes, the device span, cuDNN plan milliseconds,
+        host waits and enqueue time; then each chunk's wall, enqueue + wait,
+        device span and frames; and the close's setup/collect/free/latents
+        milliseconds where the engine records them (needs pyarrow)
+
 STORE is a store directory (`reports/evidence`); an ID is a bundle id or a unique
 prefix of one; `--campaign ID` selects every bundle of that campaign (id or prefix);
 `--all` every bundle.
@@ -168,7 +175,42 @@ def gpm_cost(root, names):
               f"worst {max(g['max_us'] for g in gs) / 1e3:.1f} ms")
 
 
-COMMANDS = {"cadence": cadence, "first-cached": first_cached, "gpm-cost": gpm_cost}
+def decode_parts(root, names):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        die("decode-parts needs pyarrow (target/pyenv/bin/python after `just test`)")
+    print("bundle        decode.video_s  device_ms  plan_ms  wait_ms  enqueue_ms  chunks")
+    for n in names:
+        d = os.path.join(root, n)
+        closes = [(r["name"], json.loads(r["attrs_json"] or "{}"))
+                  for r in pq.read_table(os.path.join(d, "markers.parquet")).to_pylist()
+                  if r["ev"] == "close" and r["name"] in ("decode.video", "decode.video.chunk")]
+        chunks = [a for name, a in closes if name == "decode.video.chunk"]
+        whole = [a for name, a in closes if name == "decode.video"]
+        walls = [r for r in pq.read_table(os.path.join(d, "phases.parquet")).to_pylist()
+                 if r["name"] in ("decode.video", "decode.video.chunk")]
+        phase = [r["duration_s"] for r in walls if r["name"] == "decode.video"]
+        if not whole or not phase or not chunks:
+            die(f"{n[:12]}: no device decode.video with chunks recorded")
+        if any(k not in a for a in chunks for k in ("device_ms", "plan_ms", "wait_ms", "enqueue_ms")):
+            die(f"{n[:12]}: a decode.video.chunk close lacks the device split (CPU arm?)")
+        tot = lambda k: sum(a[k] for a in chunks)
+        print(f"{n[:12]}  {phase[0]:14.3f}  {whole[0].get('device_ms', float('nan')):9.1f}  "
+              f"{tot('plan_ms'):7.1f}  {tot('wait_ms'):7.1f}  {tot('enqueue_ms'):10.1f}  {len(chunks)}")
+        chunk_walls = [r["duration_s"] for r in walls if r["name"] == "decode.video.chunk"]
+        for i, (a, w) in enumerate(zip(chunks, chunk_walls)):
+            print(f"    chunk {i}: wall {w * 1e3:.1f} ms, enqueue+wait "
+                  f"{a['enqueue_ms'] + a['wait_ms']:.1f} ms, device {a['device_ms']:.1f} ms, "
+                  f"frames {a.get('frames', '-')}")
+        extra = [f"{k} {whole[0][k]:.1f} ms" for k in ("setup_ms", "collect_ms", "free_ms", "latents_ms")
+                 if k in whole[0]]
+        if extra:
+            print("    " + ", ".join(extra))
+
+
+COMMANDS = {"cadence": cadence, "first-cached": first_cached, "gpm-cost": gpm_cost,
+            "decode-parts": decode_parts}
 
 
 def main(argv):

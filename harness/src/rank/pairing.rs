@@ -70,20 +70,17 @@ pub const CACHE_SHARE_MAX_GAP: f64 = 0.25;
 
 type Cells<'a> = BTreeMap<Cell, (Vec<&'a Bundle>, Vec<&'a Bundle>)>;
 
-/// The part of a [`Cell`] that names one experiment in one sitting: every key but
-/// the campaign and round. Campaigns whose cells share it measure the same thing
-/// on the same machine in one boot, with the same binary and weights.
-type Sitting = (String, String, String, String, String, String);
-
-fn sitting(c: &Cell) -> Sitting {
-    (
-        c.boot.clone(),
-        c.host.clone(),
-        c.engine_sha256.clone(),
-        c.weights_digest.clone(),
-        c.profile.clone(),
-        c.other_levers.clone(),
-    )
+/// The part of a [`Cell`] that names one experiment in one sitting: the cell
+/// with its campaign and round blanked, so every other key (a key added to
+/// [`Cell`] later included) must match. Campaigns whose cells share it measure
+/// the same thing on the same machine in one boot, with the same binary and
+/// weights.
+fn sitting(c: &Cell) -> Cell {
+    Cell {
+        campaign: String::new(),
+        round: 0,
+        ..c.clone()
+    }
 }
 
 /// Drop the first baseline and treatment of each cell (the runs that would pair)
@@ -381,7 +378,7 @@ pub fn pair(bundles: &[Bundle], spec: &LeverSpec) -> Pairing {
 /// Keep only the cells of the campaign that decides a lever at a rung, the newest
 /// campaign (by the latest `run.start_unix_ns` of its usable runs; ties by campaign
 /// id) among those with at least one pair, and the cells of any campaign that share
-/// a [`Sitting`] with one of the decider's. Every other usable run is excluded as
+/// a sitting ([`sitting`]) with one of the decider's. Every other usable run is excluded as
 /// superseded: a campaign of another sitting is a re-measurement (a fixed binary,
 /// another machine or boot), and pooling it with the one that replaces it would
 /// average two different experiments. Within one sitting the runs are the same
@@ -415,7 +412,7 @@ fn drop_superseded<'a>(
         .filter(|(_, (paired, _))| *paired)
         .map(|(id, _)| id.to_string())
         .collect();
-    let decider_sittings: std::collections::BTreeSet<Sitting> = by_cell
+    let decider_sittings: std::collections::BTreeSet<Cell> = by_cell
         .keys()
         .filter(|c| c.campaign == decider)
         .map(sitting)

@@ -78,7 +78,7 @@ use crate::cuda::models::vae::ops::{Loc, Mutation, NormOp, VaeOps};
 use crate::cuda::models::vae::rgb8::{
     mismatches, rgb8_bytes, rgb8_host, Rgb8Mutation, RGB8_POISON,
 };
-use crate::cuda::models::vae::{DecodeOptions, DecodeOutcome, DeviceVae, Download};
+use crate::cuda::models::vae::{shapes, DecodeOptions, DecodeOutcome, DeviceVae, Download};
 use crate::cuda::selftest::Check;
 use crate::cuda::staging::{self, DeviceWeights, StagingMethod, StagingOptions};
 use crate::cuda::CudaError;
@@ -502,38 +502,40 @@ fn model(
     })
 }
 
-/// One poisoned decode of `z` at `t` through `path`, in chunks of `chunk`
-/// latent frames, downloading what `download` says.
-fn decode_with(
-    m: &mut Model,
+/// One decode of the checks: `z` at `t` through `path`, in chunks of `chunk`
+/// latent frames, with `mutation`.
+#[derive(Clone, Copy)]
+struct Case<'a> {
     path: ConvPath,
-    z: &Tensor,
+    z: &'a Tensor,
     t: f32,
     chunk: usize,
     mutation: Mutation,
-    download: Download,
-) -> Result<DecodeOutcome, CudaError> {
-    m.vae.set_path(path);
-    let opts = DecodeOptions {
-        chunk,
-        download,
-        poison: true,
-        mutation,
-    };
-    m.vae.decode(z, t, &opts, &mut |_| {})
+}
+
+impl Case<'_> {
+    /// The same decode in chunks of `chunk`.
+    fn chunked(self, chunk: usize) -> Self {
+        Case { chunk, ..self }
+    }
+
+    /// Runs it poisoned, downloading what `download` says.
+    fn run(&self, m: &mut Model, download: Download) -> Result<DecodeOutcome, CudaError> {
+        m.vae.set_path(self.path);
+        let opts = DecodeOptions {
+            chunk: self.chunk,
+            download,
+            poison: true,
+            mutation: self.mutation,
+        };
+        m.vae.decode(self.z, self.t, &opts, &mut |_| {})
+    }
 }
 
 /// One poisoned decode with both downloads: (f32 clip, RGB8 frames, device
 /// ms, workspace bytes).
-fn decode(
-    m: &mut Model,
-    path: ConvPath,
-    z: &Tensor,
-    t: f32,
-    chunk: usize,
-    mutation: Mutation,
-) -> Result<(Vec<f32>, Vec<Frame>, f64, u64), CudaError> {
-    let o = decode_with(m, path, z, t, chunk, mutation, Download::Both)?;
+fn decode(m: &mut Model, case: Case) -> Result<(Vec<f32>, Vec<Frame>, f64, u64), CudaError> {
+    let o = case.run(m, Download::Both)?;
     let px = o
         .pixels
         .ok_or_else(|| CudaError::Invalid("no pixels came back".into()))?;
@@ -545,15 +547,8 @@ fn decode(
 
 /// One poisoned decode downloading the RGB8 frames only, as the render does
 /// (no host wait between conversions).
-fn decode_frames(
-    m: &mut Model,
-    path: ConvPath,
-    z: &Tensor,
-    t: f32,
-    chunk: usize,
-    mutation: Mutation,
-) -> Result<Vec<Frame>, CudaError> {
-    let o = decode_with(m, path, z, t, chunk, mutation, Download::Rgb8)?;
+fn decode_frames(m: &mut Model, case: Case) -> Result<Vec<Frame>, CudaError> {
+    let o = case.run(m, Download::Rgb8)?;
     if o.pixels.is_some() {
         return Err(CudaError::Invalid(
             "an RGB8-only decode downloaded the f32 clip".into(),
@@ -561,6 +556,38 @@ fn decode_frames(
     }
     o.frames
         .ok_or_else(|| CudaError::Invalid("no RGB8 frames came back".into()))
+}
+
+/// The cuDNN plans this model's decodes built, and the heuristic calls they
+/// made, against what [`shapes`] counts without a GPU for the same decodes in
+/// the same order (one piece, chunks of 1, chunks of 2; the RGB8-only decodes
+/// after them add no shape): equal, or the recorder misses a convolution the
+/// device plans (the rung-2 render's chunks matched it, s30-dev2).
+fn plans_check(
+    m: &Model,
+    cfg: &VaeConfig,
+    label: &str,
+    latent: (usize, usize, usize),
+) -> Result<Check, CudaError> {
+    let mut chunks = Vec::new();
+    for chunk in [latent.0, 1, 2] {
+        chunks.extend(shapes::conv3_shapes(cfg, latent, chunk)?);
+    }
+    let want = shapes::plans_per_chunk(&chunks)
+        .into_iter()
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let got = m.vae.cudnn_plans().unwrap_or((0, 0));
+    Ok(Check {
+        name: format!("vae decode {label} cudnn plans and heuristic calls == vae::shapes' count"),
+        rel: (got.0.abs_diff(want.0) + got.1.abs_diff(want.1)) as f64,
+        max_abs: 0.0,
+        tol: 0.0,
+        pass: got == want && want.0 > 0,
+        note: format!(
+            "built {} searched {}; counted {} and {}",
+            got.0, got.1, want.0, want.1
+        ),
+    })
 }
 
 /// The frames' RGB bytes end to end, in frame order.
@@ -779,7 +806,14 @@ pub fn check_vae(kit: &DeviceKit, scratch: &Path, out: &mut Vec<Check>) -> Resul
             if path == ConvPath::Cudnn && !have_cudnn {
                 continue;
             }
-            let (got, frames, ms, bytes) = decode(&mut m, path, &z, t, latent.0, mutation)?;
+            let case = Case {
+                path,
+                z: &z,
+                t,
+                chunk: latent.0,
+                mutation,
+            };
+            let (got, frames, ms, bytes) = decode(&mut m, case)?;
             if m.vae.path != path {
                 return Err(CudaError::Invalid(format!(
                     "conv path {} asked, {} in effect ({:?})",
@@ -838,7 +872,7 @@ pub fn check_vae(kit: &DeviceKit, scratch: &Path, out: &mut Vec<Check>) -> Resul
             let one = got;
             let mut both_frames = vec![(latent.0, frames)];
             for chunk in [1usize, 2] {
-                let (ch, chf, _, cbytes) = decode(&mut m, path, &z, t, chunk, mutation)?;
+                let (ch, chf, _, cbytes) = decode(&mut m, case.chunked(chunk))?;
                 exact.push((
                     format!("chunks of {chunk}"),
                     rgb8_vs_own_f32(&chf, &ch, &shape)?,
@@ -893,7 +927,7 @@ pub fn check_vae(kit: &DeviceKit, scratch: &Path, out: &mut Vec<Check>) -> Resul
             });
             // The render's download (RGB8 only, no waits) against the checks'.
             for (chunk, want) in &both_frames {
-                let got = decode_frames(&mut m, path, &z, t, *chunk, mutation)?;
+                let got = decode_frames(&mut m, case.chunked(*chunk))?;
                 let sizes_ok = got.len() == want.len()
                     && got
                         .iter()
@@ -910,6 +944,9 @@ pub fn check_vae(kit: &DeviceKit, scratch: &Path, out: &mut Vec<Check>) -> Resul
                 );
                 c.pass &= sizes_ok;
                 out.push(c);
+            }
+            if path == ConvPath::Cudnn {
+                out.push(plans_check(&m, &cfg, label, latent)?);
             }
         }
         if let Some(r) = m.vae.cudnn_report() {

@@ -108,15 +108,17 @@ const EW: u32 = 256;
 /// Where pixels go: the f32 staging buffer, its RGB8 conversion (three
 /// colours only), and on the host the f32 clip and/or the frames.
 struct Pixels {
+    /// Two pinned halves the RGB8 frames are copied into without a wait
+    /// (empty unless downloading RGB8), used in turn. Declared first so that
+    /// on an error path they drop (waiting for a copy in flight) before the
+    /// device staging the copy reads from is freed.
+    halves: Vec<HostHalf>,
     staging: DeviceBuffer,
     rgb8: Option<DeviceBuffer>,
     cap_frames: usize,
     host: Option<Vec<f32>>,
     /// One slot per frame of the clip, filled as the frames come.
     frames: Option<Vec<Option<Frame>>>,
-    /// Two pinned halves the RGB8 frames are copied into without a wait
-    /// (empty unless downloading RGB8), used in turn.
-    halves: Vec<HostHalf>,
     /// The half the next conversion's frames go to.
     next_half: usize,
     /// [`Mutation::SkipFrameWait`]: drain the halves without waiting.
@@ -336,6 +338,14 @@ impl<'a> DeviceOps<'a> {
             )));
         }
         self.pixels = Some(Pixels {
+            halves: if download.rgb8() {
+                vec![
+                    HostHalf::new(self.gpu, rgb8_bytes)?,
+                    HostHalf::new(self.gpu, rgb8_bytes)?,
+                ]
+            } else {
+                Vec::new()
+            },
             staging: DeviceBuffer::alloc(
                 self.gpu,
                 cap_frames * c * h * w * 4,
@@ -353,14 +363,6 @@ impl<'a> DeviceOps<'a> {
             cap_frames,
             host: download.f32().then(|| vec![0.0f32; c * f * h * w]),
             frames: download.rgb8().then(|| vec![None; f]),
-            halves: if download.rgb8() {
-                vec![
-                    HostHalf::new(self.gpu, rgb8_bytes)?,
-                    HostHalf::new(self.gpu, rgb8_bytes)?,
-                ]
-            } else {
-                Vec::new()
-            },
             next_half: 0,
             skip_wait: mutation == Mutation::SkipFrameWait,
             repoison: false,

@@ -320,6 +320,14 @@ impl DeviceVae {
         self.path
     }
 
+    /// cuDNN convolution plans this decoder's cuDNN path has built, and the
+    /// algorithm-heuristic calls among them, since it opened; `None` without cuDNN.
+    pub fn cudnn_plans(&self) -> Option<(usize, usize)> {
+        self.cudnn
+            .as_ref()
+            .map(|c| (c.plans_built().0, c.plans_searched()))
+    }
+
     /// The loaded cuDNN's version and the algorithms it chose, if loaded.
     pub fn cudnn_report(&self) -> Option<(usize, Vec<String>)> {
         self.cudnn.as_ref().map(|c| {

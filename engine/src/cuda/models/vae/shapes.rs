@@ -33,12 +33,15 @@ impl HasBias<()> for ShapeConv {
 }
 
 /// The backend that records: buffers are ids, every primitive is a no-op but
-/// [`VaeOps::conv3`], which appends its shape.
+/// [`VaeOps::conv3`], which appends its shape, and [`VaeOps::pixels`], which
+/// appends how many frames it hands out.
 #[derive(Debug, Default)]
 pub struct ShapeOps {
     buffers: usize,
     /// The 3x3x3 convolutions asked for so far, in call order (repeats kept).
     pub conv3: Vec<ConvShape>,
+    /// The frames of each pixel hand-out so far, in call order.
+    pub pixels: Vec<usize>,
 }
 
 impl VaeOps for ShapeOps {
@@ -115,13 +118,14 @@ impl VaeOps for ShapeOps {
     fn pixels(
         &mut self,
         _y: Loc,
-        _frames: usize,
+        frames: usize,
         _h: usize,
         _w: usize,
         _bias: &(),
         _p: usize,
         _first: usize,
     ) -> Result<(), CudaError> {
+        self.pixels.push(frames);
         Ok(())
     }
     fn conv_weight(
@@ -154,14 +158,26 @@ impl VaeOps for ShapeOps {
     }
 }
 
-/// The 3x3x3 convolutions a decode of `latent` (frames, height, width) in
-/// chunks of `chunk` latent frames asks for: one list per chunk, each in call
-/// order, repeats kept. An invalid config or geometry is the stream's error.
-pub fn conv3_shapes(
+/// What one chunk of a decode asks for: its 3x3x3 convolutions in call order
+/// (repeats kept) and the frames of each pixel hand-out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkShapes {
+    /// The convolutions, `(ci, co, frames_in, h, w)`.
+    pub conv3: Vec<ConvShape>,
+    /// Frames per [`VaeOps::pixels`] call.
+    pub pixels: Vec<usize>,
+}
+
+/// What a decode of `latent` (frames, height, width) in chunks of `chunk`
+/// latent frames asks for, one entry per chunk, plus the stream's pixel cap
+/// (the most frames one hand-out may carry, what the device sizes its pixel
+/// staging and pinned halves by). An invalid config or geometry is the
+/// stream's error.
+pub fn decode_shapes(
     cfg: &VaeConfig,
     latent: (usize, usize, usize),
     chunk: usize,
-) -> Result<Vec<Vec<ConvShape>>, CudaError> {
+) -> Result<(Vec<ChunkShapes>, usize), CudaError> {
     if chunk == 0 {
         return Err(CudaError::Invalid(
             "VAE convolution shapes in chunks of 0 latent frames: the chunk must be >= 1".into(),
@@ -172,22 +188,34 @@ pub fn conv3_shapes(
     let mut st = Stream::new(cfg, latent, chunk, Mutation::None, &mut |n, what| {
         ops.alloc(n, what)
     })?;
-    let zeros = vec![0.0f32; chunk * latent.1 * latent.2 * cfg.latent_channels];
+    let per_frame = latent.1 * latent.2 * cfg.latent_channels;
+    let zeros = vec![0.0f32; chunk * per_frame];
     let mut out = Vec::new();
     let mut t0 = 0;
     while t0 < latent.0 {
         let n = chunk.min(latent.0 - t0);
-        let from = ops.conv3.len();
-        st.push_chunk(
-            &mut ops,
-            &w,
-            n,
-            &zeros[..n * latent.1 * latent.2 * cfg.latent_channels],
-        )?;
-        out.push(ops.conv3[from..].to_vec());
+        let (c0, p0) = (ops.conv3.len(), ops.pixels.len());
+        st.push_chunk(&mut ops, &w, n, &zeros[..n * per_frame])?;
+        out.push(ChunkShapes {
+            conv3: ops.conv3[c0..].to_vec(),
+            pixels: ops.pixels[p0..].to_vec(),
+        });
         t0 += n;
     }
-    Ok(out)
+    Ok((out, st.pixel_frames_cap()))
+}
+
+/// The 3x3x3 convolutions of [`decode_shapes`], one list per chunk.
+pub fn conv3_shapes(
+    cfg: &VaeConfig,
+    latent: (usize, usize, usize),
+    chunk: usize,
+) -> Result<Vec<Vec<ConvShape>>, CudaError> {
+    Ok(decode_shapes(cfg, latent, chunk)?
+        .0
+        .into_iter()
+        .map(|c| c.conv3)
+        .collect())
 }
 
 /// Per chunk: (plans a fresh cuDNN path builds, heuristic calls it makes),
@@ -238,6 +266,20 @@ mod tests {
         assert!(all
             .iter()
             .all(|&&(ci, co, f, _, _)| f >= 3 && ci % 8 == 0 && co % 8 == 0));
+    }
+
+    /// The rung-2 decode hands its 121 frames out in its last chunk alone, in
+    /// pieces of 12, 32, 32, 32 and 13 (the device's chunk markers say 0, 0, 0
+    /// and 121 frames, s30-dev2): the non-causal convolutions' look-ahead
+    /// spans more than the first three chunks' 12 latent frames, so chunking
+    /// bounds memory, not latency. Every piece fits the stream's cap of 33
+    /// frames, which sizes the pixel staging and the two pinned halves.
+    #[test]
+    fn the_rung_2_decode_hands_out_every_frame_in_its_last_chunk() {
+        let (chunks, cap) = decode_shapes(&crate::presets::vae_095(), (16, 16, 24), 4).unwrap();
+        let pieces: Vec<Vec<usize>> = chunks.into_iter().map(|c| c.pixels).collect();
+        assert_eq!(pieces, [vec![], vec![], vec![], vec![12, 32, 32, 32, 13]]);
+        assert_eq!(cap, 33);
     }
 
     /// A chunk of 0 frames is an error, not an endless loop.
