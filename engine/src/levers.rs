@@ -64,6 +64,8 @@ pub const CROSS_ATTENTION: &str = "cross-attention";
 pub const QK_NORM: &str = "qk-norm";
 /// Lever id: the number format of the CUDA arm's DiT block Linears.
 pub const PRECISION: &str = "precision";
+/// Lever id: when the CUDA arm's VAE makes its decode's buffers and cuDNN plans.
+pub const VAE_PREPARE: &str = "vae-prepare";
 
 static REGISTRY: &[LeverDef] = &[
     LeverDef {
@@ -191,6 +193,18 @@ static REGISTRY: &[LeverDef] = &[
               bounded bounce buffer and quantized as they arrive: about half their bf16 \
               bytes of device memory)",
     },
+    // Not yet measured on a device (UNMEASURED): the default stays the baseline.
+    LeverDef {
+        id: VAE_PREPARE,
+        arms: &["decode", "load"],
+        default: "decode",
+        baseline: "decode",
+        applies_to: Applies::Cuda,
+        doc: "decode makes the device decode's buffers, its two pinned RGB8 frame halves and \
+              its cuDNN convolution plans at their first use inside decode.video; load makes \
+              them in load.vae for the render's latent geometry (the same sizes, plans and \
+              kernels: the frames do not change; the decode's memory is held from load.vae on)",
+    },
 ];
 
 /// Levers whose default has not yet been decided from device evidence: it stays
@@ -207,7 +221,7 @@ static REGISTRY: &[LeverDef] = &[
 /// evidence keeps their baselines: both treatments were refuted at rung 2
 /// (2026-12-06, three pairs each, against a 1% minimum: cudnn -0.3% [-0.6%, 0.1%],
 /// warp -0.1% [-0.2%, 0.0%]), so their best arms are the baselines.
-pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION];
+pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION, VAE_PREPARE];
 
 /// Every lever the engine knows, in a stable order.
 pub fn registry() -> &'static [LeverDef] {
@@ -346,6 +360,12 @@ impl LeverSet {
     /// Whether the `vae` lever asks for the device decode (inert off the CUDA arm).
     pub fn vae_on_device(&self) -> bool {
         self.arm(VAE) == "device"
+    }
+
+    /// Whether `vae-prepare = load`: the device decode's buffers and cuDNN plans
+    /// are made in `load.vae` (inert unless the VAE decodes on the device).
+    pub fn vae_prepare_at_load(&self) -> bool {
+        self.arm(VAE_PREPARE) == "load"
     }
 
     /// The `attention` arm: which kernel runs the DiT's self-attention.
@@ -593,6 +613,29 @@ mod tests {
         assert!(a.needs_cudnn());
         assert!(!ForwardArms::OWN.needs_cudnn());
         assert_eq!((a.cross.name(), a.qk_norm.name()), ("cudnn", "warp"));
+    }
+
+    #[test]
+    fn vae_prepare_lever_matches_the_spec_and_maps_to_the_load_arm() {
+        let l = lever(VAE_PREPARE).unwrap();
+        assert_eq!(l.arms, ["decode", "load"]);
+        assert_eq!((l.baseline, l.default), ("decode", "decode"));
+        assert!(UNMEASURED.contains(&VAE_PREPARE));
+        assert_eq!(l.applies_to, Applies::Cuda);
+        assert!(!LeverSet::resolve(Profile::Default, [])
+            .unwrap()
+            .vae_prepare_at_load());
+        assert!(
+            LeverSet::resolve(Profile::Baseline, [("vae-prepare", "load")])
+                .unwrap()
+                .vae_prepare_at_load()
+        );
+        let spec = include_str!("../../specs/levers.toml");
+        let at = spec.find("id = \"vae-prepare\"").unwrap();
+        let entry = &spec[at..at + spec[at..].find("[lever.hypothesis]").unwrap()];
+        assert!(entry.contains("arms = [\"decode\", \"load\"]"), "{entry}");
+        assert!(entry.contains("treatment = \"load\""), "{entry}");
+        assert!(entry.contains("numerics = \"preserving\""), "{entry}");
     }
 
     #[test]

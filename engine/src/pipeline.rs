@@ -36,7 +36,10 @@
 //! frames, `device_ms`, `peak_device_bytes` and the host split (`enqueue_ms`,
 //! `wait_ms`, `plans_built`, `plan_ms`, `plans_searched`) on every `decode.video.chunk`,
 //! and the host time outside the chunks' work (`setup_ms`, `collect_ms`, `free_ms`)
-//! on the `decode.video` close; inert on the CPU arm). Every `decode.video` close
+//! on the `decode.video` close; with `vae-prepare = load` the decode's buffers and cuDNN
+//! plans are made in `load.vae` (its close says `decode_plans`, `decode_plan_ms`,
+//! `decode_alloc_ms`, `decode_sink_ms`, `decode_device_bytes`, `decode_pinned_bytes`; the decode's says
+//! `prepared`, `prepared_served`, `prepared_missed`, `prepared_complete`); inert on the CPU arm). Every `decode.video` close
 //! says `latents_ms`, the host milliseconds preparing the latents (denormalize,
 //! decode noise).
 
@@ -57,13 +60,16 @@ use crate::cpu::text::HostT5;
 use crate::cuda::denoise::{open_cuda_denoiser, Dispatch};
 use crate::cuda::models::dit::Geometry;
 use crate::cuda::models::t5::{open_device_t5, DeviceT5};
-use crate::cuda::models::vae::{self as cuda_vae, open_device_vae, DeviceVae, RENDER_CONV_PATH};
+use crate::cuda::models::vae::{
+    self as cuda_vae, open_device_vae, DecodeOptions, DeviceVae, DEVICE_CHUNK_LATENT_FRAMES,
+    RENDER_CONV_PATH,
+};
 use crate::cuda::staging::{StagingOptions, StagingReport};
 use crate::denoise::{Conditioning, Denoiser, TextCond};
 use crate::frames::png::write_png;
 use crate::frames::y4m::Y4mWriter;
 use crate::frames::{frames_from_pixels, Frame};
-use crate::levers::LeverSet;
+use crate::levers::{self, LeverSet};
 use crate::models::dit;
 use crate::models::dit::Transformer;
 use crate::models::t5::{self, T5Encoder};
@@ -428,7 +434,26 @@ fn load_and_decode(
         opts,
     )?;
     let dec: Box<dyn Decoder> = if req.device == Device::Cuda && req.levers.vae_on_device() {
-        let (dv, a) = load_cuda_vae(src, req, rec)?;
+        let (mut dv, mut a) = load_cuda_vae(src, req, rec)?;
+        a.insert(
+            "vae_prepare".into(),
+            Value::from(req.levers.arm(levers::VAE_PREPARE)),
+        );
+        if req.levers.vae_prepare_at_load() {
+            let r = dv
+                .prepare(
+                    grid,
+                    decode_timestep(p),
+                    &DecodeOptions::render(DEVICE_CHUNK_LATENT_FRAMES),
+                )
+                .context("the CUDA arm's VAE: preparing the decode (`--lever vae-prepare=decode` makes it inside decode.video)")?;
+            a.insert("decode_plans".into(), Value::from(r.plans));
+            a.insert("decode_plan_ms".into(), Value::from(r.plan_ms));
+            a.insert("decode_alloc_ms".into(), Value::from(r.alloc_ms));
+            a.insert("decode_sink_ms".into(), Value::from(r.sink_ms));
+            a.insert("decode_device_bytes".into(), Value::from(r.device_bytes));
+            a.insert("decode_pinned_bytes".into(), Value::from(r.pinned_bytes));
+        }
         ph.finish(a);
         Box::new(dv)
     } else {
@@ -585,6 +610,16 @@ fn conditioning_error(e: ConditioningError) -> anyhow::Error {
     }
 }
 
+/// The timestep the VAE decodes at: the preset's decode timestep where the
+/// decoder is timestep-conditioned, else 0.
+fn decode_timestep(p: &Preset) -> f32 {
+    if p.vae.timestep_conditioning {
+        p.vae_scaling.decode_timestep
+    } else {
+        0.0
+    }
+}
+
 /// Tokens `[N, C]` in (f, h, w) order to channel-first latents `[C, f, h, w]`,
 /// denormalised, with the decode noise mixed in where the decoder is
 /// timestep-conditioned; returns them and the decode timestep.
@@ -601,14 +636,12 @@ fn prepare_latents(
     drop(latents);
     schedule::denormalize_latents(&mut z, mean, std, p.vae_scaling.scaling_factor)
         .map_err(|e| anyhow!("denormalize: {e}"))?;
-    let timestep = if p.vae.timestep_conditioning {
+    if p.vae.timestep_conditioning {
         let noise = decode_noise(req.rung.seed, lc, grid);
         schedule::mix_decode_noise(&mut z, noise.data(), p.vae_scaling.decode_noise_scale)
             .map_err(|e| anyhow!("decode noise: {e}"))?;
-        p.vae_scaling.decode_timestep
-    } else {
-        0.0
-    };
+    }
+    let timestep = decode_timestep(p);
     let z = Tensor::new(&[lc, grid.0, grid.1, grid.2], z).map_err(|e| anyhow!("latents: {e}"))?;
     Ok((z, timestep))
 }

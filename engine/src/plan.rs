@@ -317,7 +317,8 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
         );
         device_phases.insert("denoise".into(), staged + fp8_weights + ready);
         if levers.vae_on_device() {
-            project_device_vae(p, g, method, &mut phases, &mut device_phases);
+            let at_load = levers.vae_prepare_at_load();
+            project_device_vae(p, g, method, at_load, &mut phases, &mut device_phases);
         }
     }
     Projection {
@@ -347,6 +348,7 @@ fn project_device_vae(
     p: &Preset,
     g: &Geometry,
     method: StagingMethod,
+    prepare_at_load: bool,
     phases: &mut BTreeMap<String, u64>,
     device_phases: &mut BTreeMap<String, u64>,
 ) {
@@ -371,16 +373,23 @@ fn project_device_vae(
         decode += crate::cuda::models::vae::CUDNN_WORKSPACE_ALLOWANCE;
         host_libs = crate::cuda::models::vae::CUDNN_HOST_ALLOWANCE;
     }
-    device_phases.insert(
-        "load.vae".into(),
-        staged + ws + crate::cuda::models::vae::reorder_bytes(&p.vae),
-    );
+    let reorder = crate::cuda::models::vae::reorder_bytes(&p.vae);
+    // `vae-prepare = load`: the decode's buffers (and cuDNN's workspace) are
+    // made in load.vae, after the reordering's transient is freed, and the two
+    // pinned RGB8 halves are host memory from then on.
+    let (load_device, load_pinned) = if prepare_at_load {
+        let pinned = crate::cuda::models::vae::pinned_bytes(&p.vae, (f, h, w), chunk).unwrap_or(0);
+        (staged + ws + reorder.max(decode), pinned)
+    } else {
+        (staged + ws + reorder, 0)
+    };
+    device_phases.insert("load.vae".into(), load_device);
     device_phases.insert("decode.video".into(), staged + ws + decode);
     let latents = 2 * 4 * 128 * (f * h * w) as u64;
     let clip = 3 * (g.frames * g.height * g.width) as u64;
     phases.insert(
         "load.vae".into(),
-        BASE_BYTES + CUDA_HOST_BYTES + read_through,
+        BASE_BYTES + CUDA_HOST_BYTES + read_through + load_pinned,
     );
     phases.insert(
         "decode.video".into(),
@@ -617,6 +626,17 @@ mod tests {
         .unwrap();
         assert!(dec > decode && dec - decode < 2 << 30, "{dec} {decode}");
         assert!(a.device_phases["load.vae"] < dec);
+        // `vae-prepare = load` holds the decode's buffers from load.vae on.
+        let at_load = LeverSet::resolve(Profile::Default, [("vae-prepare", "load")]).unwrap();
+        let c = project(&p, &g1, &at_load);
+        assert_eq!(
+            c.device_phases["load.vae"],
+            a.device_phases["load.vae"].max(dec)
+        );
+        assert_eq!(c.device_phases["decode.video"], dec);
+        let pinned = crate::cuda::models::vae::pinned_bytes(&p.vae, (4, 10, 16), 4).unwrap();
+        assert!(pinned > 0);
+        assert_eq!(c.phases["load.vae"], a.phases["load.vae"] + pinned);
         // The DiT still sets the device peak; the host no longer holds the f32 VAE.
         assert_eq!(a.device_peak_bytes, a.device_phases["denoise"]);
         assert!(a.phases["decode.video"] < b.phases["decode.video"]);

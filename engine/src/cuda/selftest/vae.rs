@@ -590,6 +590,108 @@ fn plans_check(
     })
 }
 
+/// A decode whose buffers, pinned halves and cuDNN plans were made ahead
+/// ([`DeviceVae::prepare`], lever `vae-prepare = load`) against the same
+/// decode made at first use (`want`: its RGB8-only frames). Tolerance 0
+/// differing bytes: the same kernels on the same inputs, and on the cuDNN
+/// path the same algorithms (the plans are built in the decode's own order
+/// on a fresh handle, so the heuristic sees the same sequence). The decode
+/// is poisoned first, pooled buffers included, so a pooled buffer the
+/// decode reads before writing, or a pixel sink carried over with a stale
+/// frame, shows. Beside the bytes: every buffer request served from the
+/// pool with none missed, dropped or left, the pixel sink reused, and on the
+/// cuDNN path the plans built by `prepare` equal to what `vae::shapes`
+/// counts for this decode, with none built inside it. Then a preparation for
+/// another chunking must be discarded, not used: the decode that follows
+/// reports no pool and still gives the same bytes.
+fn prepared_checks(
+    m: &mut Model,
+    cfg: &VaeConfig,
+    case: Case,
+    want: &[Frame],
+    label: &str,
+) -> Result<Vec<Check>, CudaError> {
+    let s = case.z.shape();
+    let latent = (s[1], s[2], s[3]);
+    m.vae.set_path(case.path);
+    let fresh = m.vae.reopen_cudnn();
+    let opts = DecodeOptions {
+        chunk: case.chunk,
+        download: Download::Rgb8,
+        poison: true,
+        mutation: case.mutation,
+    };
+    let rep = m.vae.prepare(latent, case.t, &opts)?;
+    let before = m.vae.cudnn_plans();
+    let o = m.vae.decode(case.z, case.t, &opts, &mut |_| {})?;
+    let during = match (before, m.vae.cudnn_plans()) {
+        (Some(a), Some(b)) => b.0 - a.0,
+        _ => 0,
+    };
+    let frames = o
+        .frames
+        .ok_or_else(|| CudaError::Invalid("no RGB8 frames came back".into()))?;
+    let want_plans = if case.path == ConvPath::Cudnn && fresh {
+        shapes::plans_per_chunk(&shapes::conv3_shapes(cfg, latent, case.chunk)?)
+            .iter()
+            .map(|p| p.0)
+            .sum()
+    } else {
+        0
+    };
+    let pool = o.prepared;
+    let name = format!(
+        "vae decode {label} {} prepared at load == made at first use, chunks of {}",
+        case.path.name(),
+        case.chunk
+    );
+    let mut c = bytes_check(
+        name,
+        &frame_bytes(&frames),
+        &frame_bytes(want),
+        &format!(
+            "; pool {pool:?}; plans built by prepare {} (counted {want_plans}), in the decode \
+             {during}; prepare {:.1} ms plans + {:.1} ms buffers ({:.1} ms the pixel sink), {:.1} MB device, \
+             {:.1} MB pinned",
+            rep.plans,
+            rep.plan_ms,
+            rep.alloc_ms,
+            rep.sink_ms,
+            rep.device_bytes as f64 / 1e6,
+            rep.pinned_bytes as f64 / 1e6
+        ),
+    );
+    c.pass &= pool.is_some_and(|p| p.complete())
+        && rep.plans == want_plans
+        && during == 0
+        && frames.len() == want.len();
+    let mut out = vec![c];
+    // Prepared for another chunking: discarded, and the bytes unchanged.
+    let other = DecodeOptions {
+        chunk: if case.chunk == latent.0 { 1 } else { latent.0 },
+        ..opts
+    };
+    m.vae.prepare(latent, case.t, &other)?;
+    let o = m.vae.decode(case.z, case.t, &opts, &mut |_| {})?;
+    let frames = o
+        .frames
+        .ok_or_else(|| CudaError::Invalid("no RGB8 frames came back".into()))?;
+    let mut c = bytes_check(
+        format!(
+            "vae decode {label} {} prepared for chunks of {} is not used by chunks of {}",
+            case.path.name(),
+            other.chunk,
+            case.chunk
+        ),
+        &frame_bytes(&frames),
+        &frame_bytes(want),
+        &format!("; pool {:?}", o.prepared),
+    );
+    c.pass &= o.prepared.is_none();
+    out.push(c);
+    Ok(out)
+}
+
 /// The frames' RGB bytes end to end, in frame order.
 fn frame_bytes(frames: &[Frame]) -> Vec<u8> {
     frames.iter().flat_map(|f| f.rgb.iter().copied()).collect()
@@ -947,6 +1049,15 @@ pub fn check_vae(kit: &DeviceKit, scratch: &Path, out: &mut Vec<Check>) -> Resul
             }
             if path == ConvPath::Cudnn {
                 out.push(plans_check(&m, &cfg, label, latent)?);
+            }
+            if let Some((chunk, want)) = both_frames.last() {
+                out.extend(prepared_checks(
+                    &mut m,
+                    &cfg,
+                    case.chunked(*chunk),
+                    want,
+                    label,
+                )?);
             }
         }
         if let Some(r) = m.vae.cudnn_report() {

@@ -82,7 +82,7 @@ struct Plan {
 }
 
 /// (ci, co, frames in, height, width).
-type Shape = (usize, usize, usize, usize, usize);
+pub type Shape = (usize, usize, usize, usize, usize);
 
 /// A cuDNN handle on the compute stream, its plans and workspace.
 pub struct CudnnConv {
@@ -252,6 +252,47 @@ impl CudnnConv {
         v
     }
 
+    /// The plan of `shape`, built now if this is its first use (counted in
+    /// [`CudnnConv::plans_built`]), and a workspace at least as large as it asks for.
+    fn ensure(&mut self, gpu: &Gpu, shape: Shape) -> Result<(), CudaError> {
+        if !self.plans.contains_key(&shape) {
+            let t0 = std::time::Instant::now();
+            let key = (shape.0, shape.1, shape.3, shape.4);
+            let (p, searched) = self.plan(shape, self.algos.get(&key).copied())?;
+            if searched {
+                self.searched += 1;
+                self.algos.insert(key, p.algo);
+            }
+            self.plans.insert(shape, p);
+            self.built.0 += 1;
+            self.built.1 += t0.elapsed().as_secs_f64();
+        }
+        let need = self.plans.get(&shape).map_or(0, |p| p.workspace);
+        if need > self.workspace.as_ref().map_or(0, |b| b.bytes()) {
+            self.workspace = None;
+            self.workspace = Some(DeviceBuffer::alloc(gpu, need, "the cuDNN workspace")?);
+        }
+        Ok(())
+    }
+
+    /// Builds the plans of `shapes` (`(ci, co, frames_in, h, w)`, in the order a
+    /// decode first uses them, as [`crate::cuda::models::vae::shapes::conv3_shapes`]
+    /// lists them; repeats cost nothing) and sizes the workspace for all of them,
+    /// so that a decode asking for the same shapes builds none. The same order
+    /// makes the same heuristic calls, so the algorithms are those the decode
+    /// would have chosen itself. Returns the plans this call built.
+    pub fn prepare(
+        &mut self,
+        gpu: &Gpu,
+        shapes: impl IntoIterator<Item = Shape>,
+    ) -> Result<usize, CudaError> {
+        let before = self.built.0;
+        for s in shapes {
+            self.ensure(gpu, s)?;
+        }
+        Ok(self.built.0 - before)
+    }
+
     /// Enqueues `y = conv(x, w)` on the compute stream: `frames_in` frames
     /// `[h, w, ci]` to `frames_in - 2` frames `[h, w, co]`, weight `[co][27][ci]`.
     #[allow(clippy::too_many_arguments)]
@@ -268,23 +309,7 @@ impl CudnnConv {
         co: usize,
     ) -> Result<(), CudaError> {
         let shape = (ci, co, frames_in, h, wd);
-        if !self.plans.contains_key(&shape) {
-            let t0 = std::time::Instant::now();
-            let key = (ci, co, h, wd);
-            let (p, searched) = self.plan(shape, self.algos.get(&key).copied())?;
-            if searched {
-                self.searched += 1;
-                self.algos.insert(key, p.algo);
-            }
-            self.plans.insert(shape, p);
-            self.built.0 += 1;
-            self.built.1 += t0.elapsed().as_secs_f64();
-        }
-        let need = self.plans.get(&shape).map_or(0, |p| p.workspace);
-        if need > self.workspace.as_ref().map_or(0, |b| b.bytes()) {
-            self.workspace = None;
-            self.workspace = Some(DeviceBuffer::alloc(gpu, need, "the cuDNN workspace")?);
-        }
+        self.ensure(gpu, shape)?;
         let plan = self
             .plans
             .get(&shape)

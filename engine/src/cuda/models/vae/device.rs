@@ -14,6 +14,7 @@ use crate::cuda::kit::kernels::{igemm_smem, Kernels, Map, Params, NULL};
 use crate::cuda::kit::memory::{download, upload, DeviceBuffer};
 use crate::cuda::models::vae::cudnn::CudnnConv;
 use crate::cuda::models::vae::ops::{HasBias, Loc, Mutation, NormOp, VaeOps, SINUSOID};
+use crate::cuda::models::vae::pool::Queue;
 use crate::cuda::models::vae::rgb8::{rgb8_bytes, Rgb8Mutation, RGB8_POISON};
 use crate::cuda::models::vae::Download;
 use crate::cuda::staging::{DeviceWeights, Pinned};
@@ -129,6 +130,30 @@ struct Pixels {
     geom: (usize, usize, usize, usize),
 }
 
+impl Pixels {
+    /// Device bytes of the staging (f32 and RGB8).
+    fn device_bytes(&self) -> u64 {
+        (self.staging.bytes() + self.rgb8.as_ref().map_or(0, |b| b.bytes())) as u64
+    }
+
+    /// Whether this sink serves `cap_frames` frames of a clip of `geom` with
+    /// `download` (what [`DeviceOps::pixel_sink`] would allocate), and holds no
+    /// copy in flight.
+    fn fits(
+        &self,
+        cap_frames: usize,
+        geom: (usize, usize, usize, usize),
+        download: Download,
+    ) -> bool {
+        self.cap_frames == cap_frames
+            && self.geom == geom
+            && self.host.is_some() == download.f32()
+            && self.frames.is_some() == download.rgb8()
+            && self.halves.len() == if download.rgb8() { 2 } else { 0 }
+            && self.halves.iter().all(|h| h.pending.is_none())
+    }
+}
+
 /// One pinned host buffer of the RGB8 download: a conversion's frames are
 /// copied into it on the compute stream (no host wait), and moved into
 /// [`Frame`]s only after its event has fired, when the half comes round
@@ -234,6 +259,52 @@ pub fn launch_rgb8(
     kernels.launch_ew("vae_rgb8", frames * hh * ww, &gpu.compute, p)
 }
 
+/// What one decode's setup allocated, kept for a later decode of the same
+/// geometry, chunking and download ([`DeviceOps::into_pool`],
+/// [`DeviceOps::use_pool`]): the stream's buffers in allocation order and the
+/// pixel sink (device staging and the pinned RGB8 halves).
+pub struct DecodePool {
+    bufs: Vec<DeviceBuffer>,
+    pixels: Option<Pixels>,
+}
+
+impl DecodePool {
+    /// Device bytes held (buffers and pixel staging; the pinned halves are host memory).
+    pub fn device_bytes(&self) -> u64 {
+        let px = self.pixels.as_ref().map_or(0, Pixels::device_bytes);
+        self.bufs.iter().map(|b| b.bytes() as u64).sum::<u64>() + px
+    }
+
+    /// Pinned host bytes held (the RGB8 halves).
+    pub fn pinned_bytes(&self) -> u64 {
+        self.pixels.as_ref().map_or(0, |p| {
+            p.halves.iter().map(|h| h.buf.as_slice().len() as u64).sum()
+        })
+    }
+}
+
+/// How a decode used the pool it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolReport {
+    /// Buffer requests served from the pool.
+    pub served: usize,
+    /// Buffer requests the pool could not serve (allocated afresh).
+    pub missed: usize,
+    /// Pooled buffers dropped unused when a request did not fit.
+    pub dropped: usize,
+    /// Pooled buffers never asked for.
+    pub left: usize,
+    /// Whether the pixel sink (staging and pinned halves) came from the pool.
+    pub pixels: bool,
+}
+
+impl PoolReport {
+    /// Every request served, nothing dropped or left, the pixel sink reused.
+    pub fn complete(&self) -> bool {
+        self.served > 0 && self.missed == 0 && self.dropped == 0 && self.left == 0 && self.pixels
+    }
+}
+
 /// The device backend of one decode.
 pub struct DeviceOps<'a> {
     gpu: &'a Gpu,
@@ -251,6 +322,12 @@ pub struct DeviceOps<'a> {
     /// Host seconds blocked in [`DeviceOps::end`]'s wait since the last
     /// [`DeviceOps::take_wait_ms`].
     waited_s: f64,
+    /// Buffers allocated ahead ([`DeviceOps::use_pool`]), served in order.
+    pool: Option<Queue<DeviceBuffer>>,
+    /// A pixel sink allocated ahead, taken by [`DeviceOps::pixel_sink`] when it fits.
+    pool_pixels: Option<Pixels>,
+    /// Whether [`DeviceOps::pixel_sink`] took the pooled sink.
+    pixels_reused: bool,
 }
 
 impl<'a> DeviceOps<'a> {
@@ -283,7 +360,47 @@ impl<'a> DeviceOps<'a> {
             seg_open: false,
             ms: 0.0,
             waited_s: 0.0,
+            pool: None,
+            pool_pixels: None,
+            pixels_reused: false,
         })
+    }
+
+    /// Hands this decode the buffers an earlier setup allocated
+    /// ([`DeviceOps::into_pool`]): [`VaeOps::alloc`] takes them in order while
+    /// each request matches the next one's size, and [`DeviceOps::pixel_sink`]
+    /// takes the sink when its frames cap, geometry and download match.
+    /// Anything else allocates afresh (and frees the rest of the pool first).
+    pub fn use_pool(&mut self, pool: DecodePool) {
+        self.pool = Some(Queue::new(pool.bufs));
+        self.pool_pixels = pool.pixels;
+    }
+
+    /// What this decode took from its pool; `None` without one.
+    pub fn pool_report(&self) -> Option<PoolReport> {
+        self.pool.as_ref().map(|q| PoolReport {
+            served: q.served(),
+            missed: q.missed(),
+            dropped: q.dropped(),
+            left: q.left(),
+            pixels: self.pixels_reused,
+        })
+    }
+
+    /// Everything this backend allocated (buffers in allocation order and the
+    /// pixel sink), for a later decode of the same shape ([`DeviceOps::use_pool`]).
+    pub fn into_pool(mut self) -> DecodePool {
+        DecodePool {
+            bufs: std::mem::take(&mut self.bufs),
+            pixels: self.pixels.take(),
+        }
+    }
+
+    /// Device bytes this decode holds: its buffers and the pixel staging (f32
+    /// and RGB8), whether allocated now or taken from a pool.
+    pub fn held_bytes(&self) -> u64 {
+        let px = self.pixels.as_ref().map_or(0, Pixels::device_bytes);
+        self.bufs.iter().map(|b| b.bytes() as u64).sum::<u64>() + px
     }
 
     /// cuDNN convolution plans built so far on this decode's handle and the host
@@ -336,6 +453,21 @@ impl<'a> DeviceOps<'a> {
             return Err(CudaError::Invalid(format!(
                 "RGB8 frames of a clip of {c} colours: needs 3"
             )));
+        }
+        if let Some(mut px) = self.pool_pixels.take() {
+            if px.fits(cap_frames, geom, download) {
+                // Only the sizes carry over: the per-decode state starts afresh.
+                px.host = download.f32().then(|| vec![0.0f32; c * f * h * w]);
+                px.frames = download.rgb8().then(|| vec![None; f]);
+                px.next_half = 0;
+                px.skip_wait = mutation == Mutation::SkipFrameWait;
+                px.repoison = false;
+                self.pixels = Some(px);
+                self.pixels_reused = true;
+                return Ok(());
+            }
+            // Another shape: free the pooled sink before allocating this one.
+            drop(px);
         }
         self.pixels = Some(Pixels {
             halves: if download.rgb8() {
@@ -521,8 +653,14 @@ impl VaeOps for DeviceOps<'_> {
     type Mod = DevMod;
 
     fn alloc(&mut self, elems: usize, what: &str) -> Result<usize, CudaError> {
-        self.bufs
-            .push(DeviceBuffer::alloc(self.gpu, elems * 2, what)?);
+        // DeviceBuffer::alloc holds at least one byte: a pooled buffer is
+        // matched on the size it really has.
+        let bytes = (elems * 2).max(1);
+        let b = match self.pool.as_mut().and_then(|q| q.take(bytes)) {
+            Some(b) => b,
+            None => DeviceBuffer::alloc(self.gpu, bytes, what)?,
+        };
+        self.bufs.push(b);
         Ok(self.bufs.len() - 1)
     }
 

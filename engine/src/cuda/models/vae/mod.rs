@@ -28,12 +28,14 @@
 //! - [`cudnn`]: the cuDNN convolution path.
 //! - [`rgb8`]: the RGB8 conversion's layout, defects and host model.
 //! - [`shapes`]: the convolutions a decode asks for, counted without a GPU.
+//! - [`pool`]: a decode's buffers allocated ahead of it ([`DeviceVae::prepare`]).
 //! - `check` / `bench`: the selftest section and the benchmark.
 
 pub mod cudnn;
 pub mod device;
 pub mod host;
 pub mod ops;
+pub mod pool;
 pub mod rgb8;
 pub mod shapes;
 pub mod stream;
@@ -57,7 +59,7 @@ use crate::frames::Frame;
 use crate::models::vae::{decoder_tensor_specs, VaeConfig};
 use crate::tensor::Tensor;
 use crate::weights::safetensors::Extent;
-use device::{ConvPath, DeviceOps};
+use device::{ConvPath, DecodePool, DeviceOps, PoolReport};
 use ops::{DecoderW, Mutation, VaeOps};
 use stream::{latent_frames, output_geometry, Stream};
 
@@ -107,7 +109,7 @@ impl Download {
 }
 
 /// How one decode runs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeOptions {
     /// Latent frames per chunk (>= 1).
     pub chunk: usize,
@@ -174,7 +176,33 @@ pub struct DecodeOutcome {
     /// Host milliseconds after the last chunk: the frames' last copies waited
     /// for and moved into frames, the f32 clip wrapped.
     pub collect_ms: f64,
+    /// How the decode used the buffers [`DeviceVae::prepare`] made for it;
+    /// `None` when none were made for this latent shape and these options.
+    pub prepared: Option<PoolReport>,
 }
+
+/// What [`DeviceVae::prepare`] did, for the `load.vae` close.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrepareReport {
+    /// cuDNN plans built now (0 off the cuDNN path, or where built before).
+    pub plans: usize,
+    /// Host milliseconds building them.
+    pub plan_ms: f64,
+    /// Host milliseconds allocating the decode's buffers and pixel sink
+    /// (binding the time embeddings included).
+    pub alloc_ms: f64,
+    /// Of `alloc_ms`, the pixel sink alone: its device staging and the two
+    /// pinned RGB8 halves (page-locking them is most of it).
+    pub sink_ms: f64,
+    /// Device bytes now held for the decode (buffers and pixel staging).
+    pub device_bytes: u64,
+    /// Pinned host bytes now held for it (the two RGB8 halves).
+    pub pinned_bytes: u64,
+}
+
+/// The decode a [`DecodePool`] was made for: latent (frames, height, width),
+/// chunk and download. The mutation and poisoning do not change a buffer's size.
+type PoolKey = ((usize, usize, usize), usize, Download);
 
 /// The decoder resident on the device.
 pub struct DeviceVae {
@@ -188,6 +216,8 @@ pub struct DeviceVae {
     pub path: ConvPath,
     latents_mean: Vec<f32>,
     latents_std: Vec<f32>,
+    /// Buffers made ahead by [`DeviceVae::prepare`], for the decode they fit.
+    prepared: Option<(PoolKey, DecodePool)>,
 }
 
 /// Names of the decoder's 3x3x3 convolution weights and their shapes.
@@ -237,6 +267,19 @@ pub fn decode_bytes(
     let cap = st.pixel_frames_cap();
     let rgb8 = device::rgb8_staging_bytes(cap, (oc, 0, h, w));
     Ok(((elems + temb_elems(cfg)) * 2 + cap * oc * h * w * 4 + rgb8) as u64)
+}
+
+/// Pinned host bytes a decode of `latent` in chunks of `chunk` holds for its
+/// RGB8 frames: two halves of the stream's pixel cap each (none unless the
+/// clip has three colours).
+pub fn pinned_bytes(
+    cfg: &VaeConfig,
+    latent: (usize, usize, usize),
+    chunk: usize,
+) -> Result<u64, CudaError> {
+    let (oc, _, h, w) = output_geometry(cfg, latent);
+    let st = Stream::new(cfg, latent, chunk, Mutation::None, &mut |_, _| Ok(0))?;
+    Ok(2 * device::rgb8_staging_bytes(st.pixel_frames_cap(), (oc, 0, h, w)) as u64)
 }
 
 impl DeviceVae {
@@ -297,6 +340,7 @@ impl DeviceVae {
             path: ConvPath::Igemm,
             latents_mean,
             latents_std,
+            prepared: None,
         };
         v.set_path(path);
         Ok(v)
@@ -318,6 +362,15 @@ impl DeviceVae {
             path
         };
         self.path
+    }
+
+    /// Drops the cuDNN handle and its plans and, on the cuDNN path, opens a
+    /// fresh one (the checks: plans counted from zero). Returns whether a
+    /// fresh handle is open.
+    pub fn reopen_cudnn(&mut self) -> bool {
+        let path = self.path;
+        self.cudnn = None;
+        self.set_path(path) == ConvPath::Cudnn && self.cudnn.is_some()
     }
 
     /// cuDNN convolution plans this decoder's cuDNN path has built, and the
@@ -361,8 +414,95 @@ impl DeviceVae {
         &self.latents_std
     }
 
+    /// The latent `(frames, height, width)` of `shape` `[C, F', H', W']`, or
+    /// why a decode of it (in chunks of `chunk` at `timestep`) cannot run.
+    fn latent_of(
+        &self,
+        shape: &[usize],
+        chunk: usize,
+        timestep: f32,
+    ) -> Result<(usize, usize, usize), CudaError> {
+        let c = self.cfg.latent_channels;
+        if shape.len() != 4 || shape[0] != c || shape[1..].contains(&0) {
+            return Err(CudaError::Invalid(format!(
+                "VAE latents of shape {shape:?}: expected [{c}, F' >= 1, H' >= 1, W' >= 1]"
+            )));
+        }
+        if chunk == 0 || !timestep.is_finite() {
+            return Err(CudaError::Invalid(format!(
+                "VAE decode in chunks of {chunk} at timestep {timestep}: the chunk must be >= 1 and the \
+                 timestep finite"
+            )));
+        }
+        Ok((shape[1], shape[2], shape[3]))
+    }
+
+    /// Makes ahead what a decode of `latent` (frames, height, width) with
+    /// `opts` would make at its first use (lever `vae-prepare = load`): on the
+    /// cuDNN path every convolution plan it needs, in its order
+    /// ([`shapes::conv3_shapes`]), and the workspace for them; the stream's
+    /// buffers, the time embeddings' and the pixel sink (device staging, the two
+    /// pinned RGB8 halves), kept for that decode. A later [`DeviceVae::decode`]
+    /// of the same latent shape and options takes them and allocates nothing;
+    /// any other decode frees them first. Holds their memory until then.
+    pub fn prepare(
+        &mut self,
+        latent: (usize, usize, usize),
+        timestep: f32,
+        opts: &DecodeOptions,
+    ) -> Result<PrepareReport, CudaError> {
+        let c = self.cfg.latent_channels;
+        let latent = self.latent_of(&[c, latent.0, latent.1, latent.2], opts.chunk, timestep)?;
+        // An earlier preparation goes first: never two sets at once.
+        self.prepared = None;
+        let t0 = Instant::now();
+        let mut plans = 0;
+        if self.path == ConvPath::Cudnn {
+            if let Some(dnn) = self.cudnn.as_mut() {
+                let order = shapes::conv3_shapes(&self.cfg, latent, opts.chunk)?;
+                plans = dnn.prepare(&self.kit.gpu, order.into_iter().flatten())?;
+            }
+        }
+        let plan_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let t1 = Instant::now();
+        let cfg = self.cfg.clone();
+        let kit = &self.kit;
+        let geom = output_geometry(&cfg, latent);
+        let mut ops = DeviceOps::new(
+            &kit.gpu,
+            &kit.kernels,
+            &kit.gemm,
+            &self.weights,
+            self.path,
+            self.cudnn.as_mut(),
+        )?;
+        // The same calls, in the same order, as the decode's setup below.
+        DecoderW::bind(&mut ops, &cfg, timestep)?;
+        let st = Stream::new(&cfg, latent, opts.chunk, opts.mutation, &mut |n, what| {
+            ops.alloc(n, what)
+        })?;
+        let t2 = Instant::now();
+        ops.pixel_sink(st.pixel_frames_cap(), geom, opts.download, opts.mutation)?;
+        let sink_ms = t2.elapsed().as_secs_f64() * 1e3;
+        kit.gpu.sync_compute()?;
+        let pool = ops.into_pool();
+        let report = PrepareReport {
+            plans,
+            plan_ms,
+            alloc_ms: t1.elapsed().as_secs_f64() * 1e3,
+            sink_ms,
+            device_bytes: pool.device_bytes(),
+            pinned_bytes: pool.pinned_bytes(),
+        };
+        self.prepared = Some(((latent, opts.chunk, opts.download), pool));
+        Ok(report)
+    }
+
     /// Decodes `latents [C, F', H', W']` (denormalised, decode noise mixed in)
-    /// at `timestep`, in chunks, calling `on_chunk` as each completes.
+    /// at `timestep`, in chunks, calling `on_chunk` as each completes. With
+    /// buffers prepared for this latent shape and these options
+    /// ([`DeviceVae::prepare`]) it takes them; else it frees any prepared ones
+    /// and allocates its own.
     pub fn decode(
         &mut self,
         latents: &Tensor,
@@ -371,21 +511,13 @@ impl DeviceVae {
         on_chunk: &mut dyn FnMut(&ChunkReport),
     ) -> Result<DecodeOutcome, CudaError> {
         let entered = Instant::now();
-        let s = latents.shape();
         let c = self.cfg.latent_channels;
-        if s.len() != 4 || s[0] != c || s[1..].contains(&0) {
-            return Err(CudaError::Invalid(format!(
-                "VAE latents of shape {s:?}: expected [{c}, F' >= 1, H' >= 1, W' >= 1]"
-            )));
-        }
-        if opts.chunk == 0 || !timestep.is_finite() {
-            return Err(CudaError::Invalid(format!(
-                "VAE decode in chunks of {} at timestep {timestep}: the chunk must be >= 1 and the \
-                 timestep finite",
-                opts.chunk
-            )));
-        }
-        let latent = (s[1], s[2], s[3]);
+        let latent = self.latent_of(latents.shape(), opts.chunk, timestep)?;
+        // Prepared buffers of another decode are freed before this one allocates.
+        let pool = match self.prepared.take() {
+            Some((key, pool)) if key == (latent, opts.chunk, opts.download) => Some(pool),
+            _ => None,
+        };
         let geom = output_geometry(&self.cfg, latent);
         let cfg = self.cfg.clone();
         let kit = &self.kit;
@@ -397,14 +529,17 @@ impl DeviceVae {
             self.path,
             self.cudnn.as_mut(),
         )?;
-        let bytes0 = kit.gpu.mem.current();
+        if let Some(p) = pool {
+            ops.use_pool(p);
+        }
         let w = DecoderW::bind(&mut ops, &cfg, timestep)?;
         let stream_from = ops.buffers();
         let mut st = Stream::new(&cfg, latent, opts.chunk, opts.mutation, &mut |n, what| {
             ops.alloc(n, what)
         })?;
         ops.pixel_sink(st.pixel_frames_cap(), geom, opts.download, opts.mutation)?;
-        let workspace_bytes = kit.gpu.mem.current() - bytes0;
+        let workspace_bytes = ops.held_bytes();
+        let prepared = ops.pool_report();
         if opts.poison {
             ops.poison_from(stream_from)?;
         }
@@ -468,6 +603,7 @@ impl DeviceVae {
             workspace_bytes,
             setup_ms,
             collect_ms: collecting.elapsed().as_secs_f64() * 1e3,
+            prepared,
         })
     }
 }
@@ -565,14 +701,24 @@ impl Decoder for DeviceVae {
         let frames = out
             .frames
             .ok_or_else(|| anyhow::anyhow!("the device VAE returned no frames"))?;
-        let a = attrs! {
+        let mut a = attrs! {
             "frames" => frames.len(),
             attr::DEVICE_MS => out.device_ms,
             "workspace_bytes" => out.workspace_bytes,
             "setup_ms" => out.setup_ms,
             "collect_ms" => out.collect_ms,
             "free_ms" => free_ms,
+            "prepared" => out.prepared.is_some(),
         };
+        if let Some(p) = out.prepared {
+            // A preparation this decode could not use wholly says how far it got.
+            a.insert("prepared_served".into(), serde_json::Value::from(p.served));
+            a.insert("prepared_missed".into(), serde_json::Value::from(p.missed));
+            a.insert(
+                "prepared_complete".into(),
+                serde_json::Value::from(p.complete()),
+            );
+        }
         Ok((Decoded::Frames(frames), a))
     }
 }
