@@ -130,13 +130,21 @@ pub fn pack_latents(z: &[f32], c: usize) -> Vec<f32> {
 
 /// Tokens `[n, c]` back to channel-first latents `[c, n]` (`n = f * h * w`).
 pub fn unpack_latents(tokens: &[f32], c: usize) -> Vec<f32> {
+    use rayon::prelude::*;
     let n = tokens.len() / c.max(1);
     let mut out = vec![0.0f32; tokens.len()];
-    for i in 0..n {
-        for ch in 0..c {
-            out[ch * n + i] = tokens[i * c + ch];
-        }
+    if n == 0 {
+        return out;
     }
+    // One output channel per task: sequential writes, strided reads.
+    out.par_chunks_mut(n)
+        .take(c)
+        .enumerate()
+        .for_each(|(ch, plane)| {
+            for (i, v) in plane.iter_mut().enumerate() {
+                *v = tokens[i * c + ch];
+            }
+        });
     out
 }
 

@@ -199,13 +199,17 @@ impl HostHalf {
         let dst = slots.get_mut(first..first + frames).ok_or_else(|| {
             CudaError::Invalid(format!("VAE frames {first}+{frames} of a clip of {total}"))
         })?;
-        for (slot, rgb) in dst.iter_mut().zip(self.buf.as_slice().chunks_exact(fb)) {
-            *slot = Some(Frame {
-                width: ww,
-                height: hh,
-                rgb: rgb.to_vec(),
+        // One frame per task: each copy allocates and faults in its own ~1 MB.
+        use rayon::prelude::*;
+        dst.par_iter_mut()
+            .zip(self.buf.as_slice().par_chunks_exact(fb))
+            .for_each(|(slot, rgb)| {
+                *slot = Some(Frame {
+                    width: ww,
+                    height: hh,
+                    rgb: rgb.to_vec(),
+                });
             });
-        }
         Ok(waited)
     }
 }
