@@ -193,7 +193,7 @@ static REGISTRY: &[LeverDef] = &[
               bounded bounce buffer and quantized as they arrive: about half their bf16 \
               bytes of device memory)",
     },
-    // Not yet measured on a device (UNMEASURED): the default stays the baseline.
+    // Measured but not yet decided (UNMEASURED): the default stays the baseline.
     LeverDef {
         id: VAE_PREPARE,
         arms: &["decode", "load"],
@@ -221,6 +221,10 @@ static REGISTRY: &[LeverDef] = &[
 /// evidence keeps their baselines: both treatments were refuted at rung 2
 /// (2026-12-06, three pairs each, against a 1% minimum: cudnn -0.3% [-0.6%, 0.1%],
 /// warp -0.1% [-0.2%, 0.0%]), so their best arms are the baselines.
+/// `vae-prepare` stays while its verdict is not clean: every one of its six pairs
+/// (2026-12-06, rungs 2 and 3) saved 28-48% of decode.video against a 25% minimum,
+/// but rank reads `sensitive` at both rungs (one run past the outlier threshold,
+/// leaving two pairs without it); a campaign of four pairs decides it.
 pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION, VAE_PREPARE];
 
 /// Every lever the engine knows, in a stable order.
