@@ -32,7 +32,7 @@
 //! `denoise-graph = on` replays each forward as a captured CUDA graph (the
 //! `denoise` close says `graph`, `load.dit`'s `graph_capture_ms`), and `vae = host|device`
 //! picks where the VAE decodes on a CUDA render (on the device: staged in
-//! `load.vae`, decoded in chunks of [`DEVICE_CHUNK_LATENT_FRAMES`](crate::cuda::models::vae::DEVICE_CHUNK_LATENT_FRAMES) latent
+//! `load.vae`, decoded in chunks of [`DEVICE_CHUNK_LATENT_FRAMES`] latent
 //! frames, `device_ms`, `peak_device_bytes` and the host split (`enqueue_ms`,
 //! `wait_ms`, `plans_built`, `plan_ms`, `plans_searched`) on every `decode.video.chunk`,
 //! and the host time outside the chunks' work (`setup_ms`, `collect_ms`, `free_ms`)
