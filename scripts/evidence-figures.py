@@ -23,8 +23,10 @@ come from ad-hoc shell).
         per bundle: the `decode.video` phase's wall and, summed over its
         `decode.video.chunk` closes, the device span, cuDNN plan milliseconds,
         host waits and enqueue time; then each chunk's wall, enqueue + wait,
-        device span and frames; and the close's setup/collect/free/latents
-        milliseconds where the engine records them (needs pyarrow)
+        device span and frames; the close's setup/collect/free/latents
+        milliseconds where the engine records them; and load.vae's wall with what
+        `vae-prepare = load` made there (plans, their milliseconds, the buffers'
+        and the pinned sink's) (needs pyarrow)
 
 STORE is a store directory (`reports/evidence`); an ID is a bundle id or a unique
 prefix of one; `--campaign ID` selects every bundle of that campaign (id or prefix);
@@ -185,11 +187,12 @@ def decode_parts(root, names):
         d = os.path.join(root, n)
         closes = [(r["name"], json.loads(r["attrs_json"] or "{}"))
                   for r in pq.read_table(os.path.join(d, "markers.parquet")).to_pylist()
-                  if r["ev"] == "close" and r["name"] in ("decode.video", "decode.video.chunk")]
+                  if r["ev"] == "close" and r["name"] in ("decode.video", "decode.video.chunk", "load.vae")]
+        load = [a for name, a in closes if name == "load.vae"]
         chunks = [a for name, a in closes if name == "decode.video.chunk"]
         whole = [a for name, a in closes if name == "decode.video"]
         walls = [r for r in pq.read_table(os.path.join(d, "phases.parquet")).to_pylist()
-                 if r["name"] in ("decode.video", "decode.video.chunk")]
+                 if r["name"] in ("decode.video", "decode.video.chunk", "load.vae")]
         phase = [r["duration_s"] for r in walls if r["name"] == "decode.video"]
         if not whole or not phase or not chunks:
             die(f"{n[:12]}: no device decode.video with chunks recorded")
@@ -207,6 +210,14 @@ def decode_parts(root, names):
                  if k in whole[0]]
         if extra:
             print("    " + ", ".join(extra))
+        # vae-prepare: what load.vae made ahead for the decode (absent on the decode arm).
+        if load:
+            la = load[0]
+            lw = [r["duration_s"] for r in walls if r["name"] == "load.vae"]
+            made = [f"{k} {la[k]:.1f} ms" for k in ("decode_plan_ms", "decode_alloc_ms", "decode_sink_ms")
+                    if k in la]
+            print(f"    load.vae {lw[0]:.3f} s, vae_prepare {la.get('vae_prepare', '-')}"
+                  + (f", {la.get('decode_plans', '-')} plans; " + ", ".join(made) if made else ""))
 
 
 COMMANDS = {"cadence": cadence, "first-cached": first_cached, "gpm-cost": gpm_cost,
