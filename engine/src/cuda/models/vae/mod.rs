@@ -200,6 +200,17 @@ pub struct PrepareReport {
     pub pinned_bytes: u64,
 }
 
+/// What [`DeviceVae::set_up`] made: the backend, the bound weights, the
+/// stream, the first stream buffer's id (what poisoning starts from) and the
+/// host milliseconds the pixel sink took.
+struct SetUp<'a> {
+    ops: DeviceOps<'a>,
+    w: DecoderW<DeviceOps<'a>>,
+    st: Stream,
+    stream_from: usize,
+    sink_ms: f64,
+}
+
 /// The decode a [`DecodePool`] was made for: latent (frames, height, width),
 /// chunk and download. The mutation and poisoning do not change a buffer's size.
 type PoolKey = ((usize, usize, usize), usize, Download);
@@ -437,6 +448,51 @@ impl DeviceVae {
         Ok((shape[1], shape[2], shape[3]))
     }
 
+    /// A decode's setup, the one sequence both [`DeviceVae::prepare`] and
+    /// [`DeviceVae::decode`] run, so that a pool is made by exactly the
+    /// requests that will take from it: the backend (given `pool`, if any), the
+    /// weights bound at `timestep` (time embeddings), the stream's buffers and
+    /// the pixel sink.
+    fn set_up(
+        &mut self,
+        latent: (usize, usize, usize),
+        timestep: f32,
+        opts: &DecodeOptions,
+        pool: Option<DecodePool>,
+    ) -> Result<SetUp<'_>, CudaError> {
+        let geom = output_geometry(&self.cfg, latent);
+        let kit = &self.kit;
+        let mut ops = DeviceOps::new(
+            &kit.gpu,
+            &kit.kernels,
+            &kit.gemm,
+            &self.weights,
+            self.path,
+            self.cudnn.as_mut(),
+        )?;
+        if let Some(p) = pool {
+            ops.use_pool(p);
+        }
+        let w = DecoderW::bind(&mut ops, &self.cfg, timestep)?;
+        let stream_from = ops.buffers();
+        let st = Stream::new(
+            &self.cfg,
+            latent,
+            opts.chunk,
+            opts.mutation,
+            &mut |n, what| ops.alloc(n, what),
+        )?;
+        let t = Instant::now();
+        ops.pixel_sink(st.pixel_frames_cap(), geom, opts.download, opts.mutation)?;
+        Ok(SetUp {
+            ops,
+            w,
+            st,
+            stream_from,
+            sink_ms: t.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
     /// Makes ahead what a decode of `latent` (frames, height, width) with
     /// `opts` would make at its first use (lever `vae-prepare = load`): on the
     /// cuDNN path every convolution plan it needs, in its order
@@ -465,27 +521,11 @@ impl DeviceVae {
         }
         let plan_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = Instant::now();
-        let cfg = self.cfg.clone();
-        let kit = &self.kit;
-        let geom = output_geometry(&cfg, latent);
-        let mut ops = DeviceOps::new(
-            &kit.gpu,
-            &kit.kernels,
-            &kit.gemm,
-            &self.weights,
-            self.path,
-            self.cudnn.as_mut(),
-        )?;
-        // The same calls, in the same order, as the decode's setup below.
-        DecoderW::bind(&mut ops, &cfg, timestep)?;
-        let st = Stream::new(&cfg, latent, opts.chunk, opts.mutation, &mut |n, what| {
-            ops.alloc(n, what)
-        })?;
-        let t2 = Instant::now();
-        ops.pixel_sink(st.pixel_frames_cap(), geom, opts.download, opts.mutation)?;
-        let sink_ms = t2.elapsed().as_secs_f64() * 1e3;
-        kit.gpu.sync_compute()?;
-        let pool = ops.into_pool();
+        let set = self.set_up(latent, timestep, opts, None)?;
+        let sink_ms = set.sink_ms;
+        let pool = set.ops.into_pool();
+        // The time embeddings' launches are done inside the load's time.
+        self.kit.gpu.sync_compute()?;
         let report = PrepareReport {
             plans,
             plan_ms,
@@ -519,25 +559,13 @@ impl DeviceVae {
             _ => None,
         };
         let geom = output_geometry(&self.cfg, latent);
-        let cfg = self.cfg.clone();
-        let kit = &self.kit;
-        let mut ops = DeviceOps::new(
-            &kit.gpu,
-            &kit.kernels,
-            &kit.gemm,
-            &self.weights,
-            self.path,
-            self.cudnn.as_mut(),
-        )?;
-        if let Some(p) = pool {
-            ops.use_pool(p);
-        }
-        let w = DecoderW::bind(&mut ops, &cfg, timestep)?;
-        let stream_from = ops.buffers();
-        let mut st = Stream::new(&cfg, latent, opts.chunk, opts.mutation, &mut |n, what| {
-            ops.alloc(n, what)
-        })?;
-        ops.pixel_sink(st.pixel_frames_cap(), geom, opts.download, opts.mutation)?;
+        let SetUp {
+            mut ops,
+            w,
+            mut st,
+            stream_from,
+            ..
+        } = self.set_up(latent, timestep, opts, pool)?;
         let workspace_bytes = ops.held_bytes();
         let prepared = ops.pool_report();
         if opts.poison {
