@@ -222,7 +222,7 @@ static REGISTRY: &[LeverDef] = &[
 /// (2026-12-06, three pairs each, against a 1% minimum: cudnn -0.3% [-0.6%, 0.1%],
 /// warp -0.1% [-0.2%, 0.0%]), so their best arms are the baselines.
 /// `vae-prepare` stays while its verdict is not clean: every one of its six pairs
-/// (2026-12-06, rungs 2 and 3) saved 28-48% of decode.video against a 25% minimum,
+/// (2026-12-06, rungs 2 and 3) saved 28-49% of decode.video against a 25% minimum,
 /// but rank reads `sensitive` at both rungs (one run past the outlier threshold,
 /// leaving two pairs without it); a campaign of four pairs decides it.
 pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION, VAE_PREPARE];
@@ -471,11 +471,7 @@ mod tests {
         assert_eq!(j["levers"]["vae"]["baseline"], "host");
         assert_eq!(j["levers"]["vae"]["arms"][1], "device");
         // specs/levers.toml's entry names the same arms.
-        let spec = include_str!("../../specs/levers.toml");
-        let at = spec
-            .find("id = \"vae\"")
-            .expect("the vae lever in specs/levers.toml");
-        let entry = &spec[at..at + 400];
+        let entry = spec_entry("vae");
         assert!(entry.contains("arms = [\"host\", \"device\"]"), "{entry}");
         assert!(entry.contains("baseline = \"host\""), "{entry}");
     }
@@ -511,6 +507,18 @@ mod tests {
         );
         assert!(parse_setting("ab").is_err());
         assert!(parse_setting("=b").is_err());
+    }
+
+    /// The `[[lever]]` entry of `id` in specs/levers.toml, up to its hypothesis.
+    fn spec_entry(id: &str) -> &'static str {
+        let spec = include_str!("../../specs/levers.toml");
+        let at = spec
+            .find(&format!("id = \"{id}\""))
+            .unwrap_or_else(|| panic!("lever {id} in specs/levers.toml"));
+        let end = spec[at..]
+            .find("[lever.hypothesis]")
+            .unwrap_or_else(|| panic!("lever {id}: no [lever.hypothesis]"));
+        &spec[at..at + end]
     }
 
     #[test]
@@ -549,9 +557,7 @@ mod tests {
         let m = LeverSet::resolve(Profile::Default, [("attention", "mma")]).unwrap();
         assert_eq!(m.attention(), AttentionArm::Mma);
         assert_eq!(m.attention().name(), "mma");
-        let spec = include_str!("../../specs/levers.toml");
-        let at = spec.find("id = \"attention\"").unwrap();
-        let entry = &spec[at..at + spec[at..].find("[lever.hypothesis]").unwrap()];
+        let entry = spec_entry("attention");
         assert!(entry.contains("arms = [\"mma\", \"cudnn\"]"), "{entry}");
         assert!(entry.contains("baseline = \"mma\""), "{entry}");
         assert!(entry.contains("treatment = \"cudnn\""), "{entry}");
@@ -575,9 +581,7 @@ mod tests {
             assert_eq!((l.default, l.baseline), (arms[0], arms[0]), "{id}");
             assert!(UNMEASURED.contains(&id), "{id}");
             assert_eq!(l.applies_to, Applies::Cuda);
-            let spec = include_str!("../../specs/levers.toml");
-            let at = spec.find(&format!("id = \"{id}\"")).unwrap();
-            let entry = &spec[at..at + spec[at..].find("[lever.hypothesis]").unwrap()];
+            let entry = spec_entry(id);
             let want = format!("arms = [\"{}\", \"{}\"]", arms[0], arms[1]);
             assert!(entry.contains(&want), "{entry}");
             assert!(
@@ -634,9 +638,7 @@ mod tests {
                 .unwrap()
                 .vae_prepare_at_load()
         );
-        let spec = include_str!("../../specs/levers.toml");
-        let at = spec.find("id = \"vae-prepare\"").unwrap();
-        let entry = &spec[at..at + spec[at..].find("[lever.hypothesis]").unwrap()];
+        let entry = spec_entry("vae-prepare");
         assert!(entry.contains("arms = [\"decode\", \"load\"]"), "{entry}");
         assert!(entry.contains("treatment = \"load\""), "{entry}");
         assert!(entry.contains("numerics = \"preserving\""), "{entry}");
@@ -660,9 +662,7 @@ mod tests {
                 .conditioning_on_device()
         );
         // specs/levers.toml's entry names the same arms and roles.
-        let spec = include_str!("../../specs/levers.toml");
-        let at = spec.find("id = \"conditioning\"").unwrap();
-        let entry = &spec[at..at + spec[at..].find("[lever.hypothesis]").unwrap()];
+        let entry = spec_entry("conditioning");
         assert!(entry.contains("arms = [\"host\", \"device\"]"), "{entry}");
         assert!(entry.contains("baseline = \"host\""), "{entry}");
         assert!(entry.contains("treatment = \"device\""), "{entry}");

@@ -36,12 +36,13 @@
 //! frames, `device_ms`, `peak_device_bytes` and the host split (`enqueue_ms`,
 //! `wait_ms`, `plans_built`, `plan_ms`, `plans_searched`) on every `decode.video.chunk`,
 //! and the host time outside the chunks' work (`setup_ms`, `collect_ms`, `free_ms`)
-//! on the `decode.video` close; with `vae-prepare = load` the decode's buffers and cuDNN
-//! plans are made in `load.vae` (its close says `decode_plans`, `decode_plan_ms`,
-//! `decode_alloc_ms`, `decode_sink_ms`, `decode_device_bytes`, `decode_pinned_bytes`; the decode's says
-//! `prepared`, `prepared_served`, `prepared_missed`, `prepared_complete`); inert on the CPU arm). Every `decode.video` close
-//! says `latents_ms`, the host milliseconds preparing the latents (denormalize,
-//! decode noise).
+//! on the `decode.video` close; with `vae-prepare = load` the decode's buffers and
+//! cuDNN plans are made in `load.vae` (its close says `decode_plans`,
+//! `decode_plan_ms`, `decode_alloc_ms`, `decode_sink_ms`, `decode_device_bytes`,
+//! `decode_pinned_bytes`; the decode's says `prepared`, `prepared_served`,
+//! `prepared_missed`, `prepared_complete`); inert on the CPU arm). Every
+//! `decode.video` close says `latents_ms`, the host milliseconds preparing the
+//! latents (denormalize, decode noise).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

@@ -224,5 +224,8 @@ mod tests {
         let t = pack_latents(&z, 3);
         assert_eq!(&t[..6], &[0., 4., 8., 1., 5., 9.]);
         assert_eq!(unpack_latents(&t, 3), z);
+        // Fewer values than channels: nothing to unpack (the tail stays 0), as
+        // before the per-channel tasks.
+        assert_eq!(unpack_latents(&[1., 2.], 3), vec![0., 0.]);
     }
 }

@@ -272,11 +272,16 @@ pub struct DecodePool {
     pixels: Option<Pixels>,
 }
 
+/// Device bytes of `bufs` and of the pixel sink's staging (f32 and RGB8).
+fn device_bytes_of(bufs: &[DeviceBuffer], pixels: Option<&Pixels>) -> u64 {
+    let px = pixels.map_or(0, Pixels::device_bytes);
+    bufs.iter().map(|b| b.bytes() as u64).sum::<u64>() + px
+}
+
 impl DecodePool {
     /// Device bytes held (buffers and pixel staging; the pinned halves are host memory).
     pub fn device_bytes(&self) -> u64 {
-        let px = self.pixels.as_ref().map_or(0, Pixels::device_bytes);
-        self.bufs.iter().map(|b| b.bytes() as u64).sum::<u64>() + px
+        device_bytes_of(&self.bufs, self.pixels.as_ref())
     }
 
     /// Pinned host bytes held (the RGB8 halves).
@@ -403,8 +408,7 @@ impl<'a> DeviceOps<'a> {
     /// Device bytes this decode holds: its buffers and the pixel staging (f32
     /// and RGB8), whether allocated now or taken from a pool.
     pub fn held_bytes(&self) -> u64 {
-        let px = self.pixels.as_ref().map_or(0, Pixels::device_bytes);
-        self.bufs.iter().map(|b| b.bytes() as u64).sum::<u64>() + px
+        device_bytes_of(&self.bufs, self.pixels.as_ref())
     }
 
     /// cuDNN convolution plans built so far on this decode's handle and the host

@@ -808,6 +808,23 @@ mod tests {
         );
     }
 
+    /// The rung-2 render (ltxv-2b VAE, latent 16 x 16 x 24, chunks of 4)
+    /// page-locks two halves of the stream's 33-frame cap of 768x512 RGB8:
+    /// 2 x 33 x 512 x 768 x 3 = 77,856,768 bytes, what the device's load.vae
+    /// close said as `decode_pinned_bytes` (bundle 27f7b8aa3adc, s31-dev1). A
+    /// four-colour clip pins nothing.
+    #[test]
+    fn pinned_bytes_are_two_halves_of_the_pixel_cap() {
+        let cfg = crate::presets::vae_095();
+        assert_eq!(pinned_bytes(&cfg, (16, 16, 24), 4).unwrap(), 77_856_768);
+        let (_, cap) = shapes::decode_shapes(&cfg, (4, 10, 16), 4).unwrap();
+        assert_eq!(
+            pinned_bytes(&cfg, (4, 10, 16), 4).unwrap(),
+            (2 * cap * 320 * 512 * 3) as u64
+        );
+        assert!(pinned_bytes(&cfg, (16, 16, 24), 0).is_err());
+    }
+
     #[test]
     fn decode_bytes_grow_with_the_chunk_and_count_every_buffer() {
         let cfg = crate::presets::vae_095();
