@@ -21,6 +21,8 @@
 //! applies_to = ["cuda"]         # devices on which the arms differ
 //! prior_rank = 3                # optional
 //! metric = { kind = "phase-wall", phase = "load.dit" }
+//! # with = { precision = "fp8" }  # optional: other levers' arms every run of this
+//! #                               # lever's campaign sets, in both arms
 //! numerics = "preserving"       # or "changing", with a fidelity rule:
 //! # fidelity = { min_psnr_db = 30.0, floor_margin_db = 3.0 }
 //! [lever.hypothesis]
@@ -33,7 +35,7 @@
 
 use evidence::error::TomlFileError;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// The schema version this module reads.
@@ -321,6 +323,15 @@ pub struct Lever {
     /// hypothesis is about `metric`). It says why a saving happened, or did not.
     #[serde(default)]
     pub second_metric: Option<Metric>,
+    /// Other levers' arms under which this lever is measured, by lever id
+    /// (`with = { precision = "fp8" }`): for a lever whose arms only differ when
+    /// another lever is on a given arm. Every run of this lever's campaign, both
+    /// arms and warm-ups, sets them too (and they are part of the campaign id);
+    /// rank pairs only runs that recorded every one of them. Each key is another
+    /// lever of the spec, each value one of that lever's `arms`. Empty (the
+    /// default): the lever is measured under the profile's arms.
+    #[serde(default)]
+    pub with: BTreeMap<String, String>,
     /// Whether the arms compute the same frames.
     pub numerics: Numerics,
     /// The fidelity rule: required for a `changing` lever, refused for a
@@ -500,6 +511,43 @@ impl LeverSpec {
                         at("second_metric"),
                         "a metric other than `metric`",
                         format!("{:?}", m.label()),
+                    ));
+                }
+            }
+            for (k, v) in &l.with {
+                let field = if valid_id(k) {
+                    at(&format!("with.{k}"))
+                } else {
+                    at(&format!("with.{k:?}"))
+                };
+                if k == &l.id {
+                    return Err(bad(
+                        field,
+                        "another lever's id (a lever cannot be measured with itself set)",
+                        format!("{k:?}, this lever's own id"),
+                    ));
+                }
+                let Some(other) = self.lever(k) else {
+                    let known: Vec<&str> = self
+                        .levers
+                        .iter()
+                        .filter(|o| o.id != l.id)
+                        .map(|o| o.id.as_str())
+                        .collect();
+                    return Err(bad(
+                        field,
+                        &format!(
+                            "the id of another lever of this spec ({})",
+                            known.join(", ")
+                        ),
+                        format!("{k:?}"),
+                    ));
+                };
+                if !other.arms.contains(v) {
+                    return Err(bad(
+                        field,
+                        &format!("one of lever {:?}'s arms {:?}", other.id, other.arms),
+                        format!("{v:?}"),
                     ));
                 }
             }
@@ -817,6 +865,61 @@ next_hypothesis = "n"
         ] {
             assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
         }
+    }
+
+    /// `with`: another lever's arm every run of this lever sets. Mutations that
+    /// turn this red: dropping the arm check (`fast` parses), the self check
+    /// (`staging = "batched"` is one of its own arms, so it parses), or the
+    /// unknown-id check (`continue` instead of the error: `vae` parses); looking
+    /// the key up among the levers before this one only (`widen-f32` comes later
+    /// in the file, so the good case fails); `#[serde(default)]` dropped (GOOD,
+    /// which has no `with`, fails).
+    #[test]
+    fn with_names_another_levers_arm() {
+        let with = |w: &str| {
+            GOOD.replacen(
+                "metric = { kind = \"phase-wall\", phase = \"load.dit\" }",
+                &format!("metric = {{ kind = \"phase-wall\", phase = \"load.dit\" }}\nwith = {w}"),
+                1,
+            )
+        };
+        let s = p(&with("{ widen-f32 = \"single\" }")).unwrap();
+        assert_eq!(
+            s.lever("staging").unwrap().with,
+            BTreeMap::from([("widen-f32".to_string(), "single".to_string())])
+        );
+        assert!(s.lever("widen-f32").unwrap().with.is_empty());
+        assert!(p(GOOD).unwrap().levers.iter().all(|l| l.with.is_empty()));
+
+        let e = err(&with("{ widen-f32 = \"fast\" }"));
+        assert!(
+            e.contains("specs/x.toml")
+                && e.contains("field 'lever \"staging\".with.widen-f32'")
+                && e.contains("one of lever \"widen-f32\"'s arms [\"double\", \"single\"]")
+                && e.contains("found \"fast\""),
+            "{e}"
+        );
+        let e = err(&with("{ staging = \"batched\" }"));
+        assert!(
+            e.contains("lever \"staging\".with.staging")
+                && e.contains("another lever's id")
+                && e.contains("own id"),
+            "{e}"
+        );
+        let e = err(&with("{ vae = \"device\" }"));
+        assert!(
+            e.contains("specs/x.toml")
+                && e.contains("lever \"staging\".with.vae")
+                && e.contains("another lever of this spec (widen-f32)")
+                && e.contains("found \"vae\""),
+            "{e}"
+        );
+        // A key that is no id at all is quoted in the field's name.
+        let e = err(&with("{ \"Vae x\" = \"device\" }"));
+        assert!(e.contains("lever \"staging\".with.\"Vae x\""), "{e}");
+        // An arm must be a string.
+        let e = err(&with("{ widen-f32 = 1 }"));
+        assert!(e.contains("specs/x.toml") && e.contains("with"), "{e}");
     }
 
     #[test]

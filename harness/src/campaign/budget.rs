@@ -163,6 +163,7 @@ mod tests {
             rung: rung.into(),
             lever: "vae".into(),
             arm: arm.into(),
+            with: Default::default(),
             warmup: false,
         }
     }

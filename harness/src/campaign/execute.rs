@@ -14,7 +14,8 @@ use crate::campaign::plan::{Entry, Plan, RungRef};
 pub struct Job {
     /// The rung file.
     pub rung_path: PathBuf,
-    /// Lever arms to pass (`--lever ID=ARM`): only the lever under test.
+    /// Lever arms to pass (`--lever ID=ARM`): the lever under test and its
+    /// `with` settings ([`Entry::levers`]).
     pub levers: BTreeMap<String, String>,
     /// The `schedule` fragment to record in the bundle.
     pub schedule: serde_json::Value,
@@ -116,7 +117,7 @@ pub fn execute(
         };
         let job = Job {
             rung_path: rung.path.clone(),
-            levers: BTreeMap::from([(e.lever.clone(), e.arm.clone())]),
+            levers: e.levers(),
             schedule: serde_json::to_value(plan.fragment(e))
                 .context("writing the schedule fragment")?,
         };
@@ -306,6 +307,54 @@ mod tests {
             "no warm-up runs again"
         );
         assert_eq!(g.calls.len(), p.entries.len() - done.len());
+    }
+
+    /// Every job of a lever with a `with`, warm-ups included, passes the `with`
+    /// arms beside the lever's own. Mutation that turns this red: the job's levers
+    /// built from the lever's own arm only (as before `with`).
+    #[test]
+    fn every_job_of_a_lever_with_a_with_sets_it_in_both_arms() {
+        use crate::campaign::plan::tests::attention_with;
+        use crate::campaign::plan::{plan, with_warmups};
+        let l = attention_with("fp8");
+        let p = with_warmups(
+            plan(
+                "engine-sha",
+                &rungs(),
+                &[&l],
+                2,
+                Order::Abba,
+                1,
+                crate::weights_cache::Policy::AsIs,
+            ),
+            &rungs(),
+            Some(1),
+        );
+        let mut f = Fake {
+            calls: vec![],
+            refuse_at: None,
+            incomplete_at: None,
+            wall_s: 1.0,
+            clock: Default::default(),
+        };
+        execute(&p, &rungs(), &BTreeSet::new(), &mut f, None, |_, _| {}).unwrap();
+        assert_eq!(f.calls.len(), 5, "a warm-up and two rounds of two arms");
+        assert_eq!(f.calls[0].schedule["warmup"], true);
+        let mut arms = BTreeSet::new();
+        for j in &f.calls {
+            let arm = j.schedule["arm"].as_str().unwrap().to_string();
+            assert_eq!(
+                j.levers,
+                BTreeMap::from([
+                    ("attention".to_string(), arm.clone()),
+                    ("precision".to_string(), "fp8".to_string())
+                ]),
+                "{}",
+                j.schedule
+            );
+            arms.insert(arm);
+        }
+        assert_eq!(arms, BTreeSet::from(["mma".into(), "cudnn".into()]));
     }
 
     #[test]

@@ -8,10 +8,12 @@
 //! (round, rung, lever) from a ChaCha8 stream seeded with `--seed`. A lever is
 //! scheduled only on rungs whose device it applies to. Each run carries its place in
 //! the `schedule` manifest fragment `{campaign, round, position, arm, lever, seed}`.
+//! A lever with a `with` in the spec (`with = { precision = "fp8" }`) has every one
+//! of its runs, both arms and warm-ups, set those other levers' arms too.
 //!
 //! The campaign id is a hash of everything that shapes the schedule (engine sha256,
-//! rung files' sha256, levers, repeat, order, seed), so the same command on the same
-//! binary names the same campaign. Resuming skips every position that already has a
+//! rung files' sha256, levers and their `with` settings, repeat, order, seed), so the
+//! same command on the same binary names the same campaign. Resuming skips every position that already has a
 //! sealed, complete bundle of that campaign; an incomplete one is run again.
 //!
 //! Warm-ups (`--warmup N`; default 1 on a CUDA rung, 0 on a CPU one): N throw-away

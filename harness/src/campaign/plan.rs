@@ -7,7 +7,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use crate::bundle::facts::Bundle;
@@ -60,11 +60,28 @@ pub struct Entry {
     pub lever: String,
     /// Arm of the lever for this run.
     pub arm: String,
+    /// Other levers' arms this run sets too: the lever's `with` (empty for most).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub with: BTreeMap<String, String>,
     /// A warm-up run (round 0, before the rung's first round; never paired).
     pub warmup: bool,
 }
 
 impl Entry {
+    /// Every lever arm this run passes (`--lever ID=ARM`): the lever's `with`
+    /// settings and the lever's own arm, which wins should `with` name the lever.
+    pub fn levers(&self) -> BTreeMap<String, String> {
+        let mut l = self.with.clone();
+        l.insert(self.lever.clone(), self.arm.clone());
+        l
+    }
+
+    /// The lever's `with` settings as messages print them: ` with a=x,b=y`, or
+    /// nothing when it has none.
+    pub fn with_label(&self) -> String {
+        with_label(&self.with)
+    }
+
     /// `round 3`, or `warm-up` for a warm-up run, as messages print it.
     pub fn round_label(&self) -> String {
         if self.warmup {
@@ -73,6 +90,15 @@ impl Entry {
             format!("round {}", self.round)
         }
     }
+}
+
+/// ` with a=x,b=y` for a lever's `with` settings; empty when there are none.
+pub fn with_label(with: &BTreeMap<String, String>) -> String {
+    if with.is_empty() {
+        return String::new();
+    }
+    let pairs: Vec<String> = with.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!(" with {}", pairs.join(","))
 }
 
 /// A lever left out at a rung, and why.
@@ -191,6 +217,11 @@ pub fn plan(
     }
     for l in levers {
         h.update(format!("lever {} {} {}\n", l.id, l.baseline, l.treatment));
+        // Added after the first campaigns: a lever without `with` leaves the id as
+        // it was; one with it hashes each setting (ids and arms are [a-z0-9-]).
+        for (k, v) in &l.with {
+            h.update(format!("lever-with {} {k} {v}\n", l.id));
+        }
     }
     h.update(format!("repeat {repeat}\norder {order:?}\nseed {seed}\n"));
     // Added after the first campaigns: `as-is` (their state) leaves the id as it was.
@@ -235,6 +266,7 @@ pub fn plan(
                         rung: r.name.clone(),
                         lever: l.id.clone(),
                         arm: arm.clone(),
+                        with: l.with.clone(),
                         warmup: false,
                     });
                 }
@@ -398,6 +430,77 @@ pub(crate) mod tests {
             WeightsCache::AsIs,
         );
         assert_eq!(p.id, "223c8a9b01c34e09");
+    }
+
+    /// The committed spec's `attention` lever measured with `precision` on `arm`.
+    pub(crate) fn attention_with(arm: &str) -> Lever {
+        let mut l = spec().lever("attention").unwrap().clone();
+        l.with = BTreeMap::from([("precision".to_string(), arm.to_string())]);
+        l
+    }
+
+    /// A lever's `with`: every entry of the lever, both arms and the warm-up,
+    /// carries it; it is part of the campaign id (an edited `with` is another
+    /// campaign), and an empty one leaves the id as it was (see
+    /// [`an_as_is_campaign_keeps_the_id_it_had`]). Mutations that turn this red:
+    /// not hashing `with` (the ids are equal), entries built without it.
+    #[test]
+    fn a_levers_with_is_in_every_entry_and_in_the_campaign_id() {
+        let s = spec();
+        let plain = s.lever("attention").unwrap();
+        let (fp8, bf16) = (attention_with("fp8"), attention_with("bf16"));
+        let mk = |l: &Lever| {
+            with_warmups(
+                plan(
+                    "engine-sha",
+                    &rungs(),
+                    &[l],
+                    3,
+                    Order::Random,
+                    7,
+                    WeightsCache::AsIs,
+                ),
+                &rungs(),
+                None,
+            )
+        };
+        let (p0, p1, p2) = (mk(plain), mk(&fp8), mk(&bf16));
+        assert_ne!(p1.id, p0.id, "a with is part of the campaign id");
+        assert_ne!(p1.id, p2.id, "an edited with is another campaign");
+        assert_eq!(
+            p1.entries.len(),
+            2 * 3 + 1,
+            "both arms, 3 rounds, a warm-up"
+        );
+        assert!(p1.entries.iter().any(|e| e.warmup));
+        let want = BTreeMap::from([("precision".to_string(), "fp8".to_string())]);
+        for e in &p1.entries {
+            assert_eq!(e.with, want, "{e:?}");
+            assert_eq!(e.with_label(), " with precision=fp8");
+            assert_eq!(
+                e.levers(),
+                BTreeMap::from([
+                    ("attention".to_string(), e.arm.clone()),
+                    ("precision".to_string(), "fp8".to_string())
+                ])
+            );
+        }
+        // The schedule is the same; only `with` differs.
+        let strip = |p: &Plan| -> Vec<Entry> {
+            p.entries
+                .iter()
+                .map(|e| Entry {
+                    with: BTreeMap::new(),
+                    ..e.clone()
+                })
+                .collect()
+        };
+        assert_eq!(strip(&p1), p0.entries);
+        assert!(p0.entries.iter().all(|e| e.with_label().is_empty()));
+        // The lever's own arm wins over a `with` naming it (validation forbids it).
+        let mut e = p1.entries[1].clone();
+        e.with.insert("attention".into(), "other".into());
+        assert_eq!(e.levers()["attention"], e.arm);
     }
 
     pub(crate) fn all_plan(order: Order, seed: u64) -> Plan {

@@ -224,10 +224,20 @@ pub fn parse_engine_levers(json: &[u8]) -> Result<BTreeMap<String, Vec<String>>,
     Ok(out)
 }
 
+/// The arms of lever `id` as applied: the harness's own ([`crate::harness_levers`])
+/// or the engine's registry's; `None` when neither knows the lever.
+fn applied_arms(id: &str, registry: &BTreeMap<String, Vec<String>>) -> Option<Vec<String>> {
+    crate::harness_levers::arms(id)
+        .map(|a| a.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .or_else(|| registry.get(id).cloned())
+}
+
 /// Split the selected levers into those that can be applied (the engine implements
 /// them, or the harness applies them itself: [`crate::harness_levers`]) and the ids
 /// of those that cannot; an arm the spec names but the lever lacks is an error
-/// naming the spec, the lever and its arms.
+/// naming the spec, the lever and its arms, and so is a `with` setting of an
+/// applicable lever whose lever or arm neither the engine nor the harness has
+/// (every run of the lever would be refused).
 pub fn reconcile<'a>(
     spec: &Path,
     levers: Vec<&'a Lever>,
@@ -236,12 +246,23 @@ pub fn reconcile<'a>(
     let mut have = Vec::new();
     let mut missing = Vec::new();
     for l in levers {
-        let harness_arms = crate::harness_levers::arms(&l.id)
-            .map(|a| a.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-        let Some(arms) = harness_arms.as_ref().or_else(|| registry.get(&l.id)) else {
+        let Some(arms) = applied_arms(&l.id, registry) else {
             missing.push(l.id.clone());
             continue;
         };
+        for (k, v) in &l.with {
+            let why = match applied_arms(k, registry) {
+                None => format!("the engine has no lever '{k}'"),
+                Some(a) if !a.contains(v) => format!("the engine's arms are {}", a.join("|")),
+                Some(_) => continue,
+            };
+            return Err(UsageError(format!(
+                "{}: lever '{}' with.{k} = '{v}': {why}",
+                spec.display(),
+                l.id
+            ))
+            .into());
+        }
         for arm in [&l.baseline, &l.treatment] {
             if !arms.contains(arm) {
                 return Err(UsageError(format!(
@@ -352,7 +373,7 @@ fn print_plan(
             }
         }
         println!(
-            "  {:>4} {} rung {} {}={} {}{eta}",
+            "  {:>4} {} rung {} {}={}{} {}{eta}",
             e.position,
             if e.warmup {
                 "warm-up ".to_string()
@@ -362,6 +383,7 @@ fn print_plan(
             e.rung,
             e.lever,
             e.arm,
+            e.with_label(),
             if is_done { "done" } else { "todo" }
         );
     }
@@ -480,12 +502,13 @@ pub fn run(args: &CampaignArgs) -> anyhow::Result<u8> {
         Some(&mut budget),
         |e, what| {
             eprintln!(
-                "campaign: position {} ({}, rung {}, {}={}): {what}",
+                "campaign: position {} ({}, rung {}, {}={}{}): {what}",
                 e.position,
                 e.round_label(),
                 e.rung,
                 e.lever,
-                e.arm
+                e.arm,
+                e.with_label()
             );
         },
     )?;
@@ -769,12 +792,13 @@ fn slurm_task(args: &CampaignArgs, plan: &Plan, rungs: &[RungRef]) -> anyhow::Re
     let mut runner = child_runner(args, root, Some(&loc), Some(task.lease_id()))?;
     let out = execute(&mine, rungs, &done, &mut runner, None, |e, what| {
         eprintln!(
-            "campaign: position {} ({}, rung {}, {}={}): {what}",
+            "campaign: position {} ({}, rung {}, {}={}{}): {what}",
             e.position,
             e.round_label(),
             e.rung,
             e.lever,
-            e.arm
+            e.arm,
+            e.with_label()
         );
     })?;
     Ok(report_outcome(&out))
@@ -822,5 +846,44 @@ mod tests {
         let ids: Vec<&str> = have.iter().map(|l| l.id.as_str()).collect();
         assert_eq!(ids, ["observer"]);
         assert_eq!(missing, ["staging"]);
+    }
+
+    /// A `with` setting the engine cannot apply is an error naming the spec, the
+    /// lever and the setting; one it can passes. Mutation that turns this red:
+    /// the `with` loop dropped (both bad settings pass).
+    #[test]
+    fn a_with_the_engine_lacks_is_an_error_naming_it() {
+        let registry = BTreeMap::from([
+            ("attention".to_string(), vec!["mma".into(), "cudnn".into()]),
+            ("precision".to_string(), vec!["bf16".into(), "fp8".into()]),
+        ]);
+        let spec = Path::new("specs/levers.toml");
+        let ok = crate::campaign::plan::tests::attention_with("fp8");
+        let (have, missing) = reconcile(spec, vec![&ok], &registry).unwrap();
+        assert_eq!((have.len(), missing.len()), (1, 0));
+        let mut no_arm = ok.clone();
+        no_arm.with.insert("precision".into(), "fp4".into());
+        let e = reconcile(spec, vec![&no_arm], &registry)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "specs/levers.toml: lever 'attention' with.precision = 'fp4': the engine's arms are bf16|fp8"
+        );
+        let mut no_lever = ok.clone();
+        no_lever.with.insert("fp8-accum".into(), "fast".into());
+        let e = reconcile(spec, vec![&no_lever], &registry)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "lever 'attention' with.fp8-accum = 'fast': the engine has no lever 'fp8-accum'"
+            ),
+            "{e}"
+        );
+        // The harness's own lever is known without the engine.
+        let mut observer = ok.clone();
+        observer.with.insert("observer".into(), "off".into());
+        assert!(reconcile(spec, vec![&observer], &registry).is_ok());
     }
 }

@@ -35,7 +35,7 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 use crate::formats::glyphs::text_width;
-use crate::formats::ranking_text::{fixed, value};
+use crate::formats::ranking_text::{arms_text, fixed, value};
 use crate::rank::hosts::{self, HostEffect};
 use crate::rank::stats::CONFIDENCE;
 use crate::rank::verdict::{pct, Verdict, MIN_PAIRS};
@@ -191,10 +191,7 @@ const RIGHT_COLUMNS: &[Column] = &[
 
 fn lever_cell(r: &ForestRow) -> String {
     if r.first_of_lever {
-        format!(
-            "{} ({}→{})",
-            r.lever.id, r.lever.baseline, r.lever.treatment
-        )
+        format!("{} ({})", r.lever.id, arms_text(r.lever))
     } else {
         String::new()
     }
@@ -882,6 +879,7 @@ pub(crate) mod tests {
             unit: Unit::Seconds,
             baseline: "off".into(),
             treatment: "on".into(),
+            with: Default::default(),
             direction: Direction::Decrease,
             min_effect: 0.2,
             prior_rank: None,

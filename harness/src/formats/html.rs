@@ -14,7 +14,7 @@ use std::fmt::Write;
 
 use crate::formats::forest::{inline_svg, xml_escape};
 use crate::formats::ranking_text::{
-    fixed, flagged_lines, host_lines, method_lines, multi_host, pair_flags, rank_cells,
+    arms_text, fixed, flagged_lines, host_lines, method_lines, multi_host, pair_flags, rank_cells,
     second_rows, sensitive_why, value, verdict_text, SECOND_HEAD,
 };
 use crate::levers_spec::Unit;
@@ -207,10 +207,9 @@ fn write_ranking(o: &mut String, r: &Ranking) -> std::fmt::Result {
 fn row_cells(o: &mut String, l: &LeverResult, x: &RungResult) -> std::fmt::Result {
     write!(
         o,
-        r#"<td>{}</td><td>{}→{}</td><td>{}</td><td class="num">{}</td>"#,
+        r#"<td>{}</td><td>{}</td><td>{}</td><td class="num">{}</td>"#,
         e(&l.id),
-        e(&l.baseline),
-        e(&l.treatment),
+        e(&arms_text(l)),
         e(&l.metric),
         x.rounds.len()
     )?;

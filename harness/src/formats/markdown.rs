@@ -10,7 +10,7 @@ use std::fmt::Write;
 
 use crate::escape::{md_cell, md_code, md_code_cell};
 use crate::formats::ranking_text::{
-    fixed, flagged_lines, host_lines, method_lines, pair_flags, rank_cells, second_rows,
+    arms_text, fixed, flagged_lines, host_lines, method_lines, pair_flags, rank_cells, second_rows,
     sensitive_why, value, verdict_text, SECOND_HEAD,
 };
 use crate::levers_spec::Numerics;
@@ -595,10 +595,9 @@ fn row(o: &mut String, l: &LeverResult, x: &RungResult, with_rank: bool) -> std:
     }
     write!(
         o,
-        "| {} | {}→{} | {} | {} | ",
+        "| {} | {} | {} | {} | ",
         md_cell(&l.id),
-        md_cell(&l.baseline),
-        md_cell(&l.treatment),
+        md_cell(&arms_text(l)),
         md_cell(&l.metric),
         x.rounds.len()
     )?;
@@ -633,6 +632,54 @@ mod tests {
     use super::*;
     use crate::formats::ranking_text::GIB;
     use crate::levers_spec::Unit;
+
+    /// A lever measured `with` another lever's arm shows it in the arms cell of
+    /// the ranking table; a lever without one renders as before, and the runs
+    /// outside the condition are listed among the excluded bundles. Mutation that
+    /// turns this red: the row printing `baseline→treatment` alone (or
+    /// [`arms_text`] ignoring `with`).
+    #[test]
+    fn a_levers_with_is_shown_in_its_arms_cell() {
+        use crate::rank::pairing::tests::spec;
+        use crate::rank::tests::on_host;
+        use std::collections::BTreeMap;
+        let mut bundles = Vec::new();
+        for (round, arm, s) in [
+            (1, "serial", 10.0),
+            (1, "batched", 5.0),
+            (2, "serial", 10.0),
+            (2, "batched", 5.1),
+            (3, "serial", 10.0),
+            (3, "batched", 4.9),
+        ] {
+            let mut b = on_host("a", round, arm, s);
+            b.levers.insert("vae".into(), "device".into());
+            bundles.push(b);
+        }
+        let mut off = on_host("a", 4, "serial", 10.0);
+        off.levers.insert("vae".into(), "host".into());
+        bundles.push(off);
+
+        let plain = markdown(&crate::rank::rank(&spec(), &bundles, &[], &[], "t"));
+        assert!(
+            plain.contains("| staging | serial→batched | wall(load.dit) | 3 |"),
+            "{plain}"
+        );
+        let mut s = spec();
+        s.levers[0].with = BTreeMap::from([("vae".to_string(), "device".to_string())]);
+        let md = markdown(&crate::rank::rank(&s, &bundles, &[], &[], "t"));
+        assert!(
+            md.contains("| staging | serial→batched (vae=device) | wall(load.dit) | 3 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| `a-4-serial` | not under the lever's with: staging is measured with \
+                 vae=device in both arms, and this run lacks vae=device (it ran vae=host) |"
+            ),
+            "{md}"
+        );
+    }
 
     #[test]
     fn fixed_formats_never_print_negative_zero() {

@@ -33,6 +33,18 @@ pub fn value(x: f64, unit: Unit) -> String {
     }
 }
 
+/// A lever's arms as the tables print them: `serial→batched`, and for a lever
+/// measured with other levers' arms (the spec's `with`) the condition after
+/// them: `exact→fast (precision=fp8)`.
+pub fn arms_text(l: &LeverResult) -> String {
+    let arms = format!("{}→{}", l.baseline, l.treatment);
+    if l.with.is_empty() {
+        return arms;
+    }
+    let with: Vec<String> = l.with.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{arms} ({})", with.join(", "))
+}
+
 /// The second-metrics table's header cells ([`second_rows`]).
 pub const SECOND_HEAD: [&str; 9] = [
     "lever",

@@ -107,6 +107,10 @@ pub struct LeverResult {
     pub baseline: String,
     /// Treatment arm.
     pub treatment: String,
+    /// The other levers' arms it is measured with (the spec's `with`; only runs
+    /// that recorded them pair). Absent from the JSON when empty.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub with: BTreeMap<String, String>,
     /// Hypothesised direction.
     pub direction: Direction,
     /// Minimum effect (fraction of baseline).
@@ -338,6 +342,7 @@ fn lever_result(spec: &LeverSpec, l: &Lever, ctx: &Context) -> LeverResult {
         unit: l.metric.unit(),
         baseline: l.baseline.clone(),
         treatment: l.treatment.clone(),
+        with: l.with.clone(),
         direction: l.hypothesis.direction,
         min_effect: l.hypothesis.min_effect,
         numerics: l.numerics,

@@ -4,7 +4,9 @@
 //! never usable: it is listed as a warm-up. Any other bundle is usable for a
 //! lever when it is complete, not contended, carries a
 //! `schedule` fragment naming a lever of the spec and one of its baseline or treatment
-//! arms, and has a value for the lever's metric. Two usable bundles pair when they
+//! arms, recorded every arm of the lever's `with` (the other levers' arms it is
+//! measured with: `precision=fp8` for `fp8-accum`), and has a value for the
+//! lever's metric. Two usable bundles pair when they
 //! share a cell: the same lever, rung, campaign, round, engine sha256, host, boot
 //! (one sitting of one machine), weights digest, profile, and arm of every OTHER
 //! lever. A cell with more than one run of an
@@ -225,6 +227,9 @@ pub fn unusable(b: &Bundle, spec: &LeverSpec) -> Option<String> {
             ));
         }
     }
+    if let Some(why) = with_unmet(b, lever) {
+        return Some(why);
+    }
     if let Err(why) = metric::value(b, &lever.metric) {
         return Some(format!(
             "metric {} unavailable: {why}",
@@ -232,6 +237,40 @@ pub fn unusable(b: &Bundle, spec: &LeverSpec) -> Option<String> {
         ));
     }
     None
+}
+
+/// Why `b` was not run under `lever`'s `with` settings, if it was not: each
+/// setting must be the arm `b` records for that lever ([`Bundle::assignment`]: the
+/// arm passed, else the one the engine reported running). A run that records no
+/// arm for the lever at all does not meet it either.
+fn with_unmet(b: &Bundle, lever: &Lever) -> Option<String> {
+    if lever.with.is_empty() {
+        return None;
+    }
+    let ran = b.assignment();
+    let unmet: Vec<String> = lever
+        .with
+        .iter()
+        .filter(|(k, v)| ran.get(*k) != Some(*v))
+        .map(|(k, v)| match ran.get(k) {
+            Some(got) => format!("{k}={v} (it ran {k}={got})"),
+            None => format!("{k}={v} (it records no arm of {k})"),
+        })
+        .collect();
+    (!unmet.is_empty()).then(|| {
+        format!(
+            "not under the lever's with: {} is measured with {} in both arms, and this run \
+             lacks {}",
+            lever.id,
+            lever
+                .with
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            unmet.join(", ")
+        )
+    })
 }
 
 fn cell_of(b: &Bundle, lever: &Lever) -> Option<Cell> {
@@ -874,6 +913,62 @@ next_hypothesis = "n"
         let p = pair(&bundles, &s);
         assert_eq!(p.by_lever_rung.values().next().unwrap().rounds.len(), 4);
         assert!(p.excluded.is_empty(), "{:?}", p.excluded);
+    }
+
+    /// A lever measured `with` another lever's arm pairs only runs that recorded
+    /// that arm, passed or reported by the engine; the others are excluded naming
+    /// the setting and what the run had. Mutations that turn this red: the check
+    /// dropped (round 4's runs, which record no vae arm, pair; b2 is merely
+    /// unpaired), reading only the passed arms (`b.levers`: round 3's runs, whose
+    /// engine reported vae=device, are excluded).
+    #[test]
+    fn a_lever_with_a_with_pairs_only_runs_that_recorded_it() {
+        let mut s = spec();
+        s.levers[0].with = BTreeMap::from([("vae".to_string(), "device".to_string())]);
+        let passed = |id: &str, round: u32, arm: &str, vae: &str| {
+            let mut b = run(id, round, arm, 10.0);
+            b.levers.insert("vae".into(), vae.into());
+            b
+        };
+        let reported = |id: &str, round: u32, arm: &str| {
+            let mut b = run(id, round, arm, 10.0);
+            b.arms.insert("vae".into(), "device".into());
+            b
+        };
+        let bundles = vec![
+            passed("a1", 1, "serial", "device"),
+            passed("b1", 1, "batched", "device"),
+            passed("a2", 2, "serial", "device"),
+            passed("b2", 2, "batched", "host"),
+            reported("a3", 3, "serial"),
+            reported("b3", 3, "batched"),
+            run("a4", 4, "serial", 10.0),
+            run("b4", 4, "batched", 10.0),
+        ];
+        let p = pair(&bundles, &s);
+        assert_eq!(staging_pairs(&p), [("a1", "b1"), ("a3", "b3")]);
+        assert_eq!(
+            reason_of(&p, "b2"),
+            "not under the lever's with: staging is measured with vae=device in both arms, \
+             and this run lacks vae=device (it ran vae=host)"
+        );
+        assert!(
+            reason_of(&p, "a2").starts_with("unpaired: round 2"),
+            "{}",
+            reason_of(&p, "a2")
+        );
+        for id in ["a4", "b4"] {
+            let r = reason_of(&p, id);
+            assert!(
+                r.starts_with("not under the lever's with: staging")
+                    && r.ends_with("lacks vae=device (it records no arm of vae)"),
+                "{id}: {r}"
+            );
+        }
+        assert_eq!(p.excluded.len(), 4, "{:?}", p.excluded);
+        // Without a `with`, round 4 pairs as any round does.
+        let plain = pair(&bundles[6..], &spec());
+        assert_eq!(staging_pairs(&plain), [("a4", "b4")]);
     }
 
     #[test]

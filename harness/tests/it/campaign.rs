@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 use crate::support::bins::{engine, repo, text, HARNESS};
-use crate::support::dirs::vacant_dir;
+use crate::support::dirs::{fresh_dir, vacant_dir};
 
 fn campaign(store: &Path, extra: &[&str]) -> Output {
     Command::new(HARNESS)
@@ -108,6 +108,85 @@ fn a_campaign_interleaves_arms_resumes_and_feeds_rank() {
         text(&rank.stderr)
     );
     assert!(rs.contains("host-threads"), "{rs}");
+}
+
+/// A lever with `with` in the spec: the dry run (which runs nothing) shows the
+/// setting on every position of the lever, and the campaign id differs from the
+/// same campaign's without it; a setting the engine lacks is refused before any
+/// run. Mutations that turn this red: the dry-run line without the `with`, the
+/// `with` left out of the campaign id, no engine check of the `with` arms.
+#[test]
+fn a_dry_run_shows_a_levers_with_and_the_campaign_id_names_it() {
+    let dir = fresh_dir("campaign-with");
+    let store = dir.join("store");
+    let committed = std::fs::read_to_string(repo().join("specs/levers.toml")).unwrap();
+    let spec_with = |setting: &str| {
+        let t = committed.replacen(
+            "id = \"host-threads\"\n",
+            &format!("id = \"host-threads\"\nwith = {{ release-pages = \"{setting}\" }}\n"),
+            1,
+        );
+        assert_ne!(t, committed);
+        let p = dir.join(format!("levers-{setting}.toml"));
+        std::fs::write(&p, t).unwrap();
+        p
+    };
+    let id_of = |so: &str| -> String {
+        so.strip_prefix("campaign ")
+            .and_then(|r| r.split(' ').next())
+            .unwrap_or_else(|| panic!("{so}"))
+            .to_string()
+    };
+    let plain = campaign(&store, &["--dry-run"]);
+    let plain_so = text(&plain.stdout);
+    assert_eq!(
+        plain.status.code(),
+        Some(0),
+        "{plain_so}{}",
+        text(&plain.stderr)
+    );
+    let on = spec_with("on");
+    let out = campaign(&store, &["--dry-run", "--spec", on.to_str().unwrap()]);
+    let so = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{so}{}", text(&out.stderr));
+    let lines: Vec<&str> = so.lines().filter(|l| l.ends_with(" todo")).collect();
+    assert_eq!(lines.len(), 4, "{so}");
+    for (l, arm) in lines.iter().zip(["1", "n", "n", "1"]) {
+        assert!(
+            l.ends_with(&format!(
+                "rung 0 host-threads={arm} with release-pages=on todo"
+            )),
+            "{l}"
+        );
+    }
+    assert!(!plain_so.contains(" with "), "{plain_so}");
+    assert_ne!(id_of(&so), id_of(&plain_so));
+    // The engine's release-pages has no arm `half`: refused, naming it.
+    let half = committed.replacen(
+        "arms = [\"off\", \"on\"]\nbaseline = \"off\"\ntreatment = \"on\"\napplies_to = [\"cpu\", \"cuda\"]",
+        "arms = [\"off\", \"on\", \"half\"]\nbaseline = \"off\"\ntreatment = \"on\"\napplies_to = [\"cpu\", \"cuda\"]",
+        1,
+    );
+    assert_ne!(half, committed);
+    let p = dir.join("levers-half.toml");
+    std::fs::write(
+        &p,
+        half.replacen(
+            "id = \"host-threads\"\n",
+            "id = \"host-threads\"\nwith = { release-pages = \"half\" }\n",
+            1,
+        ),
+    )
+    .unwrap();
+    let out = campaign(&store, &["--dry-run", "--spec", p.to_str().unwrap()]);
+    let se = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{}{se}", text(&out.stdout));
+    assert!(
+        se.contains(
+            "lever 'host-threads' with.release-pages = 'half': the engine's arms are off|on"
+        ),
+        "{se}"
+    );
 }
 
 /// `--warmup 1` on rung 0 (a CPU rung, whose default is 0): one throw-away run
