@@ -66,6 +66,8 @@ pub const QK_NORM: &str = "qk-norm";
 pub const PRECISION: &str = "precision";
 /// Lever id: when the CUDA arm's VAE makes its decode's buffers and cuDNN plans.
 pub const VAE_PREPARE: &str = "vae-prepare";
+/// Lever id: how the CUDA arm's FP8 GEMMs accumulate (inert unless `precision = fp8`).
+pub const FP8_ACCUM: &str = "fp8-accum";
 
 static REGISTRY: &[LeverDef] = &[
     LeverDef {
@@ -205,6 +207,19 @@ static REGISTRY: &[LeverDef] = &[
               them in load.vae for the render's latent geometry (the same sizes, plans and \
               kernels: the frames do not change; the decode's memory is held from load.vae on)",
     },
+    // Not yet measured on a device (UNMEASURED): the default stays the baseline.
+    LeverDef {
+        id: FP8_ACCUM,
+        arms: &["exact", "fast"],
+        default: "exact",
+        baseline: "exact",
+        applies_to: Applies::Cuda,
+        doc: "exact lets cuBLASLt promote the FP8 GEMMs' partial sums to f32 at its default \
+              cadence; fast sets its FAST_ACCUM, so the tensor cores keep a k-chain's sums in \
+              their narrower accumulator (faster, the sums less exact; the e4m3 operands and \
+              scales are the same); inert unless precision = fp8 (specs/levers.toml measures \
+              it with precision = fp8 in both arms)",
+    },
 ];
 
 /// Levers whose default has not yet been decided from device evidence: it stays
@@ -225,7 +240,8 @@ static REGISTRY: &[LeverDef] = &[
 /// (2026-12-06, rungs 2 and 3) saved 28-49% of decode.video against a 25% minimum,
 /// but rank reads `sensitive` at both rungs (one run past the outlier threshold,
 /// leaving two pairs without it); a campaign of four pairs decides it.
-pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION, VAE_PREPARE];
+/// `fp8-accum` has never run on a device.
+pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION, VAE_PREPARE, FP8_ACCUM];
 
 /// Every lever the engine knows, in a stable order.
 pub fn registry() -> &'static [LeverDef] {
@@ -382,9 +398,10 @@ impl LeverSet {
         }
     }
 
-    /// The forward's kernel arms: `attention`, `cross-attention`, `qk-norm` and
-    /// `precision`.
+    /// The forward's kernel arms: `attention`, `cross-attention`, `qk-norm`,
+    /// `precision` and `fp8-accum`.
     pub fn forward_arms(&self) -> crate::cuda::models::dit::ForwardArms {
+        use crate::cuda::kit::gemm::Accum;
         use crate::cuda::models::dit::Precision;
         use crate::cuda::models::dit::{CrossArm, ForwardArms, QkNormArm};
         ForwardArms {
@@ -403,6 +420,11 @@ impl LeverSet {
                 Precision::Fp8
             } else {
                 Precision::Bf16
+            },
+            fp8_accum: if self.arm(FP8_ACCUM) == "fast" {
+                Accum::Fast
+            } else {
+                Accum::Exact
             },
         }
     }
@@ -564,17 +586,19 @@ mod tests {
         assert!(entry.contains("numerics = \"changing\""), "{entry}");
     }
 
-    /// Red on: either new lever's arm not reaching `forward_arms` (e.g. the
-    /// `cudnn` test inverted), a default that is not the baseline while the
+    /// Red on: a new lever's arm not reaching `forward_arms` (e.g. the
+    /// `cudnn` or `fast` test inverted), a default that is not the baseline while the
     /// lever is unmeasured, or a spec entry whose arms disagree.
     #[test]
     fn unmeasured_forward_levers_map_to_their_arms_and_match_the_spec() {
+        use crate::cuda::kit::gemm::Accum;
         use crate::cuda::models::dit::Precision;
         use crate::cuda::models::dit::{AttentionArm, CrossArm, ForwardArms, QkNormArm};
         for (id, arms) in [
             (CROSS_ATTENTION, ["mma", "cudnn"]),
             (QK_NORM, ["block", "warp"]),
             (PRECISION, ["bf16", "fp8"]),
+            (FP8_ACCUM, ["exact", "fast"]),
         ] {
             let l = lever(id).unwrap();
             assert_eq!(l.arms, arms, "{id}");
@@ -597,6 +621,7 @@ mod tests {
                 cross: CrossArm::Mma,
                 qk_norm: QkNormArm::Block,
                 precision: Precision::Bf16,
+                fp8_accum: Accum::Exact,
             }
         );
         let t = LeverSet::resolve(
@@ -605,19 +630,22 @@ mod tests {
                 ("cross-attention", "cudnn"),
                 ("qk-norm", "warp"),
                 ("precision", "fp8"),
+                ("fp8-accum", "fast"),
             ],
         )
         .unwrap();
         let a = t.forward_arms();
         assert_eq!(
-            (a.attention, a.cross, a.qk_norm, a.precision),
+            (a.attention, a.cross, a.qk_norm, a.precision, a.fp8_accum),
             (
                 AttentionArm::Mma,
                 CrossArm::Cudnn,
                 QkNormArm::Warp,
-                Precision::Fp8
+                Precision::Fp8,
+                Accum::Fast
             )
         );
+        assert_eq!(a.fp8_accum.name(), "fast");
         assert!(a.needs_cudnn());
         assert!(!ForwardArms::OWN.needs_cudnn());
         assert_eq!((a.cross.name(), a.qk_norm.name()), ("cudnn", "warp"));

@@ -509,12 +509,13 @@ fn load_cuda_dit(
         .with_context(|| {
             format!(
                 "the CUDA arm's transformer (attention={}, cross-attention={}, qk-norm={}, \
-             precision={}; `--lever attention=mma --lever cross-attention=mma` runs the \
+             precision={}, fp8-accum={}; `--lever attention=mma --lever cross-attention=mma` runs the \
              engine's own kernels without cuDNN, `--lever precision=bf16` without FP8)",
                 arms.attention.name(),
                 arms.cross.name(),
                 arms.qk_norm.name(),
-                arms.precision.name()
+                arms.precision.name(),
+                arms.fp8_accum.name()
             )
         })?;
     rec.attach_device(den.mem());
@@ -524,6 +525,10 @@ fn load_cuda_dit(
     a.insert("cross_attention".into(), Value::from(arms.cross.name()));
     a.insert("qk_norm".into(), Value::from(arms.qk_norm.name()));
     a.insert("precision".into(), Value::from(arms.precision.name()));
+    // Only where FP8 GEMMs run: on bf16 the lever is inert.
+    if arms.precision == crate::cuda::models::dit::Precision::Fp8 {
+        a.insert("fp8_accum".into(), Value::from(arms.fp8_accum.name()));
+    }
     if let Some(v) = den.cudnn_version() {
         a.insert("cudnn_version".into(), Value::from(v));
     }

@@ -2,6 +2,8 @@
 //! each beside its measured ceiling, in one run.
 //!
 //! - ceilings: device-to-device copy bandwidth, bf16 GEMM rate at 8192³;
+//! - the FP8 GEMM rates by scale granularity and accumulation beside bf16 at
+//!   the block Linears' shapes ([`fp8_gemm`]);
 //! - staging GB/s of the serial and batched methods against a plain pinned copy of
 //!   the same bytes (a synthetic ltxv-2b transformer file, from page cache), and
 //!   the two arms' staged bytes compared;
@@ -14,6 +16,7 @@
 //! - the denoise loop with lever `denoise-graph` off and on
 //!   ([`crate::cuda::bench::graph`]).
 
+pub mod fp8_gemm;
 pub mod graph;
 pub mod profile;
 pub mod vae;
@@ -29,7 +32,7 @@ use cudarc::driver::sys::CUdeviceptr;
 use crate::cuda::fixtures::write_synth_safetensors;
 use crate::cuda::fixtures::Rng;
 use crate::cuda::kit::context::Timer;
-use crate::cuda::kit::gemm::{flops, Epilogue};
+use crate::cuda::kit::gemm::{flops, Accum, Epilogue};
 use crate::cuda::kit::kernels::{AttnKernel, NULL};
 use crate::cuda::kit::memory::{align_up, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
@@ -134,6 +137,7 @@ pub fn generate_weights(
 pub fn run(kit: &DeviceKit, scratch: &Path) -> Result<Vec<String>, CudaError> {
     let mut rows = vec!["== bench (targets: reports/device-notes.md) ==".to_string()];
     bench_ceilings(kit, &mut rows)?;
+    fp8_gemm::fp8_gemms(kit, &mut rows)?;
     let file = scratch.join("ltxv-2b-transformer.safetensors");
     let w2b = bench_staging(kit, &file, &mut rows)?;
     let inp = ForwardInputs::new();
@@ -479,6 +483,8 @@ fn bench_forward(
         ld: [d; 4],
         scale_bits: 0.125f32.to_bits(),
     };
+    // The bf16 forward with cuDNN's self-attention, where cuDNN loads.
+    let mut cudnn_bf16: Option<f64> = None;
     let cudnn = Sdpa::open(gpu).and_then(|sdpa| {
         let ms = time_ms(kit, 2, 10, || {
             sdpa.enqueue(gpu, &shape, q.ptr(), kk.ptr(), v.ptr(), o.ptr())
@@ -491,6 +497,7 @@ fn bench_forward(
             let with = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
                 dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
             })?;
+            cudnn_bf16 = Some(with);
             let prof = profile::forward_profile(kit, &dit, (lat_p, vel_p), geo, &slot, 3)?;
             // The arms not yet measured in a render (`cross-attention = cudnn`,
             // `qk-norm = warp`) on top of the cudnn self-attention: the whole
@@ -500,6 +507,7 @@ fn bench_forward(
                 cross: CrossArm::Cudnn,
                 qk_norm: QkNormArm::Warp,
                 precision: Precision::Bf16,
+                fp8_accum: Accum::Exact,
             };
             let newer = dit.set_arms(arms).and_then(|_| {
                 let ms = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
@@ -551,37 +559,76 @@ fn bench_forward(
             format!("forward  {name} attention=cudnn unavailable: {e}"),
         ),
     }
-    // `precision = fp8` on the engine's own kernels (attn as `best`): the whole
-    // forward and its parts beside the bf16 forward on the same kernels.
+    // `precision = fp8` with each accumulation (lever `fp8-accum`), on the
+    // engine's own kernels (beside the bf16 forward on the same kernels,
+    // `best`) and with cuDNN's self-attention as a render runs it (beside the
+    // bf16 forward with it, where cuDNN loaded): the whole forward and its parts.
     let fp8 = ForwardArms {
         precision: Precision::Fp8,
         ..ForwardArms::OWN
     };
-    let r = dit.set_arms(fp8).and_then(|_| {
-        let ms = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
-            dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
-        })?;
-        let p = profile::forward_profile(kit, &dit, (lat_p, vel_p), geo, &slot, 3)?;
-        Ok((ms, p, dit.fp8_bytes(n, l)))
-    });
-    dit.set_arms(ForwardArms::OWN)?;
-    let label = format!("{name} precision=fp8");
-    match r {
-        Ok((ms, p, bytes)) => {
-            for r in profile::profile_rows(&label, &dims, (n, l), &p, ms) {
-                push(rows, r);
+    let fast = ForwardArms {
+        fp8_accum: Accum::Fast,
+        ..fp8
+    };
+    let on_cudnn = |a: ForwardArms| ForwardArms {
+        attention: AttentionArm::Cudnn,
+        ..a
+    };
+    let mut configs = vec![
+        ("precision=fp8".to_string(), fp8, Some(best)),
+        ("precision=fp8 fp8-accum=fast".to_string(), fast, Some(best)),
+    ];
+    if let Some(bf) = cudnn_bf16 {
+        configs.push((
+            "attention=cudnn precision=fp8".into(),
+            on_cudnn(fp8),
+            Some(bf),
+        ));
+        configs.push((
+            "attention=cudnn precision=fp8 fp8-accum=fast".into(),
+            on_cudnn(fast),
+            Some(bf),
+        ));
+    }
+    let mut exact_ms = f64::NAN;
+    for (arms_label, arms, bf16_ms) in configs {
+        let r = dit.set_arms(arms).and_then(|_| {
+            let ms = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
+                dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
+            })?;
+            let p = profile::forward_profile(kit, &dit, (lat_p, vel_p), geo, &slot, 3)?;
+            Ok((ms, p, dit.fp8_bytes(n, l)))
+        });
+        dit.set_arms(ForwardArms::OWN)?;
+        let label = format!("{name} {arms_label}");
+        match r {
+            Ok((ms, p, bytes)) => {
+                for r in profile::profile_rows(&label, &dims, (n, l), &p, ms) {
+                    push(rows, r);
+                }
+                let vs_exact = if arms.fp8_accum == Accum::Fast {
+                    format!(
+                        "; vs fp8-accum=exact {:+.1}%",
+                        (ms / exact_ms - 1.0) * 100.0
+                    )
+                } else {
+                    exact_ms = ms;
+                    String::new()
+                };
+                let bf = bf16_ms.unwrap_or(f64::NAN);
+                push(
+                    rows,
+                    format!(
+                        "forward  {label}: {ms:.1} ms vs bf16 on the same attention {bf:.1} ms \
+                         ({:+.1}%){vs_exact}; {:.2} GiB more device memory",
+                        (ms / bf - 1.0) * 100.0,
+                        bytes as f64 / (1u64 << 30) as f64
+                    ),
+                );
             }
-            push(
-                rows,
-                format!(
-                    "forward  {label}: {ms:.1} ms vs bf16 {best:.1} ms ({:+.1}%); \
-                     {:.2} GiB more device memory",
-                    (ms / best - 1.0) * 100.0,
-                    bytes as f64 / (1u64 << 30) as f64
-                ),
-            );
+            Err(e) => push(rows, format!("forward  {label} unavailable: {e}")),
         }
-        Err(e) => push(rows, format!("forward  {label} unavailable: {e}")),
     }
     let sa_layer = sa / layers;
     push(rows, format!(

@@ -45,13 +45,52 @@ pub enum Epilogue {
     BiasGelu,
 }
 
+/// How an FP8 product accumulates (lever `fp8-accum`).
+///
+/// Hopper's FP8 tensor-core instructions keep their running sums with fewer
+/// mantissa bits than f32. cuBLASLt's default ([`Accum::Exact`]) therefore
+/// moves the partial sums into f32 registers every few k-steps (extra
+/// instructions in the main loop); [`Accum::Fast`] (`FAST_ACCUM`) lets the
+/// tensor core accumulate a whole k-tile chain before that, faster and less
+/// exact in the sums (not in the operands: the e4m3 codes and scales are the
+/// same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Accum {
+    /// Partial sums promoted to f32 at cuBLASLt's default cadence.
+    Exact,
+    /// `CUBLASLT_MATMUL_DESC_FAST_ACCUM` on.
+    Fast,
+}
+
+impl Accum {
+    /// The `fp8-accum` lever's arm name (`exact`, `fast`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Accum::Exact => "exact",
+            Accum::Fast => "fast",
+        }
+    }
+}
+
+/// The granularity of an FP8 product's scales.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp8Scaling {
+    /// One f32 per row of x (token) and per row of w (output channel), applied
+    /// as cuBLASLt's outer-vector scales (the engine's `precision = fp8`).
+    Row,
+    /// One f32 for all of x and one for all of w (cuBLASLt's scalar scales);
+    /// measured by the benchmark beside [`Fp8Scaling::Row`], not used by a
+    /// render.
+    Tensor,
+}
+
 /// The operands' element type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Operands {
     /// bf16 x and w.
     Bf16,
-    /// e4m3 x and w, each with one f32 scale per row.
-    Fp8RowScaled,
+    /// e4m3 x and w with scales of the given granularity, accumulated so.
+    Fp8(Fp8Scaling, Accum),
 }
 
 /// One cached problem: descriptors and the chosen algorithm.
@@ -156,7 +195,7 @@ impl Gemm {
         match (ops, ep) {
             // An FP8 GELU epilogue may not exist for outer-vector scales: then the
             // plan runs the bias epilogue and the caller the GELU.
-            (Operands::Fp8RowScaled, Epilogue::BiasGelu) => {
+            (Operands::Fp8(..), Epilogue::BiasGelu) => {
                 match self.plan_exactly((m, n, k), ep, ops, probes) {
                     Ok(p) => Ok(p),
                     Err(_) => {
@@ -181,7 +220,7 @@ impl Gemm {
         let bf16 = ltsys::cudaDataType::CUDA_R_16BF;
         let input = match ops {
             Operands::Bf16 => bf16,
-            Operands::Fp8RowScaled => ltsys::cudaDataType::CUDA_R_8F_E4M3,
+            Operands::Fp8(..) => ltsys::cudaDataType::CUDA_R_8F_E4M3,
         };
         let desc = lt::create_matmul_desc(
             ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
@@ -231,32 +270,34 @@ impl Gemm {
                 &bias_probe,
             )?;
         }
-        if ops == Operands::Fp8RowScaled {
-            // One f32 per row of op(A) (the weight's output channels) and per
-            // column of op(B) (the tokens); the bias stays bf16 like the output;
-            // fast accumulation off (cuBLASLt's default, said here): the f32
-            // partial sums are kept at full precision.
-            let outer =
-                ltsys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
-                    as i32;
-            for attr in [
-                ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
-                ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
-            ] {
-                set_desc(desc, attr, &outer)?;
+        if let Operands::Fp8(scaling, accum) = ops {
+            // Row: one f32 per row of op(A) (the weight's output channels) and
+            // per column of op(B) (the tokens); Tensor: one f32 each. The bias
+            // stays bf16 like the output.
+            if scaling == Fp8Scaling::Row {
+                let outer =
+                    ltsys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                        as i32;
+                for attr in [
+                    ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                    ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                ] {
+                    set_desc(desc, attr, &outer)?;
+                }
             }
             set_desc(
                 desc,
                 ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                 &(bf16 as i32),
             )?;
+            // Said either way (off is cuBLASLt's default): see [`Accum`].
             set_desc(
                 desc,
                 ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
-                &0i8,
+                &i8::from(accum == Accum::Fast),
             )?;
-            // The first call's scale vectors, so that the heuristic sees the
-            // problem whole (each call sets its own before the product).
+            // The first call's scales, so that the heuristic sees the problem
+            // whole (each call sets its own before the product).
             if let Some((sx, sw)) = probes.scales {
                 set_desc(
                     desc,
@@ -320,7 +361,8 @@ impl Gemm {
     /// (+ bias[o]) (→ GELU)` on `stream`: `x` = (e4m3 codes [m, k], f32 scales
     /// \[m\]), `w` = (e4m3 codes [n, k], f32 scales \[n\]) as
     /// [`crate::fp8::RowScaled`] lays them out, bias bf16 \[n\], y bf16 [m, n];
-    /// f32 accumulation. Codes, bias and y 16-byte aligned, k a multiple of 16.
+    /// f32 accumulation at `accum`'s cadence ([`Accum`]). Codes, bias and y
+    /// 16-byte aligned, k a multiple of 16.
     ///
     /// Returns whether the GELU of [`Epilogue::BiasGelu`] was applied: false
     /// when cuBLASLt has no FP8 algorithm with that epilogue, and then `y`
@@ -333,10 +375,60 @@ impl Gemm {
         w: (CUdeviceptr, CUdeviceptr),
         bias: CUdeviceptr,
         y: CUdeviceptr,
-        m: usize,
-        n: usize,
-        k: usize,
+        (m, n, k): (usize, usize, usize),
         ep: Epilogue,
+        accum: Accum,
+    ) -> Result<bool, CudaError> {
+        self.fp8(
+            stream,
+            x,
+            w,
+            bias,
+            y,
+            (m, n, k),
+            ep,
+            (Fp8Scaling::Row, accum),
+        )
+    }
+
+    /// [`Gemm::linear_fp8`] with per-tensor scales: `x.1` and `w.1` each point
+    /// at one f32, `y = sx · sw · x · wᵀ (+ bias) (→ GELU)`. For the benchmark's
+    /// comparison of scale granularities ([`Fp8Scaling`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_fp8_tensor(
+        &self,
+        stream: &CudaStream,
+        x: (CUdeviceptr, CUdeviceptr),
+        w: (CUdeviceptr, CUdeviceptr),
+        bias: CUdeviceptr,
+        y: CUdeviceptr,
+        (m, n, k): (usize, usize, usize),
+        ep: Epilogue,
+        accum: Accum,
+    ) -> Result<bool, CudaError> {
+        self.fp8(
+            stream,
+            x,
+            w,
+            bias,
+            y,
+            (m, n, k),
+            ep,
+            (Fp8Scaling::Tensor, accum),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn fp8(
+        &self,
+        stream: &CudaStream,
+        x: (CUdeviceptr, CUdeviceptr),
+        w: (CUdeviceptr, CUdeviceptr),
+        bias: CUdeviceptr,
+        y: CUdeviceptr,
+        (m, n, k): (usize, usize, usize),
+        ep: Epilogue,
+        (scaling, accum): (Fp8Scaling, Accum),
     ) -> Result<bool, CudaError> {
         if k % 16 != 0 {
             return Err(CudaError::Invalid(format!(
@@ -357,7 +449,7 @@ impl Gemm {
             y,
             (m, n, k),
             ep,
-            Operands::Fp8RowScaled,
+            Operands::Fp8(scaling, accum),
         )
     }
 

@@ -24,7 +24,7 @@ use cudarc::driver::sys::CUdeviceptr;
 
 use crate::cuda::kit::context::{Gpu, Timer};
 use crate::cuda::kit::fp8::{Fp8Linears, Fp8Rows, LinearRef, Q8};
-use crate::cuda::kit::gemm::{Epilogue, Gemm};
+use crate::cuda::kit::gemm::{Accum, Epilogue, Gemm};
 use crate::cuda::kit::kernels::{AttnKernel, Kernels, Map, RopeArgs, RowMode, NULL};
 use crate::cuda::kit::memory::{align_up, download, upload, Arena, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
@@ -785,6 +785,8 @@ pub struct ForwardArms {
     pub qk_norm: QkNormArm,
     /// The number format of the blocks' Linears (lever `precision`).
     pub precision: Precision,
+    /// How the FP8 GEMMs accumulate (lever `fp8-accum`; inert on bf16).
+    pub fp8_accum: Accum,
 }
 
 impl ForwardArms {
@@ -794,6 +796,7 @@ impl ForwardArms {
         cross: CrossArm::Mma,
         qk_norm: QkNormArm::Block,
         precision: Precision::Bf16,
+        fp8_accum: Accum::Exact,
     };
 
     /// Whether an arm runs on cuDNN (which must then load).
@@ -1636,9 +1639,16 @@ impl DeviceDit {
             (LinIn::Bf16(x), _) => self.gemm.linear(s, x, lw.w, lw.b, y, m, lw.out, lw.inp, ep),
             (LinIn::Fp8(codes, scales), Some(q)) => {
                 let w = (q.codes, q.scales);
-                let fused =
-                    self.gemm
-                        .linear_fp8(s, (codes, scales), w, lw.b, y, m, lw.out, lw.inp, ep)?;
+                let fused = self.gemm.linear_fp8(
+                    s,
+                    (codes, scales),
+                    w,
+                    lw.b,
+                    y,
+                    (m, lw.out, lw.inp),
+                    ep,
+                    self.arms.fp8_accum,
+                )?;
                 if !fused && ep == Epilogue::BiasGelu {
                     self.kernels.map(s, Map::GeluTanhBf16, y, y, m * lw.out)?;
                 }

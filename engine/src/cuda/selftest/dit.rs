@@ -12,7 +12,7 @@ use super::Check;
 use crate::cuda::fixtures::{synth_source, write_synth_safetensors, Rng};
 use crate::cuda::kit::bf16::{narrow, rb, widen};
 use crate::cuda::kit::fp8::{Fp8Linears, MIN_CAPABILITY as FP8_CAPABILITY};
-use crate::cuda::kit::gemm::Epilogue;
+use crate::cuda::kit::gemm::{Accum, Epilogue};
 use crate::cuda::kit::kernels::{AttnKernel, Map, RopeArgs, RowMode, NULL};
 use crate::cuda::kit::memory::{download, upload, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
@@ -505,7 +505,13 @@ fn fp8_not_run(kit: &DeviceKit, what: &str, out: &mut Vec<Check>) -> bool {
 ///   what differs is the f32 accumulation order and the bf16 rounding of the
 ///   output (≤ 2⁻⁹ relative, ~1.1e-3 RMS): tolerance 5e-3, as the bf16 outputs
 ///   of f32 math above. The token rows span four orders of magnitude, so scales
-///   applied to the wrong axis (or not at all) show as an O(1) error.
+///   applied to the wrong axis (or not at all) show as an O(1) error. Both
+///   accumulations (lever `fp8-accum`) are held to it: fast accumulation keeps
+///   the partial sums of a k-chain in the tensor core's narrower accumulator
+///   (about 2⁻¹³ relative per add, random in sign over these random operands),
+///   which adds ~1e-4 RMS relative at k ≤ 8192, a tenth of the output's own
+///   rounding; a bias past that (truncation piling up over k) would show at the
+///   k = 8192 shape first.
 pub fn check_fp8(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result<(), CudaError> {
     if fp8_not_run(kit, "fp8", out) {
         return Ok(());
@@ -577,23 +583,6 @@ pub fn check_fp8(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result
         let (xc, wc) = (up(&qx.codes)?, up(&qw.codes)?);
         let (xs, ws) = (kit.f32(&qx.scales)?, kit.f32(&qw.scales)?);
         let bd = kit.bf16(&b)?;
-        let yd = kit.poisoned(m * n * 2)?;
-        let fused = g.linear_fp8(
-            s,
-            (xc.ptr(), xs.ptr()),
-            (wc.ptr(), ws.ptr()),
-            bd.ptr(),
-            yd.ptr(),
-            m,
-            n,
-            kk,
-            ep,
-        )?;
-        if ep == Epilogue::BiasGelu && !fused {
-            kit.kernels
-                .map(s, Map::GeluTanhBf16, yd.ptr(), yd.ptr(), m * n)?;
-        }
-        let y = kit.read_bf16(yd.ptr(), m * n)?;
         let bias = (ep != Epilogue::None).then_some(&b[..]);
         let mut r: Vec<f32> = linear_reference(&qx, &qw, bias)
             .map_err(bad)?
@@ -603,20 +592,41 @@ pub fn check_fp8(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result
         if ep == Epilogue::BiasGelu {
             gelu_tanh(&mut r);
         }
-        let mut c = Check::new(
-            format!("fp8 gemm m={m} n={n} k={kk} {ep:?} vs exact e4m3 products"),
-            &y,
-            &r,
-            5e-3,
-        );
-        if ep == Epilogue::BiasGelu {
-            c.note = if fused {
-                "GELU fused in cuBLASLt".into()
-            } else {
-                "GELU as its own pass (no FP8 GELU epilogue)".into()
-            };
+        for accum in [Accum::Exact, Accum::Fast] {
+            let yd = kit.poisoned(m * n * 2)?;
+            let fused = g.linear_fp8(
+                s,
+                (xc.ptr(), xs.ptr()),
+                (wc.ptr(), ws.ptr()),
+                bd.ptr(),
+                yd.ptr(),
+                (m, n, kk),
+                ep,
+                accum,
+            )?;
+            if ep == Epilogue::BiasGelu && !fused {
+                kit.kernels
+                    .map(s, Map::GeluTanhBf16, yd.ptr(), yd.ptr(), m * n)?;
+            }
+            let y = kit.read_bf16(yd.ptr(), m * n)?;
+            let mut c = Check::new(
+                format!(
+                    "fp8 gemm m={m} n={n} k={kk} {ep:?} accum={} vs exact e4m3 products",
+                    accum.name()
+                ),
+                &y,
+                &r,
+                5e-3,
+            );
+            if ep == Epilogue::BiasGelu {
+                c.note = if fused {
+                    "GELU fused in cuBLASLt".into()
+                } else {
+                    "GELU as its own pass (no FP8 GELU epilogue)".into()
+                };
+            }
+            out.push(c);
         }
-        out.push(c);
     }
     Ok(())
 }
@@ -1401,6 +1411,7 @@ pub fn check_forward(
         cross: CrossArm::Cudnn,
         qk_norm: QkNormArm::Warp,
         precision: Precision::Bf16,
+        fp8_accum: Accum::Exact,
     };
     let name = format!(
         "forward {label} attention=cudnn cross-attention=cudnn qk-norm=warp grid={grid:?} l={l} \
@@ -1439,6 +1450,39 @@ pub fn check_forward(
             );
         }
         out.push(c);
+        // `fp8-accum = fast` beside it: the same e4m3 operands, the GEMMs'
+        // sums kept in the tensor cores' narrower accumulator. Against the CPU
+        // arm at the fp8 gate (0.15); against the exact fp8 forward at 3e-2,
+        // argued: each GEMM's output moves by ~1e-4 RMS relative (the GEMM
+        // check above), but the next block Linear requantizes its input, and a
+        // value that moves across an e4m3 rounding boundary moves by a whole
+        // step (~6%); with ~1% of the values that close to a boundary, a
+        // requantized input differs by ~5e-3 RMS, and a block chains up to
+        // three of them. A sum that lost its scale or a fast plan on the wrong
+        // operands gives O(1).
+        let fast = ForwardArms {
+            fp8_accum: Accum::Fast,
+            ..fp8
+        };
+        let name = format!(
+            "forward {label} precision=fp8 fp8-accum=fast grid={grid:?} l={l} vs the CPU arm"
+        );
+        let got_fast = dit
+            .set_arms(fast)
+            .and_then(|_| dit.forward(&lat, sigma, &text, &mask, geo, true));
+        let mut c = forward_check(name, &got_fast, &cpu, cpu_s, 0.15);
+        if let (Ok((v, ms)), Ok((exact, exact_ms))) = (&got_fast, &got) {
+            let (rel, _) = crate::cuda::fixtures::rel_err(v, exact);
+            c.note =
+                format!("device {ms:.2} ms (exact {exact_ms:.2} ms); fast vs exact rel {rel:.3e}");
+            let name = format!(
+                "forward {label} precision=fp8 fp8-accum=fast grid={grid:?} l={l} vs fp8-accum=exact"
+            );
+            out.push(c);
+            out.push(sdpa_check(name, Ok(v.clone()), exact, 3e-2));
+        } else {
+            out.push(c);
+        }
     }
     dit.set_arms(ForwardArms::OWN)?;
     Ok(())
