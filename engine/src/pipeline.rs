@@ -528,6 +528,17 @@ fn load_cuda_dit(
     // Only where FP8 GEMMs run: on bf16 the lever is inert.
     if arms.precision == crate::cuda::models::dit::Precision::Fp8 {
         a.insert("fp8_accum".into(), Value::from(arms.fp8_accum.name()));
+        // Shapes cuBLASLt ran exact although fast was asked for (planned in
+        // the warm-up forwards above): "MxNxK" each, none on an H100 at 6144
+        // tokens.
+        let refused: Vec<Value> = den
+            .fp8_fast_refused()
+            .iter()
+            .map(|(m, n, k)| Value::from(format!("{m}x{n}x{k}")))
+            .collect();
+        if arms.fp8_accum == crate::cuda::kit::gemm::Accum::Fast {
+            a.insert("fp8_fast_refused".into(), Value::Array(refused));
+        }
     }
     if let Some(v) = den.cudnn_version() {
         a.insert("cudnn_version".into(), Value::from(v));

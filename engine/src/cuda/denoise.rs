@@ -372,6 +372,13 @@ impl CudaDenoiser {
         self.dit.cudnn_version()
     }
 
+    /// The FP8 GEMM shapes that asked for `fp8-accum = fast` and run exact
+    /// (planned in the load's warm-up forwards); see
+    /// [`DeviceDit::fp8_fast_refused`].
+    pub fn fp8_fast_refused(&self) -> Vec<(usize, usize, usize)> {
+        self.dit.fp8_fast_refused()
+    }
+
     /// How steps are dispatched.
     pub fn dispatch(&self) -> Dispatch {
         self.dispatch

@@ -10,7 +10,7 @@
 
 use crate::cuda::bench::{push, time_ms};
 use crate::cuda::kit::fp8::Fp8Rows;
-use crate::cuda::kit::gemm::{flops, Accum, Epilogue};
+use crate::cuda::kit::gemm::{flops, Accum, Epilogue, Fp8Scaling};
 use crate::cuda::kit::memory::DeviceBuffer;
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::DitDims;
@@ -95,7 +95,19 @@ pub fn fp8_gemms(kit: &DeviceKit, rows: &mut Vec<String>) -> Result<(), CudaErro
                             if !tensor {
                                 row_ms[i] = ms;
                             }
-                            cells.push(format!("{name} {:>5.0}", rate(ms)));
+                            // A refused fast plan runs exact: say so in the cell.
+                            let scaling = if tensor {
+                                Fp8Scaling::Tensor
+                            } else {
+                                Fp8Scaling::Row
+                            };
+                            let ran_exact = accum == Accum::Fast
+                                && g.fast_refused(scaling).contains(&(m, n, k));
+                            cells.push(format!(
+                                "{name} {:>5.0}{}",
+                                rate(ms),
+                                if ran_exact { " (ran exact)" } else { "" }
+                            ));
                         }
                         Err(e) => {
                             cells.push(format!("{name} refused"));

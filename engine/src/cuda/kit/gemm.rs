@@ -104,6 +104,9 @@ struct Plan {
     /// FP8 plan asked for [`Epilogue::BiasGelu`] got no algorithm with it and
     /// runs [`Epilogue::Bias`], leaving the GELU to the caller.
     fused: bool,
+    /// An FP8 plan asked for [`Accum::Fast`] that cuBLASLt refused at this
+    /// shape (`NOT_SUPPORTED`), and that runs [`Accum::Exact`] instead.
+    fast_refused: bool,
 }
 
 impl Drop for Plan {
@@ -185,7 +188,56 @@ impl Gemm {
         self.plans.lock().map(|p| p.len()).unwrap_or(0)
     }
 
+    /// The (m, n, k) of every FP8 product with `scaling` planned so far that
+    /// asked for [`Accum::Fast`] and runs [`Accum::Exact`] because cuBLASLt had
+    /// no fast algorithm for it, sorted.
+    pub fn fast_refused(&self, scaling: Fp8Scaling) -> Vec<(usize, usize, usize)> {
+        let mut v: Vec<(usize, usize, usize)> = self
+            .plans
+            .lock()
+            .map(|p| {
+                p.iter()
+                    .filter(|(key, plan)| {
+                        plan.fast_refused && key.4 == Operands::Fp8(scaling, Accum::Fast)
+                    })
+                    .map(|(key, _)| (key.0, key.1, key.2))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// The plan of one product. An FP8 product asked for [`Accum::Fast`] at a
+    /// shape where cuBLASLt has no fast algorithm (seen on an H100 at m=300
+    /// n=2048 k=8192 with outer-vector scales, while m=6144 had one) runs
+    /// [`Accum::Exact`] and says so ([`Gemm::fast_refused`]): one refused
+    /// shape must not fail a render, nor pass unrecorded.
     fn plan(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        ep: Epilogue,
+        ops: Operands,
+        probes: Probes,
+    ) -> Result<Plan, CudaError> {
+        match ops {
+            Operands::Fp8(scaling, Accum::Fast) => {
+                match self.plan_epilogue((m, n, k), ep, ops, probes) {
+                    Ok(p) => Ok(p),
+                    Err(_) => {
+                        let exact = Operands::Fp8(scaling, Accum::Exact);
+                        let mut p = self.plan_epilogue((m, n, k), ep, exact, probes)?;
+                        p.fast_refused = true;
+                        Ok(p)
+                    }
+                }
+            }
+            _ => self.plan_epilogue((m, n, k), ep, ops, probes),
+        }
+    }
+
+    fn plan_epilogue(
         &self,
         (m, n, k): (usize, usize, usize),
         ep: Epilogue,
@@ -242,6 +294,7 @@ impl Gemm {
             // SAFETY: a plain C struct of integers, overwritten below.
             algo: unsafe { std::mem::zeroed() },
             fused: true,
+            fast_refused: false,
         };
         set_desc(
             desc,

@@ -24,7 +24,7 @@ use cudarc::driver::sys::CUdeviceptr;
 
 use crate::cuda::kit::context::{Gpu, Timer};
 use crate::cuda::kit::fp8::{Fp8Linears, Fp8Rows, LinearRef, Q8};
-use crate::cuda::kit::gemm::{Accum, Epilogue, Gemm};
+use crate::cuda::kit::gemm::{Accum, Epilogue, Fp8Scaling, Gemm};
 use crate::cuda::kit::kernels::{AttnKernel, Kernels, Map, RopeArgs, RowMode, NULL};
 use crate::cuda::kit::memory::{align_up, download, upload, Arena, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
@@ -1153,6 +1153,13 @@ impl DeviceDit {
     /// The loaded cuDNN's version on the `cudnn` arm.
     pub fn cudnn_version(&self) -> Option<usize> {
         self.sdpa.as_ref().map(|s| s.version)
+    }
+
+    /// The (m, n, k) of the FP8 GEMMs planned so far that asked for
+    /// `fp8-accum = fast` and run exact: cuBLASLt had no fast algorithm at that
+    /// shape ([`Gemm::fast_refused`]).
+    pub fn fp8_fast_refused(&self) -> Vec<(usize, usize, usize)> {
+        self.gemm.fast_refused(Fp8Scaling::Row)
     }
 
     /// Device bytes of the RoPE frequency table of `dims`.

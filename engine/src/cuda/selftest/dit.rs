@@ -12,7 +12,7 @@ use super::Check;
 use crate::cuda::fixtures::{synth_source, write_synth_safetensors, Rng};
 use crate::cuda::kit::bf16::{narrow, rb, widen};
 use crate::cuda::kit::fp8::{Fp8Linears, MIN_CAPABILITY as FP8_CAPABILITY};
-use crate::cuda::kit::gemm::{Accum, Epilogue};
+use crate::cuda::kit::gemm::{Accum, Epilogue, Fp8Scaling};
 use crate::cuda::kit::kernels::{AttnKernel, Map, RopeArgs, RowMode, NULL};
 use crate::cuda::kit::memory::{download, upload, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
@@ -624,6 +624,16 @@ pub fn check_fp8(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result
                 } else {
                     "GELU as its own pass (no FP8 GELU epilogue)".into()
                 };
+            }
+            if accum == Accum::Fast && g.fast_refused(Fp8Scaling::Row).contains(&(m, n, kk)) {
+                c.note = format!(
+                    "{}cuBLASLt has no fast algorithm here: ran exact",
+                    if c.note.is_empty() {
+                        String::new()
+                    } else {
+                        format!("{}; ", c.note)
+                    }
+                );
             }
             out.push(c);
         }
