@@ -207,7 +207,7 @@ static REGISTRY: &[LeverDef] = &[
               them in load.vae for the render's latent geometry (the same sizes, plans and \
               kernels: the frames do not change; the decode's memory is held from load.vae on)",
     },
-    // Not yet measured on a device (UNMEASURED): the default stays the baseline.
+    // Confirmed at rung 2, owed at rung 3 (UNMEASURED): the default stays the baseline.
     LeverDef {
         id: FP8_ACCUM,
         arms: &["exact", "fast"],
@@ -240,7 +240,10 @@ static REGISTRY: &[LeverDef] = &[
 /// (2026-12-06, rungs 2 and 3) saved 28-49% of decode.video against a 25% minimum,
 /// but rank reads `sensitive` at both rungs (one run past the outlier threshold,
 /// leaving two pairs without it); a campaign of four pairs decides it.
-/// `fp8-accum` has never run on a device.
+/// `fp8-accum` is confirmed at rung 2 only (2026-12-06, campaign 3fc06ac6b29a:
+/// 5.9% [5.2%, 6.9%] of an fp8 denoise, 44 dB from the exact arm's frames); its
+/// rung-3 campaign is owed, and it acts only under `precision = fp8`, which a
+/// user picks.
 pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION, VAE_PREPARE, FP8_ACCUM];
 
 /// Every lever the engine knows, in a stable order.
