@@ -77,16 +77,13 @@ pub fn fp8_gemms(kit: &DeviceKit, rows: &mut Vec<String>) -> Result<(), CudaErro
             let mut cells = Vec::new();
             let mut notes = Vec::new();
             let mut row_ms = [f64::NAN; 2];
-            for tensor in [false, true] {
+            for scaling in [Fp8Scaling::Row, Fp8Scaling::Tensor] {
+                let tensor = scaling == Fp8Scaling::Tensor;
                 for (i, accum) in [Accum::Exact, Accum::Fast].into_iter().enumerate() {
                     let r = time_ms(kit, 3, 10, || {
                         let (bp, yp) = (b.ptr(), y.ptr());
-                        if tensor {
-                            g.linear_fp8_tensor(s, xo, wo, bp, yp, (m, n, k), ep, accum)
-                        } else {
-                            g.linear_fp8(s, xo, wo, bp, yp, (m, n, k), ep, accum)
-                        }
-                        .map(|_| ())
+                        g.linear_fp8_scaled(s, xo, wo, bp, yp, (m, n, k), ep, (scaling, accum))
+                            .map(|_| ())
                     });
                     let name =
                         format!("{}/{}", if tensor { "tensor" } else { "row" }, accum.name());
@@ -96,11 +93,6 @@ pub fn fp8_gemms(kit: &DeviceKit, rows: &mut Vec<String>) -> Result<(), CudaErro
                                 row_ms[i] = ms;
                             }
                             // A refused fast plan runs exact: say so in the cell.
-                            let scaling = if tensor {
-                                Fp8Scaling::Tensor
-                            } else {
-                                Fp8Scaling::Row
-                            };
                             let ran_exact = accum == Accum::Fast
                                 && g.fast_refused(scaling).contains(&(m, n, k));
                             cells.push(format!(

@@ -432,7 +432,7 @@ impl Gemm {
         ep: Epilogue,
         accum: Accum,
     ) -> Result<bool, CudaError> {
-        self.fp8(
+        self.linear_fp8_scaled(
             stream,
             x,
             w,
@@ -444,35 +444,12 @@ impl Gemm {
         )
     }
 
-    /// [`Gemm::linear_fp8`] with per-tensor scales: `x.1` and `w.1` each point
-    /// at one f32, `y = sx · sw · x · wᵀ (+ bias) (→ GELU)`. For the benchmark's
-    /// comparison of scale granularities ([`Fp8Scaling`]).
+    /// [`Gemm::linear_fp8`] with the scales' granularity named: with
+    /// [`Fp8Scaling::Tensor`], `x.1` and `w.1` each point at one f32 and `y = sx
+    /// · sw · x · wᵀ (+ bias) (→ GELU)` (the benchmark's comparison of scale
+    /// granularities); with [`Fp8Scaling::Row`] it is [`Gemm::linear_fp8`].
     #[allow(clippy::too_many_arguments)]
-    pub fn linear_fp8_tensor(
-        &self,
-        stream: &CudaStream,
-        x: (CUdeviceptr, CUdeviceptr),
-        w: (CUdeviceptr, CUdeviceptr),
-        bias: CUdeviceptr,
-        y: CUdeviceptr,
-        (m, n, k): (usize, usize, usize),
-        ep: Epilogue,
-        accum: Accum,
-    ) -> Result<bool, CudaError> {
-        self.fp8(
-            stream,
-            x,
-            w,
-            bias,
-            y,
-            (m, n, k),
-            ep,
-            (Fp8Scaling::Tensor, accum),
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn fp8(
+    pub fn linear_fp8_scaled(
         &self,
         stream: &CudaStream,
         x: (CUdeviceptr, CUdeviceptr),
