@@ -983,8 +983,9 @@ next_hypothesis = "n"
         // The levers whose arms compute differently: T5 in bf16 on the device vs
         // f32 on the host, the VAE decoded by the device's kernels vs the host's,
         // the self-attention and the cross-attention in cuDNN's kernel vs the
-        // engine's own, the q/k norm's sum of squares in another order, and the
-        // blocks' Linears in e4m3.
+        // engine's own, the q/k norm's sum of squares in another order, the
+        // blocks' Linears in e4m3, and their FP8 sums in the tensor cores'
+        // narrower accumulator.
         let changing: Vec<&str> = s
             .levers
             .iter()
@@ -999,7 +1000,8 @@ next_hypothesis = "n"
                 "attention",
                 "cross-attention",
                 "qk-norm",
-                "precision"
+                "precision",
+                "fp8-accum"
             ]
         );
         // Attention's saving is explained (or not) by the tensor pipes in denoise.
