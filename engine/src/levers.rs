@@ -651,6 +651,12 @@ mod tests {
         assert_eq!(a.fp8_accum.name(), "fast");
         assert!(a.needs_cudnn());
         assert!(!ForwardArms::OWN.needs_cudnn());
+        // fp8-accum acts only under precision = fp8: its campaign must set it.
+        assert!(
+            spec_entry(FP8_ACCUM).contains("with = { precision = \"fp8\" }"),
+            "{}",
+            spec_entry(FP8_ACCUM)
+        );
         assert_eq!((a.cross.name(), a.qk_norm.name()), ("cudnn", "warp"));
     }
 

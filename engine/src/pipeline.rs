@@ -529,8 +529,9 @@ fn load_cuda_dit(
     if arms.precision == crate::cuda::models::dit::Precision::Fp8 {
         a.insert("fp8_accum".into(), Value::from(arms.fp8_accum.name()));
         // Shapes cuBLASLt ran exact although fast was asked for (planned in
-        // the warm-up forwards above): "MxNxK" each, none on an H100 at 6144
-        // tokens.
+        // the warm-up forwards above): "MxNxK" each. (s32-dev1's rung-2 fast
+        // renders on an H100 ran before this fallback existed and completed, so
+        // none of the 2B shapes at 6144 tokens was refused there.)
         let refused: Vec<Value> = den
             .fp8_fast_refused()
             .iter()

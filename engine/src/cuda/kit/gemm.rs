@@ -222,17 +222,14 @@ impl Gemm {
         probes: Probes,
     ) -> Result<Plan, CudaError> {
         match ops {
-            Operands::Fp8(scaling, Accum::Fast) => {
-                match self.plan_epilogue((m, n, k), ep, ops, probes) {
-                    Ok(p) => Ok(p),
-                    Err(_) => {
-                        let exact = Operands::Fp8(scaling, Accum::Exact);
-                        let mut p = self.plan_epilogue((m, n, k), ep, exact, probes)?;
-                        p.fast_refused = true;
-                        Ok(p)
-                    }
-                }
-            }
+            Operands::Fp8(scaling, Accum::Fast) => or_fallback(
+                self.plan_epilogue((m, n, k), ep, ops, probes),
+                || {
+                    let exact = Operands::Fp8(scaling, Accum::Exact);
+                    self.plan_epilogue((m, n, k), ep, exact, probes)
+                },
+                |p| p.fast_refused = true,
+            ),
             _ => self.plan_epilogue((m, n, k), ep, ops, probes),
         }
     }
@@ -247,16 +244,11 @@ impl Gemm {
         match (ops, ep) {
             // An FP8 GELU epilogue may not exist for outer-vector scales: then the
             // plan runs the bias epilogue and the caller the GELU.
-            (Operands::Fp8(..), Epilogue::BiasGelu) => {
-                match self.plan_exactly((m, n, k), ep, ops, probes) {
-                    Ok(p) => Ok(p),
-                    Err(_) => {
-                        let mut p = self.plan_exactly((m, n, k), Epilogue::Bias, ops, probes)?;
-                        p.fused = false;
-                        Ok(p)
-                    }
-                }
-            }
+            (Operands::Fp8(..), Epilogue::BiasGelu) => or_fallback(
+                self.plan_exactly((m, n, k), ep, ops, probes),
+                || self.plan_exactly((m, n, k), Epilogue::Bias, ops, probes),
+                |p| p.fused = false,
+            ),
             _ => self.plan_exactly((m, n, k), ep, ops, probes),
         }
     }
@@ -572,7 +564,58 @@ impl Gemm {
     }
 }
 
+/// `first`, or where it failed, `second()` marked by `mark`; `second`'s error
+/// where both fail. The shape of both of [`Gemm::plan`]'s fallbacks (an FP8
+/// GELU epilogue cuBLASLt lacks, a fast accumulation it refuses).
+fn or_fallback<T, E>(
+    first: Result<T, E>,
+    second: impl FnOnce() -> Result<T, E>,
+    mark: impl FnOnce(&mut T),
+) -> Result<T, E> {
+    match first {
+        Ok(p) => Ok(p),
+        Err(_) => {
+            let mut p = second()?;
+            mark(&mut p);
+            Ok(p)
+        }
+    }
+}
+
 /// FLOPs of one `linear` call (2 m n k).
 pub fn flops(m: usize, n: usize, k: usize) -> f64 {
     2.0 * m as f64 * n as f64 * k as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::or_fallback;
+
+    /// Red on: the fallback taken (or the mark applied) when the first plan
+    /// succeeded, the mark dropped, or the first error returned when the
+    /// fallback succeeded: the cases that decide whether a render's fast or
+    /// GELU plan says truly what it runs.
+    #[test]
+    fn a_fallback_runs_and_is_marked_only_when_the_first_plan_fails() {
+        let mut called = false;
+        let got: Result<(u32, bool), &str> = or_fallback(
+            Ok((1, false)),
+            || {
+                called = true;
+                Ok((2, false))
+            },
+            |p| p.1 = true,
+        );
+        assert_eq!(got, Ok((1, false)));
+        assert!(
+            !called,
+            "the fallback ran although the first plan succeeded"
+        );
+        let got: Result<(u32, bool), &str> =
+            or_fallback(Err("not supported"), || Ok((2, false)), |p| p.1 = true);
+        assert_eq!(got, Ok((2, true)));
+        let got: Result<(u32, bool), &str> =
+            or_fallback(Err("first"), || Err("second"), |p| p.1 = true);
+        assert_eq!(got, Err("second"));
+    }
 }

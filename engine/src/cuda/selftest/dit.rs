@@ -1448,6 +1448,18 @@ pub fn check_forward(
         let got = dit
             .set_arms(fp8)
             .and_then(|_| dit.forward(&lat, sigma, &text, &mask, geo, true));
+        // `fp8-accum = fast` on the same e4m3 weights, before the bf16 forward
+        // below drops them (checked after the exact arm's rows).
+        let fast = ForwardArms {
+            fp8_accum: Accum::Fast,
+            ..fp8
+        };
+        let fast_name = format!(
+            "forward {label} precision=fp8 fp8-accum=fast grid={grid:?} l={l} vs the CPU arm"
+        );
+        let got_fast = dit
+            .set_arms(fast)
+            .and_then(|_| dit.forward(&lat, sigma, &text, &mask, geo, true));
         let mut c = forward_check(name, &got, &cpu, cpu_s, 0.15);
         if let Ok((v, ms)) = &got {
             dit.set_arms(ForwardArms::OWN)?;
@@ -1460,7 +1472,7 @@ pub fn check_forward(
             );
         }
         out.push(c);
-        // `fp8-accum = fast` beside it: the same e4m3 operands, the GEMMs'
+        // `fp8-accum = fast` (run above): the same e4m3 operands, the GEMMs'
         // sums kept in the tensor cores' narrower accumulator. Against the CPU
         // arm at the fp8 gate (0.15); against the exact fp8 forward at 3e-2,
         // argued: each GEMM's output moves by ~1e-4 RMS relative (the GEMM
@@ -1470,17 +1482,7 @@ pub fn check_forward(
         // requantized input differs by ~5e-3 RMS, and a block chains up to
         // three of them. A sum that lost its scale or a fast plan on the wrong
         // operands gives O(1).
-        let fast = ForwardArms {
-            fp8_accum: Accum::Fast,
-            ..fp8
-        };
-        let name = format!(
-            "forward {label} precision=fp8 fp8-accum=fast grid={grid:?} l={l} vs the CPU arm"
-        );
-        let got_fast = dit
-            .set_arms(fast)
-            .and_then(|_| dit.forward(&lat, sigma, &text, &mask, geo, true));
-        let mut c = forward_check(name, &got_fast, &cpu, cpu_s, 0.15);
+        let mut c = forward_check(fast_name, &got_fast, &cpu, cpu_s, 0.15);
         if let (Ok((v, ms)), Ok((exact, exact_ms))) = (&got_fast, &got) {
             let (rel, _) = crate::cuda::fixtures::rel_err(v, exact);
             c.note =
