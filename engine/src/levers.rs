@@ -195,11 +195,11 @@ static REGISTRY: &[LeverDef] = &[
               bounded bounce buffer and quantized as they arrive: about half their bf16 \
               bytes of device memory)",
     },
-    // Measured but not yet decided (UNMEASURED): the default stays the baseline.
+    // Confirmed at rung 2 (2026-12-07, four pairs): the default is the load arm.
     LeverDef {
         id: VAE_PREPARE,
         arms: &["decode", "load"],
-        default: "decode",
+        default: "load",
         baseline: "decode",
         applies_to: Applies::Cuda,
         doc: "decode makes the device decode's buffers, its two pinned RGB8 frame halves and \
@@ -207,11 +207,12 @@ static REGISTRY: &[LeverDef] = &[
               them in load.vae for the render's latent geometry (the same sizes, plans and \
               kernels: the frames do not change; the decode's memory is held from load.vae on)",
     },
-    // Confirmed at rung 2, owed at rung 3 (UNMEASURED): the default stays the baseline.
+    // Confirmed at rungs 2 and 3 within the fidelity rule (2026-12-07): the default
+    // is fast, inert unless a user picks precision = fp8.
     LeverDef {
         id: FP8_ACCUM,
         arms: &["exact", "fast"],
-        default: "exact",
+        default: "fast",
         baseline: "exact",
         applies_to: Applies::Cuda,
         doc: "exact lets cuBLASLt promote the FP8 GEMMs' partial sums to f32 at its default \
@@ -236,15 +237,13 @@ static REGISTRY: &[LeverDef] = &[
 /// evidence keeps their baselines: both treatments were refuted at rung 2
 /// (2026-12-06, three pairs each, against a 1% minimum: cudnn -0.3% [-0.6%, 0.1%],
 /// warp -0.1% [-0.2%, 0.0%]), so their best arms are the baselines.
-/// `vae-prepare` stays while its verdict is not clean: every one of its six pairs
-/// (2026-12-06, rungs 2 and 3) saved 28-49% of decode.video against a 25% minimum,
-/// but rank reads `sensitive` at both rungs (one run past the outlier threshold,
-/// leaving two pairs without it); a campaign of four pairs decides it.
-/// `fp8-accum` is confirmed at rung 2 only (2026-12-06, campaign 3fc06ac6b29a:
-/// 5.9% [5.2%, 6.9%] of an fp8 denoise, 44 dB from the exact arm's frames); its
-/// rung-3 campaign is owed, and it acts only under `precision = fp8`, which a
-/// user picks.
-pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION, VAE_PREPARE, FP8_ACCUM];
+/// `vae-prepare` left on 2026-12-07: four pairs at rung 2 (campaign 96f158c465f6)
+/// confirmed its `load` arm (38.8% [30.4%, 47.9%] of decode.video against a 25%
+/// minimum, frames identical). `fp8-accum` left the same day: confirmed at rung 2
+/// (3fc06ac6b29a, 5.9% [5.2%, 6.9%] of an fp8 denoise, 44.2 dB from the exact
+/// arm's frames) and at rung 3 (ef8387a527f1, 11.2% [11.0%, 11.6%], 44.7 dB); its
+/// `fast` arm acts only under `precision = fp8`, which a user picks.
+pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION];
 
 /// Every lever the engine knows, in a stable order.
 pub fn registry() -> &'static [LeverDef] {
@@ -601,7 +600,6 @@ mod tests {
             (CROSS_ATTENTION, ["mma", "cudnn"]),
             (QK_NORM, ["block", "warp"]),
             (PRECISION, ["bf16", "fp8"]),
-            (FP8_ACCUM, ["exact", "fast"]),
         ] {
             let l = lever(id).unwrap();
             assert_eq!(l.arms, arms, "{id}");
@@ -624,9 +622,19 @@ mod tests {
                 cross: CrossArm::Mma,
                 qk_norm: QkNormArm::Block,
                 precision: Precision::Bf16,
-                fp8_accum: Accum::Exact,
+                fp8_accum: Accum::Fast,
             }
         );
+        // fp8-accum is decided (fast), not unmeasured; its baseline stays exact.
+        let l = lever(FP8_ACCUM).unwrap();
+        assert_eq!(
+            (l.arms, l.baseline, l.default),
+            (&["exact", "fast"][..], "exact", "fast")
+        );
+        assert!(!UNMEASURED.contains(&FP8_ACCUM));
+        assert!(spec_entry(FP8_ACCUM).contains("treatment = \"fast\""));
+        let b = LeverSet::resolve(Profile::Baseline, []).unwrap();
+        assert_eq!(b.forward_arms().fp8_accum, Accum::Exact);
         let t = LeverSet::resolve(
             Profile::Baseline,
             [
@@ -664,10 +672,13 @@ mod tests {
     fn vae_prepare_lever_matches_the_spec_and_maps_to_the_load_arm() {
         let l = lever(VAE_PREPARE).unwrap();
         assert_eq!(l.arms, ["decode", "load"]);
-        assert_eq!((l.baseline, l.default), ("decode", "decode"));
-        assert!(UNMEASURED.contains(&VAE_PREPARE));
+        assert_eq!((l.baseline, l.default), ("decode", "load"));
+        assert!(!UNMEASURED.contains(&VAE_PREPARE));
         assert_eq!(l.applies_to, Applies::Cuda);
-        assert!(!LeverSet::resolve(Profile::Default, [])
+        assert!(LeverSet::resolve(Profile::Default, [])
+            .unwrap()
+            .vae_prepare_at_load());
+        assert!(!LeverSet::resolve(Profile::Baseline, [])
             .unwrap()
             .vae_prepare_at_load());
         assert!(
