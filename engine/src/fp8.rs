@@ -165,6 +165,77 @@ pub fn linear_reference(
     Ok(y)
 }
 
+/// Headroom of the attention output's e4m3 scale over its bound (see
+/// [`AttentionScales`]).
+pub const ATTENTION_OUTPUT_MARGIN: f32 = 1.125;
+
+/// The per-tensor scales of an FP8 attention (lever `attention-precision`):
+/// cuDNN's FP8 SDPA takes one scale per q, k and v, not per row.
+///
+/// Why per tensor is enough here, where [`RowScaled`] argues rows for the
+/// Linears: q and k leave the blocks' RMS norm (over the whole width, then a
+/// learned weight and RoPE), and v is the projection of a modulated RMS norm,
+/// so no token carries the residual stream's orders-of-magnitude outliers; a
+/// value 2^-6 / 448 (3.5e-5) of its tensor's amax still has e4m3's full 3-bit
+/// mantissa.
+///
+/// The probabilities are scaled by 448 (`scale_s`): they lie in \[0, 1\]. The
+/// output is `o = Σ_j p_j v_j` with `Σ p = 1` (each p rounded to e4m3, so the sum
+/// stays within 1 ± 2^-4), hence `|o| <= (1 + 2^-4) · amax(v)`; its scale is
+/// `448 / (ATTENTION_OUTPUT_MARGIN · amax(v))`, chosen before the attention runs
+/// (cuDNN's output is e4m3 on Hopper), and its codes times `descale_o` feed the
+/// out-projection's FP8 GEMM as they are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionScales {
+    /// Multiply q by `inv.0`, k by `inv.1`, v by `inv.2` before encoding.
+    pub inv: (f32, f32, f32),
+    /// Decoded q, k, v values times these are the values: `amax / 448` each
+    /// (1 where an amax is zero or not finite, as [`row_factors`]).
+    pub descale: (f32, f32, f32),
+    /// The probabilities' scale (448) and its inverse.
+    pub scale_s: f32,
+    /// The inverse of [`AttentionScales::scale_s`].
+    pub descale_s: f32,
+    /// The output's scale: cuDNN multiplies o by it before encoding.
+    pub scale_o: f32,
+    /// `1 / scale_o`: the output codes' row scale in the out-projection.
+    pub descale_o: f32,
+}
+
+impl AttentionScales {
+    /// The scales of q, k and v whose largest magnitudes are `amax` (q, k, v).
+    pub fn from_amax(amax: (f32, f32, f32)) -> AttentionScales {
+        let (q, k, v) = (
+            row_factors(amax.0),
+            row_factors(amax.1),
+            row_factors(amax.2),
+        );
+        let scale_o = if amax.2 > 0.0 && amax.2.is_finite() {
+            E4M3_MAX / (ATTENTION_OUTPUT_MARGIN * amax.2)
+        } else {
+            1.0
+        };
+        AttentionScales {
+            inv: (q.0, k.0, v.0),
+            descale: (q.1, k.1, v.1),
+            scale_s: E4M3_MAX,
+            descale_s: 1.0 / E4M3_MAX,
+            scale_o,
+            descale_o: 1.0 / scale_o,
+        }
+    }
+}
+
+/// The largest magnitude of `x` (NaN ignored, as `f32::max` does).
+pub fn amax(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |m, v| m.max(v.abs()))
+}
+
+/// The e4m3 codes of `x · inv` (one scale for the whole tensor).
+pub fn encode_scaled(x: &[f32], inv: f32) -> Vec<u8> {
+    x.par_iter().map(|v| encode(v * inv)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,6 +256,29 @@ mod tests {
         } else {
             sign * (1.0 + m / 8.0) * 2f32.powi(e - 7)
         }
+    }
+
+    /// Red on: the output scale taken from q's or k's amax, the margin dropped
+    /// (an output at the bound would then saturate), or a zero amax dividing.
+    #[test]
+    fn attention_scales_bound_the_output_and_survive_a_zero_tensor() {
+        let s = AttentionScales::from_amax((2.0, 8.0, 3.5));
+        assert_eq!(s.inv, (224.0, 56.0, 128.0));
+        assert_eq!(s.descale, (2.0 / 448.0, 8.0 / 448.0, 3.5 / 448.0));
+        assert_eq!((s.scale_s, s.descale_s), (448.0, 1.0 / 448.0));
+        // The largest output the bound allows, (1 + 2^-4) · amax(v), encodes
+        // below 448: it does not saturate.
+        let o = (1.0 + 1.0 / 16.0) * 3.5 * s.scale_o;
+        assert!(o < 448.0 && o > 400.0, "{o}");
+        assert!((s.scale_o * s.descale_o - 1.0).abs() < 1e-6);
+        let z = AttentionScales::from_amax((0.0, f32::INFINITY, 0.0));
+        assert_eq!((z.inv, z.descale), ((1.0, 1.0, 1.0), (1.0, 1.0, 1.0)));
+        assert_eq!((z.scale_o, z.descale_o), (1.0, 1.0));
+        assert_eq!(amax(&[0.5, -3.0, f32::NAN, 2.0]), 3.0);
+        assert_eq!(
+            encode_scaled(&[1.0, -0.5], 448.0),
+            vec![encode(448.0), encode(-224.0)]
+        );
     }
 
     #[test]

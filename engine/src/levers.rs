@@ -68,6 +68,8 @@ pub const PRECISION: &str = "precision";
 pub const VAE_PREPARE: &str = "vae-prepare";
 /// Lever id: how the CUDA arm's FP8 GEMMs accumulate (inert unless `precision = fp8`).
 pub const FP8_ACCUM: &str = "fp8-accum";
+/// Lever id: the number format of the CUDA arm's DiT self-attention.
+pub const ATTENTION_PRECISION: &str = "attention-precision";
 
 static REGISTRY: &[LeverDef] = &[
     LeverDef {
@@ -221,6 +223,20 @@ static REGISTRY: &[LeverDef] = &[
               scales are the same); inert unless precision = fp8 (specs/levers.toml measures \
               it with precision = fp8 in both arms)",
     },
+    // Not yet measured on a device (UNMEASURED): the default stays the baseline.
+    LeverDef {
+        id: ATTENTION_PRECISION,
+        arms: &["bf16", "fp8"],
+        default: "bf16",
+        baseline: "bf16",
+        applies_to: Applies::Cuda,
+        doc: "bf16 runs the DiT's self-attention in bf16 on the attention lever's kernel; fp8 \
+              quantizes q, k and v to e4m3 with one scale per tensor and runs cuDNN's FP8 \
+              fused attention (Hopper), whose probabilities are e4m3 too and whose e4m3 output \
+              feeds the out-projection's FP8 GEMM directly; needs precision = fp8 and \
+              attention = cudnn (an error naming them otherwise); the cross-attention stays \
+              bf16",
+    },
 ];
 
 /// Levers whose default has not yet been decided from device evidence: it stays
@@ -243,7 +259,8 @@ static REGISTRY: &[LeverDef] = &[
 /// (3fc06ac6b29a, 5.9% [5.2%, 6.9%] of an fp8 denoise, 44.2 dB from the exact
 /// arm's frames) and at rung 3 (ef8387a527f1, 11.2% [11.0%, 11.6%], 44.7 dB); its
 /// `fast` arm acts only under `precision = fp8`, which a user picks.
-pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION];
+/// `attention-precision` is new (2026-12-07) and has not run on a device.
+pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION, ATTENTION_PRECISION];
 
 /// Every lever the engine knows, in a stable order.
 pub fn registry() -> &'static [LeverDef] {
@@ -401,11 +418,11 @@ impl LeverSet {
     }
 
     /// The forward's kernel arms: `attention`, `cross-attention`, `qk-norm`,
-    /// `precision` and `fp8-accum`.
+    /// `precision`, `fp8-accum` and `attention-precision`.
     pub fn forward_arms(&self) -> crate::cuda::models::dit::ForwardArms {
         use crate::cuda::kit::gemm::Accum;
         use crate::cuda::models::dit::Precision;
-        use crate::cuda::models::dit::{CrossArm, ForwardArms, QkNormArm};
+        use crate::cuda::models::dit::{AttnPrecision, CrossArm, ForwardArms, QkNormArm};
         ForwardArms {
             attention: self.attention(),
             cross: if self.arm(CROSS_ATTENTION) == "cudnn" {
@@ -427,6 +444,11 @@ impl LeverSet {
                 Accum::Fast
             } else {
                 Accum::Exact
+            },
+            attn_precision: if self.arm(ATTENTION_PRECISION) == "fp8" {
+                AttnPrecision::Fp8
+            } else {
+                AttnPrecision::Bf16
             },
         }
     }
@@ -595,11 +617,14 @@ mod tests {
     fn unmeasured_forward_levers_map_to_their_arms_and_match_the_spec() {
         use crate::cuda::kit::gemm::Accum;
         use crate::cuda::models::dit::Precision;
-        use crate::cuda::models::dit::{AttentionArm, CrossArm, ForwardArms, QkNormArm};
+        use crate::cuda::models::dit::{
+            AttentionArm, AttnPrecision, CrossArm, ForwardArms, QkNormArm,
+        };
         for (id, arms) in [
             (CROSS_ATTENTION, ["mma", "cudnn"]),
             (QK_NORM, ["block", "warp"]),
             (PRECISION, ["bf16", "fp8"]),
+            (ATTENTION_PRECISION, ["bf16", "fp8"]),
         ] {
             let l = lever(id).unwrap();
             assert_eq!(l.arms, arms, "{id}");
@@ -623,6 +648,7 @@ mod tests {
                 qk_norm: QkNormArm::Block,
                 precision: Precision::Bf16,
                 fp8_accum: Accum::Fast,
+                attn_precision: AttnPrecision::Bf16,
             }
         );
         // fp8-accum is decided (fast), not unmeasured; its baseline stays exact.
@@ -690,6 +716,50 @@ mod tests {
         assert!(entry.contains("arms = [\"decode\", \"load\"]"), "{entry}");
         assert!(entry.contains("treatment = \"load\""), "{entry}");
         assert!(entry.contains("numerics = \"preserving\""), "{entry}");
+    }
+
+    /// Red on: the fp8 arm not reaching `forward_arms`, the conflict check
+    /// passing an fp8 attention without its FP8 GEMMs or without cuDNN, or the
+    /// spec's `with` dropping either lever its campaign needs.
+    #[test]
+    fn attention_precision_needs_fp8_gemms_and_cudnn() {
+        use crate::cuda::models::dit::AttnPrecision;
+        let ok = LeverSet::resolve(
+            Profile::Default,
+            [("precision", "fp8"), ("attention-precision", "fp8")],
+        )
+        .unwrap()
+        .forward_arms();
+        assert_eq!(ok.attn_precision, AttnPrecision::Fp8);
+        assert_eq!(ok.attn_precision.name(), "fp8");
+        assert!(ok.needs_cudnn());
+        assert_eq!(ok.conflict(), None);
+        let bf16 = LeverSet::resolve(Profile::Default, [("attention-precision", "fp8")])
+            .unwrap()
+            .forward_arms();
+        let why = bf16.conflict().expect("fp8 attention on bf16 GEMMs");
+        assert!(why.contains("needs precision = fp8"), "{why}");
+        assert!(why.contains("--lever precision=fp8"), "{why}");
+        assert!(!why.contains("attention=cudnn"), "{why}");
+        let mma = LeverSet::resolve(
+            Profile::Baseline,
+            [("precision", "fp8"), ("attention-precision", "fp8")],
+        )
+        .unwrap()
+        .forward_arms();
+        let why = mma.conflict().expect("fp8 attention on the mma arm");
+        assert!(why.contains("attention = cudnn"), "{why}");
+        assert!(why.contains("--lever attention=cudnn"), "{why}");
+        assert!(!why.contains("precision=fp8"), "{why}");
+        // The bf16 arm conflicts with nothing.
+        let d = LeverSet::resolve(Profile::Default, []).unwrap();
+        assert_eq!(d.forward_arms().conflict(), None);
+        let entry = spec_entry(ATTENTION_PRECISION);
+        assert!(
+            entry.contains("with = { precision = \"fp8\", attention = \"cudnn\" }"),
+            "{entry}"
+        );
+        assert!(entry.contains("numerics = \"changing\""), "{entry}");
     }
 
     #[test]

@@ -187,6 +187,12 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
     let tokens = grid.0 * grid.1 * grid.2;
     let sigmas = schedule::sigmas(&p.scheduler, rung.steps as usize, tokens)
         .map_err(|e| BadInput(format!("steps: {e}")))?;
+    // Arms that cannot run together are the user's input: refused before any load.
+    if req.device == Device::Cuda {
+        if let Some(why) = req.levers.forward_arms().conflict() {
+            return Err(BadInput(format!("levers: {why}")).into());
+        }
+    }
     let (layout, cond, uncond) = condition(req, rec)?;
     let conditioning = Conditioning {
         cond,
@@ -509,13 +515,15 @@ fn load_cuda_dit(
         .with_context(|| {
             format!(
                 "the CUDA arm's transformer (attention={}, cross-attention={}, qk-norm={}, \
-             precision={}, fp8-accum={}; `--lever attention=mma --lever cross-attention=mma` runs the \
-             engine's own kernels without cuDNN, `--lever precision=bf16` without FP8)",
+             precision={}, fp8-accum={}, attention-precision={}; `--lever attention=mma --lever \
+             cross-attention=mma --lever attention-precision=bf16` runs the engine's own kernels \
+             without cuDNN, `--lever precision=bf16 --lever attention-precision=bf16` without FP8)",
                 arms.attention.name(),
                 arms.cross.name(),
                 arms.qk_norm.name(),
                 arms.precision.name(),
-                arms.fp8_accum.name()
+                arms.fp8_accum.name(),
+                arms.attn_precision.name()
             )
         })?;
     rec.attach_device(den.mem());
@@ -525,6 +533,10 @@ fn load_cuda_dit(
     a.insert("cross_attention".into(), Value::from(arms.cross.name()));
     a.insert("qk_norm".into(), Value::from(arms.qk_norm.name()));
     a.insert("precision".into(), Value::from(arms.precision.name()));
+    a.insert(
+        "attention_precision".into(),
+        Value::from(arms.attn_precision.name()),
+    );
     // Only where FP8 GEMMs run: on bf16 the lever is inert.
     if arms.precision == crate::cuda::models::dit::Precision::Fp8 {
         a.insert("fp8_accum".into(), Value::from(arms.fp8_accum.name()));

@@ -59,7 +59,9 @@
 //! e4m3 codes and scales
 //! ([`crate::cuda::models::dit::DeviceDit::fp8_weight_bytes_for`]), the loop
 //! the buffers block inputs are quantized into
-//! ([`crate::cuda::models::dit::DeviceDit::fp8_act_bytes_for`]); while staging,
+//! ([`crate::cuda::models::dit::DeviceDit::fp8_act_bytes_for`]) and, with
+//! `attention-precision = fp8`, the e4m3 attention operands
+//! ([`crate::cuda::models::dit::DeviceDit::fp8_attn_bytes_for`]); while staging,
 //! the cuBLASLt workspace and the bounce buffer the bf16 weights pass through
 //! ([`crate::cuda::models::dit::DeviceDit::fp8_bounce_bytes_for`], freed before
 //! the loop is readied) sit beside the weights, so `load.dit` holds the larger
@@ -88,7 +90,7 @@ use serde::Serialize;
 use evidence::rung::Device;
 
 use crate::cuda::denoise::{loaded_bytes, loop_bytes};
-use crate::cuda::models::dit::{DeviceDit, DitDims, Precision};
+use crate::cuda::models::dit::{AttnPrecision, DeviceDit, DitDims, Precision};
 use crate::cuda::staging::StagingMethod;
 use crate::levers::LeverSet;
 use crate::models::{dit, t5, vae};
@@ -295,9 +297,13 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
             .map(|d| {
                 let l = p.max_text_tokens;
                 let (w, a, b) = if fp8 {
+                    let attn = match levers.forward_arms().attn_precision {
+                        AttnPrecision::Fp8 => DeviceDit::fp8_attn_bytes_for(&d, n),
+                        AttnPrecision::Bf16 => 0,
+                    };
                     (
                         DeviceDit::fp8_weight_bytes_for(&d) as u64,
-                        DeviceDit::fp8_act_bytes_for(&d, n, l) as u64,
+                        (DeviceDit::fp8_act_bytes_for(&d, n, l) + attn) as u64,
                         DeviceDit::fp8_bounce_bytes_for(&d) as u64,
                     )
                 } else {
@@ -483,6 +489,24 @@ mod tests {
         // At 640 tokens the bounce outweighs the readied loop: load.dit peaks.
         assert_eq!(f.device_peak_bytes, weights + ws + bounce);
         assert!(f.device_peak_bytes < b.device_peak_bytes);
+        // attention-precision = fp8 adds its e4m3 q, k, v and slots to the loop
+        // (red on: left out, or counted on the bf16 attention arm).
+        let fa = LeverSet::resolve(
+            Profile::Default,
+            [
+                ("staging", "serial"),
+                host_t5,
+                ("precision", "fp8"),
+                ("attention-precision", "fp8"),
+            ],
+        )
+        .unwrap();
+        let attn = DeviceDit::fp8_attn_bytes_for(&d, n) as u64;
+        assert_eq!(attn, 3 * (n as u64) * 2048 + 256);
+        assert_eq!(
+            project(&p, &g1, &fa).device_phases["denoise"],
+            weights + run + acts + attn
+        );
         // Guidance adds one text slot; the CPU arm projects no device bytes.
         let g2 = Geometry {
             guidance: true,
@@ -599,8 +623,13 @@ mod tests {
     #[test]
     fn the_device_vae_projects_its_phases_and_the_host_arm_is_untouched() {
         let p = preset("ltxv-2b").unwrap();
-        // T5 on the host in both, so the VAE's phases are compared alone.
-        let dev = LeverSet::resolve(Profile::Default, [("conditioning", "host")]).unwrap();
+        // T5 on the host in both, so the VAE's phases are compared alone; the
+        // decode's buffers made at first use (the default makes them at load).
+        let dev = LeverSet::resolve(
+            Profile::Default,
+            [("conditioning", "host"), ("vae-prepare", "decode")],
+        )
+        .unwrap();
         let host = LeverSet::resolve(
             Profile::Default,
             [("conditioning", "host"), ("vae", "host")],
@@ -627,7 +656,11 @@ mod tests {
         assert!(dec > decode && dec - decode < 2 << 30, "{dec} {decode}");
         assert!(a.device_phases["load.vae"] < dec);
         // `vae-prepare = load` holds the decode's buffers from load.vae on.
-        let at_load = LeverSet::resolve(Profile::Default, [("vae-prepare", "load")]).unwrap();
+        let at_load = LeverSet::resolve(
+            Profile::Default,
+            [("conditioning", "host"), ("vae-prepare", "load")],
+        )
+        .unwrap();
         let c = project(&p, &g1, &at_load);
         assert_eq!(
             c.device_phases["load.vae"],

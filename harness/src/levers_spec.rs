@@ -984,8 +984,8 @@ next_hypothesis = "n"
         // f32 on the host, the VAE decoded by the device's kernels vs the host's,
         // the self-attention and the cross-attention in cuDNN's kernel vs the
         // engine's own, the q/k norm's sum of squares in another order, the
-        // blocks' Linears in e4m3, and their FP8 sums in the tensor cores'
-        // narrower accumulator.
+        // blocks' Linears in e4m3, their FP8 sums in the tensor cores'
+        // narrower accumulator, and the self-attention in e4m3.
         let changing: Vec<&str> = s
             .levers
             .iter()
@@ -1001,7 +1001,8 @@ next_hypothesis = "n"
                 "cross-attention",
                 "qk-norm",
                 "precision",
-                "fp8-accum"
+                "fp8-accum",
+                "attention-precision"
             ]
         );
         // Attention's saving is explained (or not) by the tensor pipes in denoise.

@@ -141,14 +141,17 @@ fn a_stale_or_missing_forest_plot_is_caught_naming_the_file() {
 }
 
 /// Levers whose device campaign is not complete yet, with the rung-2 pairs they
-/// have. None today: `fp8-accum` (added 2026-12-06, session 32) got three pairs at
+/// have. `attention-precision` (added 2026-12-07, session 33) has none: the
+/// session's device time went on refused starts before its first call (its
+/// selftest and rung-2 campaign are the next call, in reports/device-notes.md).
+/// `fp8-accum` (added 2026-12-06, session 32) got three pairs at
 /// rung 2 the same day (campaign 3fc06ac6b29a). `vae-prepare`
 /// (added 2026-12-06) got three pairs at rungs 2 and 3 the same day (campaigns
 /// c4efe01eee6f and 8e173c52073f), as `cross-attention` and `qk-norm` (added
 /// 2026-12-05) got theirs at rung 2 (19b93a69d5b4 and a5c96f5ab04d). A lever listed
 /// here is exempt only with exactly the pairs it is listed with: a pair lost from
 /// the store, or new pairs landing, turns the test red.
-const OWED: &[(&str, u64)] = &[];
+const OWED: &[(&str, u64)] = &[("attention-precision", 0)];
 
 /// Levers whose device campaign ran at rung 2 (and 1) but not yet at rung 3:
 /// held to three pairs at rung 2, and exempt at rung 3 only while they have no

@@ -39,8 +39,8 @@ use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::Precision;
 use crate::cuda::models::dit::{
-    AttentionArm, CrossArm, DeviceDit, DitDims, ForwardArms, Geometry, QkNormArm, TextSlot,
-    LATENT_CHANNELS,
+    AttentionArm, AttnPrecision, CrossArm, DeviceDit, DitDims, ForwardArms, Geometry, QkNormArm,
+    TextSlot, LATENT_CHANNELS,
 };
 use crate::cuda::staging::{
     self, pinned_copy_gbps, DeviceWeights, Staged, StagingMethod, StagingOptions,
@@ -508,6 +508,7 @@ fn bench_forward(
                 qk_norm: QkNormArm::Warp,
                 precision: Precision::Bf16,
                 fp8_accum: Accum::Exact,
+                attn_precision: AttnPrecision::Bf16,
             };
             let newer = dit.set_arms(arms).and_then(|_| {
                 let ms = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
@@ -590,8 +591,19 @@ fn bench_forward(
             on_cudnn(fast),
             Some(bf),
         ));
+        // `attention-precision = fp8` on the render's fp8 arms, beside the
+        // same arms with cuDNN's bf16 attention (the row above).
+        configs.push((
+            "attention=cudnn precision=fp8 fp8-accum=fast attention-precision=fp8".into(),
+            ForwardArms {
+                attn_precision: AttnPrecision::Fp8,
+                ..on_cudnn(fast)
+            },
+            Some(bf),
+        ));
     }
     let mut exact_ms = f64::NAN;
+    let mut fast_ms = f64::NAN;
     for (arms_label, arms, bf16_ms) in configs {
         let r = dit.set_arms(arms).and_then(|_| {
             let ms = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
@@ -607,7 +619,13 @@ fn bench_forward(
                 for r in profile::profile_rows(&label, &dims, (n, l), &p, ms) {
                     push(rows, r);
                 }
-                let vs_exact = if arms.fp8_accum == Accum::Fast {
+                let vs_exact = if arms.attn_precision == AttnPrecision::Fp8 {
+                    format!(
+                        "; vs attention-precision=bf16 {:+.1}%",
+                        (ms / fast_ms - 1.0) * 100.0
+                    )
+                } else if arms.fp8_accum == Accum::Fast {
+                    fast_ms = ms;
                     format!(
                         "; vs fp8-accum=exact {:+.1}%",
                         (ms / exact_ms - 1.0) * 100.0

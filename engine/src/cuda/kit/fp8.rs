@@ -229,3 +229,129 @@ impl Fp8Rows {
         (self.codes.ptr(), self.scales.ptr())
     }
 }
+
+/// The FP8 self-attention's device state (lever `attention-precision`): e4m3
+/// copies of q, k and v with one scale each, and the f32 slots cuDNN's FP8 SDPA
+/// reads its descales and scales from and writes its amax outputs to (each slot
+/// 16 bytes from the next, as cuDNN reads each as a tensor of one element).
+/// The output's codes and row scales live in the forward's [`Fp8Rows`], where
+/// the out-projection's FP8 GEMM reads them.
+pub struct Fp8Attn {
+    /// Rows (tokens) each operand holds.
+    pub rows: usize,
+    /// Width (heads × head dim) of each operand.
+    pub width: usize,
+    q8: [DeviceBuffer; 3],
+    slots: DeviceBuffer,
+}
+
+impl Fp8Attn {
+    /// f32 index of q's amax (zeroed, then raised by `amax3_bf16`).
+    pub const AMAX_Q: usize = 0;
+    /// f32 index of k's amax.
+    pub const AMAX_K: usize = 4;
+    /// f32 index of v's amax.
+    pub const AMAX_V: usize = 8;
+    /// f32 index of q's descale (`amax / 448`).
+    pub const DESCALE_Q: usize = 12;
+    /// f32 index of k's descale.
+    pub const DESCALE_K: usize = 16;
+    /// f32 index of v's descale.
+    pub const DESCALE_V: usize = 20;
+    /// f32 index of the probabilities' descale (1 / 448).
+    pub const DESCALE_S: usize = 24;
+    /// f32 index of the probabilities' scale (448).
+    pub const SCALE_S: usize = 28;
+    /// f32 index of the output's scale ([`crate::fp8::AttentionScales::scale_o`]).
+    pub const SCALE_O: usize = 32;
+    /// f32 index of cuDNN's amax of the probabilities (an output).
+    pub const AMAX_S: usize = 36;
+    /// f32 index of cuDNN's amax of the output before its scale (an output).
+    pub const AMAX_O: usize = 40;
+    /// Bytes of the slot buffer.
+    pub const SLOT_BYTES: usize = 256;
+
+    /// Device bytes of the state for `rows` tokens of `width`.
+    pub fn bytes_for(rows: usize, width: usize) -> usize {
+        3 * align_up(rows * width) + align_up(Self::SLOT_BYTES)
+    }
+
+    /// Room for `rows` tokens of `width` (a multiple of 16).
+    pub fn new(gpu: &Gpu, rows: usize, width: usize) -> Result<Fp8Attn, CudaError> {
+        if width == 0 || width % 16 != 0 {
+            return Err(CudaError::Invalid(format!(
+                "FP8 attention: width {width} (needs a positive multiple of 16)"
+            )));
+        }
+        let op = |what| DeviceBuffer::alloc(gpu, rows.max(1) * width, what);
+        Ok(Fp8Attn {
+            rows,
+            width,
+            q8: [
+                op("the FP8 attention's q")?,
+                op("the FP8 attention's k")?,
+                op("the FP8 attention's v")?,
+            ],
+            slots: DeviceBuffer::alloc(gpu, Self::SLOT_BYTES, "the FP8 attention's scales")?,
+        })
+    }
+
+    /// Device addresses of the e4m3 q, k and v.
+    pub fn codes(&self) -> [CUdeviceptr; 3] {
+        [self.q8[0].ptr(), self.q8[1].ptr(), self.q8[2].ptr()]
+    }
+
+    /// Device address of the slot buffer.
+    pub fn slots(&self) -> CUdeviceptr {
+        self.slots.ptr()
+    }
+
+    /// Device address of slot `i` (one of the associated constants).
+    pub fn slot(&self, i: usize) -> CUdeviceptr {
+        self.slots.ptr() + (i * 4) as CUdeviceptr
+    }
+
+    /// Enqueue the operands of `n` tokens from bf16 q, k, v (`[n, width]`
+    /// each) on `gpu`'s compute stream ([`Kernels::fp8_attention_operands`]),
+    /// writing the output's row scales into `out`'s scales.
+    pub fn quantize(
+        &self,
+        gpu: &Gpu,
+        kernels: &Kernels,
+        qkv: [CUdeviceptr; 3],
+        n: usize,
+        out: &Fp8Rows,
+    ) -> Result<(), CudaError> {
+        if n > self.rows || n > out.rows || self.width > out.cols {
+            return Err(CudaError::Invalid(format!(
+                "FP8 attention: {n} tokens of {} do not fit {} operand rows or an output of {} \
+                 rows of {}",
+                self.width, self.rows, out.rows, out.cols
+            )));
+        }
+        let e = n * self.width;
+        kernels.fp8_attention_operands(
+            &gpu.compute,
+            [(qkv[0], e), (qkv[1], e), (qkv[2], e)],
+            self.codes(),
+            self.slots(),
+            (out.operand().1, n),
+        )
+    }
+
+    /// The slot buffer's 64 f32, read back after the compute stream is done.
+    pub fn read_slots(&self, gpu: &Gpu) -> Result<Vec<f32>, CudaError> {
+        download::<f32>(gpu, self.slots.ptr(), Self::SLOT_BYTES / 4)
+    }
+
+    /// The e4m3 codes of q, k and v (`n × width` bytes each), read back after
+    /// the compute stream is done.
+    pub fn read_codes(&self, gpu: &Gpu, n: usize) -> Result<[Vec<u8>; 3], CudaError> {
+        let e = n.min(self.rows) * self.width;
+        Ok([
+            download::<u8>(gpu, self.q8[0].ptr(), e)?,
+            download::<u8>(gpu, self.q8[1].ptr(), e)?,
+            download::<u8>(gpu, self.q8[2].ptr(), e)?,
+        ])
+    }
+}

@@ -516,6 +516,61 @@ impl Kernels {
         self.launch_rows("quantize_rows_e4m3", rows, 0, s, p)
     }
 
+    /// The FP8 attention's operands (lever `attention-precision`; see
+    /// `quantize3_e4m3` in `kernels/fp8.cu`, defined by
+    /// [`crate::fp8::AttentionScales`]): zero the three amax slots of `sc`,
+    /// take each of q, k and v's largest magnitude (`x = (address, elements)`,
+    /// bf16), encode each into its e4m3 buffer of `q8` with one scale per
+    /// tensor, and write the descales and scales into `sc`
+    /// ([`crate::cuda::kit::fp8::Fp8Attn`]) and `1 / scale_o` into each of the
+    /// `o_rows` f32 at `o_scales`. Needs element counts that are multiples of
+    /// 8, 16-byte aligned tensors, codes and `sc`.
+    pub fn fp8_attention_operands(
+        &self,
+        s: &CudaStream,
+        x: [(CUdeviceptr, usize); 3],
+        q8: [CUdeviceptr; 3],
+        sc: CUdeviceptr,
+        (o_scales, o_rows): (CUdeviceptr, usize),
+    ) -> Result<(), CudaError> {
+        if let Some((p, n)) = x.iter().find(|(p, n)| n % 8 != 0 || p % 16 != 0) {
+            return Err(CudaError::Invalid(format!(
+                "fp8_attention_operands: a tensor of {n} elements at {p:#x} (needs a multiple \
+                 of 8, 16-byte aligned)"
+            )));
+        }
+        if q8.iter().chain([&sc]).any(|p| p % 16 != 0) || o_scales % 4 != 0 {
+            return Err(CudaError::Invalid(
+                "fp8_attention_operands: codes and slots must be 16-byte aligned".into(),
+            ));
+        }
+        // SAFETY: the first 12 f32 of the caller's slot buffer (the amax slots).
+        unsafe { dres::memset_d8_async(sc, 0, 48, s.cu_stream()) }
+            .ctx("zeroing the FP8 attention's amax slots")?;
+        let most = x.iter().map(|t| t.1 / 8).max().unwrap_or(0).max(o_rows);
+        let blocks = most
+            .div_ceil(EW_THREADS as usize)
+            .clamp(1, (self.sms * 4) as usize) as u32;
+        let tensors = |p: Params| {
+            p.ptr(x[0].0)
+                .n(x[0].1)
+                .ptr(x[1].0)
+                .n(x[1].1)
+                .ptr(x[2].0)
+                .n(x[2].1)
+        };
+        let p = tensors(Params::default()).ptr(sc);
+        self.launch("amax3_bf16", (blocks, 3, 1), EW_THREADS, 0, s, p)?;
+        let p = tensors(Params::default())
+            .ptr(q8[0])
+            .ptr(q8[1])
+            .ptr(q8[2])
+            .ptr(sc)
+            .ptr(o_scales)
+            .int(o_rows);
+        self.launch("quantize3_e4m3", (blocks, 4, 1), EW_THREADS, 0, s, p)
+    }
+
     /// The fused row step of the forward (see `residual_norm` in
     /// `kernels/elementwise.cu`): with `y` given, x (f32 [rows, d]) += y (bf16) *
     /// gate (gate_tab + gate_emb, or 1 when gate_tab is NULL); then h (bf16) =
@@ -877,7 +932,12 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!(
             kernel_names(nvrtc::FP8_CU),
-            ["quantize_rows_e4m3", "gelu_tanh_bf16"]
+            [
+                "quantize_rows_e4m3",
+                "gelu_tanh_bf16",
+                "amax3_bf16",
+                "quantize3_e4m3"
+            ]
         );
         // Every Map names a kernel some module declares (the funcs map is
         // global, so a Map may launch from any module).

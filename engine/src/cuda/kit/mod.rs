@@ -1,17 +1,20 @@
 //! The device kit: the GPU ([`context`]), memory ([`memory`]), run-time
 //! compiled kernels ([`nvrtc`], [`kernels`]), cuBLASLt GEMMs ([`gemm`]), e4m3 weights and
-//! activations for FP8 GEMMs ([`fp8`]), cuDNN's fused attention ([`sdpa`]), the
+//! activations for FP8 GEMMs ([`fp8`]), cuDNN's fused attention ([`sdpa`]) and its FP8 form
+//! ([`sdpa_fp8`]) over its backend graph API ([`cudnn_graph`]), the
 //! device bytes held ([`tracker`]) and the host's bf16 conversions ([`bf16`]). Everything in `cuda/` is built on it;
 //! it imports nothing else of `cuda/` but [`super::CudaError`].
 
 pub mod bf16;
 pub mod context;
+pub mod cudnn_graph;
 pub mod fp8;
 pub mod gemm;
 pub mod kernels;
 pub mod memory;
 pub mod nvrtc;
 pub mod sdpa;
+pub mod sdpa_fp8;
 pub mod tracker;
 
 use std::sync::Arc;

@@ -22,19 +22,21 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::catch_unwind;
 use std::sync::Mutex;
 
 use cudarc::cudnn::sys::{
     self, cudnnBackendAttributeName_t as Attr, cudnnBackendAttributeType_t as Ty,
     cudnnBackendDescriptorType_t as Kind, cudnnBackendDescriptor_t, cudnnDataType_t, cudnnHandle_t,
-    cudnnStatus_t,
 };
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::CudaStream;
 
 use crate::cuda::kit::context::Gpu;
+use crate::cuda::kit::cudnn_graph::{check, guarded, Desc};
+pub use crate::cuda::kit::cudnn_graph::{layout, DimsStrides, Shape};
 use crate::cuda::kit::memory::DeviceBuffer;
+use crate::cuda::kit::sdpa_fp8::{self, Fp8Ptrs};
 use crate::cuda::CudaError;
 
 /// The oldest cuDNN (as `cudnnGetVersion()`) with the SDPA-forward operation.
@@ -46,134 +48,6 @@ pub const CUDNN_HINT: &str =
 
 /// Unique ids of the graph's tensors (the variant pack's order).
 const UIDS: [i64; 5] = [1, 2, 3, 4, 5];
-
-/// One attention problem: heads, head dim, query and key rows, and the four
-/// matrices' leading dimensions (elements).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Shape {
-    /// Heads.
-    pub heads: usize,
-    /// Channels per head.
-    pub hd: usize,
-    /// Query rows (tokens).
-    pub nq: usize,
-    /// Key and value rows.
-    pub nk: usize,
-    /// Leading dimensions of q, k, v and o, in elements.
-    pub ld: [usize; 4],
-    /// The softmax scale's bits (f32), part of the key because it is baked
-    /// into the kept variant pack.
-    pub scale_bits: u32,
-}
-
-/// A cuDNN backend descriptor, destroyed on drop.
-struct Desc(cudnnBackendDescriptor_t);
-
-impl Drop for Desc {
-    fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: created by cudnnBackendCreateDescriptor, destroyed once.
-            unsafe {
-                sys::cudnnBackendDestroyDescriptor(self.0);
-            }
-        }
-    }
-}
-
-fn last_error() -> String {
-    let mut buf = [0 as std::ffi::c_char; 512];
-    // SAFETY: cuDNN writes at most `len` bytes, NUL-terminated.
-    unsafe { sys::cudnnGetLastErrorString(buf.as_mut_ptr(), buf.len()) };
-    // SAFETY: NUL-terminated within the buffer (zero-initialized, max_size given).
-    let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
-    s.to_string_lossy().trim().to_string()
-}
-
-fn check(st: cudnnStatus_t, what: &str) -> Result<(), CudaError> {
-    if st == cudnnStatus_t::CUDNN_STATUS_SUCCESS {
-        return Ok(());
-    }
-    let detail = last_error();
-    let msg = format!(
-        "cuDNN failed while {what}: {st:?}{}",
-        if detail.is_empty() {
-            String::new()
-        } else {
-            format!(" ({detail})")
-        }
-    );
-    if matches!(
-        st,
-        cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED
-            | cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH
-    ) {
-        Err(CudaError::NotAvailable(msg))
-    } else {
-        Err(CudaError::Invalid(msg))
-    }
-}
-
-fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaError> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(_) => Err(CudaError::NotAvailable(format!(
-            "cuDNN panicked while {what} (a missing symbol or an unexpected library version)"
-        ))),
-    }
-}
-
-impl Desc {
-    fn new(kind: Kind, what: &str) -> Result<Desc, CudaError> {
-        let mut d: cudnnBackendDescriptor_t = std::ptr::null_mut();
-        // SAFETY: `d` receives a new descriptor of `kind`.
-        check(
-            unsafe { sys::cudnnBackendCreateDescriptor(kind, &mut d) },
-            what,
-        )?;
-        Ok(Desc(d))
-    }
-
-    /// Set attribute `a` to the `n` values of type `ty` at `vals`.
-    fn set<T>(&self, a: Attr, ty: Ty, vals: &[T], what: &str) -> Result<(), CudaError> {
-        // SAFETY: `vals` holds `vals.len()` values of the C type `ty` names
-        // (callers pass i64 for INT64, the enums for their enum types,
-        // descriptors for BACKEND_DESCRIPTOR, pointers for VOID_PTR).
-        check(
-            unsafe {
-                sys::cudnnBackendSetAttribute(
-                    self.0,
-                    a,
-                    ty,
-                    vals.len() as i64,
-                    vals.as_ptr() as *const c_void,
-                )
-            },
-            what,
-        )
-    }
-
-    /// Read attribute `a` (type `ty`) into `out` (`None`: only count the
-    /// elements); returns how many elements the attribute holds.
-    fn get<T>(&self, a: Attr, ty: Ty, out: Option<&mut [T]>, what: &str) -> Result<i64, CudaError> {
-        let mut n: i64 = 0;
-        let (cap, ptr) = match out {
-            Some(o) => (o.len() as i64, o.as_mut_ptr() as *mut c_void),
-            None => (0, std::ptr::null_mut()),
-        };
-        // SAFETY: `ptr` holds `cap` values of the C type `ty` names (or is null
-        // with `cap` 0: a count query).
-        check(
-            unsafe { sys::cudnnBackendGetAttribute(self.0, a, ty, cap, &mut n, ptr) },
-            what,
-        )?;
-        Ok(n)
-    }
-
-    fn finalize(&self, what: &str) -> Result<(), CudaError> {
-        // SAFETY: a descriptor whose required attributes were set.
-        check(unsafe { sys::cudnnBackendFinalize(self.0) }, what)
-    }
-}
 
 /// A tensor of 4 dims: bf16 (or f32 by value, for the scale).
 fn tensor(uid: i64, dims: [i64; 4], strides: [i64; 4], by_value: bool) -> Result<Desc, CudaError> {
@@ -227,42 +101,6 @@ fn tensor(uid: i64, dims: [i64; 4], strides: [i64; 4], by_value: bool) -> Result
     Ok(t)
 }
 
-/// A tensor's 4 dims and 4 strides (elements), as cuDNN takes them.
-pub type DimsStrides = ([i64; 4], [i64; 4]);
-
-/// Dims and strides (elements) of q, k, v and o as cuDNN's `[batch 1, heads,
-/// tokens, hd]` over the DiT's row-major `[tokens, ld]` matrices (head `h` at
-/// columns `h·hd`): strides `[tokens·ld, hd, ld, 1]`. Refuses what cuDNN's
-/// kernels cannot address: a head dim not a multiple of 8 or over 256, a
-/// leading dimension below heads·hd or not a multiple of 8 (16-byte rows), an
-/// empty sequence.
-pub fn layout(s: &Shape) -> Result<[DimsStrides; 4], CudaError> {
-    let width = s.heads * s.hd;
-    if s.hd == 0 || s.hd % 8 != 0 || s.hd > 256 || s.nq == 0 || s.nk == 0 || s.heads == 0 {
-        return Err(CudaError::Invalid(format!(
-            "cuDNN attention needs heads >= 1, a head dim that is a multiple of 8 up to 256 \
-             and non-empty sequences; got {s:?}"
-        )));
-    }
-    if let Some(ld) = s.ld.iter().find(|ld| **ld < width || **ld % 8 != 0) {
-        return Err(CudaError::Invalid(format!(
-            "cuDNN attention: leading dimension {ld} is below heads x hd = {width} or not a \
-             multiple of 8 ({s:?})"
-        )));
-    }
-    let (h, hd) = (s.heads as i64, s.hd as i64);
-    let one = |rows: usize, ld: usize| {
-        let (rows, ld) = (rows as i64, ld as i64);
-        ([1, h, rows, hd], [rows * ld, hd, ld, 1])
-    };
-    Ok([
-        one(s.nq, s.ld[0]),
-        one(s.nk, s.ld[1]),
-        one(s.nk, s.ld[2]),
-        one(s.nq, s.ld[3]),
-    ])
-}
-
 /// A finalized execution plan and its workspace size, plus the descriptors it
 /// was built from (kept alive with it).
 struct Plan {
@@ -287,7 +125,20 @@ pub struct Sdpa {
 
 struct Inner {
     plans: HashMap<Shape, Plan>,
+    /// The FP8 attention's plans (`attention-precision = fp8`).
+    fp8_plans: HashMap<Shape, Fp8Plan>,
     workspace: Option<DeviceBuffer>,
+}
+
+/// A finalized FP8 attention plan ([`sdpa_fp8`]), its kept variant pack and the
+/// pointers it holds.
+struct Fp8Plan {
+    plan: Desc,
+    workspace: usize,
+    choice: usize,
+    _keep: Vec<Desc>,
+    pack: Option<(Desc, Fp8Ptrs)>,
+    scale: Box<f32>,
 }
 
 // SAFETY: the handle is used from one thread at a time (the mutex is held for
@@ -299,6 +150,7 @@ impl Drop for Sdpa {
     fn drop(&mut self) {
         if let Ok(mut i) = self.inner.lock() {
             i.plans.clear();
+            i.fp8_plans.clear();
         }
         // SAFETY: created in `open`, destroyed once, after every plan.
         let _ = catch_unwind(|| unsafe { cudarc::cudnn::result::destroy_handle(self.handle) });
@@ -335,6 +187,7 @@ impl Sdpa {
                 handle,
                 inner: Mutex::new(Inner {
                     plans: HashMap::new(),
+                    fp8_plans: HashMap::new(),
                     workspace: None,
                 }),
                 version,
@@ -363,6 +216,31 @@ impl Sdpa {
             what,
         )?;
         op.finalize(what)?;
+        let (plan, workspace, choice, graph) =
+            self.finalize_graph(&[&op], &format!("attention {s:?}"))?;
+        let mut keep = vec![q, k, v, o, sc, op];
+        keep.extend(graph);
+        Ok(Plan {
+            plan,
+            workspace,
+            choice,
+            _keep: keep,
+            pack: None,
+            scale: Box::new(f32::from_bits(s.scale_bits)),
+        })
+    }
+
+    /// The operation graph of `ops` on this handle, the heuristics' engine
+    /// configurations (mode A) and the first of them whose execution plan
+    /// finalizes: (plan, workspace bytes, its rank in the list, the graph's
+    /// descriptors to keep alive with it). `what` names the problem in errors.
+    pub(super) fn finalize_graph(
+        &self,
+        ops: &[&Desc],
+        what_problem: &str,
+    ) -> Result<(Desc, usize, usize, Vec<Desc>), CudaError> {
+        let bd = Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR;
+        let raw_ops: Vec<cudnnBackendDescriptor_t> = ops.iter().map(|d| d.0).collect();
         let what = "building the operation graph";
         let graph = Desc::new(Kind::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, what)?;
         graph.set(
@@ -371,7 +249,7 @@ impl Sdpa {
             &[self.handle],
             what,
         )?;
-        graph.set(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, bd, &[op.0], what)?;
+        graph.set(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, bd, &raw_ops, what)?;
         graph.finalize(what)?;
         let what = "asking the heuristics for engines";
         let heur = Desc::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, what)?;
@@ -396,7 +274,7 @@ impl Sdpa {
         )?;
         if count <= 0 {
             return Err(CudaError::NotAvailable(format!(
-                "cuDNN {} offers no engine for attention {s:?}",
+                "cuDNN {} offers no engine for {what_problem}",
                 self.version
             )));
         }
@@ -438,18 +316,10 @@ impl Sdpa {
                 Some(&mut ws),
                 "reading the plan's workspace size",
             )?;
-            let ws = ws[0];
-            return Ok(Plan {
-                plan,
-                workspace: ws.max(0) as usize,
-                choice,
-                _keep: vec![q, k, v, o, sc, op, graph, heur],
-                pack: None,
-                scale: Box::new(f32::from_bits(s.scale_bits)),
-            });
+            return Ok((plan, ws[0].max(0) as usize, choice, vec![graph, heur]));
         }
         Err(CudaError::NotAvailable(format!(
-            "no engine of cuDNN {} finalizes attention {s:?}: {}",
+            "no engine of cuDNN {} finalizes {what_problem}: {}",
             self.version,
             errors.join("; ")
         )))
@@ -467,15 +337,7 @@ impl Sdpa {
             inner.plans.insert(*shape, p);
         }
         let need = inner.plans.get(shape).map_or(0, |p| p.workspace);
-        if need > inner.workspace.as_ref().map_or(0, |b| b.bytes()) {
-            inner.workspace = None;
-            inner.workspace = Some(DeviceBuffer::alloc(
-                gpu,
-                need,
-                "the cuDNN attention workspace",
-            )?);
-        }
-        Ok(())
+        Self::grow_workspace(&mut inner, gpu, need)
     }
 
     /// Enqueue `o = softmax(q kᵀ · scale) v` on the compute stream (the
@@ -559,6 +421,118 @@ impl Sdpa {
                 "running attention",
             )
         })
+    }
+
+    fn plan_fp8(&self, s: &Shape) -> Result<Fp8Plan, CudaError> {
+        let (mut keep, ops) = sdpa_fp8::graph(s)?;
+        let refs: Vec<&Desc> = ops.iter().map(|&i| &keep[i]).collect();
+        let (plan, workspace, choice, graph) =
+            self.finalize_graph(&refs, &format!("FP8 attention {s:?}"))?;
+        keep.extend(graph);
+        Ok(Fp8Plan {
+            plan,
+            workspace,
+            choice,
+            _keep: keep,
+            pack: None,
+            scale: Box::new(f32::from_bits(s.scale_bits)),
+        })
+    }
+
+    /// Build (once) the FP8 attention plan of `shape` and grow the workspace
+    /// for it: call before a capture so that [`Sdpa::enqueue_fp8`] only
+    /// executes. cuDNN without an engine for it is [`CudaError::NotAvailable`]
+    /// naming the shape and each engine's refusal.
+    pub fn prepare_fp8(&self, gpu: &Gpu, shape: &Shape) -> Result<(), CudaError> {
+        let mut inner = self.lock()?;
+        if !inner.fp8_plans.contains_key(shape) {
+            let p = guarded("planning FP8 attention", || self.plan_fp8(shape))?;
+            inner.fp8_plans.insert(*shape, p);
+        }
+        let need = inner.fp8_plans.get(shape).map_or(0, |p| p.workspace);
+        Self::grow_workspace(&mut inner, gpu, need)
+    }
+
+    /// Enqueue the FP8 attention of `shape` over `ptrs` on the compute stream
+    /// ([`sdpa_fp8`]; the plan is built first when it does not exist). The
+    /// descales and scales are read from `ptrs.slots` when it runs.
+    pub fn enqueue_fp8(&self, gpu: &Gpu, shape: &Shape, ptrs: Fp8Ptrs) -> Result<(), CudaError> {
+        let mut inner = self.lock()?;
+        if !inner.fp8_plans.contains_key(shape) {
+            drop(inner);
+            self.prepare_fp8(gpu, shape)?;
+            inner = self.lock()?;
+        }
+        let ws = inner.workspace.as_ref().map_or(0, |b| b.ptr());
+        let plan = inner
+            .fp8_plans
+            .get_mut(shape)
+            .ok_or_else(|| CudaError::Invalid("an FP8 attention plan vanished".into()))?;
+        if plan.pack.as_ref().map(|p| p.1) != Some(ptrs) {
+            plan.pack = None;
+            let scale: *mut f32 = &mut *plan.scale;
+            let pack = guarded("building the FP8 attention's pack", || {
+                sdpa_fp8::pack(&ptrs, scale, ws)
+            })?;
+            plan.pack = Some((pack, ptrs));
+        }
+        let pack = plan
+            .pack
+            .as_ref()
+            .map(|p| p.0 .0)
+            .ok_or_else(|| CudaError::Invalid("the FP8 variant pack vanished".into()))?;
+        let exec = plan.plan.0;
+        guarded("running FP8 attention", || {
+            // SAFETY: a finalized plan and a pack whose pointers address the
+            // e4m3 matrices and f32 slots the plan's tensors describe.
+            check(
+                unsafe { sys::cudnnBackendExecute(self.handle, exec, pack) },
+                "running FP8 attention",
+            )
+        })
+    }
+
+    /// The FP8 plans built so far: shape, the engine configuration's rank in
+    /// the heuristics' list, and its workspace bytes (for reports).
+    pub fn fp8_plans(&self) -> Vec<(Shape, usize, usize)> {
+        self.inner
+            .lock()
+            .map(|i| {
+                let mut v: Vec<_> = i
+                    .fp8_plans
+                    .iter()
+                    .map(|(s, p)| (*s, p.choice, p.workspace))
+                    .collect();
+                v.sort_by_key(|x| (x.0.hd, x.0.nq, x.0.nk));
+                v
+            })
+            .unwrap_or_default()
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, CudaError> {
+        self.inner
+            .lock()
+            .map_err(|_| CudaError::Invalid("the cuDNN attention lock is poisoned".into()))
+    }
+
+    /// Replace the workspace with one of `need` bytes when it is smaller.
+    fn grow_workspace(inner: &mut Inner, gpu: &Gpu, need: usize) -> Result<(), CudaError> {
+        if need > inner.workspace.as_ref().map_or(0, |b| b.bytes()) {
+            // A grown workspace moves: every kept pack points at the old one.
+            inner.workspace = None;
+            for p in inner.plans.values_mut() {
+                p.pack = None;
+            }
+            for p in inner.fp8_plans.values_mut() {
+                p.pack = None;
+            }
+            inner.workspace = Some(DeviceBuffer::alloc(
+                gpu,
+                need,
+                "the cuDNN attention workspace",
+            )?);
+        }
+        Ok(())
     }
 
     /// The plans built so far: shape, the engine configuration's rank in the

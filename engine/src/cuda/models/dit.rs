@@ -23,11 +23,12 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUdeviceptr;
 
 use crate::cuda::kit::context::{Gpu, Timer};
-use crate::cuda::kit::fp8::{Fp8Linears, Fp8Rows, LinearRef, Q8};
+use crate::cuda::kit::fp8::{Fp8Attn, Fp8Linears, Fp8Rows, LinearRef, Q8};
 use crate::cuda::kit::gemm::{Accum, Epilogue, Fp8Scaling, Gemm};
 use crate::cuda::kit::kernels::{AttnKernel, Kernels, Map, RopeArgs, RowMode, NULL};
 use crate::cuda::kit::memory::{align_up, download, upload, Arena, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
+use crate::cuda::kit::sdpa_fp8::{self, Fp8Ptrs};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::staging::{self, DeviceWeights, StagingOptions, StagingReport};
 use crate::cuda::CudaError;
@@ -302,6 +303,20 @@ impl Precision {
 struct Fp8State {
     weights: Fp8Linears,
     acts: Option<(Fp8Rows, Fp8Rows)>,
+    /// The FP8 self-attention's operands while `attention-precision = fp8`
+    /// (allocated with the workspace).
+    attn: Option<Fp8Attn>,
+}
+
+/// What a block on the fp8 arm reads: its e4m3 weights, where its Linears'
+/// inputs are quantized, the quantized text, and the FP8 attention's operands
+/// when the self-attention runs in FP8.
+#[derive(Clone, Copy)]
+struct BlockFp8<'a> {
+    q: BlockQ8,
+    acts: &'a Fp8Rows,
+    text: &'a Fp8Rows,
+    attn: Option<&'a Fp8Attn>,
 }
 
 impl Fp8State {
@@ -787,6 +802,9 @@ pub struct ForwardArms {
     pub precision: Precision,
     /// How the FP8 GEMMs accumulate (lever `fp8-accum`; inert on bf16).
     pub fp8_accum: Accum,
+    /// The number format of the self-attention (lever `attention-precision`;
+    /// fp8 needs `precision = fp8` and `attention = cudnn`).
+    pub attn_precision: AttnPrecision,
 }
 
 impl ForwardArms {
@@ -797,11 +815,64 @@ impl ForwardArms {
         qk_norm: QkNormArm::Block,
         precision: Precision::Bf16,
         fp8_accum: Accum::Exact,
+        attn_precision: AttnPrecision::Bf16,
     };
 
     /// Whether an arm runs on cuDNN (which must then load).
     pub fn needs_cudnn(&self) -> bool {
-        self.attention == AttentionArm::Cudnn || self.cross == CrossArm::Cudnn
+        self.attention == AttentionArm::Cudnn
+            || self.cross == CrossArm::Cudnn
+            || self.attn_precision == AttnPrecision::Fp8
+    }
+
+    /// Why these arms cannot run together, if they cannot:
+    /// `attention-precision = fp8` writes e4m3 codes the out-projection's FP8
+    /// GEMM reads (`precision = fp8`) and runs in cuDNN (`attention = cudnn`).
+    pub fn conflict(&self) -> Option<String> {
+        if self.attn_precision != AttnPrecision::Fp8 {
+            return None;
+        }
+        let mut missing = Vec::new();
+        if self.precision != Precision::Fp8 {
+            missing.push("precision = fp8 (its e4m3 output is the out-projection's FP8 input)");
+        }
+        if self.attention != AttentionArm::Cudnn {
+            missing.push("attention = cudnn (it is cuDNN's FP8 SDPA)");
+        }
+        (!missing.is_empty()).then(|| {
+            format!(
+                "attention-precision = fp8 needs {}; add --lever {}",
+                missing.join(" and "),
+                [
+                    (self.precision != Precision::Fp8).then_some("precision=fp8"),
+                    (self.attention != AttentionArm::Cudnn).then_some("attention=cudnn"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(" --lever ")
+            )
+        })
+    }
+}
+
+/// The number format of the self-attention (lever `attention-precision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnPrecision {
+    /// bf16 q, k, v and output (the `attention` lever's kernels).
+    Bf16,
+    /// e4m3 q, k and v with one scale each, e4m3 probabilities and output, in
+    /// cuDNN's FP8 SDPA ([`crate::fp8::AttentionScales`] defines the scales).
+    Fp8,
+}
+
+impl AttnPrecision {
+    /// The lever arm's name (`bf16`, `fp8`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnPrecision::Bf16 => "bf16",
+            AttnPrecision::Fp8 => "fp8",
+        }
     }
 }
 
@@ -915,6 +986,7 @@ impl DeviceDit {
             },
             sdpa: None,
             fp8: fp8.map(|weights| Fp8State {
+                attn: None,
                 weights,
                 acts: None,
             }),
@@ -1017,6 +1089,22 @@ impl DeviceDit {
     /// and `bf16` is refused with [`CudaError::Invalid`] (its bf16 block
     /// weights were never staged), changing nothing.
     pub fn set_arms(&mut self, arms: ForwardArms) -> Result<(), CudaError> {
+        if let Some(why) = arms.conflict() {
+            return Err(CudaError::Invalid(why));
+        }
+        if arms.attn_precision == AttnPrecision::Fp8
+            && self.gpu.capability < sdpa_fp8::MIN_CAPABILITY
+        {
+            return Err(CudaError::NotAvailable(format!(
+                "attention-precision = fp8 runs cuDNN's FP8 attention, which needs compute \
+                 capability {}.{} (Hopper); this GPU ({}) has {}.{}",
+                sdpa_fp8::MIN_CAPABILITY.0,
+                sdpa_fp8::MIN_CAPABILITY.1,
+                self.gpu.name,
+                self.gpu.capability.0,
+                self.gpu.capability.1
+            )));
+        }
         if arms.precision == Precision::Bf16 && !self.bf16_blocks {
             return Err(CudaError::Invalid(
                 "precision = bf16 on a DiT loaded for precision = fp8: its bf16 block Linear \
@@ -1043,6 +1131,7 @@ impl DeviceDit {
                 let mut st = Fp8State {
                     weights,
                     acts: None,
+                    attn: None,
                 };
                 if let Some((n, l)) = self.ws.as_ref().map(|w| (w.n, w.l)) {
                     st.acts = Some(self.fp8_acts(n, l)?);
@@ -1050,6 +1139,19 @@ impl DeviceDit {
                 self.fp8 = Some(st);
             }
             Precision::Fp8 => {}
+        }
+        let attn_rows = match (arms.attn_precision, self.ws.as_ref()) {
+            (AttnPrecision::Fp8, Some(w)) => Some(w.n),
+            _ => None,
+        };
+        let width = self.dims.dim();
+        if let Some(st) = self.fp8.as_mut() {
+            st.attn = match (arms.attn_precision, st.attn.take(), attn_rows) {
+                (AttnPrecision::Bf16, _, _) => None,
+                (AttnPrecision::Fp8, Some(a), _) => Some(a),
+                (AttnPrecision::Fp8, None, Some(n)) => Some(Fp8Attn::new(&self.gpu, n, width)?),
+                (AttnPrecision::Fp8, None, None) => None,
+            };
         }
         self.arms = arms;
         Ok(())
@@ -1121,6 +1223,13 @@ impl DeviceDit {
     pub fn fp8_act_bytes_for(dims: &DitDims, n: usize, l: usize) -> usize {
         let d = dims.dim();
         Fp8Rows::bytes_for(n, 4 * d) + Fp8Rows::bytes_for(l, d)
+    }
+
+    /// Device bytes `attention-precision = fp8` adds for `n` tokens (allocated
+    /// with the workspace): e4m3 q, k and v and the scale slots
+    /// ([`Fp8Attn::bytes_for`]); its output shares the block inputs' buffer.
+    pub fn fp8_attn_bytes_for(dims: &DitDims, n: usize) -> usize {
+        Fp8Attn::bytes_for(n, dims.dim())
     }
 
     /// Device bytes of the bounce buffer [`DeviceDit::load_fp8_resident`]
@@ -1200,6 +1309,7 @@ impl DeviceDit {
             self.ws = None;
             if let Some(st) = self.fp8.as_mut() {
                 st.acts = None;
+                st.attn = None;
             }
             self.ws = Some(Workspace::new(&self.gpu, &self.dims, n, l)?);
         }
@@ -1207,6 +1317,13 @@ impl DeviceDit {
             let acts = self.fp8_acts(n, l)?;
             if let Some(st) = self.fp8.as_mut() {
                 st.acts = Some(acts);
+            }
+        }
+        let wants_attn = self.arms.attn_precision == AttnPrecision::Fp8;
+        if wants_attn && self.fp8.as_ref().is_some_and(|st| st.attn.is_none()) {
+            let a = Fp8Attn::new(&self.gpu, n, self.dims.dim())?;
+            if let Some(st) = self.fp8.as_mut() {
+                st.attn = Some(a);
             }
         }
         self.ws
@@ -1421,7 +1538,19 @@ impl DeviceDit {
                 None => output_norm,
             };
             let q8 = match fp8 {
-                Some((st, acts, text_q)) => Some((st.block(bi)?, acts, text_q)),
+                Some((st, acts, text_q)) => Some(BlockFp8 {
+                    q: st.block(bi)?,
+                    acts,
+                    text: text_q,
+                    attn: match self.arms.attn_precision {
+                        AttnPrecision::Fp8 => Some(st.attn.as_ref().ok_or_else(|| {
+                            CudaError::Invalid(
+                                "attention-precision = fp8 without its buffers".into(),
+                            )
+                        })?),
+                        AttnPrecision::Bf16 => None,
+                    },
+                }),
                 None => None,
             };
             self.enqueue_block(
@@ -1463,7 +1592,7 @@ impl DeviceDit {
     fn enqueue_block(
         &self,
         b: &BlockWeights,
-        fp8: Option<(BlockQ8, &Fp8Rows, &Fp8Rows)>,
+        fp8: Option<BlockFp8<'_>>,
         ws: &Workspace,
         (l, kbias, masked): (usize, CUdeviceptr, bool),
         rope: &RopeArgs,
@@ -1479,23 +1608,23 @@ impl DeviceDit {
         let input = |x: CUdeviceptr, rows: usize, cols: usize| -> Result<LinIn, CudaError> {
             match fp8 {
                 None => Ok(LinIn::Bf16(x)),
-                Some((_, acts, _)) => {
-                    let (c, sc) = acts.quantize(&self.gpu, k, x, rows, cols)?;
+                Some(f) => {
+                    let (c, sc) = f.acts.quantize(&self.gpu, k, x, rows, cols)?;
                     Ok(LinIn::Fp8(c, sc))
                 }
             }
         };
         let text_in = match fp8 {
             None => LinIn::Bf16(ws.text_p),
-            Some((_, _, t)) => {
-                let (c, sc) = t.operand();
+            Some(f) => {
+                let (c, sc) = f.text.operand();
                 LinIn::Fp8(c, sc)
             }
         };
         let lin = |x: LinIn, lw: &Lin, q: Option<Q8>, y: CUdeviceptr, m: usize, ep: Epilogue| {
             self.block_linear(x, lw, q, y, m, ep)
         };
-        let q8 = |i: usize| fp8.map(|(q, _, _)| q[i]);
+        let q8 = |i: usize| fp8.map(|f| f.q[i]);
         let attend = |kv: (CUdeviceptr, CUdeviceptr), nk: usize, kbias: CUdeviceptr| {
             k.attention(
                 s,
@@ -1544,12 +1673,45 @@ impl DeviceDit {
         };
         qk_norm((ws.q, a1.norm_q, n), (ws.k, a1.norm_k, n), Some(rope))?;
         mark("q/k norm + rope")?;
-        match self.arms.attention {
-            AttentionArm::Cudnn => fused((ws.k, ws.v), n)?,
-            AttentionArm::Mma => attend((ws.k, ws.v), n, NULL)?,
-        }
-        mark("self-attention")?;
-        let ao = input(ws.ao, n, d)?;
+        // The FP8 self-attention (`attention-precision = fp8`): q, k and v
+        // quantized per tensor, cuDNN's FP8 SDPA writing e4m3 codes straight
+        // into the out-projection's input buffer, whose row scales the
+        // quantize pass wrote (1 / scale_o each): no quantize pass of its own.
+        let fp8_attn = fp8.and_then(|f| f.attn.map(|a| (a, f.acts)));
+        let ao = match fp8_attn {
+            Some((a, acts)) => {
+                a.quantize(&self.gpu, k, [ws.q, ws.k, ws.v], n, acts)?;
+                mark("fp8 attention operands")?;
+                let sdpa = self.sdpa.as_ref().ok_or_else(|| {
+                    CudaError::Invalid("attention-precision = fp8 without cuDNN loaded".into())
+                })?;
+                let (codes, scales) = acts.operand();
+                let shape = SdpaShape {
+                    heads,
+                    hd,
+                    nq: n,
+                    nk: n,
+                    ld: [d; 4],
+                    scale_bits: (1.0 / (hd as f32).sqrt()).to_bits(),
+                };
+                let ptrs = Fp8Ptrs {
+                    qkv: a.codes(),
+                    o: codes,
+                    slots: a.slots(),
+                };
+                sdpa.enqueue_fp8(&self.gpu, &shape, ptrs)?;
+                mark("self-attention")?;
+                LinIn::Fp8(codes, scales)
+            }
+            None => {
+                match self.arms.attention {
+                    AttentionArm::Cudnn => fused((ws.k, ws.v), n)?,
+                    AttentionArm::Mma => attend((ws.k, ws.v), n, NULL)?,
+                }
+                mark("self-attention")?;
+                input(ws.ao, n, d)?
+            }
+        };
         lin(ao, &a1.to_out, q8(slot::SELF_OUT), ws.y, n, Epilogue::Bias)?;
         mark("gemm out")?;
         // Gated residual; cross-attention reads x unnormalised and unmodulated.

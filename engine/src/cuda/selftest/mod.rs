@@ -24,14 +24,18 @@
 //!   its forwards as a sanity gate (argued at `dit::check_fp8` and
 //!   `dit::check_forward`); its fp8-resident load bit for bit the kept path
 //!   (`dit::check_fp8_resident`).
-
+//! - the `attention-precision = fp8` arm: its operand pass bit-exact against the
+//!   host's definition, cuDNN's FP8 attention within 0.10 of the CPU arm's and
+//!   of cuDNN's bf16 attention (argued at [`fp8_attention`]).
 //!
-//! Layout: [`dit`] (staging, kernels, GEMMs, attention, forwards), [`t5`], [`vae`],
+//! Layout: [`dit`] (staging, kernels, GEMMs, attention, forwards),
+//! [`fp8_attention`], [`t5`], [`vae`],
 //! [`graph`] (graph-replayed vs eager loops); this module holds the report
 //! ([`Check`]) and the runner of `engine selftest-cuda`. Nothing outside the
 //! command line imports this folder (`tests/it/layout.rs` holds that).
 
 pub mod dit;
+pub mod fp8_attention;
 pub mod graph;
 pub mod t5;
 pub mod vae;
@@ -159,6 +163,7 @@ fn run_dit_sections(
     check_fp8(kit, rng, checks)?;
     check_attention(kit, rng, checks)?;
     check_attention_long(kit, checks)?;
+    fp8_attention::check_fp8_attention(kit, rng, checks)?;
     report(checks, from);
     from = checks.len();
     // 3. Whole forwards: tiny (2 blocks), one ltxv-2b block, one ltxv-13b block.

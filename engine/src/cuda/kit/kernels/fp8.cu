@@ -89,3 +89,86 @@ extern "C" __global__ void gelu_tanh_bf16(const bf16* x, bf16* y, long long n) {
         y[i] = f2bf(0.5f * v * (1.0f + tanhf(u)));
     }
 }
+
+// The FP8 attention's operands (lever `attention-precision`; host definition:
+// crate::fp8::AttentionScales). `sc` holds f32 slots 16 bytes apart (cuDNN
+// reads each as a [1,1,1,1] tensor): 0 amax q, 4 amax k, 8 amax v (zeroed
+// before amax3_bf16), 12 descale q, 16 descale k, 20 descale v, 24 descale s,
+// 28 scale s, 32 scale o (written by quantize3_e4m3), 36 amax s, 40 amax o
+// (written by cuDNN).
+
+// blockIdx.y picks the tensor (0 a, 1 b, 2 c, each of n bf16 values, n a
+// multiple of 8, 16-byte aligned); each block takes the largest |x| of its
+// grid-stride share and raises the tensor's slot with an integer atomicMax
+// (non-negative floats order as their bits). NaN is ignored.
+extern "C" __global__ void amax3_bf16(const bf16* __restrict__ a, long long na,
+                                      const bf16* __restrict__ b, long long nb,
+                                      const bf16* __restrict__ c, long long nc,
+                                      float* __restrict__ sc) {
+    __shared__ float scratch[32];
+    const int t = blockIdx.y;
+    const bf16* x = t == 0 ? a : (t == 1 ? b : c);
+    const long long nv = (t == 0 ? na : (t == 1 ? nb : nc)) / 8;
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    float m = 0.0f;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < nv;
+         i += (long long)gridDim.x * blockDim.x) {
+        const uint4 v = xv[i];
+        const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            m = fmaxf(m, fabsf(__uint_as_float(w[j] << 16)));
+            m = fmaxf(m, fabsf(__uint_as_float(w[j] & 0xffff0000u)));
+        }
+    }
+    m = block_max(m, scratch);
+    if (threadIdx.x == 0 && m > 0.0f) atomicMax(reinterpret_cast<int*>(sc + 4 * t), __float_as_int(m));
+}
+
+// (inv, scale) of a tensor whose amax is m: 448 / m and m / 448, or (1, 1)
+// when m is zero or not finite (crate::fp8::row_factors).
+__device__ __forceinline__ float2 tensor_factors(float m) {
+    if (m > 0.0f && m <= 3.4028234663852886e38f) return make_float2(448.0f / m, m / 448.0f);
+    return make_float2(1.0f, 1.0f);
+}
+
+// blockIdx.y 0..2: q_t = e4m3(x_t * 448 / amax_t) for the tensor t of amax3_bf16
+// (codes 16-byte aligned). blockIdx.y 3: o_scales[0..o_rows) = 1 / scale_o (the
+// row scales the out-projection's FP8 GEMM reads the output codes with), and
+// block (0, 3) writes the descales and scales (slots 12-32); scale_o =
+// 448 / (1.125 amax v) (crate::fp8::ATTENTION_OUTPUT_MARGIN).
+extern "C" __global__ void quantize3_e4m3(const bf16* __restrict__ a, long long na,
+                                          const bf16* __restrict__ b, long long nb,
+                                          const bf16* __restrict__ c, long long nc,
+                                          unsigned char* __restrict__ qa,
+                                          unsigned char* __restrict__ qb,
+                                          unsigned char* __restrict__ qc,
+                                          float* __restrict__ sc,
+                                          float* __restrict__ o_scales, int o_rows) {
+    const int t = blockIdx.y;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (t == 3) {
+        const float mv = sc[8];
+        const float scale_o =
+            (mv > 0.0f && mv <= 3.4028234663852886e38f) ? 448.0f / (1.125f * mv) : 1.0f;
+        const float descale_o = 1.0f / scale_o;
+        for (long long i = first; i < o_rows; i += stride) o_scales[i] = descale_o;
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            sc[12] = tensor_factors(sc[0]).y;
+            sc[16] = tensor_factors(sc[4]).y;
+            sc[20] = tensor_factors(mv).y;
+            sc[24] = 1.0f / 448.0f;
+            sc[28] = 448.0f;
+            sc[32] = scale_o;
+        }
+        return;
+    }
+    const bf16* x = t == 0 ? a : (t == 1 ? b : c);
+    unsigned char* q = t == 0 ? qa : (t == 1 ? qb : qc);
+    const long long nv = (t == 0 ? na : (t == 1 ? nb : nc)) / 8;
+    const float inv = tensor_factors(sc[4 * t]).x;
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    uint2* qv = reinterpret_cast<uint2*>(q);
+    for (long long i = first; i < nv; i += stride) qv[i] = e4m3x8(xv[i], inv);
+}
