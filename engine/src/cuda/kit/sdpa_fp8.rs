@@ -34,7 +34,7 @@ use super::cudnn_graph::{guarded, layout, Desc, Shape};
 use super::fp8::Fp8Attn;
 use crate::cuda::CudaError;
 
-/// The variant pack's unique ids, in [`Fp8Ptrs::data`]' order: Q, Kᵀ, V, O, the
+/// The variant pack's unique ids, in the order of its data pointers: Q, Kᵀ, V, O, the
 /// softmax scale (by value), descale q, k, v, s, scale s, scale o, amax s, amax o.
 pub const UIDS: [i64; 13] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13];
 
