@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use cudarc::cudnn::sys::{
     self, cudnnBackendAttributeName_t as Attr, cudnnBackendAttributeType_t as Ty,
-    cudnnBackendDescriptorType_t as Kind, cudnnBackendDescriptor_t, cudnnStatus_t,
+    cudnnBackendDescriptorType_t as Kind, cudnnBackendDescriptor_t, cudnnDataType_t, cudnnStatus_t,
 };
 
 use crate::cuda::CudaError;
@@ -191,4 +191,129 @@ pub fn layout(s: &Shape) -> Result<[DimsStrides; 4], CudaError> {
         one(s.nk, s.ld[2]),
         one(s.nq, s.ld[3]),
     ])
+}
+
+/// Where a graph tensor's data lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorKind {
+    /// In device memory, at a variant-pack pointer (16-byte aligned).
+    Device,
+    /// An intermediate the engine keeps to itself (no pointer).
+    Virtual,
+    /// A host scalar passed by value (4-byte aligned).
+    ByValue,
+}
+
+/// A tensor descriptor: `dt` elements of `dims` and `strides` (elements), unique
+/// id `uid`, living where `kind` says.
+pub fn tensor(
+    uid: i64,
+    (dims, strides): DimsStrides,
+    dt: cudnnDataType_t,
+    kind: TensorKind,
+) -> Result<Desc, CudaError> {
+    let what = "describing a tensor";
+    let t = Desc::new(Kind::CUDNN_BACKEND_TENSOR_DESCRIPTOR, what)?;
+    t.set(
+        Attr::CUDNN_ATTR_TENSOR_DATA_TYPE,
+        Ty::CUDNN_TYPE_DATA_TYPE,
+        &[dt],
+        what,
+    )?;
+    t.set(
+        Attr::CUDNN_ATTR_TENSOR_DIMENSIONS,
+        Ty::CUDNN_TYPE_INT64,
+        &dims,
+        what,
+    )?;
+    t.set(
+        Attr::CUDNN_ATTR_TENSOR_STRIDES,
+        Ty::CUDNN_TYPE_INT64,
+        &strides,
+        what,
+    )?;
+    t.set(
+        Attr::CUDNN_ATTR_TENSOR_UNIQUE_ID,
+        Ty::CUDNN_TYPE_INT64,
+        &[uid],
+        what,
+    )?;
+    let align: i64 = if kind == TensorKind::ByValue { 4 } else { 16 };
+    t.set(
+        Attr::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT,
+        Ty::CUDNN_TYPE_INT64,
+        &[align],
+        what,
+    )?;
+    let flag = match kind {
+        TensorKind::Virtual => Some(Attr::CUDNN_ATTR_TENSOR_IS_VIRTUAL),
+        TensorKind::ByValue => Some(Attr::CUDNN_ATTR_TENSOR_IS_BY_VALUE),
+        TensorKind::Device => None,
+    };
+    if let Some(a) = flag {
+        t.set(a, Ty::CUDNN_TYPE_BOOLEAN, &[true], what)?;
+    }
+    t.finalize(what)?;
+    Ok(t)
+}
+
+impl Shape {
+    /// Self-attention over `n` tokens of `heads × hd` in `[n, heads·hd]`
+    /// matrices, at the softmax scale 1/√hd.
+    pub fn self_attention(heads: usize, hd: usize, n: usize) -> Shape {
+        Shape::with_keys(heads, hd, n, n)
+    }
+
+    /// `nq` query rows against `nk` key rows, every matrix `[rows, heads·hd]`,
+    /// at the softmax scale 1/√hd.
+    pub fn with_keys(heads: usize, hd: usize, nq: usize, nk: usize) -> Shape {
+        Shape {
+            heads,
+            hd,
+            nq,
+            nk,
+            ld: [heads * hd; 4],
+            scale_bits: (1.0 / (hd as f32).sqrt()).to_bits(),
+        }
+    }
+}
+
+/// A variant pack: the tensors of unique ids `uids` at the addresses `data`
+/// (device pointers, or a host address for a by-value tensor), in that order,
+/// and the workspace `ws`.
+pub fn variant_pack(
+    uids: &[i64],
+    data: &[*mut c_void],
+    ws: cudarc::driver::sys::CUdeviceptr,
+) -> Result<Desc, CudaError> {
+    if uids.len() != data.len() {
+        return Err(CudaError::Invalid(format!(
+            "a variant pack of {} ids and {} pointers",
+            uids.len(),
+            data.len()
+        )));
+    }
+    let what = "building a variant pack";
+    let pack = Desc::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, what)?;
+    pack.set(
+        Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
+        Ty::CUDNN_TYPE_INT64,
+        uids,
+        what,
+    )?;
+    pack.set(
+        Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+        Ty::CUDNN_TYPE_VOID_PTR,
+        data,
+        what,
+    )?;
+    let w: [*mut c_void; 1] = [ws as *mut c_void];
+    pack.set(
+        Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+        Ty::CUDNN_TYPE_VOID_PTR,
+        &w,
+        what,
+    )?;
+    pack.finalize(what)?;
+    Ok(pack)
 }

@@ -33,7 +33,9 @@ use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::CudaStream;
 
 use crate::cuda::kit::context::Gpu;
-use crate::cuda::kit::cudnn_graph::{check, guarded, Desc};
+use crate::cuda::kit::cudnn_graph::{
+    check, guarded, tensor as graph_tensor, variant_pack, Desc, TensorKind,
+};
 pub use crate::cuda::kit::cudnn_graph::{layout, DimsStrides, Shape};
 use crate::cuda::kit::memory::DeviceBuffer;
 use crate::cuda::kit::sdpa_fp8::{self, Fp8Ptrs};
@@ -51,68 +53,91 @@ const UIDS: [i64; 5] = [1, 2, 3, 4, 5];
 
 /// A tensor of 4 dims: bf16 (or f32 by value, for the scale).
 fn tensor(uid: i64, dims: [i64; 4], strides: [i64; 4], by_value: bool) -> Result<Desc, CudaError> {
-    let t = Desc::new(Kind::CUDNN_BACKEND_TENSOR_DESCRIPTOR, "creating a tensor")?;
     let dt = if by_value {
         cudnnDataType_t::CUDNN_DATA_FLOAT
     } else {
         cudnnDataType_t::CUDNN_DATA_BFLOAT16
     };
-    let what = "describing a tensor";
-    t.set(
-        Attr::CUDNN_ATTR_TENSOR_DATA_TYPE,
-        Ty::CUDNN_TYPE_DATA_TYPE,
-        &[dt],
-        what,
-    )?;
-    t.set(
-        Attr::CUDNN_ATTR_TENSOR_DIMENSIONS,
-        Ty::CUDNN_TYPE_INT64,
-        &dims,
-        what,
-    )?;
-    t.set(
-        Attr::CUDNN_ATTR_TENSOR_STRIDES,
-        Ty::CUDNN_TYPE_INT64,
-        &strides,
-        what,
-    )?;
-    t.set(
-        Attr::CUDNN_ATTR_TENSOR_UNIQUE_ID,
-        Ty::CUDNN_TYPE_INT64,
-        &[uid],
-        what,
-    )?;
-    let align: i64 = if by_value { 4 } else { 16 };
-    t.set(
-        Attr::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT,
-        Ty::CUDNN_TYPE_INT64,
-        &[align],
-        what,
-    )?;
-    if by_value {
-        t.set(
-            Attr::CUDNN_ATTR_TENSOR_IS_BY_VALUE,
-            Ty::CUDNN_TYPE_BOOLEAN,
-            &[true],
-            what,
-        )?;
-    }
-    t.finalize(what)?;
-    Ok(t)
+    let kind = if by_value {
+        TensorKind::ByValue
+    } else {
+        TensorKind::Device
+    };
+    graph_tensor(uid, (dims, strides), dt, kind)
 }
 
 /// A finalized execution plan and its workspace size, plus the descriptors it
 /// was built from (kept alive with it).
-struct Plan {
+struct Plan<P> {
     plan: Desc,
     workspace: usize,
     /// Which engine configuration of the heuristics' list finalized (0 = first).
     choice: usize,
     _keep: Vec<Desc>,
     /// The kept variant pack and the pointers it holds.
-    pack: Option<(Desc, [CUdeviceptr; 4])>,
+    pack: Option<(Desc, P)>,
     /// The scale by value (the pack points at it).
     scale: Box<f32>,
+}
+
+/// The variant pack's data pointers of a plan's pointers `P`, given the
+/// by-value scale's host address.
+type PackData<P> = dyn Fn(&P, *mut f32) -> Vec<*mut c_void>;
+
+impl<P: Copy + PartialEq> Plan<P> {
+    fn new((plan, workspace, choice): (Desc, usize, usize), keep: Vec<Desc>, s: &Shape) -> Plan<P> {
+        Plan {
+            plan,
+            workspace,
+            choice,
+            _keep: keep,
+            pack: None,
+            scale: Box::new(f32::from_bits(s.scale_bits)),
+        }
+    }
+
+    /// Execute on `handle` over `ptrs`: the kept variant pack when it holds
+    /// them, else a new one of `uids` and `data(ptrs, the scale's address)`
+    /// with workspace `ws`. `what` names the operation in errors.
+    fn run(
+        &mut self,
+        handle: cudnnHandle_t,
+        ptrs: P,
+        ws: CUdeviceptr,
+        (uids, data): (&[i64], &PackData<P>),
+        what: &str,
+    ) -> Result<(), CudaError> {
+        if self.pack.as_ref().map(|p| p.1) != Some(ptrs) {
+            self.pack = None;
+            let d = data(&ptrs, &mut *self.scale);
+            let pack = guarded(what, || variant_pack(uids, &d, ws))?;
+            self.pack = Some((pack, ptrs));
+        }
+        let pack =
+            self.pack.as_ref().map(|p| p.0 .0).ok_or_else(|| {
+                CudaError::Invalid(format!("the variant pack of {what} vanished"))
+            })?;
+        let exec = self.plan.0;
+        guarded(what, || {
+            // SAFETY: a finalized plan and a pack whose pointers address the
+            // matrices and scalars the plan's tensors describe (the caller's
+            // shape), on the handle's stream.
+            check(
+                unsafe { sys::cudnnBackendExecute(handle, exec, pack) },
+                what,
+            )
+        })
+    }
+}
+
+/// (shape, engine choice, workspace bytes) of each plan, sorted.
+fn listing<P>(plans: &HashMap<Shape, Plan<P>>) -> Vec<(Shape, usize, usize)> {
+    let mut v: Vec<_> = plans
+        .iter()
+        .map(|(s, p)| (*s, p.choice, p.workspace))
+        .collect();
+    v.sort_by_key(|x| (x.0.hd, x.0.nq, x.0.nk));
+    v
 }
 
 /// A cuDNN handle on the compute stream, its plans and workspace.
@@ -124,21 +149,10 @@ pub struct Sdpa {
 }
 
 struct Inner {
-    plans: HashMap<Shape, Plan>,
-    /// The FP8 attention's plans (`attention-precision = fp8`).
-    fp8_plans: HashMap<Shape, Fp8Plan>,
+    plans: HashMap<Shape, Plan<[CUdeviceptr; 4]>>,
+    /// The FP8 attention's plans (`attention-precision = fp8`, [`sdpa_fp8`]).
+    fp8_plans: HashMap<Shape, Plan<Fp8Ptrs>>,
     workspace: Option<DeviceBuffer>,
-}
-
-/// A finalized FP8 attention plan ([`sdpa_fp8`]), its kept variant pack and the
-/// pointers it holds.
-struct Fp8Plan {
-    plan: Desc,
-    workspace: usize,
-    choice: usize,
-    _keep: Vec<Desc>,
-    pack: Option<(Desc, Fp8Ptrs)>,
-    scale: Box<f32>,
 }
 
 // SAFETY: the handle is used from one thread at a time (the mutex is held for
@@ -195,7 +209,7 @@ impl Sdpa {
         })
     }
 
-    fn plan(&self, s: &Shape) -> Result<Plan, CudaError> {
+    fn plan(&self, s: &Shape) -> Result<Plan<[CUdeviceptr; 4]>, CudaError> {
         let [(qd, qs), (kd, ks), (vd, vs), (od, os)] = layout(s)?;
         let q = tensor(UIDS[0], qd, qs, false)?;
         let k = tensor(UIDS[1], kd, ks, false)?;
@@ -220,14 +234,7 @@ impl Sdpa {
             self.finalize_graph(&[&op], &format!("attention {s:?}"))?;
         let mut keep = vec![q, k, v, o, sc, op];
         keep.extend(graph);
-        Ok(Plan {
-            plan,
-            workspace,
-            choice,
-            _keep: keep,
-            pack: None,
-            scale: Box::new(f32::from_bits(s.scale_bits)),
-        })
+        Ok(Plan::new((plan, workspace, choice), keep, s))
     }
 
     /// The operation graph of `ops` on this handle, the heuristics' engine
@@ -328,10 +335,7 @@ impl Sdpa {
     /// Build (once) the plan of `shape` and its workspace: call before a
     /// capture so that [`Sdpa::enqueue`] only executes.
     pub fn prepare(&self, gpu: &Gpu, shape: &Shape) -> Result<(), CudaError> {
-        let mut inner = self
-            .inner
-            .lock()
-            .map_err(|_| CudaError::Invalid("the cuDNN attention lock is poisoned".into()))?;
+        let mut inner = self.lock()?;
         if !inner.plans.contains_key(shape) {
             let p = guarded("planning attention", || self.plan(shape))?;
             inner.plans.insert(*shape, p);
@@ -352,91 +356,39 @@ impl Sdpa {
         v: CUdeviceptr,
         o: CUdeviceptr,
     ) -> Result<(), CudaError> {
-        let lock = || {
-            self.inner
-                .lock()
-                .map_err(|_| CudaError::Invalid("the cuDNN attention lock is poisoned".into()))
-        };
-        let mut inner = lock()?;
+        let mut inner = self.lock()?;
         // The forward's path: plan and workspace built by the warm-up, one lock.
         if !inner.plans.contains_key(shape) {
             drop(inner);
             self.prepare(gpu, shape)?;
-            inner = lock()?;
+            inner = self.lock()?;
         }
         let ws = inner.workspace.as_ref().map_or(0, |b| b.ptr());
         let plan = inner
             .plans
             .get_mut(shape)
             .ok_or_else(|| CudaError::Invalid("a cuDNN attention plan vanished".into()))?;
-        let ptrs = [q, k, v, o];
-        if plan.pack.as_ref().map(|p| p.1) != Some(ptrs) {
-            plan.pack = None;
-            let what = "building the variant pack";
-            let pack = guarded(what, || {
-                let pack = Desc::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, what)?;
-                let data: [*mut c_void; 5] = [
-                    q as *mut c_void,
-                    k as *mut c_void,
-                    v as *mut c_void,
-                    o as *mut c_void,
-                    &mut *plan.scale as *mut f32 as *mut c_void,
-                ];
-                pack.set(
-                    Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
-                    Ty::CUDNN_TYPE_INT64,
-                    &UIDS,
-                    what,
-                )?;
-                pack.set(
-                    Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
-                    Ty::CUDNN_TYPE_VOID_PTR,
-                    &data,
-                    what,
-                )?;
-                let w: [*mut c_void; 1] = [ws as *mut c_void];
-                pack.set(
-                    Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
-                    Ty::CUDNN_TYPE_VOID_PTR,
-                    &w,
-                    what,
-                )?;
-                pack.finalize(what)?;
-                Ok(pack)
-            })?;
-            plan.pack = Some((pack, ptrs));
-        }
-        let pack = plan
-            .pack
-            .as_ref()
-            .map(|p| p.0 .0)
-            .ok_or_else(|| CudaError::Invalid("the variant pack vanished".into()))?;
-        let exec = plan.plan.0;
-        guarded("running attention", || {
-            // SAFETY: a finalized plan and a pack whose pointers address the
-            // matrices the plan's tensors describe (checked by the caller's
-            // shape), on the handle's stream.
-            check(
-                unsafe { sys::cudnnBackendExecute(self.handle, exec, pack) },
-                "running attention",
-            )
-        })
+        let data = |p: &[CUdeviceptr; 4], scale: *mut f32| -> Vec<*mut c_void> {
+            let mut d: Vec<*mut c_void> = p.iter().map(|&a| a as *mut c_void).collect();
+            d.push(scale as *mut c_void);
+            d
+        };
+        plan.run(
+            self.handle,
+            [q, k, v, o],
+            ws,
+            (&UIDS, &data),
+            "running attention",
+        )
     }
 
-    fn plan_fp8(&self, s: &Shape) -> Result<Fp8Plan, CudaError> {
+    fn plan_fp8(&self, s: &Shape) -> Result<Plan<Fp8Ptrs>, CudaError> {
         let (mut keep, ops) = sdpa_fp8::graph(s)?;
         let refs: Vec<&Desc> = ops.iter().map(|&i| &keep[i]).collect();
         let (plan, workspace, choice, graph) =
             self.finalize_graph(&refs, &format!("FP8 attention {s:?}"))?;
         keep.extend(graph);
-        Ok(Fp8Plan {
-            plan,
-            workspace,
-            choice,
-            _keep: keep,
-            pack: None,
-            scale: Box::new(f32::from_bits(s.scale_bits)),
-        })
+        Ok(Plan::new((plan, workspace, choice), keep, s))
     }
 
     /// Build (once) the FP8 attention plan of `shape` and grow the workspace
@@ -468,28 +420,14 @@ impl Sdpa {
             .fp8_plans
             .get_mut(shape)
             .ok_or_else(|| CudaError::Invalid("an FP8 attention plan vanished".into()))?;
-        if plan.pack.as_ref().map(|p| p.1) != Some(ptrs) {
-            plan.pack = None;
-            let scale: *mut f32 = &mut *plan.scale;
-            let pack = guarded("building the FP8 attention's pack", || {
-                sdpa_fp8::pack(&ptrs, scale, ws)
-            })?;
-            plan.pack = Some((pack, ptrs));
-        }
-        let pack = plan
-            .pack
-            .as_ref()
-            .map(|p| p.0 .0)
-            .ok_or_else(|| CudaError::Invalid("the FP8 variant pack vanished".into()))?;
-        let exec = plan.plan.0;
-        guarded("running FP8 attention", || {
-            // SAFETY: a finalized plan and a pack whose pointers address the
-            // e4m3 matrices and f32 slots the plan's tensors describe.
-            check(
-                unsafe { sys::cudnnBackendExecute(self.handle, exec, pack) },
-                "running FP8 attention",
-            )
-        })
+        let data = |p: &Fp8Ptrs, scale: *mut f32| p.data(scale).to_vec();
+        plan.run(
+            self.handle,
+            ptrs,
+            ws,
+            (&sdpa_fp8::UIDS, &data),
+            "running FP8 attention",
+        )
     }
 
     /// The FP8 plans built so far: shape, the engine configuration's rank in
@@ -497,15 +435,7 @@ impl Sdpa {
     pub fn fp8_plans(&self) -> Vec<(Shape, usize, usize)> {
         self.inner
             .lock()
-            .map(|i| {
-                let mut v: Vec<_> = i
-                    .fp8_plans
-                    .iter()
-                    .map(|(s, p)| (*s, p.choice, p.workspace))
-                    .collect();
-                v.sort_by_key(|x| (x.0.hd, x.0.nq, x.0.nk));
-                v
-            })
+            .map(|i| listing(&i.fp8_plans))
             .unwrap_or_default()
     }
 
@@ -540,15 +470,7 @@ impl Sdpa {
     pub fn plans(&self) -> Vec<(Shape, usize, usize)> {
         self.inner
             .lock()
-            .map(|i| {
-                let mut v: Vec<_> = i
-                    .plans
-                    .iter()
-                    .map(|(s, p)| (*s, p.choice, p.workspace))
-                    .collect();
-                v.sort_by_key(|x| (x.0.hd, x.0.nq, x.0.nk));
-                v
-            })
+            .map(|i| listing(&i.plans))
             .unwrap_or_default()
     }
 }

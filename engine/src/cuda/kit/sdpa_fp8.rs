@@ -30,7 +30,7 @@ use cudarc::cudnn::sys::{
 };
 use cudarc::driver::sys::CUdeviceptr;
 
-use super::cudnn_graph::{guarded, layout, Desc, Shape};
+use super::cudnn_graph::{guarded, layout, tensor, Desc, Shape, TensorKind};
 use super::fp8::Fp8Attn;
 use crate::cuda::CudaError;
 
@@ -55,7 +55,7 @@ pub struct Fp8Ptrs {
 impl Fp8Ptrs {
     /// The pack's pointers in [`UIDS`]' order; `scale` is the by-value softmax
     /// scale's host address.
-    fn data(&self, scale: *mut f32) -> [*mut c_void; 13] {
+    pub(super) fn data(&self, scale: *mut f32) -> [*mut c_void; 13] {
         let s = |i: usize| (self.slots + (i * 4) as CUdeviceptr) as *mut c_void;
         [
             self.qkv[0] as *mut c_void,
@@ -73,69 +73,6 @@ impl Fp8Ptrs {
             s(Fp8Attn::AMAX_O),
         ]
     }
-}
-
-/// A tensor descriptor: `dt` elements of `dims` and `strides`; `virt` for an
-/// intermediate the engine keeps to itself, `by_value` for a host scalar.
-fn tensor(
-    uid: i64,
-    dims: [i64; 4],
-    strides: [i64; 4],
-    dt: cudnnDataType_t,
-    virt: bool,
-    by_value: bool,
-) -> Result<Desc, CudaError> {
-    let what = "describing an FP8 attention tensor";
-    let t = Desc::new(Kind::CUDNN_BACKEND_TENSOR_DESCRIPTOR, what)?;
-    t.set(
-        Attr::CUDNN_ATTR_TENSOR_DATA_TYPE,
-        Ty::CUDNN_TYPE_DATA_TYPE,
-        &[dt],
-        what,
-    )?;
-    t.set(
-        Attr::CUDNN_ATTR_TENSOR_DIMENSIONS,
-        Ty::CUDNN_TYPE_INT64,
-        &dims,
-        what,
-    )?;
-    t.set(
-        Attr::CUDNN_ATTR_TENSOR_STRIDES,
-        Ty::CUDNN_TYPE_INT64,
-        &strides,
-        what,
-    )?;
-    t.set(
-        Attr::CUDNN_ATTR_TENSOR_UNIQUE_ID,
-        Ty::CUDNN_TYPE_INT64,
-        &[uid],
-        what,
-    )?;
-    let align: i64 = if by_value { 4 } else { 16 };
-    t.set(
-        Attr::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT,
-        Ty::CUDNN_TYPE_INT64,
-        &[align],
-        what,
-    )?;
-    if virt {
-        t.set(
-            Attr::CUDNN_ATTR_TENSOR_IS_VIRTUAL,
-            Ty::CUDNN_TYPE_BOOLEAN,
-            &[true],
-            what,
-        )?;
-    }
-    if by_value {
-        t.set(
-            Attr::CUDNN_ATTR_TENSOR_IS_BY_VALUE,
-            Ty::CUDNN_TYPE_BOOLEAN,
-            &[true],
-            what,
-        )?;
-    }
-    t.finalize(what)?;
-    Ok(t)
 }
 
 const F32: cudnnDataType_t = cudnnDataType_t::CUDNN_DATA_FLOAT;
@@ -242,13 +179,13 @@ fn graph_inner(s: &Shape) -> Result<(Vec<Desc>, Vec<usize>), CudaError> {
     let sd = ([1, h, nq, nk], [h * nq * nk, nq * nk, nk, 1]);
     let rd = ([1, h, nq, 1], [h * nq, nq, 1, 1]);
     let o1d = ([1, h, nq, hd], [h * nq * hd, nq * hd, hd, 1]);
-    let ext = |uid, d: ([i64; 4], [i64; 4]), dt| tensor(uid, d.0, d.1, dt, false, false);
-    let virt = |uid, d: ([i64; 4], [i64; 4]), dt| tensor(uid, d.0, d.1, dt, true, false);
+    let ext = |uid, d, dt| tensor(uid, d, dt, TensorKind::Device);
+    let virt = |uid, d, dt| tensor(uid, d, dt, TensorKind::Virtual);
     let q = ext(UIDS[0], (qd, qs), E4M3)?;
     let kt = ext(UIDS[1], (ktd, kts), E4M3)?;
     let v = ext(UIDS[2], (vd, vs), E4M3)?;
     let o = ext(UIDS[3], (od, os), E4M3)?;
-    let scale = tensor(UIDS[4], one.0, one.1, F32, false, true)?;
+    let scale = tensor(UIDS[4], one, F32, TensorKind::ByValue)?;
     let descale_q = ext(UIDS[5], one, F32)?;
     let descale_k = ext(UIDS[6], one, F32)?;
     let descale_v = ext(UIDS[7], one, F32)?;
@@ -303,34 +240,6 @@ fn graph_inner(s: &Shape) -> Result<(Vec<Desc>, Vec<usize>), CudaError> {
         keep.push(op);
     }
     Ok((keep, idx))
-}
-
-/// The variant pack of one FP8 attention: `ptrs`, the by-value softmax scale at
-/// `scale` and the workspace `ws`.
-pub(super) fn pack(ptrs: &Fp8Ptrs, scale: *mut f32, ws: CUdeviceptr) -> Result<Desc, CudaError> {
-    let what = "building the FP8 attention's variant pack";
-    let pack = Desc::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, what)?;
-    pack.set(
-        Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
-        Ty::CUDNN_TYPE_INT64,
-        &UIDS,
-        what,
-    )?;
-    pack.set(
-        Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
-        Ty::CUDNN_TYPE_VOID_PTR,
-        &ptrs.data(scale),
-        what,
-    )?;
-    let w: [*mut c_void; 1] = [ws as *mut c_void];
-    pack.set(
-        Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
-        Ty::CUDNN_TYPE_VOID_PTR,
-        &w,
-        what,
-    )?;
-    pack.finalize(what)?;
-    Ok(pack)
 }
 
 #[cfg(test)]

@@ -1686,14 +1686,7 @@ impl DeviceDit {
                     CudaError::Invalid("attention-precision = fp8 without cuDNN loaded".into())
                 })?;
                 let (codes, scales) = acts.operand();
-                let shape = SdpaShape {
-                    heads,
-                    hd,
-                    nq: n,
-                    nk: n,
-                    ld: [d; 4],
-                    scale_bits: (1.0 / (hd as f32).sqrt()).to_bits(),
-                };
+                let shape = SdpaShape::self_attention(heads, hd, n);
                 let ptrs = Fp8Ptrs {
                     qkv: a.codes(),
                     o: codes,

@@ -105,14 +105,7 @@ fn run_fp8(
         n,
         &out,
     )?;
-    let shape = SdpaShape {
-        heads,
-        hd,
-        nq: n,
-        nk: n,
-        ld: [d; 4],
-        scale_bits: (1.0 / (hd as f32).sqrt()).to_bits(),
-    };
+    let shape = SdpaShape::self_attention(heads, hd, n);
     let ptrs = Fp8Ptrs {
         qkv: a.codes(),
         o: codes,
@@ -322,14 +315,7 @@ fn bf16_sdpa(
         .map(|x| kit.bf16(x))
         .collect::<Result<Vec<_>, _>>()?;
     let o = kit.poisoned(n * d * 2)?;
-    let shape = SdpaShape {
-        heads,
-        hd,
-        nq: n,
-        nk: n,
-        ld: [d; 4],
-        scale_bits: (1.0 / (hd as f32).sqrt()).to_bits(),
-    };
+    let shape = SdpaShape::self_attention(heads, hd, n);
     sdpa.enqueue(
         &kit.gpu,
         &shape,

@@ -21,6 +21,17 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return r;
 }
 
+// The larger of m and the largest |x| of the 8 bf16 values in `v` (NaN ignored).
+__device__ __forceinline__ float amax8(uint4 v, float m) {
+    const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        m = fmaxf(m, fabsf(__uint_as_float(w[j] << 16)));
+        m = fmaxf(m, fabsf(__uint_as_float(w[j] & 0xffff0000u)));
+    }
+    return m;
+}
+
 // Two f32 -> two e4m3 codes, round to nearest even, saturating to +-448 (PTX
 // cvt.rn.satfinite.e4m3x2.f32, sm_89+): `lo` in the lower byte.
 __device__ __forceinline__ unsigned int e4m3x2(float lo, float hi) {
@@ -48,6 +59,13 @@ __device__ __forceinline__ uint2 e4m3x8(uint4 v, float inv) {
     return make_uint2(c[0] | (c[1] << 16), c[2] | (c[3] << 16));
 }
 
+// (inv, scale) of a row or tensor whose amax is m: 448 / m and m / 448, or (1, 1)
+// when m is zero or not finite (crate::fp8::row_factors).
+__device__ __forceinline__ float2 tensor_factors(float m) {
+    if (m > 0.0f && m <= 3.4028234663852886e38f) return make_float2(448.0f / m, m / 448.0f);
+    return make_float2(1.0f, 1.0f);
+}
+
 // One block per row of `cols` bf16 values (cols a multiple of 8, rows 16-byte
 // aligned): amax = max |x| over the row; inv = 448 / amax and scale = amax /
 // 448 (both 1 when amax is 0 or not finite); q = e4m3(x * inv) row-major
@@ -61,21 +79,12 @@ extern "C" __global__ void quantize_rows_e4m3(const bf16* __restrict__ x, int co
     const int nv = cols / 8;
     float m = 0.0f;
     for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-        const uint4 v = xr[i];
-        const unsigned int w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            m = fmaxf(m, fabsf(__uint_as_float(w[j] << 16)));
-            m = fmaxf(m, fabsf(__uint_as_float(w[j] & 0xffff0000u)));
-        }
+        m = amax8(xr[i], m);
     }
     m = block_max(m, scratch);
-    float inv = 1.0f, scale = 1.0f;
-    if (m > 0.0f && m <= 3.4028234663852886e38f) {
-        inv = 448.0f / m;
-        scale = m / 448.0f;
-    }
-    if (threadIdx.x == 0) scales[row] = scale;
+    const float2 f = tensor_factors(m);
+    const float inv = f.x;
+    if (threadIdx.x == 0) scales[row] = f.y;
     uint2* qr = reinterpret_cast<uint2*>(q + row * cols);
     for (int i = threadIdx.x; i < nv; i += blockDim.x) qr[i] = e4m3x8(xr[i], inv);
 }
@@ -113,23 +122,10 @@ extern "C" __global__ void amax3_bf16(const bf16* __restrict__ a, long long na,
     float m = 0.0f;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < nv;
          i += (long long)gridDim.x * blockDim.x) {
-        const uint4 v = xv[i];
-        const unsigned int w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            m = fmaxf(m, fabsf(__uint_as_float(w[j] << 16)));
-            m = fmaxf(m, fabsf(__uint_as_float(w[j] & 0xffff0000u)));
-        }
+        m = amax8(xv[i], m);
     }
     m = block_max(m, scratch);
     if (threadIdx.x == 0 && m > 0.0f) atomicMax(reinterpret_cast<int*>(sc + 4 * t), __float_as_int(m));
-}
-
-// (inv, scale) of a tensor whose amax is m: 448 / m and m / 448, or (1, 1)
-// when m is zero or not finite (crate::fp8::row_factors).
-__device__ __forceinline__ float2 tensor_factors(float m) {
-    if (m > 0.0f && m <= 3.4028234663852886e38f) return make_float2(448.0f / m, m / 448.0f);
-    return make_float2(1.0f, 1.0f);
 }
 
 // blockIdx.y 0..2: q_t = e4m3(x_t * 448 / amax_t) for the tensor t of amax3_bf16
