@@ -441,6 +441,35 @@ fn bad_input_exits_2_with_a_message_naming_the_problem() {
         2,
         &["unknown lever 'warp'", "widen-f32"],
     );
+    // Arms that cannot run together are refused before any load, CUDA or not,
+    // naming the levers to add (red on the check moved after the T5 load: with
+    // no CUDA here that would say "no CUDA" instead).
+    let fp8_attention = |extra: &[&str], needles: &[&str]| {
+        let mut args = vec![
+            "render",
+            "--rung",
+            rung,
+            "--weights",
+            &w,
+            "--out",
+            out,
+            "--device",
+            "cuda",
+            "--lever",
+            "attention-precision=fp8",
+        ];
+        args.extend_from_slice(extra);
+        fails_with(&args, 2, needles);
+        assert!(!std::path::Path::new(out).join("video.y4m").exists());
+    };
+    fp8_attention(
+        &[],
+        &["attention-precision = fp8 needs", "--lever precision=fp8"],
+    );
+    fp8_attention(
+        &["--profile", "baseline", "--lever", "precision=fp8"],
+        &["attention = cudnn", "--lever attention=cudnn"],
+    );
     fails_with(
         &[
             "render",
