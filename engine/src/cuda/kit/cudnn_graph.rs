@@ -261,17 +261,11 @@ impl Shape {
     /// Self-attention over `n` tokens of `heads × hd` in `[n, heads·hd]`
     /// matrices, at the softmax scale 1/√hd.
     pub fn self_attention(heads: usize, hd: usize, n: usize) -> Shape {
-        Shape::with_keys(heads, hd, n, n)
-    }
-
-    /// `nq` query rows against `nk` key rows, every matrix `[rows, heads·hd]`,
-    /// at the softmax scale 1/√hd.
-    pub fn with_keys(heads: usize, hd: usize, nq: usize, nk: usize) -> Shape {
         Shape {
             heads,
             hd,
-            nq,
-            nk,
+            nq: n,
+            nk: n,
             ld: [heads * hd; 4],
             scale_bits: (1.0 / (hd as f32).sqrt()).to_bits(),
         }
@@ -316,4 +310,21 @@ pub fn variant_pack(
     )?;
     pack.finalize(what)?;
     Ok(pack)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Red on: the keys' count taken from another argument, the leading
+    /// dimension not heads × hd, or the scale not 1/√hd.
+    #[test]
+    fn self_attention_is_n_by_n_over_packed_rows_at_the_usual_scale() {
+        let s = Shape::self_attention(32, 128, 6144);
+        assert_eq!((s.heads, s.hd, s.nq, s.nk), (32, 128, 6144, 6144));
+        assert_eq!(s.ld, [4096; 4]);
+        assert_eq!(f32::from_bits(s.scale_bits), 1.0 / 128f32.sqrt());
+        let l = layout(&s).unwrap();
+        assert_eq!(l[1], ([1, 32, 6144, 128], [6144 * 4096, 128, 4096, 1]));
+    }
 }

@@ -306,11 +306,6 @@ impl Fp8Attn {
         self.slots.ptr()
     }
 
-    /// Device address of slot `i` (one of the associated constants).
-    pub fn slot(&self, i: usize) -> CUdeviceptr {
-        self.slots.ptr() + (i * 4) as CUdeviceptr
-    }
-
     /// Enqueue the operands of `n` tokens from bf16 q, k, v (`[n, width]`
     /// each) on `gpu`'s compute stream ([`Kernels::fp8_attention_operands`]),
     /// writing the output's row scales into `out`'s scales.

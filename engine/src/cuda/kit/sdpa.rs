@@ -130,16 +130,6 @@ impl<P: Copy + PartialEq> Plan<P> {
     }
 }
 
-/// (shape, engine choice, workspace bytes) of each plan, sorted.
-fn listing<P>(plans: &HashMap<Shape, Plan<P>>) -> Vec<(Shape, usize, usize)> {
-    let mut v: Vec<_> = plans
-        .iter()
-        .map(|(s, p)| (*s, p.choice, p.workspace))
-        .collect();
-    v.sort_by_key(|x| (x.0.hd, x.0.nq, x.0.nk));
-    v
-}
-
 /// A cuDNN handle on the compute stream, its plans and workspace.
 pub struct Sdpa {
     handle: cudnnHandle_t,
@@ -430,15 +420,6 @@ impl Sdpa {
         )
     }
 
-    /// The FP8 plans built so far: shape, the engine configuration's rank in
-    /// the heuristics' list, and its workspace bytes (for reports).
-    pub fn fp8_plans(&self) -> Vec<(Shape, usize, usize)> {
-        self.inner
-            .lock()
-            .map(|i| listing(&i.fp8_plans))
-            .unwrap_or_default()
-    }
-
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, CudaError> {
         self.inner
             .lock()
@@ -470,7 +451,15 @@ impl Sdpa {
     pub fn plans(&self) -> Vec<(Shape, usize, usize)> {
         self.inner
             .lock()
-            .map(|i| listing(&i.plans))
+            .map(|i| {
+                let mut v: Vec<_> = i
+                    .plans
+                    .iter()
+                    .map(|(s, p)| (*s, p.choice, p.workspace))
+                    .collect();
+                v.sort_by_key(|x| (x.0.hd, x.0.nq, x.0.nk));
+                v
+            })
             .unwrap_or_default()
     }
 }

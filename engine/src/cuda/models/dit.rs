@@ -1140,20 +1140,31 @@ impl DeviceDit {
             }
             Precision::Fp8 => {}
         }
-        let attn_rows = match (arms.attn_precision, self.ws.as_ref()) {
-            (AttnPrecision::Fp8, Some(w)) => Some(w.n),
-            _ => None,
+        self.hold_fp8_attn(arms.attn_precision)?;
+        self.arms = arms;
+        Ok(())
+    }
+
+    /// Hold the FP8 attention's operands exactly while `want` is fp8, the fp8
+    /// arm's state exists and a workspace gives their token count (allocated
+    /// or freed here; [`DeviceDit::set_arms`] and [`DeviceDit::workspace`]
+    /// both end with it).
+    fn hold_fp8_attn(&mut self, want: AttnPrecision) -> Result<(), CudaError> {
+        let rows = match want {
+            AttnPrecision::Fp8 => self.ws.as_ref().map(|w| w.n),
+            AttnPrecision::Bf16 => None,
         };
         let width = self.dims.dim();
         if let Some(st) = self.fp8.as_mut() {
-            st.attn = match (arms.attn_precision, st.attn.take(), attn_rows) {
-                (AttnPrecision::Bf16, _, _) => None,
-                (AttnPrecision::Fp8, Some(a), _) => Some(a),
-                (AttnPrecision::Fp8, None, Some(n)) => Some(Fp8Attn::new(&self.gpu, n, width)?),
-                (AttnPrecision::Fp8, None, None) => None,
-            };
+            match (rows, &st.attn) {
+                (Some(n), Some(a)) if a.rows == n => {}
+                (Some(n), _) => {
+                    st.attn = None;
+                    st.attn = Some(Fp8Attn::new(&self.gpu, n, width)?);
+                }
+                (None, _) => st.attn = None,
+            }
         }
-        self.arms = arms;
         Ok(())
     }
 
@@ -1309,7 +1320,6 @@ impl DeviceDit {
             self.ws = None;
             if let Some(st) = self.fp8.as_mut() {
                 st.acts = None;
-                st.attn = None;
             }
             self.ws = Some(Workspace::new(&self.gpu, &self.dims, n, l)?);
         }
@@ -1319,13 +1329,7 @@ impl DeviceDit {
                 st.acts = Some(acts);
             }
         }
-        let wants_attn = self.arms.attn_precision == AttnPrecision::Fp8;
-        if wants_attn && self.fp8.as_ref().is_some_and(|st| st.attn.is_none()) {
-            let a = Fp8Attn::new(&self.gpu, n, self.dims.dim())?;
-            if let Some(st) = self.fp8.as_mut() {
-                st.attn = Some(a);
-            }
-        }
+        self.hold_fp8_attn(self.arms.attn_precision)?;
         self.ws
             .as_ref()
             .ok_or_else(|| CudaError::Invalid("workspace missing".into()))
