@@ -17,6 +17,8 @@ rung N *ARGS:
 # Headless Chromium for the report's page test comes from scripts/chromium.sh; where it
 # cannot install it, HARNESS_NO_CHROMIUM=1 makes that test say NOT RUN instead of failing.
 # Run every test in the workspace (sets up target/pyenv and Chromium for the tests).
+# target/pyenv also holds NVRTC 13.0 (a pip wheel): with it on LD_LIBRARY_PATH the
+# engine compiles every CUDA module for sm_90 here, GPU or not (ENGINE_REQUIRE_NVRTC).
 # The S3 store's tests start s3s-fs (scripts/s3-server.sh installs it from crates.io);
 # where it cannot be installed, HARNESS_NO_S3_SERVER=1 makes those tests say NOT RUN.
 # The fleet tests (slurm::) submit to a two-node Slurm on loopback that
@@ -26,7 +28,7 @@ test:
     ./scripts/pyenv.sh
     ./scripts/s3-server.sh install || echo "just test: s3s-fs not installed: the S3 tests will say NOT RUN" >&2
     ./scripts/slurm-cluster.sh install || echo "just test: Slurm not installed: the Slurm tests will say NOT RUN" >&2
-    ./scripts/chromium.sh || export HARNESS_NO_CHROMIUM=1; [ -x target/tools/s3s-fs/bin/s3s-fs ] || export HARNESS_NO_S3_SERVER=1; if slurm_env=$(./scripts/slurm-cluster.sh start); then eval "$slurm_env"; trap './scripts/slurm-cluster.sh stop' EXIT; else export HARNESS_NO_SLURM=1; fi; HARNESS_TEST_PYTHON="$PWD/target/pyenv/bin/python" cargo test --workspace
+    ./scripts/chromium.sh || export HARNESS_NO_CHROMIUM=1; [ -x target/tools/s3s-fs/bin/s3s-fs ] || export HARNESS_NO_S3_SERVER=1; if slurm_env=$(./scripts/slurm-cluster.sh start); then eval "$slurm_env"; trap './scripts/slurm-cluster.sh stop' EXIT; else export HARNESS_NO_SLURM=1; fi; nvrtc=$(./scripts/nvrtc-lib.sh); export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ENGINE_REQUIRE_NVRTC=1; HARNESS_TEST_PYTHON="$PWD/target/pyenv/bin/python" cargo test --workspace
 
 # Regenerate the lever table and its forest plot from the committed evidence.
 rank *ARGS:

@@ -12,7 +12,9 @@
 //! --open NAME | --close NAME   open / close a phase
 //! --close-attrs NAME JSON      close a phase with attributes (a JSON object,
 //!                              e.g. burn.load's {"gemms":64,"tflops":642.5})
-//! --write FILE TEXT            write TEXT to FILE (a fake GPU's utilization)
+//! --write FILE TEXT            write TEXT to FILE (a fake GPU's utilization) in
+//!                              one rename, so a reader polling FILE never sees
+//!                              it truncated and empty
 //! --tick NAME K/N              a tick with step K of N and a running forward index
 //! --info KEY=VALUE             an info marker
 //! --sleep-ms MS                sleep
@@ -303,7 +305,13 @@ fn run_script(script: &[String], out: &Option<PathBuf>) -> Res<u8> {
             "--write" => {
                 let file = arg(flag, &mut it)?;
                 let text = arg(flag, &mut it)?;
-                std::fs::write(&file, text).map_err(|e| Usage(format!("--write {file}: {e}")))?;
+                // A sibling then a rename: the harness's fake sensors poll FILE
+                // every tick, and a plain write truncates it first (CI once read
+                // "" there and called the fake GPM unreadable).
+                let part = format!("{file}.part");
+                std::fs::write(&part, text)
+                    .and_then(|()| std::fs::rename(&part, &file))
+                    .map_err(|e| Usage(format!("--write {file}: {e}")))?;
             }
             "--tick" => {
                 let name = arg(flag, &mut it)?;

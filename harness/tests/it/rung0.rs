@@ -13,25 +13,57 @@ use serde_json::Value;
 use crate::support::bins::{bundle_path, engine, gate, repo, text, HARNESS};
 use crate::support::dirs::vacant_dir;
 
+/// Renders before the coverage check gives up. Rung 0's engine wall is ~60 ms
+/// on the CPU arm and its phase boundaries are exactly where the harness's
+/// marker reader wakes; on a loaded 2-core CI machine one preemption of ~6 ms
+/// in a gap takes leaf coverage under 0.9 (CI saw it once). A scheduling
+/// hiccup does not repeat three times running; unmarked work in the engine (the
+/// mutation: a leaf's markers removed) fails every render alike (tried:
+/// `artifacts.frames` opened after the frames were written read 0.887-0.894
+/// in all three renders).
+const COVERAGE_TRIES: usize = 3;
+
+/// Leaf coverage of the engine wall a rung-0 render must reach.
+const MIN_COVERAGE: f64 = 0.9;
+
 #[test]
 fn rung0_renders_under_the_harness_into_a_complete_verified_bundle() {
     let store = vacant_dir("rung0-e2e");
-    let out = Command::new(HARNESS)
-        .current_dir(repo())
-        .args(["run", "--rung", "rungs/0.toml", "--store"])
-        .arg(&store)
-        .arg("--engine")
-        .arg(engine())
-        .env_remove("HARNESS_LEASE_ID")
-        .output()
-        .expect("harness runs");
+    let render = || {
+        Command::new(HARNESS)
+            .current_dir(repo())
+            .args(["run", "--rung", "rungs/0.toml", "--store"])
+            .arg(&store)
+            .arg("--engine")
+            .arg(engine())
+            .env_remove("HARNESS_LEASE_ID")
+            .output()
+            .expect("harness runs")
+    };
+    let coverage_of = |out: &std::process::Output| -> Option<f64> {
+        let dir = bundle_path(out);
+        let m: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).ok()?).ok()?;
+        m["phases"]["coverage"].as_f64()
+    };
+    let mut seen = Vec::new();
+    let out = loop {
+        let out = render();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "stdout:\n{}\nstderr:\n{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        let cov = coverage_of(&out);
+        seen.push(cov);
+        if cov.is_some_and(|c| c >= MIN_COVERAGE) || seen.len() == COVERAGE_TRIES {
+            break out;
+        }
+    };
     let stderr = text(&out.stderr);
     let stdout = text(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
 
     // The live rendering on stderr: phases open and close, one tick per forward
     // with k/N and last=.
@@ -72,7 +104,10 @@ fn rung0_renders_under_the_harness_into_a_complete_verified_bundle() {
     assert!(p["open_at_end"].as_array().unwrap().is_empty(), "{p}");
     assert_eq!(p["unmatched_closes"], 0);
     let cov = p["coverage"].as_f64().unwrap();
-    assert!((0.9..=1.01).contains(&cov), "leaf coverage {cov}: {p}");
+    assert!(
+        (MIN_COVERAGE..=1.01).contains(&cov),
+        "leaf coverage {cov} (renders so far: {seen:?}): {p}"
+    );
     assert_ne!(p["containment"]["verdict"], "fail", "{p}");
     assert_eq!(m["markers"]["unparsed"], 0, "{}", m["markers"]);
     // Wall clock start recorded for people, monotonic for durations.
