@@ -39,8 +39,8 @@ use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::Precision;
 use crate::cuda::models::dit::{
-    AttentionArm, AttnPrecision, CrossArm, DeviceDit, DitDims, ForwardArms, Geometry, QkNormArm,
-    TextSlot, LATENT_CHANNELS,
+    AttentionArm, AttnPrecision, CrossArm, DeviceDit, DitDims, ForwardArms, Geometry, NormQuantize,
+    QkNormArm, TextSlot, LATENT_CHANNELS,
 };
 use crate::cuda::staging::{
     self, pinned_copy_gbps, DeviceWeights, Staged, StagingMethod, StagingOptions,
@@ -647,6 +647,58 @@ fn bench_forward(
             }
             Err(e) => push(rows, format!("forward  {label} unavailable: {e}")),
         }
+    }
+    // The fp8 arm's row steps quantizing their own output (the forward's)
+    // against the separate quantize pass over bf16 h they replaced
+    // (`NormQuantize`; the same codes bit for bit, checked in the selftest),
+    // on the render's fp8 arms, in two interleaved rounds; then the separate
+    // path's parts (the fused path's are the row above with these arms).
+    let render_fp8 = if cudnn_bf16.is_some() {
+        on_cudnn(fast)
+    } else {
+        fast
+    };
+    let reps = if name == "ltxv-2b" { 10 } else { 5 };
+    let nq = dit.set_arms(render_fp8).and_then(|_| {
+        let mut t = [0.0f64; 2];
+        for _round in 0..2 {
+            for (i, how) in [NormQuantize::Fused, NormQuantize::Separate]
+                .into_iter()
+                .enumerate()
+            {
+                dit.set_norm_quantize(how);
+                t[i] += time_ms(kit, 2, reps, || {
+                    dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
+                })? / 2.0;
+            }
+        }
+        let p = profile::forward_profile(kit, &dit, (lat_p, vel_p), geo, &slot, 3)?;
+        Ok((t, p))
+    });
+    dit.set_norm_quantize(NormQuantize::Fused);
+    dit.set_arms(ForwardArms::OWN)?;
+    let label = format!(
+        "{name} {} fp8-accum=fast norm-quantize=separate",
+        if cudnn_bf16.is_some() {
+            "attention=cudnn precision=fp8"
+        } else {
+            "precision=fp8"
+        }
+    );
+    match nq {
+        Ok(([fused, separate], p)) => {
+            for r in profile::profile_rows(&label, &dims, (n, l), &p, separate) {
+                push(rows, r);
+            }
+            push(
+                rows,
+                format!(
+                    "forward  {label}: {separate:.1} ms vs fused {fused:.1} ms (fused {:+.1}%)",
+                    (fused / separate - 1.0) * 100.0
+                ),
+            );
+        }
+        Err(e) => push(rows, format!("forward  {label} unavailable: {e}")),
     }
     let sa_layer = sa / layers;
     push(rows, format!(

@@ -197,6 +197,23 @@ impl Fp8Rows {
         })
     }
 
+    /// (codes, scales) for `rows` rows of `cols` that a kernel is about to
+    /// write (e.g. [`Kernels::residual_norm`]'s e4m3 output); an error when
+    /// they do not fit this buffer.
+    pub fn destination(
+        &self,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(CUdeviceptr, CUdeviceptr), CudaError> {
+        if rows > self.rows || cols > self.cols {
+            return Err(CudaError::Invalid(format!(
+                "FP8 rows: {rows} rows of {cols} do not fit a buffer of {} rows of {}",
+                self.rows, self.cols
+            )));
+        }
+        Ok(self.operand())
+    }
+
     /// Quantize `rows` bf16 rows of `cols` at `x` into this buffer on `gpu`'s
     /// compute stream; returns (codes, scales) for [`super::gemm::Gemm::linear_fp8`].
     pub fn quantize(
@@ -207,12 +224,7 @@ impl Fp8Rows {
         rows: usize,
         cols: usize,
     ) -> Result<(CUdeviceptr, CUdeviceptr), CudaError> {
-        if rows > self.rows || cols > self.cols {
-            return Err(CudaError::Invalid(format!(
-                "FP8 rows: {rows} rows of {cols} do not fit a buffer of {} rows of {}",
-                self.rows, self.cols
-            )));
-        }
+        self.destination(rows, cols)?;
         kernels.quantize_rows_e4m3(
             &gpu.compute,
             x,

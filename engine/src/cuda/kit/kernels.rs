@@ -573,10 +573,13 @@ impl Kernels {
 
     /// The fused row step of the forward (see `residual_norm` in
     /// `kernels/elementwise.cu`): with `y` given, x (f32 [rows, d]) += y (bf16) *
-    /// gate (gate_tab + gate_emb, or 1 when gate_tab is NULL); then h (bf16) =
-    /// bf16(x) ([`RowMode::Cast`]) or the modulated RMS / LayerNorm of x, with
-    /// shift = shift.0 + shift.1 and scale = scale.0 + scale.1 (bf16 vectors of d);
-    /// `eps` is the norm's epsilon.
+    /// gate (gate_tab + gate_emb, or 1 when gate_tab is NULL); then h =
+    /// bf16(x) ([`RowMode::Cast`]) or the bf16 modulated RMS / LayerNorm of x,
+    /// with shift = shift.0 + shift.1 and scale = scale.0 + scale.1 (bf16
+    /// vectors of d); `eps` is the norm's epsilon. `out` says where h goes:
+    /// written as bf16, or ([`RowOut::E4m3`]) quantized per row exactly as
+    /// [`Kernels::quantize_rows_e4m3`] would quantize that bf16 h, without h
+    /// being written (`residual_norm_e4m3`).
     #[allow(clippy::too_many_arguments)]
     pub fn residual_norm(
         &self,
@@ -590,7 +593,7 @@ impl Kernels {
         eps: f32,
         shift: (CUdeviceptr, CUdeviceptr),
         scale: (CUdeviceptr, CUdeviceptr),
-        h: CUdeviceptr,
+        out: RowOut,
     ) -> Result<(), CudaError> {
         if d % 4 != 0 || d * 4 > 48 * 1024 {
             return Err(CudaError::Invalid(format!(
@@ -608,9 +611,19 @@ impl Kernels {
             .ptr(shift.0)
             .ptr(scale.0)
             .ptr(shift.1)
-            .ptr(scale.1)
-            .ptr(h);
-        self.launch_rows("residual_norm", rows, (d * 4) as u32, s, p)
+            .ptr(scale.1);
+        let (name, p) = match out {
+            RowOut::Bf16(h) => ("residual_norm", p.ptr(h)),
+            RowOut::E4m3 { codes, scales } => {
+                if codes % 4 != 0 || scales % 4 != 0 {
+                    return Err(CudaError::Invalid(
+                        "residual_norm: e4m3 codes and scales must be 4-byte aligned".into(),
+                    ));
+                }
+                ("residual_norm_e4m3", p.ptr(codes).ptr(scales))
+            }
+        };
+        self.launch_rows(name, rows, (d * 4) as u32, s, p)
     }
 
     /// The sinusoidal timestep embedding of `t` (cosines first) into bf16 [2 * half].
@@ -771,7 +784,23 @@ impl Map {
     }
 }
 
-/// What [`Kernels::residual_norm`] writes into `h`.
+/// Where [`Kernels::residual_norm`] puts its output row h.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowOut {
+    /// h as bf16 [rows, d] at this address.
+    Bf16(CUdeviceptr),
+    /// h quantized per row for an FP8 GEMM: e4m3 codes [rows, d] and one f32
+    /// scale (amax / 448) per row, as [`Kernels::quantize_rows_e4m3`] writes
+    /// them for the same bf16 h; h itself is not written.
+    E4m3 {
+        /// The codes, row-major, 4-byte aligned.
+        codes: CUdeviceptr,
+        /// The row scales, f32.
+        scales: CUdeviceptr,
+    },
+}
+
+/// What [`Kernels::residual_norm`] computes as h.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowMode {
     /// bf16(x).
@@ -925,6 +954,7 @@ mod tests {
             "timestep_sinusoid",
             "timestep_sinusoid_at",
             "residual_norm",
+            "residual_norm_e4m3",
         ];
         let mut got: Vec<&str> = e.iter().map(String::as_str).collect();
         want.sort();

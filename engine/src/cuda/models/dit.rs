@@ -25,7 +25,7 @@ use cudarc::driver::sys::CUdeviceptr;
 use crate::cuda::kit::context::{Gpu, Timer};
 use crate::cuda::kit::fp8::{Fp8Attn, Fp8Linears, Fp8Rows, LinearRef, Q8};
 use crate::cuda::kit::gemm::{Accum, Epilogue, Fp8Scaling, Gemm};
-use crate::cuda::kit::kernels::{AttnKernel, Kernels, Map, RopeArgs, RowMode, NULL};
+use crate::cuda::kit::kernels::{AttnKernel, Kernels, Map, RopeArgs, RowMode, RowOut, NULL};
 use crate::cuda::kit::memory::{align_up, download, upload, Arena, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::kit::sdpa_fp8::{self, Fp8Ptrs};
@@ -739,6 +739,23 @@ pub struct DeviceDit {
     /// Whether the blocks' Linear weights are resident in bf16 (false for an
     /// fp8-resident load: the bf16 arm cannot run, their addresses are NULL).
     bf16_blocks: bool,
+    /// How a row step feeds an FP8 GEMM ([`NormQuantize`]).
+    norm_quantize: NormQuantize,
+}
+
+/// How the fp8 arm's residual + norm steps hand their output to the FP8 GEMM
+/// that reads it. Both give the same codes and scales bit for bit (the
+/// selftest compares them), so this is no lever: [`NormQuantize::Fused`] is
+/// the forward's, [`NormQuantize::Separate`] is kept for that check and for
+/// the bench's side-by-side timing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormQuantize {
+    /// The row step writes bf16 h, then `quantize_rows_e4m3` reads it twice
+    /// (its amax, then its codes): 5 more bytes per element moved.
+    Separate,
+    /// The row step quantizes its own output row (`residual_norm_e4m3`); h is
+    /// never written.
+    Fused,
 }
 
 /// A block Linear's input: bf16 rows, or their e4m3 codes and per-row scales.
@@ -991,6 +1008,7 @@ impl DeviceDit {
                 acts: None,
             }),
             bf16_blocks,
+            norm_quantize: NormQuantize::Fused,
         })
     }
 
@@ -1172,6 +1190,50 @@ impl DeviceDit {
     /// [`DeviceDit::load_fp8_resident`]).
     pub fn has_bf16_blocks(&self) -> bool {
         self.bf16_blocks
+    }
+
+    /// How the fp8 arm's row steps feed their FP8 GEMMs from now on (for the
+    /// selftest's bit-exact comparison and the bench's timing; a load starts
+    /// [`NormQuantize::Fused`]). Inert under `precision = bf16`.
+    pub fn set_norm_quantize(&mut self, how: NormQuantize) {
+        self.norm_quantize = how;
+    }
+
+    /// The residual + norm row step over the forward's `ws.n` rows (see
+    /// [`Kernels::residual_norm`]), its output handed on as the input of the
+    /// Linear that reads it: bf16 in `ws.h` when `acts` is None; else that
+    /// Linear's FP8 operand in `acts`, quantized by the step itself or by a
+    /// pass over `ws.h` after it, as [`DeviceDit::set_norm_quantize`] says.
+    fn row_step(
+        &self,
+        ws: &Workspace,
+        (y, gate): (CUdeviceptr, (CUdeviceptr, CUdeviceptr)),
+        next: &NextInput,
+        acts: Option<&Fp8Rows>,
+    ) -> Result<LinIn, CudaError> {
+        let (s, k) = (&self.gpu.compute, &self.kernels);
+        let (n, d) = (ws.n, self.dims.dim());
+        let step = |out: RowOut| {
+            k.residual_norm(
+                s, ws.x, y, gate, n, d, next.mode, next.eps, next.shift, next.scale, out,
+            )
+        };
+        match (acts, self.norm_quantize) {
+            (None, _) => {
+                step(RowOut::Bf16(ws.h))?;
+                Ok(LinIn::Bf16(ws.h))
+            }
+            (Some(a), NormQuantize::Fused) => {
+                let (codes, scales) = a.destination(n, d)?;
+                step(RowOut::E4m3 { codes, scales })?;
+                Ok(LinIn::Fp8(codes, scales))
+            }
+            (Some(a), NormQuantize::Separate) => {
+                step(RowOut::Bf16(ws.h))?;
+                let (codes, scales) = a.quantize(&self.gpu, k, ws.h, n, d)?;
+                Ok(LinIn::Fp8(codes, scales))
+            }
+        }
     }
 
     /// The blocks' e4m3 weights while `precision = fp8` (in
@@ -1522,19 +1584,13 @@ impl DeviceDit {
             Some(b0) => self.block_input(b0, ws),
             None => output_norm,
         };
-        k.residual_norm(
-            s,
-            ws.x,
-            NULL,
-            (NULL, NULL),
-            n,
-            d,
-            first.mode,
-            first.eps,
-            first.shift,
-            first.scale,
-            ws.h,
-        )?;
+        // The first block's Linears read it as their arm does (FP8 under
+        // precision = fp8); the output projection reads bf16.
+        let first_acts = match (blocks.is_empty(), fp8) {
+            (false, Some((_, acts, _))) => Some(acts),
+            _ => None,
+        };
+        let mut h = self.row_step(ws, (NULL, (NULL, NULL)), &first, first_acts)?;
         mark("input, time and caption embeddings")?;
         for (bi, b) in blocks.iter().enumerate() {
             let next = match blocks.get(bi + 1) {
@@ -1557,17 +1613,25 @@ impl DeviceDit {
                 }),
                 None => None,
             };
-            self.enqueue_block(
+            let last = bi + 1 == blocks.len();
+            h = self.enqueue_block(
                 b,
                 q8,
                 ws,
+                h,
                 (l, text.kbias(), text.masked),
                 &rope,
-                next,
+                (next, last),
                 probe,
             )?;
         }
-        lin(ws.h, &w.proj_out, ws.out_bf, n, Epilogue::Bias)?;
+        // The output norm wrote bf16 (the projection out is a bf16 Linear).
+        let LinIn::Bf16(h) = h else {
+            return Err(CudaError::Invalid(
+                "the output norm handed on an FP8 operand".into(),
+            ));
+        };
+        lin(h, &w.proj_out, ws.out_bf, n, Epilogue::Bias)?;
         k.map(s, Map::Bf16ToF32, ws.out_bf, out, n * lc)?;
         mark("output projection")
     }
@@ -1584,13 +1648,15 @@ impl DeviceDit {
         }
     }
 
-    /// One transformer block on the compute stream: `ws.h` holds the block's
-    /// modulated input norm (written by the step before); the block adds its
+    /// One transformer block on the compute stream: `h` is the block's
+    /// modulated input norm as its Linears read it (written by the step
+    /// before: bf16 in `ws.h`, or their FP8 operand); the block adds its
     /// self-attention (gated), cross-attention to the projected text
     /// (`ws.text_p`, `l` tokens, `kbias` per token, `masked` when a kept token
     /// carries a mask: [`TextSlot::masked`]) and feed-forward (gated)
-    /// to the f32 residual stream `ws.x`, and leaves in `ws.h` the input of
-    /// whatever comes `next` (the next block's norm or the output norm).
+    /// to the f32 residual stream `ws.x`, and returns the input of whatever
+    /// comes `next` (the next block's norm or, with `last`, the output norm,
+    /// whose reader is bf16) as that reader reads it.
     /// `probe(class)` after each operation (see [`DeviceDit::enqueue_profiled`]).
     #[allow(clippy::too_many_arguments)]
     fn enqueue_block(
@@ -1598,11 +1664,12 @@ impl DeviceDit {
         b: &BlockWeights,
         fp8: Option<BlockFp8<'_>>,
         ws: &Workspace,
+        h: LinIn,
         (l, kbias, masked): (usize, CUdeviceptr, bool),
         rope: &RopeArgs,
-        next: NextInput,
+        (next, last): (NextInput, bool),
         probe: Option<&dyn Fn(&'static str) -> Result<(), CudaError>>,
-    ) -> Result<(), CudaError> {
+    ) -> Result<LinIn, CudaError> {
         let mark = |class: &'static str| probe.map_or(Ok(()), |p| p(class));
         let (s, k) = (&self.gpu.compute, &self.kernels);
         let (n, d) = (ws.n, self.dims.dim());
@@ -1646,9 +1713,10 @@ impl DeviceDit {
             )
         };
         let table = |i: usize| (row(d, b.scale_shift_table, i), row(d, ws.temb, i));
-        // Self-attention on the modulated RMS norm (in ws.h).
+        // The FP8 operands' buffer of this block's row steps (fp8 arm).
+        let acts = fp8.map(|f| f.acts);
+        // Self-attention on the modulated RMS norm (`h`).
         let a1 = &b.attn1;
-        let h = input(ws.h, n, d)?;
         lin(h, &a1.to_q, q8(slot::SELF_Q), ws.q, n, Epilogue::Bias)?;
         lin(h, &a1.to_k, q8(slot::SELF_K), ws.k, n, Epilogue::Bias)?;
         lin(h, &a1.to_v, q8(slot::SELF_V), ws.v, n, Epilogue::Bias)?;
@@ -1712,22 +1780,15 @@ impl DeviceDit {
         lin(ao, &a1.to_out, q8(slot::SELF_OUT), ws.y, n, Epilogue::Bias)?;
         mark("gemm out")?;
         // Gated residual; cross-attention reads x unnormalised and unmodulated.
-        k.residual_norm(
-            s,
-            ws.x,
-            ws.y,
-            table(2),
-            n,
-            d,
-            RowMode::Cast,
-            self.norm_eps,
-            (NULL, NULL),
-            (NULL, NULL),
-            ws.h,
-        )?;
+        let cast = NextInput {
+            mode: RowMode::Cast,
+            eps: self.norm_eps,
+            shift: (NULL, NULL),
+            scale: (NULL, NULL),
+        };
+        let h = self.row_step(ws, (ws.y, table(2)), &cast, acts)?;
         mark("residual + norm")?;
         let a2 = &b.attn2;
-        let h = input(ws.h, n, d)?;
         lin(h, &a2.to_q, q8(slot::CROSS_Q), ws.q, n, Epilogue::Bias)?;
         mark("gemm q (cross)")?;
         let (tk, tv) = (q8(slot::CROSS_K), q8(slot::CROSS_V));
@@ -1747,21 +1808,14 @@ impl DeviceDit {
         lin(ao, &a2.to_out, q8(slot::CROSS_OUT), ws.y, n, Epilogue::Bias)?;
         mark("gemm out")?;
         // Plain residual, then the feed-forward's modulated RMS norm.
-        k.residual_norm(
-            s,
-            ws.x,
-            ws.y,
-            (NULL, NULL),
-            n,
-            d,
-            RowMode::Rms,
-            self.norm_eps,
-            table(3),
-            table(4),
-            ws.h,
-        )?;
+        let ff_norm = NextInput {
+            mode: RowMode::Rms,
+            eps: self.norm_eps,
+            shift: table(3),
+            scale: table(4),
+        };
+        let h = self.row_step(ws, (ws.y, (NULL, NULL)), &ff_norm, acts)?;
         mark("residual + norm")?;
-        let h = input(ws.h, n, d)?;
         let up = q8(slot::FF_UP);
         lin(h, &b.ff_net_0_proj, up, ws.ff, n, Epilogue::BiasGelu)?;
         mark("gemm ff up + gelu")?;
@@ -1769,20 +1823,9 @@ impl DeviceDit {
         lin(f, &b.ff_net_2, q8(slot::FF_DOWN), ws.y, n, Epilogue::Bias)?;
         mark("gemm ff down")?;
         // The gated residual, then what comes next reads its input.
-        k.residual_norm(
-            s,
-            ws.x,
-            ws.y,
-            table(5),
-            n,
-            d,
-            next.mode,
-            next.eps,
-            next.shift,
-            next.scale,
-            ws.h,
-        )?;
-        mark("residual + norm")
+        let h = self.row_step(ws, (ws.y, table(5)), &next, if last { None } else { acts })?;
+        mark("residual + norm")?;
+        Ok(h)
     }
 
     /// One block Linear on the arm its input says: the bf16 GEMM, or the FP8

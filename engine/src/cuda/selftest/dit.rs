@@ -13,13 +13,13 @@ use crate::cuda::fixtures::{synth_source, write_synth_safetensors, Rng};
 use crate::cuda::kit::bf16::{narrow, rb, widen};
 use crate::cuda::kit::fp8::{Fp8Linears, MIN_CAPABILITY as FP8_CAPABILITY};
 use crate::cuda::kit::gemm::{Accum, Epilogue, Fp8Scaling};
-use crate::cuda::kit::kernels::{AttnKernel, Map, RopeArgs, RowMode, NULL};
+use crate::cuda::kit::kernels::{AttnKernel, Map, RopeArgs, RowMode, RowOut, NULL};
 use crate::cuda::kit::memory::{download, upload, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::{
-    AttentionArm, AttnPrecision, CrossArm, DeviceDit, DitDims, ForwardArms, Geometry, Precision,
-    QkNormArm, LATENT_CHANNELS,
+    AttentionArm, AttnPrecision, CrossArm, DeviceDit, DitDims, ForwardArms, Geometry, NormQuantize,
+    Precision, QkNormArm, LATENT_CHANNELS,
 };
 use crate::cuda::staging::{self, DeviceWeights, StagingMethod, StagingOptions};
 use crate::cuda::CudaError;
@@ -276,7 +276,15 @@ fn check_qk_norm_rope(
     Ok(())
 }
 
-/// The fused residual + norm row step, every mode, with and without a residual.
+/// The fused residual + norm row step, every mode, with and without a residual:
+/// its bf16 h and x against the host (tolerances as before: bf16 rounding of
+/// h, f32 sums of x); and its e4m3 output ([`RowOut::E4m3`], the fp8 arm's
+/// fused quantization) from a second copy of x, bit for bit the bf16 h put
+/// through `quantize_rows_e4m3`, with x bit for bit the same. Tolerance 0:
+/// both kernels share the row step's code (`residual_row`, `modulated4`), the
+/// e4m3 one rounds h to bf16 exactly as the bf16 one stores it, then does the
+/// quantizer's arithmetic on it. Red when the fused kernel quantizes the f32
+/// value instead of the bf16 one (a code in a few hundred moves).
 fn check_residual_norm(
     kit: &DeviceKit,
     rng: &mut Rng,
@@ -307,22 +315,36 @@ fn check_residual_norm(
                 } else {
                     (NULL, NULL)
                 };
-                k.residual_norm(
-                    s,
-                    xd.ptr(),
-                    if with_y { yd.ptr() } else { NULL },
-                    gate,
-                    rows,
-                    d,
-                    mode,
-                    if mode == RowMode::LayerNorm {
-                        OUT_NORM_EPS
-                    } else {
-                        block_norm_eps()
+                let step = |x: CUdeviceptr, out: RowOut| {
+                    k.residual_norm(
+                        s,
+                        x,
+                        if with_y { yd.ptr() } else { NULL },
+                        gate,
+                        rows,
+                        d,
+                        mode,
+                        if mode == RowMode::LayerNorm {
+                            OUT_NORM_EPS
+                        } else {
+                            block_norm_eps()
+                        },
+                        (td[0].ptr(), td[2].ptr()),
+                        (td[1].ptr(), td[3].ptr()),
+                        out,
+                    )
+                };
+                step(xd.ptr(), RowOut::Bf16(hd.ptr()))?;
+                let x2 = kit.f32(&x)?;
+                let (qa, sa) = (kit.poisoned(rows * d)?, kit.poisoned(rows * 4)?);
+                k.quantize_rows_e4m3(s, hd.ptr(), rows, d, qa.ptr(), sa.ptr())?;
+                let (qb, sb) = (kit.poisoned(rows * d)?, kit.poisoned(rows * 4)?);
+                step(
+                    x2.ptr(),
+                    RowOut::E4m3 {
+                        codes: qb.ptr(),
+                        scales: sb.ptr(),
                     },
-                    (td[0].ptr(), td[2].ptr()),
-                    (td[1].ptr(), td[3].ptr()),
-                    hd.ptr(),
                 )?;
                 let mut rx = x.clone();
                 if with_y {
@@ -350,11 +372,29 @@ fn check_residual_norm(
                     &rh,
                     5e-3,
                 ));
+                let x_bf16_step = kit.read_f32(xd.ptr(), rows * d)?;
+                out.push(Check::new(format!("{tag} x"), &x_bf16_step, &rx, 1e-5));
+                let fp8_values = |q: &DeviceBuffer, sc: &DeviceBuffer| {
+                    let codes: Vec<u8> = download(&kit.gpu, q.ptr(), rows * d)?;
+                    let mut v: Vec<f32> = codes.iter().map(|&c| decode(c)).collect();
+                    v.extend(kit.read_f32(sc.ptr(), rows)?);
+                    Ok::<_, CudaError>((v, codes))
+                };
+                let ((want, wc), (got, gc)) = (fp8_values(&qa, &sa)?, fp8_values(&qb, &sb)?);
+                let differ = wc.iter().zip(&gc).filter(|(a, b)| a != b).count();
+                let mut c = Check::new(
+                    format!("{tag} e4m3 vs bf16 h + quantize (bit-exact)"),
+                    &got,
+                    &want,
+                    0.0,
+                );
+                c.note = format!("{differ} of {} codes differ", rows * d);
+                out.push(c);
                 out.push(Check::new(
-                    format!("{tag} x"),
-                    &kit.read_f32(xd.ptr(), rows * d)?,
-                    &rx,
-                    1e-5,
+                    format!("{tag} e4m3 step's x vs the bf16 step's (bit-exact)"),
+                    &kit.read_f32(x2.ptr(), rows * d)?,
+                    &x_bf16_step,
+                    0.0,
                 ));
             }
         }
@@ -1461,6 +1501,42 @@ pub fn check_forward(
         let got_fast = dit
             .set_arms(fast)
             .and_then(|_| dit.forward(&lat, sigma, &text, &mask, geo, true));
+        // The same forward with each row step's output quantized by a separate
+        // pass over its bf16 h (`NormQuantize::Separate`, what the fused step
+        // replaced): the codes are the same bit for bit (`check_residual_norm`
+        // holds each step so), hence the velocity too. Tolerance 0. Red when
+        // a step hands its GEMM the wrong buffer or skips its quantization (a
+        // stale operand moves the velocity by O(1)).
+        dit.set_norm_quantize(NormQuantize::Separate);
+        let got_sep = dit.forward(&lat, sigma, &text, &mask, geo, true);
+        dit.set_norm_quantize(NormQuantize::Fused);
+        if let Ok((fused, fused_ms)) = &got_fast {
+            let name = format!(
+                "forward {label} precision=fp8 fp8-accum=fast grid={grid:?} l={l}: norm quantize \
+                 fused vs separate (bit-exact)"
+            );
+            let mut c = sdpa_check(
+                name,
+                got_sep
+                    .as_ref()
+                    .map(|r| r.0.clone())
+                    .map_err(|e| CudaError::Invalid(e.to_string())),
+                fused,
+                0.0,
+            );
+            if let Ok((sep, sep_ms)) = &got_sep {
+                let differ = sep
+                    .iter()
+                    .zip(fused)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits());
+                c.note = format!(
+                    "{} of {} values differ; fused {fused_ms:.2} ms, separate {sep_ms:.2} ms",
+                    differ.count(),
+                    fused.len()
+                );
+            }
+            out.push(c);
+        }
         // `attention-precision = fp8` on the same e4m3 weights (before the bf16
         // forward below drops them), beside the fp8 forward on cuDNN's bf16
         // attention. Against the CPU arm at the fp8 gate (0.15); against that

@@ -43,3 +43,39 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     float t = (lane < nwarps) ? scratch[lane] : 0.0f;
     return warp_sum(t);
 }
+
+// Largest of the non-negative v over a block of up to 1024 threads; `scratch`
+// holds 32 floats.
+// NaN is ignored (fmaxf), as the host's f32::max ignores it. Call from all
+// threads: contains __syncthreads.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float r = lane < nwarps ? scratch[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, o));
+    return r;
+}
+
+// Two f32 -> two e4m3 codes, round to nearest even, saturating to +-448 (PTX
+// cvt.rn.satfinite.e4m3x2.f32, sm_89+): `lo` in the lower byte.
+__device__ __forceinline__ unsigned int e4m3x2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    __trap();  // the fp8 arm refuses a device before compute capability 8.9
+    return 0;
+#endif
+}
+
+// (inv, scale) of a row or tensor whose amax is m: 448 / m and m / 448, or (1, 1)
+// when m is zero or not finite (crate::fp8::row_factors).
+__device__ __forceinline__ float2 tensor_factors(float m) {
+    if (m > 0.0f && m <= 3.4028234663852886e38f) return make_float2(448.0f / m, m / 448.0f);
+    return make_float2(1.0f, 1.0f);
+}

@@ -314,15 +314,15 @@ __device__ __forceinline__ void ld_bf16x4(const bf16* p, float* o) {
     o[3] = bf2f((bf16)(v.y >> 16));
 }
 
-extern "C" __global__ void residual_norm(float* __restrict__ x, const bf16* __restrict__ y,
-                                         const bf16* __restrict__ gate_tab, const bf16* __restrict__ gate_emb,
-                                         int D, float eps, int mode,
-                                         const bf16* __restrict__ shift_tab, const bf16* __restrict__ scale_tab,
-                                         const bf16* __restrict__ shift_emb, const bf16* __restrict__ scale_emb,
-                                         bf16* __restrict__ h) {
-    extern __shared__ float row[];
-    __shared__ float scratch[32];
-    const long long r = blockIdx.x;
+// The residual step of one row r of `residual_norm` and `residual_norm_e4m3`:
+// x[r] += y[r] * gate when y is given, and row[] (shared, D floats) = the new
+// x[r]; returns (mean, 1 / rms) for `mode` ((0, 1) for mode 0, where nothing
+// is reduced). Each thread owns the row entries 4i..4i+3 of its i (stride
+// blockDim.x), before and after.
+__device__ __forceinline__ float2 residual_row(float* __restrict__ x, const bf16* __restrict__ y,
+                                               const bf16* __restrict__ gate_tab,
+                                               const bf16* __restrict__ gate_emb, long long r, int D,
+                                               float eps, int mode, float* row, float* scratch) {
     float4* xr = (float4*)(x + r * D);
     const int q4 = D / 4;
     float s1 = 0.0f;
@@ -347,14 +347,9 @@ extern "C" __global__ void residual_norm(float* __restrict__ x, const bf16* __re
         row[4 * i + 3] = v.w;
         s1 += v.x + v.y + v.z + v.w;
     }
-    uint2* hr = (uint2*)(h + r * D);
-    if (mode == 0) {
-        for (int i = threadIdx.x; i < q4; i += blockDim.x)
-            hr[i] = make_uint2(pack_bf16x2(row[4 * i], row[4 * i + 1]), pack_bf16x2(row[4 * i + 2], row[4 * i + 3]));
-        return;
-    }
+    if (mode == 0) return make_float2(0.0f, 1.0f);
     float mean = 0.0f;
-    if (mode == 2) mean = block_sum(s1, scratch) / (float)D;  // synchronises: row[] complete
+    if (mode == 2) mean = block_sum(s1, scratch) / (float)D;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < q4; i += blockDim.x) {
 #pragma unroll
@@ -364,14 +359,92 @@ extern "C" __global__ void residual_norm(float* __restrict__ x, const bf16* __re
         }
     }
     const float rs = rsqrtf(block_sum(ss, scratch) / (float)D + eps);
-    for (int i = threadIdx.x; i < q4; i += blockDim.x) {
-        float a[4], b[4], c[4], d[4], o[4];
-        ld_bf16x4(shift_tab + 4 * i, a);
-        ld_bf16x4(shift_emb + 4 * i, b);
-        ld_bf16x4(scale_tab + 4 * i, c);
-        ld_bf16x4(scale_emb + 4 * i, d);
+    return make_float2(mean, rs);
+}
+
+// The four outputs 4i..4i+3 of a row after `residual_row` (as f32, before any
+// rounding): mode 0 the row itself, else (row - mean) * rs * (1 + scale) +
+// shift.
+__device__ __forceinline__ void modulated4(const float* row, int i, int mode, float2 mr,
+                                           const bf16* __restrict__ shift_tab,
+                                           const bf16* __restrict__ scale_tab,
+                                           const bf16* __restrict__ shift_emb,
+                                           const bf16* __restrict__ scale_emb, float* o) {
+    if (mode == 0) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) o[j] = (row[4 * i + j] - mean) * rs * (1.0f + c[j] + d[j]) + (a[j] + b[j]);
+        for (int j = 0; j < 4; ++j) o[j] = row[4 * i + j];
+        return;
+    }
+    const float mean = mr.x, rs = mr.y;
+    float a[4], b[4], c[4], d[4];
+    ld_bf16x4(shift_tab + 4 * i, a);
+    ld_bf16x4(shift_emb + 4 * i, b);
+    ld_bf16x4(scale_tab + 4 * i, c);
+    ld_bf16x4(scale_emb + 4 * i, d);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] = (row[4 * i + j] - mean) * rs * (1.0f + c[j] + d[j]) + (a[j] + b[j]);
+}
+
+extern "C" __global__ void residual_norm(float* __restrict__ x, const bf16* __restrict__ y,
+                                         const bf16* __restrict__ gate_tab, const bf16* __restrict__ gate_emb,
+                                         int D, float eps, int mode,
+                                         const bf16* __restrict__ shift_tab, const bf16* __restrict__ scale_tab,
+                                         const bf16* __restrict__ shift_emb, const bf16* __restrict__ scale_emb,
+                                         bf16* __restrict__ h) {
+    extern __shared__ float row[];
+    __shared__ float scratch[32];
+    const long long r = blockIdx.x;
+    const float2 mr = residual_row(x, y, gate_tab, gate_emb, r, D, eps, mode, row, scratch);
+    uint2* hr = (uint2*)(h + r * D);
+    for (int i = threadIdx.x; i < D / 4; i += blockDim.x) {
+        float o[4];
+        modulated4(row, i, mode, mr, shift_tab, scale_tab, shift_emb, scale_emb, o);
         hr[i] = make_uint2(pack_bf16x2(o[0], o[1]), pack_bf16x2(o[2], o[3]));
+    }
+}
+
+// `residual_norm` whose consumer is an FP8 GEMM (precision = fp8): the same
+// residual step and the same bf16 h, which is not written; instead h's row is
+// quantized as `quantize_rows_e4m3` (fp8.cu) would quantize it: amax = max |h|
+// over the row, inv = 448 / amax, q = e4m3(h * inv) row-major [rows, D] and
+// scales[r] = amax / 448 (both 1 when amax is 0 or not finite). Bit for bit the
+// two-pass result, without writing h and reading it twice. q 4-byte aligned.
+extern "C" __global__ void residual_norm_e4m3(float* __restrict__ x, const bf16* __restrict__ y,
+                                              const bf16* __restrict__ gate_tab,
+                                              const bf16* __restrict__ gate_emb, int D, float eps,
+                                              int mode, const bf16* __restrict__ shift_tab,
+                                              const bf16* __restrict__ scale_tab,
+                                              const bf16* __restrict__ shift_emb,
+                                              const bf16* __restrict__ scale_emb,
+                                              unsigned char* __restrict__ q,
+                                              float* __restrict__ scales) {
+    extern __shared__ float row[];
+    __shared__ float scratch[32];
+    const long long r = blockIdx.x;
+    const float2 mr = residual_row(x, y, gate_tab, gate_emb, r, D, eps, mode, row, scratch);
+    float m = 0.0f;
+    for (int i = threadIdx.x; i < D / 4; i += blockDim.x) {
+        float o[4];
+        modulated4(row, i, mode, mr, shift_tab, scale_tab, shift_emb, scale_emb, o);
+        // h as bf16 would hold it (the pair rounding of pack_bf16x2), kept in
+        // this thread's own row entries.
+        const unsigned int p01 = pack_bf16x2(o[0], o[1]), p23 = pack_bf16x2(o[2], o[3]);
+        const float hv[4] = {__uint_as_float(p01 << 16), __uint_as_float(p01 & 0xffff0000u),
+                             __uint_as_float(p23 << 16), __uint_as_float(p23 & 0xffff0000u)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            row[4 * i + j] = hv[j];
+            m = fmaxf(m, fabsf(hv[j]));
+        }
+    }
+    m = block_max(m, scratch);
+    const float2 f = tensor_factors(m);
+    const float inv = f.x;
+    if (threadIdx.x == 0) scales[r] = f.y;
+    unsigned int* qr = (unsigned int*)(q + r * D);
+    for (int i = threadIdx.x; i < D / 4; i += blockDim.x) {
+        const unsigned int lo = e4m3x2(row[4 * i] * inv, row[4 * i + 1] * inv);
+        const unsigned int hi = e4m3x2(row[4 * i + 2] * inv, row[4 * i + 3] * inv);
+        qr[i] = lo | (hi << 16);
     }
 }
