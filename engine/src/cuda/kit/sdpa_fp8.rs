@@ -30,7 +30,7 @@ use cudarc::cudnn::sys::{
 };
 use cudarc::driver::sys::CUdeviceptr;
 
-use super::cudnn_graph::{guarded, layout, tensor, Desc, Shape, TensorKind};
+use super::cudnn_graph::{guarded, layout, tensor, Desc, DimsStrides, Shape, TensorKind};
 use super::fp8::Fp8Attn;
 use crate::cuda::CudaError;
 
@@ -168,10 +168,24 @@ pub(super) fn graph(s: &Shape) -> Result<(Vec<Desc>, Vec<usize>), CudaError> {
     guarded("describing FP8 attention", || graph_inner(s))
 }
 
+/// [`layout`] for e4m3 operands: also a head dim and leading dimensions that
+/// are multiples of 16 (one byte an element: 16-byte rows and head slices),
+/// as cuDNN's FP8 attention on Hopper requires (cudnn-frontend's support
+/// checks: head dim a multiple of 16, at most 256).
+fn fp8_layout(s: &Shape) -> Result<[DimsStrides; 4], CudaError> {
+    if s.hd % 16 != 0 || s.ld.iter().any(|ld| ld % 16 != 0) {
+        return Err(CudaError::Invalid(format!(
+            "cuDNN FP8 attention needs a head dim and leading dimensions that are multiples \
+             of 16; got {s:?}"
+        )));
+    }
+    layout(s)
+}
+
 fn graph_inner(s: &Shape) -> Result<(Vec<Desc>, Vec<usize>), CudaError> {
     use cudnnPointwiseMode_t as P;
     use cudnnReduceTensorOp_t as R;
-    let [(qd, qs), (kd, ks), (vd, vs), (od, os)] = layout(s)?;
+    let [(qd, qs), (kd, ks), (vd, vs), (od, os)] = fp8_layout(s)?;
     let (h, nq, nk, hd) = (s.heads as i64, s.nq as i64, s.nk as i64, s.hd as i64);
     // Kᵀ: the same bytes, the last two dims and strides swapped.
     let (ktd, kts) = ([kd[0], kd[1], kd[3], kd[2]], [ks[0], ks[1], ks[3], ks[2]]);
@@ -245,6 +259,23 @@ fn graph_inner(s: &Shape) -> Result<(Vec<Desc>, Vec<usize>), CudaError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The FP8 layout refuses what bf16 accepts but e4m3 rows cannot align:
+    /// red when `fp8_layout` is `layout`.
+    #[test]
+    fn fp8_operands_need_head_dims_and_rows_in_multiples_of_16() {
+        let shape = |hd: usize, ld: usize| Shape {
+            ld: [ld; 4],
+            ..Shape::self_attention(4, hd, 64)
+        };
+        assert!(layout(&shape(72, 288)).is_ok());
+        let e = fp8_layout(&shape(72, 288)).unwrap_err().to_string();
+        assert!(e.contains("multiples of 16"), "{e}");
+        assert!(layout(&shape(64, 264)).is_ok());
+        assert!(fp8_layout(&shape(64, 264)).is_err());
+        assert!(fp8_layout(&shape(64, 256)).is_ok());
+        assert!(fp8_layout(&shape(128, 512)).is_ok());
+    }
 
     /// The pack names each slot of [`Fp8Attn`] by its unique id: red on a slot
     /// constant moved without the pack, or two ids swapped.

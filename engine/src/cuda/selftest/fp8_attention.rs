@@ -19,9 +19,22 @@
 //!   a descale applied twice or not at all (a factor of amax/448: O(1) error),
 //!   Kᵀ's strides not swapped (a different product), the output's row scale
 //!   not 1 / scale_o.
+//! - **A late maximum**: each row's largest logits ~4 nats above the rest,
+//!   on the last 32 keys of 384 (in the last key block whatever cuDNN's block
+//!   size): an online softmax that rescales its running maximum lazily (as
+//!   cudnn-frontend's newest FP8 reference models, with a threshold of 4)
+//!   holds unnormalised probabilities up to e⁴ ≈ 55 before its last
+//!   rescale, scaled by scale_s · 2⁻⁴ = 28 there: 55 · 28 saturates e4m3's
+//!   448. Those keys carry ~80% of each row's mass, so saturation is an
+//!   O(0.5) error. Same tolerance, 0.10, against the CPU arm. If this row
+//!   fails alone, scale_s wants lowering: 128 gives 55 · 8 = 437, which fits.
 //! - **Attention against cuDNN's bf16 attention** at 13B and 2B shapes and
 //!   2048 tokens (too long for the CPU arm here): the same argument with the
 //!   bf16 arm's own rounding (~0.4%) beside it: tolerance 0.10.
+//! - **cuDNN's amax outputs**: written (positive, finite); the output's within
+//!   the margin its scale leaves. The probabilities' amax is read, not gated
+//!   at 1: a lazily rescaling kernel may report up to e⁴ although its output is
+//!   right; above 1 the row says so, and the error rows judge.
 
 use super::Check;
 use crate::cuda::fixtures::Rng;
@@ -185,16 +198,38 @@ pub fn check_fp8_attention(
             return Ok(());
         }
     };
-    for (heads, hd, n) in [(4usize, 64usize, 333usize), (4, 128, 333), (2, 128, 64)] {
+    let cases = [
+        (4usize, 64usize, 333usize, false),
+        (4, 128, 333, false),
+        (2, 128, 64, false),
+        (2, 64, 384, true),
+        (2, 128, 384, true),
+    ];
+    for (heads, hd, n, late_max) in cases {
         let d = heads * hd;
         // Unit-variance q and k (as the RMS norms leave them), v with a
         // channel 10x the rest (per-tensor scales must survive it).
-        let q = rb(&rng.normal(n * d, 1.0));
-        let k = rb(&rng.normal(n * d, 1.0));
+        let mut q = rng.normal(n * d, 1.0);
+        let mut k = rng.normal(n * d, 1.0);
+        if late_max {
+            // Channel 0 of every head: 2 in every query, 0 in every key but
+            // the last 32, where it is 2·sqrt(hd): +4 nats on their logits.
+            let lift = 2.0 * (hd as f32).sqrt();
+            for t in 0..n {
+                for h in 0..heads {
+                    q[t * d + h * hd] = 2.0;
+                    k[t * d + h * hd] = if t >= n - 32 { lift } else { 0.0 };
+                }
+            }
+        }
+        let (q, k) = (rb(&q), rb(&k));
         let mut v = rng.normal(n * d, 1.0);
         v.iter_mut().step_by(d).for_each(|x| *x *= 10.0);
         let v = rb(&v);
-        let label = format!("fp8 attention heads={heads} hd={hd} n={n}");
+        let label = format!(
+            "fp8 attention heads={heads} hd={hd} n={n}{}",
+            if late_max { " late max" } else { "" }
+        );
         let ran = match run_fp8(kit, &sdpa, (heads, hd, n), [&q, &k, &v]) {
             Ok(r) => r,
             Err(e) => {
@@ -272,13 +307,17 @@ pub fn check_fp8_attention(
              {dev_emu:.3e}; cuDNN amax s {amax_s:.4}, amax o {amax_o:.4} (amax v {:.4})",
             amax(&v)
         );
-        // cuDNN's amax outputs must be written and in range: the probabilities
-        // in (0, 1], the output within the margin its scale leaves (past it the
-        // output's codes would saturate).
+        // cuDNN's amax outputs must be written and in range: the output within
+        // the margin its scale leaves (past it the output's codes would
+        // saturate); the probabilities' positive and finite, and noted when
+        // above 1 (see the module doc).
         let bound = crate::fp8::ATTENTION_OUTPUT_MARGIN * amax(&v);
-        if !(amax_s > 0.0 && amax_s <= 1.0 + 1e-6 && amax_o > 0.0 && amax_o <= bound) {
+        if !(amax_s > 0.0 && amax_s.is_finite() && amax_o > 0.0 && amax_o <= bound) {
             c.pass = false;
             c.note.push_str(" OUT OF RANGE");
+        } else if amax_s > 1.0 + 1e-6 {
+            c.note
+                .push_str(" (amax s above 1: cuDNN reports unnormalised probabilities)");
         }
         out.push(c);
     }
