@@ -93,7 +93,10 @@ pub fn class_work(dims: &DitDims, n: usize, l: usize, class: &str) -> Option<Wor
         "self-attention" => Work::Flop(sa),
         "cross-attention" => Work::Flop(ca),
         // x f32 read and written, y bf16 read, h bf16 written: 12 bytes per
-        // element, three passes per block.
+        // element, three passes per block. Counted for bf16 h: the fp8 arm's
+        // fused steps write 1-byte codes (11 bytes: their GB/s reads ~8% low);
+        // its separate path (`NormQuantize::Separate`) runs the quantize pass
+        // inside this class too (~5 bytes more, not counted).
         "residual + norm" => Work::Bytes(3.0 * 12.0 * n * d * layers),
         // q and k: bf16 read twice (the norm's sum, then the scaled write; the
         // second read from cache) and written once: counted 4 bytes each.
