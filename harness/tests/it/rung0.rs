@@ -6,7 +6,8 @@
 //! `cargo test --workspace` every binary is built before any test runs). The store
 //! and the weights cache live under `CARGO_TARGET_TMPDIR`, never /tmp.
 
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output};
 
 use serde_json::Value;
 
@@ -26,21 +27,27 @@ const COVERAGE_TRIES: usize = 3;
 /// Leaf coverage of the engine wall a rung-0 render must reach.
 const MIN_COVERAGE: f64 = 0.9;
 
+/// `harness run --rung rungs/0.toml` with `extra` flags into `store`, the
+/// workspace's engine, no lease.
+fn harness_run_rung0(store: &Path, extra: &[&str]) -> Output {
+    Command::new(HARNESS)
+        .current_dir(repo())
+        .args(["run", "--rung", "rungs/0.toml"])
+        .args(extra)
+        .arg("--store")
+        .arg(store)
+        .arg("--engine")
+        .arg(engine())
+        .env_remove("HARNESS_LEASE_ID")
+        .output()
+        .expect("harness runs")
+}
+
 #[test]
 fn rung0_renders_under_the_harness_into_a_complete_verified_bundle() {
     let store = vacant_dir("rung0-e2e");
-    let render = || {
-        Command::new(HARNESS)
-            .current_dir(repo())
-            .args(["run", "--rung", "rungs/0.toml", "--store"])
-            .arg(&store)
-            .arg("--engine")
-            .arg(engine())
-            .env_remove("HARNESS_LEASE_ID")
-            .output()
-            .expect("harness runs")
-    };
-    let coverage_of = |out: &std::process::Output| -> Option<f64> {
+    let render = || harness_run_rung0(&store, &[]);
+    let coverage_of = |out: &Output| -> Option<f64> {
         let dir = bundle_path(out);
         let m: Value =
             serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).ok()?).ok()?;
@@ -170,24 +177,7 @@ fn rung0_renders_under_the_harness_into_a_complete_verified_bundle() {
 #[test]
 fn a_cold_start_is_reached_measured_and_recorded() {
     let store = vacant_dir("rung0-cold");
-    let run = || {
-        Command::new(HARNESS)
-            .current_dir(repo())
-            .args([
-                "run",
-                "--rung",
-                "rungs/0.toml",
-                "--weights-cache",
-                "cold",
-                "--store",
-            ])
-            .arg(&store)
-            .arg("--engine")
-            .arg(engine())
-            .env_remove("HARNESS_LEASE_ID")
-            .output()
-            .expect("harness runs")
-    };
+    let run = || harness_run_rung0(&store, &["--weights-cache", "cold"]);
     // Twice: the second run starts from the pages the first one's engine read.
     for _ in 0..2 {
         let out = run();
