@@ -21,7 +21,7 @@ pub struct DiffArgs {
     #[command(flatten)]
     pub store: StoreArg,
     /// Print the comparison as one JSON object on stdout: {a, b, fields, phases,
-    /// summaries}. Exit 0; 2 for an unknown or ambiguous id.
+    /// frames, summaries}. Exit 0; 2 for an unknown or ambiguous id.
     #[arg(long)]
     pub json: bool,
 }

@@ -1,9 +1,10 @@
-//! A [`Diff`] as markdown: the phase table with deltas and ratios, the manifest
-//! fields that differ (then those that agree), and the whole-run summaries.
+//! A [`Diff`] as markdown: the manifest fields that differ, exit and completion,
+//! the frames compared, the phase table with deltas and ratios, and the
+//! whole-run summaries.
 
 use std::fmt::Write;
 
-use crate::diff::{Diff, FieldDiff};
+use crate::diff::{Diff, FieldDiff, FramesDiff};
 use crate::escape::{md_cell, md_code, terminal};
 use crate::formats::ranking_text::{fixed, value};
 use crate::levers_spec::Unit;
@@ -67,6 +68,10 @@ fn write_md(o: &mut String, d: &Diff) -> std::fmt::Result {
         )?;
     }
     writeln!(o)?;
+    writeln!(o, "## Frames")?;
+    writeln!(o)?;
+    writeln!(o, "{}", frames_line(&d.frames))?;
+    writeln!(o)?;
     writeln!(o, "## Phases")?;
     writeln!(o)?;
     writeln!(
@@ -113,6 +118,34 @@ fn write_md(o: &mut String, d: &Diff) -> std::fmt::Result {
         )?;
     }
     Ok(())
+}
+
+/// What the frames comparison found, in one paragraph.
+fn frames_line(f: &FramesDiff) -> String {
+    let p = match f {
+        FramesDiff::NotCompared(why) => return format!("Not compared: {}.", terminal(why)),
+        FramesDiff::Compared(p) => p,
+    };
+    let stills = p.images.join(", ");
+    let images = if p.max_abs_error == 0 {
+        format!("The stills ({stills}) are identical sample for sample.")
+    } else {
+        format!(
+            "PSNR of B against A over the stills ({stills}): {} dB; the largest sample \
+             difference is {} of 255.",
+            fixed(p.psnr_db, 2),
+            p.max_abs_error
+        )
+    };
+    let hashes = match (p.frames_compared, p.first_differing_frame) {
+        (0, _) => "No frame sha256 held by both.".to_string(),
+        (n, None) => format!("Every frame's sha256 agrees ({n} compared)."),
+        (n, Some(first)) => format!(
+            "{} of {n} frames' sha256 differ (the first: frame {first}).",
+            p.frames_differing
+        ),
+    };
+    format!("{images} {hashes}")
 }
 
 /// A value for a code span in a table cell: `|` escaped, a backtick as `'`,

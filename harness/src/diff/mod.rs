@@ -2,7 +2,10 @@
 //!
 //! Phase tables with deltas and ratios; every manifest field that changes what a
 //! number means (binary, weights, levers, host, driver, cadence, contention, gates,
-//! controls, exit, completion); sample summaries (peaks, GPU-busy share, page cache).
+//! controls, exit, completion); the two renders' frames compared as rank compares a
+//! pair's ([`crate::rank::fidelity::compare`]: PSNR over the stills both keep, the
+//! largest sample difference, every frame's sha256); sample summaries (peaks,
+//! GPU-busy share, page cache).
 //! Output as markdown ([`markdown`]) or, with `--json`, as [`Diff`];
 //! [`crate::cmd::diff`] holds the command's arguments and entry point.
 //!
@@ -20,6 +23,7 @@ use serde_json::Value;
 
 use crate::bundle::facts::{Bundle, PhaseRow};
 use crate::levers_spec::{GpmCounter, Unit};
+use crate::rank::fidelity::{compare, PairFidelity};
 
 /// The manifest fields compared, with a label: `(path, label)`; a path starts at a
 /// fragment's key ([`Fragment::KEY`]) or a computed section's.
@@ -124,6 +128,20 @@ pub struct SummaryDiff {
     pub ratio: Option<f64>,
 }
 
+/// The two renders' frames: B's against A's, as rank compares a pair's
+/// baseline and treatment (A in the baseline's place).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FramesDiff {
+    /// Compared: PSNR in dB over every RGB sample of the stills both keep
+    /// (`inf` when identical), the largest sample difference, and the frames
+    /// whose sha256 both `frames.parquet` hold and how many differ.
+    Compared(PairFidelity),
+    /// Not compared, and why (no still in common, an unreadable image, other
+    /// geometry).
+    NotCompared(String),
+}
+
 /// The comparison.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Diff {
@@ -135,6 +153,8 @@ pub struct Diff {
     pub fields: Vec<FieldDiff>,
     /// Phases.
     pub phases: Vec<PhaseDiff>,
+    /// The frames.
+    pub frames: FramesDiff,
     /// Whole-run summaries.
     pub summaries: Vec<SummaryDiff>,
 }
@@ -292,11 +312,16 @@ pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
     ];
     let mut summaries = summaries;
     summaries.extend(gpm_rows(a, b));
+    let frames = match compare(a, b) {
+        Ok(p) => FramesDiff::Compared(p),
+        Err(why) => FramesDiff::NotCompared(why),
+    };
     Diff {
         a: a.id.clone(),
         b: b.id.clone(),
         fields,
         phases,
+        frames,
         summaries,
     }
 }
@@ -429,6 +454,53 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("Manifest differences (2 of"), "{md}");
+    }
+
+    /// The frames as rank compares a pair's: B's stills against A's. Red when
+    /// the comparison is dropped (every case reads "Not compared") or its
+    /// result misplaced (identical stills reported with a PSNR).
+    #[test]
+    fn frames_are_compared_as_rank_compares_a_pairs() {
+        use crate::rank::fidelity::tests::{scratch, with_frames};
+        let root = scratch("diff-frames");
+        let m = json!({});
+        let a = with_frames(&root, "a", 100, 100);
+        // One sample of 72 off by 10: MSE = 100/72.
+        let b = with_frames(&root, "b", 100, 110);
+        let d = diff(&a, &m, &b, &m);
+        let FramesDiff::Compared(p) = &d.frames else {
+            panic!("not compared: {:?}", d.frames)
+        };
+        assert_eq!(p.max_abs_error, 10);
+        assert!((p.psnr_db - 10.0 * (65025.0f64 * 0.72).log10()).abs() < 1e-9);
+        let md = markdown(&d);
+        assert!(
+            md.contains("PSNR of B against A over the stills (first.png, middle.png, last.png): 46.70 dB; the largest sample difference is 10 of 255."),
+            "{md}"
+        );
+        let j = serde_json::to_value(&d).unwrap();
+        assert_eq!(j["frames"]["compared"]["max_abs_error"], 10, "{j}");
+        // Identical stills: said so, no PSNR.
+        let same = with_frames(&root, "s", 100, 100);
+        let md = markdown(&diff(&a, &m, &same, &m));
+        assert!(md.contains("are identical sample for sample"), "{md}");
+        assert!(!md.contains("PSNR of B"), "{md}");
+        // A bundle without stills: why, in both outputs.
+        let bare = sample_bundle("bare");
+        let d = diff(&a, &m, &bare, &m);
+        let md = markdown(&d);
+        assert!(
+            md.contains("Not compared: no frame image kept by both"),
+            "{md}"
+        );
+        let j = serde_json::to_value(&d).unwrap();
+        assert!(
+            j["frames"]["not_compared"]
+                .as_str()
+                .is_some_and(|w| w.contains("no frame image")),
+            "{j}"
+        );
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

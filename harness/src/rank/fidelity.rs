@@ -534,19 +534,19 @@ fn check(f: &RungFidelity, threshold: f64) -> RuleCheck {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::bundle::facts::tests::sample_bundle;
     use crate::rank::pixels::tests::write_rgb8;
     use std::path::{Path, PathBuf};
 
-    fn scratch(name: &str) -> PathBuf {
+    pub(crate) fn scratch(name: &str) -> PathBuf {
         crate::test_kit::scratch(&format!("fidelity-{name}"))
     }
 
     /// A bundle whose three images are 4x2 pixels of `value` with sample 0 of the
     /// first image set to `first0`.
-    fn with_frames(root: &Path, id: &str, value: u8, first0: u8) -> Bundle {
+    pub(crate) fn with_frames(root: &Path, id: &str, value: u8, first0: u8) -> Bundle {
         let mut b = sample_bundle(id);
         let dir = root.join(id);
         std::fs::create_dir_all(&dir).unwrap();

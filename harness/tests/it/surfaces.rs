@@ -586,6 +586,15 @@ fn json_outputs_of_ls_show_verify_diff_and_rank_parse_and_carry_the_values() {
         (steps["delta_s"].as_f64().unwrap() - (sc - sa)).abs() < 1e-9,
         "{steps}"
     );
+    // The planted renders keep no stills: the frames say why they were not
+    // compared rather than a figure.
+    assert!(
+        d["frames"]["not_compared"]
+            .as_str()
+            .is_some_and(|w| w.contains("no frame image kept by both")),
+        "{}",
+        d["frames"]
+    );
     // An unknown id in diff: usage error (2), nothing on stdout.
     let (code, out, _) =
         run(harness().args(["diff", &a.id, "0000000000", "--json", "--store", &s]));
