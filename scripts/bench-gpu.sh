@@ -40,7 +40,9 @@
 #   oracle:PRESET         whole renders against diffusers' LTXPipeline from the engine's
 #                         own noise (scripts/render_oracle.py: two geometries, with and
 #                         without guidance; own conditioning on both arms, diffusers'
-#                         embeddings, diffusers bf16 against f32)
+#                         embeddings, diffusers bf16 against f32; ORACLE_ARGS=
+#                         "--variants a,ah,b,f,bf" adds the fp8 arm's renders, measured
+#                         not judged)
 #   exec:RUNG[:DTYPE]     diffusers' LTXPipeline (examples/diffusers_ltx.py) under
 #                         `harness run --exec` at the rung, from the engine's noise (with
 #                         DTYPE, bf16 or f32: `--dtype DTYPE` and `--lever precision=DTYPE`,

@@ -12,18 +12,23 @@ and renders with the engine:
   (a') own conditioning, `conditioning=host` (f32 T5 on the host)
   (b)  given diffusers' f32 embeddings      `--prompt-embeds`
   (c)  diffusers bf16 (the reference's own bf16 pipeline)
+  (f)  own conditioning, device arm, `precision=fp8`        } with --variants f,bf:
+  (bf) diffusers' f32 embeddings, `precision=fp8`           } measured, not judged
 
 Every render's frames (8-bit RGB, every frame: the engine's PNGs, diffusers'
 float frames quantized as the engine quantizes, round(255 * clamp(x))) are
 compared with diffusers f32 as PSNR over all frames and channels.
 
 Pass (specs/fidelity.md): (a') >= 45 dB; (a) no further from diffusers f32 than
-(c) is. Engines labelled `before...` are measured but not judged.
+(c) is. Engines labelled `before...` are measured but not judged, and so are the
+fp8 renders (f) and (bf): the fp8 arm is judged by its campaign's fidelity rule
+(specs/levers.toml), these say how far it is from diffusers f32.
 
 Usage:
   render_oracle.py --weights DIR --engine [LABEL=]BIN [...] --out DIR
                    [--configs WxHxF:STEPS:GUIDANCE,...] [--preset ltxv-2b]
                    [--device cuda] [--engine-device cuda] [--seed 42] [--prompt P]
+                   [--variants a,ah,b[,f,bf]]
 Prints a table and `render-oracle: PASS|FAIL` last; exit 0 only on PASS.
 """
 import argparse
@@ -168,6 +173,10 @@ def main():
                     help="render the `before` engines at the first N configs only")
     ap.add_argument("--before-variants", default="a",
                     help="which renders of the `before` engines: a (device conditioning), ah (host), b")
+    ap.add_argument("--variants", default="a,ah,b",
+                    help="which renders of the judged engines: a, ah and b (judged when listed), "
+                         "f and bf (precision=fp8 with own conditioning / diffusers' embeddings, "
+                         "measured only)")
     a = ap.parse_args()
     a.max_tokens = a.max_tokens or max_tokens_of(a.weights)
     os.makedirs(a.out, exist_ok=True)
@@ -217,9 +226,18 @@ def main():
         rows.append((name, what, p, note))
         print(f"{name:<20} | {what:<49} | {p:>8.2f} dB           | {note}", flush=True)
 
+    fp8 = ["--lever", "precision=fp8"]
     variants = {"a": ("(a) own conditioning, device arm", lambda c: []),
                 "ah": ("(a') own conditioning, conditioning=host", lambda c: ["--lever", "conditioning=host"]),
-                "b": ("(b) diffusers' embeddings", lambda c: ["--prompt-embeds", c["embeds"]])}
+                "b": ("(b) diffusers' embeddings", lambda c: ["--prompt-embeds", c["embeds"]]),
+                "f": ("(f) own conditioning, precision=fp8", lambda c: fp8),
+                "bf": ("(bf) diffusers' embeddings, precision=fp8",
+                       lambda c: ["--prompt-embeds", c["embeds"]] + fp8)}
+    judged_variants = [v for v in a.variants.split(",") if v]
+    unknown = [v for v in judged_variants + a.before_variants.split(",") if v and v not in variants]
+    if unknown:
+        sys.exit(f"render_oracle.py: --variants/--before-variants: unknown {unknown}; "
+                 f"expected some of {sorted(variants)}")
     # The judged engines over every config first, then the `before` engines
     # (first --before-configs configs, --before-variants): a deadline cuts
     # the unjudged part.
@@ -228,7 +246,7 @@ def main():
         jobs.append((c, None, None, None))
         for label, binary in engines:
             if not label.startswith("before"):
-                jobs += [(c, label, binary, v) for v in ("a", "ah", "b")]
+                jobs += [(c, label, binary, v) for v in judged_variants]
     for label, binary in engines:
         if label.startswith("before"):
             jobs += [(c, label, binary, v) for c in configs[:a.before_configs]
@@ -254,6 +272,8 @@ def main():
         for label, _ in engines:
             if label.startswith("before"):
                 continue
+            if not ("a" in judged_variants and "ah" in judged_variants):
+                continue  # the verdict needs both; --variants left one out
             host = cr.get(f"{label} (a') own conditioning, conditioning=host", float("nan"))
             dev = cr.get(f"{label} (a) own conditioning, device arm", float("nan"))
             ok_h, ok_d = host >= 45.0, dev >= floor
@@ -266,6 +286,9 @@ def main():
         print(f"render-oracle {name} {label}: (a') host {host:.2f} dB {'>=' if ok_h else '<'} 45 "
               f"{'PASS' if ok_h else 'FAIL'}; (a) device {dev:.2f} dB {'>=' if ok_d else '<'} (c) {floor:.2f} "
               f"{'PASS' if ok_d else 'FAIL'}")
+    if not verdicts:
+        print("render-oracle: NOT JUDGED (--variants leaves out a or ah)")
+        sys.exit(0)
     print(f"render-oracle: {'FAIL' if failed else 'PASS'}")
     sys.exit(1 if failed else 0)
 

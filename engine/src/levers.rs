@@ -244,12 +244,14 @@ static REGISTRY: &[LeverDef] = &[
 /// lever's default is its best measured arm, never its baseline). A new lever
 /// whose treatment has never run on a device belongs here. `precision` stays by
 /// decision, not for want of evidence: its fp8 arm is confirmed faster at rungs 2
-/// and 3 (2026-12-06, `reports/levers.md`) and holds 11.9 GiB less at 13B, but its
-/// frames sit 36-37 dB from the bf16 arm's, and the default render's fidelity
-/// against diffusers f32 (48-51 dB given diffusers' embeddings; at or above
-/// diffusers' own bf16 with its own conditioning) was measured on bf16 only: fp8's
-/// distance from diffusers f32 is not measured yet. fp8 stays the arm a user picks
-/// with `--lever precision=fp8`. `cross-attention` and `qk-norm` stay because the
+/// and 3 (2026-12-06, `reports/levers.md`) and holds 11.9 GiB less at 13B, and
+/// with its own conditioning it is as far from diffusers f32 as the bf16 arm is
+/// (20.27-20.29 against 20.43 dB at rung 2, 21.50-21.53 against 21.47 at rung 3,
+/// read off the committed bundles: `specs/fidelity.md`). But its frames sit 36-37
+/// dB from the bf16 arm's, and issue 31 holds the default render given diffusers'
+/// embeddings at the 48-51 dB from diffusers f32 it has on bf16, which fp8 would
+/// take to about 36. fp8 stays the arm a user picks with `--lever
+/// precision=fp8`. `cross-attention` and `qk-norm` stay because the
 /// evidence keeps their baselines: both treatments were refuted at rung 2
 /// (2026-12-06, three pairs each, against a 1% minimum: cudnn -0.3% [-0.6%, 0.1%],
 /// warp -0.1% [-0.2%, 0.0%]), so their best arms are the baselines.
