@@ -399,6 +399,7 @@ fn write_fidelity(o: &mut String, r: &Ranking) -> std::fmt::Result {
             )?;
         }
     }
+    write_vs_reference(o, r)?;
     let uncompared: Vec<String> = r
         .levers
         .iter()
@@ -625,6 +626,74 @@ fn row(o: &mut String, l: &LeverResult, x: &RungResult, with_rank: bool) -> std:
         md_cell(&verdict_text(x)),
         fidelity::cell(&x.fidelity)
     )
+}
+
+/// The changing levers' arms against the reference's f32 frames
+/// ([`fidelity::VsReference`]), one row per lever and rung that has them.
+fn write_vs_reference(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    let rows: Vec<(&str, &str, &str, &str, &fidelity::VsReference)> = r
+        .levers
+        .iter()
+        .flat_map(|l| {
+            std::iter::once(&l.reference)
+                .chain(&l.other_rungs)
+                .filter_map(move |x| {
+                    x.fidelity.vs_reference.as_ref().map(|v| {
+                        (
+                            l.id.as_str(),
+                            x.rung.as_str(),
+                            l.baseline.as_str(),
+                            l.treatment.as_str(),
+                            v,
+                        )
+                    })
+                })
+        })
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    writeln!(o)?;
+    writeln!(
+        o,
+        "Distance from the reference: each arm's runs against the f32 run of {} from the engine's own noise with the same rung file and weights (PSNR of the first, middle and last frames; the floor above is the reference's own bf16 against the same run).",
+        fidelity::REFERENCE_ENGINE
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "| lever | rung | reference | baseline arm | treatment arm |"
+    )?;
+    writeln!(o, "|---|---|---|---|---|")?;
+    let arm = |name: &str, a: &Option<fidelity::ArmDistance>| match a {
+        None => format!("{name}: no run with a reference"),
+        Some(a) if a.min_psnr_db == a.max_psnr_db => {
+            format!("{name}: {} dB ({} runs)", db(a.median_psnr_db), a.runs)
+        }
+        Some(a) => format!(
+            "{name}: median {} dB, {}-{} ({} runs)",
+            db(a.median_psnr_db),
+            db(a.min_psnr_db),
+            db(a.max_psnr_db),
+            a.runs
+        ),
+    };
+    for (id, rung, b, t, v) in rows {
+        let refs: Vec<String> = v
+            .reference_ids
+            .iter()
+            .map(|i| format!("`{}`", short(i)))
+            .collect();
+        writeln!(
+            o,
+            "| {id} | {} | {} | {} | {} |",
+            md_cell(rung),
+            refs.join(", "),
+            md_cell(&arm(b, &v.baseline)),
+            md_cell(&arm(t, &v.treatment))
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -22,6 +22,12 @@
 //! examples/diffusers_ltx.py --dtype bf16 ...`), paired per rung, rung file, weights
 //! and noise source: their PSNR is how far precision alone moves the reference.
 //!
+//! The distance from the reference ([`VsReference`], changing levers only): each
+//! arm's runs compared with the reference's f32 run drawn from the engine's own
+//! noise ([`references`]) for the same rung file and weights: how far each arm
+//! is from the reference's best arithmetic, beside the floor (the reference's
+//! own bf16 there).
+//!
 //! Promise: a pure function of the bundles and the files they name; the same set
 //! gives the same figures in any order.
 
@@ -31,10 +37,12 @@ use std::collections::BTreeMap;
 use crate::bundle::facts::Bundle;
 use crate::levers_spec::{FidelityRule, Lever, Numerics};
 use crate::rank::bootstrap::{self, CONFIDENCE};
-use crate::rank::pixels::{read_rgb8, SampleDiff};
+use crate::rank::pixels::{read_rgb8, Rgb8, SampleDiff};
 use crate::rank::stats;
 use crate::rank::verdict::MIN_PAIRS;
 use evidence::bundle_files::FRAME_IMAGES;
+use std::cell::RefCell;
+use std::rc::Rc;
 
 /// Mixed into the savings bootstrap's seed for the PSNR bootstrap of the same lever
 /// and rung, so the two streams differ while both stay fixed.
@@ -117,6 +125,21 @@ pub struct NotCompared {
 /// Compare the frames of `b` (baseline) and `t` (treatment); `Err` says why they
 /// cannot be compared (no image in common, an unreadable image, other geometry).
 pub fn compare(b: &Bundle, t: &Bundle) -> Result<PairFidelity, String> {
+    compare_by(b, t, &mut |n| read_still(b, n).map(Rc::new))
+}
+
+/// Frame image `name` of `b`, decoded.
+fn read_still(b: &Bundle, name: &str) -> Result<Rgb8, String> {
+    read_rgb8(&b.frames.dir.join(name)).map_err(|e| e.to_string())
+}
+
+/// [`compare`] with the baseline's images from `load_b` (a cache, where one
+/// baseline is compared with many runs).
+fn compare_by(
+    b: &Bundle,
+    t: &Bundle,
+    load_b: &mut dyn FnMut(&str) -> Result<Rc<Rgb8>, String>,
+) -> Result<PairFidelity, String> {
     let images: Vec<&str> = FRAME_IMAGES
         .iter()
         .copied()
@@ -137,8 +160,8 @@ pub fn compare(b: &Bundle, t: &Bundle) -> Result<PairFidelity, String> {
     let mut diff = SampleDiff::default();
     if !same_hashes {
         for n in &images {
-            let x = read_rgb8(&b.frames.dir.join(n)).map_err(|e| e.to_string())?;
-            let y = read_rgb8(&t.frames.dir.join(n)).map_err(|e| e.to_string())?;
+            let x = load_b(n)?;
+            let y = read_still(t, n)?;
             if (x.width, x.height) != (y.width, y.height) {
                 return Err(format!(
                     "{n}: {}x{} pixels in {} and {}x{} in {}",
@@ -266,6 +289,149 @@ pub fn floors(bundles: &[Bundle]) -> BTreeMap<String, Floor> {
     out
 }
 
+/// One reference run and its frame images, decoded once for every run
+/// compared with it.
+pub struct Reference<'a> {
+    /// The reference's bundle.
+    pub bundle: &'a Bundle,
+    stills: RefCell<BTreeMap<String, Rc<Rgb8>>>,
+}
+
+impl<'a> Reference<'a> {
+    fn new(bundle: &'a Bundle) -> Reference<'a> {
+        Reference {
+            bundle,
+            stills: RefCell::new(BTreeMap::new()),
+        }
+    }
+
+    /// Compare run `t` with this reference (the reference as baseline).
+    fn compare(&self, t: &Bundle) -> Result<PairFidelity, String> {
+        compare_by(self.bundle, t, &mut |n| {
+            if let Some(x) = self.stills.borrow().get(n) {
+                return Ok(x.clone());
+            }
+            let x = Rc::new(read_still(self.bundle, n)?);
+            self.stills.borrow_mut().insert(n.to_string(), x.clone());
+            Ok(x)
+        })
+    }
+}
+
+/// The reference's f32 runs drawn from the engine's own noise (`noise` =
+/// `engine` in their hello), by (rung, rung file sha256, weights digest): what
+/// an engine run with the same key is measured against. The lowest id wins
+/// where several share a key.
+pub type References<'a> = BTreeMap<(String, Option<String>, String), Reference<'a>>;
+
+/// The [`References`] in `bundles`.
+pub fn references(bundles: &[Bundle]) -> References<'_> {
+    let mut out: References = BTreeMap::new();
+    for b in bundles {
+        if floor_arm(b) != Some("f32")
+            || b.frames.engine_attrs.get("noise").map(String::as_str) != Some("engine")
+        {
+            continue;
+        }
+        let key = (
+            b.rung.clone(),
+            b.frames.rung_sha256.clone(),
+            b.weights_digest.clone(),
+        );
+        match out.get(&key) {
+            Some(have) if have.bundle.id <= b.id => {}
+            _ => {
+                out.insert(key, Reference::new(b));
+            }
+        }
+    }
+    out
+}
+
+/// One arm's runs against the reference's f32 frames.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ArmDistance {
+    /// Runs compared with their reference.
+    pub runs: usize,
+    /// Median PSNR against the reference, dB.
+    #[serde(serialize_with = "ser_db")]
+    pub median_psnr_db: f64,
+    /// Smallest, dB.
+    #[serde(serialize_with = "ser_db")]
+    pub min_psnr_db: f64,
+    /// Largest, dB.
+    #[serde(serialize_with = "ser_db")]
+    pub max_psnr_db: f64,
+}
+
+/// A changing lever's arms against the reference's f32 frames at one rung.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VsReference {
+    /// The reference runs compared against, in id order.
+    pub reference_ids: Vec<String>,
+    /// The baseline arm's runs; `None` when none had a reference.
+    pub baseline: Option<ArmDistance>,
+    /// The treatment arm's runs; `None` when none had a reference.
+    pub treatment: Option<ArmDistance>,
+}
+
+/// Each arm of `pairs` (baseline, treatment) against its reference in `refs`;
+/// `None` when no run of either arm has one. A run whose frames cannot be
+/// compared with its reference is left out of its arm.
+pub fn vs_reference(pairs: &[(&Bundle, &Bundle)], refs: &References) -> Option<VsReference> {
+    let mut used: Vec<String> = Vec::new();
+    let mut arm = |runs: &mut dyn Iterator<Item = &Bundle>| -> Option<ArmDistance> {
+        let mut psnr = Vec::new();
+        let mut seen: Vec<&str> = Vec::new();
+        for b in runs {
+            if seen.contains(&b.id.as_str()) {
+                continue;
+            }
+            seen.push(&b.id);
+            let key = (
+                b.rung.clone(),
+                b.frames.rung_sha256.clone(),
+                b.weights_digest.clone(),
+            );
+            let Some(r) = refs.get(&key) else { continue };
+            if r.bundle.id == b.id {
+                continue;
+            }
+            if let Ok(p) = r.compare(b) {
+                psnr.push(p.psnr_db);
+                if !used.contains(&r.bundle.id) {
+                    used.push(r.bundle.id.clone());
+                }
+            }
+        }
+        if psnr.is_empty() {
+            return None;
+        }
+        let (min, max) = psnr
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+                (lo.min(x), hi.max(x))
+            });
+        Some(ArmDistance {
+            runs: psnr.len(),
+            median_psnr_db: stats::median(&mut psnr),
+            min_psnr_db: min,
+            max_psnr_db: max,
+        })
+    };
+    let baseline = arm(&mut pairs.iter().map(|p| p.0));
+    let treatment = arm(&mut pairs.iter().map(|p| p.1));
+    if baseline.is_none() && treatment.is_none() {
+        return None;
+    }
+    used.sort();
+    Some(VsReference {
+        reference_ids: used,
+        baseline,
+        treatment,
+    })
+}
+
 pub use crate::rank::verdict::RuleCheck;
 
 /// The threshold a changing lever is held to at one rung.
@@ -330,6 +496,10 @@ pub struct RungFidelity {
     pub threshold: Option<Threshold>,
     /// For a changing lever: its rule, checked.
     pub rule: Option<RuleCheck>,
+    /// For a changing lever: each arm against the reference's f32 frames,
+    /// where the store holds that reference for the pairs' rung file and
+    /// weights.
+    pub vs_reference: Option<VsReference>,
 }
 
 impl RungFidelity {
@@ -346,6 +516,7 @@ impl RungFidelity {
             flagged: Vec::new(),
             threshold: None,
             rule: None,
+            vs_reference: None,
         }
     }
 }
@@ -413,12 +584,14 @@ pub fn median_interval(psnr: &[f64], seed: u64, resamples: usize) -> Option<(f64
 }
 
 /// Lever `l`'s fidelity at `rung` over `pairs` (baseline, treatment), with the
-/// floor measured at the rung, if any.
+/// floor measured at the rung, if any, and (changing levers) each arm against
+/// the references in `refs`.
 pub fn rung_fidelity(
     l: &Lever,
     rung: &str,
     pairs: &[(&Bundle, &Bundle)],
     floor: Option<&Floor>,
+    refs: &References,
 ) -> RungFidelity {
     let mut out = RungFidelity::empty(l.numerics);
     for (b, t) in pairs {
@@ -454,6 +627,9 @@ pub fn rung_fidelity(
             out.threshold = Some(th);
         }
         (Numerics::Changing, None) => {}
+    }
+    if l.numerics == Numerics::Changing {
+        out.vs_reference = vs_reference(pairs, refs);
     }
     out
 }
@@ -672,6 +848,54 @@ pub(crate) mod tests {
             .engine_attrs
             .insert("dtype".into(), "bf16".into());
         assert!(floors(&[lo, liar]).is_empty());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// Each arm's runs against the reference's f32 run of their rung file and
+    /// weights from the engine's noise. Red when the key drops the weights (the
+    /// other-weights run is then measured), when torch-noise references count,
+    /// or when the arms are swapped.
+    #[test]
+    fn each_arm_is_measured_against_the_f32_reference_of_its_weights() {
+        let root = scratch("vs-ref");
+        let reference = |id: &str, value: u8, noise: &str| {
+            let mut b = with_frames(&root, id, value, value);
+            b.frames.engine = Some(REFERENCE_ENGINE.into());
+            b.frames.engine_attrs.insert("dtype".into(), "f32".into());
+            b.frames.engine_attrs.insert("noise".into(), noise.into());
+            b.levers.insert(PRECISION_LEVER.into(), "f32".into());
+            b
+        };
+        let r = reference("r1", 100, "engine");
+        // A later reference of the same key, and one from torch's noise: neither
+        // is the one measured against.
+        let r_later = reference("r9", 90, "engine");
+        let torch = reference("r0", 80, "torch");
+        let mut other_weights = reference("r5", 70, "engine");
+        other_weights.weights_digest = "sha256:other".into();
+        let all = vec![r.clone(), r_later, torch, other_weights];
+        let refs = references(&all);
+        assert_eq!(refs.len(), 2, "one per weights");
+        // Baseline identical to r1, treatment one sample of 72 off by 10.
+        let b = with_frames(&root, "b", 100, 100);
+        let t = with_frames(&root, "t", 100, 110);
+        let v = vs_reference(&[(&b, &t)], &refs).expect("both arms have a reference");
+        assert_eq!(v.reference_ids, vec![r.id.clone()]);
+        let (bd, td) = (v.baseline.unwrap(), v.treatment.unwrap());
+        assert_eq!((bd.runs, bd.median_psnr_db), (1, f64::INFINITY));
+        let want = 10.0 * (65025.0f64 * 0.72).log10();
+        assert!((td.median_psnr_db - want).abs() < 1e-9, "{td:?}");
+        // A run of other weights has no reference of its own weights here but
+        // r5's: measured against r5 (value 70 vs 100), never against r1.
+        let mut ow = with_frames(&root, "ow", 100, 100);
+        ow.weights_digest = "sha256:other".into();
+        let v = vs_reference(&[(&ow, &ow)], &refs).unwrap();
+        assert_eq!(v.reference_ids.len(), 1);
+        assert_ne!(v.reference_ids[0], r.id);
+        // Runs of weights no reference has: nothing to say.
+        let mut none = with_frames(&root, "none", 100, 100);
+        none.weights_digest = "sha256:nobody".into();
+        assert!(vs_reference(&[(&none, &none)], &refs).is_none());
         let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -187,11 +187,13 @@ pub fn rank(
     let pairing = pairing::pair(bundles, spec);
     let devices = rung_devices(bundles);
     let floors = fidelity::floors(bundles);
+    let references = fidelity::references(bundles);
     let by_id: BTreeMap<&str, &Bundle> = bundles.iter().map(|b| (b.id.as_str(), b)).collect();
     let ctx = Context {
         pairing: &pairing,
         devices: &devices,
         floors: &floors,
+        references: &references,
         by_id: &by_id,
     };
     let mut levers: Vec<LeverResult> = spec
@@ -309,6 +311,7 @@ struct Context<'a> {
     pairing: &'a pairing::Pairing,
     devices: &'a BTreeMap<String, BTreeSet<String>>,
     floors: &'a BTreeMap<String, Floor>,
+    references: &'a fidelity::References<'a>,
     by_id: &'a BTreeMap<&'a str, &'a Bundle>,
 }
 
@@ -377,7 +380,7 @@ fn rung_result(l: &Lever, rung: &str, lr: Option<&LeverRungPairs>, ctx: &Context
             ))
         })
         .collect();
-    let fidelity = fidelity::rung_fidelity(l, rung, &frames, ctx.floors.get(rung));
+    let fidelity = fidelity::rung_fidelity(l, rung, &frames, ctx.floors.get(rung), ctx.references);
     let with_flagged = verdict::with_fidelity(
         verdict::judge(&l.hypothesis, computed.as_ref().map_err(String::as_str)),
         fidelity.rule.as_ref(),
