@@ -4,9 +4,11 @@
 //! with cuBLASLt's default accumulation and with `FAST_ACCUM` ([`Accum`]).
 //!
 //! Operands are random bf16 values quantized on the device by the engine's own
-//! kernel, so the codes are realistic (no NaN codes, full e4m3 range). The
-//! activation quantize pass is not timed: the rows say what the GEMM alone
-//! does, the forward rows say what the arm does.
+//! kernel, so the codes are realistic (no NaN codes, full e4m3 range). The GEMM
+//! cells time the GEMM alone (the forward rows say what the arm does); the
+//! input's quantize pass is timed on its own beside them, in GB/s at 3 bytes an
+//! element (the bf16 row read once, its codes written), to read against the
+//! `ceiling  d2d copy` row of the same call.
 
 use crate::cuda::bench::{push, time_ms};
 use crate::cuda::kit::fp8::Fp8Rows;
@@ -67,6 +69,9 @@ pub fn fp8_gemms(kit: &DeviceKit, rows: &mut Vec<String>) -> Result<(), CudaErro
             );
             let xo = xq.quantize(gpu, kn, x.ptr(), m, k)?;
             let wo = wq.quantize(gpu, kn, w.ptr(), n, k)?;
+            let quantize_ms = time_ms(kit, 3, 10, || {
+                xq.quantize(gpu, kn, x.ptr(), m, k).map(|_| ())
+            })?;
             let f = flops(m, n, k);
             let rate = |ms: f64| f / ms / 1e9;
             let bf16 = time_ms(kit, 3, 10, || {
@@ -112,10 +117,12 @@ pub fn fp8_gemms(kit: &DeviceKit, rows: &mut Vec<String>) -> Result<(), CudaErro
                 rows,
                 format!(
                     "fp8gemm  {model} {label:<10} m={m} n={n} k={k}: TFLOP/s bf16 {:>5.0} | {} | \
-                     row fast/exact time {:.3}",
+                     row fast/exact time {:.3} | input quantize {:.3} ms, {:.0} GB/s",
                     rate(bf16),
                     cells.join(" | "),
-                    row_ms[1] / row_ms[0]
+                    row_ms[1] / row_ms[0],
+                    quantize_ms,
+                    3.0 * (m * k) as f64 / quantize_ms / 1e6
                 ),
             );
             for n in notes {

@@ -567,7 +567,15 @@ pub fn check_fp8(kit: &DeviceKit, rng: &mut Rng, out: &mut Vec<Check>) -> Result
         }
         rb(&x)
     };
-    for (rows, cols) in [(37usize, 2048usize), (5, 8192), (9, 64)] {
+    // 16384: the widest row the kernel keeps in registers (8 chunks of 8 a
+    // thread); 16448: past it, the two-read path.
+    for (rows, cols) in [
+        (37usize, 2048usize),
+        (5, 8192),
+        (9, 64),
+        (4, 16384),
+        (3, 16448),
+    ] {
         let mut x = spread(rng, rows, cols);
         // Row 0 all zeros; row 1 past e4m3's range before scaling (1e5 and
         // more), row 2 tiny (1e-6): each must keep its own scale.
