@@ -14,8 +14,9 @@ use std::fmt::Write;
 
 use crate::formats::forest::{inline_svg, xml_escape};
 use crate::formats::ranking_text::{
-    arms_text, fixed, flagged_lines, host_lines, method_lines, multi_host, pair_flags, rank_cells,
-    second_rows, sensitive_why, value, verdict_text, SECOND_HEAD,
+    arms_text, fixed, flagged_lines, floor_lines, host_lines, method_lines, multi_host, pair_flags,
+    rank_cells, reference_intro, reference_rows, second_rows, sensitive_why, value, verdict_text,
+    REFERENCE_HEAD, SECOND_HEAD,
 };
 use crate::levers_spec::Unit;
 use crate::rank::fit::{method_text, ScalingFit, FLAT_EXPONENT};
@@ -84,6 +85,7 @@ fn write_page(o: &mut String, r: &Ranking, art: &Artifacts, store: &str) -> std:
     write_verdicts(o, r)?;
     write_other_rungs(o, r)?;
     write_second(o, r)?;
+    write_fidelity(o, r)?;
     write_hosts(o, r)?;
     write_flagged(o, r)?;
     write_fit(o, r)?;
@@ -155,6 +157,7 @@ fn write_header(o: &mut String, r: &Ranking, store: &str) -> std::fmt::Result {
             ("verdicts", "Verdicts", true),
             ("other-rungs", "Other rungs", true),
             ("second", "Second metrics", true),
+            ("fidelity", "Fidelity", true),
             ("hosts", "Hosts", hosts),
             ("fit", "Phase scaling", true),
             ("pairs", "Pairs", true),
@@ -391,17 +394,41 @@ fn write_second(o: &mut String, r: &Ranking) -> std::fmt::Result {
         o,
         "<p>Read off the same pairs as each lever's metric; described, not judged (the verdict is the first metric's).</p>"
     )?;
-    writeln!(o, "<div class=\"scroll\"><table class=\"second\">")?;
-    let head: String = SECOND_HEAD
-        .iter()
-        .map(|h| format!("<th>{}</th>", e(h)))
-        .collect();
+    write_table(o, "second", &SECOND_HEAD, &rows)
+}
+
+/// A table of text cells (escaped) in a scrolling box, of CSS class `class`.
+fn write_table<const N: usize>(
+    o: &mut String,
+    class: &str,
+    head: &[&str; N],
+    rows: &[[String; N]],
+) -> std::fmt::Result {
+    writeln!(o, "<div class=\"scroll\"><table class=\"{class}\">")?;
+    let head: String = head.iter().map(|h| format!("<th>{}</th>", e(h))).collect();
     writeln!(o, "<tr>{head}</tr>")?;
     for row in rows {
         let cells: String = row.iter().map(|c| format!("<td>{}</td>", e(c))).collect();
         writeln!(o, "<tr>{cells}</tr>")?;
     }
     writeln!(o, "</table></div>")
+}
+
+/// The floors the changing levers' rule reads, and each changing lever's arms
+/// against the reference (the ranking's fidelity column is per pair).
+fn write_fidelity(o: &mut String, r: &Ranking) -> std::fmt::Result {
+    writeln!(o, r#"<h2 id="fidelity">Fidelity</h2>"#)?;
+    writeln!(o, "<ul>")?;
+    for line in floor_lines(r) {
+        writeln!(o, "<li>{}</li>", e(&line))?;
+    }
+    writeln!(o, "</ul>")?;
+    let rows = reference_rows(r);
+    if rows.is_empty() {
+        return Ok(());
+    }
+    writeln!(o, "<p>{}</p>", e(&reference_intro()))?;
+    write_table(o, "reference", &REFERENCE_HEAD, &rows)
 }
 
 fn write_fit(o: &mut String, r: &Ranking) -> std::fmt::Result {
@@ -578,6 +605,40 @@ mod tests {
         assert_eq!(page.matches("<g class=\"row\"").count(), 6);
         // One host everywhere: no Hosts section, no link to one.
         assert!(!page.contains("id=\"hosts\"") && !page.contains("href=\"#hosts\""));
+    }
+
+    /// The Fidelity section: the floors (here none) and, where a changing
+    /// lever's arms were measured against the reference, one row per lever
+    /// and rung with both arms. Red when the section or its rows are dropped.
+    #[test]
+    fn the_page_shows_the_floors_and_each_arm_against_the_reference() {
+        use crate::rank::fidelity::{ArmDistance, VsReference};
+        let mut r = sample_ranking();
+        let page = html(&r, &Artifacts::default(), "s");
+        assert!(
+            page.contains(r##"<a href="#fidelity">Fidelity</a>"##),
+            "nav"
+        );
+        assert!(page.contains("<li>Floor: no floor measured"), "{page}");
+        assert!(!page.contains("<table class=\"reference\">"));
+        let d = |db: f64| ArmDistance {
+            runs: 3,
+            median_psnr_db: db,
+            min_psnr_db: db,
+            max_psnr_db: db,
+        };
+        r.levers[0].reference.fidelity.vs_reference = Some(VsReference {
+            reference_ids: vec!["2762bdbe9696aaaa".into()],
+            baseline: Some(d(20.43)),
+            treatment: None,
+        });
+        let page = html(&r, &Artifacts::default(), "s");
+        let l = &r.levers[0];
+        let row = format!(
+            "<tr><td>{}</td><td>{}</td><td>2762bdbe9696</td><td>{}: 20.43 dB (3 runs)</td><td>{}: no run with a reference</td></tr>",
+            l.id, l.reference.rung, l.baseline, l.treatment
+        );
+        assert!(page.contains(&row), "{row} not in the page");
     }
 
     /// Two hosts that disagree (host a saves 50%, b nothing): the verdict cell

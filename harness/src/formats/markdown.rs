@@ -10,8 +10,9 @@ use std::fmt::Write;
 
 use crate::escape::{md_cell, md_code, md_code_cell};
 use crate::formats::ranking_text::{
-    arms_text, fixed, flagged_lines, host_lines, method_lines, pair_flags, rank_cells, second_rows,
-    sensitive_why, value, verdict_text, SECOND_HEAD,
+    arms_text, fixed, flagged_lines, floor_lines, host_lines, method_lines, pair_flags, rank_cells,
+    reference_intro, reference_rows, second_rows, sensitive_why, value, verdict_text,
+    REFERENCE_HEAD, SECOND_HEAD,
 };
 use crate::levers_spec::Numerics;
 use crate::rank::fidelity::{self, db};
@@ -379,25 +380,8 @@ fn write_fidelity(o: &mut String, r: &Ranking) -> std::fmt::Result {
         }
     }
     writeln!(o)?;
-    if r.floors.is_empty() {
-        writeln!(
-            o,
-            "Floor: no floor measured (no reference bundles of {} with --lever {}=bf16 and =f32); changing levers are judged by min_psnr_db alone.",
-            fidelity::REFERENCE_ENGINE,
-            fidelity::PRECISION_LEVER
-        )?;
-    } else {
-        for f in &r.floors {
-            writeln!(
-                o,
-                "Floor at rung {}: {} bf16-vs-f32 pair(s) of {}, median PSNR {} dB, min {} dB.",
-                f.rung,
-                f.pairs.len(),
-                fidelity::REFERENCE_ENGINE,
-                db(f.median_psnr_db),
-                db(f.min_psnr_db)
-            )?;
-        }
+    for line in floor_lines(r) {
+        writeln!(o, "{line}")?;
     }
     write_vs_reference(o, r)?;
     let uncompared: Vec<String> = r
@@ -631,66 +615,24 @@ fn row(o: &mut String, l: &LeverResult, x: &RungResult, with_rank: bool) -> std:
 /// The changing levers' arms against the reference's f32 frames
 /// ([`fidelity::VsReference`]), one row per lever and rung that has them.
 fn write_vs_reference(o: &mut String, r: &Ranking) -> std::fmt::Result {
-    let rows: Vec<(&str, &str, &str, &str, &fidelity::VsReference)> = r
-        .levers
-        .iter()
-        .flat_map(|l| {
-            std::iter::once(&l.reference)
-                .chain(&l.other_rungs)
-                .filter_map(move |x| {
-                    x.fidelity.vs_reference.as_ref().map(|v| {
-                        (
-                            l.id.as_str(),
-                            x.rung.as_str(),
-                            l.baseline.as_str(),
-                            l.treatment.as_str(),
-                            v,
-                        )
-                    })
-                })
-        })
-        .collect();
+    let rows = reference_rows(r);
     if rows.is_empty() {
         return Ok(());
     }
     writeln!(o)?;
-    writeln!(
-        o,
-        "Distance from the reference: each arm's runs against the f32 run of {} from the engine's own noise with the same rung file and weights (PSNR of the first, middle and last frames; the floor above is the reference's own bf16 against the same run).",
-        fidelity::REFERENCE_ENGINE
-    )?;
+    writeln!(o, "{}", reference_intro())?;
     writeln!(o)?;
-    writeln!(
-        o,
-        "| lever | rung | reference | baseline arm | treatment arm |"
-    )?;
+    writeln!(o, "| {} |", REFERENCE_HEAD.join(" | "))?;
     writeln!(o, "|---|---|---|---|---|")?;
-    let arm = |name: &str, a: &Option<fidelity::ArmDistance>| match a {
-        None => format!("{name}: no run with a reference"),
-        Some(a) if a.min_psnr_db == a.max_psnr_db => {
-            format!("{name}: {} dB ({} runs)", db(a.median_psnr_db), a.runs)
-        }
-        Some(a) => format!(
-            "{name}: median {} dB, {}-{} ({} runs)",
-            db(a.median_psnr_db),
-            db(a.min_psnr_db),
-            db(a.max_psnr_db),
-            a.runs
-        ),
-    };
-    for (id, rung, b, t, v) in rows {
-        let refs: Vec<String> = v
-            .reference_ids
-            .iter()
-            .map(|i| format!("`{}`", short(i)))
-            .collect();
+    for [id, rung, refs, b, t] in rows {
+        let refs: Vec<String> = refs.split(", ").map(|i| format!("`{i}`")).collect();
         writeln!(
             o,
             "| {id} | {} | {} | {} | {} |",
-            md_cell(rung),
+            md_cell(&rung),
             refs.join(", "),
-            md_cell(&arm(b, &v.baseline)),
-            md_cell(&arm(t, &v.treatment))
+            md_cell(&b),
+            md_cell(&t)
         )?;
     }
     Ok(())

@@ -21,6 +21,83 @@ pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 pub use crate::rank::verdict::{fixed, pct};
 
+/// The fidelity floors, one sentence per rung (or why there is none).
+pub fn floor_lines(r: &Ranking) -> Vec<String> {
+    use crate::rank::fidelity::{db, PRECISION_LEVER, REFERENCE_ENGINE};
+    if r.floors.is_empty() {
+        return vec![format!(
+            "Floor: no floor measured (no reference bundles of {REFERENCE_ENGINE} with --lever {PRECISION_LEVER}=bf16 and =f32); changing levers are judged by min_psnr_db alone."
+        )];
+    }
+    r.floors
+        .iter()
+        .map(|f| {
+            format!(
+                "Floor at rung {}: {} bf16-vs-f32 pair(s) of {REFERENCE_ENGINE}, median PSNR {} dB, min {} dB.",
+                f.rung,
+                f.pairs.len(),
+                db(f.median_psnr_db),
+                db(f.min_psnr_db)
+            )
+        })
+        .collect()
+}
+
+/// What the distance-from-the-reference table says before its rows.
+pub fn reference_intro() -> String {
+    format!(
+        "Distance from the reference: each arm's runs against the f32 run of {} from the engine's own noise with the same rung file and weights (PSNR of the first, middle and last frames; the floor above is the reference's own bf16 against the same run).",
+        crate::rank::fidelity::REFERENCE_ENGINE
+    )
+}
+
+/// The distance-from-the-reference table's columns.
+pub const REFERENCE_HEAD: [&str; 5] = [
+    "lever",
+    "rung",
+    "reference",
+    "baseline arm",
+    "treatment arm",
+];
+
+/// One row per changing lever and rung whose arms were measured against the
+/// reference ([`crate::rank::fidelity::VsReference`]): lever, rung, reference
+/// ids, each arm's figure (`bf16: 20.43 dB (3 runs)`, or the median and range).
+pub fn reference_rows(r: &Ranking) -> Vec<[String; 5]> {
+    use crate::rank::fidelity::{db, ArmDistance};
+    let arm = |name: &str, a: &Option<ArmDistance>| match a {
+        None => format!("{name}: no run with a reference"),
+        Some(a) if a.min_psnr_db == a.max_psnr_db => {
+            format!("{name}: {} dB ({} runs)", db(a.median_psnr_db), a.runs)
+        }
+        Some(a) => format!(
+            "{name}: median {} dB, {}-{} ({} runs)",
+            db(a.median_psnr_db),
+            db(a.min_psnr_db),
+            db(a.max_psnr_db),
+            a.runs
+        ),
+    };
+    r.levers
+        .iter()
+        .flat_map(|l| {
+            std::iter::once(&l.reference)
+                .chain(&l.other_rungs)
+                .filter_map(move |x| {
+                    let v = x.fidelity.vs_reference.as_ref()?;
+                    let refs: Vec<&str> = v.reference_ids.iter().map(|i| short(i)).collect();
+                    Some([
+                        l.id.clone(),
+                        x.rung.clone(),
+                        refs.join(", "),
+                        arm(&l.baseline, &v.baseline),
+                        arm(&l.treatment, &v.treatment),
+                    ])
+                })
+        })
+        .collect()
+}
+
 /// A value in `unit` for people: `12.345 s`, `3.210 GiB`, `0.850`. Bytes under
 /// 1 GiB in magnitude print in MiB (`18.234 MiB`), so that a rung-0 peak keeps
 /// its digits instead of reading `0.018 GiB`.
