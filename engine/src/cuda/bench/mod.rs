@@ -489,6 +489,27 @@ fn bench_forward(
         let ms = time_ms(kit, 2, 10, || {
             sdpa.enqueue(gpu, &shape, q.ptr(), kk.ptr(), v.ptr(), o.ptr())
         })?;
+        // Every engine configuration cuDNN offers at the self-attention shape
+        // and at the cross-attention's (the text's l keys), timed; the forward
+        // runs the first of each: whether choosing among them would pay.
+        let cross = SdpaShape { nk: l, ..shape };
+        let mut engines = Vec::new();
+        for (what, s) in [("self", shape), ("cross", cross)] {
+            let ptrs = [q.ptr(), kk.ptr(), v.ptr(), o.ptr()];
+            let cell = match sdpa.time_engines(gpu, &s, ptrs, (10, 8)) {
+                Ok(t) => t
+                    .iter()
+                    .map(|(n, ws, ms)| format!("#{n} {ms:.3} ms (ws {} KiB)", ws / 1024))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Err(e) => format!("unavailable: {e}"),
+            };
+            engines.push(format!("{what} {}x{}: {cell}", s.nq, s.nk));
+        }
+        push(
+            rows,
+            format!("forward  {name} cuDNN engines {}", engines.join("; ")),
+        );
         Ok((ms, sdpa.version, sdpa.plans()))
     });
     match cudnn {

@@ -32,7 +32,7 @@ use cudarc::cudnn::sys::{
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::CudaStream;
 
-use crate::cuda::kit::context::Gpu;
+use crate::cuda::kit::context::{Gpu, Timer};
 use crate::cuda::kit::cudnn_graph::{
     check, guarded, tensor as graph_tensor, variant_pack, Desc, TensorKind,
 };
@@ -200,6 +200,12 @@ impl Sdpa {
     }
 
     fn plan(&self, s: &Shape) -> Result<Plan<[CUdeviceptr; 4]>, CudaError> {
+        self.plan_nth(s, 0)
+    }
+
+    /// The bf16 attention's plan on the `skip`-th engine configuration of the
+    /// heuristics' list that finalizes (0: the forward's).
+    fn plan_nth(&self, s: &Shape, skip: usize) -> Result<Plan<[CUdeviceptr; 4]>, CudaError> {
         let [(qd, qs), (kd, ks), (vd, vs), (od, os)] = layout(s)?;
         let q = tensor(UIDS[0], qd, qs, false)?;
         let k = tensor(UIDS[1], kd, ks, false)?;
@@ -221,7 +227,7 @@ impl Sdpa {
         )?;
         op.finalize(what)?;
         let (plan, workspace, choice, graph) =
-            self.finalize_graph(&[&op], &format!("attention {s:?}"))?;
+            self.finalize_graph(&[&op], &format!("attention {s:?}"), skip)?;
         let mut keep = vec![q, k, v, o, sc, op];
         keep.extend(graph);
         Ok(Plan::new((plan, workspace, choice), keep, s))
@@ -229,12 +235,14 @@ impl Sdpa {
 
     /// The operation graph of `ops` on this handle, the heuristics' engine
     /// configurations (mode A) and the first of them whose execution plan
-    /// finalizes: (plan, workspace bytes, its rank in the list, the graph's
-    /// descriptors to keep alive with it). `what` names the problem in errors.
+    /// finalizes, passing over `skip` that do: (plan, workspace bytes, its rank
+    /// in the list, the graph's descriptors to keep alive with it). `what`
+    /// names the problem in errors.
     pub(super) fn finalize_graph(
         &self,
         ops: &[&Desc],
         what_problem: &str,
+        mut skip: usize,
     ) -> Result<(Desc, usize, usize, Vec<Desc>), CudaError> {
         let bd = Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR;
         let raw_ops: Vec<cudnnBackendDescriptor_t> = ops.iter().map(|d| d.0).collect();
@@ -306,6 +314,10 @@ impl Sdpa {
                 errors.push(e.to_string());
                 continue;
             }
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
             let mut ws = [0i64];
             plan.get(
                 Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
@@ -315,11 +327,20 @@ impl Sdpa {
             )?;
             return Ok((plan, ws[0].max(0) as usize, choice, vec![graph, heur]));
         }
-        Err(CudaError::NotAvailable(format!(
-            "no engine of cuDNN {} finalizes {what_problem}: {}",
-            self.version,
-            errors.join("; ")
-        )))
+        let finalized = (got.max(0) as usize).saturating_sub(errors.len());
+        Err(CudaError::NotAvailable(if finalized == 0 {
+            format!(
+                "no engine of cuDNN {} finalizes {what_problem}: {}",
+                self.version,
+                errors.join("; ")
+            )
+        } else {
+            format!(
+                "cuDNN {} finalizes {finalized} engine configuration(s) of {count} for \
+                 {what_problem}, none past those",
+                self.version
+            )
+        }))
     }
 
     /// Build (once) the plan of `shape` and its workspace: call before a
@@ -376,7 +397,7 @@ impl Sdpa {
         let (mut keep, ops) = sdpa_fp8::graph(s)?;
         let refs: Vec<&Desc> = ops.iter().map(|&i| &keep[i]).collect();
         let (plan, workspace, choice, graph) =
-            self.finalize_graph(&refs, &format!("FP8 attention {s:?}"))?;
+            self.finalize_graph(&refs, &format!("FP8 attention {s:?}"), 0)?;
         keep.extend(graph);
         Ok(Plan::new((plan, workspace, choice), keep, s))
     }
@@ -444,6 +465,56 @@ impl Sdpa {
             )?);
         }
         Ok(())
+    }
+
+    /// Every engine configuration the heuristics offer for the bf16 attention
+    /// of `shape` that finalizes, each run `reps` times (after one warm-up)
+    /// over `q`, `k`, `v`, `o` on `gpu`'s compute stream with a workspace of
+    /// its own: (its rank among those that finalize, its workspace bytes, the
+    /// median milliseconds), at most `limit` of them. For the bench: the
+    /// forward runs the first ([`Sdpa::prepare`]); this says whether a later
+    /// one would be faster. The plans it builds are dropped.
+    pub fn time_engines(
+        &self,
+        gpu: &Gpu,
+        shape: &Shape,
+        [q, k, v, o]: [CUdeviceptr; 4],
+        (reps, limit): (usize, usize),
+    ) -> Result<Vec<(usize, usize, f64)>, CudaError> {
+        let _lock = self.lock()?;
+        let data = |p: &[CUdeviceptr; 4], scale: *mut f32| -> Vec<*mut c_void> {
+            let mut d: Vec<*mut c_void> = p.iter().map(|&a| a as *mut c_void).collect();
+            d.push(scale as *mut c_void);
+            d
+        };
+        let mut out = Vec::new();
+        for n in 0..limit {
+            let mut plan = match guarded("planning attention", || self.plan_nth(shape, n)) {
+                Ok(p) => p,
+                Err(_) if n > 0 => break,
+                Err(e) => return Err(e),
+            };
+            let ws = DeviceBuffer::alloc(gpu, plan.workspace.max(16), "a candidate's workspace")?;
+            let timer = Timer::new(gpu)?;
+            let mut times = Vec::with_capacity(reps.max(1));
+            for i in 0..=reps.max(1) {
+                timer.start(&gpu.compute)?;
+                plan.run(
+                    self.handle,
+                    [q, k, v, o],
+                    ws.ptr(),
+                    (&UIDS, &data),
+                    "timing an engine",
+                )?;
+                timer.stop(&gpu.compute)?;
+                if i > 0 {
+                    times.push(timer.elapsed_ms()?);
+                }
+            }
+            times.sort_by(f64::total_cmp);
+            out.push((n, plan.workspace, times[times.len() / 2]));
+        }
+        Ok(out)
     }
 
     /// The plans built so far: shape, the engine configuration's rank in the
