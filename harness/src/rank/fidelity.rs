@@ -885,6 +885,23 @@ pub(crate) mod tests {
         assert_eq!((bd.runs, bd.median_psnr_db), (1, f64::INFINITY));
         let want = 10.0 * (65025.0f64 * 0.72).log10();
         assert!((td.median_psnr_db - want).abs() < 1e-9, "{td:?}");
+        // A second treatment run off by 20: compared with r1's images as
+        // decoded for the first (the cache), each run its own figure.
+        let t2 = with_frames(&root, "t2", 100, 120);
+        let v = vs_reference(&[(&b, &t), (&b, &t2)], &refs).unwrap();
+        let td = v.treatment.unwrap();
+        let want2 = 10.0 * (65025.0f64 * 72.0 / 400.0).log10();
+        assert_eq!(
+            (td.runs, v.baseline.unwrap().runs),
+            (2, 1),
+            "the baseline run once"
+        );
+        assert!((td.min_psnr_db - want2).abs() < 1e-9, "{td:?}");
+        assert!((td.max_psnr_db - want).abs() < 1e-9, "{td:?}");
+        assert!(
+            (td.median_psnr_db - (want + want2) / 2.0).abs() < 1e-9,
+            "{td:?}"
+        );
         // A run of other weights has no reference of its own weights here but
         // r5's: measured against r5 (value 70 vs 100), never against r1.
         let mut ow = with_frames(&root, "ow", 100, 100);

@@ -84,6 +84,13 @@ struct Plan<P> {
 /// by-value scale's host address.
 type PackData<P> = dyn Fn(&P, *mut f32) -> Vec<*mut c_void>;
 
+/// The bf16 attention's pack data: q, k, v, o, then the scale ([`UIDS`]' order).
+fn bf16_data(p: &[CUdeviceptr; 4], scale: *mut f32) -> Vec<*mut c_void> {
+    let mut d: Vec<*mut c_void> = p.iter().map(|&a| a as *mut c_void).collect();
+    d.push(scale as *mut c_void);
+    d
+}
+
 impl<P: Copy + PartialEq> Plan<P> {
     fn new((plan, workspace, choice): (Desc, usize, usize), keep: Vec<Desc>, s: &Shape) -> Plan<P> {
         Plan {
@@ -379,16 +386,11 @@ impl Sdpa {
             .plans
             .get_mut(shape)
             .ok_or_else(|| CudaError::Invalid("a cuDNN attention plan vanished".into()))?;
-        let data = |p: &[CUdeviceptr; 4], scale: *mut f32| -> Vec<*mut c_void> {
-            let mut d: Vec<*mut c_void> = p.iter().map(|&a| a as *mut c_void).collect();
-            d.push(scale as *mut c_void);
-            d
-        };
         plan.run(
             self.handle,
             [q, k, v, o],
             ws,
-            (&UIDS, &data),
+            (&UIDS, &bf16_data),
             "running attention",
         )
     }
@@ -482,16 +484,12 @@ impl Sdpa {
         (reps, limit): (usize, usize),
     ) -> Result<Vec<(usize, usize, f64)>, CudaError> {
         let _lock = self.lock()?;
-        let data = |p: &[CUdeviceptr; 4], scale: *mut f32| -> Vec<*mut c_void> {
-            let mut d: Vec<*mut c_void> = p.iter().map(|&a| a as *mut c_void).collect();
-            d.push(scale as *mut c_void);
-            d
-        };
         let mut out = Vec::new();
         for n in 0..limit {
             let mut plan = match guarded("planning attention", || self.plan_nth(shape, n)) {
                 Ok(p) => p,
-                Err(_) if n > 0 => break,
+                // Past the last configuration that finalizes; any other error is one.
+                Err(CudaError::NotAvailable(_)) if n > 0 => break,
                 Err(e) => return Err(e),
             };
             let ws = DeviceBuffer::alloc(gpu, plan.workspace.max(16), "a candidate's workspace")?;
@@ -503,7 +501,7 @@ impl Sdpa {
                     self.handle,
                     [q, k, v, o],
                     ws.ptr(),
-                    (&UIDS, &data),
+                    (&UIDS, &bf16_data),
                     "timing an engine",
                 )?;
                 timer.stop(&gpu.compute)?;

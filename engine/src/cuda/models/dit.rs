@@ -849,25 +849,28 @@ impl ForwardArms {
         if self.attn_precision != AttnPrecision::Fp8 {
             return None;
         }
-        let mut missing = Vec::new();
-        if self.precision != Precision::Fp8 {
-            missing.push("precision = fp8 (its e4m3 output is the out-projection's FP8 input)");
-        }
-        if self.attention != AttentionArm::Cudnn {
-            missing.push("attention = cudnn (it is cuDNN's FP8 SDPA)");
-        }
-        (!missing.is_empty()).then(|| {
+        // (missing, why it is needed, the lever that adds it)
+        let (why, add): (Vec<&str>, Vec<&str>) = [
+            (
+                self.precision != Precision::Fp8,
+                "precision = fp8 (its e4m3 output is the out-projection's FP8 input)",
+                "precision=fp8",
+            ),
+            (
+                self.attention != AttentionArm::Cudnn,
+                "attention = cudnn (it is cuDNN's FP8 SDPA)",
+                "attention=cudnn",
+            ),
+        ]
+        .into_iter()
+        .filter(|m| m.0)
+        .map(|m| (m.1, m.2))
+        .unzip();
+        (!why.is_empty()).then(|| {
             format!(
                 "attention-precision = fp8 needs {}; add --lever {}",
-                missing.join(" and "),
-                [
-                    (self.precision != Precision::Fp8).then_some("precision=fp8"),
-                    (self.attention != AttentionArm::Cudnn).then_some("attention=cudnn"),
-                ]
-                .into_iter()
-                .flatten()
-                .collect::<Vec<_>>()
-                .join(" --lever ")
+                why.join(" and "),
+                add.join(" --lever ")
             )
         })
     }
