@@ -40,7 +40,7 @@ use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::Precision;
 use crate::cuda::models::dit::{
     AttentionArm, AttnPrecision, CrossArm, DeviceDit, DitDims, ForwardArms, Geometry, NormQuantize,
-    QkNormArm, TextSlot, LATENT_CHANNELS,
+    OperandAmax, QkNormArm, TextSlot, LATENT_CHANNELS,
 };
 use crate::cuda::staging::{
     self, pinned_copy_gbps, DeviceWeights, Staged, StagingMethod, StagingOptions,
@@ -720,6 +720,45 @@ fn bench_forward(
             );
         }
         Err(e) => push(rows, format!("forward  {label} unavailable: {e}")),
+    }
+    // The FP8 attention's q and k amax raised by the q/k norm (the forward's,
+    // `OperandAmax::Folded`) against read by the operand pass (the same slots
+    // bit for bit, checked in the selftest), in two interleaved rounds.
+    if cudnn_bf16.is_some() {
+        let a8 = ForwardArms {
+            attn_precision: AttnPrecision::Fp8,
+            ..on_cudnn(fast)
+        };
+        let timed = dit.set_arms(a8).and_then(|_| {
+            let mut t = [0.0f64; 2];
+            for _round in 0..2 {
+                for (i, how) in [OperandAmax::Folded, OperandAmax::Separate]
+                    .into_iter()
+                    .enumerate()
+                {
+                    dit.set_operand_amax(how);
+                    t[i] += time_ms(kit, 2, reps, || {
+                        dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
+                    })? / 2.0;
+                }
+            }
+            Ok(t)
+        });
+        dit.set_operand_amax(OperandAmax::Folded);
+        dit.set_arms(ForwardArms::OWN)?;
+        let label =
+            format!("{name} attention=cudnn precision=fp8 fp8-accum=fast attention-precision=fp8");
+        push(
+            rows,
+            match timed {
+                Ok([folded, separate]) => format!(
+                    "forward  {label}: q/k amax folded {folded:.1} ms vs separate {separate:.1} ms \
+                     (folded {:+.1}%)",
+                    (folded / separate - 1.0) * 100.0
+                ),
+                Err(e) => format!("forward  {label} q/k amax folded vs separate unavailable: {e}"),
+            },
+        );
     }
     let sa_layer = sa / layers;
     push(rows, format!(

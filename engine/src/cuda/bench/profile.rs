@@ -102,9 +102,11 @@ pub fn class_work(dims: &DitDims, n: usize, l: usize, class: &str) -> Option<Wor
         // second read from cache) and written once: counted 4 bytes each.
         "q/k norm + rope" => Work::Bytes(2.0 * 4.0 * n * d * layers),
         "q/k norm (cross)" => Work::Bytes(4.0 * (n + l) * d * layers),
-        // `attention-precision = fp8`: q, k, v bf16 read by the amax pass and
-        // again by the quantize pass (12 bytes), their codes written (3).
-        "fp8 attention operands" => Work::Bytes(15.0 * n * d * layers),
+        // `attention-precision = fp8`: v bf16 read by the amax pass (q's and
+        // k's amax come from the q/k norm, `OperandAmax::Folded`), q, k, v read
+        // by the quantize pass (8 bytes), their codes written (3). The slots'
+        // zeroing is in the q/k norm's class.
+        "fp8 attention operands" => Work::Bytes(11.0 * n * d * layers),
         _ => return None,
     })
 }

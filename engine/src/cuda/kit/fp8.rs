@@ -12,7 +12,7 @@
 use cudarc::driver::sys::CUdeviceptr;
 
 use super::context::Gpu;
-use super::kernels::Kernels;
+use super::kernels::{Kernels, OperandAmax};
 use super::memory::{align_up, download, Arena, DeviceBuffer};
 use crate::cuda::CudaError;
 
@@ -318,9 +318,17 @@ impl Fp8Attn {
         self.slots.ptr()
     }
 
+    /// Zero the amax slots on `gpu`'s compute stream, before a q/k norm that
+    /// raises them ([`OperandAmax::Folded`]; its `amax` is [`Fp8Attn::slots`]).
+    pub fn zero_amax(&self, gpu: &Gpu, kernels: &Kernels) -> Result<(), CudaError> {
+        kernels.fp8_attention_zero_amax(&gpu.compute, self.slots())
+    }
+
     /// Enqueue the operands of `n` tokens from bf16 q, k, v (`[n, width]`
     /// each) on `gpu`'s compute stream ([`Kernels::fp8_attention_operands`]),
-    /// writing the output's row scales into `out`'s scales.
+    /// writing the output's row scales into `out`'s scales. With
+    /// [`OperandAmax::Folded`], q's and k's amax slots must already hold their
+    /// amax (zeroed by [`Fp8Attn::zero_amax`], raised by the q/k norm).
     pub fn quantize(
         &self,
         gpu: &Gpu,
@@ -328,6 +336,7 @@ impl Fp8Attn {
         qkv: [CUdeviceptr; 3],
         n: usize,
         out: &Fp8Rows,
+        amax: OperandAmax,
     ) -> Result<(), CudaError> {
         if n > self.rows || n > out.rows || self.width > out.cols {
             return Err(CudaError::Invalid(format!(
@@ -343,6 +352,7 @@ impl Fp8Attn {
             self.codes(),
             self.slots(),
             (out.operand().1, n),
+            amax,
         )
     }
 

@@ -432,7 +432,10 @@ impl Kernels {
     /// row read once (`qk_norm_rope_pair` in `kernels/elementwise.cu`): `q` and
     /// `k` are (bf16 rows of d, their bf16 norm weight of d, rows). Bit for bit
     /// the two-pass kernel's result. With `rope`, both must have the grid's rows.
-    /// Needs d even and at most 4096.
+    /// With `amax` (an FP8 attention's slot buffer, [`crate::cuda::kit::fp8::Fp8Attn`]),
+    /// its q and k amax slots (f32 0 and 4, zeroed before) are raised to the
+    /// largest |value| written to q and to k: bit for bit what the operand pass
+    /// would read back. Needs d even and at most 4096.
     #[allow(clippy::too_many_arguments)]
     pub fn qk_norm_rope_pair(
         &self,
@@ -442,13 +445,14 @@ impl Kernels {
         d: usize,
         eps: f32,
         rope: Option<&RopeArgs>,
+        amax: Option<CUdeviceptr>,
     ) -> Result<(), CudaError> {
         if d % 2 != 0 || d > QKN_MAX_D {
             return Err(CudaError::Invalid(format!(
                 "qk_norm_rope_pair: width {d} must be even and <= {QKN_MAX_D}"
             )));
         }
-        let p = qk_pair_params("qk_norm_rope_pair", q, k, d, eps, rope)?;
+        let p = qk_pair_params("qk_norm_rope_pair", q, k, d, eps, rope, amax)?;
         let rows = q.2.max(k.2).max(1) as u32;
         self.launch("qk_norm_rope_pair", (rows, 2, 1), ROW_THREADS, 0, s, p)
     }
@@ -456,8 +460,9 @@ impl Kernels {
     /// [`Kernels::qk_norm_rope_pair`] one warp per row with 16-byte loads
     /// (`qk_norm_rope_warp` in `kernels/elementwise.cu`; the `qk-norm = warp`
     /// arm): the same expressions, the sum of squares in another order, so a
-    /// value may differ from the pair kernel's in its last bit. Needs d a
-    /// multiple of 8 and at most 4096, and 16-byte aligned tensors.
+    /// value may differ from the pair kernel's in its last bit. `amax` as
+    /// there (the amax of this kernel's own output). Needs d a multiple of 8 and
+    /// at most 4096, and 16-byte aligned tensors.
     #[allow(clippy::too_many_arguments)]
     pub fn qk_norm_rope_warp(
         &self,
@@ -467,6 +472,7 @@ impl Kernels {
         d: usize,
         eps: f32,
         rope: Option<&RopeArgs>,
+        amax: Option<CUdeviceptr>,
     ) -> Result<(), CudaError> {
         if d % 8 != 0 || d > QKW_MAX_D {
             return Err(CudaError::Invalid(format!(
@@ -478,7 +484,7 @@ impl Kernels {
                 "qk_norm_rope_warp: q, k and their norm weights must be 16-byte aligned".into(),
             ));
         }
-        let p = qk_pair_params("qk_norm_rope_warp", q, k, d, eps, rope)?;
+        let p = qk_pair_params("qk_norm_rope_warp", q, k, d, eps, rope, amax)?;
         let rows = q.2.max(k.2).max(1);
         let blocks = rows.div_ceil(QKW_WARPS as usize) as u32;
         self.launch("qk_norm_rope_warp", (blocks, 2, 1), 32 * QKW_WARPS, 0, s, p)
@@ -516,6 +522,23 @@ impl Kernels {
         self.launch_rows("quantize_rows_e4m3", rows, 0, s, p)
     }
 
+    /// Zero the amax slots (f32 0, 4 and 8) of an FP8 attention's slot buffer
+    /// `sc` on `s`: before a q/k norm that raises them ([`OperandAmax::Folded`]).
+    pub fn fp8_attention_zero_amax(
+        &self,
+        s: &CudaStream,
+        sc: CUdeviceptr,
+    ) -> Result<(), CudaError> {
+        if sc == NULL || sc % 16 != 0 {
+            return Err(CudaError::Invalid(
+                "fp8_attention_zero_amax: the slots must be 16-byte aligned".into(),
+            ));
+        }
+        // SAFETY: the first 12 f32 of the caller's slot buffer (the amax slots).
+        unsafe { dres::memset_d8_async(sc, 0, 48, s.cu_stream()) }
+            .ctx("zeroing the FP8 attention's amax slots")
+    }
+
     /// The FP8 attention's operands (lever `attention-precision`; see
     /// `quantize3_e4m3` in `kernels/fp8.cu`, defined by
     /// [`crate::fp8::AttentionScales`]): zero the three amax slots of `sc`,
@@ -532,6 +555,7 @@ impl Kernels {
         q8: [CUdeviceptr; 3],
         sc: CUdeviceptr,
         (o_scales, o_rows): (CUdeviceptr, usize),
+        amax: OperandAmax,
     ) -> Result<(), CudaError> {
         if let Some((p, n)) = x.iter().find(|(p, n)| n % 8 != 0 || p % 16 != 0) {
             return Err(CudaError::Invalid(format!(
@@ -544,9 +568,6 @@ impl Kernels {
                 "fp8_attention_operands: codes and slots must be 16-byte aligned".into(),
             ));
         }
-        // SAFETY: the first 12 f32 of the caller's slot buffer (the amax slots).
-        unsafe { dres::memset_d8_async(sc, 0, 48, s.cu_stream()) }
-            .ctx("zeroing the FP8 attention's amax slots")?;
         let most = x.iter().map(|t| t.1 / 8).max().unwrap_or(0).max(o_rows);
         let blocks = most
             .div_ceil(EW_THREADS as usize)
@@ -559,8 +580,19 @@ impl Kernels {
                 .ptr(x[2].0)
                 .n(x[2].1)
         };
-        let p = tensors(Params::default()).ptr(sc);
-        self.launch("amax3_bf16", (blocks, 3, 1), EW_THREADS, 0, s, p)?;
+        match amax {
+            OperandAmax::Separate => {
+                self.fp8_attention_zero_amax(s, sc)?;
+                let p = tensors(Params::default()).ptr(sc);
+                self.launch("amax3_bf16", (blocks, 3, 1), EW_THREADS, 0, s, p)?;
+            }
+            OperandAmax::Folded => {
+                // v's amax alone: amax3_bf16's tensor 0 is v, its slot 0 v's.
+                let v = Params::default().ptr(x[2].0).n(x[2].1);
+                let p = v.ptr(x[2].0).n(0).ptr(x[2].0).n(0).ptr(sc + 4 * 8);
+                self.launch("amax3_bf16", (blocks, 1, 1), EW_THREADS, 0, s, p)?;
+            }
+        }
         let p = tensors(Params::default())
             .ptr(q8[0])
             .ptr(q8[1])
@@ -784,6 +816,22 @@ impl Map {
     }
 }
 
+/// Where the FP8 attention's q and k amax come from
+/// ([`Kernels::fp8_attention_operands`]); the two give the same slots bit for
+/// bit (every amax goes through one device function, and a max does not
+/// depend on its order). No lever: [`OperandAmax::Folded`] is the forward's,
+/// [`OperandAmax::Separate`] is kept for that check and for the bench.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperandAmax {
+    /// The operand pass zeroes the slots and reads q, k and v for their amax:
+    /// 2 bytes an element of each, read once more than the quantize needs.
+    Separate,
+    /// The q/k norm kernel raised q's and k's slots as it wrote them (the
+    /// caller zeroed them with [`Kernels::fp8_attention_zero_amax`] before it);
+    /// the operand pass reads v alone for its amax.
+    Folded,
+}
+
 /// Where [`Kernels::residual_norm`] puts its output row h.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowOut {
@@ -890,7 +938,13 @@ fn qk_pair_params(
     d: usize,
     eps: f32,
     rope: Option<&RopeArgs>,
+    amax: Option<CUdeviceptr>,
 ) -> Result<Params, CudaError> {
+    if amax.is_some_and(|p| p == NULL || p % 4 != 0) {
+        return Err(CudaError::Invalid(format!(
+            "{kernel}: the amax slots must be a non-null, 4-byte aligned address"
+        )));
+    }
     if let Some(r) = rope {
         let tokens = r.grid.0 * r.grid.1 * r.grid.2;
         if q.2 != tokens || k.2 != tokens {
@@ -909,7 +963,7 @@ fn qk_pair_params(
         .int(k.2)
         .int(d)
         .f32(eps);
-    Ok(rope_params(p, rope))
+    Ok(rope_params(p, rope).ptr(amax.unwrap_or(NULL)))
 }
 
 /// The RoPE tail of the q/k norm kernels' parameters (`freqs`, `nfreq`, the

@@ -25,6 +25,7 @@ use cudarc::driver::sys::CUdeviceptr;
 use crate::cuda::kit::context::{Gpu, Timer};
 use crate::cuda::kit::fp8::{Fp8Attn, Fp8Linears, Fp8Rows, LinearRef, Q8};
 use crate::cuda::kit::gemm::{Accum, Epilogue, Fp8Scaling, Gemm};
+pub use crate::cuda::kit::kernels::OperandAmax;
 use crate::cuda::kit::kernels::{AttnKernel, Kernels, Map, RopeArgs, RowMode, RowOut, NULL};
 use crate::cuda::kit::memory::{align_up, download, upload, Arena, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
@@ -741,6 +742,8 @@ pub struct DeviceDit {
     bf16_blocks: bool,
     /// How a row step feeds an FP8 GEMM ([`NormQuantize`]).
     norm_quantize: NormQuantize,
+    /// Where the FP8 attention's q and k amax come from ([`OperandAmax`]).
+    operand_amax: OperandAmax,
 }
 
 /// How the fp8 arm's residual + norm steps hand their output to the FP8 GEMM
@@ -1012,6 +1015,7 @@ impl DeviceDit {
             }),
             bf16_blocks,
             norm_quantize: NormQuantize::Fused,
+            operand_amax: OperandAmax::Folded,
         })
     }
 
@@ -1200,6 +1204,13 @@ impl DeviceDit {
     /// [`NormQuantize::Fused`]). Inert under `precision = bf16`.
     pub fn set_norm_quantize(&mut self, how: NormQuantize) {
         self.norm_quantize = how;
+    }
+
+    /// Where the FP8 attention's q and k amax come from from now on (for the
+    /// selftest's bit-exact comparison and the bench's timing; a load starts
+    /// [`OperandAmax::Folded`]). Inert unless `attention-precision = fp8`.
+    pub fn set_operand_amax(&mut self, how: OperandAmax) {
+        self.operand_amax = how;
     }
 
     /// The residual + norm row step over the forward's `ws.n` rows (see
@@ -1726,9 +1737,10 @@ impl DeviceDit {
         mark("gemm q|k|v")?;
         let qk_norm = |q: (CUdeviceptr, CUdeviceptr, usize),
                        kk: (CUdeviceptr, CUdeviceptr, usize),
-                       rope: Option<&RopeArgs>| match self.arms.qk_norm {
-            QkNormArm::Block => k.qk_norm_rope_pair(s, q, kk, d, QK_NORM_EPS, rope),
-            QkNormArm::Warp => k.qk_norm_rope_warp(s, q, kk, d, QK_NORM_EPS, rope),
+                       rope: Option<&RopeArgs>,
+                       amax: Option<CUdeviceptr>| match self.arms.qk_norm {
+            QkNormArm::Block => k.qk_norm_rope_pair(s, q, kk, d, QK_NORM_EPS, rope, amax),
+            QkNormArm::Warp => k.qk_norm_rope_warp(s, q, kk, d, QK_NORM_EPS, rope, amax),
         };
         // cuDNN's fused attention over nk key rows (no bias), when loaded.
         let fused = |kv: (CUdeviceptr, CUdeviceptr), nk: usize| -> Result<(), CudaError> {
@@ -1746,16 +1758,36 @@ impl DeviceDit {
             };
             sdpa.enqueue(&self.gpu, &shape, ws.q, kv.0, kv.1, ws.ao)
         };
-        qk_norm((ws.q, a1.norm_q, n), (ws.k, a1.norm_k, n), Some(rope))?;
-        mark("q/k norm + rope")?;
         // The FP8 self-attention (`attention-precision = fp8`): q, k and v
         // quantized per tensor, cuDNN's FP8 SDPA writing e4m3 codes straight
         // into the out-projection's input buffer, whose row scales the
         // quantize pass wrote (1 / scale_o each): no quantize pass of its own.
+        // With [`OperandAmax::Folded`] the q/k norm raises q's and k's amax as
+        // it writes them (the slots zeroed first), so the operand pass reads
+        // only v for its amax.
         let fp8_attn = fp8.and_then(|f| f.attn.map(|a| (a, f.acts)));
+        let folded = match fp8_attn {
+            Some((a, _)) if self.operand_amax == OperandAmax::Folded => {
+                a.zero_amax(&self.gpu, k)?;
+                Some(a.slots())
+            }
+            _ => None,
+        };
+        qk_norm(
+            (ws.q, a1.norm_q, n),
+            (ws.k, a1.norm_k, n),
+            Some(rope),
+            folded,
+        )?;
+        mark("q/k norm + rope")?;
         let ao = match fp8_attn {
             Some((a, acts)) => {
-                a.quantize(&self.gpu, k, [ws.q, ws.k, ws.v], n, acts)?;
+                let how = if folded.is_some() {
+                    OperandAmax::Folded
+                } else {
+                    OperandAmax::Separate
+                };
+                a.quantize(&self.gpu, k, [ws.q, ws.k, ws.v], n, acts, how)?;
                 mark("fp8 attention operands")?;
                 let sdpa = self.sdpa.as_ref().ok_or_else(|| {
                     CudaError::Invalid("attention-precision = fp8 without cuDNN loaded".into())
@@ -1798,7 +1830,7 @@ impl DeviceDit {
         lin(text_in, &a2.to_k, tk, ws.ck, l, Epilogue::Bias)?;
         lin(text_in, &a2.to_v, tv, ws.cv, l, Epilogue::Bias)?;
         mark("gemm k|v (text)")?;
-        qk_norm((ws.q, a2.norm_q, n), (ws.ck, a2.norm_k, l), None)?;
+        qk_norm((ws.q, a2.norm_q, n), (ws.ck, a2.norm_k, l), None, None)?;
         mark("q/k norm (cross)")?;
         // The mma arm adds the key bias even where it is all zero, as before
         // the lever existed (its frames stay bit for bit what they were).

@@ -11,7 +11,7 @@ use cudarc::driver::sys::CUdeviceptr;
 use super::Check;
 use crate::cuda::fixtures::{synth_source, write_synth_safetensors, Rng};
 use crate::cuda::kit::bf16::{narrow, rb, widen};
-use crate::cuda::kit::fp8::{Fp8Linears, MIN_CAPABILITY as FP8_CAPABILITY};
+use crate::cuda::kit::fp8::{Fp8Attn, Fp8Linears, MIN_CAPABILITY as FP8_CAPABILITY};
 use crate::cuda::kit::gemm::{Accum, Epilogue, Fp8Scaling};
 use crate::cuda::kit::kernels::{AttnKernel, Map, RopeArgs, RowMode, RowOut, NULL};
 use crate::cuda::kit::memory::{download, upload, DeviceBuffer};
@@ -19,7 +19,7 @@ use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::{
     AttentionArm, AttnPrecision, CrossArm, DeviceDit, DitDims, ForwardArms, Geometry, NormQuantize,
-    Precision, QkNormArm, LATENT_CHANNELS,
+    OperandAmax, Precision, QkNormArm, LATENT_CHANNELS,
 };
 use crate::cuda::staging::{self, DeviceWeights, StagingMethod, StagingOptions};
 use crate::cuda::CudaError;
@@ -166,6 +166,10 @@ fn check_qk_norm_rope(
         let ka = kit.poisoned((rows_k + 2) * d * 2)?;
         upload(&kit.gpu, ka.ptr(), &narrow(&k0))?;
         let args = if rope { Some(&args) } else { None };
+        // The FP8 attention's amax slots, poisoned, then zeroed as the forward
+        // zeroes them: the pair kernel raises q's and k's.
+        let slots = kit.poisoned(Fp8Attn::SLOT_BYTES)?;
+        k.fp8_attention_zero_amax(s, slots.ptr())?;
         k.qk_norm_rope_pair(
             s,
             (qa.ptr(), wd.ptr(), rows),
@@ -173,6 +177,7 @@ fn check_qk_norm_rope(
             d,
             QK_NORM_EPS,
             args,
+            Some(slots.ptr()),
         )?;
         k.qk_norm_rope(s, qb.ptr(), qb.ptr(), wd.ptr(), rows, d, QK_NORM_EPS, args)?;
         k.qk_norm_rope(
@@ -214,6 +219,15 @@ fn check_qk_norm_rope(
             (rows + rows_k) * d
         );
         out.push(c);
+        out.push(amax_check(
+            format!(
+                "qk_norm{}_pair d={d} rows {rows}+{rows_k}: q/k amax raised (bit-exact)",
+                if rope { "+rope" } else { "" }
+            ),
+            &kit.read_f32(slots.ptr(), 12)?,
+            &pair_q,
+            &pair_k[..rows_k * d],
+        ));
         // The `qk-norm = warp` arm against the same two-pass results. Argued
         // before any run: only the sum of squares is reordered (f32, d <= 4096
         // terms: the norm's scale r moves by a few f32 ulps, ~1e-6 relative),
@@ -227,6 +241,8 @@ fn check_qk_norm_rope(
         let wa = kit.bf16(&q0)?;
         let wka = kit.poisoned((rows_k + 2) * d * 2)?;
         upload(&kit.gpu, wka.ptr(), &narrow(&k0))?;
+        let wslots = kit.poisoned(Fp8Attn::SLOT_BYTES)?;
+        k.fp8_attention_zero_amax(s, wslots.ptr())?;
         k.qk_norm_rope_warp(
             s,
             (wa.ptr(), wd.ptr(), rows),
@@ -234,6 +250,7 @@ fn check_qk_norm_rope(
             d,
             QK_NORM_EPS,
             args,
+            Some(wslots.ptr()),
         )?;
         let warp_q = download::<u16>(&kit.gpu, wa.ptr(), rows * d)?;
         let warp_k = download::<u16>(&kit.gpu, wka.ptr(), (rows_k + 2) * d)?;
@@ -272,8 +289,39 @@ fn check_qk_norm_rope(
             got.len()
         );
         out.push(c);
+        out.push(amax_check(
+            format!(
+                "qk_norm{}_warp d={d} rows {rows}+{rows_k}: q/k amax raised (bit-exact)",
+                if rope { "+rope" } else { "" }
+            ),
+            &kit.read_f32(wslots.ptr(), 12)?,
+            &warp_q,
+            &warp_k[..rows_k * d],
+        ));
     }
     Ok(())
+}
+
+/// The q/k norm's amax slots (`slots`: the FP8 attention's first 12 f32)
+/// against the host's amax of the bf16 values the kernel wrote (`q`, `k`: their
+/// bits): q's in slot 0 and k's in slot 4 bit for bit, v's slot 8 still 0 (the
+/// slots were zeroed before). Red when the kernel raises the wrong slot, takes
+/// the amax before the bf16 rounding or RoPE, or one block's or warp's max is
+/// lost.
+fn amax_check(name: String, slots: &[f32], q: &[u16], k: &[u16]) -> Check {
+    let host = |x: &[u16]| crate::fp8::amax(&widen(x));
+    let want = [host(q), host(k), 0.0];
+    let got = [slots[0], slots[4], slots[8]];
+    let mut c = Check::new(name, &got, &want, 0.0);
+    c.pass &= got
+        .iter()
+        .zip(&want)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    c.note = format!(
+        "q {:e} (host {:e}), k {:e} (host {:e}), v's slot {}",
+        got[0], want[0], got[1], want[1], got[2]
+    );
+    c
 }
 
 /// The fused residual + norm row step, every mode, with and without a residual:
@@ -1061,8 +1109,6 @@ fn sdpa_once(
     kit.gpu.sync_compute()
 }
 
-/// A check of a cuDNN result, or a failed check naming why there is none (no
-/// cuDNN, or no engine for the shape: the `cudnn` arm is then unusable here).
 /// A forward's check against the CPU arm's `cpu` at `tol`, with the device
 /// milliseconds and the CPU arm's seconds in its note (an error is a failed row
 /// naming it, as [`sdpa_check`]).
@@ -1087,6 +1133,41 @@ fn forward_check(
     c
 }
 
+/// Two paths of one forward held bit for bit: `other`'s velocity against
+/// `main`'s (the forward's own path, `main_ms` device milliseconds), every f32
+/// compared by its bits; the note counts the values that differ and times both.
+fn bit_exact_forward(
+    name: String,
+    other: &Result<(Vec<f32>, f64), CudaError>,
+    main: &[f32],
+    main_ms: f64,
+) -> Check {
+    let mut c = sdpa_check(
+        name,
+        other
+            .as_ref()
+            .map(|r| r.0.clone())
+            .map_err(|e| CudaError::Invalid(e.to_string())),
+        main,
+        0.0,
+    );
+    if let Ok((v, ms)) = other {
+        let differ = v
+            .iter()
+            .zip(main)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        c.pass &= differ == 0 && v.len() == main.len();
+        c.note = format!(
+            "{differ} of {} values differ; this path {main_ms:.2} ms, the other {ms:.2} ms",
+            main.len()
+        );
+    }
+    c
+}
+
+/// A check of a cuDNN result, or a failed check naming why there is none (no
+/// cuDNN, or no engine for the shape: the `cudnn` arm is then unusable here).
 fn sdpa_check(
     name: String,
     got: Result<Vec<f32>, CudaError>,
@@ -1523,27 +1604,7 @@ pub fn check_forward(
                 "forward {label} precision=fp8 fp8-accum=fast grid={grid:?} l={l}: norm quantize \
                  fused vs separate (bit-exact)"
             );
-            let mut c = sdpa_check(
-                name,
-                got_sep
-                    .as_ref()
-                    .map(|r| r.0.clone())
-                    .map_err(|e| CudaError::Invalid(e.to_string())),
-                fused,
-                0.0,
-            );
-            if let Ok((sep, sep_ms)) = &got_sep {
-                let differ = sep
-                    .iter()
-                    .zip(fused)
-                    .filter(|(a, b)| a.to_bits() != b.to_bits());
-                c.note = format!(
-                    "{} of {} values differ; fused {fused_ms:.2} ms, separate {sep_ms:.2} ms",
-                    differ.count(),
-                    fused.len()
-                );
-            }
-            out.push(c);
+            out.push(bit_exact_forward(name, &got_sep, fused, *fused_ms));
         }
         // `attention-precision = fp8` on the same e4m3 weights (before the bf16
         // forward below drops them), beside the fp8 forward on cuDNN's bf16
@@ -1570,7 +1631,17 @@ pub fn check_forward(
                     .and_then(|_| dit.forward(&lat, sigma, &text, &mask, geo, true))
             };
             let bf = on(cud);
-            Some((bf, on(a8)))
+            let folded = on(a8);
+            // The same forward with q's and k's amax read by the operand pass
+            // (`OperandAmax::Separate`) instead of raised by the q/k norm: the
+            // same slots bit for bit (one amax function, order-free), hence the
+            // same codes and velocity. Tolerance 0. Red when the norm raises the
+            // wrong slot or skips a tensor, or the slots are not zeroed before
+            // it (a stale amax from the previous block moves the scales).
+            dit.set_operand_amax(OperandAmax::Separate);
+            let separate = dit.forward(&lat, sigma, &text, &mask, geo, true);
+            dit.set_operand_amax(OperandAmax::Folded);
+            Some((bf, folded, separate))
         } else {
             None
         };
@@ -1609,7 +1680,14 @@ pub fn check_forward(
         } else {
             out.push(c);
         }
-        if let Some((bf, a8)) = attn8 {
+        if let Some((bf, a8, separate)) = attn8 {
+            if let Ok((folded, folded_ms)) = &a8 {
+                let name = format!(
+                    "forward {label} precision=fp8 attention-precision=fp8 grid={grid:?} l={l}: \
+                     q/k amax folded vs separate (bit-exact)"
+                );
+                out.push(bit_exact_forward(name, &separate, folded, *folded_ms));
+            }
             let name = format!(
                 "forward {label} precision=fp8 attention-precision=fp8 grid={grid:?} l={l} vs the \
                  CPU arm"

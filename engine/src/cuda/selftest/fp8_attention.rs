@@ -40,6 +40,7 @@ use super::Check;
 use crate::cuda::fixtures::Rng;
 use crate::cuda::kit::bf16::{rb, widen};
 use crate::cuda::kit::fp8::{Fp8Attn, Fp8Rows};
+use crate::cuda::kit::kernels::OperandAmax;
 use crate::cuda::kit::memory::{download, upload};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::kit::sdpa_fp8::{Fp8Ptrs, MIN_CAPABILITY};
@@ -117,6 +118,7 @@ fn run_fp8(
         [qd.ptr(), kd.ptr(), vd.ptr()],
         n,
         &out,
+        OperandAmax::Separate,
     )?;
     let shape = SdpaShape::self_attention(heads, hd, n);
     let ptrs = Fp8Ptrs {
@@ -139,6 +141,46 @@ fn run_fp8(
         row_scales,
         o,
     })
+}
+
+/// The operand pass's [`OperandAmax::Folded`] path on bf16 `q`, `k`, `v`
+/// (`[n, d]` each): the slots poisoned, zeroed as the forward zeroes them, q's
+/// and k's amax put where the q/k norm would have raised them (the host's, in
+/// slots 0 and 4), then the pass, which reads v alone for its amax. Gives the
+/// codes of q, k, v and the slot buffer.
+fn operands_folded(
+    kit: &DeviceKit,
+    n: usize,
+    d: usize,
+    qkv: [&[f32]; 3],
+) -> Result<([Vec<u8>; 3], Vec<f32>), CudaError> {
+    let up = |x: &[f32]| kit.bf16(x);
+    let (qd, kd, vd) = (up(qkv[0])?, up(qkv[1])?, up(qkv[2])?);
+    let a = Fp8Attn::new(&kit.gpu, n, d)?;
+    let out = Fp8Rows::new(&kit.gpu, n, d, "the folded operand check's output")?;
+    upload(
+        &kit.gpu,
+        a.slots(),
+        &vec![f32::NAN; Fp8Attn::SLOT_BYTES / 4],
+    )?;
+    for c in a.codes() {
+        upload(&kit.gpu, c, &vec![0x7Fu8; n * d])?;
+    }
+    a.zero_amax(&kit.gpu, &kit.kernels)?;
+    kit.gpu.sync_compute()?;
+    let f32_at = |i: usize| a.slots() + (4 * i) as u64;
+    upload(&kit.gpu, f32_at(Fp8Attn::AMAX_Q), &[amax(qkv[0])])?;
+    upload(&kit.gpu, f32_at(Fp8Attn::AMAX_K), &[amax(qkv[1])])?;
+    a.quantize(
+        &kit.gpu,
+        &kit.kernels,
+        [qd.ptr(), kd.ptr(), vd.ptr()],
+        n,
+        &out,
+        OperandAmax::Folded,
+    )?;
+    kit.gpu.sync_compute()?;
+    Ok((a.read_codes(&kit.gpu, n)?, a.read_slots(&kit.gpu)?))
 }
 
 /// The host's e4m3 emulation of the FP8 attention: q, k, v quantized per
@@ -285,6 +327,53 @@ pub fn check_fp8_attention(
         );
         c.note = format!("{differ} codes differ; scale_o {}", slot(Fp8Attn::SCALE_O));
         out.push(c);
+        // The folded path (q's and k's amax raised by the q/k norm, v's read
+        // by the pass) against the separate one above: every code and every
+        // operand slot bit for bit. Red when the pass reads v's amax into
+        // another slot, zeroes the raised slots, or quantizes from stale ones.
+        let name = format!("{label} operands, q/k amax folded vs separate (bit-exact)");
+        match operands_folded(kit, n, d, [&q, &k, &v]) {
+            Ok((codes, slots)) => {
+                let operand_slots = [
+                    Fp8Attn::AMAX_Q,
+                    Fp8Attn::AMAX_K,
+                    Fp8Attn::AMAX_V,
+                    Fp8Attn::DESCALE_Q,
+                    Fp8Attn::DESCALE_K,
+                    Fp8Attn::DESCALE_V,
+                    Fp8Attn::DESCALE_S,
+                    Fp8Attn::SCALE_S,
+                    Fp8Attn::SCALE_O,
+                ];
+                let pick = |x: &[f32]| -> Vec<f32> {
+                    operand_slots
+                        .iter()
+                        .map(|&i| x.get(i).copied().unwrap_or(f32::NAN))
+                        .collect()
+                };
+                let (got, want) = (pick(&slots), pick(&ran.slots));
+                let slots_differ = got
+                    .iter()
+                    .zip(&want)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                let codes_differ: usize = codes
+                    .iter()
+                    .zip(&ran.codes)
+                    .map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x != y).count())
+                    .sum();
+                let mut c = Check::new(
+                    name,
+                    &as_values(&codes, &got, &[]),
+                    &as_values(&ran.codes, &want, &[]),
+                    0.0,
+                );
+                c.pass &= slots_differ == 0 && codes_differ == 0;
+                c.note = format!("{codes_differ} codes and {slots_differ} slots differ");
+                out.push(c);
+            }
+            Err(e) => out.push(failed(name, &e)),
+        }
         // The attention against the CPU arm's f32 attention.
         let scale = 1.0 / (hd as f32).sqrt();
         let none = AttnBias {

@@ -25,6 +25,14 @@ __device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
     return r;
 }
 
+// The larger of m and the two |x| of a packed bf16x2 word (NaN ignored: fmaxf).
+// Every amax of bf16 values in the kernels goes through here, so two kernels
+// taking the amax of the same values agree bit for bit in any order.
+__device__ __forceinline__ float amax_bf16x2(unsigned int w, float m) {
+    m = fmaxf(m, fabsf(__uint_as_float(w << 16)));
+    return fmaxf(m, fabsf(__uint_as_float(w & 0xffff0000u)));
+}
+
 // Sum over a warp (all 32 lanes active).
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -97,7 +97,23 @@ extern "C" __global__ void qk_norm_rope(const bf16* x, bf16* y, const bf16* __re
 // last bit of a few values (a lever arm, `numerics = "changing"`); every other
 // expression is the same. blockIdx.y = 0: `xq`/`wq`, rows_q rows; 1: `xk`/`wk`,
 // rows_k rows, in place. Needs D a multiple of 8 and at most 8 * 32 * QKW_CHUNKS
-// = 4096, rows 16-byte aligned (the DiT's widths are multiples of 64).
+// = 4096, rows 16-byte aligned (the DiT's widths are multiples of 64). With
+// `amax` not null, raises amax[0] (q) and amax[4] (k) to the largest |value| it
+// wrote, as `qk_norm_rope_pair` does (one atomicMax per warp).
+// Largest of the non-negative v over a warp (all 32 lanes active; NaN ignored).
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// The `leader` thread raises q's (amax[0]) or k's (amax[4]) amax slot to m,
+// when `amax` is given and m > 0 (the integer atomicMax of `amax3_bf16`:
+// non-negative floats order as their bits).
+__device__ __forceinline__ void raise_amax(float* amax, bool is_k, bool leader, float m) {
+    if (amax != 0 && leader && m > 0.0f)
+        atomicMax(reinterpret_cast<int*>(amax + (is_k ? 4 : 0)), __float_as_int(m));
+}
+
 #define QKW_WARPS 4
 #define QKW_CHUNKS 16
 __device__ __forceinline__ void unpack8(const uint4 v, float* f) {
@@ -113,7 +129,8 @@ __device__ __forceinline__ void unpack8(const uint4 v, float* f) {
 extern "C" __global__ void __launch_bounds__(QKW_WARPS * 32) qk_norm_rope_warp(
     bf16* xq, const bf16* __restrict__ wq, int rows_q, bf16* xk, const bf16* __restrict__ wk, int rows_k,
     int D, float eps, const float* __restrict__ freqs, int nfreq, int gh, int gw,
-    float scale_f, float scale_h, float scale_w, float base_f, float base_h, float base_w) {
+    float scale_f, float scale_h, float scale_w, float base_f, float base_h, float base_w,
+    float* __restrict__ amax) {
     const int lane = threadIdx.x & 31;
     const long long t = (long long)blockIdx.x * QKW_WARPS + (threadIdx.x >> 5);
     const bool is_k = blockIdx.y == 1;
@@ -141,6 +158,7 @@ extern "C" __global__ void __launch_bounds__(QKW_WARPS * 32) qk_norm_rope_warp(
     float pos[3];
     rope_position(t, gh, gw, scale_f, scale_h, scale_w, base_f, base_h, base_w, pos);
     const int pad_pairs = (D - 6 * nfreq) / 2;
+    float m = 0.0f;
 #pragma unroll
     for (int j = 0; j < QKW_CHUNKS; ++j) {
         const int c = lane + 32 * j;
@@ -158,9 +176,11 @@ extern "C" __global__ void __launch_bounds__(QKW_WARPS * 32) qk_norm_rope_warp(
             b = bf2f(f2bf(b));
             rope_pair(freqs, p, pad_pairs, pos, a, b);
             o[e] = pack_bf16x2(a, b);
+            m = amax_bf16x2(o[e], m);
         }
         xr[c] = make_uint4(o[0], o[1], o[2], o[3]);
     }
+    raise_amax(amax, is_k, lane == 0, warp_max(m));
 }
 
 // The forward's q/k norm: `qk_norm_rope` over two tensors in one launch
@@ -171,13 +191,18 @@ extern "C" __global__ void __launch_bounds__(QKW_WARPS * 32) qk_norm_rope_warp(
 // the order of every sum and every expression are those of `qk_norm_rope`, so
 // the two kernels agree bit for bit (a device check holds them to it). Needs
 // blockDim.x = 256 and D <= 8 * 2 * 256 = 4096, D even; RoPE as there when
-// `freqs` is not null (both tensors then have the grid's rows).
+// `freqs` is not null (both tensors then have the grid's rows). With `amax` not
+// null, raises amax[0] (q) and amax[4] (k) to the largest |value| the block
+// wrote (the bf16 values, NaN ignored): what `amax3_bf16` would read back from
+// the written rows, bit for bit, so the FP8 attention's operand pass need not
+// read q and k for it (the FP8 attention's slot layout, `kernels/fp8.cu`).
 #define QKN_THREADS 256
 #define QKN_PPT 8
 extern "C" __global__ void __launch_bounds__(QKN_THREADS) qk_norm_rope_pair(
     bf16* xq, const bf16* __restrict__ wq, int rows_q, bf16* xk, const bf16* __restrict__ wk, int rows_k,
     int D, float eps, const float* __restrict__ freqs, int nfreq, int gh, int gw,
-    float scale_f, float scale_h, float scale_w, float base_f, float base_h, float base_w) {
+    float scale_f, float scale_h, float scale_w, float base_f, float base_h, float base_w,
+    float* __restrict__ amax) {
     __shared__ float scratch[32];
     const long long t = blockIdx.x;
     const bool is_k = blockIdx.y == 1;
@@ -205,6 +230,7 @@ extern "C" __global__ void __launch_bounds__(QKN_THREADS) qk_norm_rope_pair(
     float pos[3];
     rope_position(t, gh, gw, scale_f, scale_h, scale_w, base_f, base_h, base_w, pos);
     const int pad_pairs = (D - 6 * nfreq) / 2;
+    float m = 0.0f;
 #pragma unroll
     for (int j = 0; j < QKN_PPT; ++j) {
         const int p = threadIdx.x + j * QKN_THREADS;
@@ -214,8 +240,11 @@ extern "C" __global__ void __launch_bounds__(QKN_THREADS) qk_norm_rope_pair(
         a = bf2f(f2bf(a));
         b = bf2f(f2bf(b));
         rope_pair(freqs, p, pad_pairs, pos, a, b);
-        xr[p] = pack_bf16x2(a, b);
+        const unsigned int o = pack_bf16x2(a, b);
+        xr[p] = o;
+        m = amax_bf16x2(o, m);
     }
+    if (amax != 0) raise_amax(amax, is_k, threadIdx.x == 0, block_max(m, scratch));
 }
 
 // y = x * sigmoid(x).

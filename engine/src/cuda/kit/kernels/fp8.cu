@@ -9,10 +9,7 @@
 __device__ __forceinline__ float amax8(uint4 v, float m) {
     const unsigned int w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        m = fmaxf(m, fabsf(__uint_as_float(w[j] << 16)));
-        m = fmaxf(m, fabsf(__uint_as_float(w[j] & 0xffff0000u)));
-    }
+    for (int j = 0; j < 4; ++j) m = amax_bf16x2(w[j], m);
     return m;
 }
 
