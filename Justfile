@@ -76,7 +76,7 @@ bench-gpu:
     cargo build --bins
     scripts/bench-gpu.sh {{bin}} selftest synth:ltxv-2b t5check:ltxv-2b oracle:ltxv-2b run:2:default::warm exec:2 ref:2 table
 
-# The whole device re-derivation on a GPU machine (a few hours on an H200: fourteen levers, two rungs): every lever
+# The whole device re-derivation on a GPU machine (a few hours on an H200: fifteen levers, two rungs): every lever
 # that applies at rungs 2 and 3, 3 interleaved rounds each, weights warm in the page cache
 # (one campaign per rung: they use different weights), sealed into $WORK/store (default
 # ~/ltx-bench) and packed under $WORK/out. Then copy the new bundles into
@@ -85,7 +85,7 @@ bench-gpu:
 # Re-derive the device lever ranking (rungs 2 and 3) on a GPU machine.
 rederive:
     cargo build --bins
-    scripts/bench-gpu.sh {{bin}} synth:ltxv-2b synth:ltxv-13b campaign:2:conditioning,vae,vae-prepare,staging,release-pages,host-threads,denoise-graph,attention,cross-attention,qk-norm,precision,fp8-accum,attention-precision,observer:3:warm campaign:3:conditioning,vae,vae-prepare,staging,release-pages,host-threads,denoise-graph,attention,cross-attention,qk-norm,precision,fp8-accum,attention-precision,observer:3:warm
+    scripts/bench-gpu.sh {{bin}} synth:ltxv-2b synth:ltxv-13b campaign:2:conditioning,vae,vae-prepare,staging,release-pages,host-threads,denoise-graph,attention,cross-attention,qk-norm,precision,fp8-accum,attention-precision,text-kv,observer:3:warm campaign:3:conditioning,vae,vae-prepare,staging,release-pages,host-threads,denoise-graph,attention,cross-attention,qk-norm,precision,fp8-accum,attention-precision,text-kv,observer:3:warm
 
 # The denoise-graph lever alone on a GPU machine: graph vs eager loops (bit-exact,
 # with the mutant) and the loop benchmark, off vs on, at rung 2's and rung 1's grids.

@@ -10,7 +10,8 @@
 #   selftest[:SECTION[:bench]]
 #                         engine selftest-cuda --bench: every device check against the
 #                         CPU arm, then the staging/forward/denoise/graph/T5/VAE benches;
-#                         with SECTION (t5, vae, graph, ...) that section's checks alone,
+#                         with SECTION (dit, t5, vae, graph, attention: the attention kernels alone, in
+#                         under a minute) that section's checks alone,
 #                         and with `:bench` after it that section's benchmarks too
 #   synth:PRESET          synthesize the preset's weights (in the background; a step
 #                         that needs them waits), unless already there

@@ -137,6 +137,8 @@ pub enum SelftestSection {
     Graph,
     /// The video VAE decoder's primitives and whole decodes (and its benchmark).
     Vae,
+    /// The attention kernels alone (bf16 and FP8; part of `dit`), in seconds.
+    Attention,
 }
 
 /// Every command.
@@ -310,6 +312,7 @@ fn selftest_cuda(
             SelftestSection::T5 => Section::T5,
             SelftestSection::Graph => Section::Graph,
             SelftestSection::Vae => Section::Vae,
+            SelftestSection::Attention => Section::Attention,
         }),
     };
     let all_passed = crate::cuda::selftest::run(&opts)?;

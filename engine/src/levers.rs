@@ -70,6 +70,9 @@ pub const VAE_PREPARE: &str = "vae-prepare";
 pub const FP8_ACCUM: &str = "fp8-accum";
 /// Lever id: the number format of the CUDA arm's DiT self-attention.
 pub const ATTENTION_PRECISION: &str = "attention-precision";
+/// Lever id: whether the CUDA arm's DiT projects the text's cross-attention
+/// keys and values in every forward or once per text.
+pub const TEXT_KV: &str = "text-kv";
 
 static REGISTRY: &[LeverDef] = &[
     LeverDef {
@@ -237,6 +240,18 @@ static REGISTRY: &[LeverDef] = &[
               attention = cudnn (an error naming them otherwise); the cross-attention stays \
               bf16",
     },
+    LeverDef {
+        id: TEXT_KV,
+        arms: &["per-forward", "cached"],
+        default: "per-forward",
+        baseline: "per-forward",
+        applies_to: Applies::Cuda,
+        doc: "per-forward projects the text to every DiT block's cross-attention keys (then \
+              RMS-normed) and values inside each forward; cached computes them once per \
+              prompt when the loop is readied and every forward reads them (the same values \
+              bit for bit; layers x 2 x text tokens x width bf16 more device memory per \
+              prompt)",
+    },
 ];
 
 /// Levers whose default has not yet been decided from device evidence: it stays
@@ -261,8 +276,20 @@ static REGISTRY: &[LeverDef] = &[
 /// (3fc06ac6b29a, 5.9% [5.2%, 6.9%] of an fp8 denoise, 44.2 dB from the exact
 /// arm's frames) and at rung 3 (ef8387a527f1, 11.2% [11.0%, 11.6%], 44.7 dB); its
 /// `fast` arm acts only under `precision = fp8`, which a user picks.
-/// `attention-precision` is new (2026-12-07) and has not run on a device.
-pub const UNMEASURED: &[&str] = &[CROSS_ATTENTION, QK_NORM, PRECISION, ATTENTION_PRECISION];
+/// `attention-precision` stays: refuted at rung 2 (70fb5068f340, 1.2% [0.4%,
+/// 1.8%] against 5%, on a head-dim-64 kernel since found wrong and now refused:
+/// `ForwardArms::model_conflict`) and confirmed at rung 3 (4343a54f503c, 7.1%
+/// [6.9%, 7.2%], 39.7 dB from the bf16 attention's frames, 2026-12-07); its fp8
+/// arm needs `precision = fp8`, which a user picks. `text-kv` (session 35) stays
+/// for want of evidence: 1.0% [0.9%, 1.1%] at rung 2 (c4b3c324ebcc, frames
+/// identical) straddles its 1% minimum.
+pub const UNMEASURED: &[&str] = &[
+    CROSS_ATTENTION,
+    QK_NORM,
+    PRECISION,
+    ATTENTION_PRECISION,
+    TEXT_KV,
+];
 
 /// Every lever the engine knows, in a stable order.
 pub fn registry() -> &'static [LeverDef] {
@@ -420,11 +447,13 @@ impl LeverSet {
     }
 
     /// The forward's kernel arms: `attention`, `cross-attention`, `qk-norm`,
-    /// `precision`, `fp8-accum` and `attention-precision`.
+    /// `precision`, `fp8-accum`, `attention-precision` and `text-kv`.
     pub fn forward_arms(&self) -> crate::cuda::models::dit::ForwardArms {
         use crate::cuda::kit::gemm::Accum;
         use crate::cuda::models::dit::Precision;
-        use crate::cuda::models::dit::{AttnPrecision, CrossArm, ForwardArms, QkNormArm};
+        use crate::cuda::models::dit::{
+            AttnPrecision, CrossArm, ForwardArms, QkNormArm, TextKvArm,
+        };
         ForwardArms {
             attention: self.attention(),
             cross: if self.arm(CROSS_ATTENTION) == "cudnn" {
@@ -451,6 +480,11 @@ impl LeverSet {
                 AttnPrecision::Fp8
             } else {
                 AttnPrecision::Bf16
+            },
+            text_kv: if self.arm(TEXT_KV) == "cached" {
+                TextKvArm::Cached
+            } else {
+                TextKvArm::PerForward
             },
         }
     }
@@ -620,13 +654,14 @@ mod tests {
         use crate::cuda::kit::gemm::Accum;
         use crate::cuda::models::dit::Precision;
         use crate::cuda::models::dit::{
-            AttentionArm, AttnPrecision, CrossArm, ForwardArms, QkNormArm,
+            AttentionArm, AttnPrecision, CrossArm, ForwardArms, QkNormArm, TextKvArm,
         };
         for (id, arms) in [
             (CROSS_ATTENTION, ["mma", "cudnn"]),
             (QK_NORM, ["block", "warp"]),
             (PRECISION, ["bf16", "fp8"]),
             (ATTENTION_PRECISION, ["bf16", "fp8"]),
+            (TEXT_KV, ["per-forward", "cached"]),
         ] {
             let l = lever(id).unwrap();
             assert_eq!(l.arms, arms, "{id}");
@@ -651,6 +686,7 @@ mod tests {
                 precision: Precision::Bf16,
                 fp8_accum: Accum::Fast,
                 attn_precision: AttnPrecision::Bf16,
+                text_kv: TextKvArm::PerForward,
             }
         );
         // fp8-accum is decided (fast), not unmeasured; its baseline stays exact.
@@ -720,6 +756,28 @@ mod tests {
         assert!(entry.contains("numerics = \"preserving\""), "{entry}");
     }
 
+    /// Red on: `cached` not reaching `forward_arms` (the test inverted), the
+    /// spec's entry calling it numerics-changing, or its campaign dropping the
+    /// fp8 Linears it is measured on.
+    #[test]
+    fn text_kv_lever_maps_to_the_cached_arm() {
+        use crate::cuda::models::dit::TextKvArm;
+        let on = |arm: &'static str| {
+            LeverSet::resolve(Profile::Default, [("text-kv", arm)])
+                .unwrap()
+                .forward_arms()
+        };
+        assert_eq!(on("cached").text_kv, TextKvArm::Cached);
+        assert_eq!(on("per-forward").text_kv, TextKvArm::PerForward);
+        assert_eq!(on("cached").text_kv.name(), "cached");
+        // Either arm runs with either precision and attention.
+        assert_eq!(on("cached").conflict(), None);
+        assert_eq!(on("cached").needs_cudnn(), on("per-forward").needs_cudnn());
+        let entry = spec_entry(TEXT_KV);
+        assert!(entry.contains("numerics = \"preserving\""), "{entry}");
+        assert!(entry.contains("with = { precision = \"fp8\" }"), "{entry}");
+    }
+
     /// Red on: the fp8 arm not reaching `forward_arms`, the conflict check
     /// passing an fp8 attention without its FP8 GEMMs or without cuDNN, or the
     /// spec's `with` dropping either lever its campaign needs.
@@ -736,6 +794,15 @@ mod tests {
         assert_eq!(ok.attn_precision.name(), "fp8");
         assert!(ok.needs_cudnn());
         assert_eq!(ok.conflict(), None);
+        // Refused below head dim 128 (the 2B model's 64: cuDNN's FP8 attention
+        // was wrong there, s36-dev2); the 13B model's 128 runs it; bf16 runs
+        // on both. Red when the bound moves or the refusal goes.
+        let why = ok.model_conflict(64).expect("fp8 attention at head dim 64");
+        assert!(why.contains("head dim of at least 128"), "{why}");
+        assert!(why.contains("--lever attention-precision=bf16"), "{why}");
+        assert_eq!(ok.model_conflict(128), None);
+        let d = LeverSet::resolve(Profile::Default, []).unwrap();
+        assert_eq!(d.forward_arms().model_conflict(64), None);
         let bf16 = LeverSet::resolve(Profile::Default, [("attention-precision", "fp8")])
             .unwrap()
             .forward_arms();

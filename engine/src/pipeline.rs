@@ -189,7 +189,11 @@ pub fn render(req: &RenderRequest, rec: &Recorder) -> anyhow::Result<RenderOutco
         .map_err(|e| BadInput(format!("steps: {e}")))?;
     // Arms that cannot run together are the user's input: refused before any load.
     if req.device == Device::Cuda {
-        if let Some(why) = req.levers.forward_arms().conflict() {
+        let arms = req.levers.forward_arms();
+        if let Some(why) = arms
+            .conflict()
+            .or_else(|| arms.model_conflict(p.dit.attention_head_dim))
+        {
             return Err(BadInput(format!("levers: {why}")).into());
         }
     }
@@ -515,7 +519,7 @@ fn load_cuda_dit(
         .with_context(|| {
             format!(
                 "the CUDA arm's transformer (attention={}, cross-attention={}, qk-norm={}, \
-             precision={}, fp8-accum={}, attention-precision={}; `--lever attention=mma --lever \
+             precision={}, fp8-accum={}, attention-precision={}, text-kv={}; `--lever attention=mma --lever \
              cross-attention=mma --lever attention-precision=bf16` runs the engine's own kernels \
              without cuDNN, `--lever precision=bf16 --lever attention-precision=bf16` without FP8)",
                 arms.attention.name(),
@@ -523,7 +527,8 @@ fn load_cuda_dit(
                 arms.qk_norm.name(),
                 arms.precision.name(),
                 arms.fp8_accum.name(),
-                arms.attn_precision.name()
+                arms.attn_precision.name(),
+                arms.text_kv.name()
             )
         })?;
     rec.attach_device(den.mem());
@@ -537,6 +542,7 @@ fn load_cuda_dit(
         "attention_precision".into(),
         Value::from(arms.attn_precision.name()),
     );
+    a.insert("text_kv".into(), Value::from(arms.text_kv.name()));
     // Only where FP8 GEMMs run: on bf16 the lever is inert.
     if arms.precision == crate::cuda::models::dit::Precision::Fp8 {
         a.insert("fp8_accum".into(), Value::from(arms.fp8_accum.name()));

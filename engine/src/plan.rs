@@ -61,7 +61,10 @@
 //! the buffers block inputs are quantized into
 //! ([`crate::cuda::models::dit::DeviceDit::fp8_act_bytes_for`]) and, with
 //! `attention-precision = fp8`, the e4m3 attention operands
-//! ([`crate::cuda::models::dit::DeviceDit::fp8_attn_bytes_for`]); while staging,
+//! ([`crate::cuda::models::dit::DeviceDit::fp8_attn_bytes_for`]). With
+//! `text-kv = cached` (either precision) the loop gains each prompt's
+//! cross-attention keys and values ([`crate::cuda::denoise::text_kv_bytes`]);
+//! while staging,
 //! the cuBLASLt workspace and the bounce buffer the bf16 weights pass through
 //! ([`crate::cuda::models::dit::DeviceDit::fp8_bounce_bytes_for`], freed before
 //! the loop is readied) sit beside the weights, so `load.dit` holds the larger
@@ -89,8 +92,8 @@ use serde::Serialize;
 
 use evidence::rung::Device;
 
-use crate::cuda::denoise::{loaded_bytes, loop_bytes};
-use crate::cuda::models::dit::{AttnPrecision, DeviceDit, DitDims, Precision};
+use crate::cuda::denoise::{loaded_bytes, loop_bytes, text_kv_bytes};
+use crate::cuda::models::dit::{AttnPrecision, DeviceDit, DitDims, Precision, TextKvArm};
 use crate::cuda::staging::StagingMethod;
 use crate::levers::LeverSet;
 use crate::models::{dit, t5, vae};
@@ -309,7 +312,17 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
                 } else {
                     (0, 0, 0)
                 };
-                (loaded_bytes(&d, l, prompts), loop_bytes(&d, n, l), w, a, b)
+                let kv = match levers.forward_arms().text_kv {
+                    TextKvArm::Cached => text_kv_bytes(&d, l, prompts),
+                    TextKvArm::PerForward => 0,
+                };
+                (
+                    loaded_bytes(&d, l, prompts),
+                    loop_bytes(&d, n, l) + kv,
+                    w,
+                    a,
+                    b,
+                )
             })
             .unwrap_or((0, 0, 0, 0, 0));
         // Staging holds the cuBLASLt workspace (opened before it) and, on fp8,
@@ -506,6 +519,24 @@ mod tests {
         assert_eq!(
             project(&p, &g1, &fa).device_phases["denoise"],
             weights + run + acts + attn
+        );
+        // text-kv = cached adds each prompt's keys and values to the loop (red
+        // on: left out, or counted on per-forward).
+        let kv = LeverSet::resolve(
+            Profile::Default,
+            [
+                ("staging", "serial"),
+                host_t5,
+                ("precision", "fp8"),
+                ("text-kv", "cached"),
+            ],
+        )
+        .unwrap();
+        let cache = text_kv_bytes(&d, p.max_text_tokens, 1);
+        assert_eq!(cache, 28 * 2 * (p.max_text_tokens as u64) * 2048 * 2);
+        assert_eq!(
+            project(&p, &g1, &kv).device_phases["denoise"],
+            weights + run + acts + cache
         );
         // Guidance adds one text slot; the CPU arm projects no device bytes.
         let g2 = Geometry {

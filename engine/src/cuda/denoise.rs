@@ -80,7 +80,7 @@ use crate::cuda::kit::context::Gpu;
 use crate::cuda::kit::memory::{download, upload, DeviceBuffer, MemTracker, ALIGN};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::{
-    DeviceDit, DitDims, ForwardArms, Geometry, Precision, TextSlot, Timestep, Workspace,
+    DeviceDit, DitDims, ForwardArms, Geometry, Precision, TextKv, TextSlot, Timestep, Workspace,
     FP8_BOUNCE_BOUND, LATENT_CHANNELS,
 };
 use crate::cuda::staging::{OpenReport, StagingOptions};
@@ -246,6 +246,12 @@ pub fn loaded_bytes(dims: &DitDims, l: usize, prompts: usize) -> u64 {
         + prompts * TextSlot::bytes_for(dims, l)) as u64
 }
 
+/// Device bytes `text-kv = cached` adds once the loop is readied: each of
+/// `prompts` prompts' keys and values of `l` text tokens ([`TextKv`]).
+pub fn text_kv_bytes(dims: &DitDims, l: usize, prompts: usize) -> u64 {
+    (prompts * TextKv::bytes_for(dims, l)) as u64
+}
+
 /// Device bytes the denoise loop adds over `n` tokens: the forward's workspace
 /// and the latents with their two velocities and the t slot (on both arms).
 pub fn loop_bytes(dims: &DitDims, n: usize, l: usize) -> u64 {
@@ -333,6 +339,12 @@ impl CudaDenoiser {
         }
         let (n, l) = (self.n(), self.l());
         self.dit.workspace(n, l)?;
+        // Each prompt's cross-attention keys and values, once (`text-kv =
+        // cached`; nothing on `per-forward`), before the warm-up reads them.
+        self.dit.prepare_text(&mut self.cond)?;
+        if let Some(u) = self.uncond.as_mut() {
+            self.dit.prepare_text(u)?;
+        }
         let gpu = self.dit.gpu().clone();
         let bytes = 3 * n * LATENT_CHANNELS * 4 + TIMESTEP_SLOT_BYTES;
         let io = DeviceBuffer::alloc(&gpu, bytes, "the denoise loop's latents")?;

@@ -40,7 +40,7 @@ use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::Precision;
 use crate::cuda::models::dit::{
     AttentionArm, AttnPrecision, CrossArm, DeviceDit, DitDims, ForwardArms, Geometry, NormQuantize,
-    OperandAmax, QkNormArm, TextSlot, LATENT_CHANNELS,
+    OperandAmax, QkNormArm, TextKv, TextKvArm, TextSlot, LATENT_CHANNELS,
 };
 use crate::cuda::staging::{
     self, pinned_copy_gbps, DeviceWeights, Staged, StagingMethod, StagingOptions,
@@ -381,7 +381,7 @@ fn bench_forward(
     let (lat, text, mask) = (&inp.lat, &inp.text, &inp.mask);
     let mut dit = DeviceDit::new(gpu.clone(), k.clone(), g.clone(), dims, weights)?;
     gpu.mem.reset_peak();
-    let slot = TextSlot::upload(gpu, &dims, text, mask)?;
+    let mut slot = TextSlot::upload(gpu, &dims, text, mask)?;
     dit.workspace(n, l)?;
     let io = DeviceBuffer::alloc(gpu, 2 * n * LATENT_CHANNELS * 4, "bench latents")?;
     let (lat_p, vel_p) = (io.ptr(), io.ptr() + (n * LATENT_CHANNELS * 4) as u64);
@@ -530,6 +530,7 @@ fn bench_forward(
                 precision: Precision::Bf16,
                 fp8_accum: Accum::Exact,
                 attn_precision: AttnPrecision::Bf16,
+                text_kv: TextKvArm::PerForward,
             };
             let newer = dit.set_arms(arms).and_then(|_| {
                 let ms = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
@@ -597,6 +598,7 @@ fn bench_forward(
         attention: AttentionArm::Cudnn,
         ..a
     };
+    let fp8_attention = dims.head_dim >= crate::cuda::kit::sdpa_fp8::MIN_HEAD_DIM;
     let mut configs = vec![
         ("precision=fp8".to_string(), fp8, Some(best)),
         ("precision=fp8 fp8-accum=fast".to_string(), fast, Some(best)),
@@ -613,15 +615,18 @@ fn bench_forward(
             Some(bf),
         ));
         // `attention-precision = fp8` on the render's fp8 arms, beside the
-        // same arms with cuDNN's bf16 attention (the row above).
-        configs.push((
-            "attention=cudnn precision=fp8 fp8-accum=fast attention-precision=fp8".into(),
-            ForwardArms {
-                attn_precision: AttnPrecision::Fp8,
-                ..on_cudnn(fast)
-            },
-            Some(bf),
-        ));
+        // same arms with cuDNN's bf16 attention (the row above); only where the
+        // engine runs it (head dim >= `sdpa_fp8::MIN_HEAD_DIM`).
+        if fp8_attention {
+            configs.push((
+                "attention=cudnn precision=fp8 fp8-accum=fast attention-precision=fp8".into(),
+                ForwardArms {
+                    attn_precision: AttnPrecision::Fp8,
+                    ..on_cudnn(fast)
+                },
+                Some(bf),
+            ));
+        }
     }
     let mut exact_ms = f64::NAN;
     let mut fast_ms = f64::NAN;
@@ -724,7 +729,7 @@ fn bench_forward(
     // The FP8 attention's q and k amax raised by the q/k norm (the forward's,
     // `OperandAmax::Folded`) against read by the operand pass (the same slots
     // bit for bit, checked in the selftest), in two interleaved rounds.
-    if cudnn_bf16.is_some() {
+    if cudnn_bf16.is_some() && fp8_attention {
         let a8 = ForwardArms {
             attn_precision: AttnPrecision::Fp8,
             ..on_cudnn(fast)
@@ -760,6 +765,60 @@ fn bench_forward(
             },
         );
     }
+    // `text-kv = cached` against per-forward on the render's fastest arms
+    // (the same velocity bit for bit, checked in the selftest), in two
+    // interleaved rounds; the cache is built outside the timed forwards.
+    let render = match (cudnn_bf16.is_some(), fp8_attention) {
+        (true, true) => ForwardArms {
+            attn_precision: AttnPrecision::Fp8,
+            ..on_cudnn(fast)
+        },
+        (true, false) => on_cudnn(fast),
+        (false, _) => fast,
+    };
+    let timed = (|| {
+        let mut t = [0.0f64; 2];
+        for _round in 0..2 {
+            for (i, text_kv) in [TextKvArm::Cached, TextKvArm::PerForward]
+                .into_iter()
+                .enumerate()
+            {
+                dit.set_arms(ForwardArms { text_kv, ..render })?;
+                dit.prepare_text(&mut slot)?;
+                t[i] += time_ms(kit, 2, reps, || {
+                    dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
+                })? / 2.0;
+            }
+        }
+        Ok::<_, CudaError>(t)
+    })();
+    dit.set_arms(ForwardArms::OWN)?;
+    dit.prepare_text(&mut slot)?;
+    let label = format!(
+        "{name} {}precision=fp8 fp8-accum=fast{}",
+        if cudnn_bf16.is_some() {
+            "attention=cudnn "
+        } else {
+            ""
+        },
+        if render.attn_precision == AttnPrecision::Fp8 {
+            " attention-precision=fp8"
+        } else {
+            ""
+        }
+    );
+    push(
+        rows,
+        match timed {
+            Ok([cached, per]) => format!(
+                "forward  {label}: text-kv cached {cached:.1} ms vs per-forward {per:.1} ms \
+                 (cached {:+.1}%); the cache {:.1} MiB a prompt",
+                (cached / per - 1.0) * 100.0,
+                TextKv::bytes_for(&dims, l) as f64 / (1u64 << 20) as f64
+            ),
+            Err(e) => format!("forward  {label} text-kv cached vs per-forward unavailable: {e}"),
+        },
+    );
     let sa_layer = sa / layers;
     push(rows, format!(
         "forward  {name} 6144 tok       {best:>8.1} ms  target <= {target} (PyTorch {pytorch}) {}  {:.0} TFLOP/s; attn={}",

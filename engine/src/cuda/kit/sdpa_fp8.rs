@@ -41,6 +41,14 @@ pub const UIDS: [i64; 13] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13];
 /// The oldest compute capability cuDNN runs FP8 attention on (Hopper).
 pub const MIN_CAPABILITY: (i32, i32) = (9, 0);
 
+/// The smallest head dimension the engine runs cuDNN's FP8 attention at.
+/// At head dim 64 with 32 heads (the 2B model's shape), cuDNN 9.14 on an H100
+/// wrote outputs 9-25x too large at 1024-6144 tokens while its own amax of the
+/// output was right (s36-dev2, `reports/device-notes.md`); 2 heads at head dim
+/// 64 and every head-dim-128 shape were right. It was also no faster there
+/// (523 against 498 TFLOP/s for the bf16 attention, s36-dev1).
+pub const MIN_HEAD_DIM: usize = 128;
+
 /// The device addresses one FP8 attention reads and writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fp8Ptrs {

@@ -38,6 +38,9 @@ use crate::ops::rope::{rope_freqs, ROPE_BASE};
 use crate::weights::safetensors::Extent;
 use crate::weights::{DType, TensorSpec, WeightError};
 
+mod text_kv;
+pub use text_kv::{TextKv, TextKvArm};
+
 /// Latent channels in and out of the DiT.
 pub const LATENT_CHANNELS: usize = 128;
 /// Width of the sinusoidal timestep embedding.
@@ -640,6 +643,9 @@ pub struct TextSlot {
     /// kernel that adds it.
     pub masked: bool,
     caption: usize,
+    /// Its cross-attention keys and values under `text-kv = cached`
+    /// ([`DeviceDit::prepare_text`]).
+    kv: Option<TextKv>,
 }
 
 impl TextSlot {
@@ -672,6 +678,7 @@ impl TextSlot {
             l,
             masked,
             caption: c,
+            kv: None,
         };
         let bias: Vec<f32> = mask.iter().map(|m| (1.0 - m) * MASK_BIAS).collect();
         upload(gpu, slot.text(), text)?;
@@ -825,6 +832,9 @@ pub struct ForwardArms {
     /// The number format of the self-attention (lever `attention-precision`;
     /// fp8 needs `precision = fp8` and `attention = cudnn`).
     pub attn_precision: AttnPrecision,
+    /// Where the cross-attention's text keys and values come from (lever
+    /// `text-kv`; cached needs [`DeviceDit::prepare_text`] on each text).
+    pub text_kv: TextKvArm,
 }
 
 impl ForwardArms {
@@ -836,6 +846,7 @@ impl ForwardArms {
         precision: Precision::Bf16,
         fp8_accum: Accum::Exact,
         attn_precision: AttnPrecision::Bf16,
+        text_kv: TextKvArm::PerForward,
     };
 
     /// Whether an arm runs on cuDNN (which must then load).
@@ -843,6 +854,21 @@ impl ForwardArms {
         self.attention == AttentionArm::Cudnn
             || self.cross == CrossArm::Cudnn
             || self.attn_precision == AttnPrecision::Fp8
+    }
+
+    /// Why these arms cannot run on a model of `head_dim` channels per head,
+    /// or None: `attention-precision = fp8` below
+    /// [`sdpa_fp8::MIN_HEAD_DIM`](crate::cuda::kit::sdpa_fp8::MIN_HEAD_DIM).
+    pub fn model_conflict(&self, head_dim: usize) -> Option<String> {
+        let min = crate::cuda::kit::sdpa_fp8::MIN_HEAD_DIM;
+        (self.attn_precision == AttnPrecision::Fp8 && head_dim < min).then(|| {
+            format!(
+                "attention-precision = fp8 needs a head dim of at least {min} (this model's is \
+                 {head_dim}): cuDNN's FP8 attention wrote wrong outputs at head dim 64 with 32 \
+                 heads on an H100 (reports/device-notes.md, s36-dev2); use --lever \
+                 attention-precision=bf16"
+            )
+        })
     }
 
     /// Why these arms cannot run together, if they cannot:
@@ -1129,6 +1155,9 @@ impl DeviceDit {
                 self.gpu.capability.0,
                 self.gpu.capability.1
             )));
+        }
+        if let Some(why) = arms.model_conflict(self.dims.head_dim) {
+            return Err(CudaError::NotAvailable(why));
         }
         if arms.precision == Precision::Bf16 && !self.bf16_blocks {
             return Err(CudaError::Invalid(
@@ -1534,42 +1563,12 @@ impl DeviceDit {
         lin(ws.t1s, &w.time_embed_linear_2, ws.emb, 1, Epilogue::Bias)?;
         k.map(s, Map::SiluBf16, ws.emb, ws.emb_s, d)?;
         lin(ws.emb_s, &w.time_embed_linear, ws.temb, 1, Epilogue::Bias)?;
-        // Caption projection: linear_1 -> tanh-GELU -> linear_2.
-        k.map(
-            s,
-            Map::F32ToBf16,
-            text.text(),
-            ws.text_bf,
-            l * self.dims.caption_channels,
-        )?;
-        lin(
-            ws.text_bf,
-            &w.caption_projection_linear_1,
-            ws.cap_h,
-            l,
-            Epilogue::BiasGelu,
-        )?;
-        lin(
-            ws.cap_h,
-            &w.caption_projection_linear_2,
-            ws.text_p,
-            l,
-            Epilogue::Bias,
-        )?;
-        // The FP8 arm's state, and the projected text quantized once for every
-        // block's cross-attention keys and values.
-        let fp8 = match self.arms.precision {
-            Precision::Bf16 => None,
-            Precision::Fp8 => {
-                let st = self.fp8.as_ref().ok_or_else(|| {
-                    CudaError::Invalid("precision = fp8 without its e4m3 weights".into())
-                })?;
-                let (acts, text_q) = st.acts.as_ref().ok_or_else(|| {
-                    CudaError::Invalid("precision = fp8 without its buffers".into())
-                })?;
-                text_q.quantize(&self.gpu, k, ws.text_p, l, d)?;
-                Some((st, acts, text_q))
-            }
+        // The text's keys and values come from its cache (`text-kv = cached`),
+        // or every block projects them from the projected text.
+        let cache = self.text_kv(text, blocks.len())?;
+        let fp8 = match cache {
+            None => self.project_text(ws, text)?,
+            Some(_) => self.fp8_parts()?,
         };
         let rope = RopeArgs {
             freqs: self.freqs.ptr(),
@@ -1628,12 +1627,13 @@ impl DeviceDit {
                 None => None,
             };
             let last = bi + 1 == blocks.len();
+            let kv = cache.map(|c| c.block(bi)).transpose()?;
             h = self.enqueue_block(
                 b,
                 q8,
                 ws,
                 h,
-                (l, text.kbias(), text.masked),
+                (l, text.kbias(), text.masked, kv),
                 &rope,
                 (next, last),
                 probe,
@@ -1648,6 +1648,59 @@ impl DeviceDit {
         lin(h, &w.proj_out, ws.out_bf, n, Epilogue::Bias)?;
         k.map(s, Map::Bf16ToF32, ws.out_bf, out, n * lc)?;
         mark("output projection")
+    }
+
+    /// The caption projection of `text` into `ws.text_p` (linear_1 ->
+    /// tanh-GELU -> linear_2) on the compute stream and, on the fp8 arm, its
+    /// quantization once for every block's cross-attention keys and values;
+    /// returns the fp8 arm's parts ([`DeviceDit::fp8_parts`]).
+    #[allow(clippy::type_complexity)]
+    fn project_text(
+        &self,
+        ws: &Workspace,
+        text: &TextSlot,
+    ) -> Result<Option<(&Fp8State, &Fp8Rows, &Fp8Rows)>, CudaError> {
+        let (s, k, w, l) = (&self.gpu.compute, &self.kernels, &self.w, text.l);
+        let lin = |x: CUdeviceptr, lw: &Lin, y: CUdeviceptr, ep: Epilogue| {
+            self.gemm.linear(s, x, lw.w, lw.b, y, l, lw.out, lw.inp, ep)
+        };
+        let c = self.dims.caption_channels;
+        k.map(s, Map::F32ToBf16, text.text(), ws.text_bf, l * c)?;
+        lin(
+            ws.text_bf,
+            &w.caption_projection_linear_1,
+            ws.cap_h,
+            Epilogue::BiasGelu,
+        )?;
+        lin(
+            ws.cap_h,
+            &w.caption_projection_linear_2,
+            ws.text_p,
+            Epilogue::Bias,
+        )?;
+        let fp8 = self.fp8_parts()?;
+        if let Some((_, _, text_q)) = fp8 {
+            text_q.quantize(&self.gpu, k, ws.text_p, l, self.dims.dim())?;
+        }
+        Ok(fp8)
+    }
+
+    /// The fp8 arm's state, its block inputs' buffer and the projected text's
+    /// (None on bf16).
+    #[allow(clippy::type_complexity)]
+    fn fp8_parts(&self) -> Result<Option<(&Fp8State, &Fp8Rows, &Fp8Rows)>, CudaError> {
+        match self.arms.precision {
+            Precision::Bf16 => Ok(None),
+            Precision::Fp8 => {
+                let st = self.fp8.as_ref().ok_or_else(|| {
+                    CudaError::Invalid("precision = fp8 without its e4m3 weights".into())
+                })?;
+                let (acts, text_q) = st.acts.as_ref().ok_or_else(|| {
+                    CudaError::Invalid("precision = fp8 without its buffers".into())
+                })?;
+                Ok(Some((st, acts, text_q)))
+            }
+        }
     }
 
     /// The modulated RMS norm a block reads its input through (rows 0 and 1
@@ -1679,7 +1732,7 @@ impl DeviceDit {
         fp8: Option<BlockFp8<'_>>,
         ws: &Workspace,
         h: LinIn,
-        (l, kbias, masked): (usize, CUdeviceptr, bool),
+        (l, kbias, masked, cached): (usize, CUdeviceptr, bool, Option<(CUdeviceptr, CUdeviceptr)>),
         rope: &RopeArgs,
         (next, last): (NextInput, bool),
         probe: Option<&dyn Fn(&'static str) -> Result<(), CudaError>>,
@@ -1826,17 +1879,25 @@ impl DeviceDit {
         let a2 = &b.attn2;
         lin(h, &a2.to_q, q8(slot::CROSS_Q), ws.q, n, Epilogue::Bias)?;
         mark("gemm q (cross)")?;
-        let (tk, tv) = (q8(slot::CROSS_K), q8(slot::CROSS_V));
-        lin(text_in, &a2.to_k, tk, ws.ck, l, Epilogue::Bias)?;
-        lin(text_in, &a2.to_v, tv, ws.cv, l, Epilogue::Bias)?;
-        mark("gemm k|v (text)")?;
-        qk_norm((ws.q, a2.norm_q, n), (ws.ck, a2.norm_k, l), None, None)?;
+        // The text's keys (normed) and values: projected here, or read from
+        // the text's cache (`text-kv = cached`), whose keys are normed already.
+        let (ck, cv, key_rows) = match cached {
+            None => {
+                let (tk, tv) = (q8(slot::CROSS_K), q8(slot::CROSS_V));
+                lin(text_in, &a2.to_k, tk, ws.ck, l, Epilogue::Bias)?;
+                lin(text_in, &a2.to_v, tv, ws.cv, l, Epilogue::Bias)?;
+                mark("gemm k|v (text)")?;
+                (ws.ck, ws.cv, l)
+            }
+            Some((ck, cv)) => (ck, cv, 0),
+        };
+        qk_norm((ws.q, a2.norm_q, n), (ck, a2.norm_k, key_rows), None, None)?;
         mark("q/k norm (cross)")?;
         // The mma arm adds the key bias even where it is all zero, as before
         // the lever existed (its frames stay bit for bit what they were).
         match (self.arms.cross, masked) {
-            (CrossArm::Cudnn, false) => fused((ws.ck, ws.cv), l)?,
-            (CrossArm::Cudnn, true) | (CrossArm::Mma, _) => attend((ws.ck, ws.cv), l, kbias)?,
+            (CrossArm::Cudnn, false) => fused((ck, cv), l)?,
+            (CrossArm::Cudnn, true) | (CrossArm::Mma, _) => attend((ck, cv), l, kbias)?,
         }
         mark("cross-attention")?;
         let ao = input(ws.ao, n, d)?;
@@ -1925,7 +1986,7 @@ impl DeviceDit {
                 geo.grid
             )));
         }
-        let slot = TextSlot::upload(&self.gpu, &self.dims, text, mask)?;
+        let mut slot = TextSlot::upload(&self.gpu, &self.dims, text, mask)?;
         let gpu = self.gpu.clone();
         let ws = self.workspace(n, mask.len())?;
         let io = DeviceBuffer::alloc(&gpu, 2 * n * LATENT_CHANNELS * 4, "forward latents")?;
@@ -1933,6 +1994,9 @@ impl DeviceDit {
             ws.poison(&gpu)?;
             io.fill_bytes(&self.gpu, 0xFF, &self.gpu.compute)?;
         }
+        // Its keys and values under `text-kv = cached` (the cache is poisoned
+        // before it is written).
+        self.prepare_text(&mut slot)?;
         let (lat, out) = (io.ptr(), io.ptr() + (n * LATENT_CHANNELS * 4) as u64);
         upload(&self.gpu, lat, latents)?;
         let timer = Timer::new(&self.gpu)?;

@@ -19,7 +19,7 @@ use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::{
     AttentionArm, AttnPrecision, CrossArm, DeviceDit, DitDims, ForwardArms, Geometry, NormQuantize,
-    OperandAmax, Precision, QkNormArm, LATENT_CHANNELS,
+    OperandAmax, Precision, QkNormArm, TextKvArm, LATENT_CHANNELS,
 };
 use crate::cuda::staging::{self, DeviceWeights, StagingMethod, StagingOptions};
 use crate::cuda::CudaError;
@@ -1520,6 +1520,30 @@ pub fn check_forward(
         .set_attention(AttentionArm::Cudnn)
         .and_then(|_| dit.forward(&lat, sigma, &text, &mask, geo, true));
     out.push(forward_check(name, &got, &cpu, cpu_s, 2e-2));
+    // `text-kv = cached`: every block's text keys (normed) and values computed
+    // once by `prepare_text` (inside `forward`, its cache NaN-poisoned first)
+    // and read by the blocks, against the same forward projecting them in each
+    // block. The same GEMM plans (m = l) and the same key-norm kernel write the
+    // same values: tolerance 0. Red when a block reads another block's slot,
+    // the keys are left un-normed or normed twice, or a slot is not written.
+    if let Ok((per, per_ms)) = &got {
+        let on_cudnn = ForwardArms {
+            attention: AttentionArm::Cudnn,
+            ..ForwardArms::OWN
+        };
+        let cached = dit
+            .set_arms(ForwardArms {
+                text_kv: TextKvArm::Cached,
+                ..on_cudnn
+            })
+            .and_then(|_| dit.forward(&lat, sigma, &text, &mask, geo, true));
+        dit.set_arms(on_cudnn)?;
+        let name = format!(
+            "forward {label} attention=cudnn grid={grid:?} l={l}: text-kv per-forward vs cached \
+             (bit-exact)"
+        );
+        out.push(bit_exact_forward(name, &cached, per, *per_ms));
+    }
     // The same forward with its padding attended: a padding value of 1e-30
     // gives the same key bias in f32 ((1 - 1e-30) * MASK_BIAS == MASK_BIAS)
     // but is not 0, so the text is not cut to its real prefix. The padded keys
@@ -1552,6 +1576,7 @@ pub fn check_forward(
         precision: Precision::Bf16,
         fp8_accum: Accum::Exact,
         attn_precision: AttnPrecision::Bf16,
+        text_kv: TextKvArm::PerForward,
     };
     let name = format!(
         "forward {label} attention=cudnn cross-attention=cudnn qk-norm=warp grid={grid:?} l={l} \
@@ -1606,6 +1631,23 @@ pub fn check_forward(
             );
             out.push(bit_exact_forward(name, &got_sep, fused, *fused_ms));
         }
+        // `text-kv = cached` on the fp8 arm: the cache's GEMMs read the text
+        // quantized by `prepare_text`, each forward's read nothing of it.
+        // Tolerance 0, as on bf16 above; red also when the cache's text
+        // operand is not quantized before its GEMMs read it.
+        let got_cached = dit
+            .set_arms(ForwardArms {
+                text_kv: TextKvArm::Cached,
+                ..fast
+            })
+            .and_then(|_| dit.forward(&lat, sigma, &text, &mask, geo, true));
+        if let Ok((per, per_ms)) = &got_fast {
+            let name = format!(
+                "forward {label} precision=fp8 fp8-accum=fast grid={grid:?} l={l}: text-kv \
+                 per-forward vs cached (bit-exact)"
+            );
+            out.push(bit_exact_forward(name, &got_cached, per, *per_ms));
+        }
         // `attention-precision = fp8` on the same e4m3 weights (before the bf16
         // forward below drops them), beside the fp8 forward on cuDNN's bf16
         // attention. Against the CPU arm at the fp8 gate (0.15); against that
@@ -1613,10 +1655,33 @@ pub fn check_forward(
         // (argued at `fp8_attention`, tolerance 0.10), and it reaches the
         // velocity only through its share of each block's output, so the
         // forward cannot move further than the attention does.
-        // Only at the released models' head dims (64, 128): the tiny model's 16
-        // is no render's, and cuDNN's FP8 engine need not cover it.
-        let attn8 = if kit.gpu.capability >= crate::cuda::kit::sdpa_fp8::MIN_CAPABILITY
-            && dims.head_dim >= 64
+        // Only from head dim 128 (`sdpa_fp8::MIN_HEAD_DIM`; the 13B model's):
+        // below it the engine refuses the arm, which the 2B model's row holds
+        // it to (red when the refusal goes and a 32-head hd-64 forward runs
+        // cuDNN's FP8 attention, wrong there in s36-dev2). The tiny model's 16
+        // is no render's.
+        let fp8_attn_device = kit.gpu.capability >= crate::cuda::kit::sdpa_fp8::MIN_CAPABILITY;
+        if fp8_attn_device && dims.head_dim == 64 {
+            let a8 = ForwardArms {
+                attention: AttentionArm::Cudnn,
+                attn_precision: AttnPrecision::Fp8,
+                ..fp8
+            };
+            let refused = dit.set_arms(a8);
+            let why = match &refused {
+                Ok(()) => "accepted".to_string(),
+                Err(e) => e.to_string(),
+            };
+            out.push(Check {
+                name: format!("forward {label} attention-precision=fp8 at head dim 64: refused"),
+                rel: 0.0,
+                max_abs: 0.0,
+                tol: 0.0,
+                pass: refused.is_err() && why.contains("head dim of at least 128"),
+                note: why,
+            });
+        }
+        let attn8 = if fp8_attn_device && dims.head_dim >= crate::cuda::kit::sdpa_fp8::MIN_HEAD_DIM
         {
             let cud = ForwardArms {
                 attention: AttentionArm::Cudnn,

@@ -128,6 +128,10 @@ pub enum Section {
     Graph,
     /// The video VAE decoder's primitives and whole decodes (and its benchmark).
     Vae,
+    /// The attention kernels alone (part of [`Section::Dit`]): the engine's
+    /// own and cuDNN's bf16 attention, and cuDNN's FP8 attention with its
+    /// operand pass. No benchmark.
+    Attention,
 }
 
 /// Sections 1-3: staging, kernels, GEMMs, attention, whole DiT forwards.
@@ -233,6 +237,14 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
     // 1-3. Staging, kernels, GEMMs, attention, whole DiT forwards.
     if wants(Section::Dit) {
         run_dit_sections(&kit, opts, &mut rng, &mut checks)?;
+    }
+    // The attention kernels alone (run inside section 2 otherwise).
+    if opts.only == Some(Section::Attention) {
+        let from = checks.len();
+        check_attention(&kit, &mut rng, &mut checks)?;
+        check_attention_long(&kit, &mut checks)?;
+        fp8_attention::check_fp8_attention(&kit, &mut rng, &mut checks)?;
+        report(&checks, from);
     }
     // 4. The denoise loop replayed from CUDA graphs against the eager loop.
     if wants(Section::Graph) {
