@@ -59,6 +59,30 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// Two configurations of one forward (`set(dit, slot, i)` switches to
+/// configuration `i`, 0 or 1) timed in two interleaved rounds of `reps`
+/// forwards after 2 warm-ups each: each configuration's mean forward in ms.
+fn interleaved_ms(
+    kit: &DeviceKit,
+    dit: &mut DeviceDit,
+    slot: &mut TextSlot,
+    (lat_p, vel_p, geo): (CUdeviceptr, CUdeviceptr, Geometry),
+    reps: usize,
+    mut set: impl FnMut(&mut DeviceDit, &mut TextSlot, usize) -> Result<(), CudaError>,
+) -> Result<[f64; 2], CudaError> {
+    let mut t = [0.0f64; 2];
+    for _round in 0..2 {
+        for (i, ti) in t.iter_mut().enumerate() {
+            set(dit, slot, i)?;
+            let (d, sl) = (&*dit, &*slot);
+            *ti += time_ms(kit, 2, reps, || {
+                d.enqueue_forward(lat_p, 0.5, geo, sl, vel_p)
+            })? / 2.0;
+        }
+    }
+    Ok(t)
+}
+
 /// Median device ms of `reps` runs of `f` on the compute stream after `warm` runs.
 fn time_ms(
     kit: &DeviceKit,
@@ -685,19 +709,13 @@ fn bench_forward(
         fast
     };
     let reps = if name == "ltxv-2b" { 10 } else { 5 };
+    let io = (lat_p, vel_p, geo);
+    let how = [NormQuantize::Fused, NormQuantize::Separate];
     let nq = dit.set_arms(render_fp8).and_then(|_| {
-        let mut t = [0.0f64; 2];
-        for _round in 0..2 {
-            for (i, how) in [NormQuantize::Fused, NormQuantize::Separate]
-                .into_iter()
-                .enumerate()
-            {
-                dit.set_norm_quantize(how);
-                t[i] += time_ms(kit, 2, reps, || {
-                    dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
-                })? / 2.0;
-            }
-        }
+        let t = interleaved_ms(kit, &mut dit, &mut slot, io, reps, |d, _, i| {
+            d.set_norm_quantize(how[i]);
+            Ok(())
+        })?;
         let p = profile::forward_profile(kit, &dit, (lat_p, vel_p), geo, &slot, 3)?;
         Ok((t, p))
     });
@@ -734,20 +752,12 @@ fn bench_forward(
             attn_precision: AttnPrecision::Fp8,
             ..on_cudnn(fast)
         };
+        let how = [OperandAmax::Folded, OperandAmax::Separate];
         let timed = dit.set_arms(a8).and_then(|_| {
-            let mut t = [0.0f64; 2];
-            for _round in 0..2 {
-                for (i, how) in [OperandAmax::Folded, OperandAmax::Separate]
-                    .into_iter()
-                    .enumerate()
-                {
-                    dit.set_operand_amax(how);
-                    t[i] += time_ms(kit, 2, reps, || {
-                        dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
-                    })? / 2.0;
-                }
-            }
-            Ok(t)
+            interleaved_ms(kit, &mut dit, &mut slot, io, reps, |d, _, i| {
+                d.set_operand_amax(how[i]);
+                Ok(())
+            })
         });
         dit.set_operand_amax(OperandAmax::Folded);
         dit.set_arms(ForwardArms::OWN)?;
@@ -776,22 +786,14 @@ fn bench_forward(
         (true, false) => on_cudnn(fast),
         (false, _) => fast,
     };
-    let timed = (|| {
-        let mut t = [0.0f64; 2];
-        for _round in 0..2 {
-            for (i, text_kv) in [TextKvArm::Cached, TextKvArm::PerForward]
-                .into_iter()
-                .enumerate()
-            {
-                dit.set_arms(ForwardArms { text_kv, ..render })?;
-                dit.prepare_text(&mut slot)?;
-                t[i] += time_ms(kit, 2, reps, || {
-                    dit.enqueue_forward(lat_p, 0.5, geo, &slot, vel_p)
-                })? / 2.0;
-            }
-        }
-        Ok::<_, CudaError>(t)
-    })();
+    let kv = [TextKvArm::Cached, TextKvArm::PerForward];
+    let timed = interleaved_ms(kit, &mut dit, &mut slot, io, reps, |d, sl, i| {
+        d.set_arms(ForwardArms {
+            text_kv: kv[i],
+            ..render
+        })?;
+        d.prepare_text(sl)
+    });
     dit.set_arms(ForwardArms::OWN)?;
     dit.prepare_text(&mut slot)?;
     let label = format!(

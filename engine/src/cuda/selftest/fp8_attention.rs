@@ -89,6 +89,20 @@ struct Ran {
     o: Vec<f32>,
 }
 
+/// Poison an FP8 attention's slots (NaN) and its q, k, v codes (0x7F, e4m3's
+/// NaN; `elems` codes each), so a slot or code left unwritten shows.
+fn poison_operands(kit: &DeviceKit, a: &Fp8Attn, elems: usize) -> Result<(), CudaError> {
+    upload(
+        &kit.gpu,
+        a.slots(),
+        &vec![f32::NAN; Fp8Attn::SLOT_BYTES / 4],
+    )?;
+    for c in a.codes() {
+        upload(&kit.gpu, c, &vec![0x7Fu8; elems])?;
+    }
+    Ok(())
+}
+
 fn run_fp8(
     kit: &DeviceKit,
     sdpa: &Sdpa,
@@ -104,14 +118,7 @@ fn run_fp8(
     let (codes, scales) = out.operand();
     upload(&kit.gpu, codes, &vec![0x7Fu8; n * d])?;
     upload(&kit.gpu, scales, &vec![f32::NAN; n])?;
-    upload(
-        &kit.gpu,
-        a.slots(),
-        &vec![f32::NAN; Fp8Attn::SLOT_BYTES / 4],
-    )?;
-    for c in a.codes() {
-        upload(&kit.gpu, c, &vec![0x7Fu8; n * d])?;
-    }
+    poison_operands(kit, &a, n * d)?;
     a.quantize(
         &kit.gpu,
         &kit.kernels,
@@ -158,14 +165,7 @@ fn operands_folded(
     let (qd, kd, vd) = (up(qkv[0])?, up(qkv[1])?, up(qkv[2])?);
     let a = Fp8Attn::new(&kit.gpu, n, d)?;
     let out = Fp8Rows::new(&kit.gpu, n, d, "the folded operand check's output")?;
-    upload(
-        &kit.gpu,
-        a.slots(),
-        &vec![f32::NAN; Fp8Attn::SLOT_BYTES / 4],
-    )?;
-    for c in a.codes() {
-        upload(&kit.gpu, c, &vec![0x7Fu8; n * d])?;
-    }
+    poison_operands(kit, &a, n * d)?;
     a.zero_amax(&kit.gpu, &kit.kernels)?;
     kit.gpu.sync_compute()?;
     let f32_at = |i: usize| a.slots() + (4 * i) as u64;
