@@ -323,6 +323,18 @@ struct BlockFp8<'a> {
     attn: Option<&'a Fp8Attn>,
 }
 
+/// The blocks' cross-attention K/V GEMMs' input: the projected text in bf16, or
+/// its e4m3 codes and row scales on the fp8 arm (`text_q`).
+fn text_operand(ws: &Workspace, text_q: Option<&Fp8Rows>) -> LinIn {
+    match text_q {
+        None => LinIn::Bf16(ws.text_p),
+        Some(t) => {
+            let (c, sc) = t.operand();
+            LinIn::Fp8(c, sc)
+        }
+    }
+}
+
 impl Fp8State {
     /// Block `i`'s e4m3 weights.
     fn block(&self, i: usize) -> Result<BlockQ8, CudaError> {
@@ -1685,6 +1697,24 @@ impl DeviceDit {
         Ok(fp8)
     }
 
+    /// The q/k RMS norm (+ RoPE, + amax) of `q` and `kk` (pointer, weight,
+    /// rows each) on the compute stream with the `qk-norm` arm's kernel: the one
+    /// dispatch the forward and the text K/V cache share, so a cached key row is
+    /// the per-forward one bit for bit.
+    pub(super) fn qk_norm(
+        &self,
+        q: (CUdeviceptr, CUdeviceptr, usize),
+        kk: (CUdeviceptr, CUdeviceptr, usize),
+        rope: Option<&RopeArgs>,
+        amax: Option<CUdeviceptr>,
+    ) -> Result<(), CudaError> {
+        let (s, k, d) = (&self.gpu.compute, &self.kernels, self.dims.dim());
+        match self.arms.qk_norm {
+            QkNormArm::Block => k.qk_norm_rope_pair(s, q, kk, d, QK_NORM_EPS, rope, amax),
+            QkNormArm::Warp => k.qk_norm_rope_warp(s, q, kk, d, QK_NORM_EPS, rope, amax),
+        }
+    }
+
     /// The fp8 arm's state, its block inputs' buffer and the projected text's
     /// (None on bf16).
     #[allow(clippy::type_complexity)]
@@ -1752,13 +1782,7 @@ impl DeviceDit {
                 }
             }
         };
-        let text_in = match fp8 {
-            None => LinIn::Bf16(ws.text_p),
-            Some(f) => {
-                let (c, sc) = f.text.operand();
-                LinIn::Fp8(c, sc)
-            }
-        };
+        let text_in = text_operand(ws, fp8.map(|f| f.text));
         let lin = |x: LinIn, lw: &Lin, q: Option<Q8>, y: CUdeviceptr, m: usize, ep: Epilogue| {
             self.block_linear(x, lw, q, y, m, ep)
         };
@@ -1788,13 +1812,7 @@ impl DeviceDit {
         lin(h, &a1.to_k, q8(slot::SELF_K), ws.k, n, Epilogue::Bias)?;
         lin(h, &a1.to_v, q8(slot::SELF_V), ws.v, n, Epilogue::Bias)?;
         mark("gemm q|k|v")?;
-        let qk_norm = |q: (CUdeviceptr, CUdeviceptr, usize),
-                       kk: (CUdeviceptr, CUdeviceptr, usize),
-                       rope: Option<&RopeArgs>,
-                       amax: Option<CUdeviceptr>| match self.arms.qk_norm {
-            QkNormArm::Block => k.qk_norm_rope_pair(s, q, kk, d, QK_NORM_EPS, rope, amax),
-            QkNormArm::Warp => k.qk_norm_rope_warp(s, q, kk, d, QK_NORM_EPS, rope, amax),
-        };
+        let qk_norm = |q, kk, rope, amax| self.qk_norm(q, kk, rope, amax);
         // cuDNN's fused attention over nk key rows (no bias), when loaded.
         let fused = |kv: (CUdeviceptr, CUdeviceptr), nk: usize| -> Result<(), CudaError> {
             let sdpa = self

@@ -20,9 +20,7 @@
 
 use cudarc::driver::sys::CUdeviceptr;
 
-use super::{
-    slot, DeviceDit, DitDims, Epilogue, LinIn, Precision, QkNormArm, TextSlot, QK_NORM_EPS,
-};
+use super::{slot, text_operand, DeviceDit, DitDims, Epilogue, Precision, QkNormArm, TextSlot};
 use crate::cuda::kit::gemm::Accum;
 use crate::cuda::kit::memory::{align_up, DeviceBuffer};
 use crate::cuda::CudaError;
@@ -129,13 +127,7 @@ impl DeviceDit {
             built: self.built(l),
         };
         let fp8 = self.project_text(ws, text)?;
-        let text_in = match fp8 {
-            None => LinIn::Bf16(ws.text_p),
-            Some((_, _, text_q)) => {
-                let (c, sc) = text_q.operand();
-                LinIn::Fp8(c, sc)
-            }
-        };
+        let text_in = text_operand(ws, fp8.map(|(_, _, text_q)| text_q));
         for (i, b) in self.w.blocks.iter().enumerate() {
             let q8 = match fp8 {
                 Some((st, _, _)) => Some(st.block(i)?),
@@ -147,15 +139,9 @@ impl DeviceDit {
             let tv = q8.map(|q| q[slot::CROSS_V]);
             self.block_linear(text_in, &a2.to_k, tk, ck, l, Epilogue::Bias)?;
             self.block_linear(text_in, &a2.to_v, tv, cv, l, Epilogue::Bias)?;
-            // The keys' norm alone: the forward's q/k norm kernel with no q
-            // rows, so each key row is what the per-forward launch writes.
-            let (s, k) = (&self.gpu.compute, &self.kernels);
-            let q = (ws.q, a2.norm_q, 0);
-            let keys = (ck, a2.norm_k, l);
-            match self.arms.qk_norm {
-                QkNormArm::Block => k.qk_norm_rope_pair(s, q, keys, d, QK_NORM_EPS, None, None)?,
-                QkNormArm::Warp => k.qk_norm_rope_warp(s, q, keys, d, QK_NORM_EPS, None, None)?,
-            }
+            // The keys' norm alone: the forward's q/k norm with no q rows, so
+            // each key row is what the per-forward launch writes.
+            self.qk_norm((ws.q, a2.norm_q, 0), (ck, a2.norm_k, l), None, None)?;
         }
         text.kv = Some(kv);
         Ok(())
