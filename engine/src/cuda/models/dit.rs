@@ -870,7 +870,7 @@ impl ForwardArms {
 
     /// Why these arms cannot run on a model of `head_dim` channels per head,
     /// or None: `attention-precision = fp8` below
-    /// [`sdpa_fp8::MIN_HEAD_DIM`](crate::cuda::kit::sdpa_fp8::MIN_HEAD_DIM).
+    /// [`sdpa_fp8::MIN_HEAD_DIM`].
     pub fn model_conflict(&self, head_dim: usize) -> Option<String> {
         let min = crate::cuda::kit::sdpa_fp8::MIN_HEAD_DIM;
         (self.attn_precision == AttnPrecision::Fp8 && head_dim < min).then(|| {
