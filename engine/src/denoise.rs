@@ -110,6 +110,11 @@ pub trait Denoiser {
     fn graph_capture_ms(&self) -> Option<f64> {
         None
     }
+
+    /// Forwards a step runs, each reported to `wait`'s `on_forward`: 2 with
+    /// guidance, 1 without, and 1 where a guided step runs both samples in one
+    /// forward (the CUDA arm's `guidance-batch = batched`).
+    fn forwards_per_step(&self) -> usize;
 }
 
 /// Steps queued and not yet waited for, oldest first: at most [`IN_FLIGHT`],

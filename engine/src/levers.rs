@@ -73,6 +73,9 @@ pub const ATTENTION_PRECISION: &str = "attention-precision";
 /// Lever id: whether the CUDA arm's DiT projects the text's cross-attention
 /// keys and values in every forward or once per text.
 pub const TEXT_KV: &str = "text-kv";
+/// Lever id: whether the CUDA arm runs a guided step's two forwards one after
+/// the other or as one forward over both samples.
+pub const GUIDANCE_BATCH: &str = "guidance-batch";
 
 static REGISTRY: &[LeverDef] = &[
     LeverDef {
@@ -241,6 +244,19 @@ static REGISTRY: &[LeverDef] = &[
               bf16",
     },
     LeverDef {
+        id: GUIDANCE_BATCH,
+        arms: &["pair", "batched"],
+        default: "pair",
+        baseline: "pair",
+        applies_to: Applies::Cuda,
+        doc: "pair runs a guided step's two DiT forwards (negative prompt, then prompt) one \
+              after the other; batched runs them as one forward over both samples, every \
+              Linear one GEMM over both samples' rows (attention, RoPE and the text per \
+              sample; the GEMMs' sums may differ in their last bits at the doubled row \
+              count); needs text-kv = cached (an error naming it otherwise); twice the \
+              forward's per-token workspace; inert without guidance",
+    },
+    LeverDef {
         id: TEXT_KV,
         arms: &["per-forward", "cached"],
         default: "per-forward",
@@ -289,6 +305,7 @@ pub const UNMEASURED: &[&str] = &[
     PRECISION,
     ATTENTION_PRECISION,
     TEXT_KV,
+    GUIDANCE_BATCH,
 ];
 
 /// Every lever the engine knows, in a stable order.
@@ -447,12 +464,13 @@ impl LeverSet {
     }
 
     /// The forward's kernel arms: `attention`, `cross-attention`, `qk-norm`,
-    /// `precision`, `fp8-accum`, `attention-precision` and `text-kv`.
+    /// `precision`, `fp8-accum`, `attention-precision`, `text-kv` and
+    /// `guidance-batch`.
     pub fn forward_arms(&self) -> crate::cuda::models::dit::ForwardArms {
         use crate::cuda::kit::gemm::Accum;
         use crate::cuda::models::dit::Precision;
         use crate::cuda::models::dit::{
-            AttnPrecision, CrossArm, ForwardArms, QkNormArm, TextKvArm,
+            AttnPrecision, CrossArm, ForwardArms, GuidanceBatch, QkNormArm, TextKvArm,
         };
         ForwardArms {
             attention: self.attention(),
@@ -485,6 +503,11 @@ impl LeverSet {
                 TextKvArm::Cached
             } else {
                 TextKvArm::PerForward
+            },
+            guidance: if self.arm(GUIDANCE_BATCH) == "batched" {
+                GuidanceBatch::Batched
+            } else {
+                GuidanceBatch::Pair
             },
         }
     }
@@ -654,7 +677,7 @@ mod tests {
         use crate::cuda::kit::gemm::Accum;
         use crate::cuda::models::dit::Precision;
         use crate::cuda::models::dit::{
-            AttentionArm, AttnPrecision, CrossArm, ForwardArms, QkNormArm, TextKvArm,
+            AttentionArm, AttnPrecision, CrossArm, ForwardArms, GuidanceBatch, QkNormArm, TextKvArm,
         };
         for (id, arms) in [
             (CROSS_ATTENTION, ["mma", "cudnn"]),
@@ -662,6 +685,7 @@ mod tests {
             (PRECISION, ["bf16", "fp8"]),
             (ATTENTION_PRECISION, ["bf16", "fp8"]),
             (TEXT_KV, ["per-forward", "cached"]),
+            (GUIDANCE_BATCH, ["pair", "batched"]),
         ] {
             let l = lever(id).unwrap();
             assert_eq!(l.arms, arms, "{id}");
@@ -687,6 +711,7 @@ mod tests {
                 fp8_accum: Accum::Fast,
                 attn_precision: AttnPrecision::Bf16,
                 text_kv: TextKvArm::PerForward,
+                guidance: GuidanceBatch::Pair,
             }
         );
         // fp8-accum is decided (fast), not unmeasured; its baseline stays exact.
@@ -754,6 +779,47 @@ mod tests {
         assert!(entry.contains("arms = [\"decode\", \"load\"]"), "{entry}");
         assert!(entry.contains("treatment = \"load\""), "{entry}");
         assert!(entry.contains("numerics = \"preserving\""), "{entry}");
+    }
+
+    /// Red on: `batched` not reaching `forward_arms` (the test inverted), the
+    /// conflict with `text-kv = per-forward` gone or not naming the lever that
+    /// mends it, the conflicts no longer all named at once, or the spec's
+    /// entry dropping the cached text keys its campaign needs or calling the
+    /// arm numerics-preserving (its GEMMs see twice the rows).
+    #[test]
+    fn guidance_batch_lever_needs_the_text_cache() {
+        use crate::cuda::models::dit::GuidanceBatch;
+        let arms = |levers: &[(&'static str, &'static str)]| {
+            LeverSet::resolve(Profile::Default, levers.iter().copied())
+                .unwrap()
+                .forward_arms()
+        };
+        let alone = arms(&[("guidance-batch", "batched")]);
+        assert_eq!(alone.guidance, GuidanceBatch::Batched);
+        assert_eq!(alone.guidance.name(), "batched");
+        let why = alone.conflict().expect("batched without the text cache");
+        assert!(
+            why.contains("guidance-batch = batched needs text-kv = cached"),
+            "{why}"
+        );
+        assert!(why.contains("--lever text-kv=cached"), "{why}");
+        let ok = arms(&[("guidance-batch", "batched"), ("text-kv", "cached")]);
+        assert_eq!(ok.conflict(), None);
+        assert_eq!(arms(&[]).guidance, GuidanceBatch::Pair);
+        assert_eq!(arms(&[("guidance-batch", "pair")]).conflict(), None);
+        // Two conflicts at once: both are named.
+        let both = arms(&[
+            ("guidance-batch", "batched"),
+            ("attention-precision", "fp8"),
+        ]);
+        let why = both.conflict().expect("two conflicts");
+        assert!(
+            why.contains("text-kv=cached") && why.contains("precision=fp8"),
+            "{why}"
+        );
+        let entry = spec_entry(GUIDANCE_BATCH);
+        assert!(entry.contains("numerics = \"changing\""), "{entry}");
+        assert!(entry.contains("text-kv = \"cached\""), "{entry}");
     }
 
     /// Red on: `cached` not reaching `forward_arms` (the test inverted), the

@@ -351,7 +351,6 @@ fn load_and_denoise(
     let fps = rung.fps as f32;
     let steps = rung.steps as usize;
     let tokens = grid.0 * grid.1 * grid.2;
-    let forwards_per_step = conditioning.forwards_per_step();
     let ph = rec.phase("load.dit", Attrs::new());
     let specs = dit::tensor_specs(&p.dit);
     let src = open_component(layout, Component::Transformer, &specs, &|_| false, opts)?;
@@ -360,6 +359,8 @@ fn load_and_denoise(
         Device::Cuda => load_cuda_dit(src, req, conditioning, grid, fps, rec)?,
     };
     ph.finish(a);
+    // 1 a step where a guided step's pair runs as one batched forward.
+    let forwards_per_step = den.forwards_per_step();
 
     let den_ph = rec.phase(
         "denoise",
@@ -519,7 +520,7 @@ fn load_cuda_dit(
         .with_context(|| {
             format!(
                 "the CUDA arm's transformer (attention={}, cross-attention={}, qk-norm={}, \
-             precision={}, fp8-accum={}, attention-precision={}, text-kv={}; `--lever attention=mma --lever \
+             precision={}, fp8-accum={}, attention-precision={}, text-kv={}, guidance-batch={}; `--lever attention=mma --lever \
              cross-attention=mma --lever attention-precision=bf16` runs the engine's own kernels \
              without cuDNN, `--lever precision=bf16 --lever attention-precision=bf16` without FP8)",
                 arms.attention.name(),
@@ -528,7 +529,8 @@ fn load_cuda_dit(
                 arms.precision.name(),
                 arms.fp8_accum.name(),
                 arms.attn_precision.name(),
-                arms.text_kv.name()
+                arms.text_kv.name(),
+                arms.guidance.name()
             )
         })?;
     rec.attach_device(den.mem());
@@ -543,6 +545,9 @@ fn load_cuda_dit(
         Value::from(arms.attn_precision.name()),
     );
     a.insert("text_kv".into(), Value::from(arms.text_kv.name()));
+    // The arm; whether it acts (a guided render) shows in the denoise phase's
+    // `forwards_per_step` (1 where the pair runs batched).
+    a.insert("guidance_batch".into(), Value::from(arms.guidance.name()));
     // Only where FP8 GEMMs run: on bf16 the lever is inert.
     if arms.precision == crate::cuda::models::dit::Precision::Fp8 {
         a.insert("fp8_accum".into(), Value::from(arms.fp8_accum.name()));

@@ -63,8 +63,10 @@
 //! `attention-precision = fp8`, the e4m3 attention operands
 //! ([`crate::cuda::models::dit::DeviceDit::fp8_attn_bytes_for`]). With
 //! `text-kv = cached` (either precision) the loop gains each prompt's
-//! cross-attention keys and values ([`crate::cuda::denoise::text_kv_bytes`]);
-//! while staging,
+//! cross-attention keys and values ([`crate::cuda::denoise::text_kv_bytes`]).
+//! With `guidance-batch = batched` and guidance, one forward runs both
+//! samples: its per-token workspace ([`crate::cuda::denoise::loop_bytes`]) and
+//! the FP8 block inputs hold twice the rows. While staging,
 //! the cuBLASLt workspace and the bounce buffer the bf16 weights pass through
 //! ([`crate::cuda::models::dit::DeviceDit::fp8_bounce_bytes_for`], freed before
 //! the loop is readied) sit beside the weights, so `load.dit` holds the larger
@@ -299,6 +301,9 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
         let (loaded, looping, fp8_weights, fp8_acts, bounce) = dims
             .map(|d| {
                 let l = p.max_text_tokens;
+                // Samples a forward runs (guidance-batch = batched with
+                // guidance: 2): the per-token workspace and block inputs.
+                let samples = levers.forward_arms().guidance.samples(prompts);
                 let (w, a, b) = if fp8 {
                     let attn = match levers.forward_arms().attn_precision {
                         AttnPrecision::Fp8 => DeviceDit::fp8_attn_bytes_for(&d, n),
@@ -306,7 +311,7 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
                     };
                     (
                         DeviceDit::fp8_weight_bytes_for(&d) as u64,
-                        (DeviceDit::fp8_act_bytes_for(&d, n, l) + attn) as u64,
+                        (DeviceDit::fp8_act_bytes_for(&d, n * samples, l) + attn) as u64,
                         DeviceDit::fp8_bounce_bytes_for(&d) as u64,
                     )
                 } else {
@@ -318,7 +323,7 @@ pub fn project(p: &Preset, g: &Geometry, levers: &LeverSet) -> Projection {
                 };
                 (
                     loaded_bytes(&d, l, prompts),
-                    loop_bytes(&d, n, l) + kv,
+                    loop_bytes(&d, n, l, samples) + kv,
                     w,
                     a,
                     b,
@@ -459,7 +464,7 @@ mod tests {
         let n = 4 * 10 * 16;
         let d = DitDims::LTXV_2B;
         // Weights (plus at most 256 bytes of alignment per tensor) + runtime.
-        let run = loaded_bytes(&d, 128, 1) + loop_bytes(&d, n, 128);
+        let run = loaded_bytes(&d, 128, 1) + loop_bytes(&d, n, 128, 1);
         let slack = a.device_peak_bytes - stored - run;
         assert!(slack < 256 * 715, "{slack}");
         assert_eq!(a.device_peak_bytes, a.device_phases["denoise"]);
@@ -544,6 +549,32 @@ mod tests {
             ..g1
         };
         assert!(project(&p, &g2, &l).device_peak_bytes > a.device_peak_bytes);
+        // guidance-batch = batched doubles the per-token workspace and the
+        // FP8 block inputs of a guided loop, and changes nothing without
+        // guidance (red on: the samples left out of either, or counted on the
+        // pair arm or on an unguided render).
+        let arms = |batched: bool| {
+            let gb = ("guidance-batch", if batched { "batched" } else { "pair" });
+            let levers = [("staging", "serial"), host_t5, ("precision", "fp8"), gb];
+            let mut with_kv = levers.to_vec();
+            with_kv.push(("text-kv", "cached"));
+            LeverSet::resolve(Profile::Default, with_kv).unwrap()
+        };
+        let (pair, both) = (arms(false), arms(true));
+        let grow = |g: &Geometry| {
+            project(&p, g, &both).device_phases["denoise"]
+                - project(&p, g, &pair).device_phases["denoise"]
+        };
+        assert_eq!(grow(&g1), 0);
+        let twice = loop_bytes(&d, n, 128, 2) - loop_bytes(&d, n, 128, 1)
+            + (DeviceDit::fp8_act_bytes_for(&d, 2 * n, 128)
+                - DeviceDit::fp8_act_bytes_for(&d, n, 128)) as u64;
+        assert_eq!(grow(&g2), twice);
+        // Per token: f32 stream, six bf16 [n, d], the feed-forward's 4 d, the
+        // bf16 output; the FP8 block inputs' 4 d codes and a scale.
+        let per_token = (2048 * 4 + 6 * 2048 * 2 + 4 * 2048 * 2 + 128 * 2 + 4 * 2048 + 4) as u64;
+        let slack = twice - per_token * n as u64;
+        assert!(slack < 16 * 256, "{twice} vs {} per token", per_token);
         let cpu = project(
             &p,
             &Geometry {

@@ -985,7 +985,9 @@ next_hypothesis = "n"
         // the self-attention and the cross-attention in cuDNN's kernel vs the
         // engine's own, the q/k norm's sum of squares in another order, the
         // blocks' Linears in e4m3, their FP8 sums in the tensor cores'
-        // narrower accumulator, and the self-attention in e4m3.
+        // narrower accumulator, the self-attention in e4m3, and the guided
+        // pair's GEMMs over twice the rows (another cuBLASLt algorithm may sum
+        // them in another order).
         let changing: Vec<&str> = s
             .levers
             .iter()
@@ -1002,7 +1004,8 @@ next_hypothesis = "n"
                 "qk-norm",
                 "precision",
                 "fp8-accum",
-                "attention-precision"
+                "attention-precision",
+                "guidance-batch"
             ]
         );
         // Attention's saving is explained (or not) by the tensor pipes in denoise.

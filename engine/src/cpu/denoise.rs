@@ -41,6 +41,10 @@ impl Denoiser for CpuDenoiser {
         "cpu"
     }
 
+    fn forwards_per_step(&self) -> usize {
+        self.cond.forwards_per_step()
+    }
+
     fn begin(&mut self, latents: Tensor) -> Result<(), DenoiseError> {
         self.lat = Some(latents);
         Ok(())

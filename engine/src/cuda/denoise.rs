@@ -39,7 +39,10 @@
 //!   forward's kernels only, and `dit.forward` ticks keep their `device_ms` on
 //!   both arms (the campaign's GPU-busy share is the sum of those over the
 //!   denoise wall: one whole-step graph would lose it). The price is two graph
-//!   launches per guided step instead of one, a few microseconds.
+//!   launches per guided step instead of one, a few microseconds. Under
+//!   `guidance-batch = batched` a guided step is one forward over both samples
+//!   (v_cond and v_uncond written side by side): one graph, one `dit.forward`
+//!   span a step (`Denoiser::forwards_per_step` says 1).
 //! - The step's scalars are not baked in. The noise level enters a forward only
 //!   through the timestep embedding: the captured forwards read t = sigma x 1000
 //!   from one device f32 (the t slot after the velocities in the loop's buffer,
@@ -138,7 +141,9 @@ impl Dispatch {
 /// Bytes after the three latent-sized buffers: the step's t (one f32), padded.
 pub const TIMESTEP_SLOT_BYTES: usize = ALIGN;
 
-/// The captured forwards of [`Dispatch::Graph`].
+/// The captured forwards of [`Dispatch::Graph`]: the unconditional and the
+/// conditional one, or (`guidance-batch = batched`) one forward over both,
+/// held as `cond`.
 struct StepGraphs {
     uncond: Option<CudaGraph>,
     cond: CudaGraph,
@@ -162,6 +167,9 @@ pub struct CudaDenoiser {
     guidance: f32,
     geo: Geometry,
     dispatch: Dispatch,
+    /// Samples one forward runs: 2 when a guided step's pair runs as one
+    /// batched forward (lever `guidance-batch`), else 1.
+    samples: usize,
     /// lat, v_cond, v_uncond: f32 [n, 128] each, then the t slot (from
     /// readying to drop).
     io: Option<DeviceBuffer>,
@@ -253,9 +261,12 @@ pub fn text_kv_bytes(dims: &DitDims, l: usize, prompts: usize) -> u64 {
 }
 
 /// Device bytes the denoise loop adds over `n` tokens: the forward's workspace
-/// and the latents with their two velocities and the t slot (on both arms).
-pub fn loop_bytes(dims: &DitDims, n: usize, l: usize) -> u64 {
-    (Workspace::bytes_for(dims, n, l) + 3 * n * LATENT_CHANNELS * 4 + TIMESTEP_SLOT_BYTES) as u64
+/// for `samples` samples a forward (2 under `guidance-batch = batched` with
+/// guidance, else 1) and the latents with their two velocities and the t slot
+/// (on both arms).
+pub fn loop_bytes(dims: &DitDims, n: usize, l: usize, samples: usize) -> u64 {
+    (Workspace::bytes_for(dims, n, l, samples) + 3 * n * LATENT_CHANNELS * 4 + TIMESTEP_SLOT_BYTES)
+        as u64
 }
 
 /// Capture what `enqueue` puts on `stream` as an instantiated graph. The
@@ -297,6 +308,7 @@ impl CudaDenoiser {
             .map(|_| StepEvents::new(&kit.gpu))
             .collect::<Result<_, _>>()?;
         let (loop_start, loop_end) = (kit.gpu.event()?, kit.gpu.event()?);
+        let samples = dit.arms().guidance.samples(1 + usize::from(u.is_some()));
         let mut den = CudaDenoiser {
             dit,
             cond: c,
@@ -304,6 +316,7 @@ impl CudaDenoiser {
             guidance: cond.guidance,
             geo,
             dispatch,
+            samples,
             io: None,
             graphs: None,
             capture_ms: None,
@@ -327,8 +340,9 @@ impl CudaDenoiser {
     }
 
     /// Allocate the workspace and the loop's buffer (zeroed), run one
-    /// one-block warm-up forward per prompt and, with a graph, capture the
-    /// forwards. Before any event is recorded: the warm-up takes the first
+    /// one-block warm-up forward per prompt (one over both samples when the
+    /// pair is batched) and, with a graph, capture the forwards. Before any
+    /// event is recorded: the warm-up takes the first
     /// launch's host work out of forward 1's event span, where the idle GPU
     /// would count as busy. Its output (into v_cond) is overwritten by the
     /// first real forward. With a graph it runs the graph's timestep kernel,
@@ -338,7 +352,7 @@ impl CudaDenoiser {
             return Ok(());
         }
         let (n, l) = (self.n(), self.l());
-        self.dit.workspace(n, l)?;
+        self.dit.workspace_for(n, l, self.samples)?;
         // Each prompt's cross-attention keys and values, once (`text-kv =
         // cached`; nothing on `per-forward`), before the warm-up reads them.
         self.dit.prepare_text(&mut self.cond)?;
@@ -361,11 +375,20 @@ impl CudaDenoiser {
                 Timestep::At(p.t)
             }
         };
-        if let Some(u) = &self.uncond {
-            self.dit.enqueue_warm_up(p.lat, ts, self.geo, u, p.vc)?;
+        match (&self.uncond, self.samples) {
+            (Some(u), 2) => {
+                let texts = [&self.cond, u];
+                self.dit
+                    .enqueue_batch_warm_up(p.lat, ts, self.geo, &texts, p.vc)?;
+            }
+            (u, _) => {
+                if let Some(u) = u {
+                    self.dit.enqueue_warm_up(p.lat, ts, self.geo, u, p.vc)?;
+                }
+                self.dit
+                    .enqueue_warm_up(p.lat, ts, self.geo, &self.cond, p.vc)?;
+            }
         }
-        self.dit
-            .enqueue_warm_up(p.lat, ts, self.geo, &self.cond, p.vc)?;
         gpu.sync_compute()?;
         self.warm_up_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
         if self.dispatch == Dispatch::Graph {
@@ -455,15 +478,28 @@ impl CudaDenoiser {
         let t0 = Instant::now();
         let ts = Timestep::At(p.t);
         let (dit, geo) = (&self.dit, self.geo);
-        let uncond = match &self.uncond {
-            Some(u) => Some(capture(&gpu.compute, || {
-                dit.enqueue_at(p.lat, ts, geo, u, p.vu)
-            })?),
-            None => None,
+        let (uncond, cond) = match (&self.uncond, self.samples) {
+            // Both samples in one forward: v_cond then v_uncond, adjacent.
+            (Some(u), 2) => {
+                let texts = [&self.cond, u];
+                let both = capture(&gpu.compute, || {
+                    dit.enqueue_batch_at(p.lat, ts, geo, &texts, p.vc)
+                })?;
+                (None, both)
+            }
+            (u, _) => {
+                let uncond = match u {
+                    Some(u) => Some(capture(&gpu.compute, || {
+                        dit.enqueue_at(p.lat, ts, geo, u, p.vu)
+                    })?),
+                    None => None,
+                };
+                let cond = capture(&gpu.compute, || {
+                    dit.enqueue_at(p.lat, ts, geo, &self.cond, p.vc)
+                })?;
+                (uncond, cond)
+            }
         };
-        let cond = capture(&gpu.compute, || {
-            dit.enqueue_at(p.lat, ts, geo, &self.cond, p.vc)
-        })?;
         for g in uncond.iter().chain([&cond]) {
             g.upload().ctx("uploading a captured forward")?;
         }
@@ -500,6 +536,29 @@ impl CudaDenoiser {
             )
         }
         .ctx("poisoning the velocities")
+    }
+
+    /// The batched forward of a guided step (`guidance-batch = batched`): the
+    /// captured graph, or the eager launches, writing v_cond and v_uncond.
+    fn forward_both(&self, sigma: f32, p: IoPtrs) -> Result<(), CudaError> {
+        let u = self
+            .uncond
+            .as_ref()
+            .ok_or_else(|| CudaError::Invalid("a batched forward without guidance".into()))?;
+        match self.dispatch {
+            Dispatch::Eager => {
+                let texts = [&self.cond, u];
+                let ts = Timestep::Sigma(sigma);
+                self.dit.enqueue_batch_at(p.lat, ts, self.geo, &texts, p.vc)
+            }
+            Dispatch::Graph => self
+                .graphs
+                .as_ref()
+                .ok_or_else(|| CudaError::Invalid("a graph step without captured forwards".into()))?
+                .cond
+                .launch()
+                .ctx("launching the captured batched forward"),
+        }
     }
 
     /// One forward of the step: the captured graph, or the eager launches.
@@ -577,14 +636,19 @@ impl Denoiser for CudaDenoiser {
             // kernel takes its t by value.
             self.write_t(p.t, sigma)?;
         }
-        let mut f = 0;
-        if self.uncond.is_some() {
-            self.forward(true, sigma, p)?;
+        if self.samples == 2 {
+            self.forward_both(sigma, p)?;
+            rec(&ev.forwards[0])?;
+        } else {
+            let mut f = 0;
+            if self.uncond.is_some() {
+                self.forward(true, sigma, p)?;
+                rec(&ev.forwards[f])?;
+                f += 1;
+            }
+            self.forward(false, sigma, p)?;
             rec(&ev.forwards[f])?;
-            f += 1;
         }
-        self.forward(false, sigma, p)?;
-        rec(&ev.forwards[f])?;
         let u = if self.uncond.is_some() { p.vu } else { 0 };
         let n = self.n() * LATENT_CHANNELS;
         self.dit
@@ -601,7 +665,7 @@ impl Denoiser for CudaDenoiser {
     ) -> Result<Option<f64>, DenoiseError> {
         self.queued.pop(step)?;
         let ev = &self.events[step % IN_FLIGHT];
-        let forwards = if self.uncond.is_some() { 2 } else { 1 };
+        let forwards = self.forwards_per_step();
         let mut from = &ev.start;
         for e in &ev.forwards[..forwards] {
             e.synchronize().ctx("waiting for a forward")?;
@@ -649,6 +713,13 @@ impl Denoiser for CudaDenoiser {
 
     fn graph_capture_ms(&self) -> Option<f64> {
         self.capture_ms
+    }
+
+    fn forwards_per_step(&self) -> usize {
+        match (&self.uncond, self.samples) {
+            (Some(_), 1) => 2,
+            _ => 1,
+        }
     }
 }
 
@@ -764,7 +835,7 @@ mod tests {
         );
         assert!(loaded_bytes(&d, l, 1) > (32 << 20));
         // x f32 + 6 bf16 [n, D] + ff [n, 4D] dominate: ~24 bytes x n x D.
-        let (a, b) = (loop_bytes(&d, 640, l), loop_bytes(&d, 1280, l));
+        let (a, b) = (loop_bytes(&d, 640, l, 1), loop_bytes(&d, 1280, l, 1));
         assert!(
             b - a > 640 * 2048 * 24 && b - a < 640 * 2048 * 26,
             "{a} {b}"

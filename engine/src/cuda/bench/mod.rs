@@ -18,6 +18,7 @@
 
 pub mod fp8_gemm;
 pub mod graph;
+pub mod guidance_batch;
 pub mod profile;
 pub mod vae;
 
@@ -555,6 +556,7 @@ fn bench_forward(
                 fp8_accum: Accum::Exact,
                 attn_precision: AttnPrecision::Bf16,
                 text_kv: TextKvArm::PerForward,
+                ..ForwardArms::OWN
             };
             let newer = dit.set_arms(arms).and_then(|_| {
                 let ms = time_ms(kit, 2, if name == "ltxv-2b" { 10 } else { 5 }, || {
@@ -821,6 +823,41 @@ fn bench_forward(
             Err(e) => format!("forward  {label} text-kv cached vs per-forward unavailable: {e}"),
         },
     );
+    // `guidance-batch = batched` against the pair (with the text cache it
+    // needs): one guided step's forwards, on these fp8 arms and on the
+    // default profile's bf16 ones (its campaign's).
+    let bf16 = match cudnn_bf16 {
+        Some(_) => on_cudnn(ForwardArms::OWN),
+        None => ForwardArms::OWN,
+    };
+    let bf16_label = format!(
+        "{name} {}precision=bf16",
+        if cudnn_bf16.is_some() {
+            "attention=cudnn "
+        } else {
+            ""
+        }
+    );
+    for (arms, label) in [(render, &label), (bf16, &bf16_label)] {
+        let inputs = ((lat_p, geo), (&text[..], &mask[..]));
+        let timed =
+            guidance_batch::batched_vs_pair_ms(kit, &mut dit, inputs.0, inputs.1, arms, reps);
+        push(
+            rows,
+            match timed {
+                Ok([batched, pair]) => format!(
+                    "forward  {label} text-kv=cached: guidance-batch batched {batched:.1} ms vs \
+                     pair {pair:.1} ms a guided step (batched {:+.1}%)",
+                    (batched / pair - 1.0) * 100.0
+                ),
+                Err(e) => {
+                    format!("forward  {label} guidance-batch batched vs pair unavailable: {e}")
+                }
+            },
+        );
+    }
+    dit.set_arms(ForwardArms::OWN)?;
+    dit.prepare_text(&mut slot)?;
     let sa_layer = sa / layers;
     push(rows, format!(
         "forward  {name} 6144 tok       {best:>8.1} ms  target <= {target} (PyTorch {pytorch}) {}  {:.0} TFLOP/s; attn={}",

@@ -326,7 +326,8 @@ impl Fp8Attn {
 
     /// Enqueue the operands of `n` tokens from bf16 q, k, v (`[n, width]`
     /// each) on `gpu`'s compute stream ([`Kernels::fp8_attention_operands`]),
-    /// writing the output's row scales into `out`'s scales. With
+    /// writing the output's row scales into `out`'s scales from row `row0` on
+    /// (a batched forward's sample starts there: lever `guidance-batch`). With
     /// [`OperandAmax::Folded`], q's and k's amax slots must already hold their
     /// amax (zeroed by [`Fp8Attn::zero_amax`], raised by the q/k norm).
     pub fn quantize(
@@ -335,13 +336,13 @@ impl Fp8Attn {
         kernels: &Kernels,
         qkv: [CUdeviceptr; 3],
         n: usize,
-        out: &Fp8Rows,
+        (out, row0): (&Fp8Rows, usize),
         amax: OperandAmax,
     ) -> Result<(), CudaError> {
-        if n > self.rows || n > out.rows || self.width > out.cols {
+        if n > self.rows || row0 + n > out.rows || self.width > out.cols {
             return Err(CudaError::Invalid(format!(
-                "FP8 attention: {n} tokens of {} do not fit {} operand rows or an output of {} \
-                 rows of {}",
+                "FP8 attention: {n} tokens of {} from row {row0} do not fit {} operand rows or \
+                 an output of {} rows of {}",
                 self.width, self.rows, out.rows, out.cols
             )));
         }
@@ -351,7 +352,7 @@ impl Fp8Attn {
             [(qkv[0], e), (qkv[1], e), (qkv[2], e)],
             self.codes(),
             self.slots(),
-            (out.operand().1, n),
+            (out.operand().1 + (row0 * 4) as u64, n),
             amax,
         )
     }

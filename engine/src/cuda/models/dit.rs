@@ -38,7 +38,9 @@ use crate::ops::rope::{rope_freqs, ROPE_BASE};
 use crate::weights::safetensors::Extent;
 use crate::weights::{DType, TensorSpec, WeightError};
 
+mod guidance_batch;
 mod text_kv;
+pub use guidance_batch::GuidanceBatch;
 pub use text_kv::{TextKv, TextKvArm};
 
 /// Latent channels in and out of the DiT.
@@ -363,6 +365,17 @@ struct DitWeights {
     blocks: Vec<BlockWeights>,
 }
 
+/// One sample's text as a block's cross-attention reads it: its tokens, its
+/// key bias ([`TextSlot::kbias`]), whether a kept token is masked, and its
+/// cached keys and values for this block (`text-kv = cached`).
+#[derive(Debug, Clone, Copy)]
+struct CrossText {
+    l: usize,
+    kbias: CUdeviceptr,
+    masked: bool,
+    cached: Option<(CUdeviceptr, CUdeviceptr)>,
+}
+
 /// The normalisation the last residual add of a step also writes into `ws.h`
 /// for whatever reads the stream next.
 #[derive(Debug, Clone, Copy)]
@@ -514,13 +527,16 @@ fn transient_flags(
     Ok(flags)
 }
 
-/// Activation buffers of one (tokens, text length).
+/// Activation buffers of one (tokens, text length, samples).
 pub struct Workspace {
     arena: Arena,
-    /// Tokens.
+    /// Tokens of one sample.
     pub n: usize,
     /// Text tokens (the longest text a forward over this workspace may read).
     pub l: usize,
+    /// Samples a forward over it may run at once (lever `guidance-batch`):
+    /// every per-token buffer holds `batch · n` rows, sample by sample.
+    pub batch: usize,
     lat_bf: CUdeviceptr,
     x: CUdeviceptr,
     h: CUdeviceptr,
@@ -545,17 +561,24 @@ pub struct Workspace {
 }
 
 impl Workspace {
-    /// Bytes a workspace for (n, l) needs on `dims`.
-    pub fn bytes_for(dims: &DitDims, n: usize, l: usize) -> usize {
-        Self::pieces(dims, n, l).iter().map(|b| align_up(*b)).sum()
+    /// Bytes a workspace for (n, l) and `batch` samples needs on `dims`.
+    pub fn bytes_for(dims: &DitDims, n: usize, l: usize, batch: usize) -> usize {
+        Self::pieces(dims, n, l, batch)
+            .iter()
+            .map(|b| align_up(*b))
+            .sum()
     }
 
-    fn pieces(dims: &DitDims, n: usize, l: usize) -> [usize; 21] {
+    /// The buffers' sizes: the per-token ones for `batch · n` rows (the
+    /// latents' bf16 copy for `n`: both samples read the same latents), the
+    /// text's and the timestep's once.
+    fn pieces(dims: &DitDims, n: usize, l: usize, batch: usize) -> [usize; 21] {
         let d = dims.dim();
+        let (lat, n) = (n, n * batch.max(1));
         let c = dims.caption_channels;
         let lc = LATENT_CHANNELS;
         [
-            n * lc * 2,       // lat_bf
+            lat * lc * 2,     // lat_bf
             n * d * 4,        // x
             n * d * 2,        // h
             n * d * 2,        // q
@@ -585,10 +608,18 @@ impl Workspace {
         self.arena.buffer().fill_bytes(gpu, 0xFF, &gpu.compute)
     }
 
-    /// Allocate a workspace for (n, l).
-    pub fn new(gpu: &Gpu, dims: &DitDims, n: usize, l: usize) -> Result<Workspace, CudaError> {
-        let sizes = Self::pieces(dims, n, l);
-        let mut arena = Arena::new(gpu, Self::bytes_for(dims, n, l), "the DiT workspace")?;
+    /// Allocate a workspace for (n, l) and `batch` samples (at least 1).
+    pub fn new(
+        gpu: &Gpu,
+        dims: &DitDims,
+        n: usize,
+        l: usize,
+        batch: usize,
+    ) -> Result<Workspace, CudaError> {
+        let batch = batch.max(1);
+        let sizes = Self::pieces(dims, n, l, batch);
+        let bytes = Self::bytes_for(dims, n, l, batch);
+        let mut arena = Arena::new(gpu, bytes, "the DiT workspace")?;
         let mut p = [0 as CUdeviceptr; 21];
         for (ptr, size) in p.iter_mut().zip(sizes) {
             *ptr = arena.take(size)?;
@@ -599,6 +630,7 @@ impl Workspace {
             arena,
             n,
             l,
+            batch,
             lat_bf,
             x,
             h,
@@ -847,6 +879,9 @@ pub struct ForwardArms {
     /// Where the cross-attention's text keys and values come from (lever
     /// `text-kv`; cached needs [`DeviceDit::prepare_text`] on each text).
     pub text_kv: TextKvArm,
+    /// How a guided step runs its two forwards (lever `guidance-batch`;
+    /// batched needs `text-kv = cached`).
+    pub guidance: GuidanceBatch,
 }
 
 impl ForwardArms {
@@ -859,6 +894,7 @@ impl ForwardArms {
         fp8_accum: Accum::Exact,
         attn_precision: AttnPrecision::Bf16,
         text_kv: TextKvArm::PerForward,
+        guidance: GuidanceBatch::Pair,
     };
 
     /// Whether an arm runs on cuDNN (which must then load).
@@ -885,35 +921,47 @@ impl ForwardArms {
 
     /// Why these arms cannot run together, if they cannot:
     /// `attention-precision = fp8` writes e4m3 codes the out-projection's FP8
-    /// GEMM reads (`precision = fp8`) and runs in cuDNN (`attention = cudnn`).
+    /// GEMM reads (`precision = fp8`) and runs in cuDNN (`attention = cudnn`);
+    /// `guidance-batch = batched` reads every text's keys and values from its
+    /// cache (`text-kv = cached`).
+    /// Every conflict is named, joined by "; ".
     pub fn conflict(&self) -> Option<String> {
-        if self.attn_precision != AttnPrecision::Fp8 {
-            return None;
+        let mut found = Vec::new();
+        if self.guidance == GuidanceBatch::Batched && self.text_kv != TextKvArm::Cached {
+            found.push(
+                "guidance-batch = batched needs text-kv = cached (the batched forward reads \
+                 each prompt's cross-attention keys and values from its cache); add --lever \
+                 text-kv=cached"
+                    .to_string(),
+            );
         }
-        // (missing, why it is needed, the lever that adds it)
-        let (why, add): (Vec<&str>, Vec<&str>) = [
-            (
-                self.precision != Precision::Fp8,
-                "precision = fp8 (its e4m3 output is the out-projection's FP8 input)",
-                "precision=fp8",
-            ),
-            (
-                self.attention != AttentionArm::Cudnn,
-                "attention = cudnn (it is cuDNN's FP8 SDPA)",
-                "attention=cudnn",
-            ),
-        ]
-        .into_iter()
-        .filter(|m| m.0)
-        .map(|m| (m.1, m.2))
-        .unzip();
-        (!why.is_empty()).then(|| {
-            format!(
-                "attention-precision = fp8 needs {}; add --lever {}",
-                why.join(" and "),
-                add.join(" --lever ")
-            )
-        })
+        if self.attn_precision == AttnPrecision::Fp8 {
+            // (missing, why it is needed, the lever that adds it)
+            let (why, add): (Vec<&str>, Vec<&str>) = [
+                (
+                    self.precision != Precision::Fp8,
+                    "precision = fp8 (its e4m3 output is the out-projection's FP8 input)",
+                    "precision=fp8",
+                ),
+                (
+                    self.attention != AttentionArm::Cudnn,
+                    "attention = cudnn (it is cuDNN's FP8 SDPA)",
+                    "attention=cudnn",
+                ),
+            ]
+            .into_iter()
+            .filter(|m| m.0)
+            .map(|m| (m.1, m.2))
+            .unzip();
+            if !why.is_empty() {
+                found.push(format!(
+                    "attention-precision = fp8 needs {}; add --lever {}",
+                    why.join(" and "),
+                    add.join(" --lever ")
+                ));
+            }
+        }
+        (!found.is_empty()).then(|| found.join("; "))
     }
 }
 
@@ -1199,8 +1247,8 @@ impl DeviceDit {
                     acts: None,
                     attn: None,
                 };
-                if let Some((n, l)) = self.ws.as_ref().map(|w| (w.n, w.l)) {
-                    st.acts = Some(self.fp8_acts(n, l)?);
+                if let Some((rows, l)) = self.ws.as_ref().map(|w| (w.n * w.batch, w.l)) {
+                    st.acts = Some(self.fp8_acts(rows, l)?);
                 }
                 self.fp8 = Some(st);
             }
@@ -1254,7 +1302,8 @@ impl DeviceDit {
         self.operand_amax = how;
     }
 
-    /// The residual + norm row step over the forward's `ws.n` rows (see
+    /// The residual + norm row step over the forward's `n` rows (tokens times
+    /// samples; see
     /// [`Kernels::residual_norm`]), its output handed on as the input of the
     /// Linear that reads it: bf16 in `ws.h` when `acts` is None; else that
     /// Linear's FP8 operand in `acts`, quantized by the step itself or by a
@@ -1262,12 +1311,13 @@ impl DeviceDit {
     fn row_step(
         &self,
         ws: &Workspace,
+        n: usize,
         (y, gate): (CUdeviceptr, (CUdeviceptr, CUdeviceptr)),
         next: &NextInput,
         acts: Option<&Fp8Rows>,
     ) -> Result<LinIn, CudaError> {
         let (s, k) = (&self.gpu.compute, &self.kernels);
-        let (n, d) = (ws.n, self.dims.dim());
+        let d = self.dims.dim();
         let step = |out: RowOut| {
             k.residual_norm(
                 s, ws.x, y, gate, n, d, next.mode, next.eps, next.shift, next.scale, out,
@@ -1311,8 +1361,9 @@ impl DeviceDit {
             .collect()
     }
 
-    /// The FP8 arm's buffers for `n` tokens and `l` text tokens: block inputs
-    /// (up to the feed-forward's `4 · width`) and the projected text.
+    /// The FP8 arm's buffers for `n` rows (tokens times samples) and `l` text
+    /// tokens: block inputs (up to the feed-forward's `4 · width`) and the
+    /// projected text.
     fn fp8_acts(&self, n: usize, l: usize) -> Result<(Fp8Rows, Fp8Rows), CudaError> {
         let d = self.dims.dim();
         Ok((
@@ -1346,7 +1397,8 @@ impl DeviceDit {
     }
 
     /// Device bytes of the `precision = fp8` arm's activation buffers for `n`
-    /// tokens and `l` text tokens: block inputs up to `4 · width` wide and the
+    /// rows (tokens times the forward's samples, lever `guidance-batch`) and
+    /// `l` text tokens: block inputs up to `4 · width` wide and the
     /// projected text, codes and scales (allocated with the workspace).
     pub fn fp8_act_bytes_for(dims: &DitDims, n: usize, l: usize) -> usize {
         let d = dims.dim();
@@ -1430,18 +1482,34 @@ impl DeviceDit {
         &self.gemm
     }
 
-    /// The workspace for (n, l), allocated (or reallocated) on demand.
+    /// The workspace for (n, l) and one sample, allocated (or reallocated) on
+    /// demand ([`DeviceDit::workspace_for`]).
     pub fn workspace(&mut self, n: usize, l: usize) -> Result<&Workspace, CudaError> {
-        let fits = matches!(&self.ws, Some(w) if w.n == n && w.l == l);
+        self.workspace_for(n, l, 1)
+    }
+
+    /// The workspace for (n, l) and at least `batch` samples (lever
+    /// `guidance-batch`), allocated (or reallocated) on demand; one of more
+    /// samples than asked is kept (a forward of fewer samples uses its first
+    /// rows).
+    pub fn workspace_for(
+        &mut self,
+        n: usize,
+        l: usize,
+        batch: usize,
+    ) -> Result<&Workspace, CudaError> {
+        let batch = batch.max(1);
+        let fits = matches!(&self.ws, Some(w) if w.n == n && w.l == l && w.batch >= batch);
         if !fits {
             self.ws = None;
             if let Some(st) = self.fp8.as_mut() {
                 st.acts = None;
             }
-            self.ws = Some(Workspace::new(&self.gpu, &self.dims, n, l)?);
+            self.ws = Some(Workspace::new(&self.gpu, &self.dims, n, l, batch)?);
         }
         if self.fp8.as_ref().is_some_and(|st| st.acts.is_none()) {
-            let acts = self.fp8_acts(n, l)?;
+            let rows = self.ws.as_ref().map_or(n, |w| w.n * w.batch);
+            let acts = self.fp8_acts(rows, l)?;
             if let Some(st) = self.fp8.as_mut() {
                 st.acts = Some(acts);
             }
@@ -1477,7 +1545,27 @@ impl DeviceDit {
         text: &TextSlot,
         out: CUdeviceptr,
     ) -> Result<(), CudaError> {
-        self.enqueue_blocks(lat, ts, geo, text, out, self.w.blocks.len(), None)
+        self.enqueue_blocks(lat, ts, geo, &[text], out, self.w.blocks.len(), None)
+    }
+
+    /// One forward over several samples at once (lever `guidance-batch`):
+    /// each sample reads the same latents `lat` (f32 [n, 128]) at the same
+    /// timestep `ts` and cross-attends to its own text, `texts[j]`, whose keys
+    /// and values come from its cache (`text-kv = cached`,
+    /// [`DeviceDit::prepare_text`]); sample j's velocity goes to `out + j · n ·
+    /// 128 · 4` (f32 [n, 128] each, one after the other). Needs a workspace of
+    /// n tokens, at least `texts.len()` samples and the longest text
+    /// ([`DeviceDit::workspace_for`]). With one text it is
+    /// [`DeviceDit::enqueue_at`].
+    pub fn enqueue_batch_at(
+        &self,
+        lat: CUdeviceptr,
+        ts: Timestep,
+        geo: Geometry,
+        texts: &[&TextSlot],
+        out: CUdeviceptr,
+    ) -> Result<(), CudaError> {
+        self.enqueue_blocks(lat, ts, geo, texts, out, self.w.blocks.len(), None)
     }
 
     /// [`DeviceDit::enqueue_forward`] with `probe(class)` called after each
@@ -1495,8 +1583,22 @@ impl DeviceDit {
         out: CUdeviceptr,
         probe: &dyn Fn(&'static str) -> Result<(), CudaError>,
     ) -> Result<(), CudaError> {
+        self.enqueue_batch_profiled(lat, sigma, geo, &[text], out, probe)
+    }
+
+    /// [`DeviceDit::enqueue_batch_at`] at noise level `sigma` with `probe` as
+    /// in [`DeviceDit::enqueue_profiled`].
+    pub fn enqueue_batch_profiled(
+        &self,
+        lat: CUdeviceptr,
+        sigma: f32,
+        geo: Geometry,
+        texts: &[&TextSlot],
+        out: CUdeviceptr,
+        probe: &dyn Fn(&'static str) -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
         let ts = Timestep::Sigma(sigma);
-        self.enqueue_blocks(lat, ts, geo, text, out, self.w.blocks.len(), Some(probe))
+        self.enqueue_blocks(lat, ts, geo, texts, out, self.w.blocks.len(), Some(probe))
     }
 
     /// Enqueue a forward through the first block only (as a one-block model:
@@ -1517,20 +1619,35 @@ impl DeviceDit {
         text: &TextSlot,
         out: CUdeviceptr,
     ) -> Result<(), CudaError> {
-        self.enqueue_blocks(lat, ts, geo, text, out, self.w.blocks.len().min(1), None)
+        self.enqueue_batch_warm_up(lat, ts, geo, &[text], out)
     }
 
-    /// [`DeviceDit::enqueue_forward`] through the first `blocks` blocks only:
-    /// the input projection, the time embedding and the caption projection,
-    /// the first block's input norm, each block ([`DeviceDit::enqueue_block`]),
-    /// the output projection; `probe` as in [`DeviceDit::enqueue_profiled`].
+    /// [`DeviceDit::enqueue_warm_up`] of a forward over `texts.len()` samples
+    /// ([`DeviceDit::enqueue_batch_at`]): its GEMMs plan for that many rows.
+    pub fn enqueue_batch_warm_up(
+        &self,
+        lat: CUdeviceptr,
+        ts: Timestep,
+        geo: Geometry,
+        texts: &[&TextSlot],
+        out: CUdeviceptr,
+    ) -> Result<(), CudaError> {
+        self.enqueue_blocks(lat, ts, geo, texts, out, self.w.blocks.len().min(1), None)
+    }
+
+    /// [`DeviceDit::enqueue_forward`] through the first `blocks` blocks only,
+    /// over `texts.len()` samples ([`DeviceDit::enqueue_batch_at`]): the input
+    /// projection, the time embedding and (one sample, `text-kv =
+    /// per-forward`) the caption projection, the first block's input norm,
+    /// each block ([`DeviceDit::enqueue_block`]), the output projection;
+    /// `probe` as in [`DeviceDit::enqueue_profiled`].
     #[allow(clippy::too_many_arguments)]
     fn enqueue_blocks(
         &self,
         lat: CUdeviceptr,
         ts: Timestep,
         geo: Geometry,
-        text: &TextSlot,
+        texts: &[&TextSlot],
         out: CUdeviceptr,
         blocks: usize,
         probe: Option<&dyn Fn(&'static str) -> Result<(), CudaError>>,
@@ -1541,15 +1658,25 @@ impl DeviceDit {
             .ws
             .as_ref()
             .ok_or_else(|| CudaError::Invalid("forward before the workspace exists".into()))?;
-        let (n, l) = (ws.n, text.l);
+        let (n, batch) = (ws.n, texts.len());
         let tokens = geo.grid.0 * geo.grid.1 * geo.grid.2;
-        if tokens != n || l > ws.l || text.caption != self.dims.caption_channels {
+        if batch == 0 || batch > ws.batch {
             return Err(CudaError::Invalid(format!(
-                "a forward over grid {:?} ({tokens} tokens) and {l} text tokens of {} channels \
-                 does not fit the workspace of {n} tokens and {} text tokens of {}",
-                geo.grid, text.caption, ws.l, self.dims.caption_channels
+                "a forward over {batch} samples on a workspace of {}",
+                ws.batch
             )));
         }
+        for text in texts {
+            let l = text.l;
+            if tokens != n || l > ws.l || text.caption != self.dims.caption_channels {
+                return Err(CudaError::Invalid(format!(
+                    "a forward over grid {:?} ({tokens} tokens) and {l} text tokens of {} \
+                     channels does not fit the workspace of {n} tokens and {} text tokens of {}",
+                    geo.grid, text.caption, ws.l, self.dims.caption_channels
+                )));
+            }
+        }
+        let rows = n * batch;
         let s = &self.gpu.compute;
         let k = &self.kernels;
         let d = self.dims.dim();
@@ -1558,12 +1685,21 @@ impl DeviceDit {
         let lin = |x: CUdeviceptr, lw: &Lin, y: CUdeviceptr, m: usize, ep: Epilogue| {
             self.gemm.linear(s, x, lw.w, lw.b, y, m, lw.out, lw.inp, ep)
         };
-        // Input projection into the f32 residual stream.
+        // Input projection into the f32 residual stream: once, as every
+        // sample reads the same latents, each sample's rows a copy of it.
         k.map(s, Map::F32ToBf16, lat, ws.lat_bf, n * lc)?;
         lin(ws.lat_bf, &w.proj_in, ws.h, n, Epilogue::Bias)?;
-        k.map(s, Map::Bf16ToF32, ws.h, ws.x, n * d)?;
+        for j in 0..batch {
+            k.map(
+                s,
+                Map::Bf16ToF32,
+                ws.h,
+                ws.x + (j * n * d * 4) as u64,
+                n * d,
+            )?;
+        }
         // Timestep: sinusoid(sigma * 1000) -> linear_1 -> SiLU -> linear_2 = emb;
-        // SiLU(emb) -> linear = temb (6 x D).
+        // SiLU(emb) -> linear = temb (6 x D), the same for every sample.
         match ts {
             Timestep::Sigma(sigma) => {
                 k.timestep_sinusoid(s, ws.tsin, sigma * 1000.0, TIMESTEP_DIM / 2)?
@@ -1576,11 +1712,21 @@ impl DeviceDit {
         k.map(s, Map::SiluBf16, ws.emb, ws.emb_s, d)?;
         lin(ws.emb_s, &w.time_embed_linear, ws.temb, 1, Epilogue::Bias)?;
         // The text's keys and values come from its cache (`text-kv = cached`),
-        // or every block projects them from the projected text.
-        let cache = self.text_kv(text, blocks.len())?;
-        let fp8 = match cache {
-            None => self.project_text(ws, text)?,
-            Some(_) => self.fp8_parts()?,
+        // or (one sample only) every block projects them from the projected
+        // text.
+        let caches = texts
+            .iter()
+            .map(|t| self.text_kv(t, blocks.len()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let fp8 = match caches.as_slice() {
+            [None] => self.project_text(ws, texts[0])?,
+            c if c.iter().all(Option::is_some) => self.fp8_parts()?,
+            _ => {
+                return Err(CudaError::Invalid(format!(
+                    "a forward over {batch} samples reads every text's keys and values from \
+                     its cache: guidance-batch = batched needs text-kv = cached"
+                )))
+            }
         };
         let rope = RopeArgs {
             freqs: self.freqs.ptr(),
@@ -1615,7 +1761,7 @@ impl DeviceDit {
             (false, Some((_, acts, _))) => Some(acts),
             _ => None,
         };
-        let mut h = self.row_step(ws, (NULL, (NULL, NULL)), &first, first_acts)?;
+        let mut h = self.row_step(ws, rows, (NULL, (NULL, NULL)), &first, first_acts)?;
         mark("input, time and caption embeddings")?;
         for (bi, b) in blocks.iter().enumerate() {
             let next = match blocks.get(bi + 1) {
@@ -1639,17 +1785,19 @@ impl DeviceDit {
                 None => None,
             };
             let last = bi + 1 == blocks.len();
-            let kv = cache.map(|c| c.block(bi)).transpose()?;
-            h = self.enqueue_block(
-                b,
-                q8,
-                ws,
-                h,
-                (l, text.kbias(), text.masked, kv),
-                &rope,
-                (next, last),
-                probe,
-            )?;
+            let cross = texts
+                .iter()
+                .zip(&caches)
+                .map(|(t, c)| {
+                    Ok(CrossText {
+                        l: t.l,
+                        kbias: t.kbias(),
+                        masked: t.masked,
+                        cached: c.map(|c| c.block(bi)).transpose()?,
+                    })
+                })
+                .collect::<Result<Vec<_>, CudaError>>()?;
+            h = self.enqueue_block(b, q8, ws, h, &cross, &rope, (next, last), probe)?;
         }
         // The output norm wrote bf16 (the projection out is a bf16 Linear).
         let LinIn::Bf16(h) = h else {
@@ -1657,8 +1805,8 @@ impl DeviceDit {
                 "the output norm handed on an FP8 operand".into(),
             ));
         };
-        lin(h, &w.proj_out, ws.out_bf, n, Epilogue::Bias)?;
-        k.map(s, Map::Bf16ToF32, ws.out_bf, out, n * lc)?;
+        lin(h, &w.proj_out, ws.out_bf, rows, Epilogue::Bias)?;
+        k.map(s, Map::Bf16ToF32, ws.out_bf, out, rows * lc)?;
         mark("output projection")
     }
 
@@ -1745,16 +1893,19 @@ impl DeviceDit {
         }
     }
 
-    /// One transformer block on the compute stream: `h` is the block's
-    /// modulated input norm as its Linears read it (written by the step
-    /// before: bf16 in `ws.h`, or their FP8 operand); the block adds its
-    /// self-attention (gated), cross-attention to the projected text
-    /// (`ws.text_p`, `l` tokens, `kbias` per token, `masked` when a kept token
-    /// carries a mask: [`TextSlot::masked`]) and feed-forward (gated)
-    /// to the f32 residual stream `ws.x`, and returns the input of whatever
-    /// comes `next` (the next block's norm or, with `last`, the output norm,
-    /// whose reader is bf16) as that reader reads it.
-    /// `probe(class)` after each operation (see [`DeviceDit::enqueue_profiled`]).
+    /// One transformer block on the compute stream over `texts.len()`
+    /// samples of `ws.n` tokens each (their rows one after the other in every
+    /// per-token buffer): `h` is the block's modulated input norm as its
+    /// Linears read it (written by the step before: bf16 in `ws.h`, or their
+    /// FP8 operand); the block adds its self-attention (gated, each sample
+    /// attending to its own tokens), cross-attention to each sample's text
+    /// ([`CrossText`]: its keys and values cached, or projected here from
+    /// `ws.text_p` for a lone sample) and feed-forward (gated) to the f32
+    /// residual stream `ws.x`, and returns the input of whatever comes `next`
+    /// (the next block's norm or, with `last`, the output norm, whose reader
+    /// is bf16) as that reader reads it. Each Linear runs once over every
+    /// sample's rows. `probe(class)` after each operation (see
+    /// [`DeviceDit::enqueue_profiled`]).
     #[allow(clippy::too_many_arguments)]
     fn enqueue_block(
         &self,
@@ -1762,7 +1913,7 @@ impl DeviceDit {
         fp8: Option<BlockFp8<'_>>,
         ws: &Workspace,
         h: LinIn,
-        (l, kbias, masked, cached): (usize, CUdeviceptr, bool, Option<(CUdeviceptr, CUdeviceptr)>),
+        texts: &[CrossText],
         rope: &RopeArgs,
         (next, last): (NextInput, bool),
         probe: Option<&dyn Fn(&'static str) -> Result<(), CudaError>>,
@@ -1770,7 +1921,10 @@ impl DeviceDit {
         let mark = |class: &'static str| probe.map_or(Ok(()), |p| p(class));
         let (s, k) = (&self.gpu.compute, &self.kernels);
         let (n, d) = (ws.n, self.dims.dim());
+        let rows = n * texts.len();
         let (heads, hd) = (self.dims.heads, self.dims.head_dim);
+        // Sample j's rows of a bf16 [rows, d] buffer.
+        let at = |p: CUdeviceptr, j: usize| p + (j * n * d * 2) as u64;
         // A block Linear's input as its arm reads it: bf16 as it is, or (fp8)
         // quantized per token into the FP8 buffers (`cols` wide).
         let input = |x: CUdeviceptr, rows: usize, cols: usize| -> Result<LinIn, CudaError> {
@@ -1787,16 +1941,18 @@ impl DeviceDit {
             self.block_linear(x, lw, q, y, m, ep)
         };
         let q8 = |i: usize| fp8.map(|f| f.q[i]);
-        let attend = |kv: (CUdeviceptr, CUdeviceptr), nk: usize, kbias: CUdeviceptr| {
+        // The engine's attention of sample j's queries to nk key rows (with a
+        // key bias, or NULL).
+        let attend = |j: usize, kv: (CUdeviceptr, CUdeviceptr), nk: usize, kbias: CUdeviceptr| {
             k.attention(
                 s,
                 self.attn,
                 heads,
                 hd,
-                (ws.q, d),
+                (at(ws.q, j), d),
                 (kv.0, d),
                 (kv.1, d),
-                (ws.ao, d),
+                (at(ws.ao, j), d),
                 n,
                 nk,
                 kbias,
@@ -1808,13 +1964,14 @@ impl DeviceDit {
         let acts = fp8.map(|f| f.acts);
         // Self-attention on the modulated RMS norm (`h`).
         let a1 = &b.attn1;
-        lin(h, &a1.to_q, q8(slot::SELF_Q), ws.q, n, Epilogue::Bias)?;
-        lin(h, &a1.to_k, q8(slot::SELF_K), ws.k, n, Epilogue::Bias)?;
-        lin(h, &a1.to_v, q8(slot::SELF_V), ws.v, n, Epilogue::Bias)?;
+        lin(h, &a1.to_q, q8(slot::SELF_Q), ws.q, rows, Epilogue::Bias)?;
+        lin(h, &a1.to_k, q8(slot::SELF_K), ws.k, rows, Epilogue::Bias)?;
+        lin(h, &a1.to_v, q8(slot::SELF_V), ws.v, rows, Epilogue::Bias)?;
         mark("gemm q|k|v")?;
         let qk_norm = |q, kk, rope, amax| self.qk_norm(q, kk, rope, amax);
-        // cuDNN's fused attention over nk key rows (no bias), when loaded.
-        let fused = |kv: (CUdeviceptr, CUdeviceptr), nk: usize| -> Result<(), CudaError> {
+        // cuDNN's fused attention of sample j's queries over nk key rows (no
+        // bias), when loaded.
+        let fused = |j: usize, kv: (CUdeviceptr, CUdeviceptr), nk: usize| {
             let sdpa = self
                 .sdpa
                 .as_ref()
@@ -1827,7 +1984,7 @@ impl DeviceDit {
                 ld: [d; 4],
                 scale_bits: (1.0 / (hd as f32).sqrt()).to_bits(),
             };
-            sdpa.enqueue(&self.gpu, &shape, ws.q, kv.0, kv.1, ws.ao)
+            sdpa.enqueue(&self.gpu, &shape, at(ws.q, j), kv.0, kv.1, at(ws.ao, j))
         };
         // The FP8 self-attention (`attention-precision = fp8`): q, k and v
         // quantized per tensor, cuDNN's FP8 SDPA writing e4m3 codes straight
@@ -1835,55 +1992,76 @@ impl DeviceDit {
         // quantize pass wrote (1 / scale_o each): no quantize pass of its own.
         // With [`OperandAmax::Folded`] the q/k norm raises q's and k's amax as
         // it writes them (the slots zeroed first), so the operand pass reads
-        // only v for its amax.
+        // only v for its amax. Sample by sample: each has its own scales, and
+        // the operands' buffers are reused in stream order.
         let fp8_attn = fp8.and_then(|f| f.attn.map(|a| (a, f.acts)));
-        let folded = match fp8_attn {
-            Some((a, _)) if self.operand_amax == OperandAmax::Folded => {
-                a.zero_amax(&self.gpu, k)?;
-                Some(a.slots())
-            }
-            _ => None,
-        };
-        qk_norm(
-            (ws.q, a1.norm_q, n),
-            (ws.k, a1.norm_k, n),
-            Some(rope),
-            folded,
-        )?;
-        mark("q/k norm + rope")?;
-        let ao = match fp8_attn {
-            Some((a, acts)) => {
-                let how = if folded.is_some() {
-                    OperandAmax::Folded
-                } else {
-                    OperandAmax::Separate
-                };
-                a.quantize(&self.gpu, k, [ws.q, ws.k, ws.v], n, acts, how)?;
-                mark("fp8 attention operands")?;
-                let sdpa = self.sdpa.as_ref().ok_or_else(|| {
-                    CudaError::Invalid("attention-precision = fp8 without cuDNN loaded".into())
-                })?;
-                let (codes, scales) = acts.operand();
-                let shape = SdpaShape::self_attention(heads, hd, n);
-                let ptrs = Fp8Ptrs {
-                    qkv: a.codes(),
-                    o: codes,
-                    slots: a.slots(),
-                };
-                sdpa.enqueue_fp8(&self.gpu, &shape, ptrs)?;
-                mark("self-attention")?;
-                LinIn::Fp8(codes, scales)
-            }
-            None => {
-                match self.arms.attention {
-                    AttentionArm::Cudnn => fused((ws.k, ws.v), n)?,
-                    AttentionArm::Mma => attend((ws.k, ws.v), n, NULL)?,
+        let folded = fp8_attn.is_some() && self.operand_amax == OperandAmax::Folded;
+        let mut ao = None;
+        for j in 0..texts.len() {
+            let slots = match fp8_attn {
+                Some((a, _)) if folded => {
+                    a.zero_amax(&self.gpu, k)?;
+                    Some(a.slots())
                 }
-                mark("self-attention")?;
-                input(ws.ao, n, d)?
-            }
+                _ => None,
+            };
+            // RoPE's positions are a token's index in one sample's grid.
+            qk_norm(
+                (at(ws.q, j), a1.norm_q, n),
+                (at(ws.k, j), a1.norm_k, n),
+                Some(rope),
+                slots,
+            )?;
+            mark("q/k norm + rope")?;
+            ao = Some(match fp8_attn {
+                Some((a, acts)) => {
+                    let how = if folded {
+                        OperandAmax::Folded
+                    } else {
+                        OperandAmax::Separate
+                    };
+                    let qkv = [at(ws.q, j), at(ws.k, j), at(ws.v, j)];
+                    a.quantize(&self.gpu, k, qkv, n, (acts, j * n), how)?;
+                    mark("fp8 attention operands")?;
+                    let sdpa = self.sdpa.as_ref().ok_or_else(|| {
+                        CudaError::Invalid("attention-precision = fp8 without cuDNN loaded".into())
+                    })?;
+                    let (codes, scales) = acts.operand();
+                    let shape = SdpaShape::self_attention(heads, hd, n);
+                    let ptrs = Fp8Ptrs {
+                        qkv: a.codes(),
+                        o: codes + (j * n * d) as u64,
+                        slots: a.slots(),
+                    };
+                    sdpa.enqueue_fp8(&self.gpu, &shape, ptrs)?;
+                    mark("self-attention")?;
+                    LinIn::Fp8(codes, scales)
+                }
+                None => {
+                    let kv = (at(ws.k, j), at(ws.v, j));
+                    match self.arms.attention {
+                        AttentionArm::Cudnn => fused(j, kv, n)?,
+                        AttentionArm::Mma => attend(j, kv, n, NULL)?,
+                    }
+                    mark("self-attention")?;
+                    LinIn::Bf16(ws.ao)
+                }
+            });
+        }
+        // The bf16 attention's output, as the out-projection reads it.
+        let ao = match ao {
+            Some(LinIn::Bf16(_)) => input(ws.ao, rows, d)?,
+            Some(fp8_out) => fp8_out,
+            None => return Err(CudaError::Invalid("a block over no samples".into())),
         };
-        lin(ao, &a1.to_out, q8(slot::SELF_OUT), ws.y, n, Epilogue::Bias)?;
+        lin(
+            ao,
+            &a1.to_out,
+            q8(slot::SELF_OUT),
+            ws.y,
+            rows,
+            Epilogue::Bias,
+        )?;
         mark("gemm out")?;
         // Gated residual; cross-attention reads x unnormalised and unmodulated.
         let cast = NextInput {
@@ -1892,34 +2070,50 @@ impl DeviceDit {
             shift: (NULL, NULL),
             scale: (NULL, NULL),
         };
-        let h = self.row_step(ws, (ws.y, table(2)), &cast, acts)?;
+        let h = self.row_step(ws, rows, (ws.y, table(2)), &cast, acts)?;
         mark("residual + norm")?;
         let a2 = &b.attn2;
-        lin(h, &a2.to_q, q8(slot::CROSS_Q), ws.q, n, Epilogue::Bias)?;
+        lin(h, &a2.to_q, q8(slot::CROSS_Q), ws.q, rows, Epilogue::Bias)?;
         mark("gemm q (cross)")?;
-        // The text's keys (normed) and values: projected here, or read from
-        // the text's cache (`text-kv = cached`), whose keys are normed already.
-        let (ck, cv, key_rows) = match cached {
-            None => {
-                let (tk, tv) = (q8(slot::CROSS_K), q8(slot::CROSS_V));
-                lin(text_in, &a2.to_k, tk, ws.ck, l, Epilogue::Bias)?;
-                lin(text_in, &a2.to_v, tv, ws.cv, l, Epilogue::Bias)?;
-                mark("gemm k|v (text)")?;
-                (ws.ck, ws.cv, l)
+        for (j, t) in texts.iter().enumerate() {
+            // The text's keys (normed) and values: projected here, or read
+            // from the text's cache (`text-kv = cached`), whose keys are
+            // normed already.
+            let (ck, cv, key_rows) = match t.cached {
+                None => {
+                    let (tk, tv) = (q8(slot::CROSS_K), q8(slot::CROSS_V));
+                    lin(text_in, &a2.to_k, tk, ws.ck, t.l, Epilogue::Bias)?;
+                    lin(text_in, &a2.to_v, tv, ws.cv, t.l, Epilogue::Bias)?;
+                    mark("gemm k|v (text)")?;
+                    (ws.ck, ws.cv, t.l)
+                }
+                Some((ck, cv)) => (ck, cv, 0),
+            };
+            qk_norm(
+                (at(ws.q, j), a2.norm_q, n),
+                (ck, a2.norm_k, key_rows),
+                None,
+                None,
+            )?;
+            mark("q/k norm (cross)")?;
+            // The mma arm adds the key bias even where it is all zero, as
+            // before the lever existed (its frames stay bit for bit what they
+            // were).
+            match (self.arms.cross, t.masked) {
+                (CrossArm::Cudnn, false) => fused(j, (ck, cv), t.l)?,
+                (CrossArm::Cudnn, true) | (CrossArm::Mma, _) => attend(j, (ck, cv), t.l, t.kbias)?,
             }
-            Some((ck, cv)) => (ck, cv, 0),
-        };
-        qk_norm((ws.q, a2.norm_q, n), (ck, a2.norm_k, key_rows), None, None)?;
-        mark("q/k norm (cross)")?;
-        // The mma arm adds the key bias even where it is all zero, as before
-        // the lever existed (its frames stay bit for bit what they were).
-        match (self.arms.cross, masked) {
-            (CrossArm::Cudnn, false) => fused((ck, cv), l)?,
-            (CrossArm::Cudnn, true) | (CrossArm::Mma, _) => attend((ck, cv), l, kbias)?,
+            mark("cross-attention")?;
         }
-        mark("cross-attention")?;
-        let ao = input(ws.ao, n, d)?;
-        lin(ao, &a2.to_out, q8(slot::CROSS_OUT), ws.y, n, Epilogue::Bias)?;
+        let ao = input(ws.ao, rows, d)?;
+        lin(
+            ao,
+            &a2.to_out,
+            q8(slot::CROSS_OUT),
+            ws.y,
+            rows,
+            Epilogue::Bias,
+        )?;
         mark("gemm out")?;
         // Plain residual, then the feed-forward's modulated RMS norm.
         let ff_norm = NextInput {
@@ -1928,16 +2122,24 @@ impl DeviceDit {
             shift: table(3),
             scale: table(4),
         };
-        let h = self.row_step(ws, (ws.y, (NULL, NULL)), &ff_norm, acts)?;
+        let h = self.row_step(ws, rows, (ws.y, (NULL, NULL)), &ff_norm, acts)?;
         mark("residual + norm")?;
         let up = q8(slot::FF_UP);
-        lin(h, &b.ff_net_0_proj, up, ws.ff, n, Epilogue::BiasGelu)?;
+        lin(h, &b.ff_net_0_proj, up, ws.ff, rows, Epilogue::BiasGelu)?;
         mark("gemm ff up + gelu")?;
-        let f = input(ws.ff, n, 4 * d)?;
-        lin(f, &b.ff_net_2, q8(slot::FF_DOWN), ws.y, n, Epilogue::Bias)?;
+        let f = input(ws.ff, rows, 4 * d)?;
+        lin(
+            f,
+            &b.ff_net_2,
+            q8(slot::FF_DOWN),
+            ws.y,
+            rows,
+            Epilogue::Bias,
+        )?;
         mark("gemm ff down")?;
         // The gated residual, then what comes next reads its input.
-        let h = self.row_step(ws, (ws.y, table(5)), &next, if last { None } else { acts })?;
+        let acts = if last { None } else { acts };
+        let h = self.row_step(ws, rows, (ws.y, table(5)), &next, acts)?;
         mark("residual + norm")?;
         Ok(h)
     }
@@ -1996,6 +2198,24 @@ impl DeviceDit {
         geo: Geometry,
         poison: bool,
     ) -> Result<(Vec<f32>, f64), CudaError> {
+        let (mut v, ms) = self.forward_batch(latents, sigma, &[(text, mask)], geo, poison)?;
+        Ok((v.swap_remove(0), ms))
+    }
+
+    /// [`DeviceDit::forward`] over one sample per text (`texts`: each a text
+    /// f32 \[l, caption_channels\] and its mask \[l\]) in one forward
+    /// ([`DeviceDit::enqueue_batch_at`]; two or more need `text-kv = cached`):
+    /// every sample reads the same latents. With `poison` every workspace and
+    /// output byte is NaN first. Returns each sample's velocity f32 [n, 128]
+    /// and the forward's device milliseconds.
+    pub fn forward_batch(
+        &mut self,
+        latents: &[f32],
+        sigma: f32,
+        texts: &[(&[f32], &[f32])],
+        geo: Geometry,
+        poison: bool,
+    ) -> Result<(Vec<Vec<f32>>, f64), CudaError> {
         let n = geo.grid.0 * geo.grid.1 * geo.grid.2;
         if latents.len() != n * LATENT_CHANNELS {
             return Err(CudaError::Invalid(format!(
@@ -2004,26 +2224,35 @@ impl DeviceDit {
                 geo.grid
             )));
         }
-        let mut slot = TextSlot::upload(&self.gpu, &self.dims, text, mask)?;
-        let gpu = self.gpu.clone();
-        let ws = self.workspace(n, mask.len())?;
-        let io = DeviceBuffer::alloc(&gpu, 2 * n * LATENT_CHANNELS * 4, "forward latents")?;
+        let mut slots = texts
+            .iter()
+            .map(|(text, mask)| TextSlot::upload(&self.gpu, &self.dims, text, mask))
+            .collect::<Result<Vec<_>, _>>()?;
+        let l = texts.iter().map(|(_, m)| m.len()).max().unwrap_or(0);
+        let (gpu, b) = (self.gpu.clone(), texts.len());
+        let ws = self.workspace_for(n, l, b)?;
+        let bytes = (1 + b) * n * LATENT_CHANNELS * 4;
+        let io = DeviceBuffer::alloc(&gpu, bytes, "forward latents")?;
         if poison {
             ws.poison(&gpu)?;
             io.fill_bytes(&self.gpu, 0xFF, &self.gpu.compute)?;
         }
-        // Its keys and values under `text-kv = cached` (the cache is poisoned
-        // before it is written).
-        self.prepare_text(&mut slot)?;
+        // Their keys and values under `text-kv = cached` (each cache is
+        // poisoned before it is written).
+        for slot in &mut slots {
+            self.prepare_text(slot)?;
+        }
         let (lat, out) = (io.ptr(), io.ptr() + (n * LATENT_CHANNELS * 4) as u64);
         upload(&self.gpu, lat, latents)?;
+        let refs: Vec<&TextSlot> = slots.iter().collect();
         let timer = Timer::new(&self.gpu)?;
         timer.start(&self.gpu.compute)?;
-        self.enqueue_forward(lat, sigma, geo, &slot, out)?;
+        self.enqueue_batch_at(lat, Timestep::Sigma(sigma), geo, &refs, out)?;
         timer.stop(&self.gpu.compute)?;
         let ms = timer.elapsed_ms()?;
-        let v = download::<f32>(&self.gpu, out, n * LATENT_CHANNELS)?;
-        Ok((v, ms))
+        let v = download::<f32>(&self.gpu, out, b * n * LATENT_CHANNELS)?;
+        let per = n * LATENT_CHANNELS;
+        Ok((v.chunks(per).map(<[f32]>::to_vec).collect(), ms))
     }
 }
 
@@ -2286,10 +2515,18 @@ mod tests {
     #[test]
     fn workspace_pieces_are_all_counted() {
         let dims = DitDims::LTXV_2B;
-        let b = Workspace::bytes_for(&dims, 6144, 128);
+        let b = Workspace::bytes_for(&dims, 6144, 128, 1);
         // Dominated by x (f32) + 6 bf16 [n, D] + ff [n, 4D].
         let min = 6144 * 2048 * (4 + 6 * 2 + 8);
         assert!(b > min && b < min + (64 << 20), "{b}");
+        // Two samples (lever `guidance-batch`): every per-token buffer but the
+        // latents' bf16 copy twice (both samples read the same latents); the
+        // text's and the timestep's once (red on: a piece left at one sample,
+        // or the latents' copy or the text doubled).
+        let b2 = Workspace::bytes_for(&dims, 6144, 128, 2);
+        let per_token = 2048 * (4 + 6 * 2 + 8) + 128 * 2;
+        assert_eq!(b2 - b, 6144 * per_token);
+        assert_eq!(Workspace::bytes_for(&dims, 6144, 128, 0), b);
     }
 
     #[test]

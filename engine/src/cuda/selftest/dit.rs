@@ -8,8 +8,11 @@ use std::time::Instant;
 
 use cudarc::driver::sys::CUdeviceptr;
 
+use super::guidance_batch::{
+    check_batched_forward, BatchedInputs, BATCHED_BF16_TOL, BATCHED_FP8_TOL,
+};
 use super::Check;
-use crate::cuda::fixtures::{synth_source, write_synth_safetensors, Rng};
+use crate::cuda::fixtures::{negative_mask, synth_source, write_synth_safetensors, Rng};
 use crate::cuda::kit::bf16::{narrow, rb, widen};
 use crate::cuda::kit::fp8::{Fp8Attn, Fp8Linears, MIN_CAPABILITY as FP8_CAPABILITY};
 use crate::cuda::kit::gemm::{Accum, Epilogue, Fp8Scaling};
@@ -1544,6 +1547,22 @@ pub fn check_forward(
         );
         out.push(bit_exact_forward(name, &cached, per, *per_ms));
     }
+    // `guidance-batch = batched`: a prompt and a shorter negative prompt in
+    // one forward against two batch-1 forwards (module `guidance_batch`).
+    let neg_text = rng.normal(l * dims.caption_channels, 1.0);
+    let neg_mask = negative_mask(l);
+    let batch_in = BatchedInputs {
+        lat: &lat,
+        sigma,
+        texts: [(&text[..], &mask[..]), (&neg_text[..], &neg_mask[..])],
+        geo,
+    };
+    let on_cudnn = ForwardArms {
+        attention: AttentionArm::Cudnn,
+        ..ForwardArms::OWN
+    };
+    let what = format!("{label} attention=cudnn grid={grid:?} l={l}");
+    check_batched_forward(&mut dit, on_cudnn, &what, &batch_in, BATCHED_BF16_TOL, out)?;
     // The same forward with its padding attended: a padding value of 1e-30
     // gives the same key bias in f32 ((1 - 1e-30) * MASK_BIAS == MASK_BIAS)
     // but is not 0, so the text is not cut to its real prefix. The padded keys
@@ -1577,6 +1596,7 @@ pub fn check_forward(
         fp8_accum: Accum::Exact,
         attn_precision: AttnPrecision::Bf16,
         text_kv: TextKvArm::PerForward,
+        ..ForwardArms::OWN
     };
     let name = format!(
         "forward {label} attention=cudnn cross-attention=cudnn qk-norm=warp grid={grid:?} l={l} \
@@ -1648,6 +1668,10 @@ pub fn check_forward(
             );
             out.push(bit_exact_forward(name, &got_cached, per, *per_ms));
         }
+        // The batched pair on the fp8 arm (its block inputs' FP8 buffer holds
+        // both samples' rows).
+        let what = format!("{label} precision=fp8 fp8-accum=fast grid={grid:?} l={l}");
+        check_batched_forward(&mut dit, fast, &what, &batch_in, BATCHED_FP8_TOL, out)?;
         // `attention-precision = fp8` on the same e4m3 weights (before the bf16
         // forward below drops them), beside the fp8 forward on cuDNN's bf16
         // attention. Against the CPU arm at the fp8 gate (0.15); against that
@@ -1667,19 +1691,11 @@ pub fn check_forward(
                 attn_precision: AttnPrecision::Fp8,
                 ..fp8
             };
-            let refused = dit.set_arms(a8);
-            let why = match &refused {
-                Ok(()) => "accepted".to_string(),
-                Err(e) => e.to_string(),
-            };
-            out.push(Check {
-                name: format!("forward {label} attention-precision=fp8 at head dim 64: refused"),
-                rel: 0.0,
-                max_abs: 0.0,
-                tol: 0.0,
-                pass: refused.is_err() && why.contains("head dim of at least 128"),
-                note: why,
-            });
+            out.push(Check::refused(
+                format!("forward {label} attention-precision=fp8 at head dim 64: refused"),
+                &dit.set_arms(a8),
+                "head dim of at least 128",
+            ));
         }
         let attn8 = if fp8_attn_device && dims.head_dim >= crate::cuda::kit::sdpa_fp8::MIN_HEAD_DIM
         {
@@ -1706,6 +1722,11 @@ pub fn check_forward(
             dit.set_operand_amax(OperandAmax::Separate);
             let separate = dit.forward(&lat, sigma, &text, &mask, geo, true);
             dit.set_operand_amax(OperandAmax::Folded);
+            // The batched pair on the FP8 attention: each sample's operands
+            // quantized with its own scales into the shared buffers, its e4m3
+            // output into its own rows of the out-projection's input.
+            let what = format!("{label} precision=fp8 attention-precision=fp8 grid={grid:?} l={l}");
+            check_batched_forward(&mut dit, a8, &what, &batch_in, BATCHED_FP8_TOL, out)?;
             Some((bf, folded, separate))
         } else {
             None

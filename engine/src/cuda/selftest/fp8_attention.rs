@@ -74,9 +74,7 @@ fn not_run(kit: &DeviceKit, out: &mut Vec<Check>) -> bool {
 
 /// A row that failed for `e` (no cuDNN, no engine for the shape).
 fn failed(name: String, e: &CudaError) -> Check {
-    let mut c = Check::new(name, &[f32::NAN], &[1.0], 0.0);
-    c.note = e.to_string();
-    c
+    Check::failed(name, e.to_string())
 }
 
 /// The device's FP8 attention of bf16 `q`, `k`, `v` (`[n, heads·hd]` each) on
@@ -124,7 +122,7 @@ fn run_fp8(
         &kit.kernels,
         [qd.ptr(), kd.ptr(), vd.ptr()],
         n,
-        &out,
+        (&out, 0),
         OperandAmax::Separate,
     )?;
     let shape = SdpaShape::self_attention(heads, hd, n);
@@ -176,7 +174,7 @@ fn operands_folded(
         &kit.kernels,
         [qd.ptr(), kd.ptr(), vd.ptr()],
         n,
-        &out,
+        (&out, 0),
         OperandAmax::Folded,
     )?;
     kit.gpu.sync_compute()?;

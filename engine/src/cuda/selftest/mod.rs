@@ -37,6 +37,7 @@
 pub mod dit;
 pub mod fp8_attention;
 pub mod graph;
+pub mod guidance_batch;
 pub mod t5;
 pub mod vae;
 
@@ -88,6 +89,40 @@ impl Check {
             } else {
                 "reference is all zeros".into()
             },
+        }
+    }
+
+    /// A failed check that has no values, saying `why` (its run failed).
+    pub fn failed(name: impl Into<String>, why: impl Into<String>) -> Check {
+        Check {
+            name: name.into(),
+            rel: f64::NAN,
+            max_abs: f64::NAN,
+            tol: 0.0,
+            pass: false,
+            note: why.into(),
+        }
+    }
+
+    /// A check that `result` was refused with an error containing `needle`
+    /// (the arms a render must not run); its note is the error, or
+    /// `accepted`.
+    pub fn refused<T, E: std::fmt::Display>(
+        name: impl Into<String>,
+        result: &Result<T, E>,
+        needle: &str,
+    ) -> Check {
+        let why = match result {
+            Ok(_) => "accepted".to_string(),
+            Err(e) => e.to_string(),
+        };
+        Check {
+            name: name.into(),
+            rel: 0.0,
+            max_abs: 0.0,
+            tol: 0.0,
+            pass: result.is_err() && why.contains(needle),
+            note: why,
         }
     }
 

@@ -446,14 +446,7 @@ pub fn check_t5(
 /// A part of the section that stopped on an error: a failed check naming it,
 /// so the rest of the section (and the benchmark) still runs.
 fn could_not_run(what: &str, e: &CudaError) -> Check {
-    Check {
-        name: format!("{what}: could not run"),
-        rel: f64::NAN,
-        max_abs: f64::NAN,
-        tol: 0.0,
-        pass: false,
-        note: e.to_string(),
-    }
+    Check::failed(format!("{what}: could not run"), e.to_string())
 }
 
 #[cfg(test)]
