@@ -76,6 +76,8 @@ pub const TEXT_KV: &str = "text-kv";
 /// Lever id: whether the CUDA arm runs a guided step's two forwards one after
 /// the other or as one forward over both samples.
 pub const GUIDANCE_BATCH: &str = "guidance-batch";
+/// Lever id: the number format of the CUDA arm's DiT residual stream.
+pub const RESIDUAL: &str = "residual";
 
 static REGISTRY: &[LeverDef] = &[
     LeverDef {
@@ -257,6 +259,17 @@ static REGISTRY: &[LeverDef] = &[
               forward's per-token workspace; inert without guidance",
     },
     LeverDef {
+        id: RESIDUAL,
+        arms: &["f32", "bf16"],
+        default: "f32",
+        baseline: "f32",
+        applies_to: Applies::Cuda,
+        doc: "f32 holds the DiT's residual stream in f32 (each residual add exact to f32); \
+              bf16 holds it in bf16, as a bf16 model does (each add taken in f32 and rounded \
+              once to bf16, the norms reading the rounded row): the row passes move 8 bytes \
+              an element instead of 12",
+    },
+    LeverDef {
         id: TEXT_KV,
         arms: &["per-forward", "cached"],
         default: "per-forward",
@@ -306,6 +319,7 @@ pub const UNMEASURED: &[&str] = &[
     ATTENTION_PRECISION,
     TEXT_KV,
     GUIDANCE_BATCH,
+    RESIDUAL,
 ];
 
 /// Every lever the engine knows, in a stable order.
@@ -464,13 +478,14 @@ impl LeverSet {
     }
 
     /// The forward's kernel arms: `attention`, `cross-attention`, `qk-norm`,
-    /// `precision`, `fp8-accum`, `attention-precision`, `text-kv` and
-    /// `guidance-batch`.
+    /// `precision`, `fp8-accum`, `attention-precision`, `text-kv`,
+    /// `guidance-batch` and `residual`.
     pub fn forward_arms(&self) -> crate::cuda::models::dit::ForwardArms {
         use crate::cuda::kit::gemm::Accum;
         use crate::cuda::models::dit::Precision;
         use crate::cuda::models::dit::{
-            AttnPrecision, CrossArm, ForwardArms, GuidanceBatch, QkNormArm, TextKvArm,
+            AttnPrecision, CrossArm, ForwardArms, GuidanceBatch, QkNormArm, ResidualStream,
+            TextKvArm,
         };
         ForwardArms {
             attention: self.attention(),
@@ -508,6 +523,11 @@ impl LeverSet {
                 GuidanceBatch::Batched
             } else {
                 GuidanceBatch::Pair
+            },
+            residual: if self.arm(RESIDUAL) == "bf16" {
+                ResidualStream::Bf16
+            } else {
+                ResidualStream::F32
             },
         }
     }
@@ -677,7 +697,8 @@ mod tests {
         use crate::cuda::kit::gemm::Accum;
         use crate::cuda::models::dit::Precision;
         use crate::cuda::models::dit::{
-            AttentionArm, AttnPrecision, CrossArm, ForwardArms, GuidanceBatch, QkNormArm, TextKvArm,
+            AttentionArm, AttnPrecision, CrossArm, ForwardArms, GuidanceBatch, QkNormArm,
+            ResidualStream, TextKvArm,
         };
         for (id, arms) in [
             (CROSS_ATTENTION, ["mma", "cudnn"]),
@@ -686,6 +707,7 @@ mod tests {
             (ATTENTION_PRECISION, ["bf16", "fp8"]),
             (TEXT_KV, ["per-forward", "cached"]),
             (GUIDANCE_BATCH, ["pair", "batched"]),
+            (RESIDUAL, ["f32", "bf16"]),
         ] {
             let l = lever(id).unwrap();
             assert_eq!(l.arms, arms, "{id}");
@@ -712,6 +734,7 @@ mod tests {
                 attn_precision: AttnPrecision::Bf16,
                 text_kv: TextKvArm::PerForward,
                 guidance: GuidanceBatch::Pair,
+                residual: ResidualStream::F32,
             }
         );
         // fp8-accum is decided (fast), not unmeasured; its baseline stays exact.
@@ -820,6 +843,30 @@ mod tests {
         let entry = spec_entry(GUIDANCE_BATCH);
         assert!(entry.contains("numerics = \"changing\""), "{entry}");
         assert!(entry.contains("text-kv = \"cached\""), "{entry}");
+    }
+
+    /// Red on: `bf16` not reaching `forward_arms` (the test inverted), the
+    /// spec's entry calling the arm numerics-preserving or judging it without
+    /// the measured floor, or an arm conflict where there is none.
+    #[test]
+    fn residual_lever_maps_to_the_bf16_stream() {
+        use crate::cuda::models::dit::ResidualStream;
+        let on = |arm: &'static str| {
+            LeverSet::resolve(Profile::Default, [("residual", arm)])
+                .unwrap()
+                .forward_arms()
+        };
+        assert_eq!(on("bf16").residual, ResidualStream::Bf16);
+        assert_eq!(on("f32").residual, ResidualStream::F32);
+        assert_eq!(on("bf16").residual.name(), "bf16");
+        assert_eq!(
+            (on("bf16").residual.bytes(), on("f32").residual.bytes()),
+            (2, 4)
+        );
+        assert_eq!(on("bf16").conflict(), None);
+        let entry = spec_entry(RESIDUAL);
+        assert!(entry.contains("numerics = \"changing\""), "{entry}");
+        assert!(entry.contains("floor_margin_db"), "{entry}");
     }
 
     /// Red on: `cached` not reaching `forward_arms` (the test inverted), the

@@ -520,7 +520,7 @@ fn load_cuda_dit(
         .with_context(|| {
             format!(
                 "the CUDA arm's transformer (attention={}, cross-attention={}, qk-norm={}, \
-             precision={}, fp8-accum={}, attention-precision={}, text-kv={}, guidance-batch={}; `--lever attention=mma --lever \
+             precision={}, fp8-accum={}, attention-precision={}, text-kv={}, guidance-batch={}, residual={}; `--lever attention=mma --lever \
              cross-attention=mma --lever attention-precision=bf16` runs the engine's own kernels \
              without cuDNN, `--lever precision=bf16 --lever attention-precision=bf16` without FP8)",
                 arms.attention.name(),
@@ -530,7 +530,8 @@ fn load_cuda_dit(
                 arms.fp8_accum.name(),
                 arms.attn_precision.name(),
                 arms.text_kv.name(),
-                arms.guidance.name()
+                arms.guidance.name(),
+                arms.residual.name()
             )
         })?;
     rec.attach_device(den.mem());
@@ -548,6 +549,7 @@ fn load_cuda_dit(
     // The arm; whether it acts (a guided render) shows in the denoise phase's
     // `forwards_per_step` (1 where the pair runs batched).
     a.insert("guidance_batch".into(), Value::from(arms.guidance.name()));
+    a.insert("residual".into(), Value::from(arms.residual.name()));
     // Only where FP8 GEMMs run: on bf16 the lever is inert.
     if arms.precision == crate::cuda::models::dit::Precision::Fp8 {
         a.insert("fp8_accum".into(), Value::from(arms.fp8_accum.name()));

@@ -987,7 +987,7 @@ next_hypothesis = "n"
         // blocks' Linears in e4m3, their FP8 sums in the tensor cores'
         // narrower accumulator, the self-attention in e4m3, and the guided
         // pair's GEMMs over twice the rows (another cuBLASLt algorithm may sum
-        // them in another order).
+        // them in another order), and the residual stream rounded to bf16.
         let changing: Vec<&str> = s
             .levers
             .iter()
@@ -1005,7 +1005,8 @@ next_hypothesis = "n"
                 "precision",
                 "fp8-accum",
                 "attention-precision",
-                "guidance-batch"
+                "guidance-batch",
+                "residual"
             ]
         );
         // Attention's saving is explained (or not) by the tensor pipes in denoise.

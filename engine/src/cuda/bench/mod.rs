@@ -41,7 +41,7 @@ use crate::cuda::kit::DeviceKit;
 use crate::cuda::models::dit::Precision;
 use crate::cuda::models::dit::{
     AttentionArm, AttnPrecision, CrossArm, DeviceDit, DitDims, ForwardArms, Geometry, NormQuantize,
-    OperandAmax, QkNormArm, TextKv, TextKvArm, TextSlot, LATENT_CHANNELS,
+    OperandAmax, QkNormArm, ResidualStream, TextKv, TextKvArm, TextSlot, LATENT_CHANNELS,
 };
 use crate::cuda::staging::{
     self, pinned_copy_gbps, DeviceWeights, Staged, StagingMethod, StagingOptions,
@@ -853,6 +853,28 @@ fn bench_forward(
                 Err(e) => {
                     format!("forward  {label} guidance-batch batched vs pair unavailable: {e}")
                 }
+            },
+        );
+    }
+    // `residual = bf16` against f32 on the same two arm sets: one forward.
+    for (arms, label) in [(render, &label), (bf16, &bf16_label)] {
+        let streams = [ResidualStream::Bf16, ResidualStream::F32];
+        dit.set_arms(arms)?;
+        dit.prepare_text(&mut slot)?;
+        let timed = interleaved_ms(kit, &mut dit, &mut slot, io, reps, |d, _, i| {
+            d.set_arms(ForwardArms {
+                residual: streams[i],
+                ..arms
+            })
+        });
+        push(
+            rows,
+            match timed {
+                Ok([b, f]) => format!(
+                    "forward  {label}: residual bf16 {b:.1} ms vs f32 {f:.1} ms (bf16 {:+.1}%)",
+                    (b / f - 1.0) * 100.0
+                ),
+                Err(e) => format!("forward  {label} residual bf16 vs f32 unavailable: {e}"),
             },
         );
     }

@@ -604,7 +604,8 @@ impl Kernels {
     }
 
     /// The fused row step of the forward (see `residual_norm` in
-    /// `kernels/elementwise.cu`): with `y` given, x (f32 [rows, d]) += y (bf16) *
+    /// `kernels/elementwise.cu`): with `y` given, x (`x.1`: f32 [rows, d], or
+    /// bf16 under [`ResidualStream::Bf16`], rounded once a step) += y (bf16) *
     /// gate (gate_tab + gate_emb, or 1 when gate_tab is NULL); then h =
     /// bf16(x) ([`RowMode::Cast`]) or the bf16 modulated RMS / LayerNorm of x,
     /// with shift = shift.0 + shift.1 and scale = scale.0 + scale.1 (bf16
@@ -616,7 +617,7 @@ impl Kernels {
     pub fn residual_norm(
         &self,
         s: &CudaStream,
-        x: CUdeviceptr,
+        (x, stream): (CUdeviceptr, ResidualStream),
         y: CUdeviceptr,
         gate: (CUdeviceptr, CUdeviceptr),
         rows: usize,
@@ -644,7 +645,9 @@ impl Kernels {
             .ptr(scale.0)
             .ptr(shift.1)
             .ptr(scale.1);
+        let bf16x = stream == ResidualStream::Bf16;
         let (name, p) = match out {
+            RowOut::Bf16(h) if bf16x => ("residual_norm_bf16x", p.ptr(h)),
             RowOut::Bf16(h) => ("residual_norm", p.ptr(h)),
             RowOut::E4m3 { codes, scales } => {
                 if codes % 4 != 0 || scales % 4 != 0 {
@@ -652,7 +655,12 @@ impl Kernels {
                         "residual_norm: e4m3 codes and scales must be 4-byte aligned".into(),
                     ));
                 }
-                ("residual_norm_e4m3", p.ptr(codes).ptr(scales))
+                let name = if bf16x {
+                    "residual_norm_e4m3_bf16x"
+                } else {
+                    "residual_norm_e4m3"
+                };
+                (name, p.ptr(codes).ptr(scales))
             }
         };
         self.launch_rows(name, rows, (d * 4) as u32, s, p)
@@ -832,6 +840,36 @@ pub enum OperandAmax {
     Folded,
 }
 
+/// The number format of the forward's residual stream x (lever `residual`),
+/// which [`Kernels::residual_norm`] reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResidualStream {
+    /// f32 [rows, d]: each residual add is exact to f32.
+    F32,
+    /// bf16 [rows, d], as a bf16 model holds its hidden state: each residual
+    /// add is taken in f32 and rounded once to bf16, and the norm reads the
+    /// rounded row.
+    Bf16,
+}
+
+impl ResidualStream {
+    /// The lever arm's name (`f32`, `bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ResidualStream::F32 => "f32",
+            ResidualStream::Bf16 => "bf16",
+        }
+    }
+
+    /// Bytes an element of x.
+    pub fn bytes(self) -> usize {
+        match self {
+            ResidualStream::F32 => 4,
+            ResidualStream::Bf16 => 2,
+        }
+    }
+}
+
 /// Where [`Kernels::residual_norm`] puts its output row h.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowOut {
@@ -1009,6 +1047,8 @@ mod tests {
             "timestep_sinusoid_at",
             "residual_norm",
             "residual_norm_e4m3",
+            "residual_norm_bf16x",
+            "residual_norm_e4m3_bf16x",
         ];
         let mut got: Vec<&str> = e.iter().map(String::as_str).collect();
         want.sort();

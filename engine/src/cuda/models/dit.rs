@@ -3,9 +3,10 @@
 //! Weights stay where staging put them ([`DeviceWeights`], bf16; on an
 //! fp8-resident load the block Linears' weights only as e4m3 copies:
 //! [`DeviceDit::load_fp8_resident`]); activations
-//! live in one preallocated [`Workspace`] sized for (tokens, text length); the
-//! residual stream is f32, every GEMM operand bf16 (the blocks' Linears e4m3 on
-//! `precision = fp8`) with fp32 accumulation. A
+//! live in one preallocated [`Workspace`] sized for (tokens, text length,
+//! samples); the residual stream is f32 (bf16 under `residual = bf16`), every
+//! GEMM operand bf16 (the blocks' Linears e4m3 on `precision = fp8`) with fp32
+//! accumulation. A
 //! forward enqueues only kernels and GEMMs on the compute stream: inputs are
 //! uploaded before it starts, the output downloaded after it ends, and the
 //! timestep embedding is computed on the device (its scalar rides in the kernel
@@ -25,8 +26,8 @@ use cudarc::driver::sys::CUdeviceptr;
 use crate::cuda::kit::context::{Gpu, Timer};
 use crate::cuda::kit::fp8::{Fp8Attn, Fp8Linears, Fp8Rows, LinearRef, Q8};
 use crate::cuda::kit::gemm::{Accum, Epilogue, Fp8Scaling, Gemm};
-pub use crate::cuda::kit::kernels::OperandAmax;
 use crate::cuda::kit::kernels::{AttnKernel, Kernels, Map, RopeArgs, RowMode, RowOut, NULL};
+pub use crate::cuda::kit::kernels::{OperandAmax, ResidualStream};
 use crate::cuda::kit::memory::{align_up, download, upload, Arena, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::kit::sdpa_fp8::{self, Fp8Ptrs};
@@ -387,6 +388,20 @@ struct NextInput {
 }
 
 /// Row `i` of a `[rows, d]` bf16 table at `p`.
+/// Copy `bytes` from `src` to `dst` on the device, in `s`'s order.
+fn copy_d2d(
+    s: &cudarc::driver::CudaStream,
+    src: CUdeviceptr,
+    dst: CUdeviceptr,
+    bytes: usize,
+) -> Result<(), CudaError> {
+    use crate::cuda::DriverContext;
+    // SAFETY: both ranges lie inside the workspace's arena (the caller's
+    // offsets), which outlives the stream's work on it.
+    unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, s.cu_stream()) }
+        .ctx("copying the input projection into the residual stream")
+}
+
 fn row(d: usize, p: CUdeviceptr, i: usize) -> CUdeviceptr {
     p + (i * d * 2) as u64
 }
@@ -882,6 +897,8 @@ pub struct ForwardArms {
     /// How a guided step runs its two forwards (lever `guidance-batch`;
     /// batched needs `text-kv = cached`).
     pub guidance: GuidanceBatch,
+    /// The number format of the residual stream (lever `residual`).
+    pub residual: ResidualStream,
 }
 
 impl ForwardArms {
@@ -895,6 +912,7 @@ impl ForwardArms {
         attn_precision: AttnPrecision::Bf16,
         text_kv: TextKvArm::PerForward,
         guidance: GuidanceBatch::Pair,
+        residual: ResidualStream::F32,
     };
 
     /// Whether an arm runs on cuDNN (which must then load).
@@ -1320,7 +1338,17 @@ impl DeviceDit {
         let d = self.dims.dim();
         let step = |out: RowOut| {
             k.residual_norm(
-                s, ws.x, y, gate, n, d, next.mode, next.eps, next.shift, next.scale, out,
+                s,
+                (ws.x, self.arms.residual),
+                y,
+                gate,
+                n,
+                d,
+                next.mode,
+                next.eps,
+                next.shift,
+                next.scale,
+                out,
             )
         };
         match (acts, self.norm_quantize) {
@@ -1685,18 +1713,19 @@ impl DeviceDit {
         let lin = |x: CUdeviceptr, lw: &Lin, y: CUdeviceptr, m: usize, ep: Epilogue| {
             self.gemm.linear(s, x, lw.w, lw.b, y, m, lw.out, lw.inp, ep)
         };
-        // Input projection into the f32 residual stream: once, as every
-        // sample reads the same latents, each sample's rows a copy of it.
+        // Input projection into the residual stream (f32, or bf16 under
+        // `residual = bf16`: the projection's own bf16 values either way):
+        // once, as every sample reads the same latents, each sample's rows a
+        // copy of it.
         k.map(s, Map::F32ToBf16, lat, ws.lat_bf, n * lc)?;
         lin(ws.lat_bf, &w.proj_in, ws.h, n, Epilogue::Bias)?;
+        let xb = self.arms.residual.bytes();
         for j in 0..batch {
-            k.map(
-                s,
-                Map::Bf16ToF32,
-                ws.h,
-                ws.x + (j * n * d * 4) as u64,
-                n * d,
-            )?;
+            let xj = ws.x + (j * n * d * xb) as u64;
+            match self.arms.residual {
+                ResidualStream::F32 => k.map(s, Map::Bf16ToF32, ws.h, xj, n * d)?,
+                ResidualStream::Bf16 => copy_d2d(s, ws.h, xj, n * d * 2)?,
+            }
         }
         // Timestep: sinusoid(sigma * 1000) -> linear_1 -> SiLU -> linear_2 = emb;
         // SiLU(emb) -> linear = temb (6 x D), the same for every sample.
@@ -1900,10 +1929,11 @@ impl DeviceDit {
     /// FP8 operand); the block adds its self-attention (gated, each sample
     /// attending to its own tokens), cross-attention to each sample's text
     /// ([`CrossText`]: its keys and values cached, or projected here from
-    /// `ws.text_p` for a lone sample) and feed-forward (gated) to the f32
-    /// residual stream `ws.x`, and returns the input of whatever comes `next`
-    /// (the next block's norm or, with `last`, the output norm, whose reader
-    /// is bf16) as that reader reads it. Each Linear runs once over every
+    /// `ws.text_p` for a lone sample) and feed-forward (gated) to the
+    /// residual stream `ws.x` (f32, or bf16 under `residual = bf16`), and
+    /// returns the input of whatever comes `next` (the next block's norm or,
+    /// with `last`, the output norm, whose reader is bf16) as that reader
+    /// reads it. Each Linear runs once over every
     /// sample's rows. `probe(class)` after each operation (see
     /// [`DeviceDit::enqueue_profiled`]).
     #[allow(clippy::too_many_arguments)]

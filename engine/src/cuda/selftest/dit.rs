@@ -11,12 +11,13 @@ use cudarc::driver::sys::CUdeviceptr;
 use super::guidance_batch::{
     check_batched_forward, BatchedInputs, BATCHED_BF16_TOL, BATCHED_FP8_TOL,
 };
+use super::row_step::{row_cases, RowInputs};
 use super::Check;
 use crate::cuda::fixtures::{negative_mask, synth_source, write_synth_safetensors, Rng};
 use crate::cuda::kit::bf16::{narrow, rb, widen};
 use crate::cuda::kit::fp8::{Fp8Attn, Fp8Linears, MIN_CAPABILITY as FP8_CAPABILITY};
 use crate::cuda::kit::gemm::{Accum, Epilogue, Fp8Scaling};
-use crate::cuda::kit::kernels::{AttnKernel, Map, RopeArgs, RowMode, RowOut, NULL};
+use crate::cuda::kit::kernels::{AttnKernel, Map, ResidualStream, RopeArgs, RowOut, NULL};
 use crate::cuda::kit::memory::{download, upload, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::kit::DeviceKit;
@@ -27,35 +28,16 @@ use crate::cuda::models::dit::{
 use crate::cuda::staging::{self, DeviceWeights, StagingMethod, StagingOptions};
 use crate::cuda::CudaError;
 use crate::fp8::{decode, linear_reference, RowScaled};
-use crate::models::dit::{Transformer, MASK_BIAS, OUT_NORM_EPS, QK_NORM_EPS, ROPE_COMPRESSION};
+use crate::models::dit::{Transformer, MASK_BIAS, QK_NORM_EPS, ROPE_COMPRESSION};
 use crate::ops::activation::{gelu_tanh, silu};
 use crate::ops::attention::{attention, AttnBias};
 use crate::ops::embed::timestep_embedding;
 use crate::ops::linear::Linear;
-use crate::ops::norm::{layer_norm_rows, modulate_rows, rms_norm_rows};
+use crate::ops::norm::rms_norm_rows;
 use crate::ops::rope::{apply_rope, ltx_rope, rope_freqs, ROPE_BASE};
 use crate::schedule::{cfg_combine, euler_step};
 use crate::tensor::Tensor;
 use crate::weights::{TensorSpec, VarBuilder};
-
-/// Epsilon of the blocks' RMS norms in the released configs (`norm_eps`).
-fn block_norm_eps() -> f32 {
-    crate::presets::dit_2b().norm_eps as f32
-}
-
-/// The CPU arm's modulated norm of `x` rows: `norm(x) * (1 + scale) + shift`
-/// (LayerNorm with the output norm's epsilon when `center`, else RMS with
-/// the blocks'; no affine).
-fn ref_norm_mod(x: &[f32], d: usize, center: bool, shift: &[f32], scale: &[f32]) -> Vec<f32> {
-    let mut h = x.to_vec();
-    if center {
-        layer_norm_rows(&mut h, d, OUT_NORM_EPS, None, None);
-    } else {
-        rms_norm_rows(&mut h, d, None, block_norm_eps());
-    }
-    modulate_rows(&mut h, scale, shift);
-    h
-}
 
 /// Elementwise and row-wise kernels.
 pub fn check_kernels(
@@ -66,6 +48,7 @@ pub fn check_kernels(
     check_casts(kit, rng, out)?;
     check_qk_norm_rope(kit, rng, out)?;
     check_residual_norm(kit, rng, out)?;
+    super::residual::check_residual_norm_bf16x(kit, rng, out)?;
     check_step_kernels(kit, rng, out)?;
     Ok(())
 }
@@ -342,113 +325,58 @@ fn check_residual_norm(
     out: &mut Vec<Check>,
 ) -> Result<(), CudaError> {
     let (k, s) = (&kit.kernels, &kit.gpu.compute);
-    for d in [64usize, 2048, 4096] {
-        for (mode, name) in [
-            (RowMode::Cast, "cast"),
-            (RowMode::Rms, "rms"),
-            (RowMode::LayerNorm, "layernorm"),
-        ] {
-            for (with_y, gated) in [(true, true), (true, false), (false, false)] {
-                if !with_y && mode == RowMode::Cast {
-                    continue;
-                }
-                let rows = 19;
-                let x: Vec<f32> = rng.normal(rows * d, 1.5).iter().map(|v| v + 0.2).collect();
-                let y = rb(&rng.normal(rows * d, 1.0));
-                let t: Vec<Vec<f32>> = (0..6).map(|_| rb(&rng.uniform(d, -0.5, 0.5))).collect();
-                let xd = kit.f32(&x)?;
-                let yd = kit.bf16(&y)?;
-                let td: Vec<DeviceBuffer> =
-                    t.iter().map(|v| kit.bf16(v)).collect::<Result<_, _>>()?;
-                let hd = kit.poisoned(rows * d * 2)?;
-                let gate = if gated {
-                    (td[4].ptr(), td[5].ptr())
-                } else {
-                    (NULL, NULL)
-                };
-                let step = |x: CUdeviceptr, out: RowOut| {
-                    k.residual_norm(
-                        s,
-                        x,
-                        if with_y { yd.ptr() } else { NULL },
-                        gate,
-                        rows,
-                        d,
-                        mode,
-                        if mode == RowMode::LayerNorm {
-                            OUT_NORM_EPS
-                        } else {
-                            block_norm_eps()
-                        },
-                        (td[0].ptr(), td[2].ptr()),
-                        (td[1].ptr(), td[3].ptr()),
-                        out,
-                    )
-                };
-                step(xd.ptr(), RowOut::Bf16(hd.ptr()))?;
-                let x2 = kit.f32(&x)?;
-                let (qa, sa) = (kit.poisoned(rows * d)?, kit.poisoned(rows * 4)?);
-                k.quantize_rows_e4m3(s, hd.ptr(), rows, d, qa.ptr(), sa.ptr())?;
-                let (qb, sb) = (kit.poisoned(rows * d)?, kit.poisoned(rows * 4)?);
-                step(
-                    x2.ptr(),
-                    RowOut::E4m3 {
-                        codes: qb.ptr(),
-                        scales: sb.ptr(),
-                    },
-                )?;
-                let mut rx = x.clone();
-                if with_y {
-                    for i in 0..rows * d {
-                        let g = if gated {
-                            t[4][i % d] + t[5][i % d]
-                        } else {
-                            1.0
-                        };
-                        rx[i] += y[i] * g;
-                    }
-                }
-                let rh = match mode {
-                    RowMode::Cast => rx.clone(),
-                    _ => {
-                        let shift: Vec<f32> = (0..d).map(|c| t[0][c] + t[2][c]).collect();
-                        let scale: Vec<f32> = (0..d).map(|c| t[1][c] + t[3][c]).collect();
-                        ref_norm_mod(&rx, d, mode == RowMode::LayerNorm, &shift, &scale)
-                    }
-                };
-                let tag = format!("residual_norm {name} d={d} y={with_y} gate={gated}");
-                out.push(Check::new(
-                    format!("{tag} h"),
-                    &kit.read_bf16(hd.ptr(), rows * d)?,
-                    &rh,
-                    5e-3,
-                ));
-                let x_bf16_step = kit.read_f32(xd.ptr(), rows * d)?;
-                out.push(Check::new(format!("{tag} x"), &x_bf16_step, &rx, 1e-5));
-                let fp8_values = |q: &DeviceBuffer, sc: &DeviceBuffer| {
-                    let codes: Vec<u8> = download(&kit.gpu, q.ptr(), rows * d)?;
-                    let mut v: Vec<f32> = codes.iter().map(|&c| decode(c)).collect();
-                    v.extend(kit.read_f32(sc.ptr(), rows)?);
-                    Ok::<_, CudaError>((v, codes))
-                };
-                let ((want, wc), (got, gc)) = (fp8_values(&qa, &sa)?, fp8_values(&qb, &sb)?);
-                let differ = wc.iter().zip(&gc).filter(|(a, b)| a != b).count();
-                let mut c = Check::new(
-                    format!("{tag} e4m3 vs bf16 h + quantize (bit-exact)"),
-                    &got,
-                    &want,
-                    0.0,
-                );
-                c.note = format!("{differ} of {} codes differ", rows * d);
-                out.push(c);
-                out.push(Check::new(
-                    format!("{tag} e4m3 step's x vs the bf16 step's (bit-exact)"),
-                    &kit.read_f32(x2.ptr(), rows * d)?,
-                    &x_bf16_step,
-                    0.0,
-                ));
-            }
-        }
+    for case in row_cases() {
+        let inp = RowInputs::new(kit, rng, case, ResidualStream::F32)?;
+        let (rows, d) = (inp.rows, case.d);
+        let xd = kit.f32(&inp.x)?;
+        let hd = kit.poisoned(rows * d * 2)?;
+        let f32_stream = |x: &DeviceBuffer| (x.ptr(), ResidualStream::F32);
+        inp.step(kit, f32_stream(&xd), RowOut::Bf16(hd.ptr()))?;
+        let x2 = kit.f32(&inp.x)?;
+        let (qa, sa) = (kit.poisoned(rows * d)?, kit.poisoned(rows * 4)?);
+        k.quantize_rows_e4m3(s, hd.ptr(), rows, d, qa.ptr(), sa.ptr())?;
+        let (qb, sb) = (kit.poisoned(rows * d)?, kit.poisoned(rows * 4)?);
+        inp.step(
+            kit,
+            f32_stream(&x2),
+            RowOut::E4m3 {
+                codes: qb.ptr(),
+                scales: sb.ptr(),
+            },
+        )?;
+        let rx = inp.host_sum();
+        let rh = inp.host_h(&rx);
+        let tag = format!("residual_norm {}", case.tag());
+        out.push(Check::new(
+            format!("{tag} h"),
+            &kit.read_bf16(hd.ptr(), rows * d)?,
+            &rh,
+            5e-3,
+        ));
+        let x_bf16_step = kit.read_f32(xd.ptr(), rows * d)?;
+        out.push(Check::new(format!("{tag} x"), &x_bf16_step, &rx, 1e-5));
+        let fp8_values = |q: &DeviceBuffer, sc: &DeviceBuffer| {
+            let codes: Vec<u8> = download(&kit.gpu, q.ptr(), rows * d)?;
+            let mut v: Vec<f32> = codes.iter().map(|&c| decode(c)).collect();
+            v.extend(kit.read_f32(sc.ptr(), rows)?);
+            Ok::<_, CudaError>((v, codes))
+        };
+        let ((want, wc), (got, gc)) = (fp8_values(&qa, &sa)?, fp8_values(&qb, &sb)?);
+        let differ = wc.iter().zip(&gc).filter(|(a, b)| a != b).count();
+        let mut c = Check::new(
+            format!("{tag} e4m3 vs bf16 h + quantize (bit-exact)"),
+            &got,
+            &want,
+            0.0,
+        );
+        c.note = format!("{differ} of {} codes differ", rows * d);
+        out.push(c);
+        out.push(Check::new(
+            format!("{tag} e4m3 step's x vs the bf16 step's (bit-exact)"),
+            &kit.read_f32(x2.ptr(), rows * d)?,
+            &x_bf16_step,
+            0.0,
+        ));
     }
     Ok(())
 }
@@ -1547,6 +1475,47 @@ pub fn check_forward(
         );
         out.push(bit_exact_forward(name, &cached, per, *per_ms));
     }
+    // `residual = bf16`: the residual stream rounded to bf16 at every add,
+    // against the CPU arm at the forward's gate (2e-2) and against the f32
+    // stream at 1e-2, argued before any run: each add's rounding is 2^-9 RMS
+    // relative (~2e-3), a block adds three times and the stream enters the
+    // output norm, so a one-block forward moves by a few 1e-3 and the tiny
+    // model's few blocks by at most ~5e-3; a stream read at the wrong width
+    // (f32 bits as bf16) or an add skipped moves it by O(1).
+    if let Ok((f32_stream, f32_ms)) = &got {
+        let bf16_stream = ForwardArms {
+            attention: AttentionArm::Cudnn,
+            residual: ResidualStream::Bf16,
+            ..ForwardArms::OWN
+        };
+        let bf = dit
+            .set_arms(bf16_stream)
+            .and_then(|_| dit.forward(&lat, sigma, &text, &mask, geo, true));
+        dit.set_arms(ForwardArms {
+            attention: AttentionArm::Cudnn,
+            ..ForwardArms::OWN
+        })?;
+        let name = format!("forward {label} attention=cudnn residual=bf16 grid={grid:?} l={l}");
+        out.push(forward_check(
+            format!("{name} vs the CPU arm"),
+            &bf,
+            &cpu,
+            cpu_s,
+            2e-2,
+        ));
+        let mut c = sdpa_check(
+            format!("{name} vs residual=f32"),
+            bf.as_ref()
+                .map(|r| r.0.clone())
+                .map_err(|e| CudaError::Invalid(e.to_string())),
+            f32_stream,
+            1e-2,
+        );
+        if let Ok((_, ms)) = &bf {
+            c.note = format!("bf16 stream {ms:.2} ms, f32 stream {f32_ms:.2} ms");
+        }
+        out.push(c);
+    }
     // `guidance-batch = batched`: a prompt and a shorter negative prompt in
     // one forward against two batch-1 forwards (module `guidance_batch`).
     let neg_text = rng.normal(l * dims.caption_channels, 1.0);
@@ -1672,6 +1641,26 @@ pub fn check_forward(
         // both samples' rows).
         let what = format!("{label} precision=fp8 fp8-accum=fast grid={grid:?} l={l}");
         check_batched_forward(&mut dit, fast, &what, &batch_in, BATCHED_FP8_TOL, out)?;
+        // `residual = bf16` on the fp8 arm (`residual_norm_e4m3_bf16x`):
+        // against the f32 stream at the fp8-accum check's 3e-2 (a stream value
+        // moved by its bf16 rounding may cross an e4m3 boundary of the next
+        // Linear's input, a whole step on ~1% of values).
+        if let Ok((f32_stream, _)) = &got_fast {
+            let name = format!(
+                "forward {label} precision=fp8 fp8-accum=fast residual=bf16 grid={grid:?} l={l} \
+                 vs residual=f32"
+            );
+            let bf = dit
+                .set_arms(ForwardArms {
+                    residual: ResidualStream::Bf16,
+                    ..fast
+                })
+                .and_then(|_| dit.forward(&lat, sigma, &text, &mask, geo, true))
+                .map(|r| r.0)
+                .map_err(|e| CudaError::Invalid(e.to_string()));
+            dit.set_arms(fast)?;
+            out.push(sdpa_check(name, bf, f32_stream, 3e-2));
+        }
         // `attention-precision = fp8` on the same e4m3 weights (before the bf16
         // forward below drops them), beside the fp8 forward on cuDNN's bf16
         // attention. Against the CPU arm at the fp8 gate (0.15); against that

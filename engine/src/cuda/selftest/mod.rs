@@ -38,6 +38,8 @@ pub mod dit;
 pub mod fp8_attention;
 pub mod graph;
 pub mod guidance_batch;
+pub mod residual;
+pub mod row_step;
 pub mod t5;
 pub mod vae;
 

@@ -347,16 +347,28 @@ __device__ __forceinline__ void ld_bf16x4(const bf16* p, float* o) {
 // x[r] += y[r] * gate when y is given, and row[] (shared, D floats) = the new
 // x[r]; returns (mean, 1 / rms) for `mode` ((0, 1) for mode 0, where nothing
 // is reduced). Each thread owns the row entries 4i..4i+3 of its i (stride
-// blockDim.x), before and after.
-__device__ __forceinline__ float2 residual_row(float* __restrict__ x, const bf16* __restrict__ y,
+// blockDim.x), before and after. The stream x is f32 (BX false) or bf16 (BX
+// true, lever `residual`: the sum is taken in f32 and rounded once to bf16,
+// and row[] holds the rounded values, as a bf16 model's hidden state is what
+// its next norm reads).
+template <bool BX>
+__device__ __forceinline__ float2 residual_row(void* __restrict__ xv, const bf16* __restrict__ y,
                                                const bf16* __restrict__ gate_tab,
                                                const bf16* __restrict__ gate_emb, long long r, int D,
                                                float eps, int mode, float* row, float* scratch) {
-    float4* xr = (float4*)(x + r * D);
     const int q4 = D / 4;
     float s1 = 0.0f;
     for (int i = threadIdx.x; i < q4; i += blockDim.x) {
-        float4 v = xr[i];
+        float v[4];
+        if (BX) {
+            ld_bf16x4((const bf16*)xv + r * D + 4 * i, v);
+        } else {
+            const float4 f = ((const float4*)((const float*)xv + r * D))[i];
+            v[0] = f.x;
+            v[1] = f.y;
+            v[2] = f.z;
+            v[3] = f.w;
+        }
         if (y) {
             float yy[4], g0[4] = {1.0f, 1.0f, 1.0f, 1.0f}, g1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             ld_bf16x4(y + r * D + 4 * i, yy);
@@ -364,17 +376,22 @@ __device__ __forceinline__ float2 residual_row(float* __restrict__ x, const bf16
                 ld_bf16x4(gate_tab + 4 * i, g0);
                 ld_bf16x4(gate_emb + 4 * i, g1);
             }
-            v.x += yy[0] * (g0[0] + g1[0]);
-            v.y += yy[1] * (g0[1] + g1[1]);
-            v.z += yy[2] * (g0[2] + g1[2]);
-            v.w += yy[3] * (g0[3] + g1[3]);
-            xr[i] = v;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[j] += yy[j] * (g0[j] + g1[j]);
+            if (BX) {
+                const unsigned int p01 = pack_bf16x2(v[0], v[1]), p23 = pack_bf16x2(v[2], v[3]);
+                ((uint2*)((bf16*)xv + r * D))[i] = make_uint2(p01, p23);
+                v[0] = __uint_as_float(p01 << 16);
+                v[1] = __uint_as_float(p01 & 0xffff0000u);
+                v[2] = __uint_as_float(p23 << 16);
+                v[3] = __uint_as_float(p23 & 0xffff0000u);
+            } else {
+                ((float4*)((float*)xv + r * D))[i] = make_float4(v[0], v[1], v[2], v[3]);
+            }
         }
-        row[4 * i] = v.x;
-        row[4 * i + 1] = v.y;
-        row[4 * i + 2] = v.z;
-        row[4 * i + 3] = v.w;
-        s1 += v.x + v.y + v.z + v.w;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) row[4 * i + j] = v[j];
+        s1 += v[0] + v[1] + v[2] + v[3];
     }
     if (mode == 0) return make_float2(0.0f, 1.0f);
     float mean = 0.0f;
@@ -414,16 +431,19 @@ __device__ __forceinline__ void modulated4(const float* row, int i, int mode, fl
     for (int j = 0; j < 4; ++j) o[j] = (row[4 * i + j] - mean) * rs * (1.0f + c[j] + d[j]) + (a[j] + b[j]);
 }
 
-extern "C" __global__ void residual_norm(float* __restrict__ x, const bf16* __restrict__ y,
-                                         const bf16* __restrict__ gate_tab, const bf16* __restrict__ gate_emb,
-                                         int D, float eps, int mode,
-                                         const bf16* __restrict__ shift_tab, const bf16* __restrict__ scale_tab,
-                                         const bf16* __restrict__ shift_emb, const bf16* __restrict__ scale_emb,
-                                         bf16* __restrict__ h) {
+template <bool BX>
+__device__ __forceinline__ void residual_norm_body(void* __restrict__ x, const bf16* __restrict__ y,
+                                                   const bf16* __restrict__ gate_tab,
+                                                   const bf16* __restrict__ gate_emb, int D, float eps,
+                                                   int mode, const bf16* __restrict__ shift_tab,
+                                                   const bf16* __restrict__ scale_tab,
+                                                   const bf16* __restrict__ shift_emb,
+                                                   const bf16* __restrict__ scale_emb,
+                                                   bf16* __restrict__ h) {
     extern __shared__ float row[];
     __shared__ float scratch[32];
     const long long r = blockIdx.x;
-    const float2 mr = residual_row(x, y, gate_tab, gate_emb, r, D, eps, mode, row, scratch);
+    const float2 mr = residual_row<BX>(x, y, gate_tab, gate_emb, r, D, eps, mode, row, scratch);
     uint2* hr = (uint2*)(h + r * D);
     for (int i = threadIdx.x; i < D / 4; i += blockDim.x) {
         float o[4];
@@ -432,13 +452,36 @@ extern "C" __global__ void residual_norm(float* __restrict__ x, const bf16* __re
     }
 }
 
+extern "C" __global__ void residual_norm(float* __restrict__ x, const bf16* __restrict__ y,
+                                         const bf16* __restrict__ gate_tab, const bf16* __restrict__ gate_emb,
+                                         int D, float eps, int mode,
+                                         const bf16* __restrict__ shift_tab, const bf16* __restrict__ scale_tab,
+                                         const bf16* __restrict__ shift_emb, const bf16* __restrict__ scale_emb,
+                                         bf16* __restrict__ h) {
+    residual_norm_body<false>(x, y, gate_tab, gate_emb, D, eps, mode, shift_tab, scale_tab, shift_emb,
+                              scale_emb, h);
+}
+
+// `residual_norm` over a bf16 stream x (lever `residual = bf16`).
+extern "C" __global__ void residual_norm_bf16x(bf16* __restrict__ x, const bf16* __restrict__ y,
+                                               const bf16* __restrict__ gate_tab,
+                                               const bf16* __restrict__ gate_emb, int D, float eps, int mode,
+                                               const bf16* __restrict__ shift_tab,
+                                               const bf16* __restrict__ scale_tab,
+                                               const bf16* __restrict__ shift_emb,
+                                               const bf16* __restrict__ scale_emb, bf16* __restrict__ h) {
+    residual_norm_body<true>(x, y, gate_tab, gate_emb, D, eps, mode, shift_tab, scale_tab, shift_emb,
+                             scale_emb, h);
+}
+
 // `residual_norm` whose consumer is an FP8 GEMM (precision = fp8): the same
 // residual step and the same bf16 h, which is not written; instead h's row is
 // quantized as `quantize_rows_e4m3` (fp8.cu) would quantize it: amax = max |h|
 // over the row, inv = 448 / amax, q = e4m3(h * inv) row-major [rows, D] and
 // scales[r] = amax / 448 (both 1 when amax is 0 or not finite). Bit for bit the
 // two-pass result, without writing h and reading it twice. q 4-byte aligned.
-extern "C" __global__ void residual_norm_e4m3(float* __restrict__ x, const bf16* __restrict__ y,
+template <bool BX>
+__device__ __forceinline__ void residual_norm_e4m3_body(void* __restrict__ x, const bf16* __restrict__ y,
                                               const bf16* __restrict__ gate_tab,
                                               const bf16* __restrict__ gate_emb, int D, float eps,
                                               int mode, const bf16* __restrict__ shift_tab,
@@ -450,7 +493,7 @@ extern "C" __global__ void residual_norm_e4m3(float* __restrict__ x, const bf16*
     extern __shared__ float row[];
     __shared__ float scratch[32];
     const long long r = blockIdx.x;
-    const float2 mr = residual_row(x, y, gate_tab, gate_emb, r, D, eps, mode, row, scratch);
+    const float2 mr = residual_row<BX>(x, y, gate_tab, gate_emb, r, D, eps, mode, row, scratch);
     float m = 0.0f;
     for (int i = threadIdx.x; i < D / 4; i += blockDim.x) {
         float o[4];
@@ -476,4 +519,31 @@ extern "C" __global__ void residual_norm_e4m3(float* __restrict__ x, const bf16*
         const unsigned int hi = e4m3x2(row[4 * i + 2] * inv, row[4 * i + 3] * inv);
         qr[i] = lo | (hi << 16);
     }
+}
+
+extern "C" __global__ void residual_norm_e4m3(float* __restrict__ x, const bf16* __restrict__ y,
+                                              const bf16* __restrict__ gate_tab,
+                                              const bf16* __restrict__ gate_emb, int D, float eps,
+                                              int mode, const bf16* __restrict__ shift_tab,
+                                              const bf16* __restrict__ scale_tab,
+                                              const bf16* __restrict__ shift_emb,
+                                              const bf16* __restrict__ scale_emb,
+                                              unsigned char* __restrict__ q,
+                                              float* __restrict__ scales) {
+    residual_norm_e4m3_body<false>(x, y, gate_tab, gate_emb, D, eps, mode, shift_tab, scale_tab,
+                                   shift_emb, scale_emb, q, scales);
+}
+
+// `residual_norm_e4m3` over a bf16 stream x (lever `residual = bf16`).
+extern "C" __global__ void residual_norm_e4m3_bf16x(bf16* __restrict__ x, const bf16* __restrict__ y,
+                                                    const bf16* __restrict__ gate_tab,
+                                                    const bf16* __restrict__ gate_emb, int D, float eps,
+                                                    int mode, const bf16* __restrict__ shift_tab,
+                                                    const bf16* __restrict__ scale_tab,
+                                                    const bf16* __restrict__ shift_emb,
+                                                    const bf16* __restrict__ scale_emb,
+                                                    unsigned char* __restrict__ q,
+                                                    float* __restrict__ scales) {
+    residual_norm_e4m3_body<true>(x, y, gate_tab, gate_emb, D, eps, mode, shift_tab, scale_tab,
+                                  shift_emb, scale_emb, q, scales);
 }
