@@ -535,7 +535,12 @@ fn load_cuda_dit(
             )
         })?;
     rec.attach_device(den.mem());
-    let mut a = staging_attrs(&opts, &r.staging, tensors.len(), r.device_open_s);
+    let mut a = staging_attrs(
+        &opts,
+        &r.staging,
+        tensors.len(),
+        (r.device_open_s, r.opened),
+    );
     a.insert("dispatch".into(), Value::from(dispatch.name()));
     a.insert("attention".into(), Value::from(arms.attention.name()));
     a.insert("cross_attention".into(), Value::from(arms.cross.name()));
@@ -582,12 +587,15 @@ fn load_cuda_dit(
 /// What every device load's close says of its staging: the arm, the levers that
 /// shaped it (`staging`, `release_pages`), the bytes, tensors, files, copies and
 /// allocations it made, its wall (`staging_s`, s) and rate (`staging_gbps`, GB/s),
-/// its device time (`device_ms`) and the device's open time (`device_open_s`, s).
+/// its device time (`device_ms`) and the device's open time (`device_open_s`, s)
+/// with its parts (`device_open_context_s`, `device_open_kernels_s`,
+/// `device_open_gemm_s`, s; `kernel_modules_compiled`: modules NVRTC compiled
+/// because the disk cache lacked them), so a slow open names its cause.
 fn staging_attrs(
     opts: &StagingOptions,
     st: &StagingReport,
     tensors: usize,
-    device_open_s: f64,
+    (device_open_s, opened): (f64, crate::cuda::kit::OpenTimes),
 ) -> Attrs {
     attrs! {
         "arm" => "cuda",
@@ -602,6 +610,10 @@ fn staging_attrs(
         "staging_gbps" => st.gbps(),
         attr::DEVICE_MS => st.device_ms,
         "device_open_s" => device_open_s,
+        "device_open_context_s" => opened.context_s,
+        "device_open_kernels_s" => opened.kernels_s,
+        "device_open_gemm_s" => opened.gemm_s,
+        "kernel_modules_compiled" => opened.modules_compiled,
     }
 }
 
@@ -626,7 +638,7 @@ fn load_cuda_t5(
         .warm_up(prompts, req.preset.max_text_tokens)
         .context("the CUDA arm's text encoder: warm-up forward")?;
     let staged = t5.weights().names().count();
-    let mut a = staging_attrs(&opts, &r.staging, staged, r.device_open_s);
+    let mut a = staging_attrs(&opts, &r.staging, staged, (r.device_open_s, r.opened));
     a.insert("warm_up_device_ms".into(), Value::from(warm_ms));
     Ok((t5, a))
 }
@@ -752,7 +764,12 @@ fn load_cuda_vae(
     let (dv, r) = open_device_vae(&tensors, &req.preset.vae, &opts, RENDER_CONV_PATH)
         .context("the CUDA arm's VAE")?;
     rec.attach_device(cuda_vae::mem(&dv));
-    let mut a = staging_attrs(&opts, &r.staging, tensors.len(), r.device_open_s);
+    let mut a = staging_attrs(
+        &opts,
+        &r.staging,
+        tensors.len(),
+        (r.device_open_s, r.opened),
+    );
     a.insert("prepare_s".into(), Value::from(r.prepare_s));
     a.insert("conv".into(), Value::from(dv.path.name()));
     if let Some(e) = &dv.cudnn_error {
@@ -812,4 +829,43 @@ pub fn write_frames(
         width: w,
         height: h,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::kit::OpenTimes;
+    use crate::cuda::staging::StagingMethod;
+
+    /// Red on: a part of the device's open left out of a load's close, or
+    /// carried under another part's name.
+    #[test]
+    fn a_device_load_names_where_its_open_went() {
+        let st = StagingReport {
+            method: StagingMethod::Batched,
+            bytes: 9_000_000_000,
+            seconds: 0.3,
+            device_ms: 290.0,
+            files: 2,
+            copies: 360,
+            allocations: 1,
+            windows: 1,
+            bounce_bytes: 0,
+        };
+        let opened = OpenTimes {
+            context_s: 0.31,
+            kernels_s: 0.12,
+            gemm_s: 0.05,
+            modules_compiled: 2,
+        };
+        let opts = StagingOptions::new(StagingMethod::Batched);
+        let a = staging_attrs(&opts, &st, 219, (0.48, opened));
+        let f = |k: &str| a.get(k).and_then(Value::as_f64);
+        assert_eq!(f("device_open_s"), Some(0.48));
+        assert_eq!(f("device_open_context_s"), Some(0.31));
+        assert_eq!(f("device_open_kernels_s"), Some(0.12));
+        assert_eq!(f("device_open_gemm_s"), Some(0.05));
+        assert_eq!(f("kernel_modules_compiled"), Some(2.0));
+        assert_eq!(f("staging_gbps"), Some(30.0));
+    }
 }

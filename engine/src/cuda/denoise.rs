@@ -228,6 +228,7 @@ pub fn open_cuda_denoiser(
     let t0 = Instant::now();
     let kit = DeviceKit::open()?;
     let device_open_s = t0.elapsed().as_secs_f64();
+    let opened = kit.opened;
     let (mut dit, report) = match arms.precision {
         Precision::Fp8 => {
             DeviceDit::load_fp8_resident(&kit, dims, tensors, staging, FP8_BOUNCE_BOUND)?
@@ -240,6 +241,7 @@ pub fn open_cuda_denoiser(
         den,
         OpenReport {
             device_open_s,
+            opened,
             staging: report,
         },
     ))

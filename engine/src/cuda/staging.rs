@@ -55,6 +55,8 @@ use crate::weights::{DType, WeightError};
 pub struct OpenReport {
     /// Seconds to open the GPU, load the kernels and create the GEMM handle.
     pub device_open_s: f64,
+    /// Those seconds part by part.
+    pub opened: crate::cuda::kit::OpenTimes,
     /// The staging run.
     pub staging: StagingReport,
 }

@@ -38,15 +38,55 @@ pub struct DeviceKit {
     pub kernels: Arc<Kernels>,
     /// cuBLASLt.
     pub gemm: Arc<Gemm>,
+    /// Where [`DeviceKit::open`] spent its time.
+    pub opened: OpenTimes,
+}
+
+/// Where a [`DeviceKit::open`] spent its time (host seconds each): the
+/// context (the process's first CUDA call initialises the driver), the kernel
+/// modules (each read from the disk cache or compiled by NVRTC, then loaded)
+/// and the cuBLASLt handle. A render's load phases carry them beside
+/// `device_open_s` (`load.text_encoder`'s open is the process's first).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct OpenTimes {
+    /// Seconds to open GPU 0's context and its streams.
+    pub context_s: f64,
+    /// Seconds to obtain and load every kernel module.
+    pub kernels_s: f64,
+    /// Seconds to create the cuBLASLt handle.
+    pub gemm_s: f64,
+    /// Kernel modules compiled by NVRTC (not found in the disk cache).
+    pub modules_compiled: usize,
 }
 
 impl DeviceKit {
-    /// Open GPU 0 and load everything.
+    /// Open GPU 0 and load everything, timing each part ([`OpenTimes`]).
     pub fn open() -> Result<DeviceKit, CudaError> {
+        let t0 = std::time::Instant::now();
         let gpu = Arc::new(Gpu::open(0)?);
+        let t1 = std::time::Instant::now();
         let kernels = Arc::new(Kernels::load(&gpu)?);
+        let t2 = std::time::Instant::now();
         let gemm = Arc::new(Gemm::new(&gpu)?);
-        Ok(DeviceKit { gpu, kernels, gemm })
+        let t3 = std::time::Instant::now();
+        let modules_compiled = kernels
+            .report
+            .modules
+            .iter()
+            .filter(|m| m.1 == nvrtc::Origin::Compiled)
+            .count();
+        let opened = OpenTimes {
+            context_s: (t1 - t0).as_secs_f64(),
+            kernels_s: (t2 - t1).as_secs_f64(),
+            gemm_s: (t3 - t2).as_secs_f64(),
+            modules_compiled,
+        };
+        Ok(DeviceKit {
+            gpu,
+            kernels,
+            gemm,
+            opened,
+        })
     }
 
     /// A kit with the same GPU, kernels and cuBLASLt handle (shared).
@@ -55,6 +95,7 @@ impl DeviceKit {
             gpu: self.gpu.clone(),
             kernels: self.kernels.clone(),
             gemm: self.gemm.clone(),
+            opened: self.opened,
         }
     }
 

@@ -396,6 +396,7 @@ pub fn open_device_t5(
         t5,
         OpenReport {
             device_open_s,
+            opened: kit.opened,
             staging: report,
         },
     ))

@@ -641,6 +641,8 @@ impl DeviceVae {
 pub struct VaeOpenReport {
     /// Seconds to open the GPU, load the kernels and create the GEMM handle.
     pub device_open_s: f64,
+    /// Those seconds part by part.
+    pub opened: crate::cuda::kit::OpenTimes,
     /// The staging run.
     pub staging: StagingReport,
     /// Seconds to check and reorder the weights.
@@ -658,6 +660,7 @@ pub fn open_device_vae(
     let t0 = Instant::now();
     let kit = DeviceKit::open()?;
     let device_open_s = t0.elapsed().as_secs_f64();
+    let opened = kit.opened;
     let (w, report) = staging::stage(&kit.gpu, tensors, staging)?;
     let t1 = Instant::now();
     let vae = DeviceVae::new(kit, cfg, w, path)?;
@@ -665,6 +668,7 @@ pub fn open_device_vae(
         vae,
         VaeOpenReport {
             device_open_s,
+            opened,
             staging: report,
             prepare_s: t1.elapsed().as_secs_f64(),
         },
