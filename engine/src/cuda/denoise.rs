@@ -381,14 +381,14 @@ impl CudaDenoiser {
             (Some(u), 2) => {
                 let texts = [&self.cond, u];
                 self.dit
-                    .enqueue_batch_warm_up(p.lat, ts, self.geo, &texts, p.vc)?;
+                    .enqueue_warm_up(p.lat, ts, self.geo, &texts, p.vc)?;
             }
             (u, _) => {
                 if let Some(u) = u {
-                    self.dit.enqueue_warm_up(p.lat, ts, self.geo, u, p.vc)?;
+                    self.dit.enqueue_warm_up(p.lat, ts, self.geo, &[u], p.vc)?;
                 }
                 self.dit
-                    .enqueue_warm_up(p.lat, ts, self.geo, &self.cond, p.vc)?;
+                    .enqueue_warm_up(p.lat, ts, self.geo, &[&self.cond], p.vc)?;
             }
         }
         gpu.sync_compute()?;

@@ -1638,21 +1638,10 @@ impl DeviceDit {
     /// the forwards that events time,
     /// at 1/layers of a forward's device time. `out` is garbage afterwards.
     /// `ts` picks the timestep kernel the later forwards use (by value or
-    /// [`Timestep::At`]), so that one is loaded here too.
+    /// [`Timestep::At`]), so that one is loaded here too. Over `texts.len()`
+    /// samples ([`DeviceDit::enqueue_batch_at`]; one text: a batch-1 forward),
+    /// whose GEMMs plan for that many rows.
     pub fn enqueue_warm_up(
-        &self,
-        lat: CUdeviceptr,
-        ts: Timestep,
-        geo: Geometry,
-        text: &TextSlot,
-        out: CUdeviceptr,
-    ) -> Result<(), CudaError> {
-        self.enqueue_batch_warm_up(lat, ts, geo, &[text], out)
-    }
-
-    /// [`DeviceDit::enqueue_warm_up`] of a forward over `texts.len()` samples
-    /// ([`DeviceDit::enqueue_batch_at`]): its GEMMs plan for that many rows.
-    pub fn enqueue_batch_warm_up(
         &self,
         lat: CUdeviceptr,
         ts: Timestep,
