@@ -7,6 +7,10 @@
 # yet committed sit under reports/evidence/bundles: the slim tree would ship them
 # (untracked files stay) and they belong in a commit first.
 #   scripts/device-carry.sh [CARRY]
+# With WHEELS=1 it also downloads the reference's diffusers wheel (the version the
+# device notes' reference figures used) into .whl (git-excluded), which a call with a
+# `ref:` step carries beside CARRY (the machine has torch and transformers, not
+# diffusers, and no network).
 # After the call: scripts/device-bring.sh FILES_AT NAME.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,5 +31,11 @@ for b in engine harness; do
   rm -f "$carry/$b"
 done
 cp "$(command -v zstd)" "$carry/zstd"
+if [ "${WHEELS:-0}" = 1 ]; then
+  grep -qx '/.whl/' .git/info/exclude || echo '/.whl/' >> .git/info/exclude
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux2014_x86_64 -d .whl diffusers==0.42.1
+  ls .whl | sed 's/^/wheel: /'
+fi
 scripts/device-tree.sh slim
 du -sh "$carry" | sed 's/^/carry: /'
