@@ -23,7 +23,7 @@ use arrow_array::{Array, BooleanArray, Float64Array, Int64Array, RecordBatch, St
 
 use crate::bundle_files::{self, MANIFEST};
 use crate::error::VerifyError;
-use crate::manifest::{CheckSummary, Manifest};
+use crate::manifest::{CheckSummary, Manifest, Verdict};
 use crate::marker::human_bytes;
 use crate::parquet_tables;
 
@@ -209,6 +209,26 @@ fn mean(w: f64, n: i64) -> Option<f64> {
     (n > 0).then(|| w / n as f64)
 }
 
+/// The containment check's rule as the table states it: the share, and the
+/// uncovered-time floor where a group passed by it (a bundle sealed before the
+/// floor existed never shows one, so its rule reads as it was sealed).
+fn containment_rule(c: &CheckSummary) -> String {
+    let min_share = c.min_share.unwrap_or(0.0);
+    let share = min_share * 100.0;
+    let floor = c
+        .groups
+        .iter()
+        .any(|g| g.verdict == Verdict::Pass && g.worst_share.is_some_and(|w| w < min_share));
+    if floor {
+        format!(
+            "containment (sub-scopes inside, >= {share:.0}% cover or <= {} ms uncovered)",
+            crate::phases::MAX_UNCOVERED_NS / 1_000_000
+        )
+    } else {
+        format!("containment (sub-scopes inside, >= {share:.0}% cover)")
+    }
+}
+
 fn check_line(label: &str, c: &CheckSummary) -> String {
     let mut s = format!("{label}: {}", c.verdict.as_str());
     for g in &c.groups {
@@ -305,15 +325,8 @@ pub fn render_with(
     if p.unmatched_closes > 0 {
         let _ = writeln!(out, "unmatched close markers: {}", p.unmatched_closes);
     }
-    let share = p.containment.min_share.unwrap_or(0.0) * 100.0;
-    let _ = writeln!(
-        out,
-        "{}",
-        check_line(
-            &format!("containment (sub-scopes inside, >= {share:.0}% cover)"),
-            &p.containment
-        )
-    );
+    let rule = containment_rule(&p.containment);
+    let _ = writeln!(out, "{}", check_line(&rule, &p.containment));
     let _ = writeln!(
         out,
         "{}",
@@ -359,4 +372,40 @@ pub fn phase_table_text(bundle_dir: &Path) -> Result<String, VerifyError> {
             why,
         }
     })
+}
+
+#[cfg(test)]
+mod containment_rule_tests {
+    use super::*;
+    use crate::manifest::CheckGroup;
+
+    fn summary(worst: f64, verdict: Verdict) -> CheckSummary {
+        CheckSummary {
+            min_share: Some(0.9),
+            verdict,
+            groups: vec![CheckGroup {
+                name: "denoise".into(),
+                instances: 1,
+                failed: u64::from(verdict == Verdict::Fail),
+                worst_share: Some(worst),
+                verdict,
+                detail: None,
+            }],
+        }
+    }
+
+    /// Red on: the floor named where no group needed it (every old bundle's
+    /// line would misstate its rule), or left out where one passed by it.
+    #[test]
+    fn the_floor_is_named_only_where_a_group_passed_by_it() {
+        let by_share = containment_rule(&summary(0.95, Verdict::Pass));
+        assert_eq!(by_share, "containment (sub-scopes inside, >= 90% cover)");
+        let failed = containment_rule(&summary(0.8, Verdict::Fail));
+        assert_eq!(failed, by_share);
+        let by_floor = containment_rule(&summary(0.883, Verdict::Pass));
+        assert_eq!(
+            by_floor,
+            "containment (sub-scopes inside, >= 90% cover or <= 50 ms uncovered)"
+        );
+    }
 }
