@@ -4,8 +4,9 @@
 # (scripts/device-tree.sh full), unpacks the bundles into reports/evidence/bundles
 # (never over an existing bundle: one already there is named and left as it is),
 # verifies every new bundle with `harness verify` (exit 1 on any fault, the bundle
-# kept aside under target/device-bring/ for a look), keeps the logs under
-# reports/device-runs/NAME (refused when that exists) and regenerates
+# and its verify report kept under reports/device-runs/NAME/rejected/, never in
+# the store and never under target/, which `cargo clean` empties), keeps the logs
+# under reports/device-runs/NAME (refused when that exists) and regenerates
 # reports/levers.md from the store.
 #   scripts/device-bring.sh FILES_AT NAME
 set -euo pipefail
@@ -39,7 +40,10 @@ for b in "$work"/bundles/*; do
     mv "$b" "$store/$id"
     new+=("$id")
   else
-    echo "device-bring: $id FAILED verification (kept in $b): $(tail -1 "$work/verify-$id.txt")" >&2
+    mkdir -p "$logs/rejected"
+    mv "$b" "$logs/rejected/$id"
+    mv "$work/verify-$id.txt" "$logs/rejected/verify-$id.txt"
+    echo "device-bring: $id FAILED verification (kept in $logs/rejected): $(tail -1 "$logs/rejected/verify-$id.txt")" >&2
     bad=1
   fi
 done

@@ -366,17 +366,6 @@ struct DitWeights {
     blocks: Vec<BlockWeights>,
 }
 
-/// One sample's text as a block's cross-attention reads it: its tokens, its
-/// key bias ([`TextSlot::kbias`]), whether a kept token is masked, and its
-/// cached keys and values for this block (`text-kv = cached`).
-#[derive(Debug, Clone, Copy)]
-struct CrossText {
-    l: usize,
-    kbias: CUdeviceptr,
-    masked: bool,
-    cached: Option<(CUdeviceptr, CUdeviceptr)>,
-}
-
 /// The normalisation the last residual add of a step also writes into `ws.h`
 /// for whatever reads the stream next.
 #[derive(Debug, Clone, Copy)]
@@ -387,7 +376,6 @@ struct NextInput {
     scale: (CUdeviceptr, CUdeviceptr),
 }
 
-/// Row `i` of a `[rows, d]` bf16 table at `p`.
 /// Copy `bytes` from `src` to `dst` on the device, in `s`'s order.
 fn copy_d2d(
     s: &cudarc::driver::CudaStream,
@@ -402,6 +390,7 @@ fn copy_d2d(
         .ctx("copying the input projection into the residual stream")
 }
 
+/// Row `i` of a `[rows, d]` bf16 table at `p`.
 fn row(d: usize, p: CUdeviceptr, i: usize) -> CUdeviceptr {
     p + (i * d * 2) as u64
 }
@@ -1611,22 +1600,8 @@ impl DeviceDit {
         out: CUdeviceptr,
         probe: &dyn Fn(&'static str) -> Result<(), CudaError>,
     ) -> Result<(), CudaError> {
-        self.enqueue_batch_profiled(lat, sigma, geo, &[text], out, probe)
-    }
-
-    /// [`DeviceDit::enqueue_batch_at`] at noise level `sigma` with `probe` as
-    /// in [`DeviceDit::enqueue_profiled`].
-    pub fn enqueue_batch_profiled(
-        &self,
-        lat: CUdeviceptr,
-        sigma: f32,
-        geo: Geometry,
-        texts: &[&TextSlot],
-        out: CUdeviceptr,
-        probe: &dyn Fn(&'static str) -> Result<(), CudaError>,
-    ) -> Result<(), CudaError> {
         let ts = Timestep::Sigma(sigma);
-        self.enqueue_blocks(lat, ts, geo, texts, out, self.w.blocks.len(), Some(probe))
+        self.enqueue_blocks(lat, ts, geo, &[text], out, self.w.blocks.len(), Some(probe))
     }
 
     /// Enqueue a forward through the first block only (as a one-block model:
@@ -1803,19 +1778,8 @@ impl DeviceDit {
                 None => None,
             };
             let last = bi + 1 == blocks.len();
-            let cross = texts
-                .iter()
-                .zip(&caches)
-                .map(|(t, c)| {
-                    Ok(CrossText {
-                        l: t.l,
-                        kbias: t.kbias(),
-                        masked: t.masked,
-                        cached: c.map(|c| c.block(bi)).transpose()?,
-                    })
-                })
-                .collect::<Result<Vec<_>, CudaError>>()?;
-            h = self.enqueue_block(b, q8, ws, h, &cross, &rope, (next, last), probe)?;
+            let cross = (texts, &caches[..], bi);
+            h = self.enqueue_block(b, q8, ws, h, cross, &rope, (next, last), probe)?;
         }
         // The output norm wrote bf16 (the projection out is a bf16 Linear).
         let LinIn::Bf16(h) = h else {
@@ -1917,8 +1881,8 @@ impl DeviceDit {
     /// Linears read it (written by the step before: bf16 in `ws.h`, or their
     /// FP8 operand); the block adds its self-attention (gated, each sample
     /// attending to its own tokens), cross-attention to each sample's text
-    /// ([`CrossText`]: its keys and values cached, or projected here from
-    /// `ws.text_p` for a lone sample) and feed-forward (gated) to the
+    /// (`texts[j]`: its keys and values read from block `bi`'s slot of
+    /// `caches[j]`, or projected here from `ws.text_p` for a lone sample) and feed-forward (gated) to the
     /// residual stream `ws.x` (f32, or bf16 under `residual = bf16`), and
     /// returns the input of whatever comes `next` (the next block's norm or,
     /// with `last`, the output norm, whose reader is bf16) as that reader
@@ -1932,7 +1896,7 @@ impl DeviceDit {
         fp8: Option<BlockFp8<'_>>,
         ws: &Workspace,
         h: LinIn,
-        texts: &[CrossText],
+        (texts, caches, bi): (&[&TextSlot], &[Option<&TextKv>], usize),
         rope: &RopeArgs,
         (next, last): (NextInput, bool),
         probe: Option<&dyn Fn(&'static str) -> Result<(), CudaError>>,
@@ -2094,11 +2058,11 @@ impl DeviceDit {
         let a2 = &b.attn2;
         lin(h, &a2.to_q, q8(slot::CROSS_Q), ws.q, rows, Epilogue::Bias)?;
         mark("gemm q (cross)")?;
-        for (j, t) in texts.iter().enumerate() {
+        for (j, (t, cache)) in texts.iter().zip(caches).enumerate() {
             // The text's keys (normed) and values: projected here, or read
             // from the text's cache (`text-kv = cached`), whose keys are
             // normed already.
-            let (ck, cv, key_rows) = match t.cached {
+            let (ck, cv, key_rows) = match cache.map(|c| c.block(bi)).transpose()? {
                 None => {
                     let (tk, tv) = (q8(slot::CROSS_K), q8(slot::CROSS_V));
                     lin(text_in, &a2.to_k, tk, ws.ck, t.l, Epilogue::Bias)?;
@@ -2120,7 +2084,9 @@ impl DeviceDit {
             // were).
             match (self.arms.cross, t.masked) {
                 (CrossArm::Cudnn, false) => fused(j, (ck, cv), t.l)?,
-                (CrossArm::Cudnn, true) | (CrossArm::Mma, _) => attend(j, (ck, cv), t.l, t.kbias)?,
+                (CrossArm::Cudnn, true) | (CrossArm::Mma, _) => {
+                    attend(j, (ck, cv), t.l, t.kbias())?
+                }
             }
             mark("cross-attention")?;
         }

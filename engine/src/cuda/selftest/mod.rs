@@ -365,4 +365,19 @@ mod tests {
         assert!(Check::new("x", &[1.0, 2.0], &[1.0, 2.0], 0.0).pass);
         assert!(!Check::new("x", &[1.1, 2.0], &[1.0, 2.0], 1e-3).pass);
     }
+
+    /// Red on: a refusal row passing when the arms were accepted or refused
+    /// for another reason, or a failed row that passes.
+    #[test]
+    fn a_refusal_row_passes_only_on_the_named_refusal() {
+        let why = Err::<(), _>("guidance-batch = batched needs --lever text-kv=cached");
+        let c = Check::refused("r", &why, "text-kv=cached");
+        assert!(c.pass && c.note.contains("needs"), "{c:?}");
+        assert!(!Check::refused("r", &why, "head dim").pass);
+        let ok: Result<(), &str> = Ok(());
+        let c = Check::refused("r", &ok, "text-kv=cached");
+        assert!(!c.pass && c.note == "accepted", "{c:?}");
+        let f = Check::failed("f", "no cuDNN");
+        assert!(!f.pass && f.rel.is_nan() && f.note == "no cuDNN");
+    }
 }

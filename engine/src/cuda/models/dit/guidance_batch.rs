@@ -7,9 +7,11 @@
 //! step). [`GuidanceBatch::Batched`] runs them as one forward over both
 //! samples, as diffusers does: the rows of the two samples sit one after the
 //! other in every per-token buffer (`2 n` rows), so each Linear is one GEMM of
-//! `2 n` rows instead of two of `n` (at 2B the N = 2048 GEMMs fill ~3 waves of
-//! the H100's 132 SMs at `n` = 6144 rows and ~6 at `2 n`, and every row pass
-//! and small launch is issued once a step instead of twice). What is per
+//! `2 n` rows instead of two of `n` (arithmetic, not a measurement: with
+//! 128 x 256 output tiles a 2B GEMM of N = 2048 at `n` = 6144 rows is 384 tiles,
+//! ~2.9 waves of an H100's 132 SMs, and ~5.8 at `2 n`; every row pass and small
+//! launch is issued once a step instead of twice). The bench's `guidance-batch
+//! batched vs pair` row measures what that is worth. What is per
 //! sample stays per sample: the q/k norm with RoPE (its positions are a token's
 //! index in one sample's grid), the self-attention and the cross-attention to
 //! that sample's own text (its length, key bias and cached keys and values).
