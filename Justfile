@@ -88,7 +88,7 @@ bench-gpu:
 # Re-derive the device lever ranking (rungs 2 and 3) on a GPU machine.
 rederive:
     cargo build --bins
-    scripts/bench-gpu.sh {{bin}} synth:ltxv-2b synth:ltxv-13b campaign:2:conditioning,vae,vae-prepare,staging,release-pages,host-threads,denoise-graph,attention,cross-attention,qk-norm,precision,fp8-accum,text-kv,guidance-batch,residual,observer:3:warm campaign:3:conditioning,vae,vae-prepare,staging,release-pages,host-threads,denoise-graph,attention,cross-attention,qk-norm,precision,fp8-accum,attention-precision,text-kv,guidance-batch,residual,observer:3:warm
+    scripts/bench-gpu.sh {{bin}} synth:ltxv-2b synth:ltxv-13b campaign:2:conditioning,vae,vae-prepare,staging,release-pages,host-threads,denoise-graph,attention,cross-attention,qk-norm,precision,fp8-accum,text-kv,guidance-batch,residual,gemm-algo,observer:3:warm campaign:3:conditioning,vae,vae-prepare,staging,release-pages,host-threads,denoise-graph,attention,cross-attention,qk-norm,precision,fp8-accum,attention-precision,text-kv,guidance-batch,residual,gemm-algo,observer:3:warm
 
 # The denoise-graph lever alone on a GPU machine: graph vs eager loops (bit-exact,
 # with the mutant) and the loop benchmark, off vs on, at rung 2's and rung 1's grids.

@@ -139,6 +139,8 @@ pub enum SelftestSection {
     Vae,
     /// The attention kernels alone (bf16 and FP8; part of `dit`), in seconds.
     Attention,
+    /// The GEMM algorithm choice alone (lever `gemm-algo`; part of `dit`).
+    Gemm,
 }
 
 /// Every command.
@@ -313,6 +315,7 @@ fn selftest_cuda(
             SelftestSection::Graph => Section::Graph,
             SelftestSection::Vae => Section::Vae,
             SelftestSection::Attention => Section::Attention,
+            SelftestSection::Gemm => Section::Gemm,
         }),
     };
     let all_passed = crate::cuda::selftest::run(&opts)?;

@@ -520,7 +520,7 @@ fn load_cuda_dit(
         .with_context(|| {
             format!(
                 "the CUDA arm's transformer (attention={}, cross-attention={}, qk-norm={}, \
-             precision={}, fp8-accum={}, attention-precision={}, text-kv={}, guidance-batch={}, residual={}; `--lever attention=mma --lever \
+             precision={}, fp8-accum={}, attention-precision={}, text-kv={}, guidance-batch={}, residual={}, gemm-algo={}; `--lever attention=mma --lever \
              cross-attention=mma --lever attention-precision=bf16` runs the engine's own kernels \
              without cuDNN, `--lever precision=bf16 --lever attention-precision=bf16` without FP8)",
                 arms.attention.name(),
@@ -531,7 +531,8 @@ fn load_cuda_dit(
                 arms.attn_precision.name(),
                 arms.text_kv.name(),
                 arms.guidance.name(),
-                arms.residual.name()
+                arms.residual.name(),
+                arms.gemm_algo.name()
             )
         })?;
     rec.attach_device(den.mem());
@@ -555,6 +556,10 @@ fn load_cuda_dit(
     // `forwards_per_step` (1 where the pair runs batched).
     a.insert("guidance_batch".into(), Value::from(arms.guidance.name()));
     a.insert("residual".into(), Value::from(arms.residual.name()));
+    a.insert("gemm_algo".into(), Value::from(arms.gemm_algo.name()));
+    if arms.gemm_algo == crate::cuda::models::dit::AlgoChoice::Tuned {
+        insert_tune_report(&mut a, &den.gemm_tune_report());
+    }
     // Only where FP8 GEMMs run: on bf16 the lever is inert.
     if arms.precision == crate::cuda::models::dit::Precision::Fp8 {
         a.insert("fp8_accum".into(), Value::from(arms.fp8_accum.name()));
@@ -582,6 +587,39 @@ fn load_cuda_dit(
         a.insert("graph_capture_ms".into(), Value::from(ms));
     }
     Ok((Box::new(den), a, None))
+}
+
+/// What `gemm-algo = tuned` did in `load.dit` (its warm-up planned every
+/// product of the forward): `gemm_tuned` (shapes timed on the card this run),
+/// `gemm_from_cache` (read from the machine's cache), `gemm_not_first` (kept
+/// another algorithm than the heuristic's first), `gemm_tune_ms` (host ms spent
+/// timing), `gemm_cache_rejected` (cache lines or stored algorithms refused,
+/// then tuned again), `gemm_untimed_in_capture`, `gemm_algos_sha256` (equal in
+/// two runs exactly when they ran the same algorithms), `gemm_changed` ("key:
+/// #index (gain)" per shape not on the first), `gemm_cache_file` and, where the
+/// cache could not be written, `gemm_cache_error`.
+fn insert_tune_report(a: &mut Attrs, r: &crate::cuda::kit::gemm_tune::TuneReport) {
+    a.insert("gemm_tuned".into(), Value::from(r.tuned));
+    a.insert("gemm_from_cache".into(), Value::from(r.from_cache));
+    a.insert("gemm_not_first".into(), Value::from(r.not_first));
+    a.insert("gemm_tune_ms".into(), Value::from(r.tune_ms));
+    a.insert("gemm_cache_rejected".into(), Value::from(r.cache_rejected));
+    a.insert(
+        "gemm_untimed_in_capture".into(),
+        Value::from(r.untimed_in_capture),
+    );
+    a.insert("gemm_algos_sha256".into(), Value::from(r.digest()));
+    let changed: Vec<Value> = r.changed().into_iter().map(Value::from).collect();
+    a.insert("gemm_changed".into(), Value::Array(changed));
+    if let Some(p) = &r.cache_file {
+        a.insert(
+            "gemm_cache_file".into(),
+            Value::from(p.display().to_string()),
+        );
+    }
+    if let Some(e) = &r.cache_error {
+        a.insert("gemm_cache_error".into(), Value::from(e.clone()));
+    }
 }
 
 /// What every device load's close says of its staging: the arm, the levers that
@@ -867,5 +905,51 @@ mod tests {
         assert_eq!(f("device_open_gemm_s"), Some(0.05));
         assert_eq!(f("kernel_modules_compiled"), Some(2.0));
         assert_eq!(f("staging_gbps"), Some(30.0));
+    }
+
+    /// Red on: a count of the tuned choice carried under another's name, the
+    /// digest or the changed shapes left out, or a cache error not said.
+    #[test]
+    fn a_tuned_load_says_what_its_gemm_choice_did() {
+        use crate::cuda::kit::gemm_tune::TuneReport;
+        let mut r = TuneReport {
+            tuned: 3,
+            from_cache: 2,
+            not_first: 1,
+            tune_ms: 41.5,
+            cache_rejected: 4,
+            untimed_in_capture: 5,
+            cache_file: Some("/c/gemm-algos/x.tsv".into()),
+            cache_error: Some("disk full".into()),
+            ..TuneReport::default()
+        };
+        r.choices
+            .insert("m1 n2 k3 Bias Bf16".into(), (2, [7; 8], Some(0.1)));
+        r.choices
+            .insert("m4 n5 k6 Bias Bf16".into(), (0, [8; 8], None));
+        let mut a = Attrs::new();
+        insert_tune_report(&mut a, &r);
+        let f = |k: &str| a.get(k).and_then(Value::as_f64);
+        assert_eq!(f("gemm_tuned"), Some(3.0));
+        assert_eq!(f("gemm_from_cache"), Some(2.0));
+        assert_eq!(f("gemm_not_first"), Some(1.0));
+        assert_eq!(f("gemm_tune_ms"), Some(41.5));
+        assert_eq!(f("gemm_cache_rejected"), Some(4.0));
+        assert_eq!(f("gemm_untimed_in_capture"), Some(5.0));
+        assert_eq!(
+            a.get("gemm_algos_sha256").and_then(Value::as_str),
+            Some(r.digest().as_str())
+        );
+        assert_eq!(
+            a.get("gemm_changed"),
+            Some(&Value::Array(vec![Value::from(
+                "m1 n2 k3 Bias Bf16: #2 (-10.0%)"
+            )]))
+        );
+        assert_eq!(
+            a.get("gemm_cache_error").and_then(Value::as_str),
+            Some("disk full")
+        );
+        assert!(a.contains_key("gemm_cache_file"));
     }
 }

@@ -987,7 +987,8 @@ next_hypothesis = "n"
         // blocks' Linears in e4m3, their FP8 sums in the tensor cores'
         // narrower accumulator, the self-attention in e4m3, and the guided
         // pair's GEMMs over twice the rows (another cuBLASLt algorithm may sum
-        // them in another order), and the residual stream rounded to bf16.
+        // them in another order), the residual stream rounded to bf16, and
+        // another GEMM algorithm's order of sums.
         let changing: Vec<&str> = s
             .levers
             .iter()
@@ -1006,7 +1007,8 @@ next_hypothesis = "n"
                 "fp8-accum",
                 "attention-precision",
                 "guidance-batch",
-                "residual"
+                "residual",
+                "gemm-algo"
             ]
         );
         // Attention's saving is explained (or not) by the tensor pipes in denoise.

@@ -416,6 +416,12 @@ impl CudaDenoiser {
         self.dit.fp8_fast_refused()
     }
 
+    /// What `gemm-algo = tuned` did while the loop was readied (timed or read
+    /// from the machine's cache; empty on `heuristic`).
+    pub fn gemm_tune_report(&self) -> crate::cuda::kit::gemm_tune::TuneReport {
+        self.dit.gemm().tune_report()
+    }
+
     /// How steps are dispatched.
     pub fn dispatch(&self) -> Dispatch {
         self.dispatch

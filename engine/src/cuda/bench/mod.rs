@@ -38,6 +38,7 @@ use crate::cuda::kit::kernels::{AttnKernel, NULL};
 use crate::cuda::kit::memory::{align_up, DeviceBuffer};
 use crate::cuda::kit::sdpa::{Sdpa, Shape as SdpaShape};
 use crate::cuda::kit::DeviceKit;
+use crate::cuda::models::dit::AlgoChoice;
 use crate::cuda::models::dit::Precision;
 use crate::cuda::models::dit::{
     AttentionArm, AttnPrecision, CrossArm, DeviceDit, DitDims, ForwardArms, Geometry, NormQuantize,
@@ -875,6 +876,36 @@ fn bench_forward(
                     (b / f - 1.0) * 100.0
                 ),
                 Err(e) => format!("forward  {label} residual bf16 vs f32 unavailable: {e}"),
+            },
+        );
+    }
+    // `gemm-algo = tuned` against the heuristic on the same two arm sets: one
+    // forward (the first tuned forward, a warm-up, times the candidates; the
+    // machine's cache keeps them for the renders after).
+    for (arms, label) in [(render, &label), (bf16, &bf16_label)] {
+        let choices = [AlgoChoice::Tuned, AlgoChoice::Heuristic];
+        dit.set_arms(arms)?;
+        dit.prepare_text(&mut slot)?;
+        let timed = interleaved_ms(kit, &mut dit, &mut slot, io, reps, |d, _, i| {
+            d.set_arms(ForwardArms {
+                gemm_algo: choices[i],
+                ..arms
+            })
+        });
+        let r = g.tune_report();
+        push(
+            rows,
+            match timed {
+                Ok([t, h]) => format!(
+                    "forward  {label}: gemm-algo tuned {t:.1} ms vs heuristic {h:.1} ms (tuned \
+                     {:+.1}%; so far {} shapes timed, {} cached, {} not the first: {})",
+                    (t / h - 1.0) * 100.0,
+                    r.tuned,
+                    r.from_cache,
+                    r.not_first,
+                    r.changed().join(", ")
+                ),
+                Err(e) => format!("forward  {label} gemm-algo tuned vs heuristic unavailable: {e}"),
             },
         );
     }

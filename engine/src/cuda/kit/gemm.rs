@@ -22,12 +22,13 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::result::{self as lt, CublasError};
 use cudarc::cublaslt::sys as ltsys;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::CudaStream;
 
 use crate::cuda::kit::context::Gpu;
+use crate::cuda::kit::gemm_tune::{self, AlgoChoice, Stored, TuneCache, TuneReport};
 use crate::cuda::kit::memory::DeviceBuffer;
 use crate::cuda::{CudaError, DriverContext};
 
@@ -107,6 +108,10 @@ struct Plan {
     /// An FP8 plan asked for [`Accum::Fast`] that cuBLASLt refused at this
     /// shape (`NOT_SUPPORTED`), and that runs [`Accum::Exact`] instead.
     fast_refused: bool,
+    /// The heuristic's answers in its order (the first is `algo` until a
+    /// tuned choice replaces it); one unless the plan is for
+    /// [`AlgoChoice::Tuned`].
+    candidates: Vec<ltsys::cublasLtMatmulAlgo_t>,
 }
 
 impl Drop for Plan {
@@ -121,7 +126,13 @@ impl Drop for Plan {
     }
 }
 
-type Key = (usize, usize, usize, Epilogue, Operands);
+type Key = (usize, usize, usize, Epilogue, Operands, AlgoChoice);
+
+/// A problem's name in the tuning cache and the reports: "m{m} n{n} k{k}
+/// {epilogue} {operands}".
+fn key_name(key: &Key) -> String {
+    format!("m{} n{} k{} {:?} {:?}", key.0, key.1, key.2, key.3, key.4)
+}
 
 /// The first call's pointers a plan is built with: the bias, and (x's, w's)
 /// scale vectors of an FP8 product.
@@ -129,6 +140,9 @@ type Key = (usize, usize, usize, Epilogue, Operands);
 struct Probes {
     bias: CUdeviceptr,
     scales: Option<(CUdeviceptr, CUdeviceptr)>,
+    /// How many of the heuristic's answers to keep (1, or
+    /// [`gemm_tune::CANDIDATES`] for a tuned plan).
+    count: usize,
 }
 
 /// A cuBLASLt handle, its workspace and the plan cache.
@@ -136,6 +150,22 @@ pub struct Gemm {
     handle: ltsys::cublasLtHandle_t,
     workspace: DeviceBuffer,
     plans: Mutex<HashMap<Key, Plan>>,
+    /// How new plans choose their algorithm (lever `gemm-algo`).
+    choice: Mutex<AlgoChoice>,
+    /// The tuned choice's cache and report.
+    tuner: Mutex<Tuner>,
+    /// The cache file's name for this card and library.
+    cache_name: String,
+}
+
+/// The state of [`AlgoChoice::Tuned`]: the machine's cache (opened at the
+/// first tuned plan) and what the choice did.
+#[derive(Default)]
+struct Tuner {
+    /// Where the cache lives: `None` until set or first needed.
+    path: Option<Option<std::path::PathBuf>>,
+    cache: Option<TuneCache>,
+    report: TuneReport,
 }
 
 // SAFETY: the handle is used from one thread at a time (the plan mutex is held
@@ -176,11 +206,71 @@ impl Gemm {
         gpu.bind()?;
         let handle = lt::create_handle().ctx("creating the cuBLASLt handle")?;
         let workspace = DeviceBuffer::alloc(gpu, WORKSPACE_BYTES, "the cuBLASLt workspace")?;
+        // SAFETY: a plain query of the loaded library's version.
+        let lt_version = unsafe { ltsys::cublasLtGetVersion() };
         Ok(Gemm {
             handle,
             workspace,
             plans: Mutex::new(HashMap::new()),
+            choice: Mutex::new(AlgoChoice::Heuristic),
+            tuner: Mutex::new(Tuner::default()),
+            cache_name: gemm_tune::cache_file_name(&gpu.name, gpu.capability, lt_version),
         })
+    }
+
+    /// How the plans made from now on choose their algorithm (lever
+    /// `gemm-algo`); plans already made keep theirs (each choice has its own).
+    pub fn set_choice(&self, choice: AlgoChoice) {
+        if let Ok(mut c) = self.choice.lock() {
+            *c = choice;
+        }
+    }
+
+    /// The algorithm choice new plans use.
+    pub fn choice(&self) -> AlgoChoice {
+        self.choice.lock().map(|c| *c).unwrap_or_default()
+    }
+
+    /// Keep tuned choices in `path` instead of the engine's cache directory
+    /// (`None`: in memory only). Takes effect before the first tuned plan.
+    pub fn set_tune_cache(&self, path: Option<std::path::PathBuf>) {
+        if let Ok(mut t) = self.tuner.lock() {
+            if t.cache.is_none() {
+                t.path = Some(path);
+            }
+        }
+    }
+
+    /// The default cache file: `<engine cache dir>/gemm-algos/<card, capability,
+    /// cuBLASLt version>.tsv` ([`gemm_tune`]).
+    pub fn default_tune_cache(&self) -> Option<std::path::PathBuf> {
+        super::nvrtc::cache_dir().map(|d| d.join("gemm-algos").join(&self.cache_name))
+    }
+
+    /// What [`AlgoChoice::Tuned`] did so far (empty when it never ran).
+    pub fn tune_report(&self) -> TuneReport {
+        self.tuner
+            .lock()
+            .map(|t| t.report.clone())
+            .unwrap_or_default()
+    }
+
+    /// The algorithm of every plan made with `choice` so far: (problem name,
+    /// the algorithm's 64 bytes), sorted (the checks compare a tuned choice's
+    /// index 0 with the heuristic's answer).
+    pub fn planned_algos(&self, choice: AlgoChoice) -> Vec<(String, [u64; 8])> {
+        let mut v: Vec<(String, [u64; 8])> = self
+            .plans
+            .lock()
+            .map(|p| {
+                p.iter()
+                    .filter(|(k, _)| k.5 == choice)
+                    .map(|(k, plan)| (key_name(k), plan.algo.data))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
     }
 
     /// Number of cached plans (each built once).
@@ -253,6 +343,8 @@ impl Gemm {
         }
     }
 
+    /// The plan of one product with `probes.count` of the heuristic's answers
+    /// (its first as the algorithm).
     fn plan_exactly(
         &self,
         (m, n, k): (usize, usize, usize),
@@ -287,6 +379,7 @@ impl Gemm {
             algo: unsafe { std::mem::zeroed() },
             fused: true,
             fast_refused: false,
+            candidates: Vec::new(),
         };
         set_desc(
             desc,
@@ -368,17 +461,17 @@ impl Gemm {
             )
         }
         .ctx("setting the workspace preference");
-        // SAFETY: all descriptors are live.
         let heur = r.and_then(|_| {
-            unsafe { lt::get_matmul_algo_heuristic(self.handle, desc, a, b, c, c, pref) }.ctx(
-                format!("choosing an algorithm for m={m} n={n} k={k} {ep:?} {ops:?}"),
-            )
+            heuristics(self.handle, &plan, pref, probes.count).ctx(format!(
+                "choosing an algorithm for m={m} n={n} k={k} {ep:?} {ops:?}"
+            ))
         });
         // SAFETY: created above, destroyed once.
         unsafe {
             let _ = lt::destroy_matmul_pref(pref);
         }
-        plan.algo = heur?.algo;
+        plan.candidates = heur?;
+        plan.algo = plan.candidates[0];
         Ok(plan)
     }
 
@@ -508,12 +601,27 @@ impl Gemm {
         let mut plans = self.plans.lock().map_err(|_| {
             CudaError::Invalid("the GEMM plan cache was poisoned by a panic".into())
         })?;
-        let key = (m, n, k, ep, ops);
-        let plan = match plans.entry(key) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(self.plan((m, n, k), ep, ops, Probes { bias, scales })?)
-            }
+        let choice = self.choice();
+        let key = (m, n, k, ep, ops, choice);
+        let count = match choice {
+            AlgoChoice::Heuristic => 1,
+            AlgoChoice::Tuned => gemm_tune::CANDIDATES,
+        };
+        let (plan, fresh) = match plans.entry(key) {
+            std::collections::hash_map::Entry::Occupied(o) => (o.into_mut(), false),
+            std::collections::hash_map::Entry::Vacant(v) => (
+                v.insert(self.plan(
+                    (m, n, k),
+                    ep,
+                    ops,
+                    Probes {
+                        bias,
+                        scales,
+                        count,
+                    },
+                )?),
+                true,
+            ),
         };
         if ep != Epilogue::None {
             set_desc(
@@ -535,6 +643,24 @@ impl Gemm {
                 &sx,
             )?;
         }
+        if fresh && choice == AlgoChoice::Tuned {
+            self.choose(plan, &key, stream, (x, w, y))?;
+        }
+        let algo = plan.algo;
+        self.matmul(plan, &algo, stream, (x, w, y))
+            .ctx(format!("running a GEMM m={m} n={n} k={k} {ep:?} {ops:?}"))?;
+        Ok(plan.fused)
+    }
+
+    /// Enqueue `plan`'s product with `algo` (its descriptor's bias and scale
+    /// pointers already set).
+    fn matmul(
+        &self,
+        plan: &Plan,
+        algo: &ltsys::cublasLtMatmulAlgo_t,
+        stream: &CudaStream,
+        (x, w, y): (CUdeviceptr, CUdeviceptr, CUdeviceptr),
+    ) -> Result<(), CublasError> {
         let alpha = 1.0f32;
         let beta = 0.0f32;
         // SAFETY: descriptors match the operands' shapes and types; the pointers
@@ -553,15 +679,196 @@ impl Gemm {
                 plan.c,
                 y as *mut c_void,
                 plan.c,
-                &plan.algo,
+                algo,
                 self.workspace.ptr() as *mut c_void,
                 WORKSPACE_BYTES,
                 stream.cu_stream() as ltsys::cudaStream_t,
             )
         }
-        .ctx(format!("running a GEMM m={m} n={n} k={k} {ep:?} {ops:?}"))?;
-        Ok(plan.fused)
     }
+
+    /// [`AlgoChoice::Tuned`] for a fresh plan: the machine's stored choice
+    /// where the library still accepts it, else its candidates timed on these
+    /// operands (`y` is overwritten; the caller's product follows) and the
+    /// pick stored. A plan made while `stream` is being captured cannot be
+    /// timed and keeps the heuristic's first.
+    fn choose(
+        &self,
+        plan: &mut Plan,
+        key: &Key,
+        stream: &CudaStream,
+        io: (CUdeviceptr, CUdeviceptr, CUdeviceptr),
+    ) -> Result<(), CudaError> {
+        let name = key_name(key);
+        let mut t = self
+            .tuner
+            .lock()
+            .map_err(|_| CudaError::Invalid("the GEMM tuner was poisoned by a panic".into()))?;
+        let t = &mut *t;
+        if t.cache.is_none() {
+            let path = t.path.clone().unwrap_or_else(|| self.default_tune_cache());
+            let cache = TuneCache::open(path);
+            t.report.cache_rejected += cache.bad_lines.len();
+            t.report.cache_file = cache.path().map(|p| p.to_path_buf());
+            t.cache = Some(cache);
+        }
+        let (cache, report) = match t.cache.as_mut() {
+            Some(c) => (c, &mut t.report),
+            None => {
+                return Err(CudaError::Invalid(
+                    "the GEMM tuning cache is missing".into(),
+                ))
+            }
+        };
+        if let Some(s) = cache.get(&name) {
+            let algo = ltsys::cublasLtMatmulAlgo_t { data: s.algo };
+            if self.accepts(plan, &algo) {
+                plan.algo = algo;
+                report.from_cache += 1;
+                report.not_first += usize::from(s.index != 0);
+                report.choices.insert(name, (s.index, s.algo, None));
+                return Ok(());
+            }
+            cache.remove(&name);
+            report.cache_rejected += 1;
+        }
+        let capturing = stream
+            .capture_status()
+            .ctx("reading the stream's capture status")?;
+        if capturing != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            report.untimed_in_capture += 1;
+            report.choices.insert(name, (0, plan.algo.data, None));
+            return Ok(());
+        }
+        let t0 = std::time::Instant::now();
+        let times = self.time_candidates(plan, stream, io)?;
+        report.tune_ms += t0.elapsed().as_secs_f64() * 1e3;
+        let i = gemm_tune::pick(&times, gemm_tune::MIN_GAIN).ok_or_else(|| {
+            CudaError::Invalid(format!(
+                "none of the {} algorithms cuBLASLt offered for {name} ran",
+                times.len()
+            ))
+        })?;
+        plan.algo = plan.candidates[i];
+        let gain = (times[0].is_finite()).then(|| 1.0 - times[i] / times[0]);
+        report.tuned += 1;
+        report.not_first += usize::from(i != 0);
+        report
+            .choices
+            .insert(name.clone(), (i, plan.algo.data, gain));
+        let stored = Stored {
+            index: i,
+            algo: plan.algo.data,
+        };
+        if let Err(e) = cache.insert(&name, stored) {
+            report.cache_error = Some(e);
+        }
+        Ok(())
+    }
+
+    /// Each candidate's mean device ms over [`gemm_tune::TIMED_RUNS`] runs
+    /// after one untimed run; infinite for one that did not run.
+    fn time_candidates(
+        &self,
+        plan: &Plan,
+        stream: &CudaStream,
+        io: (CUdeviceptr, CUdeviceptr, CUdeviceptr),
+    ) -> Result<Vec<f64>, CudaError> {
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let ev0 = stream.context().new_event(flags).ctx("creating an event")?;
+        let ev1 = stream.context().new_event(flags).ctx("creating an event")?;
+        let mut times = Vec::with_capacity(plan.candidates.len());
+        for algo in &plan.candidates {
+            if self.matmul(plan, algo, stream, io).is_err() {
+                times.push(f64::INFINITY);
+                continue;
+            }
+            ev0.record(stream).ctx("recording a start event")?;
+            let mut ran = true;
+            for _ in 0..gemm_tune::TIMED_RUNS {
+                ran &= self.matmul(plan, algo, stream, io).is_ok();
+            }
+            ev1.record(stream).ctx("recording an end event")?;
+            ev1.synchronize().ctx("waiting for a candidate's runs")?;
+            let ms = ev0.elapsed_ms(&ev1).ctx("reading a candidate's time")? as f64;
+            times.push(if ran {
+                ms / gemm_tune::TIMED_RUNS as f64
+            } else {
+                f64::INFINITY
+            });
+        }
+        Ok(times)
+    }
+
+    /// Whether cuBLASLt accepts `algo` for `plan`'s problem within the
+    /// workspace (`cublasLtMatmulAlgoCheck`): a stored algorithm from an older
+    /// plan of the same name may no longer fit.
+    fn accepts(&self, plan: &Plan, algo: &ltsys::cublasLtMatmulAlgo_t) -> bool {
+        // SAFETY: a plain C struct the call overwrites.
+        let mut r: ltsys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        // SAFETY: the descriptors are live; `algo` and `r` are valid for the call.
+        let st = unsafe {
+            ltsys::cublasLtMatmulAlgoCheck(
+                self.handle,
+                plan.desc,
+                plan.a,
+                plan.b,
+                plan.c,
+                plan.c,
+                algo,
+                &mut r,
+            )
+        };
+        st == ltsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+            && r.state == ltsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+            && r.workspaceSize <= WORKSPACE_BYTES
+    }
+}
+
+/// Up to `count` of cuBLASLt's heuristic answers for `plan`'s problem, in its
+/// order (the first is the one the heuristic picks), or the status it
+/// answered (`NOT_SUPPORTED` where it has none).
+fn heuristics(
+    handle: ltsys::cublasLtHandle_t,
+    plan: &Plan,
+    pref: ltsys::cublasLtMatmulPreference_t,
+    count: usize,
+) -> Result<Vec<ltsys::cublasLtMatmulAlgo_t>, CublasError> {
+    let count = count.max(1);
+    // SAFETY: plain C structs the call overwrites.
+    let mut out: Vec<ltsys::cublasLtMatmulHeuristicResult_t> =
+        vec![unsafe { std::mem::zeroed() }; count];
+    let mut found = 0i32;
+    // SAFETY: the descriptors are live; `out` holds `count` results.
+    let st = unsafe {
+        ltsys::cublasLtMatmulAlgoGetHeuristic(
+            handle,
+            plan.desc,
+            plan.a,
+            plan.b,
+            plan.c,
+            plan.c,
+            pref,
+            count as i32,
+            out.as_mut_ptr(),
+            &mut found,
+        )
+    };
+    if st != ltsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        return Err(CublasError(st));
+    }
+    let algos: Vec<ltsys::cublasLtMatmulAlgo_t> = out
+        .iter()
+        .take(found.max(0) as usize)
+        .filter(|r| r.state == ltsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+        .map(|r| r.algo)
+        .collect();
+    if algos.is_empty() {
+        return Err(CublasError(
+            ltsys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+        ));
+    }
+    Ok(algos)
 }
 
 /// `first`, or where it failed, `second()` marked by `mark`; `second`'s error

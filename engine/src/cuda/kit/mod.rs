@@ -10,6 +10,7 @@ pub mod context;
 pub mod cudnn_graph;
 pub mod fp8;
 pub mod gemm;
+pub mod gemm_tune;
 pub mod kernels;
 pub mod memory;
 pub mod nvrtc;

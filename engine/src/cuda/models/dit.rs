@@ -26,6 +26,7 @@ use cudarc::driver::sys::CUdeviceptr;
 use crate::cuda::kit::context::{Gpu, Timer};
 use crate::cuda::kit::fp8::{Fp8Attn, Fp8Linears, Fp8Rows, LinearRef, Q8};
 use crate::cuda::kit::gemm::{Accum, Epilogue, Fp8Scaling, Gemm};
+pub use crate::cuda::kit::gemm_tune::AlgoChoice;
 use crate::cuda::kit::kernels::{AttnKernel, Kernels, Map, RopeArgs, RowMode, RowOut, NULL};
 pub use crate::cuda::kit::kernels::{OperandAmax, ResidualStream};
 use crate::cuda::kit::memory::{align_up, download, upload, Arena, DeviceBuffer};
@@ -888,6 +889,9 @@ pub struct ForwardArms {
     pub guidance: GuidanceBatch,
     /// The number format of the residual stream (lever `residual`).
     pub residual: ResidualStream,
+    /// How the DiT's cuBLASLt products choose their algorithm (lever
+    /// `gemm-algo`).
+    pub gemm_algo: AlgoChoice,
 }
 
 impl ForwardArms {
@@ -902,6 +906,7 @@ impl ForwardArms {
         text_kv: TextKvArm::PerForward,
         guidance: GuidanceBatch::Pair,
         residual: ResidualStream::F32,
+        gemm_algo: AlgoChoice::Heuristic,
     };
 
     /// Whether an arm runs on cuDNN (which must then load).
@@ -1262,6 +1267,8 @@ impl DeviceDit {
             Precision::Fp8 => {}
         }
         self.hold_fp8_attn(arms.attn_precision)?;
+        // The products planned from here on (each choice keeps its own plans).
+        self.gemm.set_choice(arms.gemm_algo);
         self.arms = arms;
         Ok(())
     }

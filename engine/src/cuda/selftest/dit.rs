@@ -453,7 +453,7 @@ const GEMM_SHAPES: [(usize, usize, usize, Epilogue); 8] = [
 ];
 
 /// A random bf16 weight `[n, k]`, uniform in ±1/√k (outputs of order one).
-fn gemm_weight(rng: &mut Rng, n: usize, k: usize) -> Vec<f32> {
+pub(super) fn gemm_weight(rng: &mut Rng, n: usize, k: usize) -> Vec<f32> {
     rb(&rng
         .uniform(n * k, -1.0, 1.0)
         .iter()

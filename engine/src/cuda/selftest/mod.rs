@@ -29,13 +29,14 @@
 //!   of cuDNN's bf16 attention (argued at [`fp8_attention`]).
 //!
 //! Layout: [`dit`] (staging, kernels, GEMMs, attention, forwards),
-//! [`fp8_attention`], [`t5`], [`vae`],
+//! [`gemm_tune`] (the GEMM algorithm choice), [`fp8_attention`], [`t5`], [`vae`],
 //! [`graph`] (graph-replayed vs eager loops); this module holds the report
 //! ([`Check`]) and the runner of `engine selftest-cuda`. Nothing outside the
 //! command line imports this folder (`tests/it/layout.rs` holds that).
 
 pub mod dit;
 pub mod fp8_attention;
+pub mod gemm_tune;
 pub mod graph;
 pub mod guidance_batch;
 pub mod residual;
@@ -169,6 +170,10 @@ pub enum Section {
     /// own and cuDNN's bf16 attention, and cuDNN's FP8 attention with its
     /// operand pass. No benchmark.
     Attention,
+    /// The `gemm-algo` lever's checks alone (part of [`Section::Dit`]): tuned
+    /// products against the heuristic's, the machine's cache read back. No
+    /// benchmark.
+    Gemm,
 }
 
 /// Sections 1-3: staging, kernels, GEMMs, attention, whole DiT forwards.
@@ -201,6 +206,7 @@ fn run_dit_sections(
     // 2. Kernels, GEMMs, attention.
     check_kernels(kit, rng, checks)?;
     check_gemms(kit, rng, checks)?;
+    gemm_tune::check_gemm_tuning(kit, rng, &opts.scratch, checks)?;
     check_fp8(kit, rng, checks)?;
     check_attention(kit, rng, checks)?;
     check_attention_long(kit, checks)?;
@@ -281,6 +287,12 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
         check_attention(&kit, &mut rng, &mut checks)?;
         check_attention_long(&kit, &mut checks)?;
         fp8_attention::check_fp8_attention(&kit, &mut rng, &mut checks)?;
+        report(&checks, from);
+    }
+    // The GEMM algorithm choice alone (run inside section 2 otherwise).
+    if opts.only == Some(Section::Gemm) {
+        let from = checks.len();
+        gemm_tune::check_gemm_tuning(&kit, &mut rng, &opts.scratch, &mut checks)?;
         report(&checks, from);
     }
     // 4. The denoise loop replayed from CUDA graphs against the eager loop.
