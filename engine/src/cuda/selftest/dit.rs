@@ -1537,10 +1537,14 @@ pub fn check_forward(
     // but is not 0, so the text is not cut to its real prefix. The padded keys
     // weigh exactly 0 either way; what may differ is the order of the f32
     // softmax sums (the hd128 kernel splits the keys over its warps, so fewer
-    // keys regroup them): a few bf16 ulps on some values. Measured on the H200
-    // (2026-12-05): 0 at hd64, 6.3e-5 at hd128. A cut that dropped a real
-    // token of 96 moves a block's output by that token's share of the
-    // cross-attention, expected well above 1e-4 (not yet tried on a GPU).
+    // keys regroup them): a few bf16 ulps on some values. Measured: 0 at hd64
+    // every time; at hd128 6.3e-5 (H200, 2026-12-05), 7.4e-5 (H100, s36) and
+    // 1.05e-4 (H100, s38-dev1, other random inputs), which failed the first
+    // tolerance of 1e-4: a few more values on the other bf16 neighbour, not a
+    // defect. Tolerance 3e-4. A cut that dropped a real token of 96 moves
+    // each output row by that token's share of the cross-attention (~1/96 of
+    // a branch whose output is of the order of the row's), expected ~1e-3 or
+    // more (not yet tried on a GPU).
     if let Ok((cut, _)) = &got {
         let soft: Vec<f32> = mask.iter().map(|m| m.max(1e-30)).collect();
         let name = format!(
@@ -1551,7 +1555,7 @@ pub fn check_forward(
             .forward(&lat, sigma, &text, &soft, geo, true)
             .map(|r| r.0)
             .map_err(|e| CudaError::Invalid(e.to_string()));
-        out.push(sdpa_check(name, full, cut, 1e-4));
+        out.push(sdpa_check(name, full, cut, 3e-4));
     }
     // Every kernel arm not yet measured on a device (`cross-attention =
     // cudnn`, `qk-norm = warp`) beside the cudnn self-attention, against the

@@ -73,13 +73,18 @@ fn run(
     kit.read_bf16(y.ptr(), m * n)
 }
 
+/// The seed of this check's operands: its own stream, so adding or removing it
+/// leaves the inputs of every check after it as they were (s38-dev1 drew them
+/// from the shared stream and moved a later check's inputs).
+const SEED: u64 = 0x6e33_a160;
+
 /// The checks of the module doc; the cache file lives in `scratch`.
 pub fn check_gemm_tuning(
     kit: &DeviceKit,
-    rng: &mut Rng,
     scratch: &std::path::Path,
     out: &mut Vec<Check>,
 ) -> Result<(), CudaError> {
+    let rng = &mut Rng::new(SEED);
     let cache = scratch.join("gemm-algos").join("selftest.tsv");
     let _ = std::fs::remove_file(&cache);
     let tuned_handle = || -> Result<Gemm, CudaError> {

@@ -206,7 +206,7 @@ fn run_dit_sections(
     // 2. Kernels, GEMMs, attention.
     check_kernels(kit, rng, checks)?;
     check_gemms(kit, rng, checks)?;
-    gemm_tune::check_gemm_tuning(kit, rng, &opts.scratch, checks)?;
+    gemm_tune::check_gemm_tuning(kit, &opts.scratch, checks)?;
     check_fp8(kit, rng, checks)?;
     check_attention(kit, rng, checks)?;
     check_attention_long(kit, checks)?;
@@ -292,7 +292,7 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
     // The GEMM algorithm choice alone (run inside section 2 otherwise).
     if opts.only == Some(Section::Gemm) {
         let from = checks.len();
-        gemm_tune::check_gemm_tuning(&kit, &mut rng, &opts.scratch, &mut checks)?;
+        gemm_tune::check_gemm_tuning(&kit, &opts.scratch, &mut checks)?;
         report(&checks, from);
     }
     // 4. The denoise loop replayed from CUDA graphs against the eager loop.
