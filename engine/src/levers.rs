@@ -328,8 +328,13 @@ static REGISTRY: &[LeverDef] = &[
 /// [6.9%, 7.2%], 39.7 dB from the bf16 attention's frames, 2026-12-07); its fp8
 /// arm needs `precision = fp8`, which a user picks. `text-kv` (session 35) stays
 /// for want of evidence: 1.0% [0.9%, 1.1%] at rung 2 (c4b3c324ebcc, frames
-/// identical) straddles its 1% minimum. `guidance-batch`, `residual` (session
-/// 37) and `gemm-algo` (session 38) have not run on a device yet.
+/// identical) straddles its 1% minimum. `guidance-batch` and `gemm-algo` stay
+/// because the evidence keeps their baselines: refuted at rung 2 (2026-12-07,
+/// three pairs each, against a 2% minimum: batched 1.3% [1.2%, 1.5%] with the
+/// frames identical, campaign 2678b81b95a5; tuned 0.5% [0.3%, 0.6%], 48.3 dB,
+/// 645a2d8c46d0). `residual` stays for want of evidence: 2.1% [1.9%, 2.4%] at
+/// rung 2 (2678b81b95a5, 46.8 dB from the f32 stream's frames) straddles its 2%
+/// minimum.
 pub const UNMEASURED: &[&str] = &[
     CROSS_ATTENTION,
     QK_NORM,
