@@ -7,6 +7,7 @@
 //! of the order bundles were found in.
 
 use serde::Serialize;
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -52,6 +53,13 @@ pub struct PhaseRow {
     pub gpu_busy_share: Option<f64>,
     /// Samples inside the phase.
     pub samples: Option<i64>,
+    /// The close attributes that are facts rather than readings, by name:
+    /// strings, booleans, integers, arrays and objects (an arm, a digest, a
+    /// count, a version). Every non-integer number is a reading (seconds, GB/s,
+    /// ms) that differs from run to run and is left out, as are the high-water
+    /// marks (`peak_*`). Empty when the phase never closed or its attributes do
+    /// not parse.
+    pub close_facts: BTreeMap<String, Value>,
 }
 
 impl PhaseRow {
@@ -294,6 +302,7 @@ pub(crate) mod tests {
             device_open_s: None,
             gpu_busy_share: None,
             samples: Some(3),
+            close_facts: Default::default(),
         };
         let mut samples = BTreeMap::new();
         samples.insert(

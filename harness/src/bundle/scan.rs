@@ -210,6 +210,7 @@ fn phases_scan(dirs: &[(PathBuf, Bundle)]) -> Result<BTreeMap<String, Vec<PhaseR
             device_open_s: attrs.get(r).and_then(close_device_open_s),
             gpu_busy_share: busy.get(r),
             samples: samples.get(r),
+            close_facts: attrs.get(r).map(close_facts).unwrap_or_default(),
         });
     }
     Ok(out)
@@ -287,6 +288,25 @@ fn close_peak_host_bytes(attrs_json: &str) -> Option<i64> {
         .get("close")?
         .get(evidence::marker::attr::PEAK_HOST_BYTES)?;
     n.as_u64().and_then(|b| i64::try_from(b).ok())
+}
+
+/// The close attributes of a phase row's `attrs_json` that are facts, not
+/// readings ([`crate::bundle::facts::PhaseRow::close_facts`]): every value but
+/// the non-integer numbers and the high-water marks (`peak_*`, bytes that move
+/// from run to run; the phase table shows them); empty when absent or
+/// unparsable.
+pub(crate) fn close_facts(attrs_json: &str) -> BTreeMap<String, Value> {
+    let Ok(v) = serde_json::from_str::<Value>(attrs_json) else {
+        return BTreeMap::new();
+    };
+    let Some(close) = v.get("close").and_then(Value::as_object) else {
+        return BTreeMap::new();
+    };
+    close
+        .iter()
+        .filter(|(k, x)| !k.starts_with("peak_") && !matches!(x, Value::Number(n) if n.is_f64()))
+        .map(|(k, x)| (k.clone(), x.clone()))
+        .collect()
 }
 
 /// The `device_open_s` close attribute of a phase row's `attrs_json`, seconds;
@@ -400,6 +420,23 @@ mod tests {
         assert_eq!(f(r#"{"close":{"peak_host_bytes":1.5}}"#), None);
         assert_eq!(f(r#"{"close":{"peak_host_bytes":"1 GiB"}}"#), None);
         assert_eq!(f("not json"), None);
+    }
+
+    /// Red on: a reading (a non-integer number) kept as a fact, an integer,
+    /// string, boolean or array dropped, or an open attribute taken for a
+    /// close one.
+    #[test]
+    fn close_facts_keep_everything_but_the_readings() {
+        let f = close_facts(
+            r#"{"close":{"gemm_algo":"tuned","gemm_tuned":3,"staging_s":0.3,"ok":true,
+               "gemm_changed":["a: #1"],"tune_ms":0.0,"peak_host_bytes":5307797504},
+               "open":{"arm":"cuda"}}"#,
+        );
+        let keys: Vec<&str> = f.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["gemm_algo", "gemm_changed", "gemm_tuned", "ok"]);
+        assert_eq!(f["gemm_tuned"], Value::from(3));
+        assert!(close_facts(r#"{"open":{"a":"b"}}"#).is_empty());
+        assert!(close_facts("not json").is_empty());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! A [`Diff`] as markdown: the manifest fields that differ, exit and completion,
-//! the frames compared, the phase table with deltas and ratios, and the
-//! whole-run summaries.
+//! the frames compared, the phase table with deltas and ratios, the engine's
+//! facts that differ, and the whole-run summaries.
 
 use std::fmt::Write;
 
@@ -96,6 +96,38 @@ fn write_md(o: &mut String, d: &Diff) -> std::fmt::Result {
         )?;
     }
     writeln!(o)?;
+    writeln!(
+        o,
+        "## Engine facts that differ ({} of {} compared)",
+        d.facts.len(),
+        d.facts_compared
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "A phase's close attributes that are facts, not readings (an arm, a digest, a \
+         count), for the phases that run once in each bundle."
+    )?;
+    writeln!(o)?;
+    if !d.facts.is_empty() {
+        writeln!(o, "| phase | attribute | A | B |")?;
+        writeln!(o, "|---|---|---|---|")?;
+        let v = |x: &Option<String>| {
+            x.as_deref()
+                .map_or("—".to_string(), |s| format!("`{}`", cell(s)))
+        };
+        for f in &d.facts {
+            writeln!(
+                o,
+                "| {} | {} | {} | {} |",
+                md_cell(&f.phase),
+                md_cell(&f.attr),
+                v(&f.a),
+                v(&f.b)
+            )?;
+        }
+        writeln!(o)?;
+    }
     writeln!(o, "## Samples")?;
     writeln!(o)?;
     writeln!(o, "| summary | A | B | B / A |")?;

@@ -4,7 +4,9 @@
 //! number means (binary, weights, levers, host, driver, cadence, contention, gates,
 //! controls, exit, completion); the two renders' frames compared as rank compares a
 //! pair's ([`crate::rank::fidelity::compare`]: PSNR over the stills both keep, the
-//! largest sample difference, every frame's sha256); sample summaries (peaks,
+//! largest sample difference, every frame's sha256); the engine's own facts
+//! that differ (a phase's close attributes that are not readings: an arm, a
+//! digest, a count; [`PhaseRow::close_facts`]); sample summaries (peaks,
 //! GPU-busy share, page cache).
 //! Output as markdown ([`markdown`]) or, with `--json`, as [`Diff`];
 //! [`crate::cmd::diff`] holds the command's arguments and entry point.
@@ -128,6 +130,20 @@ pub struct SummaryDiff {
     pub ratio: Option<f64>,
 }
 
+/// One engine fact (a close attribute that is not a reading) of a phase that
+/// runs once in each bundle, where the two differ or one lacks it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FactDiff {
+    /// Phase name.
+    pub phase: String,
+    /// Attribute name.
+    pub attr: String,
+    /// Compact JSON of A's value (`None` when A's phase does not carry it).
+    pub a: Option<String>,
+    /// Compact JSON of B's value.
+    pub b: Option<String>,
+}
+
 /// The two renders' frames: B's against A's, as rank compares a pair's
 /// baseline and treatment (A in the baseline's place).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -153,6 +169,11 @@ pub struct Diff {
     pub fields: Vec<FieldDiff>,
     /// Phases.
     pub phases: Vec<PhaseDiff>,
+    /// The engine facts that differ, phase by phase in [`Diff::phases`]' order
+    /// (phases that run once in each bundle).
+    pub facts: Vec<FactDiff>,
+    /// How many engine facts were compared in all.
+    pub facts_compared: usize,
     /// The frames.
     pub frames: FramesDiff,
     /// Whole-run summaries.
@@ -247,7 +268,7 @@ pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
             .filter_map(PhaseRow::peak_host_rss_bytes)
             .max()
     };
-    let phases = names
+    let phases: Vec<PhaseDiff> = names
         .into_iter()
         .map(|n| {
             let (sa, sb) = (a.phase_total_s(n), b.phase_total_s(n));
@@ -265,6 +286,7 @@ pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
             }
         })
         .collect();
+    let (facts, facts_compared) = fact_diffs(a, b, &phases);
     let (pa, pb) = (a.peaks(None), b.peaks(None));
     let busy = |p: &crate::bundle::facts::SamplePeaks| {
         (p.gpu_util_samples > 0).then(|| p.gpu_busy_samples as f64 / p.gpu_util_samples as f64)
@@ -321,9 +343,47 @@ pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
         b: b.id.clone(),
         fields,
         phases,
+        facts,
+        facts_compared,
         frames,
         summaries,
     }
+}
+
+/// The engine facts of every phase that runs once in each bundle
+/// ([`PhaseRow::close_facts`]) that differ, with how many were compared
+/// (the union of both phases' fact names, phase by phase).
+fn fact_diffs(a: &Bundle, b: &Bundle, phases: &[PhaseDiff]) -> (Vec<FactDiff>, usize) {
+    let once = |x: &'_ Bundle, n: &str| -> Option<PhaseRow> {
+        let mut it = x.phases.iter().filter(|p| p.name == n);
+        match (it.next(), it.next()) {
+            (Some(p), None) => Some(p.clone()),
+            _ => None,
+        }
+    };
+    let mut out = Vec::new();
+    let mut compared = 0;
+    for ph in phases {
+        let (Some(pa), Some(pb)) = (once(a, &ph.phase), once(b, &ph.phase)) else {
+            continue;
+        };
+        let mut names: Vec<&String> = pa.close_facts.keys().chain(pb.close_facts.keys()).collect();
+        names.sort();
+        names.dedup();
+        for n in names {
+            compared += 1;
+            let (va, vb) = (pa.close_facts.get(n), pb.close_facts.get(n));
+            if va != vb {
+                out.push(FactDiff {
+                    phase: ph.phase.clone(),
+                    attr: n.clone(),
+                    a: va.map(Value::to_string),
+                    b: vb.map(Value::to_string),
+                });
+            }
+        }
+    }
+    (out, compared)
 }
 
 /// Each top-level phase's median GPM tensor-pipe and SM activity in one
@@ -379,12 +439,23 @@ fn gpm_rows(a: &Bundle, b: &Bundle) -> Vec<SummaryDiff> {
                     unit: Unit::Share,
                     a: x,
                     b: y,
-                    ratio: ratio(x, y),
+                    ratio: share_ratio(x, y),
                 });
             }
         }
     }
     out
+}
+
+/// The smallest GPM share a ratio is taken against: below it A's share prints
+/// as 0.000 or 0.001 (a phase of one or two GPM windows that barely touched
+/// the pipe) and B / A would be a large number about nothing (s38-dev2's
+/// `decode.video`, 0.000 against 0.472, printed 55802).
+pub const GPM_RATIO_FLOOR: f64 = 0.001;
+
+/// `b / a` of two GPM shares, `None` where `a` is below [`GPM_RATIO_FLOOR`].
+fn share_ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    ratio(a.filter(|v| *v >= GPM_RATIO_FLOOR), b)
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
@@ -400,6 +471,84 @@ mod tests {
     use super::*;
     use crate::bundle::facts::tests::sample_bundle;
     use serde_json::json;
+
+    /// Red on: a fact that differs left out, one that agrees listed, a fact of
+    /// one side only dropped, a phase that runs more than once compared
+    /// instance against instance, or the count of compared facts wrong.
+    #[test]
+    fn engine_facts_that_differ_are_listed_phase_by_phase() {
+        let mut a = sample_bundle("aaa");
+        let mut b = sample_bundle("bbb");
+        let facts = |pairs: &[(&str, Value)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect::<std::collections::BTreeMap<String, Value>>()
+        };
+        a.phases[0].close_facts =
+            facts(&[("gemm_algo", json!("heuristic")), ("copies", json!(360))]);
+        b.phases[0].close_facts = facts(&[
+            ("gemm_algo", json!("tuned")),
+            ("copies", json!(360)),
+            ("gemm_algos_sha256", json!("b227")),
+        ]);
+        // denoise.step runs twice in each: never compared.
+        let steps: Vec<usize> = (0..b.phases.len())
+            .filter(|&i| b.phases[i].name == "denoise.step")
+            .collect();
+        assert_eq!(steps.len(), 2);
+        b.phases[steps[0]].close_facts = facts(&[("sigma_index", json!(1))]);
+        let m = json!({});
+        let d = diff(&a, &m, &b, &m);
+        let got: Vec<(&str, &str, Option<&str>, Option<&str>)> = d
+            .facts
+            .iter()
+            .map(|f| {
+                (
+                    f.phase.as_str(),
+                    f.attr.as_str(),
+                    f.a.as_deref(),
+                    f.b.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "load.dit",
+                    "gemm_algo",
+                    Some("\"heuristic\""),
+                    Some("\"tuned\"")
+                ),
+                ("load.dit", "gemm_algos_sha256", None, Some("\"b227\"")),
+            ]
+        );
+        assert_eq!(d.facts_compared, 3);
+        let md = markdown(&d);
+        assert!(
+            md.contains("## Engine facts that differ (2 of 3 compared)"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| load.dit | gemm_algo | `\"heuristic\"` | `\"tuned\"` |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| load.dit | gemm_algos_sha256 | — | `\"b227\"` |"),
+            "{md}"
+        );
+    }
+
+    /// Red on: a ratio taken against a GPM share too small to print (the
+    /// floor dropped), or none against one above it.
+    #[test]
+    fn a_gpm_ratio_needs_a_share_that_prints() {
+        let tiny = Some(GPM_RATIO_FLOOR / 100.0);
+        assert_eq!(share_ratio(tiny, Some(0.47)), None);
+        assert_eq!(share_ratio(Some(0.5), Some(0.25)), Some(0.5));
+        assert_eq!(share_ratio(Some(GPM_RATIO_FLOOR), Some(0.002)), Some(2.0));
+    }
 
     #[test]
     fn phases_deltas_ratios_and_manifest_differences() {

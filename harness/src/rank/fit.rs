@@ -334,6 +334,7 @@ mod tests {
             device_open_s: None,
             gpu_busy_share: None,
             samples: None,
+            close_facts: Default::default(),
         };
         let d = 1e-3 * voxels as f64 * (1.0 + jitter);
         b.phases = vec![
