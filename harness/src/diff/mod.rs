@@ -541,12 +541,37 @@ mod tests {
     }
 
     /// Red on: a ratio taken against a GPM share too small to print (the
-    /// floor dropped), or none against one above it.
+    /// floor dropped, or the diff's GPM rows not using it), or none against
+    /// one above it.
     #[test]
     fn a_gpm_ratio_needs_a_share_that_prints() {
-        let tiny = Some(GPM_RATIO_FLOOR / 100.0);
-        assert_eq!(share_ratio(tiny, Some(0.47)), None);
-        assert_eq!(share_ratio(Some(0.5), Some(0.25)), Some(0.5));
+        let window = |start_s: f64, tensor_pct: f64| evidence::phase_table::GpmFigure {
+            start_ns: (start_s * 1e9) as i64,
+            end_ns: ((start_s + 0.2) * 1e9) as i64,
+            tensor_pct: Some(tensor_pct),
+            sm_pct: Some(50.0),
+            occupancy_pct: None,
+            dram_pct: None,
+        };
+        // load.dit runs 1-3 s, denoise 3-13 s (sample_bundle).
+        let mut a = sample_bundle("aaa");
+        a.gpm = vec![window(1.5, GPM_RATIO_FLOOR * 10.0), window(5.0, 50.0)];
+        let mut b = sample_bundle("bbb");
+        b.gpm = vec![window(1.5, 47.0), window(5.0, 25.0)];
+        let d = diff(&a, &json!({}), &b, &json!({}));
+        let row = |name: &str| {
+            d.summaries
+                .iter()
+                .find(|s| s.name == name)
+                .unwrap_or_else(|| panic!("no row {name}: {:?}", d.summaries))
+        };
+        let load = row("GPM tensor-pipe activity in load.dit (median share)");
+        assert_eq!(
+            (load.a, load.b, load.ratio),
+            (Some(GPM_RATIO_FLOOR / 10.0), Some(0.47), None)
+        );
+        let den = row("GPM tensor-pipe activity in denoise (median share)");
+        assert_eq!(den.ratio, Some(0.5));
         assert_eq!(share_ratio(Some(GPM_RATIO_FLOOR), Some(0.002)), Some(2.0));
     }
 

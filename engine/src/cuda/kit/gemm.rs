@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use cudarc::cublaslt::result::{self as lt, CublasError};
@@ -150,8 +151,9 @@ pub struct Gemm {
     handle: ltsys::cublasLtHandle_t,
     workspace: DeviceBuffer,
     plans: Mutex<HashMap<Key, Plan>>,
-    /// How new plans choose their algorithm (lever `gemm-algo`).
-    choice: Mutex<AlgoChoice>,
+    /// Whether new plans time their candidates ([`AlgoChoice::Tuned`], lever
+    /// `gemm-algo`): read on every enqueue, so an atomic, not a lock.
+    tuned: AtomicBool,
     /// The tuned choice's cache and report.
     tuner: Mutex<Tuner>,
     /// The cache file's name for this card and library.
@@ -212,7 +214,7 @@ impl Gemm {
             handle,
             workspace,
             plans: Mutex::new(HashMap::new()),
-            choice: Mutex::new(AlgoChoice::Heuristic),
+            tuned: AtomicBool::new(false),
             tuner: Mutex::new(Tuner::default()),
             cache_name: gemm_tune::cache_file_name(&gpu.name, gpu.capability, lt_version),
         })
@@ -221,14 +223,17 @@ impl Gemm {
     /// How the plans made from now on choose their algorithm (lever
     /// `gemm-algo`); plans already made keep theirs (each choice has its own).
     pub fn set_choice(&self, choice: AlgoChoice) {
-        if let Ok(mut c) = self.choice.lock() {
-            *c = choice;
-        }
+        self.tuned
+            .store(choice == AlgoChoice::Tuned, Ordering::Relaxed);
     }
 
     /// The algorithm choice new plans use.
     pub fn choice(&self) -> AlgoChoice {
-        self.choice.lock().map(|c| *c).unwrap_or_default()
+        if self.tuned.load(Ordering::Relaxed) {
+            AlgoChoice::Tuned
+        } else {
+            AlgoChoice::Heuristic
+        }
     }
 
     /// Keep tuned choices in `path` instead of the engine's cache directory
@@ -253,24 +258,6 @@ impl Gemm {
             .lock()
             .map(|t| t.report.clone())
             .unwrap_or_default()
-    }
-
-    /// The algorithm of every plan made with `choice` so far: (problem name,
-    /// the algorithm's 64 bytes), sorted (the checks compare a tuned choice's
-    /// index 0 with the heuristic's answer).
-    pub fn planned_algos(&self, choice: AlgoChoice) -> Vec<(String, [u64; 8])> {
-        let mut v: Vec<(String, [u64; 8])> = self
-            .plans
-            .lock()
-            .map(|p| {
-                p.iter()
-                    .filter(|(k, _)| k.5 == choice)
-                    .map(|(k, plan)| (key_name(k), plan.algo.data))
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
     }
 
     /// Number of cached plans (each built once).
