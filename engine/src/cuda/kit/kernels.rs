@@ -46,6 +46,10 @@ const ROW_THREADS: u32 = 256;
 /// [`ROW_THREADS`]).
 const QKN_MAX_D: usize = 2 * 8 * ROW_THREADS as usize;
 
+/// Blocks a multiprocessor of `qk_norm_rope_rows` for each of q and k: the
+/// card's whole complement at [`ROW_THREADS`] threads a block (2048 threads).
+pub const QKR_BLOCKS_PER_SM: u32 = 8;
+
 /// Rows per block of `qk_norm_rope_warp` (`QKW_WARPS` in elementwise.cu).
 const QKW_WARPS: u32 = 4;
 
@@ -455,6 +459,40 @@ impl Kernels {
         let p = qk_pair_params("qk_norm_rope_pair", q, k, d, eps, rope, amax)?;
         let rows = q.2.max(k.2).max(1) as u32;
         self.launch("qk_norm_rope_pair", (rows, 2, 1), ROW_THREADS, 0, s, p)
+    }
+
+    /// [`Kernels::qk_norm_rope_pair`] with each block working through several
+    /// rows, the next row's loads in flight during this row's reduction
+    /// (`qk_norm_rope_rows4`/`8` in `kernels/elementwise.cu`; about
+    /// [`QKR_BLOCKS_PER_SM`] blocks a multiprocessor for each tensor): the
+    /// same thread-to-pair mapping and the same order of every sum and
+    /// expression, so bit for bit the pair kernel's output and amax slots.
+    /// Needs d even and at most 4096.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qk_norm_rope_rows(
+        &self,
+        s: &CudaStream,
+        q: (CUdeviceptr, CUdeviceptr, usize),
+        k: (CUdeviceptr, CUdeviceptr, usize),
+        d: usize,
+        eps: f32,
+        rope: Option<&RopeArgs>,
+        amax: Option<CUdeviceptr>,
+    ) -> Result<(), CudaError> {
+        if d % 2 != 0 || d > QKN_MAX_D {
+            return Err(CudaError::Invalid(format!(
+                "qk_norm_rope_rows: width {d} must be even and <= {QKN_MAX_D}"
+            )));
+        }
+        let p = qk_pair_params("qk_norm_rope_rows", q, k, d, eps, rope, amax)?;
+        let rows = q.2.max(k.2).max(1);
+        let blocks = rows.min((self.sms.max(1) * QKR_BLOCKS_PER_SM) as usize) as u32;
+        let name = if d <= QKN_MAX_D / 2 {
+            "qk_norm_rope_rows4"
+        } else {
+            "qk_norm_rope_rows8"
+        };
+        self.launch(name, (blocks, 2, 1), ROW_THREADS, 0, s, p)
     }
 
     /// [`Kernels::qk_norm_rope_pair`] one warp per row with 16-byte loads
@@ -1039,6 +1077,8 @@ mod tests {
             "cast_bf16_to_f32",
             "qk_norm_rope",
             "qk_norm_rope_pair",
+            "qk_norm_rope_rows4",
+            "qk_norm_rope_rows8",
             "qk_norm_rope_warp",
             "silu_bf16",
             "guided_euler",

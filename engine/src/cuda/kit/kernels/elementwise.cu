@@ -247,6 +247,97 @@ extern "C" __global__ void __launch_bounds__(QKN_THREADS) qk_norm_rope_pair(
     if (amax != 0) raise_amax(amax, is_k, threadIdx.x == 0, block_max(m, scratch));
 }
 
+// `qk_norm_rope_pair` with each block working through rows blockIdx.x,
+// blockIdx.x + gridDim.x, ... (a grid of about as many blocks as the card holds
+// at once) and the next row's loads issued before this row's reduction: a row's
+// sum of squares, its barriers and its RoPE no longer leave the memory system
+// idle, where the one-row blocks of the pair kernel run at 1.2-1.6 TB/s (s38's
+// bench, H100). PPT pairs a thread (4 for D <= 2048, 8 for D <= 4096); pairs
+// past the row are never read, so the thread-to-pair mapping, the order of every
+// sum and every expression are the pair kernel's: the two agree bit for bit (a
+// device check holds them to it). The amax (when given) is raised once per
+// block, with the largest |value| over all its rows: the same slot value.
+template <int PPT>
+__device__ __forceinline__ void qk_norm_rope_rows(
+    bf16* xq, const bf16* __restrict__ wq, int rows_q, bf16* xk, const bf16* __restrict__ wk, int rows_k,
+    int D, float eps, const float* __restrict__ freqs, int nfreq, int gh, int gw,
+    float scale_f, float scale_h, float scale_w, float base_f, float base_h, float base_w,
+    float* __restrict__ amax) {
+    __shared__ float scratch[32];
+    const bool is_k = blockIdx.y == 1;
+    const long long rows = is_k ? rows_k : rows_q;
+    long long t = blockIdx.x;
+    if (t >= rows) return;  // whole block: no barrier is skipped by part of it
+    bf16* x = is_k ? xk : xq;
+    const bf16* __restrict__ w = is_k ? wk : wq;
+    const int pairs = D / 2;
+    const int pad_pairs = (D - 6 * nfreq) / 2;
+    unsigned int v[PPT];
+    {
+        const unsigned int* xr = (const unsigned int*)(x + t * D);
+#pragma unroll
+        for (int j = 0; j < PPT; ++j) {
+            const int p = threadIdx.x + j * QKN_THREADS;
+            v[j] = p < pairs ? xr[p] : 0u;
+        }
+    }
+    float m = 0.0f;
+    for (; t < rows; t += gridDim.x) {
+        const long long tn = t + gridDim.x;
+        unsigned int vn[PPT];
+        const unsigned int* xn = (const unsigned int*)(x + (tn < rows ? tn : t) * D);
+#pragma unroll
+        for (int j = 0; j < PPT; ++j) {
+            const int p = threadIdx.x + j * QKN_THREADS;
+            vn[j] = (tn < rows && p < pairs) ? xn[p] : 0u;
+        }
+        unsigned int* xr = (unsigned int*)(x + t * D);
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < PPT; ++j) {
+            const int p = threadIdx.x + j * QKN_THREADS;
+            if (p < pairs) {
+                float a = bf2f((bf16)(v[j] & 0xffffu)), b = bf2f((bf16)(v[j] >> 16));
+                ss += a * a + b * b;
+            }
+        }
+        const float r = rsqrtf(block_sum(ss, scratch) / (float)D + eps);
+        float pos[3];
+        rope_position(t, gh, gw, scale_f, scale_h, scale_w, base_f, base_h, base_w, pos);
+#pragma unroll
+        for (int j = 0; j < PPT; ++j) {
+            const int p = threadIdx.x + j * QKN_THREADS;
+            if (p >= pairs) continue;
+            float a = bf2f((bf16)(v[j] & 0xffffu)) * r * bf2f(w[2 * p]);
+            float b = bf2f((bf16)(v[j] >> 16)) * r * bf2f(w[2 * p + 1]);
+            a = bf2f(f2bf(a));
+            b = bf2f(f2bf(b));
+            rope_pair(freqs, p, pad_pairs, pos, a, b);
+            const unsigned int o = pack_bf16x2(a, b);
+            xr[p] = o;
+            m = amax_bf16x2(o, m);
+        }
+#pragma unroll
+        for (int j = 0; j < PPT; ++j) v[j] = vn[j];
+    }
+    if (amax != 0) raise_amax(amax, is_k, threadIdx.x == 0, block_max(m, scratch));
+}
+// The launchable entries: 4 pairs a thread (D <= 2048) and 8 (D <= 4096).
+#define QK_ROWS_ARGS                                                                                   \
+    bf16 *xq, const bf16 *__restrict__ wq, int rows_q, bf16 *xk, const bf16 *__restrict__ wk,         \
+        int rows_k, int D, float eps, const float *__restrict__ freqs, int nfreq, int gh, int gw,      \
+        float scale_f, float scale_h, float scale_w, float base_f, float base_h, float base_w,        \
+        float *__restrict__ amax
+#define QK_ROWS_PASS                                                                                   \
+    xq, wq, rows_q, xk, wk, rows_k, D, eps, freqs, nfreq, gh, gw, scale_f, scale_h, scale_w, base_f,   \
+        base_h, base_w, amax
+extern "C" __global__ void __launch_bounds__(QKN_THREADS) qk_norm_rope_rows4(QK_ROWS_ARGS) {
+    qk_norm_rope_rows<4>(QK_ROWS_PASS);
+}
+extern "C" __global__ void __launch_bounds__(QKN_THREADS) qk_norm_rope_rows8(QK_ROWS_ARGS) {
+    qk_norm_rope_rows<8>(QK_ROWS_PASS);
+}
+
 // y = x * sigmoid(x).
 extern "C" __global__ void silu_bf16(const bf16* __restrict__ x, bf16* __restrict__ y, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
