@@ -82,11 +82,12 @@ pub fn qk_norm_kernels(kit: &DeviceKit, rows_out: &mut Vec<String>) -> Result<()
         let bytes = (2 * (rows + rows_k) * d * 2) as f64;
         let gbps = |ms: f64| bytes / (ms * 1e-3) / 1e9;
         rows_out.push(format!(
-            "qk-norm  {what}: pair {:.4} ms ({:.0} GB/s) vs rows {:.4} ms ({:.0} GB/s): rows/pair {:.3}",
+            "qk-norm  {what}: pair {:.4} ms ({:.0} GB/s) vs rows {:.4} ms ({:.0} GB/s, {} blocks a tensor): rows/pair {:.3}",
             t[0],
             gbps(t[0]),
             t[1],
             gbps(t[1]),
+            k.qk_rows_blocks(rows, rows_k, d),
             t[1] / t[0]
         ));
     }

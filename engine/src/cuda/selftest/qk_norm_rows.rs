@@ -7,9 +7,10 @@
 //! slots, must be equal bit for bit, and the rows past k's poisoned tail must
 //! stay poisoned.
 //!
-//! The row counts are above the kernel's grid (8 blocks per multiprocessor:
-//! 1056 on a 132-SM card) so each block runs its loop several times, the last
-//! trip without a next row to prefetch. Red when a block skips or repeats a
+//! The row counts are above the kernel's grid (at most the blocks the card
+//! holds at once: 1056 on a 132-SM card at 8 a multiprocessor, half of them
+//! for each tensor when both have many rows) so each block runs its loop
+//! several times, the last trip without a next row to prefetch. Red when a block skips or repeats a
 //! row, prefetches past the last row into the tail, loses a row's amax, or
 //! reads a row's next values into the current row's sum.
 //!
