@@ -141,7 +141,11 @@ fn a_stale_or_missing_forest_plot_is_caught_naming_the_file() {
 }
 
 /// Levers whose device campaign is not complete yet, with the rung-2 pairs they
-/// have: none today. `guidance-batch` and `residual` (added 2026-12-07, session
+/// have. `attention`: its newest rung-2 campaign (b3e56bc379cd, session 39), which
+/// decides over the older one, has 2 pairs: its first round's baseline
+/// (840b1b681b75) ran while the 13B weights were synthesized on the same machine
+/// and rank excludes it as contended. Both pairs save 19.6-19.7% against a 15%
+/// minimum; the rerun is owed. `guidance-batch` and `residual` (added 2026-12-07, session
 /// 37) got three pairs at rung 2 in session 38 (campaign 2678b81b95a5), as
 /// `gemm-algo` (session 38) did (645a2d8c46d0). `attention-precision` (added 2026-12-07, session 33) got its
 /// three pairs at rungs 2 and 3 in session 36 (campaigns 70fb5068f340 and
@@ -153,7 +157,7 @@ fn a_stale_or_missing_forest_plot_is_caught_naming_the_file() {
 /// 2026-12-05) got theirs at rung 2 (19b93a69d5b4 and a5c96f5ab04d). A lever listed
 /// here is exempt only with exactly the pairs it is listed with: a pair lost from
 /// the store, or new pairs landing, turns the test red.
-const OWED: &[(&str, u64)] = &[];
+const OWED: &[(&str, u64)] = &[("attention", 2)];
 
 /// Levers whose device campaign ran at rung 2 (and 1) but not yet at rung 3:
 /// held to three pairs at rung 2, and exempt at rung 3 only while they have no
@@ -227,8 +231,9 @@ fn every_lever_that_applies_at_rungs_2_and_3_has_three_pairs() {
         }
     }
     // conditioning, vae, staging, release-pages, host-threads, denoise-graph,
-    // observer, attention, precision and vae-prepare at both (attention's rung-3
-    // pairs: campaign a2a96dffb7d7, 2026-12-05; precision's: 74b914bdf3c7 and
+    // observer, precision and vae-prepare at both (attention, owed at rung 2
+    // since session 39, is skipped at both; its rung-3 pairs: campaign
+    // a2a96dffb7d7, 2026-12-05; precision's: 74b914bdf3c7 and
     // 073a02fc750a, 2026-12-06; vae-prepare's: c4efe01eee6f and 8e173c52073f,
     // 2026-12-06), fp8-accum (3fc06ac6b29a, ef8387a527f1, 2026-12-06/07),
     // attention-precision (70fb5068f340, 4343a54f503c, 2026-12-07);
@@ -236,8 +241,8 @@ fn every_lever_that_applies_at_rungs_2_and_3_has_three_pairs() {
     // at rung 2 only (the last three: campaigns 2678b81b95a5 and 645a2d8c46d0,
     // 2026-12-07).
     assert_eq!(
-        checked, 30,
-        "eighteen levers checked at rung 2, twelve at rung 3"
+        checked, 28,
+        "seventeen levers checked at rung 2, eleven at rung 3"
     );
 }
 
@@ -287,7 +292,7 @@ fn the_spread_the_outlier_threshold_is_argued_from_reproduces() {
     let share8 = (100 * within8) / devs.len();
     assert_eq!(
         (devs.len(), pct(lo), pct(hi), share8),
-        (202, -10.7, 14.8, 98),
+        (198, -10.7, 14.8, 97),
         "update specs/outliers.md (\"The 20% threshold\") to these figures"
     );
     assert!(
