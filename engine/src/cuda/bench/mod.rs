@@ -20,7 +20,6 @@ pub mod fp8_gemm;
 pub mod graph;
 pub mod guidance_batch;
 pub mod profile;
-pub mod qk_norm;
 pub mod vae;
 
 use std::collections::HashMap;
@@ -165,7 +164,6 @@ pub fn run(kit: &DeviceKit, scratch: &Path) -> Result<Vec<String>, CudaError> {
     let mut rows = vec!["== bench (targets: reports/device-notes.md) ==".to_string()];
     bench_ceilings(kit, &mut rows)?;
     fp8_gemm::fp8_gemms(kit, &mut rows)?;
-    qk_norm::qk_norm_kernels(kit, &mut rows)?;
     let file = scratch.join("ltxv-2b-transformer.safetensors");
     let w2b = bench_staging(kit, &file, &mut rows)?;
     let inp = ForwardInputs::new();

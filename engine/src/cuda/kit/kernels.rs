@@ -211,10 +211,6 @@ pub struct Kernels {
     _modules: Vec<Arc<CudaModule>>,
     funcs: HashMap<String, CudaFunction>,
     sms: u32,
-    /// Blocks of `qk_norm_rope_rows4` and `qk_norm_rope_rows8` the whole card
-    /// holds at once (multiprocessors x the driver's occupancy at
-    /// [`ROW_THREADS`] threads a block).
-    qkr_capacity: [u32; 2],
     /// How the modules were obtained.
     pub report: LoadReport,
 }
@@ -291,23 +287,12 @@ impl Kernels {
             }
             modules.push(module);
         }
-        let mut k = Kernels {
+        let k = Kernels {
             _modules: modules,
             funcs,
             sms: gpu.sms.max(1) as u32,
-            qkr_capacity: [1, 1],
             report,
         };
-        for (i, f) in ["qk_norm_rope_rows4", "qk_norm_rope_rows8"]
-            .iter()
-            .enumerate()
-        {
-            let per_sm = k
-                .func(f)?
-                .occupancy_max_active_blocks_per_multiprocessor(ROW_THREADS, 0, None)
-                .ctx(format!("reading the occupancy of {f}"))?;
-            k.qkr_capacity[i] = (per_sm * k.sms).max(1);
-        }
         // The hd128 flash kernels and the flash_mt kernels need more than the
         // default 48 KiB.
         let mut big = vec![
@@ -470,51 +455,6 @@ impl Kernels {
         let p = qk_pair_params("qk_norm_rope_pair", q, k, d, eps, rope, amax)?;
         let rows = q.2.max(k.2).max(1) as u32;
         self.launch("qk_norm_rope_pair", (rows, 2, 1), ROW_THREADS, 0, s, p)
-    }
-
-    /// [`Kernels::qk_norm_rope_pair`] with each block working through several
-    /// rows, the next row's loads in flight during this row's reduction
-    /// (`qk_norm_rope_rows4`/`8` in `kernels/elementwise.cu`; as many blocks
-    /// over q's and k's rows together as the card holds at once,
-    /// [`qk_rows_grid`]): the same thread-to-pair mapping and the same order
-    /// of every sum and expression, so bit for bit the pair kernel's output
-    /// and amax slots. Needs d even and at most 4096.
-    #[allow(clippy::too_many_arguments)]
-    pub fn qk_norm_rope_rows(
-        &self,
-        s: &CudaStream,
-        q: (CUdeviceptr, CUdeviceptr, usize),
-        k: (CUdeviceptr, CUdeviceptr, usize),
-        d: usize,
-        eps: f32,
-        rope: Option<&RopeArgs>,
-        amax: Option<CUdeviceptr>,
-    ) -> Result<(), CudaError> {
-        if d % 2 != 0 || d > QKN_MAX_D {
-            return Err(CudaError::Invalid(format!(
-                "qk_norm_rope_rows: width {d} must be even and <= {QKN_MAX_D}"
-            )));
-        }
-        let p = qk_pair_params("qk_norm_rope_rows", q, k, d, eps, rope, amax)?;
-        let name = if d <= QKN_MAX_D / 2 {
-            "qk_norm_rope_rows4"
-        } else {
-            "qk_norm_rope_rows8"
-        };
-        let blocks = self.qk_rows_blocks(q.2, k.2, d) as u32;
-        self.launch(name, (blocks, 2, 1), ROW_THREADS, 0, s, p)
-    }
-
-    /// The x extent of [`Kernels::qk_norm_rope_rows`]' grid over `rows_q` and
-    /// `rows_k` rows of width `d` on this card ([`qk_rows_grid`] of the
-    /// card's capacity for that kernel).
-    pub fn qk_rows_blocks(&self, rows_q: usize, rows_k: usize, d: usize) -> usize {
-        let capacity = if d <= QKN_MAX_D / 2 {
-            self.qkr_capacity[0]
-        } else {
-            self.qkr_capacity[1]
-        };
-        qk_rows_grid(rows_q, rows_k, capacity as usize)
     }
 
     /// [`Kernels::qk_norm_rope_pair`] one warp per row with 16-byte loads
@@ -1026,23 +966,6 @@ pub fn kernel_names(src: &str) -> Vec<String> {
     out
 }
 
-/// The x extent of `qk_norm_rope_rows`' grid (its y picks q or k, so q and
-/// k each get this many blocks): as many as keep every block of both halves
-/// resident at once on a card holding `capacity` blocks, where a k block past
-/// k's rows exits at once, and never more than the longer tensor's rows. A
-/// grid larger than the card would leave a second wave of blocks starting
-/// when the first are done, each with several rows still to do.
-pub fn qk_rows_grid(rows_q: usize, rows_k: usize, capacity: usize) -> usize {
-    let capacity = capacity.max(2);
-    let half = capacity / 2;
-    let x = if rows_k.min(rows_q) >= half {
-        half
-    } else {
-        capacity - rows_k.min(rows_q)
-    };
-    x.min(rows_q.max(rows_k)).max(1)
-}
-
 /// The parameters of the two-tensor q/k norm kernels (`kernel` names the one
 /// an error is about): q and k (pointer, norm weight, rows), the width, epsilon
 /// and the RoPE tail; with `rope`, both tensors must have the grid's rows.
@@ -1109,24 +1032,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn qk_rows_grid_keeps_both_halves_resident() {
-        // Self-attention: q and k of 6144 rows share a card of 1056 blocks.
-        assert_eq!(qk_rows_grid(6144, 6144, 1056), 528);
-        // Cross-attention: 128 text rows leave the rest of the card to q.
-        assert_eq!(qk_rows_grid(6144, 128, 1056), 928);
-        // With the text's keys cached there are no k rows.
-        assert_eq!(qk_rows_grid(6144, 0, 1056), 1056);
-        // Never more blocks than rows, never none.
-        assert_eq!(qk_rows_grid(24, 24, 1056), 24);
-        assert_eq!(qk_rows_grid(0, 0, 1056), 1);
-        // Every case fits: x blocks of q plus min(x, rows_k) live blocks of k.
-        for (q, k) in [(6144, 6144), (6144, 128), (3000, 700), (100, 5000)] {
-            let x = qk_rows_grid(q, k, 1056);
-            assert!(x.min(q) + x.min(k) <= 1056, "{q}+{k}: {x}");
-        }
-    }
-
-    #[test]
     fn kernel_names_finds_every_entry_point() {
         let e = kernel_names(nvrtc::ELEMENTWISE_CU);
         let mut want = vec![
@@ -1134,8 +1039,6 @@ mod tests {
             "cast_bf16_to_f32",
             "qk_norm_rope",
             "qk_norm_rope_pair",
-            "qk_norm_rope_rows4",
-            "qk_norm_rope_rows8",
             "qk_norm_rope_warp",
             "silu_bf16",
             "guided_euler",

@@ -39,7 +39,6 @@ pub mod fp8_attention;
 pub mod gemm_tune;
 pub mod graph;
 pub mod guidance_batch;
-pub mod qk_norm_rows;
 pub mod residual;
 pub mod row_step;
 pub mod t5;
@@ -168,10 +167,8 @@ pub enum Section {
     /// The video VAE decoder's primitives and whole decodes (and its benchmark).
     Vae,
     /// The attention kernels alone (part of [`Section::Dit`]): the engine's
-    /// own and cuDNN's bf16 attention, cuDNN's FP8 attention with its
-    /// operand pass, and the multi-row q/k norm kernel against the pair
-    /// kernel; with `bench`, the two q/k norm kernels' timing
-    /// ([`crate::cuda::bench::qk_norm`]).
+    /// own and cuDNN's bf16 attention, and cuDNN's FP8 attention with its
+    /// operand pass. No benchmark.
     Attention,
     /// The `gemm-algo` lever's checks alone (part of [`Section::Dit`]): tuned
     /// products against the heuristic's, the machine's cache read back. No
@@ -290,7 +287,6 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
         check_attention(&kit, &mut rng, &mut checks)?;
         check_attention_long(&kit, &mut checks)?;
         fp8_attention::check_fp8_attention(&kit, &mut rng, &mut checks)?;
-        qk_norm_rows::check_qk_norm_rows(&kit, &mut checks)?;
         report(&checks, from);
     }
     // The GEMM algorithm choice alone (run inside section 2 otherwise).
@@ -317,10 +313,6 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
             let mut rows = Vec::new();
             let r = crate::cuda::bench::graph::denoise_graph(&kit, &mut rows).map(|_| rows);
             bench(&mut bench_rows, "graph", r);
-        } else if opts.only == Some(Section::Attention) {
-            let mut rows = Vec::new();
-            let r = crate::cuda::bench::qk_norm::qk_norm_kernels(&kit, &mut rows).map(|_| rows);
-            bench(&mut bench_rows, "qk-norm", r);
         }
     }
     // 5. The T5 encoder.
