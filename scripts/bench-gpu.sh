@@ -14,8 +14,11 @@
 #                         under a minute; gemm: the gemm-algo lever's checks alone) that section's
 #                         checks alone,
 #                         and with `:bench` after it that section's benchmarks too
-#   synth:PRESET          synthesize the preset's weights (in the background; a step
-#                         that needs them waits), unless already there
+#   synth:PRESET          synthesize the preset's weights (in the background, beside
+#                         other synth steps only: every step that measures waits for
+#                         every synth still running, since a run that starts with more
+#                         than half the cores busy is excluded as contended), unless
+#                         already there
 #   run:RUNG:PROFILE[:K=V,K=V[:CACHE]]
 #                         harness run of rungs/RUNG.toml with that profile and lever
 #                         overrides; the bundle is sealed into $WORK/store; CACHE =
@@ -127,6 +130,13 @@ need() { # wait for a preset's weights
   [ -f "$w/model_index.json" ] || { note "weights $p missing: synthesizing now";
     "$E" synth-weights --preset "$p" --out "$w" >> "$OUT/synth-$p.log" 2>&1; note "synth $p rc=$?"; }
 }
+settle() { # before a step that measures: no synth runs beside it
+  local p
+  for p in "${!synth_pid[@]}"; do
+    note "waiting for synth $p before $1 (nothing is measured beside a synth)"
+    wait "${synth_pid[$p]}"; note "synth $p rc=$?"; unset "synth_pid[$p]"
+  done
+}
 geometry() { "$PY" - "rungs/$1.toml" <<'EOF'
 import sys, tomllib
 r = tomllib.load(open(sys.argv[1], "rb"))
@@ -137,6 +147,7 @@ EOF
 for step in "$@"; do
   [ "$(left)" -le 10 ] && { note "deadline: skipping $step and the rest"; break; }
   IFS=: read -r kind a b c d <<< "$step"
+  case $kind in synth|table|pack) ;; *) settle "$step" ;; esac
   case $kind in
     selftest)
       if [ -n "$b" ] && [ "$b" != bench ]; then
