@@ -244,7 +244,7 @@ for step in "$@"; do
       timeout -s TERM -k 30 "$(cap 3600)" "$H" campaign --rungs "$a" --levers "$b" \
         --repeat "$c" --weights-cache "${d:-as-is}" --engine "$E" --store "$store" --budget-s "$budget" \
         -- --weights "$(weights_of "$p")" \
-        --cadence-ms 100 > "$OUT/campaign-$a-${b//,/+}.out" 2> "$OUT/campaign-$a-${b//,/+}.err" < /dev/null
+        --cadence-ms 100 --quiet-wait-s 60 > "$OUT/campaign-$a-${b//,/+}.out" 2> "$OUT/campaign-$a-${b//,/+}.err" < /dev/null
       rc=$?
       # rc 1 is also a clean stop (the budget, an interrupted run): say which.
       note "campaign $a $b x$c cache ${d:-as-is} rc=$rc; $(grep -E '^(campaign [0-9a-f]+:|stopped:)' \

@@ -449,6 +449,22 @@ pub struct Contention {
     /// Why, in words.
     #[serde(default, deserialize_with = "lenient")]
     pub detail: Option<String>,
+    /// Seconds the run waited for a quiet host before the start window that
+    /// `busy_cores_at_start` reports (`harness run --quiet-wait-s`); absent when
+    /// it was not asked to wait.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub quiet_wait_s: Option<f64>,
+    /// The most it would have waited, seconds; absent when it was not asked to.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub quiet_wait_limit_s: Option<f64>,
     /// Other work over the engine's lifetime and per top-level phase (absent
     /// until the engine has ended).
     #[serde(

@@ -66,6 +66,13 @@ pub struct RunArgs {
         default_value = "as-is"
     )]
     pub weights_cache: crate::weights_cache::Policy,
+    /// Before the engine starts, wait up to this many seconds for the host to
+    /// go quiet (other work on at most half the cores), reading it again every
+    /// 500 ms; the run is flagged contended only if the last reading is still
+    /// busy, and the `contention` fragment records the wait. 0 (the default)
+    /// judges the first reading. A campaign passes it after `--`.
+    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    pub quiet_wait_s: f64,
     /// Run CMD ARGS (any engine that speaks the marker protocol) instead of the
     /// engine's `render`: `harness run --exec -- CMD ARGS...`.
     #[arg(long)]
@@ -78,6 +85,9 @@ pub struct RunArgs {
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
+
+/// The longest `--quiet-wait-s`, seconds: an hour.
+pub const MAX_QUIET_WAIT_S: f64 = 3600.0;
 
 fn usage(msg: String) -> anyhow::Error {
     UsageError(msg).into()
@@ -180,6 +190,13 @@ impl RunArgs {
                 return Err(usage(format!("--timeout {t}: expected seconds above 0")));
             }
         }
+        if !(self.quiet_wait_s.is_finite() && (0.0..=MAX_QUIET_WAIT_S).contains(&self.quiet_wait_s))
+        {
+            return Err(usage(format!(
+                "--quiet-wait-s {}: expected 0 to {MAX_QUIET_WAIT_S} seconds",
+                self.quiet_wait_s
+            )));
+        }
         let observer = observer(self.observer.as_deref(), &levers)?;
         let weights = self
             .weights
@@ -213,6 +230,7 @@ impl RunArgs {
             lease_node: crate::campaign::slurm::task::node_from_env(),
             observer,
             weights_cache: self.weights_cache,
+            quiet_wait_s: self.quiet_wait_s,
         })
     }
 }
@@ -310,6 +328,26 @@ mod tests {
         assert!(matches!(p.engine, Engine::Render { .. }));
         assert!(p.observer);
         assert_eq!(p.cadence_ms, 100);
+    }
+
+    #[test]
+    fn quiet_wait_is_seconds_from_0_to_an_hour() {
+        let r = rung_file();
+        let r = r.to_str().unwrap();
+        assert_eq!(parse(&["--rung", r]).unwrap().quiet_wait_s, 0.0);
+        assert_eq!(
+            parse(&["--rung", r, "--quiet-wait-s", "90"])
+                .unwrap()
+                .quiet_wait_s,
+            90.0
+        );
+        for bad in ["-1", "NaN", "inf", "3601"] {
+            let e = parse(&["--rung", r, &format!("--quiet-wait-s={bad}")]).unwrap_err();
+            assert!(
+                e.to_string().contains("--quiet-wait-s") && e.to_string().contains("0 to 3600"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     /// The observer lever sets the observer and stays among the levers (recorded,

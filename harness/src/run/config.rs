@@ -54,6 +54,9 @@ pub struct RunConfig {
     pub observer: bool,
     /// The weights' page-cache state at engine start.
     pub weights_cache: crate::weights_cache::Policy,
+    /// The most seconds the start gate waits for a quiet host (0: it judges the
+    /// first window, as without the flag).
+    pub quiet_wait_s: f64,
     /// The campaign schedule fragment, when the run is one position of a campaign.
     pub schedule: Option<serde_json::Value>,
 }

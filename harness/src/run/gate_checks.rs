@@ -220,8 +220,52 @@ pub fn contention(
         } else {
             why.join("; ")
         }),
+        quiet_wait_s: None,
+        quiet_wait_limit_s: None,
         during: None,
         rest: serde_json::Map::new(),
+    }
+}
+
+/// How a wait for a quiet host ended ([`quiet_start`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuietStart {
+    /// The last reading of the host's busy cores (None: unreadable, which ends
+    /// the wait: there is nothing to wait on).
+    pub busy: Option<f64>,
+    /// Readings taken after the first.
+    pub retries: u64,
+    /// The signal that stopped the wait, if one did.
+    pub interrupted: Option<&'static str>,
+}
+
+/// Read the host's busy cores with `read` (each reading is one start window)
+/// until it is at or below `limit`, unreadable, `max_retries` readings past the
+/// first have been taken, or `signal` names one: the start gate's reading once
+/// the host has gone quiet, or the last one when it never did.
+pub fn quiet_start(
+    mut read: impl FnMut() -> Option<f64>,
+    limit: f64,
+    max_retries: u64,
+    mut signal: impl FnMut() -> Option<&'static str>,
+) -> QuietStart {
+    let mut busy = read();
+    let mut retries = 0;
+    while busy.is_some_and(|b| b > limit) && retries < max_retries {
+        if let Some(sig) = signal() {
+            return QuietStart {
+                busy,
+                retries,
+                interrupted: Some(sig),
+            };
+        }
+        busy = read();
+        retries += 1;
+    }
+    QuietStart {
+        busy,
+        retries,
+        interrupted: None,
     }
 }
 
@@ -314,6 +358,42 @@ mod tests {
         assert_eq!(headroom(&p, 1000, 400, true).verdict, Verdict::Refuse);
         assert_eq!(headroom(&p, 1300, 400, true).verdict, Verdict::Pass);
         assert!(headroom(&p, 10, 400, false).detail.contains("= 0 B"));
+    }
+
+    #[test]
+    fn quiet_start_reads_until_the_host_is_quiet_or_the_wait_is_spent() {
+        let never = || None;
+        // Busy twice, then quiet: the quiet reading, two retries.
+        let mut seq = [9.0, 8.5, 3.0, 9.9].into_iter();
+        let q = quiet_start(|| seq.next(), 8.0, 10, never);
+        assert_eq!((q.busy, q.retries, q.interrupted), (Some(3.0), 2, None));
+        // Quiet at once: no retry.
+        let q = quiet_start(|| Some(8.0), 8.0, 10, never);
+        assert_eq!((q.busy, q.retries), (Some(8.0), 0));
+        // Never quiet: the last busy reading after the allowed retries.
+        let mut n = 0.0;
+        let q = quiet_start(
+            || {
+                n += 1.0;
+                Some(10.0 + n)
+            },
+            8.0,
+            3,
+            never,
+        );
+        assert_eq!((q.busy, q.retries), (Some(14.0), 3));
+        // No wait asked: one reading, busy or not.
+        let q = quiet_start(|| Some(12.0), 8.0, 0, never);
+        assert_eq!((q.busy, q.retries), (Some(12.0), 0));
+        // Unreadable: nothing to wait on.
+        let q = quiet_start(|| None, 8.0, 10, never);
+        assert_eq!((q.busy, q.retries), (None, 0));
+        // A signal stops the wait with the busy reading it had.
+        let q = quiet_start(|| Some(12.0), 8.0, 10, || Some("SIGINT"));
+        assert_eq!(
+            (q.busy, q.retries, q.interrupted),
+            (Some(12.0), 0, Some("SIGINT"))
+        );
     }
 
     #[test]

@@ -158,7 +158,7 @@ pub(super) fn preflight(
     };
     s.record(&engine_fragment)?;
     let (limits, unified_gpu) = watchdog_limits(s, config, gpu.as_deref())?;
-    let contention = step!(contention(s, gpu.as_deref(), signals));
+    let contention = step!(contention(s, config, gpu.as_deref(), signals));
     step!(headroom(
         s,
         config,
@@ -474,12 +474,42 @@ fn watchdog_limits(
     Ok((limits, unified_gpu))
 }
 
-/// Contention at the start: recorded and flagged, never refused. Returns the
-/// `contention` fragment.
-fn contention(s: &mut Session, gpu: Option<&Gpu>, signals: &Signals) -> Step<frag::Contention> {
+/// Contention at the start: recorded and flagged, never refused. With
+/// `--quiet-wait-s`, a busy host is read again, window after window, until it
+/// is quiet or the wait is spent; the gate judges the last window and the
+/// fragment says how long the run waited. Returns the `contention` fragment.
+fn contention(
+    s: &mut Session,
+    config: &RunConfig,
+    gpu: Option<&Gpu>,
+    signals: &Signals,
+) -> Step<frag::Contention> {
+    let window = Duration::from_millis(gate_checks::CONTENTION_WINDOW_MS);
+    let limit = gate_checks::CONTENTION_LOAD_PER_CORE * facts::cores() as f64;
+    let max_retries = (config.quiet_wait_s / window.as_secs_f64()).ceil() as u64;
+    let t0 = std::time::Instant::now();
+    let q = gate_checks::quiet_start(
+        || gate_checks::busy_cores(window),
+        limit,
+        max_retries,
+        || signals.take(),
+    );
+    let waited_s = (t0.elapsed().as_secs_f64() - window.as_secs_f64()).max(0.0);
     let load1 = crate::sampler::system::load1().ok();
-    let busy = gate_checks::busy_cores(Duration::from_millis(gate_checks::CONTENTION_WINDOW_MS));
-    let c = gate_checks::contention(busy, load1, facts::cores(), gpu, std::process::id());
+    let mut c = gate_checks::contention(q.busy, load1, facts::cores(), gpu, std::process::id());
+    if config.quiet_wait_s > 0.0 {
+        c.quiet_wait_s = Some((waited_s * 10.0).round() / 10.0);
+        c.quiet_wait_limit_s = Some(config.quiet_wait_s);
+        let waited = if q.retries == 0 {
+            "no wait".to_string()
+        } else {
+            format!(
+                "after {waited_s:.1} s of waiting for a quiet host (at most {} s)",
+                config.quiet_wait_s
+            )
+        };
+        c.detail = c.detail.map(|d| format!("{d}; {waited}"));
+    }
     let flagged = c.flagged.unwrap_or(false);
     let detail = c.detail.clone().unwrap_or_default();
     s.record(&c)?;
@@ -496,6 +526,11 @@ fn contention(s: &mut Session, gpu: Option<&Gpu>, signals: &Signals) -> Step<fra
         ),
         signals
     ));
+    // A signal that stopped the wait was taken from the flags: the gate is
+    // recorded first, then the run stops as `pass` would have stopped it.
+    if let Some(sig) = q.interrupted {
+        return Ok(Err(Stopped::Interrupted(sig)));
+    }
     Ok(Ok(c))
 }
 

@@ -735,6 +735,122 @@ impl Burners {
     }
 }
 
+/// `--quiet-wait-s`: the start gate reads a host kept busy by the test again,
+/// window after window, and the engine starts once the test stops the load: the
+/// `contention` fragment says how long the run waited and the most it would
+/// have, and the detail says it waited. A run without the flag records neither.
+/// (The wait's end is the host going quiet; where the suite beside this test
+/// keeps it busy past the burners, the run waits out its 20 s and is flagged:
+/// the assertions hold either way.)
+#[test]
+fn a_quiet_wait_starts_the_engine_once_the_host_goes_quiet() {
+    let _one_burner = BURNERS.lock().unwrap_or_else(|e| e.into_inner());
+    let s = store("quiet-wait");
+    let engine = [
+        ENGINE,
+        "--hello",
+        "--open",
+        "work",
+        "--sleep-ms",
+        "100",
+        "--close",
+        "work",
+        "--frames",
+        "good",
+        "64x48",
+        "9",
+    ];
+    let burners = Burners::start();
+    let child = harness(&s)
+        .args(["--quiet-wait-s", "20", "--exec", "--"])
+        .args(engine)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    burners.stop();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let c = manifest(&out)["contention"].clone();
+    assert_eq!(c["quiet_wait_limit_s"], 20.0, "{c}");
+    let waited = c["quiet_wait_s"].as_f64().unwrap_or(-1.0);
+    // Busy for 2.5 s from before the spawn: at least the last second of it is
+    // waited out (the gates before this one take well under a second).
+    assert!((1.0..=21.0).contains(&waited), "{c}");
+    let detail = c["detail"].as_str().unwrap_or("");
+    assert!(
+        detail.contains("of waiting for a quiet host (at most 20 s)"),
+        "{c}"
+    );
+    if c["flagged"] == false {
+        let limit = 0.5 * std::thread::available_parallelism().map_or(2, |n| n.get()) as f64;
+        assert!(c["busy_cores_at_start"].as_f64().unwrap() <= limit, "{c}");
+    }
+    let plain = harness(&s)
+        .args(["--exec", "--"])
+        .args(engine)
+        .output()
+        .unwrap();
+    assert_eq!(
+        code(&plain),
+        0,
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let c = manifest(&plain)["contention"].clone();
+    assert!(
+        c.get("quiet_wait_s").is_none() && c.get("quiet_wait_limit_s").is_none(),
+        "{c}"
+    );
+}
+
+/// Ctrl-C while the start gate waits for a quiet host stops the run there: the
+/// bundle is sealed `interrupted` before the engine started, with the gate and
+/// the `contention` fragment of the wait recorded, long before the wait's limit.
+#[test]
+fn ctrl_c_during_a_quiet_wait_seals_the_run_before_the_engine() {
+    let _one_burner = BURNERS.lock().unwrap_or_else(|e| e.into_inner());
+    let s = store("quiet-wait-interrupt");
+    let burners = Burners::start();
+    let t0 = std::time::Instant::now();
+    let mut child = harness(&s)
+        .args(["--quiet-wait-s", "120", "--exec", "--"])
+        .args([ENGINE, "--hello", "--open", "work", "--hang"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    // The gate just before contention: then the wait has begun.
+    for line in lines.by_ref() {
+        let l = line.unwrap();
+        let hit = l.contains("gate engine-binary");
+        seen.push(l);
+        if hit {
+            break;
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    burners.stop();
+    let out = child.wait_with_output().unwrap();
+    let all = format!("{}\n{}", seen.join("\n"), rest.join("\n"));
+    assert_eq!(code(&out), 1, "{all}");
+    let m = manifest(&out);
+    assert_eq!(m["exit"]["reason"], "interrupted", "{all}");
+    let detail = m["exit"]["detail"].as_str().unwrap_or("");
+    assert!(detail.contains("before the engine started"), "{detail}");
+    let c = &m["contention"];
+    assert_eq!(c["quiet_wait_limit_s"], 120.0, "{c}");
+    assert!(c["quiet_wait_s"].as_f64().unwrap_or(-1.0) >= 0.5, "{c}");
+    assert!(rest.iter().any(|l| l.contains("gate contention")), "{all}");
+    assert!(!all.contains("engine pid"), "{all}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(60));
+}
+
 /// Other work inside one phase flags that phase even when the lifetime mean stays
 /// low: the engine sleeps 3 s in `quiet`, then 2 s in `work`; the test burns every
 /// core (nice 19) from `+work` to `-work` only, as the harness's status lines say.
