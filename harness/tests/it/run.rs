@@ -692,6 +692,24 @@ fn a_weights_cache_state_without_weights_is_refused() {
 
 /// The tests that burn every core take turns: each one's burners are the other's
 /// "other work".
+/// Read `lines` into `seen` until one starts (after its indent) with `prefix`;
+/// false at the end.
+fn wait_for(
+    prefix: &str,
+    seen: &mut Vec<String>,
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+) -> bool {
+    for line in lines.by_ref() {
+        let l = line.unwrap();
+        let hit = l.trim_start().starts_with(prefix);
+        seen.push(l);
+        if hit {
+            return true;
+        }
+    }
+    false
+}
+
 static BURNERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Threads keeping every core busy at nice 19 until [`Burners::stop`]: the burners
@@ -824,14 +842,11 @@ fn ctrl_c_during_a_quiet_wait_seals_the_run_before_the_engine() {
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let mut seen = Vec::new();
     // The gate just before contention: then the wait has begun.
-    for line in lines.by_ref() {
-        let l = line.unwrap();
-        let hit = l.contains("gate engine-binary");
-        seen.push(l);
-        if hit {
-            break;
-        }
-    }
+    assert!(
+        wait_for("harness: gate engine-binary", &mut seen, &mut lines),
+        "{}",
+        seen.join("\n")
+    );
     std::thread::sleep(std::time::Duration::from_millis(1500));
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
@@ -876,22 +891,6 @@ fn work_inside_one_phase_flags_that_phase() {
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let mut seen = Vec::new();
-    /// Read `lines` into `seen` until one starts with `prefix`; false at the end.
-    fn wait_for(
-        prefix: &str,
-        seen: &mut Vec<String>,
-        lines: &mut impl Iterator<Item = std::io::Result<String>>,
-    ) -> bool {
-        for line in lines.by_ref() {
-            let l = line.unwrap();
-            let hit = l.trim_start().starts_with(prefix);
-            seen.push(l);
-            if hit {
-                return true;
-            }
-        }
-        false
-    }
     assert!(
         wait_for("+work", &mut seen, &mut lines),
         "{}",
@@ -960,14 +959,7 @@ fn work_that_starts_after_the_gate_flags_the_run_as_contended_during_it() {
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let mut seen = Vec::new();
-    for line in lines.by_ref() {
-        let l = line.unwrap();
-        let started = l.starts_with("test-engine pid=");
-        seen.push(l);
-        if started {
-            break;
-        }
-    }
+    wait_for("test-engine pid=", &mut seen, &mut lines);
     assert!(
         seen.last()
             .is_some_and(|l| l.starts_with("test-engine pid=")),
