@@ -354,13 +354,13 @@ pub fn diff(a: &Bundle, ma: &Value, b: &Bundle, mb: &Value) -> Diff {
 /// ([`PhaseRow::close_facts`]) that differ, with how many were compared
 /// (the union of both phases' fact names, phase by phase).
 fn fact_diffs(a: &Bundle, b: &Bundle, phases: &[PhaseDiff]) -> (Vec<FactDiff>, usize) {
-    let once = |x: &'_ Bundle, n: &str| -> Option<PhaseRow> {
+    fn once<'x>(x: &'x Bundle, n: &str) -> Option<&'x PhaseRow> {
         let mut it = x.phases.iter().filter(|p| p.name == n);
         match (it.next(), it.next()) {
-            (Some(p), None) => Some(p.clone()),
+            (Some(p), None) => Some(p),
             _ => None,
         }
-    };
+    }
     let mut out = Vec::new();
     let mut compared = 0;
     for ph in phases {

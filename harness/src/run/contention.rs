@@ -192,7 +192,7 @@ pub use evidence::fragments::During;
 /// (after it was reaped) on a host of `cores` cores.
 pub fn during(start: &CpuMark, end: &CpuMark, cores: usize) -> During {
     let window_s = end.t_ns.saturating_sub(start.t_ns) as f64 / 1e9;
-    let limit_cores = CONTENTION_LOAD_PER_CORE * cores as f64;
+    let limit_cores = super::gate_checks::contention_limit(cores);
     let per_s = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) if window_s > 0.0 => Some((b - a).max(0.0) / window_s),
         _ => None,

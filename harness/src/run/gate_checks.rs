@@ -136,6 +136,12 @@ pub fn copy_engine(source: &Path, bin_dir: &Path) -> Result<CopiedBinary, String
     })
 }
 
+/// The busy cores of other work above which a host of `cores` cores counts as
+/// contended ([`CONTENTION_LOAD_PER_CORE`] of them).
+pub fn contention_limit(cores: usize) -> f64 {
+    CONTENTION_LOAD_PER_CORE * cores as f64
+}
+
 /// How long [`busy_cores`] watches the host before the engine starts, ms.
 pub const CONTENTION_WINDOW_MS: u64 = 500;
 
@@ -187,7 +193,7 @@ pub fn contention(
     own_pid: u32,
 ) -> Contention {
     let mut why = Vec::new();
-    let limit = CONTENTION_LOAD_PER_CORE * cores as f64;
+    let limit = contention_limit(cores);
     match busy {
         Some(b) if b > limit => why.push(format!(
             "{b:.2} cores busy with other work above {limit:.2} ({CONTENTION_LOAD_PER_CORE} per core on {cores} cores, {CONTENTION_WINDOW_MS} ms before start)"

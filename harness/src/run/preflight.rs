@@ -485,7 +485,7 @@ fn contention(
     signals: &Signals,
 ) -> Step<frag::Contention> {
     let window = Duration::from_millis(gate_checks::CONTENTION_WINDOW_MS);
-    let limit = gate_checks::CONTENTION_LOAD_PER_CORE * facts::cores() as f64;
+    let limit = gate_checks::contention_limit(facts::cores());
     let max_retries = (config.quiet_wait_s / window.as_secs_f64()).ceil() as u64;
     let t0 = std::time::Instant::now();
     let q = gate_checks::quiet_start(

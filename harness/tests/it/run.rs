@@ -690,8 +690,6 @@ fn a_weights_cache_state_without_weights_is_refused() {
     );
 }
 
-/// The tests that burn every core take turns: each one's burners are the other's
-/// "other work".
 /// Read `lines` into `seen` until one starts (after its indent) with `prefix`;
 /// false at the end.
 fn wait_for(
@@ -710,6 +708,8 @@ fn wait_for(
     false
 }
 
+/// The tests that burn every core take turns: each one's burners are the other's
+/// "other work".
 static BURNERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Threads keeping every core busy at nice 19 until [`Burners::stop`]: the burners
