@@ -11,7 +11,8 @@
 #                         engine selftest-cuda --bench: every device check against the
 #                         CPU arm, then the staging/forward/denoise/graph/T5/VAE benches;
 #                         with SECTION (dit, t5, vae, graph, attention: the attention kernels alone, in
-#                         under a minute; gemm: the gemm-algo lever's checks alone) that section's
+#                         under a minute; gemm: the gemm-algo lever's checks alone; staging: the staging
+#                         variants' checks, with :bench the staging sweep) that section's
 #                         checks alone,
 #                         and with `:bench` after it that section's benchmarks too
 #   synth:PRESET          synthesize the preset's weights (in the background, beside

@@ -141,6 +141,8 @@ pub enum SelftestSection {
     Attention,
     /// The GEMM algorithm choice alone (lever `gemm-algo`; part of `dit`).
     Gemm,
+    /// Staging's host-side variants (with --bench the staging sweep).
+    Staging,
 }
 
 /// Every command.
@@ -316,6 +318,7 @@ fn selftest_cuda(
             SelftestSection::Vae => Section::Vae,
             SelftestSection::Attention => Section::Attention,
             SelftestSection::Gemm => Section::Gemm,
+            SelftestSection::Staging => Section::Staging,
         }),
     };
     let all_passed = crate::cuda::selftest::run(&opts)?;

@@ -586,6 +586,7 @@ fn load_cuda_dit(
     if let Some(ms) = den.graph_capture_ms() {
         a.insert("graph_capture_ms".into(), Value::from(ms));
     }
+    settle_staging(&mut a);
     Ok((Box::new(den), a, None))
 }
 
@@ -628,7 +629,11 @@ fn insert_tune_report(a: &mut Attrs, r: &crate::cuda::kit::gemm_tune::TuneReport
 /// its device time (`device_ms`) and the device's open time (`device_open_s`, s)
 /// with its parts (`device_open_context_s`, `device_open_kernels_s`,
 /// `device_open_gemm_s`, s; `kernel_modules_compiled`: modules NVRTC compiled
-/// because the disk cache lacked them), so a slow open names its cause.
+/// because the disk cache lacked them), so a slow open names its cause; and
+/// where the staging's own wall went beside its reads and copies
+/// (`staging_pin_s`: seconds pinning host memory, thread-seconds for the
+/// registered reader; `staging_teardown_s`: wall after the last copy spent
+/// undoing the host side).
 fn staging_attrs(
     opts: &StagingOptions,
     st: &StagingReport,
@@ -646,12 +651,27 @@ fn staging_attrs(
         "allocations" => st.allocations,
         "staging_s" => st.seconds,
         "staging_gbps" => st.gbps(),
+        "staging_pin_s" => st.pin_s,
+        "staging_teardown_s" => st.teardown_s,
         attr::DEVICE_MS => st.device_ms,
         "device_open_s" => device_open_s,
         "device_open_context_s" => opened.context_s,
         "device_open_kernels_s" => opened.kernels_s,
         "device_open_gemm_s" => opened.gemm_s,
         "kernel_modules_compiled" => opened.modules_compiled,
+    }
+}
+
+/// Wait for the staging teardowns still running on their own threads
+/// ([`crate::cuda::staging::Teardown::Background`]) before a device load's
+/// phase closes, so the load's promises (`release-pages`) hold at its close;
+/// with any, the close says their own wall (`staging_background_teardown_s`, s)
+/// and how long the load waited for them at its end (`staging_settle_wait_s`, s).
+fn settle_staging(a: &mut Attrs) {
+    let (own, waited) = crate::cuda::staging::settle_teardowns();
+    if own > 0.0 {
+        a.insert("staging_background_teardown_s".into(), Value::from(own));
+        a.insert("staging_settle_wait_s".into(), Value::from(waited));
     }
 }
 
@@ -678,6 +698,7 @@ fn load_cuda_t5(
     let staged = t5.weights().names().count();
     let mut a = staging_attrs(&opts, &r.staging, staged, (r.device_open_s, r.opened));
     a.insert("warm_up_device_ms".into(), Value::from(warm_ms));
+    settle_staging(&mut a);
     Ok((t5, a))
 }
 
@@ -814,6 +835,7 @@ fn load_cuda_vae(
         // cuDNN did not load: the engine's own kernel runs instead.
         a.insert("conv_fallback".into(), Value::from(e.as_str()));
     }
+    settle_staging(&mut a);
     Ok((dv, a))
 }
 
@@ -889,6 +911,8 @@ mod tests {
             allocations: 1,
             windows: 1,
             bounce_bytes: 0,
+            pin_s: 0.21,
+            teardown_s: 0.04,
         };
         let opened = OpenTimes {
             context_s: 0.31,
@@ -905,6 +929,8 @@ mod tests {
         assert_eq!(f("device_open_gemm_s"), Some(0.05));
         assert_eq!(f("kernel_modules_compiled"), Some(2.0));
         assert_eq!(f("staging_gbps"), Some(30.0));
+        assert_eq!(f("staging_pin_s"), Some(0.21));
+        assert_eq!(f("staging_teardown_s"), Some(0.04));
     }
 
     /// Red on: a count of the tuned choice carried under another's name, the

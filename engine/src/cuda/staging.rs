@@ -36,7 +36,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -95,6 +95,37 @@ pub struct StagingOptions {
     pub buffers: usize,
     /// How the batched method gets the file's bytes to the copy engine.
     pub reader: Reader,
+    /// Where the registered reader's host-side teardown runs.
+    pub teardown: Teardown,
+    /// What the pinned ring's buffers are made of.
+    pub ring_memory: RingMemory,
+}
+
+/// Where the registered reader undoes its host side once the last copy has
+/// completed: unregistering the mapping's chunks and, with `release_pages`,
+/// dropping the file's pages and unmapping it. The device bytes are the same
+/// either way; only when the host work happens differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Teardown {
+    /// On the staging's own thread, before [`stage`] returns (inside its
+    /// `seconds`; [`StagingReport::teardown_s`] says how long).
+    Inline,
+    /// On a thread of its own, started when the last copy has completed:
+    /// [`stage`] returns with the weights usable while the host work goes on;
+    /// [`settle_teardowns`] waits for it (a load calls it before its phase
+    /// closes, so `release_pages` still holds by the end of the load).
+    Background,
+}
+
+/// The pinned ring's host buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingMemory {
+    /// `cuMemHostAlloc` (the driver pins 4 KiB pages).
+    HostAlloc,
+    /// Anonymous memory advised onto 2 MiB transparent huge pages, touched
+    /// once per huge page, then registered with `cuMemHostRegister` (512
+    /// times fewer pages to pin where the kernel grants huge pages).
+    HugeRegistered,
 }
 
 /// The batched method's host side.
@@ -122,6 +153,8 @@ impl StagingOptions {
             chunk_bytes: 16 << 20,
             buffers: 4,
             reader: Reader::Registered,
+            teardown: Teardown::Inline,
+            ring_memory: RingMemory::HostAlloc,
         }
     }
 }
@@ -246,6 +279,32 @@ pub struct StagingReport {
     /// Bytes of [`stage_split`]'s bounce buffer (held during the staging only;
     /// 0 for [`stage`]).
     pub bounce_bytes: u64,
+    /// Seconds pinning host memory: the registered reader's registrations
+    /// summed over its threads (thread-seconds, overlapping the copies), or the
+    /// pinned ring's allocation (wall, before its first read). 0 for serial.
+    pub pin_s: f64,
+    /// Wall seconds, inside `seconds`, after the last copy completed: undoing
+    /// the host side (unregistering, freeing the ring, and with `release_pages`
+    /// dropping the pages and unmapping). 0 when [`Teardown::Background`] moved
+    /// the registered reader's teardown off the staging's thread.
+    pub teardown_s: f64,
+}
+
+/// What a batched staging's host side cost beside its reads and copies (see
+/// [`StagingReport::pin_s`] and [`StagingReport::teardown_s`]), in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HostCost {
+    /// Seconds pinning host memory.
+    pub pin_s: f64,
+    /// Wall seconds of the teardown on the staging's thread.
+    pub teardown_s: f64,
+}
+
+impl std::ops::AddAssign for HostCost {
+    fn add_assign(&mut self, o: HostCost) {
+        self.pin_s += o.pin_s;
+        self.teardown_s += o.teardown_s;
+    }
 }
 
 impl StagingReport {
@@ -407,28 +466,31 @@ fn origin_of(files: &[(PathBuf, std::ops::Range<usize>)]) -> PathBuf {
 /// The batched method's copies of `tensors` (file order), file by file with
 /// `opts.reader` (the pinned ring where the driver refuses a registration):
 /// tensor `j` lands at `base + offs[j]` (an arena's address and offsets in it,
-/// or 0 and absolute device addresses). Returns the copies queued; all of them
-/// have completed on return.
+/// or 0 and absolute device addresses). Returns the copies queued (all of them
+/// have completed on return) and what the host side cost beside them.
 fn copy_batched(
     gpu: &Gpu,
     tensors: &[Extent],
     offs: &[usize],
     base: CUdeviceptr,
     opts: &StagingOptions,
-) -> Result<usize, CudaError> {
+) -> Result<(usize, HostCost), CudaError> {
     let mut copies = 0;
+    let mut cost = HostCost::default();
     for (path, r) in &by_file(tensors) {
         let (ts, os) = (&tensors[r.clone()], &offs[r.clone()]);
         let registered = match opts.reader {
             Reader::Registered => stage_registered(gpu, path, ts, os, base, opts)?,
             Reader::PinnedRing => None,
         };
-        copies += match registered {
-            Some(n) => n,
+        let (n, c) = match registered {
+            Some(done) => done,
             None => stage_ring(gpu, path, ts, os, base, opts)?,
         };
+        copies += n;
+        cost += c;
     }
-    Ok(copies)
+    Ok((copies, cost))
 }
 
 /// Stage `tensors` (extents of one model, possibly over several files, from
@@ -444,11 +506,11 @@ pub fn stage(
     let t0 = Instant::now();
     let ev0 = gpu.event()?;
     ev0.record(&gpu.copy).ctx("recording the staging start")?;
-    let (storage, ptrs, copies, allocations) = match opts.method {
+    let (storage, ptrs, copies, allocations, cost) = match opts.method {
         StagingMethod::Serial => {
             let (bufs, ptrs) = copy_serial(gpu, tensors, &|_| None, opts)?;
             let n = bufs.len();
-            (Storage::PerTensor(bufs), ptrs, n, n)
+            (Storage::PerTensor(bufs), ptrs, n, n, HostCost::default())
         }
         StagingMethod::Batched => {
             let (offs, total) = arena_layout(tensors);
@@ -457,9 +519,9 @@ pub fn stage(
                 total,
                 &format!("the weights arena of {}", origin.display()),
             )?;
-            let copies = copy_batched(gpu, tensors, &offs, arena.ptr(), opts)?;
+            let (copies, cost) = copy_batched(gpu, tensors, &offs, arena.ptr(), opts)?;
             let ptrs = offs.iter().map(|o| arena.ptr() + *o as u64).collect();
-            (Storage::Arena(arena), ptrs, copies, 1)
+            (Storage::Arena(arena), ptrs, copies, 1, cost)
         }
     };
     let ev1 = gpu.event()?;
@@ -482,6 +544,8 @@ pub fn stage(
         allocations,
         windows: 1,
         bounce_bytes: 0,
+        pin_s: cost.pin_s,
+        teardown_s: cost.teardown_s,
     };
     Ok((
         DeviceWeights {
@@ -620,6 +684,7 @@ pub fn stage_split(
     let mut ptrs: Vec<CUdeviceptr> = vec![0; tensors.len()];
     let mut bufs = Vec::new();
     let (mut copies, mut device_ms, mut consume_s, mut windows) = (0usize, 0.0f64, 0.0f64, 0);
+    let mut cost = HostCost::default();
     for w in plan_windows(tensors, transient, bound) {
         let ts = &tensors[w.clone()];
         let moving: Vec<Extent> = w
@@ -665,7 +730,9 @@ pub fn stage_split(
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 let offs: Vec<usize> = placed.iter().map(|p| *p as usize).collect();
-                copies += copy_batched(gpu, ts, &offs, 0, opts)?;
+                let (n, c) = copy_batched(gpu, ts, &offs, 0, opts)?;
+                copies += n;
+                cost += c;
                 placed
             }
             StagingMethod::Serial => {
@@ -719,6 +786,8 @@ pub fn stage_split(
         allocations,
         windows,
         bounce_bytes: cap as u64,
+        pin_s: cost.pin_s,
+        teardown_s: cost.teardown_s,
     };
     let storage = match arena {
         Some(a) => Storage::Arena(a),
@@ -792,7 +861,9 @@ const PAGE: usize = 4096;
 /// read-only mapping registered with the driver chunk by chunk by several
 /// threads, each chunk's pieces copied straight from the page cache into the
 /// arena. `None` when the driver refused the first registration (nothing was
-/// copied; the caller falls back to the pinned ring). Returns the copies queued.
+/// copied; the caller falls back to the pinned ring). Returns the copies queued
+/// and the host cost: the registrations' thread-seconds and, with
+/// [`Teardown::Inline`], the teardown's wall.
 fn stage_registered(
     gpu: &Gpu,
     path: &Path,
@@ -800,10 +871,10 @@ fn stage_registered(
     offs: &[usize],
     arena: CUdeviceptr,
     opts: &StagingOptions,
-) -> Result<Option<usize>, CudaError> {
+) -> Result<Option<(usize, HostCost)>, CudaError> {
     let (start, end) = match (tensors.first(), tensors.last()) {
         (Some(a), Some(b)) => (a.offset as usize, b.offset as usize + b.bytes),
-        _ => return Ok(Some(0)),
+        _ => return Ok(Some((0, HostCost::default()))),
     };
     let f = File::open(path).map_err(|source| io(path, source))?;
     // SAFETY: read-only mapping of a file nobody writes while it is staged.
@@ -815,16 +886,21 @@ fn stage_registered(
         let lo = first + i * REGISTER_CHUNK;
         (lo, (lo + REGISTER_CHUNK).min(map.len()))
     };
+    // Nanoseconds inside cuMemHostRegister, summed over the threads.
+    let pin_ns = AtomicU64::new(0);
     let register = |i: usize| {
         let (lo, hi) = chunk(i);
+        let t = Instant::now();
         // SAFETY: a page-aligned range of the mapping, unregistered below.
-        unsafe {
+        let r = unsafe {
             dsys::cuMemHostRegister_v2(
                 (base + lo) as *mut std::ffi::c_void,
                 hi - lo,
                 dsys::CU_MEMHOSTREGISTER_READ_ONLY,
             )
-        }
+        };
+        pin_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
     };
     // Probe with the first chunk: a refusal here costs nothing.
     if register(0) != dsys::CUresult::CUDA_SUCCESS {
@@ -879,27 +955,92 @@ fn stage_registered(
             .collect()
     });
     let sync = gpu.copy.synchronize().ctx("waiting for the staging copies");
-    if let Ok(r) = registered.lock() {
-        for p in r.iter() {
-            // SAFETY: registered above; the copies that read it have completed.
-            unsafe {
-                let _ = dsys::cuMemHostUnregister(*p as *mut std::ffi::c_void);
-            }
+    let chunks = registered.into_inner().unwrap_or_default();
+    let host = RegisteredHost {
+        map,
+        file: f,
+        chunks,
+        release: opts.release_pages.then_some((start, end - start)),
+    };
+    let failed = results.iter().any(Result::is_err) || sync.is_err();
+    let mut cost = HostCost {
+        pin_s: pin_ns.into_inner() as f64 / 1e9,
+        teardown_s: 0.0,
+    };
+    // A failed staging undoes its host side here, whatever the option says.
+    if opts.teardown == Teardown::Background && !failed {
+        let ctx = gpu.ctx.clone();
+        let h = std::thread::spawn(move || {
+            let t = Instant::now();
+            // Unregistering needs the context current on this thread; without
+            // it the chunks stay pinned until the process exits (nothing is lost).
+            let _ = ctx.bind_to_thread();
+            host.undo();
+            t.elapsed().as_secs_f64()
+        });
+        if let Ok(mut p) = PENDING_TEARDOWNS.lock() {
+            p.push(h);
         }
+    } else {
+        let t = Instant::now();
+        host.undo();
+        cost.teardown_s = t.elapsed().as_secs_f64();
     }
     for r in results {
         r?;
     }
     sync?;
-    if opts.release_pages {
-        // The pages are still mapped into this process by `map` (the copies read
-        // through it), and the kernel does not drop mapped pages on fadvise alone:
-        // unmap them from our page tables first, then drop them from the cache.
-        // (With a bare fadvise here the rung-2 campaign 223c8a9b01c34e09 found
-        // the weights as cached during denoise with the lever on as off.)
-        crate::weights::residency::release_range(&map, &f, start, end - start);
+    Ok(Some((copies.into_inner(), cost)))
+}
+
+/// What the registered reader holds on the host until its teardown: the
+/// mapping, its file, the registered chunks' addresses, and the file range
+/// whose pages `release_pages` drops.
+struct RegisteredHost {
+    map: memmap2::Mmap,
+    file: File,
+    chunks: Vec<usize>,
+    release: Option<(usize, usize)>,
+}
+
+impl RegisteredHost {
+    /// Unregister every chunk, drop the range's pages (when asked), unmap.
+    /// Call only once every copy that reads the mapping has completed, on a
+    /// thread where the staging's context is current.
+    fn undo(self) {
+        for p in &self.chunks {
+            // SAFETY: registered by the reader; its copies have completed.
+            unsafe {
+                let _ = dsys::cuMemHostUnregister(*p as *mut std::ffi::c_void);
+            }
+        }
+        if let Some((start, len)) = self.release {
+            // The pages are still mapped into this process by `map` (the copies
+            // read through it), and the kernel does not drop mapped pages on
+            // fadvise alone: unmap them from our page tables first, then drop
+            // them from the cache. (With a bare fadvise here the rung-2 campaign
+            // 223c8a9b01c34e09 found the weights as cached during denoise with the
+            // lever on as off.)
+            crate::weights::residency::release_range(&self.map, &self.file, start, len);
+        }
+        drop(self.map);
     }
-    Ok(Some(copies.into_inner()))
+}
+
+/// Teardowns [`Teardown::Background`] started and nobody has waited for yet.
+static PENDING_TEARDOWNS: Mutex<Vec<std::thread::JoinHandle<f64>>> = Mutex::new(Vec::new());
+
+/// Wait for every teardown [`Teardown::Background`] started in this process.
+/// Returns their own wall seconds summed (0 when there were none) and the
+/// seconds this call waited for them.
+pub fn settle_teardowns() -> (f64, f64) {
+    let t = Instant::now();
+    let pending: Vec<_> = match PENDING_TEARDOWNS.lock() {
+        Ok(mut p) => p.drain(..).collect(),
+        Err(_) => Vec::new(),
+    };
+    let own: f64 = pending.into_iter().map(|h| h.join().unwrap_or(0.0)).sum();
+    (own, t.elapsed().as_secs_f64())
 }
 
 /// Read `buf.len()` bytes at `offset` of `f` with the rayon pool, in pieces of
@@ -920,7 +1061,8 @@ fn parallel_read(
 
 /// The batched method's pinned-ring reader for the tensors of one file, in a pool
 /// of exactly `opts.threads` readers when asked for (rayon's global pool has
-/// one per core). Returns the copies queued.
+/// one per core). Returns the copies queued and the host cost (the ring's
+/// allocation, and its teardown after the last copy).
 fn stage_ring(
     gpu: &Gpu,
     path: &Path,
@@ -928,7 +1070,7 @@ fn stage_ring(
     offs: &[usize],
     arena: CUdeviceptr,
     opts: &StagingOptions,
-) -> Result<usize, CudaError> {
+) -> Result<(usize, HostCost), CudaError> {
     if opts.threads != 0 && opts.threads != rayon::current_num_threads() {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(opts.threads)
@@ -954,10 +1096,10 @@ fn stage_ring_in_pool(
     offs: &[usize],
     arena: CUdeviceptr,
     opts: &StagingOptions,
-) -> Result<usize, CudaError> {
+) -> Result<(usize, HostCost), CudaError> {
     let (start, end) = match (tensors.first(), tensors.last()) {
         (Some(a), Some(b)) => (a.offset, b.offset + b.bytes as u64),
-        _ => return Ok(0),
+        _ => return Ok((0, HostCost::default())),
     };
     gpu.bind()?;
     let f = File::open(path).map_err(|source| io(path, source))?;
@@ -968,9 +1110,14 @@ fn stage_ring_in_pool(
     };
     let chunk = opts.chunk_bytes.max(1 << 20);
     let nbuf = opts.buffers.max(2);
+    let t_pin = Instant::now();
     let mut ring: Vec<Pinned> = (0..nbuf)
-        .map(|_| Pinned::new(gpu, chunk))
+        .map(|_| match opts.ring_memory {
+            RingMemory::HostAlloc => Pinned::new(gpu, chunk),
+            RingMemory::HugeRegistered => Pinned::huge(gpu, chunk),
+        })
         .collect::<Result<_, _>>()?;
+    let pin_s = t_pin.elapsed().as_secs_f64();
     let events: Vec<dsys::CUevent> = (0..nbuf)
         .map(|_| {
             dres::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
@@ -1034,6 +1181,7 @@ fn stage_ring_in_pool(
             .ctx("waiting for the staging copies")?;
         Ok(copies)
     })();
+    let t_down = Instant::now();
     drop(releaser);
     if let Some(h) = release_thread {
         let _ = h.join();
@@ -1044,15 +1192,29 @@ fn stage_ring_in_pool(
     }
     let copies = result?;
     drop(ring);
-    Ok(copies)
+    Ok((
+        copies,
+        HostCost {
+            pin_s,
+            teardown_s: t_down.elapsed().as_secs_f64(),
+        },
+    ))
 }
 
-/// Page-locked host memory from `cuMemHostAlloc(len, 0)` (plain pinned, not
-/// write-combined: the CPU writes it through the page cache copy).
+/// Page-locked host memory: from `cuMemHostAlloc(len, 0)` (plain pinned, not
+/// write-combined: the CPU writes it through the page cache copy), or
+/// anonymous memory on transparent huge pages registered with the driver
+/// ([`Pinned::huge`]).
 pub struct Pinned {
     ptr: *mut u8,
     len: usize,
+    /// The anonymous mapping behind a [`Pinned::huge`] buffer (unregistered,
+    /// then unmapped on drop); `None` for `cuMemHostAlloc` memory.
+    anon: Option<memmap2::MmapMut>,
 }
+
+/// A transparent huge page on x86-64, bytes.
+const HUGE_PAGE: usize = 2 << 20;
 
 // SAFETY: plain host memory; the engine hands disjoint pieces to reader threads.
 unsafe impl Send for Pinned {}
@@ -1068,6 +1230,45 @@ impl Pinned {
         Ok(Pinned {
             ptr: ptr as *mut u8,
             len,
+            anon: None,
+        })
+    }
+
+    /// `len` bytes of anonymous memory aligned to and advised onto 2 MiB
+    /// transparent huge pages (`MADV_HUGEPAGE`; the kernel may still give 4 KiB
+    /// pages), touched once per huge page by the rayon pool, then registered
+    /// with the driver (`cuMemHostRegister`): the same use as [`Pinned::new`]'s
+    /// memory, with up to 512 times fewer pages for the driver to pin.
+    pub fn huge(gpu: &Gpu, len: usize) -> Result<Pinned, CudaError> {
+        gpu.bind()?;
+        let len = len.max(1);
+        let mut anon =
+            memmap2::MmapMut::map_anon(len + HUGE_PAGE).map_err(|source| CudaError::Io {
+                path: PathBuf::from("<anonymous staging buffer>"),
+                source,
+            })?;
+        let at = anon.as_mut_ptr();
+        let lead = at.align_offset(HUGE_PAGE);
+        // SAFETY: `lead < HUGE_PAGE`, so [lead, lead + len) lies in the mapping.
+        let ptr = unsafe { at.add(lead) };
+        // SAFETY: advice on a range of our own mapping; a refusal only leaves
+        // 4 KiB pages.
+        unsafe {
+            libc::madvise(ptr as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+        }
+        // SAFETY: [ptr, ptr + len) is ours and nothing else references it yet.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+        bytes.par_chunks_mut(HUGE_PAGE).for_each(|c| c[0] = 0);
+        // SAFETY: a range of a live mapping, unregistered in Drop before it is unmapped.
+        unsafe { dsys::cuMemHostRegister_v2(ptr as *mut std::ffi::c_void, len, 0) }
+            .result()
+            .ctx(format!(
+                "registering {len} bytes of huge-page staging memory"
+            ))?;
+        Ok(Pinned {
+            ptr,
+            len,
+            anon: Some(anon),
         })
     }
 
@@ -1086,8 +1287,17 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        // SAFETY: allocated by malloc_host, freed once.
-        let _ = unsafe { dres::free_host(self.ptr as *mut std::ffi::c_void) };
+        match self.anon.take() {
+            // SAFETY: registered in `huge`; unregistered once, before the unmap.
+            Some(anon) => {
+                let _ = unsafe { dsys::cuMemHostUnregister(self.ptr as *mut std::ffi::c_void) };
+                drop(anon);
+            }
+            // SAFETY: allocated by malloc_host, freed once.
+            None => {
+                let _ = unsafe { dres::free_host(self.ptr as *mut std::ffi::c_void) };
+            }
+        }
     }
 }
 

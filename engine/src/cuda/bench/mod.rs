@@ -20,6 +20,7 @@ pub mod fp8_gemm;
 pub mod graph;
 pub mod guidance_batch;
 pub mod profile;
+pub mod staging_sweep;
 pub mod vae;
 
 use std::collections::HashMap;

@@ -41,6 +41,7 @@ pub mod graph;
 pub mod guidance_batch;
 pub mod residual;
 pub mod row_step;
+pub mod staging_variants;
 pub mod t5;
 pub mod vae;
 
@@ -174,6 +175,10 @@ pub enum Section {
     /// products against the heuristic's, the machine's cache read back. No
     /// benchmark.
     Gemm,
+    /// Staging's host-side variants (readers, ring memory, teardown) placing
+    /// a file's bytes exactly, and with `bench` the staging sweep
+    /// ([`crate::cuda::bench::staging_sweep::sweep`]).
+    Staging,
 }
 
 /// Sections 1-3: staging, kernels, GEMMs, attention, whole DiT forwards.
@@ -294,6 +299,20 @@ pub fn run(opts: &SelftestOptions) -> Result<bool, CudaError> {
         let from = checks.len();
         gemm_tune::check_gemm_tuning(&kit, &opts.scratch, &mut checks)?;
         report(&checks, from);
+    }
+    // Staging's host-side variants alone (the default reader is checked in
+    // section 1 too).
+    if opts.only == Some(Section::Staging) {
+        let from = checks.len();
+        staging_variants::check_staging_variants(&kit, &opts.scratch, &mut checks)?;
+        report(&checks, from);
+        if opts.bench {
+            bench(
+                &mut bench_rows,
+                "staging",
+                crate::cuda::bench::staging_sweep::sweep(&kit, &opts.scratch),
+            );
+        }
     }
     // 4. The denoise loop replayed from CUDA graphs against the eager loop.
     if wants(Section::Graph) {
