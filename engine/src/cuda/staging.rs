@@ -95,6 +95,8 @@ pub struct StagingOptions {
     pub buffers: usize,
     /// How the batched method gets the file's bytes to the copy engine.
     pub reader: Reader,
+    /// Bytes per registration of the registered reader.
+    pub register_chunk_bytes: usize,
     /// Where the registered reader's host-side teardown runs.
     pub teardown: Teardown,
     /// What the pinned ring's buffers are made of.
@@ -153,6 +155,7 @@ impl StagingOptions {
             chunk_bytes: 16 << 20,
             buffers: 4,
             reader: Reader::Registered,
+            register_chunk_bytes: REGISTER_CHUNK,
             teardown: Teardown::Inline,
             ring_memory: RingMemory::HostAlloc,
         }
@@ -848,9 +851,9 @@ fn copy_serial(
     Ok((bufs, ptrs))
 }
 
-/// Chunk size of the registered reader (the sweep of run 3 in
+/// Default chunk size of the registered reader (the sweep of run 3 in
 /// `reports/device-notes.md`).
-const REGISTER_CHUNK: usize = 64 << 20;
+pub const REGISTER_CHUNK: usize = 64 << 20;
 /// Default registration threads of the registered reader (page pinning
 /// contends beyond a few threads: run 4's sweep in `reports/device-notes.md`).
 const REGISTER_THREADS: usize = 8;
@@ -881,10 +884,11 @@ fn stage_registered(
     let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|source| io(path, source))?;
     let base = map.as_ptr() as usize;
     let first = start / PAGE * PAGE;
-    let n_chunks = (end - first).div_ceil(REGISTER_CHUNK);
+    let step = opts.register_chunk_bytes.max(PAGE) / PAGE * PAGE;
+    let n_chunks = (end - first).div_ceil(step);
     let chunk = |i: usize| {
-        let lo = first + i * REGISTER_CHUNK;
-        (lo, (lo + REGISTER_CHUNK).min(map.len()))
+        let lo = first + i * step;
+        (lo, (lo + step).min(map.len()))
     };
     // Nanoseconds inside cuMemHostRegister, summed over the threads.
     let pin_ns = AtomicU64::new(0);

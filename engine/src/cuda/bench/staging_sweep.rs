@@ -58,6 +58,14 @@ fn variants() -> Vec<Variant> {
             set: |o| o.threads = 16,
         },
         Variant {
+            name: "registered 8 thr, 16 MiB chunks",
+            set: |o| o.register_chunk_bytes = 16 << 20,
+        },
+        Variant {
+            name: "registered 8 thr, 256 MiB chunks",
+            set: |o| o.register_chunk_bytes = 256 << 20,
+        },
+        Variant {
             name: "ring hostalloc 16 MiB x4, pool threads",
             set: |o| o.reader = Reader::PinnedRing,
         },

@@ -39,6 +39,9 @@ fn variants() -> Vec<(&'static str, StagingOptions)> {
     let base = StagingOptions::new(StagingMethod::Batched);
     let mut out = vec![("registered, teardown inline", base.clone())];
     let mut o = base.clone();
+    o.register_chunk_bytes = 3 << 20;
+    out.push(("registered, 3 MiB chunks", o));
+    let mut o = base.clone();
     o.teardown = Teardown::Background;
     o.release_pages = true;
     out.push(("registered, teardown background, release-pages", o));
@@ -180,7 +183,7 @@ mod tests {
             total > 128 << 20,
             "{total}: more than two registered chunks"
         );
-        for chunk in [4usize << 20, 5 << 20, 64 << 20] {
+        for chunk in [3usize << 20, 4 << 20, 5 << 20, 64 << 20] {
             assert!(bytes.iter().all(|b| b % chunk != 0));
         }
         let mut distinct = bytes.clone();
