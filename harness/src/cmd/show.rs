@@ -159,7 +159,9 @@ fn disk_gbps(f: &WeightsCache) -> Option<f64> {
 }
 
 /// The engine's staging rate of each top-level load phase (its `staging_gbps`
-/// close attribute, GB/s) in one line, and after a cold start the disk's rate
+/// close attribute, GB/s) in one line, each with the seconds of its staging
+/// spent tearing the host side down after the last copy where the engine says
+/// so (`staging_teardown_s`, over 0), and after a cold start the disk's rate
 /// beside them with each load's share of it: what the device could have read
 /// against what it did. `None` when no load phase says a rate.
 fn staging_line(phases: &[Value], fragment: Option<&WeightsCache>) -> Option<String> {
@@ -175,14 +177,16 @@ fn staging_line(phases: &[Value], fragment: Option<&WeightsCache>) -> Option<Str
             }
             let attrs: Value = serde_json::from_str(r[col::ATTRS_JSON].as_str()?).ok()?;
             let gbps = attrs["staging_gbps"].as_f64()?;
-            Some(match disk {
-                Some(d) if d > 0.0 => {
-                    format!(
-                        "{name} {gbps:.2} GB/s ({:.0}% of the disk's)",
-                        100.0 * gbps / d
-                    )
-                }
-                _ => format!("{name} {gbps:.2} GB/s"),
+            let mut notes = Vec::new();
+            if let Some(t) = attrs["staging_teardown_s"].as_f64().filter(|t| *t > 0.0) {
+                notes.push(format!("teardown {t:.3} s"));
+            }
+            if let Some(d) = disk.filter(|d| *d > 0.0) {
+                notes.push(format!("{:.0}% of the disk's", 100.0 * gbps / d));
+            }
+            Some(match notes.is_empty() {
+                true => format!("{name} {gbps:.2} GB/s"),
+                false => format!("{name} {gbps:.2} GB/s ({})", notes.join(", ")),
             })
         })
         .collect();
@@ -513,7 +517,11 @@ mod tests {
         let phases = vec![
             row("load.text_encoder", 0, r#"{"staging_gbps": 1.25}"#),
             row("conditioning", 0, r#"{"staging_gbps": 99.0}"#),
-            row("load.dit", 0, r#"{"staging_gbps": 2.0, "arm": "cuda"}"#),
+            row(
+                "load.dit",
+                0,
+                r#"{"staging_gbps": 2.0, "arm": "cuda", "staging_teardown_s": 0.0412}"#,
+            ),
             row("load.dit.inner", 1, r#"{"staging_gbps": 7.0}"#),
             row("load.vae", 0, r#"{"arm": "cpu"}"#),
         ];
@@ -522,12 +530,12 @@ mod tests {
         .unwrap();
         assert_eq!(
             staging_line(&phases, Some(&cold)).unwrap(),
-            "load.text_encoder 1.25 GB/s (50% of the disk's), load.dit 2.00 GB/s (80% of the \
-             disk's); the disk read 2.50 GB/s cold"
+            "load.text_encoder 1.25 GB/s (50% of the disk's), load.dit 2.00 GB/s (teardown \
+             0.041 s, 80% of the disk's); the disk read 2.50 GB/s cold"
         );
         assert_eq!(
             staging_line(&phases, None).unwrap(),
-            "load.text_encoder 1.25 GB/s, load.dit 2.00 GB/s"
+            "load.text_encoder 1.25 GB/s, load.dit 2.00 GB/s (teardown 0.041 s)"
         );
         assert_eq!(staging_line(&phases[1..2], Some(&cold)), None);
     }
