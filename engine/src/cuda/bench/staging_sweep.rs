@@ -36,70 +36,63 @@ pub const REPS: usize = 3;
 /// Timed stagings per variant with `release_pages` on (each after a re-read).
 const RELEASE_REPS: usize = 2;
 
-/// One variant of the sweep: a name and how it sets the options.
-struct Variant {
-    name: &'static str,
-    set: fn(&mut StagingOptions),
+/// The batched method with the pinned ring of `memory`: `buffers` of
+/// `chunk_mib` MiB, `threads` readers (0: the pool's).
+fn ring(memory: RingMemory, chunk_mib: usize, buffers: usize, threads: usize) -> StagingOptions {
+    let mut o = StagingOptions::new(StagingMethod::Batched);
+    o.reader = Reader::PinnedRing;
+    o.ring_memory = memory;
+    (o.chunk_bytes, o.buffers, o.threads) = (chunk_mib << 20, buffers, threads);
+    o
 }
 
-/// The variants, the render's default first (the byte comparison's reference).
-fn variants() -> Vec<Variant> {
+/// The variants by name, the render's default first (the byte comparison's
+/// reference); `release_pages` is set by the caller.
+fn variants() -> Vec<(&'static str, StagingOptions)> {
+    let base = StagingOptions::new(StagingMethod::Batched);
+    let with = |f: &dyn Fn(&mut StagingOptions)| {
+        let mut o = base.clone();
+        f(&mut o);
+        o
+    };
     vec![
-        Variant {
-            name: "registered 8 thr, teardown inline (default)",
-            set: |_| {},
-        },
-        Variant {
-            name: "registered 8 thr, teardown background",
-            set: |o| o.teardown = Teardown::Background,
-        },
-        Variant {
-            name: "registered 16 thr, teardown inline",
-            set: |o| o.threads = 16,
-        },
-        Variant {
-            name: "registered 8 thr, 16 MiB chunks",
-            set: |o| o.register_chunk_bytes = 16 << 20,
-        },
-        Variant {
-            name: "registered 8 thr, 256 MiB chunks",
-            set: |o| o.register_chunk_bytes = 256 << 20,
-        },
-        Variant {
-            name: "ring hostalloc 16 MiB x4, pool threads",
-            set: |o| o.reader = Reader::PinnedRing,
-        },
-        Variant {
-            name: "ring hostalloc 64 MiB x4, 16 thr",
-            set: |o| {
-                o.reader = Reader::PinnedRing;
-                (o.chunk_bytes, o.buffers, o.threads) = (64 << 20, 4, 16);
-            },
-        },
-        Variant {
-            name: "ring huge 64 MiB x4, 16 thr",
-            set: |o| {
-                o.reader = Reader::PinnedRing;
-                o.ring_memory = RingMemory::HugeRegistered;
-                (o.chunk_bytes, o.buffers, o.threads) = (64 << 20, 4, 16);
-            },
-        },
-        Variant {
-            name: "ring huge 64 MiB x8, 16 thr",
-            set: |o| {
-                o.reader = Reader::PinnedRing;
-                o.ring_memory = RingMemory::HugeRegistered;
-                (o.chunk_bytes, o.buffers, o.threads) = (64 << 20, 8, 16);
-            },
-        },
-        Variant {
-            name: "ring huge 32 MiB x8, 8 thr",
-            set: |o| {
-                o.reader = Reader::PinnedRing;
-                o.ring_memory = RingMemory::HugeRegistered;
-                (o.chunk_bytes, o.buffers, o.threads) = (32 << 20, 8, 8);
-            },
-        },
+        ("registered 8 thr, teardown inline (default)", base.clone()),
+        (
+            "registered 8 thr, teardown background",
+            with(&|o| o.teardown = Teardown::Background),
+        ),
+        (
+            "registered 16 thr, teardown inline",
+            with(&|o| o.threads = 16),
+        ),
+        (
+            "registered 8 thr, 16 MiB chunks",
+            with(&|o| o.register_chunk_bytes = 16 << 20),
+        ),
+        (
+            "registered 8 thr, 256 MiB chunks",
+            with(&|o| o.register_chunk_bytes = 256 << 20),
+        ),
+        (
+            "ring hostalloc 16 MiB x4, pool threads",
+            ring(RingMemory::HostAlloc, 16, 4, 0),
+        ),
+        (
+            "ring hostalloc 64 MiB x4, 16 thr",
+            ring(RingMemory::HostAlloc, 64, 4, 16),
+        ),
+        (
+            "ring huge 64 MiB x4, 16 thr",
+            ring(RingMemory::HugeRegistered, 64, 4, 16),
+        ),
+        (
+            "ring huge 64 MiB x8, 16 thr",
+            ring(RingMemory::HugeRegistered, 64, 8, 16),
+        ),
+        (
+            "ring huge 32 MiB x8, 8 thr",
+            ring(RingMemory::HugeRegistered, 32, 8, 8),
+        ),
     ]
 }
 
@@ -161,12 +154,10 @@ fn sweep_file(
     let mut runs = vec![(false, REPS)];
     runs.push((true, RELEASE_REPS));
     for (release, reps) in runs {
-        for v in variants() {
-            if release && !WITH_RELEASE.contains(&v.name) {
+        for (name, mut o) in variants() {
+            if release && !WITH_RELEASE.contains(&name) {
                 continue;
             }
-            let mut o = StagingOptions::new(StagingMethod::Batched);
-            (v.set)(&mut o);
             o.release_pages = release;
             let (mut gbps, mut pin, mut down, mut own) = (vec![], vec![], vec![], vec![]);
             let mut differ = None;
@@ -199,7 +190,7 @@ fn sweep_file(
             }
             let row = format!(
                 "staging sweep {label:<10} {:<46} release {:<3} {:>6.2} GB/s  pin {:.3} s  teardown {:.3} s  background teardown {:.3} s  (min {:.2}, max {:.2} GB/s){}",
-                v.name,
+                name,
                 if release { "on" } else { "off" },
                 median(gbps.clone()),
                 median(pin),
