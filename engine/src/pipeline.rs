@@ -668,7 +668,12 @@ fn staging_attrs(
 /// with any, the close says their own wall (`staging_background_teardown_s`, s)
 /// and how long the load waited for them at its end (`staging_settle_wait_s`, s).
 fn settle_staging(a: &mut Attrs) {
-    let (own, waited) = crate::cuda::staging::settle_teardowns();
+    insert_settled(a, crate::cuda::staging::settle_teardowns());
+}
+
+/// The close attributes of [`settle_staging`] from what it waited for (own
+/// wall, wait; s): none when no teardown ran in the background.
+fn insert_settled(a: &mut Attrs, (own, waited): (f64, f64)) {
     if own > 0.0 {
         a.insert("staging_background_teardown_s".into(), Value::from(own));
         a.insert("staging_settle_wait_s".into(), Value::from(waited));
@@ -931,6 +936,19 @@ mod tests {
         assert_eq!(f("staging_gbps"), Some(30.0));
         assert_eq!(f("staging_pin_s"), Some(0.21));
         assert_eq!(f("staging_teardown_s"), Some(0.04));
+    }
+
+    /// Red on: a background teardown's wall or wait left out of the close, the
+    /// two swapped, or attributes written where nothing ran in the background.
+    #[test]
+    fn a_load_says_what_its_background_teardown_cost() {
+        let mut a = Attrs::new();
+        insert_settled(&mut a, (0.0, 0.0));
+        assert!(a.is_empty(), "{a:?}");
+        insert_settled(&mut a, (0.08, 0.01));
+        let f = |k: &str| a.get(k).and_then(Value::as_f64);
+        assert_eq!(f("staging_background_teardown_s"), Some(0.08));
+        assert_eq!(f("staging_settle_wait_s"), Some(0.01));
     }
 
     /// Red on: a count of the tuned choice carried under another's name, the

@@ -1483,6 +1483,22 @@ mod tests {
         assert!(plan_windows(&[], &[], 100).is_empty());
     }
 
+    /// Red on: `settle_teardowns` not waiting for a pending teardown, not
+    /// draining the list (the second call finds it again), or its own wall
+    /// and its wait swapped.
+    #[test]
+    fn settling_waits_for_every_background_teardown_once() {
+        let h = std::thread::spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            0.5
+        });
+        PENDING_TEARDOWNS.lock().unwrap().push(h);
+        let (own, waited) = settle_teardowns();
+        assert_eq!(own, 0.5);
+        assert!((0.0..0.5).contains(&waited), "{waited}");
+        assert_eq!(settle_teardowns().0, 0.0);
+    }
+
     #[test]
     fn methods_are_named_as_the_lever_names_its_arms() {
         let lever = crate::levers::lever(crate::levers::STAGING).unwrap();
