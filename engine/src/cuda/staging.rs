@@ -853,7 +853,7 @@ fn copy_serial(
 
 /// Default chunk size of the registered reader (the sweep of run 3 in
 /// `reports/device-notes.md`).
-pub const REGISTER_CHUNK: usize = 64 << 20;
+const REGISTER_CHUNK: usize = 64 << 20;
 /// Default registration threads of the registered reader (page pinning
 /// contends beyond a few threads: run 4's sweep in `reports/device-notes.md`).
 const REGISTER_THREADS: usize = 8;

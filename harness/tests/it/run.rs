@@ -374,23 +374,12 @@ fn a_timeout_escalates_to_sigkill_when_sigterm_is_ignored() {
 #[test]
 fn ctrl_c_stops_the_engine_and_still_seals_a_partial_bundle() {
     let s = store("interrupt");
-    let mut child = harness(&s)
-        .args([
-            "--exec", "--", ENGINE, "--hello", "--open", "denoise", "--hang",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    for line in lines.by_ref() {
-        if line.unwrap() == "+denoise" {
-            break;
-        }
-    }
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let _rest: Vec<String> = lines.map_while(Result::ok).collect();
-    let out = child.wait_with_output().unwrap();
+    let mut w = Watched::spawn(harness(&s).args([
+        "--exec", "--", ENGINE, "--hello", "--open", "denoise", "--hang",
+    ]));
+    w.expect("+denoise");
+    w.signal(libc::SIGINT);
+    let (out, _, _) = w.finish();
     assert_eq!(code(&out), 1);
     let m = manifest(&out);
     assert_eq!(m["exit"]["reason"], "interrupted");
@@ -408,36 +397,25 @@ fn ctrl_c_stops_the_engine_and_still_seals_a_partial_bundle() {
 #[test]
 fn sighup_from_a_closed_terminal_does_not_end_the_run() {
     let s = store("sighup");
-    let mut child = harness(&s)
-        .args([
-            "--exec",
-            "--",
-            ENGINE,
-            "--hello",
-            "--render",
-            "2",
-            "2",
-            "--sleep-ms",
-            "1500",
-            "--frames",
-            "good",
-            "64x48",
-            "9",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    for line in lines.by_ref() {
-        if line.unwrap().starts_with("+denoise") {
-            break;
-        }
-    }
+    let mut w = Watched::spawn(harness(&s).args([
+        "--exec",
+        "--",
+        ENGINE,
+        "--hello",
+        "--render",
+        "2",
+        "2",
+        "--sleep-ms",
+        "1500",
+        "--frames",
+        "good",
+        "64x48",
+        "9",
+    ]));
+    w.expect("+denoise");
     // The harness's own group (the test's) is what a terminal would signal.
-    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
-    let _rest: Vec<String> = lines.map_while(Result::ok).collect();
-    let out = child.wait_with_output().unwrap();
+    w.signal(libc::SIGHUP);
+    let (out, _, _) = w.finish();
     assert_eq!(code(&out), 0, "{}", text(&out.stdout));
     let m = manifest(&out);
     assert_eq!(m["exit"]["reason"], "completed");
@@ -708,6 +686,59 @@ fn wait_for(
     false
 }
 
+/// A harness run whose stderr the test reads line by line as it comes.
+struct Watched {
+    child: Child,
+    lines: std::io::Lines<BufReader<std::process::ChildStderr>>,
+    /// Every stderr line read so far.
+    seen: Vec<String>,
+}
+
+impl Watched {
+    /// Start `cmd` with stdout and stderr piped.
+    fn spawn(cmd: &mut Command) -> Watched {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        Watched {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Read up to the first line starting with `prefix` (after leading
+    /// spaces); false when stderr ends first.
+    fn reach(&mut self, prefix: &str) -> bool {
+        wait_for(prefix, &mut self.seen, &mut self.lines)
+    }
+
+    /// [`Watched::reach`], failing the test with every line read when stderr
+    /// ends before `prefix`.
+    fn expect(&mut self, prefix: &str) {
+        assert!(
+            self.reach(prefix),
+            "no line starting with {prefix:?}:\n{}",
+            self.seen.join("\n")
+        );
+    }
+
+    /// Send `sig` to the harness.
+    fn signal(&self, sig: i32) {
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// Read stderr to its end and wait for the harness: its output, the lines
+    /// read before this call and the lines read by it.
+    fn finish(self) -> (Output, Vec<String>, Vec<String>) {
+        let rest: Vec<String> = self.lines.map_while(Result::ok).collect();
+        (self.child.wait_with_output().unwrap(), self.seen, rest)
+    }
+}
+
 /// The tests that burn every core take turns: each one's burners are the other's
 /// "other work".
 static BURNERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -832,26 +863,17 @@ fn ctrl_c_during_a_quiet_wait_seals_the_run_before_the_engine() {
     let s = store("quiet-wait-interrupt");
     let burners = Burners::start();
     let t0 = std::time::Instant::now();
-    let mut child = harness(&s)
-        .args(["--quiet-wait-s", "120", "--exec", "--"])
-        .args([ENGINE, "--hello", "--open", "work", "--hang"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut seen = Vec::new();
-    // The gate just before contention: then the wait has begun.
-    assert!(
-        wait_for("harness: gate engine-binary", &mut seen, &mut lines),
-        "{}",
-        seen.join("\n")
+    let mut w = Watched::spawn(
+        harness(&s)
+            .args(["--quiet-wait-s", "120", "--exec", "--"])
+            .args([ENGINE, "--hello", "--open", "work", "--hang"]),
     );
+    // The gate just before contention: then the wait has begun.
+    w.expect("harness: gate engine-binary");
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    w.signal(libc::SIGINT);
+    let (out, seen, rest) = w.finish();
     burners.stop();
-    let out = child.wait_with_output().unwrap();
     let all = format!("{}\n{}", seen.join("\n"), rest.join("\n"));
     assert_eq!(code(&out), 1, "{all}");
     let m = manifest(&out);
@@ -873,35 +895,26 @@ fn ctrl_c_during_a_quiet_wait_seals_the_run_before_the_engine() {
 fn work_inside_one_phase_flags_that_phase() {
     let _one_burner = BURNERS.lock().unwrap_or_else(|e| e.into_inner());
     let s = store("contended-phase");
-    let mut child = harness(&s)
-        .args(["--cadence-ms", "50", "--exec", "--", ENGINE])
-        .args([
-            "--hello",
-            "--open",
-            "quiet",
-            "--sleep-ms",
-            "3000",
-            "--close",
-            "quiet",
-        ])
-        .args(["--open", "work", "--sleep-ms", "2000", "--close", "work"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut seen = Vec::new();
-    assert!(
-        wait_for("+work", &mut seen, &mut lines),
-        "{}",
-        seen.join("\n")
+    let mut w = Watched::spawn(
+        harness(&s)
+            .args(["--cadence-ms", "50", "--exec", "--", ENGINE])
+            .args([
+                "--hello",
+                "--open",
+                "quiet",
+                "--sleep-ms",
+                "3000",
+                "--close",
+                "quiet",
+            ])
+            .args(["--open", "work", "--sleep-ms", "2000", "--close", "work"]),
     );
+    w.expect("+work");
     let burners = Burners::start();
-    let closed = wait_for("-work", &mut seen, &mut lines);
+    let closed = w.reach("-work");
     burners.stop();
-    assert!(closed, "{}", seen.join("\n"));
-    let rest: Vec<String> = lines.map_while(Result::ok).collect();
-    let out = child.wait_with_output().unwrap();
+    assert!(closed, "{}", w.seen.join("\n"));
+    let (out, _, rest) = w.finish();
     let m = manifest(&out);
     let c = &m["contention"];
     let d = &c["during"];
@@ -949,27 +962,17 @@ fn work_inside_one_phase_flags_that_phase() {
 fn work_that_starts_after_the_gate_flags_the_run_as_contended_during_it() {
     let _one_burner = BURNERS.lock().unwrap_or_else(|e| e.into_inner());
     let s = store("contended-during");
-    let mut child = harness(&s)
-        .args(["--cadence-ms", "50", "--exec", "--", ENGINE])
-        .args(["--hello", "--pid", "--open", "work", "--sleep-ms", "2500"])
-        .args(["--close", "work"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut seen = Vec::new();
-    wait_for("test-engine pid=", &mut seen, &mut lines);
-    assert!(
-        seen.last()
-            .is_some_and(|l| l.starts_with("test-engine pid=")),
-        "the engine never started:\n{}",
-        seen.join("\n")
+    let mut w = Watched::spawn(
+        harness(&s)
+            .args(["--cadence-ms", "50", "--exec", "--", ENGINE])
+            .args(["--hello", "--pid", "--open", "work", "--sleep-ms", "2500"])
+            .args(["--close", "work"]),
     );
+    // The engine has started.
+    w.expect("test-engine pid=");
     let burners = Burners::start();
-    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let (out, _, rest) = w.finish();
     burners.stop();
-    let out = child.wait_with_output().unwrap();
     let m = manifest(&out);
     let c = &m["contention"];
     let d = &c["during"];

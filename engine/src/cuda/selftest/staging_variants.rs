@@ -2,7 +2,7 @@
 //! the batched method reaches the copy engine places the file's bytes exactly
 //! (tolerance 0), and says where its host time went.
 //!
-//! The file is ~190 MB of 48 bf16 tensors whose sizes are not multiples of any
+//! The file is ~185 MB of 48 bf16 tensors whose sizes are not multiples of any
 //! chunk, so the registered reader's 64 MiB chunks and the rings' small
 //! buffers all cut tensors. Every variant's weights stay alive until all are
 //! compared, so no arena can reuse an earlier one's memory and pass by
@@ -21,7 +21,7 @@ use crate::cuda::CudaError;
 use crate::weights::{DType, TensorSpec};
 
 /// The check file's tensors: 48 bf16 matrices of 1531 rows and 1024..1524
-/// columns (3.1-4.7 MB each, ~190 MB in all).
+/// columns (3.1-4.7 MB each, ~185 MB in all).
 fn specs() -> Vec<TensorSpec> {
     (0..48)
         .map(|i| {
@@ -183,6 +183,9 @@ mod tests {
             total > 128 << 20,
             "{total}: more than two registered chunks"
         );
+        // The docs' figures: ~185 MB, 3.1-4.7 MB a tensor.
+        assert!((184_000_000..186_000_000).contains(&total), "{total}");
+        assert!(bytes.iter().all(|b| (3_100_000..4_700_000).contains(b)));
         for chunk in [3usize << 20, 4 << 20, 5 << 20, 64 << 20] {
             assert!(bytes.iter().all(|b| b % chunk != 0));
         }
